@@ -1,0 +1,101 @@
+# cuheap - build menu. Out-of-tree build in build/ (sanitized copies in build/san/).
+#
+#   make            library (build/libcuheap.so, build/libcuheap.a) and tools
+#   make demo       install what is missing, build, replay the bundled traces
+#   make test       every unit test, then again under AddressSanitizer + UBSan
+#   make bench      heap and replay benchmarks on the simulated device (no GPU)
+#   make gpu-check  on a machine with a GPU: build the real device and test it
+#   make clean
+
+CC      ?= gcc
+BUILD   ?= build
+OPT     ?= -O2 -g
+WARN    := -Wall -Wextra -Wshadow -Wconversion -Wstrict-prototypes -Wmissing-prototypes -Werror
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -Iinclude -Isrc -pthread
+SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+
+# The library proper: what libcuheap.so is made of. No CUDA library and no
+# zlib are linked; the driver is loaded with dlopen at run time.
+LIB_SRCS := src/log.c src/config.c src/sizeclass.c src/freetree.c src/ptrmap.c \
+            src/arena.c src/slab.c src/heap.c src/report.c src/device_sim.c \
+            src/device_cuda.c src/api.c
+# Tool-side code (reads gzip traces, so it links zlib); never in the .so.
+TOOL_SRCS := src/trace_read.c
+
+TESTS := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
+
+LIB_OBJS      := $(LIB_SRCS:src/%.c=$(BUILD)/obj/%.o)
+TOOL_OBJS     := $(TOOL_SRCS:src/%.c=$(BUILD)/obj/%.o)
+SAN_LIB_OBJS  := $(LIB_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
+SAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
+
+.PHONY: all lib tools demo test test-plain test-san bench gpu-check gpu-bench deps clean format
+all: lib tools
+
+lib: $(BUILD)/libcuheap.so $(BUILD)/libcuheap.a
+tools: $(BUILD)/cuheap-replay
+
+deps:
+	@scripts/install-deps.sh
+
+$(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) include/cuheap.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(OPT) -c $< -o $@
+
+$(BUILD)/san/obj/%.o: src/%.c $(wildcard src/*.h) include/cuheap.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -c $< -o $@
+
+$(BUILD)/libcuheap.so: $(LIB_OBJS) src/exports.map
+	$(CC) -shared -Wl,--version-script=src/exports.map -Wl,-z,defs -pthread \
+	    -o $@ $(LIB_OBJS) -ldl
+
+$(BUILD)/libcuheap.a: $(LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/san/libcuheap.a: $(SAN_LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/cuheap-replay: src/tools/replay.c $(TOOL_OBJS) $(BUILD)/libcuheap.a
+	$(CC) $(CFLAGS_BASE) $(OPT) -o $@ $< $(TOOL_OBJS) $(BUILD)/libcuheap.a -lz -ldl -lm
+
+$(BUILD)/san/cuheap-replay: src/tools/replay.c $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a
+	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lz -ldl -lm
+
+# Tools and tests need zlib and cmocka; the library itself needs neither.
+$(TOOL_OBJS) $(SAN_TOOL_OBJS): | deps
+
+# ---- tests ---------------------------------------------------------------
+$(BUILD)/tests/%: tests/%.c tests/test_util.h $(TOOL_OBJS) $(BUILD)/libcuheap.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(OPT) -Wno-missing-prototypes -o $@ $< $(TOOL_OBJS) $(BUILD)/libcuheap.a -lcmocka -lz -ldl -lm
+
+$(BUILD)/san/tests/%: tests/%.c tests/test_util.h $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -Wno-missing-prototypes -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lcmocka -lz -ldl -lm
+
+test: test-plain test-san
+
+test-plain: $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/cuheap-replay $(BUILD)/libcuheap.so
+	@scripts/run-tests.sh $(BUILD) plain $(TESTS)
+
+test-san: $(TESTS:%=$(BUILD)/san/tests/%) $(BUILD)/san/cuheap-replay
+	@scripts/run-tests.sh $(BUILD)/san sanitized $(TESTS)
+
+# ---- demo, benchmarks, GPU -----------------------------------------------
+demo: all
+	@scripts/demo.sh $(BUILD)
+
+bench: all $(BUILD)/bench_heap
+	@scripts/bench.sh $(BUILD)
+
+$(BUILD)/bench_heap: bench/bench_heap.c $(BUILD)/libcuheap.a
+	$(CC) $(CFLAGS_BASE) -O2 -g -Wno-missing-prototypes -o $@ $< $(BUILD)/libcuheap.a -ldl -lm
+
+gpu-check:
+	@scripts/gpu-check.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD)

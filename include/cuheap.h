@@ -1,0 +1,123 @@
+/* cuheap.h - the public C API of cuheap, a CUDA device-memory allocator.
+ *
+ * cuheap serves device allocations from its own pools: size classes for small
+ * requests, a best-fit arena for large ones, an optional preallocated
+ * workspace. Allocation and free are stream-ordered: a block freed on stream s
+ * may be handed out again on s at once, and on any other stream only after the
+ * GPU work issued on s before the free has finished.
+ *
+ * Every function returns a cuheap_status_t; cuheap_last_error() gives the
+ * sentence that explains the last failure of the calling thread.
+ *
+ * Configuration comes from CUHEAP_CONF="key:value,key:value" (read at first
+ * use) or from cuheap_configure() called before the first allocation.
+ */
+#ifndef CUHEAP_H
+#define CUHEAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define CUHEAP_API __attribute__((visibility("default")))
+#else
+#define CUHEAP_API
+#endif
+
+#define CUHEAP_VERSION "0.1.0"
+
+/* Same type as cudaStream_t and CUstream; NULL is the legacy default stream. */
+struct CUstream_st;
+typedef struct CUstream_st *cuheap_stream_t;
+
+/* Pass as `device` to mean the calling thread's current CUDA device. */
+#define CUHEAP_CURRENT_DEVICE (-1)
+
+typedef enum cuheap_status_e {
+    CUHEAP_OK = 0,
+    CUHEAP_ERR_OUT_OF_MEMORY = 1,   /* no memory after release-and-retry */
+    CUHEAP_ERR_INVALID_ARGUMENT = 2,
+    CUHEAP_ERR_NOT_OWNED = 3,       /* the pointer was not handed out by cuheap */
+    CUHEAP_ERR_DOUBLE_FREE = 4,     /* the block was already freed */
+    CUHEAP_ERR_DEVICE = 5,          /* the CUDA driver reported an error */
+    CUHEAP_ERR_CONFIG = 6,          /* CUHEAP_CONF or cuheap_configure() is wrong */
+    CUHEAP_ERR_NO_DRIVER = 7,       /* libcuda.so.1 could not be loaded */
+    CUHEAP_ERR_IO = 8               /* a report could not be written */
+} cuheap_status_t;
+
+typedef struct cuheap_stat_s {
+    uint64_t current;
+    uint64_t peak;
+} cuheap_stat_t;
+
+/* Statistics of one device's heap. Words as in the README:
+ *   requested  bytes the program asked for, still live
+ *   allocated  bytes of the blocks handed out (requests rounded up), still live
+ *   reserved   bytes held in segments obtained from the device
+ *   cached     reserved but not allocated (free blocks, free slab slots)
+ *   pending    cached bytes freed but not yet safe for every stream: GPU work
+ *              issued before the free may still run */
+typedef struct cuheap_stats_s {
+    cuheap_stat_t requested;
+    cuheap_stat_t allocated;
+    cuheap_stat_t reserved;
+    cuheap_stat_t cached;
+    cuheap_stat_t pending;
+    uint64_t num_allocs;
+    uint64_t num_frees;
+    uint64_t num_segment_allocs;
+    uint64_t num_segment_frees;
+    uint64_t num_cache_hits;   /* allocations served without asking the device */
+    uint64_t num_retries;      /* times cached segments were released to retry */
+    uint64_t num_ooms;
+    uint64_t largest_free_extent;  /* largest contiguous free range, bytes */
+    uint64_t num_free_extents;
+    uint64_t limit;            /* bytes; 0 = no limit besides the device */
+    uint64_t workspace;        /* bytes of the preallocated workspace */
+    uint64_t device_total;     /* the device's memory, 0 until first use */
+} cuheap_stats_t;
+
+typedef enum cuheap_report_format_e {
+    CUHEAP_REPORT_TEXT = 0,
+    CUHEAP_REPORT_JSON = 1
+} cuheap_report_format_t;
+
+/* Sets the configuration ("key:value,..."), replacing CUHEAP_CONF. Only before
+ * the first allocation; afterwards it returns CUHEAP_ERR_CONFIG. */
+CUHEAP_API cuheap_status_t cuheap_configure(const char *conf);
+
+/* Allocates `size` bytes on `device` for use on `stream`. The block is aligned
+ * to at least 512 bytes. size 0 gives *ptr = NULL and CUHEAP_OK. */
+CUHEAP_API cuheap_status_t cuheap_malloc(void **ptr, size_t size, int device,
+                                         cuheap_stream_t stream);
+
+/* Frees a block on `stream`: reusable at once on `stream`, elsewhere once the
+ * work issued on `stream` before this call has finished. NULL is a no-op. */
+CUHEAP_API cuheap_status_t cuheap_free(void *ptr, int device, cuheap_stream_t stream);
+
+/* Fills *stats for `device`; zeros if the device's heap has not been used. */
+CUHEAP_API cuheap_status_t cuheap_get_stats(int device, cuheap_stats_t *stats);
+
+/* Returns every cached segment that holds no live block to the device (waits
+ * for pending frees first). The workspace is kept. */
+CUHEAP_API cuheap_status_t cuheap_release_cached(int device);
+
+/* Resets the peaks of `device` to the current values. */
+CUHEAP_API cuheap_status_t cuheap_reset_peaks(int device);
+
+/* Writes a report of every used device to `path` ("-" is stdout). */
+CUHEAP_API cuheap_status_t cuheap_dump_report(const char *path, cuheap_report_format_t format);
+
+CUHEAP_API const char *cuheap_status_string(cuheap_status_t status);
+
+/* The message of the calling thread's last failed call, or "" if none. */
+CUHEAP_API const char *cuheap_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CUHEAP_H */

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# install-deps.sh - installs the Debian packages cuheap's build and tests need,
+# if they are missing: a C compiler, make, zlib and cmocka (headers and
+# libraries). Run by every make target that compiles; silent when all is there.
+set -euo pipefail
+
+missing=()
+have_header() { printf '#include <%s>\n' "$1" | ${CC:-gcc} -E -x c - >/dev/null 2>&1; }
+command -v ${CC:-gcc} >/dev/null 2>&1 || missing+=(gcc)
+command -v make >/dev/null 2>&1 || missing+=(make)
+have_header zlib.h || missing+=(zlib1g-dev)
+printf '#include <stdarg.h>\n#include <stddef.h>\n#include <stdint.h>\n#include <setjmp.h>\n#include <cmocka.h>\n' |
+    ${CC:-gcc} -E -x c - >/dev/null 2>&1 || missing+=(libcmocka-dev)
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
+
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "install-deps: installing ${missing[*]}" >&2
+if [ "$(id -u)" -eq 0 ]; then sudo=""; elif command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
+    echo "install-deps: missing ${missing[*]} and not root: install them with apt-get" >&2
+    exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq >/dev/null
+$sudo apt-get install -y -qq "${missing[@]}" >/dev/null

@@ -1,0 +1,300 @@
+/* api.c - the public C API (include/cuheap.h) and the process-wide runtime
+ * (runtime.h): settings read once, one heap per device created at first use.
+ *
+ * The settings come from cuheap_configure() or, at first use, from
+ * CUHEAP_CONF. A bad CUHEAP_CONF stops the program with a message naming the
+ * key: a job must not run on settings it did not ask for.
+ */
+#include "common.h"
+#include "runtime.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+static pthread_mutex_t runtime_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static struct {
+    int configured;
+    cuh_config_t cfg;
+    size_t sim_capacity;          /* nonzero: simulated devices */
+    cuh_heap_t *_Atomic heaps[CUH_MAX_DEVICES];
+    cuh_device_t *devices[CUH_MAX_DEVICES];
+} rt;
+
+/* ---- runtime ---------------------------------------------------------------- */
+
+static void configure_from_env_locked(void)
+{
+    if (rt.configured)
+        return;
+    cuh_config_defaults(&rt.cfg);
+    const char *env = getenv("CUHEAP_CONF");
+    char err[512];
+    if (env && cuh_config_parse(env, &rt.cfg, err, sizeof err)) {
+        cuh_log("CUHEAP_CONF=\"%s\": %s", env, err);
+        exit(2);
+    }
+    rt.configured = 1;
+}
+
+int cuh_runtime_use_sim(size_t capacity)
+{
+    pthread_mutex_lock(&runtime_lock);
+    int rc = 0;
+    for (int i = 0; i < CUH_MAX_DEVICES; i++)
+        if (rt.heaps[i])
+            rc = -1;
+    if (!rc)
+        rt.sim_capacity = capacity;
+    pthread_mutex_unlock(&runtime_lock);
+    return rc;
+}
+
+void cuh_runtime_reset(void)
+{
+    pthread_mutex_lock(&runtime_lock);
+    for (int i = 0; i < CUH_MAX_DEVICES; i++) {
+        if (rt.heaps[i])
+            cuh_heap_destroy(rt.heaps[i]);
+        if (rt.devices[i])
+            rt.devices[i]->ops->destroy(rt.devices[i]);
+        rt.heaps[i] = NULL;
+        rt.devices[i] = NULL;
+    }
+    rt.configured = 0;
+    rt.sim_capacity = 0;
+    pthread_mutex_unlock(&runtime_lock);
+}
+
+static int resolve_device(int device)
+{
+    if (device != CUHEAP_CURRENT_DEVICE)
+        return device;
+    if (rt.sim_capacity)
+        return 0;
+    char err[256];
+    int d = cuh_cuda_current_device(err, sizeof err);
+    if (d < 0)
+        cuh_set_error("finding the current device failed: %s", err);
+    return d;
+}
+
+cuh_heap_t *cuh_runtime_existing_heap(int device)
+{
+    device = resolve_device(device);
+    if (device < 0 || device >= CUH_MAX_DEVICES)
+        return NULL;
+    return rt.heaps[device];
+}
+
+cuh_device_t *cuh_runtime_device(int device)
+{
+    cuh_heap_t *h = cuh_runtime_existing_heap(device);
+    return h ? cuh_heap_device(h) : NULL;
+}
+
+cuheap_status_t cuh_runtime_heap(int device, cuh_heap_t **out)
+{
+    *out = NULL;
+    int d = resolve_device(device);
+    if (d < 0)
+        return CUHEAP_ERR_DEVICE;
+    if (d >= CUH_MAX_DEVICES) {
+        cuh_set_error("device %d is out of range (cuheap serves devices 0 to %d)", d, CUH_MAX_DEVICES - 1);
+        return CUHEAP_ERR_INVALID_ARGUMENT;
+    }
+    cuh_heap_t *h = rt.heaps[d];
+    if (cuh_likely(h != NULL)) {
+        *out = h;
+        return CUHEAP_OK;
+    }
+    cuheap_status_t status = CUHEAP_OK;
+    pthread_mutex_lock(&runtime_lock);
+    configure_from_env_locked();
+    if (!(h = rt.heaps[d])) {
+        char err[512];
+        cuh_device_t *dev;
+        if (rt.sim_capacity)
+            dev = cuh_sim_create(&(cuh_sim_params_t){.capacity = rt.sim_capacity, .ordinal = d});
+        else
+            dev = cuh_cuda_open(d, err, sizeof err);
+        if (!dev) {
+            if (rt.sim_capacity)
+                snprintf(err, sizeof err, "out of host memory");
+            cuh_set_error("device %d: %s", d, err);
+            status = strstr(err, "libcuda") ? CUHEAP_ERR_NO_DRIVER : CUHEAP_ERR_DEVICE;
+        } else if (!(h = cuh_heap_create(dev, &rt.cfg, err, sizeof err))) {
+            dev->ops->destroy(dev);
+            cuh_set_error("device %d: %s", d, err);
+            status = CUHEAP_ERR_CONFIG;
+        } else {
+            rt.devices[d] = dev;
+            rt.heaps[d] = h;
+        }
+    }
+    pthread_mutex_unlock(&runtime_lock);
+    *out = h;
+    return status;
+}
+
+/* ---- public API ------------------------------------------------------------- */
+
+cuheap_status_t cuheap_configure(const char *conf)
+{
+    cuh_clear_error();
+    pthread_mutex_lock(&runtime_lock);
+    cuheap_status_t status = CUHEAP_OK;
+    int started = 0;
+    for (int i = 0; i < CUH_MAX_DEVICES; i++)
+        started |= rt.heaps[i] != NULL;
+    cuh_config_t cfg;
+    cuh_config_defaults(&cfg);
+    char err[512];
+    if (started) {
+        cuh_set_error("cuheap_configure: a heap is already in use; configure before the first allocation");
+        status = CUHEAP_ERR_CONFIG;
+    } else if (cuh_config_parse(conf ? conf : "", &cfg, err, sizeof err)) {
+        cuh_set_error("cuheap_configure(\"%s\"): %s", conf, err);
+        status = CUHEAP_ERR_CONFIG;
+    } else {
+        rt.cfg = cfg;
+        rt.configured = 1;
+    }
+    pthread_mutex_unlock(&runtime_lock);
+    return status;
+}
+
+cuheap_status_t cuheap_malloc(void **ptr, size_t size, int device, cuheap_stream_t stream)
+{
+    if (!ptr) {
+        cuh_set_error("cuheap_malloc: ptr is NULL");
+        return CUHEAP_ERR_INVALID_ARGUMENT;
+    }
+    *ptr = NULL;
+    cuh_heap_t *h;
+    cuheap_status_t status = cuh_runtime_heap(device, &h);
+    if (status != CUHEAP_OK)
+        return status;
+    uintptr_t addr = 0;
+    status = cuh_heap_malloc(h, size, (cuh_stream_t)stream, &addr);
+    *ptr = (void *)addr;
+    return status;
+}
+
+cuheap_status_t cuheap_free(void *ptr, int device, cuheap_stream_t stream)
+{
+    if (!ptr)
+        return CUHEAP_OK;
+    uintptr_t addr = (uintptr_t)ptr;
+    cuh_heap_t *h = cuh_runtime_existing_heap(device);
+    cuheap_status_t status = h ? cuh_heap_free(h, addr, (cuh_stream_t)stream) : CUHEAP_ERR_NOT_OWNED;
+    if (status != CUHEAP_ERR_NOT_OWNED)
+        return status;
+    for (int d = 0; d < CUH_MAX_DEVICES; d++) {
+        cuh_heap_t *other = rt.heaps[d];
+        if (other && other != h && cuh_heap_owns(other, addr)) {
+            cuh_set_error("cuheap_free: %p belongs to device %d's heap, not device %d's", ptr, d, device);
+            return CUHEAP_ERR_INVALID_ARGUMENT;
+        }
+    }
+    cuh_set_error("cuheap_free: %p was not allocated by cuheap", ptr);
+    return CUHEAP_ERR_NOT_OWNED;
+}
+
+cuheap_status_t cuheap_get_stats(int device, cuheap_stats_t *stats)
+{
+    if (!stats) {
+        cuh_set_error("cuheap_get_stats: stats is NULL");
+        return CUHEAP_ERR_INVALID_ARGUMENT;
+    }
+    memset(stats, 0, sizeof *stats);
+    cuh_heap_t *h = cuh_runtime_existing_heap(device);
+    if (h)
+        cuh_heap_stats(h, stats);
+    return CUHEAP_OK;
+}
+
+cuheap_status_t cuheap_release_cached(int device)
+{
+    cuh_heap_t *h = cuh_runtime_existing_heap(device);
+    return h ? cuh_heap_release_cached(h) : CUHEAP_OK;
+}
+
+cuheap_status_t cuheap_reset_peaks(int device)
+{
+    cuh_heap_t *h = cuh_runtime_existing_heap(device);
+    if (h)
+        cuh_heap_reset_peaks(h);
+    return CUHEAP_OK;
+}
+
+/* Expands %p in a report path to the process id. */
+static void expand_path(const char *path, char *out, size_t len)
+{
+    size_t o = 0;
+    for (const char *p = path; *p && o + 1 < len; p++) {
+        if (p[0] == '%' && p[1] == 'p') {
+            o += (size_t)snprintf(out + o, len - o, "%d", (int)getpid());
+            p++;
+        } else {
+            out[o++] = *p;
+        }
+    }
+    out[o < len ? o : len - 1] = '\0';
+}
+
+cuheap_status_t cuheap_dump_report(const char *path, cuheap_report_format_t format)
+{
+    if (!path || (format != CUHEAP_REPORT_TEXT && format != CUHEAP_REPORT_JSON)) {
+        cuh_set_error("cuheap_dump_report: need a path and CUHEAP_REPORT_TEXT or CUHEAP_REPORT_JSON");
+        return CUHEAP_ERR_INVALID_ARGUMENT;
+    }
+    cuh_heap_snapshot_t *snaps[CUH_MAX_DEVICES];
+    size_t n = 0;
+    for (int d = 0; d < CUH_MAX_DEVICES; d++)
+        if (rt.heaps[d] && (snaps[n] = cuh_heap_snapshot(rt.heaps[d])))
+            n++;
+    char file[4096];
+    expand_path(path, file, sizeof file);
+    int to_stdout = strcmp(file, "-") == 0;
+    FILE *out = to_stdout ? stdout : fopen(file, "w");
+    cuheap_status_t status = CUHEAP_OK;
+    if (!out) {
+        cuh_set_error("cuheap_dump_report: cannot write %s: %s", file, strerror(errno));
+        status = CUHEAP_ERR_IO;
+    } else {
+        if (format == CUHEAP_REPORT_JSON)
+            cuh_report_json(out, snaps, n);
+        else
+            cuh_report_text(out, snaps, n);
+        if (to_stdout ? fflush(out) != 0 : fclose(out) != 0) {
+            cuh_set_error("cuheap_dump_report: writing %s failed: %s", file, strerror(errno));
+            status = CUHEAP_ERR_IO;
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        cuh_heap_snapshot_free(snaps[i]);
+    return status;
+}
+
+const char *cuheap_status_string(cuheap_status_t status)
+{
+    switch (status) {
+    case CUHEAP_OK: return "no error";
+    case CUHEAP_ERR_OUT_OF_MEMORY: return "out of memory";
+    case CUHEAP_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case CUHEAP_ERR_NOT_OWNED: return "pointer not allocated by cuheap";
+    case CUHEAP_ERR_DOUBLE_FREE: return "double free";
+    case CUHEAP_ERR_DEVICE: return "CUDA driver error";
+    case CUHEAP_ERR_CONFIG: return "bad configuration";
+    case CUHEAP_ERR_NO_DRIVER: return "CUDA driver (libcuda.so.1) not found";
+    case CUHEAP_ERR_IO: return "report could not be written";
+    }
+    return "unknown status";
+}
+
+const char *cuheap_last_error(void) { return cuh_get_error(); }

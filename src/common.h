@@ -1,0 +1,47 @@
+/* common.h - small helpers every module of cuheap uses: alignment arithmetic,
+ * branch hints, the internal-visibility marker and error messages.
+ *
+ * Internal names start with cuh_ (functions, types cuh_x_t, macros CUH_); the
+ * public API in include/cuheap.h starts with cuheap_. Nothing here allocates.
+ */
+#ifndef CUH_COMMON_H
+#define CUH_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CUH_KiB ((size_t)1 << 10)
+#define CUH_MiB ((size_t)1 << 20)
+#define CUH_GiB ((size_t)1 << 30)
+
+/* Every block cuheap hands out starts on this boundary and is a multiple of it. */
+#define CUH_ALIGN ((size_t)512)
+/* Segments are obtained from the device in multiples of this (its page). */
+#define CUH_SEGMENT_GRAIN (2 * CUH_MiB)
+
+#define cuh_likely(x) __builtin_expect(!!(x), 1)
+#define cuh_unlikely(x) __builtin_expect(!!(x), 0)
+
+#define cuh_container_of(ptr, type, member) \
+    ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
+
+static inline size_t cuh_align_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
+static inline uintptr_t cuh_addr_align_up(uintptr_t x, size_t a)
+{
+    return (x + (uintptr_t)a - 1) & ~((uintptr_t)a - 1);
+}
+static inline size_t cuh_min_size(size_t a, size_t b) { return a < b ? a : b; }
+static inline size_t cuh_max_size(size_t a, size_t b) { return a > b ? a : b; }
+
+/* Formats bytes as "1.50 GiB" into buf (at least 32 bytes); returns buf. */
+char *cuh_format_bytes(char *buf, size_t len, uint64_t bytes);
+
+/* The calling thread's last error message (what cuheap_last_error returns). */
+void cuh_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+const char *cuh_get_error(void);
+void cuh_clear_error(void);
+
+/* Writes "cuheap: <message>\n" to stderr. */
+void cuh_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif /* CUH_COMMON_H */

@@ -1,0 +1,265 @@
+/* config.c - every CUHEAP_CONF key in one table, and the one parser that
+ * validates them.
+ *
+ * "key:value,key:value" as in PYTORCH_CUDA_ALLOC_CONF. Sizes are bytes with an
+ * optional K, M, G or T (binary: 1K = 1024), like "512M" or "1.5G"; a limit
+ * may also be a fraction of the device's memory ("0.9" or "90%"). Each key's
+ * bounds are checked here, so the heap can trust what it is given.
+ */
+#include "config.h"
+
+#include "common.h"
+#include "sizeclass.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { KIND_SIZE, KIND_LIMIT, KIND_FRACTION } value_kind_t;
+
+typedef struct option_s {
+    const char *name;
+    value_kind_t kind;
+    size_t offset;            /* of the field in cuh_config_t (size_t, or double for fractions) */
+    const char *default_text;
+    const char *meaning;
+} option_t;
+
+static const option_t options[] = {
+    {"workspace", KIND_SIZE, offsetof(cuh_config_t, workspace), "0",
+     "Device memory preallocated at first use as one segment, used first for large blocks "
+     "and never released (rounded up to 2 MiB). Sized to the job's peak, it keeps the pool "
+     "from fragmenting."},
+    {"limit", KIND_LIMIT, offsetof(cuh_config_t, limit_bytes), "none",
+     "Most bytes cuheap may reserve on a device: a size (\"40G\") or a fraction of the "
+     "device's memory (\"0.9\" or \"90%\"). The workspace counts toward it."},
+    {"small_max", KIND_SIZE, offsetof(cuh_config_t, small_max), "64K",
+     "Requests up to this size come from size-class slabs; larger ones from the best-fit "
+     "arena. 0 sends everything to the arena; at most 1M."},
+    {"segment_min", KIND_SIZE, offsetof(cuh_config_t, segment_min), "2M",
+     "Smallest segment asked of the device when the heap grows (a multiple of 2 MiB). "
+     "Larger values mean fewer, slower device allocations and more cached bytes."},
+    {"grow_fraction", KIND_FRACTION, offsetof(cuh_config_t, grow_fraction), "0.0625",
+     "A new segment is at least this fraction of the bytes already reserved (up to 1 GiB): "
+     "geometric growth means few device calls and larger contiguous ranges for best fit. "
+     "0 sizes every segment to its request. Between 0 and 1."},
+};
+#define NUM_OPTIONS (sizeof options / sizeof options[0])
+
+void cuh_config_defaults(cuh_config_t *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->small_max = 64 * CUH_KiB;
+    cfg->segment_min = 2 * CUH_MiB;
+    cfg->grow_fraction = 0.0625;
+}
+
+static void list_keys(char *buf, size_t len)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < NUM_OPTIONS && used < len; i++)
+        used += (size_t)snprintf(buf + used, len - used, "%s%s", i ? ", " : "", options[i].name);
+}
+
+/* Parses "12", "1.5G", "512MiB" into bytes. Returns 0 or -1. */
+static int parse_size(const char *text, size_t *out)
+{
+    errno = 0;
+    char *end;
+    if (!isdigit((unsigned char)text[0]) && text[0] != '.')
+        return -1;
+    double number = strtod(text, &end);
+    if (errno || end == text)
+        return -1;
+    double scale = 1;
+    switch (toupper((unsigned char)*end)) {
+    case 'K': scale = 1024.0; end++; break;
+    case 'M': scale = 1024.0 * 1024; end++; break;
+    case 'G': scale = 1024.0 * 1024 * 1024; end++; break;
+    case 'T': scale = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (scale > 1 && (*end == 'i' || *end == 'I'))
+        end++;
+    if (*end == 'B' || *end == 'b')
+        end++;
+    if (*end != '\0')
+        return -1;
+    double bytes = number * scale;
+    if (!(bytes >= 0) || bytes > 1.8e19 || bytes != floor(bytes))
+        return -1;
+    *out = (size_t)bytes;
+    return 0;
+}
+
+static int set_value(const option_t *opt, const char *value, cuh_config_t *cfg, char *err, size_t errlen)
+{
+    size_t bytes;
+    if (opt->kind == KIND_FRACTION) {
+        char *end;
+        errno = 0;
+        double f = strtod(value, &end);
+        if (errno || end == value || *end != '\0' || !(f >= 0.0 && f <= 1.0)) {
+            snprintf(err, errlen, "%s:%s is not a number between 0 and 1", opt->name, value);
+            return -1;
+        }
+        *(double *)(void *)((char *)cfg + opt->offset) = f;
+        return 0;
+    }
+    if (opt->kind == KIND_LIMIT) {
+        size_t n = strlen(value);
+        if (strcmp(value, "none") == 0 || strcmp(value, "0") == 0) {
+            cfg->limit_bytes = 0;
+            cfg->limit_fraction = 0;
+            return 0;
+        }
+        int percent = n > 0 && value[n - 1] == '%';
+        if (percent || (strchr(value, '.') && !isalpha((unsigned char)value[n - 1]))) {
+            char *end;
+            errno = 0;
+            double f = strtod(value, &end);
+            if (errno || end == value || (percent ? *end != '%' || end[1] : *end != '\0')) {
+                snprintf(err, errlen, "limit:%s is not a number; give a size like 40G or a fraction like 0.9", value);
+                return -1;
+            }
+            if (percent)
+                f /= 100.0;
+            if (!(f > 0.0 && f <= 1.0)) {
+                snprintf(err, errlen, "limit:%s is not a fraction of the device in (0, 1]", value);
+                return -1;
+            }
+            cfg->limit_fraction = f;
+            cfg->limit_bytes = 0;
+            return 0;
+        }
+        if (parse_size(value, &bytes)) {
+            snprintf(err, errlen, "limit:%s is neither a size (like 40G) nor a fraction (like 0.9 or 90%%)", value);
+            return -1;
+        }
+        if (bytes < CUH_SEGMENT_GRAIN) {
+            snprintf(err, errlen,
+                     "limit:%s is %zu bytes, less than one 2 MiB segment; write a size like 40G, "
+                     "or 1.0 for the whole device",
+                     value, bytes);
+            return -1;
+        }
+        cfg->limit_bytes = bytes;
+        cfg->limit_fraction = 0;
+        return 0;
+    }
+    if (parse_size(value, &bytes)) {
+        snprintf(err, errlen, "%s:%s is not a size; sizes are bytes with an optional K, M, G or T (like 512M)",
+                 opt->name, value);
+        return -1;
+    }
+    if (strcmp(opt->name, "small_max") == 0 && bytes > CUH_SMALL_MAX_LIMIT) {
+        snprintf(err, errlen, "small_max:%s is above the largest size class, 1M", value);
+        return -1;
+    }
+    if (strcmp(opt->name, "segment_min") == 0) {
+        if (bytes == 0 || bytes > CUH_GiB) {
+            snprintf(err, errlen, "segment_min:%s must be between 2M and 1G", value);
+            return -1;
+        }
+        bytes = cuh_align_up(bytes, CUH_SEGMENT_GRAIN);
+    }
+    if (strcmp(opt->name, "workspace") == 0)
+        bytes = cuh_align_up(bytes, CUH_SEGMENT_GRAIN);
+    *(size_t *)(void *)((char *)cfg + opt->offset) = bytes;
+    return 0;
+}
+
+static void trim(char **begin, char **end)
+{
+    while (*begin < *end && isspace((unsigned char)**begin))
+        (*begin)++;
+    while (*end > *begin && isspace((unsigned char)(*end)[-1]))
+        (*end)--;
+}
+
+int cuh_config_parse(const char *text, cuh_config_t *cfg, char *err, size_t errlen)
+{
+    if (!text)
+        return 0;
+    cuh_config_t parsed = *cfg;
+    char keys[256];
+    list_keys(keys, sizeof keys);
+    const char *item = text;
+    while (*item) {
+        const char *comma = strchr(item, ',');
+        size_t n = comma ? (size_t)(comma - item) : strlen(item);
+        char entry[512];
+        if (n >= sizeof entry) {
+            snprintf(err, errlen, "setting '%.40s...' is too long", item);
+            return -1;
+        }
+        memcpy(entry, item, n);
+        entry[n] = '\0';
+        item += n + (comma ? 1 : 0);
+        char *begin = entry, *end = entry + n;
+        trim(&begin, &end);
+        *end = '\0';
+        if (begin == end)
+            continue;   /* "a:1,,b:2" and a trailing comma are harmless */
+        char *colon = strchr(begin, ':');
+        if (!colon) {
+            snprintf(err, errlen, "setting '%s' has no ':' (write key:value); valid keys: %s", begin, keys);
+            return -1;
+        }
+        char *key_end = colon, *value = colon + 1, *value_end = end;
+        trim(&begin, &key_end);
+        *key_end = '\0';
+        trim(&value, &value_end);
+        *value_end = '\0';
+        const option_t *opt = NULL;
+        for (size_t i = 0; i < NUM_OPTIONS; i++)
+            if (strcmp(options[i].name, begin) == 0)
+                opt = &options[i];
+        if (!opt) {
+            snprintf(err, errlen, "unknown key '%s'; valid keys: %s", begin, keys);
+            return -1;
+        }
+        if (!*value) {
+            snprintf(err, errlen, "key '%s' has no value (write %s:VALUE)", begin, begin);
+            return -1;
+        }
+        if (set_value(opt, value, &parsed, err, errlen))
+            return -1;
+    }
+    *cfg = parsed;
+    return 0;
+}
+
+size_t cuh_config_limit(const cuh_config_t *cfg, size_t device_total)
+{
+    if (cfg->limit_bytes)
+        return cfg->limit_bytes;
+    if (cfg->limit_fraction > 0)
+        return (size_t)((double)device_total * cfg->limit_fraction);
+    return 0;
+}
+
+void cuh_config_print_table(void *file)
+{
+    FILE *out = file;
+    fprintf(out, "| key | default | meaning |\n|---|---|---|\n");
+    for (size_t i = 0; i < NUM_OPTIONS; i++)
+        fprintf(out, "| `%s` | %s | %s |\n", options[i].name, options[i].default_text, options[i].meaning);
+}
+
+void cuh_config_format(const cuh_config_t *cfg, char *buf, size_t len)
+{
+    char limit[64];
+    if (cfg->limit_bytes)
+        snprintf(limit, sizeof limit, "%zu", cfg->limit_bytes);
+    else if (cfg->limit_fraction > 0)
+        snprintf(limit, sizeof limit, "%g", cfg->limit_fraction);
+    else
+        snprintf(limit, sizeof limit, "none");
+    snprintf(buf, len, "workspace:%zu,limit:%s,small_max:%zu,segment_min:%zu,grow_fraction:%g", cfg->workspace,
+             limit, cfg->small_max, cfg->segment_min, cfg->grow_fraction);
+}

@@ -1,0 +1,38 @@
+/* config.h - cuheap's settings, parsed from CUHEAP_CONF="key:value,key:value".
+ *
+ * The syntax is the one PyTorch users know from PYTORCH_CUDA_ALLOC_CONF. Every
+ * key lives in one table in config.c (name, kind of value, default, meaning);
+ * the parser validates each value there and nowhere else. An unknown key or a
+ * bad value is an error that names it and lists the valid keys: nothing is
+ * silently ignored.
+ */
+#ifndef CUH_CONFIG_H
+#define CUH_CONFIG_H
+
+#include <stddef.h>
+
+typedef struct cuh_config_s {
+    size_t workspace;        /* bytes preallocated at first use; 0 = none */
+    size_t limit_bytes;      /* cap on reserved bytes; 0 = none */
+    double limit_fraction;   /* cap as a fraction of device memory; 0 = none */
+    size_t small_max;        /* requests up to this size come from size classes */
+    size_t segment_min;      /* smallest segment asked of the device */
+    double grow_fraction;    /* a new segment is at least this share of reserved */
+} cuh_config_t;
+
+void cuh_config_defaults(cuh_config_t *cfg);
+
+/* Parses `text` over the values already in *cfg. Returns 0, or -1 with a
+ * message in err that names the key and lists the valid ones. */
+int cuh_config_parse(const char *text, cuh_config_t *cfg, char *err, size_t errlen);
+
+/* The limit in bytes for a device of `device_total` bytes; 0 when unlimited. */
+size_t cuh_config_limit(const cuh_config_t *cfg, size_t device_total);
+
+/* Writes the table of keys (name, default, meaning) as Markdown. */
+void cuh_config_print_table(void *file /* FILE* */);
+
+/* Writes "key:value,..." with every key's effective value into buf. */
+void cuh_config_format(const cuh_config_t *cfg, char *buf, size_t len);
+
+#endif /* CUH_CONFIG_H */

@@ -1,0 +1,95 @@
+/* device.h - the device interface: the only door between cuheap and CUDA.
+ *
+ * The heap asks a device for segments of memory, for its free and total
+ * memory, and for events that tell when GPU work on a stream has finished.
+ * Two implementations stand behind this table of functions:
+ *   device_cuda.c  the CUDA driver API, loaded at run time with
+ *                  dlopen("libcuda.so.1"): no link-time dependency on CUDA;
+ *   device_sim.c   a simulated GPU: a capacity and an address space, no host
+ *                  memory behind it, events a test can hold incomplete.
+ * Nothing above this layer includes a CUDA header or calls CUDA.
+ *
+ * Every function is thread-safe. Streams are the raw CUstream values (0 is the
+ * legacy default stream); events are opaque handles owned by the device.
+ */
+#ifndef CUH_DEVICE_H
+#define CUH_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef uintptr_t cuh_stream_t;
+typedef struct cuh_event_s *cuh_event_t;
+typedef struct cuh_device_s cuh_device_t;
+
+typedef enum cuh_dev_status_e {
+    CUH_DEV_OK = 0,
+    CUH_DEV_NOT_READY = 1,   /* event_query: the work has not finished yet */
+    CUH_DEV_OOM = 2,         /* mem_alloc: the device has no memory for it */
+    CUH_DEV_ERROR = 3        /* anything else; device->last_error explains */
+} cuh_dev_status_t;
+
+typedef struct cuh_device_ops_s {
+    /* A segment of `size` bytes (a multiple of 2 MiB), aligned to 512 bytes at
+     * least. CUH_DEV_OOM when the device cannot give it. */
+    cuh_dev_status_t (*mem_alloc)(cuh_device_t *dev, size_t size, uintptr_t *addr);
+    cuh_dev_status_t (*mem_free)(cuh_device_t *dev, uintptr_t addr, size_t size);
+    /* Free and total memory of the device as the driver reports them. */
+    cuh_dev_status_t (*mem_info)(cuh_device_t *dev, size_t *free_bytes, size_t *total_bytes);
+    cuh_dev_status_t (*event_create)(cuh_device_t *dev, cuh_event_t *event);
+    void (*event_destroy)(cuh_device_t *dev, cuh_event_t event);
+    /* Captures the work issued on `stream` so far. */
+    cuh_dev_status_t (*event_record)(cuh_device_t *dev, cuh_event_t event, cuh_stream_t stream);
+    /* CUH_DEV_OK when that work has finished, CUH_DEV_NOT_READY when not. */
+    cuh_dev_status_t (*event_query)(cuh_device_t *dev, cuh_event_t event);
+    /* Blocks the calling thread until that work has finished. */
+    cuh_dev_status_t (*event_wait)(cuh_device_t *dev, cuh_event_t event);
+    /* Blocks until all work on the device has finished. */
+    cuh_dev_status_t (*synchronize)(cuh_device_t *dev);
+    void (*destroy)(cuh_device_t *dev);
+} cuh_device_ops_t;
+
+/* Every implementation embeds this as its first member. */
+struct cuh_device_s {
+    const cuh_device_ops_t *ops;
+    const char *kind;          /* "cuda" or "sim" */
+    int ordinal;               /* CUDA device number */
+    char last_error[256];      /* explains the last CUH_DEV_ERROR */
+};
+
+/* ---- simulated device (device_sim.c) ---------------------------------- */
+
+typedef struct cuh_sim_params_s {
+    size_t capacity;           /* total device memory in bytes */
+    int ordinal;
+} cuh_sim_params_t;
+
+cuh_device_t *cuh_sim_create(const cuh_sim_params_t *params);
+/* Bytes used on the device by someone other than cuheap (other processes). */
+void cuh_sim_set_external(cuh_device_t *dev, size_t bytes);
+/* Hold: recorded events stay incomplete until the test completes them (or a
+ * host wait does, as a real wait would). Off (the default): every recorded
+ * event completes at once. */
+void cuh_sim_hold_events(cuh_device_t *dev, int hold);
+/* Completes all work recorded so far on `stream`, or on every stream. */
+void cuh_sim_complete_stream(cuh_device_t *dev, cuh_stream_t stream);
+void cuh_sim_complete_all(cuh_device_t *dev);
+/* Counters a test can read. */
+typedef struct cuh_sim_counters_s {
+    size_t used;               /* bytes in live segments */
+    uint64_t mem_allocs, mem_frees, mem_refusals;
+    uint64_t events_recorded, event_waits, synchronizes;
+    uint64_t live_events;
+} cuh_sim_counters_t;
+void cuh_sim_counters(cuh_device_t *dev, cuh_sim_counters_t *out);
+
+/* ---- CUDA device (device_cuda.c) ------------------------------------- */
+
+/* Loads the driver (once per process) and opens device `ordinal` through its
+ * primary context. NULL on failure with the reason in errbuf. */
+cuh_device_t *cuh_cuda_open(int ordinal, char *errbuf, size_t errlen);
+/* The calling thread's current device (from its current context), or the
+ * runtime's default 0 when no context is current. -1 with errbuf on error. */
+int cuh_cuda_current_device(char *errbuf, size_t errlen);
+
+#endif /* CUH_DEVICE_H */

@@ -1,0 +1,593 @@
+/* device_cuda.c - the device interface (device.h) on a real GPU, through the
+ * CUDA driver API.
+ *
+ * cuheap must not depend on CUDA at link time (the same libcuheap.so runs on a
+ * machine without a GPU, against the simulated device), so no CUDA header is
+ * included and no CUDA library is linked: the driver, libcuda.so.1, is opened
+ * with dlopen once per process and the dozen functions cuheap needs are looked
+ * up by their versioned names (cuMemAlloc_v2 ...) into one static table. The
+ * few driver types and constants used are declared below with the values of
+ * cuda.h. Each device is used through its primary context - the one the CUDA
+ * runtime uses - and every operation makes that context current for the length
+ * of the call and restores the caller's context afterwards.
+ */
+#include "device.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the driver's types and constants (values as in cuda.h) ------------- */
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUevent_st *CUevent;
+typedef struct CUstream_st *CUstream;
+
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_OUT_OF_MEMORY 2
+#define CUDA_ERROR_DEINITIALIZED 4
+#define CUDA_ERROR_NOT_READY 600
+#define CU_EVENT_DISABLE_TIMING 0x2u
+
+#define CUH_CUDA_LIBRARY "libcuda.so.1"
+/* Devices whose CUdevice handle is remembered for cuh_cuda_current_device. */
+#define CUH_CUDA_MAX_DEVICES 64
+
+typedef void *(*cuh_dlsym_fn)(void *handle, const char *name);
+/* dlsym gives functions as void *; they are copied into function pointers of
+ * the same size (POSIX guarantees the representation). */
+_Static_assert(sizeof(void *) == sizeof(cuh_dlsym_fn), "function pointers differ from void *");
+
+/* ---- the driver, loaded once ------------------------------------------- */
+
+static struct {
+    pthread_once_t once;
+    int ready;                    /* 1: loaded, every symbol found, cuInit done */
+    char error[384];              /* why not, when ready is 0 */
+    void *lib;                    /* dlopen handle of libcuda.so.1 */
+    cuh_dlsym_fn real_dlsym;      /* see cuda_sym() */
+    int device_count;
+    CUdevice devices[CUH_CUDA_MAX_DEVICES];   /* CUdevice of each ordinal */
+
+    CUresult (*cuInit)(unsigned int flags);
+    CUresult (*cuGetErrorName)(CUresult error, const char **str);
+    CUresult (*cuGetErrorString)(CUresult error, const char **str);
+    CUresult (*cuDeviceGetCount)(int *count);
+    CUresult (*cuDeviceGet)(CUdevice *device, int ordinal);
+    CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *ctx, CUdevice device);
+    CUresult (*cuDevicePrimaryCtxRelease_v2)(CUdevice device);
+    CUresult (*cuCtxGetCurrent)(CUcontext *ctx);
+    CUresult (*cuCtxGetDevice)(CUdevice *device);
+    CUresult (*cuCtxPushCurrent_v2)(CUcontext ctx);
+    CUresult (*cuCtxPopCurrent_v2)(CUcontext *ctx);
+    CUresult (*cuCtxSynchronize)(void);
+    CUresult (*cuMemAlloc_v2)(CUdeviceptr *dptr, size_t bytes);
+    CUresult (*cuMemFree_v2)(CUdeviceptr dptr);
+    CUresult (*cuMemGetInfo_v2)(size_t *free_bytes, size_t *total_bytes);
+    CUresult (*cuEventCreate)(CUevent *event, unsigned int flags);
+    CUresult (*cuEventDestroy_v2)(CUevent event);
+    CUresult (*cuEventRecord)(CUevent event, CUstream stream);
+    CUresult (*cuEventQuery)(CUevent event);
+    CUresult (*cuEventSynchronize)(CUevent event);
+} g_cu = { .once = PTHREAD_ONCE_INIT };
+
+/* Our own copy of dlsym. A later feature of cuheap defines a `dlsym` of its
+ * own to intercept programs (under LD_PRELOAD); a plain call to dlsym from
+ * this file would then bind to that interceptor and recurse into it. So the
+ * real one is fetched once, by version, with dlvsym(RTLD_NEXT, "dlsym", ...):
+ * RTLD_NEXT skips this object (and anything preloaded before it), and the
+ * version names glibc's definition (GLIBC_2.34 where dlsym moved into libc,
+ * the older GLIBC_2.2.5 on x86-64 and GLIBC_2.17 on aarch64 otherwise). Only
+ * when none of these is found - an unusual libc - is the plain dlsym used.
+ * Every driver symbol is looked up through cuda_sym() and nowhere else. */
+static cuh_dlsym_fn cuda_find_real_dlsym(void)
+{
+    static const char *const versions[] = { "GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17" };
+    for (size_t i = 0; i < sizeof versions / sizeof versions[0]; i++) {
+        void *sym = dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+        if (sym != NULL) {
+            cuh_dlsym_fn fn;
+            memcpy(&fn, &sym, sizeof fn);   /* POSIX: a function's address */
+            return fn;
+        }
+    }
+    return dlsym;
+}
+
+static void *cuda_sym(const char *name)
+{
+    return g_cu.real_dlsym(g_cu.lib, name);
+}
+
+/* "CUDA_ERROR_INVALID_DEVICE (invalid device ordinal)" into buf. Works before
+ * the driver is fully resolved (then only the number is known). */
+static void cuda_describe(CUresult r, char *buf, size_t len)
+{
+    const char *name = NULL, *text = NULL;
+    if (g_cu.cuGetErrorName == NULL || g_cu.cuGetErrorName(r, &name) != CUDA_SUCCESS)
+        name = NULL;
+    if (g_cu.cuGetErrorString == NULL || g_cu.cuGetErrorString(r, &text) != CUDA_SUCCESS)
+        text = NULL;
+    if (name != NULL && text != NULL)
+        snprintf(buf, len, "%s (%s)", name, text);
+    else if (name != NULL)
+        snprintf(buf, len, "%s", name);
+    else
+        snprintf(buf, len, "CUDA error %d", r);
+}
+
+/* The length snprintf reported, clamped to what was really written. */
+static size_t cuda_clamp(int n, size_t room)
+{
+    if (n < 0 || room == 0)
+        return 0;
+    return (size_t)n < room ? (size_t)n : room - 1;
+}
+
+/* Writes "<what>[ on device N] failed: <CUDA error>" into buf; `what` is a
+ * printf format; ordinal < 0 leaves out the device. Built piece by piece so
+ * that a long message is cut at the end, never lost. */
+static void cuda_vformat_error(char *buf, size_t len, CUresult r, int ordinal,
+                               const char *what, va_list ap)
+{
+    size_t used;
+    if (buf == NULL || len == 0)
+        return;
+    used = cuda_clamp(vsnprintf(buf, len, what, ap), len);
+    if (ordinal >= 0)
+        used += cuda_clamp(snprintf(buf + used, len - used, " on device %d", ordinal), len - used);
+    used += cuda_clamp(snprintf(buf + used, len - used, " failed: "), len - used);
+    cuda_describe(r, buf + used, len - used);
+}
+
+static void cuda_format_error(char *buf, size_t len, CUresult r, const char *what, ...)
+    __attribute__((format(printf, 4, 5)));
+static void cuda_format_error(char *buf, size_t len, CUresult r, const char *what, ...)
+{
+    va_list ap;
+    va_start(ap, what);
+    cuda_vformat_error(buf, len, r, -1, what, ap);
+    va_end(ap);
+}
+
+static void cuda_load(void)
+{
+    const char *missing = NULL;
+    CUresult r;
+
+    g_cu.real_dlsym = cuda_find_real_dlsym();
+    dlerror();
+    g_cu.lib = dlopen(CUH_CUDA_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+    if (g_cu.lib == NULL) {
+        const char *why = dlerror();
+        snprintf(g_cu.error, sizeof g_cu.error,
+                 "cannot load the CUDA driver: dlopen(\"%s\") failed: %s "
+                 "(is the NVIDIA driver installed and on the library path?)",
+                 CUH_CUDA_LIBRARY, why != NULL ? why : "unknown error");
+        return;
+    }
+
+#define CU_RESOLVE(field)                                              \
+    do {                                                               \
+        void *sym_ = cuda_sym(#field);                                 \
+        if (sym_ == NULL) {                                            \
+            missing = #field;                                          \
+            goto fail_symbol;                                          \
+        }                                                              \
+        memcpy(&g_cu.field, &sym_, sizeof g_cu.field);                 \
+    } while (0)
+
+    CU_RESOLVE(cuGetErrorName);
+    CU_RESOLVE(cuGetErrorString);
+    CU_RESOLVE(cuInit);
+    CU_RESOLVE(cuDeviceGetCount);
+    CU_RESOLVE(cuDeviceGet);
+    CU_RESOLVE(cuDevicePrimaryCtxRetain);
+    CU_RESOLVE(cuDevicePrimaryCtxRelease_v2);
+    CU_RESOLVE(cuCtxGetCurrent);
+    CU_RESOLVE(cuCtxGetDevice);
+    CU_RESOLVE(cuCtxPushCurrent_v2);
+    CU_RESOLVE(cuCtxPopCurrent_v2);
+    CU_RESOLVE(cuCtxSynchronize);
+    CU_RESOLVE(cuMemAlloc_v2);
+    CU_RESOLVE(cuMemFree_v2);
+    CU_RESOLVE(cuMemGetInfo_v2);
+    CU_RESOLVE(cuEventCreate);
+    CU_RESOLVE(cuEventDestroy_v2);
+    CU_RESOLVE(cuEventRecord);
+    CU_RESOLVE(cuEventQuery);
+    CU_RESOLVE(cuEventSynchronize);
+#undef CU_RESOLVE
+
+    r = g_cu.cuInit(0);
+    if (r != CUDA_SUCCESS) {
+        cuda_format_error(g_cu.error, sizeof g_cu.error, r, "cuInit(0)");
+        return;
+    }
+    r = g_cu.cuDeviceGetCount(&g_cu.device_count);
+    if (r != CUDA_SUCCESS) {
+        cuda_format_error(g_cu.error, sizeof g_cu.error, r, "cuDeviceGetCount");
+        return;
+    }
+    for (int i = 0; i < g_cu.device_count && i < CUH_CUDA_MAX_DEVICES; i++) {
+        r = g_cu.cuDeviceGet(&g_cu.devices[i], i);
+        if (r != CUDA_SUCCESS) {
+            cuda_format_error(g_cu.error, sizeof g_cu.error, r, "cuDeviceGet(%d)", i);
+            return;
+        }
+    }
+    g_cu.ready = 1;
+    return;
+
+fail_symbol:
+    /* The handle stays open: the pointers already resolved must stay valid. */
+    snprintf(g_cu.error, sizeof g_cu.error,
+             "the CUDA driver %s has no function %s (driver too old?)",
+             CUH_CUDA_LIBRARY, missing);
+}
+
+/* 0 when the driver is usable; -1 with the reason in errbuf otherwise. */
+static int cuda_ready(char *errbuf, size_t errlen)
+{
+    pthread_once(&g_cu.once, cuda_load);
+    if (g_cu.ready)
+        return 0;
+    if (errbuf != NULL && errlen > 0)
+        snprintf(errbuf, errlen, "%s", g_cu.error);
+    return -1;
+}
+
+/* ---- one opened device -------------------------------------------------- */
+
+typedef struct cuh_cuda_device_s {
+    cuh_device_t base;            /* first member: cuh_device_t * casts to this */
+    CUdevice cudev;
+    CUcontext ctx;                /* the retained primary context */
+} cuh_cuda_device_t;
+
+static cuh_cuda_device_t *cuda_dev(cuh_device_t *dev)
+{
+    return (cuh_cuda_device_t *)(void *)dev;
+}
+
+/* Writes "<what> on device N failed: <CUDA error>" into dev->last_error. */
+static void cuda_dev_error(cuh_device_t *dev, CUresult r, const char *what, ...)
+    __attribute__((format(printf, 3, 4)));
+static void cuda_dev_error(cuh_device_t *dev, CUresult r, const char *what, ...)
+{
+    va_list ap;
+    va_start(ap, what);
+    cuda_vformat_error(dev->last_error, sizeof dev->last_error, r, dev->ordinal, what, ap);
+    va_end(ap);
+}
+
+/* The one helper every operation goes through to run with the device's
+ * primary context current. cuda_ctx_enter() makes it current - nothing to do
+ * when the calling thread already has it current (the common case: the CUDA
+ * runtime made it so), a push otherwise - and cuda_ctx_leave() undoes exactly
+ * what enter did, so the caller's own context is current again afterwards. */
+static CUresult cuda_ctx_enter(cuh_cuda_device_t *d, int *pushed)
+{
+    CUcontext cur = NULL;
+    CUresult r = g_cu.cuCtxGetCurrent(&cur);
+    *pushed = 0;
+    if (r == CUDA_SUCCESS && cur == d->ctx)
+        return CUDA_SUCCESS;
+    r = g_cu.cuCtxPushCurrent_v2(d->ctx);
+    if (r == CUDA_SUCCESS)
+        *pushed = 1;
+    return r;
+}
+
+static void cuda_ctx_leave(int pushed)
+{
+    if (pushed) {
+        CUcontext popped = NULL;
+        (void)g_cu.cuCtxPopCurrent_v2(&popped);
+    }
+}
+
+/* Enters the context or returns CUH_DEV_ERROR from the calling op, naming
+ * the op in last_error. Used at the top of every op. */
+#define CUDA_ENTER(d, pushed, opname)                                          \
+    do {                                                                       \
+        CUresult enter_r_ = cuda_ctx_enter((d), &(pushed));                    \
+        if (enter_r_ != CUDA_SUCCESS) {                                        \
+            cuda_dev_error(&(d)->base, enter_r_,                               \
+                           "cuCtxPushCurrent_v2 (primary context, for %s)",    \
+                           (opname));                                          \
+            return CUH_DEV_ERROR;                                              \
+        }                                                                      \
+    } while (0)
+
+static cuh_dev_status_t cuda_mem_alloc(cuh_device_t *dev, size_t size, uintptr_t *addr)
+{
+    cuh_cuda_device_t *d = cuda_dev(dev);
+    CUdeviceptr p = 0;
+    int pushed;
+    CUresult r;
+
+    CUDA_ENTER(d, pushed, "cuMemAlloc_v2");
+    r = g_cu.cuMemAlloc_v2(&p, size);
+    if (r == CUDA_SUCCESS && (p & 511u) != 0) {
+        /* The driver aligns to far more than 512 bytes in practice; device.h
+         * promises 512, so refuse rather than hand out a misaligned segment. */
+        (void)g_cu.cuMemFree_v2(p);
+        cuda_ctx_leave(pushed);
+        snprintf(dev->last_error, sizeof dev->last_error,
+                 "cuMemAlloc_v2(%zu bytes) on device %d returned 0x%llx, "
+                 "not aligned to 512 bytes", size, dev->ordinal, p);
+        return CUH_DEV_ERROR;
+    }
+    cuda_ctx_leave(pushed);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+        cuda_dev_error(dev, r, "cuMemAlloc_v2(%zu bytes)", size);   /* for whoever asks */
+        return CUH_DEV_OOM;
+    }
+    if (r != CUDA_SUCCESS) {
+        cuda_dev_error(dev, r, "cuMemAlloc_v2(%zu bytes)", size);
+        return CUH_DEV_ERROR;
+    }
+    *addr = (uintptr_t)p;
+    return CUH_DEV_OK;
+}
+
+static cuh_dev_status_t cuda_mem_free(cuh_device_t *dev, uintptr_t addr, size_t size)
+{
+    cuh_cuda_device_t *d = cuda_dev(dev);
+    int pushed;
+    CUresult r;
+
+    /* At process exit the driver may shut down before cuheap returns its
+     * segments (CUDA_ERROR_DEINITIALIZED); the memory goes with the process,
+     * so that is no error. */
+    r = cuda_ctx_enter(d, &pushed);
+    if (r == CUDA_ERROR_DEINITIALIZED)
+        return CUH_DEV_OK;
+    if (r != CUDA_SUCCESS) {
+        cuda_dev_error(dev, r, "cuCtxPushCurrent_v2 (primary context, for %s)", "cuMemFree_v2");
+        return CUH_DEV_ERROR;
+    }
+    r = g_cu.cuMemFree_v2((CUdeviceptr)addr);
+    cuda_ctx_leave(pushed);
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED) {
+        cuda_dev_error(dev, r, "cuMemFree_v2(0x%llx, %zu bytes)",
+                       (unsigned long long)addr, size);
+        return CUH_DEV_ERROR;
+    }
+    return CUH_DEV_OK;
+}
+
+static cuh_dev_status_t cuda_mem_info(cuh_device_t *dev, size_t *free_bytes, size_t *total_bytes)
+{
+    cuh_cuda_device_t *d = cuda_dev(dev);
+    size_t f = 0, t = 0;
+    int pushed;
+    CUresult r;
+
+    CUDA_ENTER(d, pushed, "cuMemGetInfo_v2");
+    r = g_cu.cuMemGetInfo_v2(&f, &t);
+    cuda_ctx_leave(pushed);
+    if (r != CUDA_SUCCESS) {
+        cuda_dev_error(dev, r, "cuMemGetInfo_v2");
+        return CUH_DEV_ERROR;
+    }
+    if (free_bytes != NULL)
+        *free_bytes = f;
+    if (total_bytes != NULL)
+        *total_bytes = t;
+    return CUH_DEV_OK;
+}
+
+static cuh_dev_status_t cuda_event_create(cuh_device_t *dev, cuh_event_t *event)
+{
+    cuh_cuda_device_t *d = cuda_dev(dev);
+    CUevent ev = NULL;
+    int pushed;
+    CUresult r;
+
+    CUDA_ENTER(d, pushed, "cuEventCreate");
+    r = g_cu.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING);
+    cuda_ctx_leave(pushed);
+    if (r != CUDA_SUCCESS) {
+        cuda_dev_error(dev, r, "cuEventCreate(CU_EVENT_DISABLE_TIMING)");
+        return CUH_DEV_ERROR;
+    }
+    *event = (cuh_event_t)(void *)ev;
+    return CUH_DEV_OK;
+}
+
+static void cuda_event_destroy(cuh_device_t *dev, cuh_event_t event)
+{
+    cuh_cuda_device_t *d = cuda_dev(dev);
+    int pushed;
+
+    if (event == NULL)
+        return;
+    /* Nothing to report to: a failure (a driver already shut down at exit)
+     * leaves nothing behind that cuheap could release. */
+    if (cuda_ctx_enter(d, &pushed) != CUDA_SUCCESS)
+        return;
+    (void)g_cu.cuEventDestroy_v2((CUevent)(void *)event);
+    cuda_ctx_leave(pushed);
+}
+
+static cuh_dev_status_t cuda_event_record(cuh_device_t *dev, cuh_event_t event, cuh_stream_t stream)
+{
+    cuh_cuda_device_t *d = cuda_dev(dev);
+    int pushed;
+    CUresult r;
+
+    CUDA_ENTER(d, pushed, "cuEventRecord");
+    r = g_cu.cuEventRecord((CUevent)(void *)event, (CUstream)stream);
+    cuda_ctx_leave(pushed);
+    if (r != CUDA_SUCCESS) {
+        cuda_dev_error(dev, r, "cuEventRecord(stream 0x%llx)", (unsigned long long)stream);
+        return CUH_DEV_ERROR;
+    }
+    return CUH_DEV_OK;
+}
+
+static cuh_dev_status_t cuda_event_query(cuh_device_t *dev, cuh_event_t event)
+{
+    cuh_cuda_device_t *d = cuda_dev(dev);
+    int pushed;
+    CUresult r;
+
+    CUDA_ENTER(d, pushed, "cuEventQuery");
+    r = g_cu.cuEventQuery((CUevent)(void *)event);
+    cuda_ctx_leave(pushed);
+    if (r == CUDA_SUCCESS)
+        return CUH_DEV_OK;
+    if (r == CUDA_ERROR_NOT_READY)
+        return CUH_DEV_NOT_READY;
+    cuda_dev_error(dev, r, "cuEventQuery");
+    return CUH_DEV_ERROR;
+}
+
+static cuh_dev_status_t cuda_event_wait(cuh_device_t *dev, cuh_event_t event)
+{
+    cuh_cuda_device_t *d = cuda_dev(dev);
+    int pushed;
+    CUresult r;
+
+    CUDA_ENTER(d, pushed, "cuEventSynchronize");
+    r = g_cu.cuEventSynchronize((CUevent)(void *)event);
+    cuda_ctx_leave(pushed);
+    if (r != CUDA_SUCCESS) {
+        cuda_dev_error(dev, r, "cuEventSynchronize");
+        return CUH_DEV_ERROR;
+    }
+    return CUH_DEV_OK;
+}
+
+static cuh_dev_status_t cuda_synchronize(cuh_device_t *dev)
+{
+    cuh_cuda_device_t *d = cuda_dev(dev);
+    int pushed;
+    CUresult r;
+
+    CUDA_ENTER(d, pushed, "cuCtxSynchronize");
+    r = g_cu.cuCtxSynchronize();
+    cuda_ctx_leave(pushed);
+    if (r != CUDA_SUCCESS) {
+        cuda_dev_error(dev, r, "cuCtxSynchronize");
+        return CUH_DEV_ERROR;
+    }
+    return CUH_DEV_OK;
+}
+
+static void cuda_destroy(cuh_device_t *dev)
+{
+    cuh_cuda_device_t *d = cuda_dev(dev);
+
+    if (d == NULL)
+        return;
+    /* Fails harmlessly (CUDA_ERROR_DEINITIALIZED) when the driver has already
+     * shut down at process exit. */
+    (void)g_cu.cuDevicePrimaryCtxRelease_v2(d->cudev);
+    free(d);
+}
+
+static const cuh_device_ops_t cuda_ops = {
+    .mem_alloc = cuda_mem_alloc,
+    .mem_free = cuda_mem_free,
+    .mem_info = cuda_mem_info,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .event_query = cuda_event_query,
+    .event_wait = cuda_event_wait,
+    .synchronize = cuda_synchronize,
+    .destroy = cuda_destroy,
+};
+
+/* ---- entry points (device.h) -------------------------------------------- */
+
+cuh_device_t *cuh_cuda_open(int ordinal, char *errbuf, size_t errlen)
+{
+    char scratch[8];
+    cuh_cuda_device_t *d;
+    CUresult r;
+
+    if (errbuf == NULL || errlen == 0) {
+        errbuf = scratch;
+        errlen = sizeof scratch;
+    }
+    errbuf[0] = '\0';
+    if (cuda_ready(errbuf, errlen) != 0)
+        return NULL;
+    if (g_cu.device_count <= 0) {
+        snprintf(errbuf, errlen, "CUDA device %d does not exist: cuDeviceGetCount reports "
+                 "no device (check CUDA_VISIBLE_DEVICES)", ordinal);
+        return NULL;
+    }
+    if (ordinal < 0 || ordinal >= g_cu.device_count) {
+        snprintf(errbuf, errlen,
+                 "CUDA device %d does not exist: cuDeviceGetCount reports %d device%s "
+                 "(valid ordinals 0..%d)", ordinal, g_cu.device_count,
+                 g_cu.device_count == 1 ? "" : "s", g_cu.device_count - 1);
+        return NULL;
+    }
+    if (ordinal >= CUH_CUDA_MAX_DEVICES) {
+        snprintf(errbuf, errlen, "CUDA device %d: cuheap supports devices 0..%d only",
+                 ordinal, CUH_CUDA_MAX_DEVICES - 1);
+        return NULL;
+    }
+    d = calloc(1, sizeof *d);
+    if (d == NULL) {
+        snprintf(errbuf, errlen, "out of host memory opening CUDA device %d", ordinal);
+        return NULL;
+    }
+    d->cudev = g_cu.devices[ordinal];
+    r = g_cu.cuDevicePrimaryCtxRetain(&d->ctx, d->cudev);
+    if (r != CUDA_SUCCESS) {
+        cuda_format_error(errbuf, errlen, r, "cuDevicePrimaryCtxRetain(device %d)", ordinal);
+        free(d);
+        return NULL;
+    }
+    d->base.ops = &cuda_ops;
+    d->base.kind = "cuda";
+    d->base.ordinal = ordinal;
+    d->base.last_error[0] = '\0';
+    return &d->base;
+}
+
+int cuh_cuda_current_device(char *errbuf, size_t errlen)
+{
+    CUcontext ctx = NULL;
+    CUdevice cudev = 0;
+    CUresult r;
+
+    if (cuda_ready(errbuf, errlen) != 0)
+        return -1;
+    r = g_cu.cuCtxGetCurrent(&ctx);
+    if (r != CUDA_SUCCESS) {
+        if (errbuf != NULL && errlen > 0)
+            cuda_format_error(errbuf, errlen, r, "cuCtxGetCurrent");
+        return -1;
+    }
+    if (ctx == NULL)
+        return 0;   /* what the CUDA runtime would pick */
+    r = g_cu.cuCtxGetDevice(&cudev);
+    if (r != CUDA_SUCCESS) {
+        if (errbuf != NULL && errlen > 0)
+            cuda_format_error(errbuf, errlen, r, "cuCtxGetDevice");
+        return -1;
+    }
+    /* A CUdevice is a handle, not an ordinal: map it back. */
+    for (int i = 0; i < g_cu.device_count && i < CUH_CUDA_MAX_DEVICES; i++)
+        if (g_cu.devices[i] == cudev)
+            return i;
+    if (errbuf != NULL && errlen > 0)
+        snprintf(errbuf, errlen,
+                 "the current context's device (CUdevice %d) is none of the %d devices "
+                 "cuDeviceGet reported", cudev, g_cu.device_count);
+    return -1;
+}

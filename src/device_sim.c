@@ -1,0 +1,308 @@
+/* device_sim.c - a simulated GPU for tests and for cuheap-replay.
+ *
+ * It has a capacity and an address space, nothing more: no host memory stands
+ * behind a simulated segment, so replaying an 80 GiB training trace costs a
+ * few megabytes. Addresses start high, are 2 MiB-aligned, and a 2 MiB gap
+ * separates segments so that no code can mistake two segments for one.
+ *
+ * Streams are modelled by two counters each: events recorded and events
+ * completed. By default every recorded event completes at once (the GPU is
+ * infinitely fast, which is what a replay wants). A test can hold events
+ * incomplete, as a busy GPU would, and complete a stream's work when it
+ * chooses; a host wait on an event completes the work it waits for, as a real
+ * wait would. Memory used by other processes is a knob (external bytes).
+ */
+#include "device.h"
+
+#include "common.h"
+#include "ptrmap.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SIM_BASE ((uintptr_t)0x7f0000000000ull)
+#define EVENT_MAGIC 0x5e7e47u
+
+typedef struct sim_stream_s {
+    cuh_stream_t handle;
+    uint64_t recorded;
+    uint64_t completed;
+} sim_stream_t;
+
+struct cuh_event_s {
+    uint32_t magic;
+    int recorded;
+    cuh_stream_t stream;
+    uint64_t seq;
+};
+
+typedef struct sim_device_s {
+    cuh_device_t base;
+    pthread_mutex_t lock;
+    size_t capacity;
+    size_t external;
+    uintptr_t next_addr;
+    int hold;
+    sim_stream_t *streams;
+    size_t num_streams, cap_streams;
+    cuh_ptrmap_t segments;       /* address -> size (stored as pointer-sized int) */
+    cuh_sim_counters_t counters;
+} sim_device_t;
+
+static sim_device_t *sim_of(cuh_device_t *dev) { return (sim_device_t *)dev; }
+
+static sim_stream_t *stream_state(sim_device_t *s, cuh_stream_t handle)
+{
+    for (size_t i = 0; i < s->num_streams; i++)
+        if (s->streams[i].handle == handle)
+            return &s->streams[i];
+    if (s->num_streams == s->cap_streams) {
+        size_t cap = s->cap_streams ? 2 * s->cap_streams : 8;
+        sim_stream_t *grown = realloc(s->streams, cap * sizeof *grown);
+        if (!grown)
+            return NULL;
+        s->streams = grown;
+        s->cap_streams = cap;
+    }
+    sim_stream_t *st = &s->streams[s->num_streams++];
+    st->handle = handle;
+    st->recorded = st->completed = 0;
+    return st;
+}
+
+static cuh_dev_status_t sim_mem_alloc(cuh_device_t *dev, size_t size, uintptr_t *addr)
+{
+    sim_device_t *s = sim_of(dev);
+    cuh_dev_status_t rc = CUH_DEV_OK;
+    pthread_mutex_lock(&s->lock);
+    if (size == 0 || size % CUH_SEGMENT_GRAIN) {
+        snprintf(dev->last_error, sizeof dev->last_error, "sim: segment of %zu bytes is not a multiple of 2 MiB", size);
+        rc = CUH_DEV_ERROR;
+    } else if (s->counters.used + s->external + size > s->capacity || size > s->capacity) {
+        s->counters.mem_refusals++;
+        rc = CUH_DEV_OOM;
+    } else {
+        uintptr_t a = s->next_addr;
+        if (cuh_ptrmap_insert(&s->segments, a, (void *)size)) {
+            snprintf(dev->last_error, sizeof dev->last_error, "sim: out of host memory");
+            rc = CUH_DEV_ERROR;
+        } else {
+            s->next_addr = a + size + CUH_SEGMENT_GRAIN;
+            s->counters.used += size;
+            s->counters.mem_allocs++;
+            *addr = a;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+static cuh_dev_status_t sim_mem_free(cuh_device_t *dev, uintptr_t addr, size_t size)
+{
+    sim_device_t *s = sim_of(dev);
+    cuh_dev_status_t rc = CUH_DEV_OK;
+    pthread_mutex_lock(&s->lock);
+    size_t held = (size_t)cuh_ptrmap_get(&s->segments, addr);
+    if (!held || held != size) {
+        snprintf(dev->last_error, sizeof dev->last_error,
+                 "sim: free of 0x%llx (%zu bytes) which is not a live segment (held: %zu bytes)",
+                 (unsigned long long)addr, size, held);
+        rc = CUH_DEV_ERROR;
+    } else {
+        cuh_ptrmap_remove(&s->segments, addr);
+        s->counters.used -= size;
+        s->counters.mem_frees++;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+static cuh_dev_status_t sim_mem_info(cuh_device_t *dev, size_t *free_bytes, size_t *total_bytes)
+{
+    sim_device_t *s = sim_of(dev);
+    pthread_mutex_lock(&s->lock);
+    size_t taken = s->counters.used + s->external;
+    *free_bytes = taken >= s->capacity ? 0 : s->capacity - taken;
+    *total_bytes = s->capacity;
+    pthread_mutex_unlock(&s->lock);
+    return CUH_DEV_OK;
+}
+
+static cuh_dev_status_t sim_event_create(cuh_device_t *dev, cuh_event_t *event)
+{
+    sim_device_t *s = sim_of(dev);
+    cuh_event_t e = calloc(1, sizeof *e);
+    if (!e) {
+        snprintf(dev->last_error, sizeof dev->last_error, "sim: out of host memory");
+        return CUH_DEV_ERROR;
+    }
+    e->magic = EVENT_MAGIC;
+    pthread_mutex_lock(&s->lock);
+    s->counters.live_events++;
+    pthread_mutex_unlock(&s->lock);
+    *event = e;
+    return CUH_DEV_OK;
+}
+
+static void sim_event_destroy(cuh_device_t *dev, cuh_event_t event)
+{
+    sim_device_t *s = sim_of(dev);
+    if (!event || event->magic != EVENT_MAGIC)
+        return;
+    event->magic = 0;
+    free(event);
+    pthread_mutex_lock(&s->lock);
+    s->counters.live_events--;
+    pthread_mutex_unlock(&s->lock);
+}
+
+static cuh_dev_status_t sim_event_record(cuh_device_t *dev, cuh_event_t event, cuh_stream_t stream)
+{
+    sim_device_t *s = sim_of(dev);
+    cuh_dev_status_t rc = CUH_DEV_OK;
+    pthread_mutex_lock(&s->lock);
+    sim_stream_t *st = stream_state(s, stream);
+    if (!st || event->magic != EVENT_MAGIC) {
+        snprintf(dev->last_error, sizeof dev->last_error, "sim: bad event or out of memory");
+        rc = CUH_DEV_ERROR;
+    } else {
+        st->recorded++;
+        if (!s->hold)
+            st->completed = st->recorded;
+        event->recorded = 1;
+        event->stream = stream;
+        event->seq = st->recorded;
+        s->counters.events_recorded++;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+static cuh_dev_status_t sim_event_query(cuh_device_t *dev, cuh_event_t event)
+{
+    sim_device_t *s = sim_of(dev);
+    cuh_dev_status_t rc = CUH_DEV_OK;
+    pthread_mutex_lock(&s->lock);
+    if (event->recorded) {
+        sim_stream_t *st = stream_state(s, event->stream);
+        if (st && st->completed < event->seq)
+            rc = CUH_DEV_NOT_READY;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+static cuh_dev_status_t sim_event_wait(cuh_device_t *dev, cuh_event_t event)
+{
+    sim_device_t *s = sim_of(dev);
+    pthread_mutex_lock(&s->lock);
+    s->counters.event_waits++;
+    if (event->recorded) {
+        sim_stream_t *st = stream_state(s, event->stream);
+        if (st && st->completed < event->seq)
+            st->completed = event->seq;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return CUH_DEV_OK;
+}
+
+static void complete_all_locked(sim_device_t *s)
+{
+    for (size_t i = 0; i < s->num_streams; i++)
+        s->streams[i].completed = s->streams[i].recorded;
+}
+
+static cuh_dev_status_t sim_synchronize(cuh_device_t *dev)
+{
+    sim_device_t *s = sim_of(dev);
+    pthread_mutex_lock(&s->lock);
+    s->counters.synchronizes++;
+    complete_all_locked(s);
+    pthread_mutex_unlock(&s->lock);
+    return CUH_DEV_OK;
+}
+
+static void sim_destroy(cuh_device_t *dev)
+{
+    sim_device_t *s = sim_of(dev);
+    cuh_ptrmap_destroy(&s->segments);
+    free(s->streams);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
+
+static const cuh_device_ops_t sim_ops = {
+    .mem_alloc = sim_mem_alloc,
+    .mem_free = sim_mem_free,
+    .mem_info = sim_mem_info,
+    .event_create = sim_event_create,
+    .event_destroy = sim_event_destroy,
+    .event_record = sim_event_record,
+    .event_query = sim_event_query,
+    .event_wait = sim_event_wait,
+    .synchronize = sim_synchronize,
+    .destroy = sim_destroy,
+};
+
+cuh_device_t *cuh_sim_create(const cuh_sim_params_t *params)
+{
+    sim_device_t *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    if (cuh_ptrmap_init(&s->segments, 64)) {
+        free(s);
+        return NULL;
+    }
+    pthread_mutex_init(&s->lock, NULL);
+    s->base.ops = &sim_ops;
+    s->base.kind = "sim";
+    s->base.ordinal = params->ordinal;
+    s->capacity = params->capacity;
+    /* Each device gets its own slice of the address space. */
+    s->next_addr = SIM_BASE + ((uintptr_t)(params->ordinal & 0xff) << 40);
+    return &s->base;
+}
+
+void cuh_sim_set_external(cuh_device_t *dev, size_t bytes)
+{
+    sim_device_t *s = sim_of(dev);
+    pthread_mutex_lock(&s->lock);
+    s->external = bytes;
+    pthread_mutex_unlock(&s->lock);
+}
+
+void cuh_sim_hold_events(cuh_device_t *dev, int hold)
+{
+    sim_device_t *s = sim_of(dev);
+    pthread_mutex_lock(&s->lock);
+    s->hold = hold;
+    pthread_mutex_unlock(&s->lock);
+}
+
+void cuh_sim_complete_stream(cuh_device_t *dev, cuh_stream_t stream)
+{
+    sim_device_t *s = sim_of(dev);
+    pthread_mutex_lock(&s->lock);
+    sim_stream_t *st = stream_state(s, stream);
+    if (st)
+        st->completed = st->recorded;
+    pthread_mutex_unlock(&s->lock);
+}
+
+void cuh_sim_complete_all(cuh_device_t *dev)
+{
+    sim_device_t *s = sim_of(dev);
+    pthread_mutex_lock(&s->lock);
+    complete_all_locked(s);
+    pthread_mutex_unlock(&s->lock);
+}
+
+void cuh_sim_counters(cuh_device_t *dev, cuh_sim_counters_t *out)
+{
+    sim_device_t *s = sim_of(dev);
+    pthread_mutex_lock(&s->lock);
+    *out = s->counters;
+    pthread_mutex_unlock(&s->lock);
+}

@@ -1,0 +1,1153 @@
+/* heap.c - one device's heap: streams, fences, the allocation ladder, small
+ * objects and statistics (the rules it keeps are listed in heap.h).
+ *
+ * Stream-ordered reuse. Memory freed on stream s becomes s's private memory
+ * (arena tag of s; for small objects, s's per-class cache): s may reuse it at
+ * once, since its own work is ordered. Other streams may not until an event
+ * recorded on s after the free has completed. cuheap records such events
+ * (fences) lazily: only when another stream would otherwise have to grow the
+ * heap, or when memory runs short. A fence covers every private byte freed on
+ * s before it; when it completes those bytes become global. A busy stream's
+ * fence completes later, so until then it keeps using its own memory and
+ * nobody waits: the CPU blocks only on the out-of-memory path.
+ *
+ * The allocation ladder, cheapest step first:
+ *   1. best fit in global memory and the stream's own;
+ *   2. poll outstanding fences (a query each), retry;
+ *   3. fence other streams that hold private memory, poll, retry;
+ *   4. grow: a new segment from the device, within the limit;
+ *   5. refused: wait for every fence (host blocks), retry;
+ *   6. release fully free segments to the device and grow again;
+ *   7. out of memory, with the state recorded as its proof.
+ *
+ * Concurrency: one mutex per heap guards everything here. Functions whose
+ * names end in _locked expect it held.
+ */
+#include "heap.h"
+
+#include "arena.h"
+#include "common.h"
+#include "ptrmap.h"
+#include "sizeclass.h"
+#include "slab.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- types ----------------------------------------------------------------- */
+
+typedef struct small_entry_s {
+    uintptr_t addr;
+    uint64_t epoch;
+} small_entry_t;
+
+/* Deque of freed small objects of one class on one stream, oldest at head.
+ * Epochs rise from head to tail: reuse pops the newest (warmest), fences
+ * release the oldest. */
+typedef struct small_ring_s {
+    small_entry_t *entries;
+    uint32_t capacity;   /* power of two, or 0 */
+    uint32_t head;
+    uint32_t count;
+} small_ring_t;
+
+typedef struct fence_s {
+    cuh_event_t event;
+    uint64_t number;
+} fence_t;
+
+typedef struct stream_state_s {
+    cuh_stream_t handle;
+    uint32_t tag;
+    uint64_t completed;          /* fences [0, completed) have completed */
+    fence_t *fences;             /* outstanding, oldest first */
+    size_t num_fences, cap_fences;
+    size_t small_unfenced;       /* bytes in the rings no fence covers yet */
+    size_t small_fenced;         /* bytes in the rings a fence covers */
+    small_ring_t small[CUH_MAX_CLASSES];
+} stream_state_t;
+
+typedef struct size_class_s {
+    size_t size;
+    size_t slab_bytes;
+    cuh_slab_t *partial;         /* slabs with avail objects */
+} size_class_t;
+
+typedef struct stat_s {
+    size_t current;
+    size_t peak;
+} stat_t;
+
+typedef enum { GROW_OK, GROW_LIMIT, GROW_DEVICE, GROW_ERROR } grow_result_t;
+
+struct cuh_heap_s {
+    pthread_mutex_t lock;
+    cuh_device_t *dev;
+    cuh_config_t cfg;
+    size_t device_total;
+    size_t limit;
+    int started;
+    cuh_segment_t *workspace;
+
+    cuh_arena_t arena;
+    cuh_ptrmap_t blocks;         /* large block address -> extent */
+    cuh_pagemap_t pages;         /* 64 KiB page -> slab */
+    size_class_t classes[CUH_MAX_CLASSES];
+    unsigned num_classes;
+
+    stream_state_t **streams;    /* index = tag - 1 */
+    uint32_t num_streams, cap_streams;
+    stream_state_t *last_stream;
+
+    cuh_event_t *spare_events;
+    size_t num_spare_events, cap_spare_events;
+
+    size_t small_fenced_total;
+    stat_t requested, allocated, reserved, cached, pending;
+    uint64_t num_allocs, num_frees, num_segment_allocs, num_segment_frees;
+    uint64_t num_cache_hits, num_retries, num_ooms;
+
+    int has_oom;
+    cuh_oom_info_t last_oom;
+};
+
+/* ---- statistics ------------------------------------------------------------ */
+
+static void stat_set(stat_t *s, size_t value)
+{
+    s->current = value;
+    if (value > s->peak)
+        s->peak = value;
+}
+
+static void refresh_stats_locked(cuh_heap_t *h)
+{
+    stat_set(&h->reserved, h->arena.reserved);
+    stat_set(&h->cached, h->arena.reserved - h->allocated.current);
+    stat_set(&h->pending, cuh_arena_pending_bytes(&h->arena) + h->small_fenced_total);
+}
+
+/* ---- events and streams ------------------------------------------------------ */
+
+static cuh_event_t event_get_locked(cuh_heap_t *h)
+{
+    if (h->num_spare_events)
+        return h->spare_events[--h->num_spare_events];
+    cuh_event_t e = NULL;
+    if (h->dev->ops->event_create(h->dev, &e) != CUH_DEV_OK)
+        return NULL;
+    return e;
+}
+
+static void event_put_locked(cuh_heap_t *h, cuh_event_t e)
+{
+    if (h->num_spare_events == h->cap_spare_events) {
+        size_t cap = h->cap_spare_events ? 2 * h->cap_spare_events : 16;
+        cuh_event_t *grown = realloc(h->spare_events, cap * sizeof *grown);
+        if (!grown) {
+            h->dev->ops->event_destroy(h->dev, e);
+            return;
+        }
+        h->spare_events = grown;
+        h->cap_spare_events = cap;
+    }
+    h->spare_events[h->num_spare_events++] = e;
+}
+
+static stream_state_t *stream_get_locked(cuh_heap_t *h, cuh_stream_t handle)
+{
+    if (h->last_stream && h->last_stream->handle == handle)
+        return h->last_stream;
+    for (uint32_t i = 0; i < h->num_streams; i++)
+        if (h->streams[i]->handle == handle)
+            return h->last_stream = h->streams[i];
+    if (h->num_streams == h->cap_streams) {
+        uint32_t cap = h->cap_streams ? 2 * h->cap_streams : 8;
+        stream_state_t **grown = realloc(h->streams, cap * sizeof *grown);
+        if (!grown)
+            return NULL;
+        h->streams = grown;
+        h->cap_streams = cap;
+    }
+    stream_state_t *st = calloc(1, sizeof *st);
+    if (!st || cuh_arena_reserve_tags(&h->arena, h->num_streams + 2)) {
+        free(st);
+        return NULL;
+    }
+    st->handle = handle;
+    st->tag = h->num_streams + 1;
+    h->streams[h->num_streams++] = st;
+    return h->last_stream = st;
+}
+
+static int stream_has_unfenced(const cuh_heap_t *h, const stream_state_t *st)
+{
+    return h->arena.tags[st->tag].unfenced_bytes || st->small_unfenced;
+}
+
+/* ---- small-object rings ------------------------------------------------------ */
+
+static int ring_push(small_ring_t *r, uintptr_t addr, uint64_t epoch)
+{
+    if (r->count == r->capacity) {
+        uint32_t cap = r->capacity ? 2 * r->capacity : 16;
+        small_entry_t *grown = malloc(cap * sizeof *grown);
+        if (!grown)
+            return -1;
+        for (uint32_t i = 0; i < r->count; i++)
+            grown[i] = r->entries[(r->head + i) & (r->capacity - 1)];
+        free(r->entries);
+        r->entries = grown;
+        r->capacity = cap;
+        r->head = 0;
+    }
+    r->entries[(r->head + r->count) & (r->capacity - 1)] = (small_entry_t){addr, epoch};
+    r->count++;
+    return 0;
+}
+
+static small_entry_t ring_pop_newest(small_ring_t *r)
+{
+    r->count--;
+    return r->entries[(r->head + r->count) & (r->capacity - 1)];
+}
+
+static small_entry_t ring_pop_oldest(small_ring_t *r)
+{
+    small_entry_t e = r->entries[r->head];
+    r->head = (r->head + 1) & (r->capacity - 1);
+    r->count--;
+    return e;
+}
+
+/* ---- slabs ------------------------------------------------------------------- */
+
+static void slab_list(size_class_t *c, cuh_slab_t *s)
+{
+    s->prev = NULL;
+    s->next = c->partial;
+    if (c->partial)
+        c->partial->prev = s;
+    c->partial = s;
+    s->listed = 1;
+}
+
+static void slab_unlist(size_class_t *c, cuh_slab_t *s)
+{
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        c->partial = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    s->prev = s->next = NULL;
+    s->listed = 0;
+}
+
+/* Returns a small object to its slab (it is now free for every stream); a
+ * slab left with no object in use or cached goes back to the arena. */
+static void slab_object_home_locked(cuh_heap_t *h, uintptr_t addr)
+{
+    cuh_slab_t *s = cuh_pagemap_get(&h->pages, addr);
+    size_class_t *c = &h->classes[s->size_class];
+    cuh_slab_give_back(s, (uint32_t)cuh_slab_index(s, addr));
+    if (s->num_avail == s->num_objs) {
+        if (s->listed)
+            slab_unlist(c, s);
+        cuh_pagemap_set(&h->pages, s->base, s->extent->size, NULL);
+        cuh_arena_release(&h->arena, s->extent, CUH_TAG_GLOBAL);
+        cuh_slab_destroy(s);
+    } else if (!s->listed) {
+        slab_list(c, s);
+    }
+}
+
+/* ---- fences ------------------------------------------------------------------ */
+
+/* Fences [0, completed) of st are done: its private memory they cover turns
+ * global. */
+static void stream_globalize_locked(cuh_heap_t *h, stream_state_t *st)
+{
+    cuh_arena_fence_completed(&h->arena, st->tag, st->completed);
+    for (unsigned c = 0; c < h->num_classes; c++) {
+        small_ring_t *r = &st->small[c];
+        while (r->count && r->entries[r->head].epoch < st->completed) {
+            small_entry_t e = ring_pop_oldest(r);
+            st->small_fenced -= h->classes[c].size;
+            h->small_fenced_total -= h->classes[c].size;
+            slab_object_home_locked(h, e.addr);
+        }
+    }
+}
+
+/* Everything recorded on the device so far has finished (after a
+ * synchronize, or when an event could not be used). */
+static void stream_all_done_locked(cuh_heap_t *h, stream_state_t *st)
+{
+    for (size_t i = 0; i < st->num_fences; i++)
+        event_put_locked(h, st->fences[i].event);
+    st->num_fences = 0;
+    st->completed = h->arena.tags[st->tag].fences_recorded;
+    stream_globalize_locked(h, st);
+}
+
+/* Records a fence on st covering its private memory. 0 if none was needed or
+ * one was recorded; -1 on a device error (then the device was synchronized
+ * and the memory made global, which is always safe). */
+static int stream_fence_locked(cuh_heap_t *h, stream_state_t *st)
+{
+    if (!stream_has_unfenced(h, st))
+        return 0;
+    if (st->num_fences == st->cap_fences) {
+        size_t cap = st->cap_fences ? 2 * st->cap_fences : 4;
+        fence_t *grown = realloc(st->fences, cap * sizeof *grown);
+        if (!grown)
+            goto fallback;
+        st->fences = grown;
+        st->cap_fences = cap;
+    }
+    cuh_event_t ev = event_get_locked(h);
+    if (!ev)
+        goto fallback;
+    if (h->dev->ops->event_record(h->dev, ev, st->handle) != CUH_DEV_OK) {
+        event_put_locked(h, ev);
+        goto fallback;
+    }
+    st->fences[st->num_fences++] = (fence_t){ev, cuh_arena_fence_recorded(&h->arena, st->tag)};
+    st->small_fenced += st->small_unfenced;
+    h->small_fenced_total += st->small_unfenced;
+    st->small_unfenced = 0;
+    return 0;
+fallback:
+    /* No event (a destroyed stream, an exhausted driver): wait for the whole
+     * device instead. Slow, rare, and never wrong. */
+    cuh_arena_fence_recorded(&h->arena, st->tag);
+    st->small_fenced += st->small_unfenced;
+    h->small_fenced_total += st->small_unfenced;
+    st->small_unfenced = 0;
+    h->dev->ops->synchronize(h->dev);
+    stream_all_done_locked(h, st);
+    return -1;
+}
+
+/* Queries st's outstanding fences in order; returns 1 if any completed. */
+static int stream_poll_locked(cuh_heap_t *h, stream_state_t *st, int wait)
+{
+    size_t done = 0;
+    int failed = 0;
+    while (done < st->num_fences) {
+        cuh_dev_status_t rc = wait ? h->dev->ops->event_wait(h->dev, st->fences[done].event)
+                                   : h->dev->ops->event_query(h->dev, st->fences[done].event);
+        if (rc == CUH_DEV_NOT_READY)
+            break;
+        if (rc != CUH_DEV_OK) {
+            failed = 1;
+            break;
+        }
+        st->completed = st->fences[done].number + 1;
+        event_put_locked(h, st->fences[done].event);
+        done++;
+    }
+    if (failed) {
+        h->dev->ops->synchronize(h->dev);
+        stream_all_done_locked(h, st);
+        return 1;
+    }
+    if (!done)
+        return 0;
+    memmove(st->fences, st->fences + done, (st->num_fences - done) * sizeof *st->fences);
+    st->num_fences -= done;
+    stream_globalize_locked(h, st);
+    return 1;
+}
+
+static int poll_all_locked(cuh_heap_t *h, int wait)
+{
+    int any = 0;
+    for (uint32_t i = 0; i < h->num_streams; i++)
+        if (h->streams[i]->num_fences)
+            any |= stream_poll_locked(h, h->streams[i], wait);
+    return any;
+}
+
+/* Fences every stream other than `except` that holds unfenced private memory;
+ * returns 1 if any fence was recorded. */
+static int fence_others_locked(cuh_heap_t *h, const stream_state_t *except)
+{
+    int any = 0;
+    for (uint32_t i = 0; i < h->num_streams; i++) {
+        stream_state_t *st = h->streams[i];
+        if (st != except && stream_has_unfenced(h, st)) {
+            stream_fence_locked(h, st);
+            any = 1;
+        }
+    }
+    return any;
+}
+
+/* Makes all freed memory global: fence every stream and wait. */
+static void settle_all_locked(cuh_heap_t *h)
+{
+    for (uint32_t i = 0; i < h->num_streams; i++)
+        stream_fence_locked(h, h->streams[i]);
+    poll_all_locked(h, 1);
+}
+
+/* ---- segments ---------------------------------------------------------------- */
+
+/* The size of the next segment: the request rounded to 2 MiB, but at least
+ * segment_min and at least grow_fraction of what is already reserved (capped
+ * at 1 GiB). Growing geometrically keeps the number of device calls
+ * logarithmic and gives best fit larger contiguous ranges to work in; the
+ * cap and the fraction bound the memory a fresh segment can leave idle. */
+static size_t segment_size_for(const cuh_heap_t *h, size_t needed)
+{
+    size_t seg = cuh_max_size(needed, h->cfg.segment_min);
+    size_t geometric = (size_t)((double)h->arena.reserved * h->cfg.grow_fraction);
+    geometric = cuh_align_up(cuh_min_size(geometric, CUH_GiB), CUH_SEGMENT_GRAIN);
+    return cuh_max_size(seg, geometric);
+}
+
+static grow_result_t grow_locked(cuh_heap_t *h, size_t size, size_t align)
+{
+    size_t needed = cuh_align_up(size + (align > CUH_ALIGN ? align : 0), CUH_SEGMENT_GRAIN);
+    size_t seg = segment_size_for(h, needed);
+    if (h->limit && h->arena.reserved + seg > h->limit) {
+        seg = needed;
+        if (h->arena.reserved + seg > h->limit)
+            return GROW_LIMIT;
+    }
+    uintptr_t base = 0;
+    cuh_dev_status_t rc = h->dev->ops->mem_alloc(h->dev, seg, &base);
+    if (rc == CUH_DEV_OOM && seg > needed) {
+        seg = needed;
+        rc = h->dev->ops->mem_alloc(h->dev, seg, &base);
+    }
+    if (rc == CUH_DEV_OOM)
+        return GROW_DEVICE;
+    if (rc != CUH_DEV_OK) {
+        cuh_set_error("device %d: allocating a segment of %zu bytes failed: %s", h->dev->ordinal, seg,
+                      h->dev->last_error);
+        return GROW_ERROR;
+    }
+    if (!cuh_arena_add_segment(&h->arena, base, seg, CUH_REGION_GENERAL)) {
+        h->dev->ops->mem_free(h->dev, base, seg);
+        cuh_set_error("out of host memory for segment records");
+        return GROW_ERROR;
+    }
+    h->num_segment_allocs++;
+    return GROW_OK;
+}
+
+/* Returns every general segment that is one global free extent; the count. */
+static size_t release_free_segments_locked(cuh_heap_t *h)
+{
+    size_t released = 0;
+    cuh_segment_t *s = h->arena.segments;
+    while (s) {
+        cuh_segment_t *next = s->next;
+        if (s->region == CUH_REGION_GENERAL && cuh_arena_segment_is_free(s)) {
+            uintptr_t base = s->base;
+            size_t size = s->size;
+            cuh_arena_remove_segment(&h->arena, s);
+            if (h->dev->ops->mem_free(h->dev, base, size) != CUH_DEV_OK)
+                cuh_log("device %d: returning a segment of %zu bytes failed: %s", h->dev->ordinal, size,
+                        h->dev->last_error);
+            h->num_segment_frees++;
+            released++;
+        }
+        s = next;
+    }
+    return released;
+}
+
+/* ---- out of memory ------------------------------------------------------------ */
+
+const char *cuh_oom_cause_name(cuh_oom_cause_t cause)
+{
+    switch (cause) {
+    case CUH_OOM_NONE: return "none";
+    case CUH_OOM_CAPACITY: return "capacity";
+    case CUH_OOM_FRAGMENTATION: return "fragmentation";
+    case CUH_OOM_STREAM_PENDING: return "stream_pending";
+    case CUH_OOM_LIMIT: return "limit";
+    case CUH_OOM_EXTERNAL: return "external";
+    }
+    return "unknown";
+}
+
+static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request, size_t block, size_t align,
+                              grow_result_t why)
+{
+    cuh_oom_info_t *o = &h->last_oom;
+    memset(o, 0, sizeof *o);
+    o->request = request;
+    o->block = block;
+    o->stream = st->handle;
+    o->live = h->requested.current;
+    o->allocated = h->allocated.current;
+    o->reserved = h->arena.reserved;
+    o->cached = h->arena.reserved - h->allocated.current;
+    o->pending = cuh_arena_pending_bytes(&h->arena) + h->small_fenced_total;
+    o->largest_free = cuh_arena_largest_free(&h->arena);
+    o->num_free_extents = h->arena.free_extents;
+    o->limit = h->limit;
+    h->dev->ops->mem_info(h->dev, &o->device_free, &o->device_total);
+    size_t accounted = o->device_free + o->reserved;
+    o->external = o->device_total > accounted ? o->device_total - accounted : 0;
+
+    size_t need = o->allocated + block + (align > CUH_ALIGN ? align : 0);
+    size_t device_room = o->device_total - o->external;
+    char a[32], b[32];
+    if (h->limit && why == GROW_LIMIT && need > h->limit && need <= device_room) {
+        o->cause = CUH_OOM_LIMIT;
+        snprintf(o->action, sizeof o->action,
+                 "raise limit in CUHEAP_CONF from %s to at least %s: the device has room for it",
+                 cuh_format_bytes(a, sizeof a, h->limit), cuh_format_bytes(b, sizeof b, cuh_align_up(need, CUH_MiB)));
+    } else if (need > o->device_total || (h->limit && need > h->limit)) {
+        o->cause = CUH_OOM_CAPACITY;
+        snprintf(o->action, sizeof o->action,
+                 "the job needs more than %s live at once: use a smaller batch, activation checkpointing, "
+                 "or a device with more memory",
+                 cuh_format_bytes(a, sizeof a, h->limit && h->limit < o->device_total ? h->limit : o->device_total));
+    } else if (need > device_room) {
+        o->cause = CUH_OOM_EXTERNAL;
+        snprintf(o->action, sizeof o->action,
+                 "%s of device memory is used outside cuheap (other processes or allocators): free it, "
+                 "or route those allocations through cuheap",
+                 cuh_format_bytes(a, sizeof a, o->external));
+    } else if (o->pending >= block) {
+        o->cause = CUH_OOM_STREAM_PENDING;
+        snprintf(o->action, sizeof o->action,
+                 "%s are freed but still in use by GPU work: synchronize the streams before allocating",
+                 cuh_format_bytes(a, sizeof a, o->pending));
+    } else {
+        o->cause = CUH_OOM_FRAGMENTATION;
+        snprintf(o->action, sizeof o->action,
+                 "free memory is split into pieces smaller than the request: preallocate the job's peak "
+                 "with workspace:%s in CUHEAP_CONF",
+                 cuh_format_bytes(a, sizeof a, cuh_align_up(h->allocated.peak + block, CUH_SEGMENT_GRAIN)));
+    }
+    h->has_oom = 1;
+    h->num_ooms++;
+    cuh_set_error("out of memory on device %d: %zu bytes requested; cause: %s (live %zu, reserved %zu, "
+                  "cached %zu, largest free extent %zu, device free %zu of %zu); %s",
+                  h->dev->ordinal, request, cuh_oom_cause_name(o->cause), o->live, o->reserved, o->cached,
+                  o->largest_free, o->device_free, o->device_total, o->action);
+}
+
+/* ---- the allocation ladder ----------------------------------------------------- */
+
+static cuh_extent_t *take_locked(cuh_heap_t *h, cuh_extent_t *free_ext, size_t size, size_t align,
+                                 cuh_extent_state_t state, stream_state_t *st)
+{
+    return cuh_arena_take(&h->arena, free_ext, size, align, state, st->tag);
+}
+
+/* An extent of `size` bytes aligned to `align` for stream st, or NULL after
+ * the whole ladder with *status saying why; for an out-of-memory, *why says
+ * what refused the last segment (the caller records the OOM). */
+static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, size_t align,
+                                         cuh_extent_state_t state, cuheap_status_t *status, grow_result_t *why_out)
+{
+    cuh_extent_t *e = cuh_arena_find(&h->arena, size, align, st->tag);
+    if (cuh_likely(e != NULL))
+        goto hit;
+    if (poll_all_locked(h, 0) && (e = cuh_arena_find(&h->arena, size, align, st->tag)))
+        goto hit;
+    if (fence_others_locked(h, st) && poll_all_locked(h, 0) &&
+        (e = cuh_arena_find(&h->arena, size, align, st->tag)))
+        goto hit;
+
+    grow_result_t why = grow_locked(h, size, align);
+    if (why == GROW_ERROR) {
+        *status = CUHEAP_ERR_DEVICE;
+        return NULL;
+    }
+    if (why == GROW_OK)
+        goto grown;
+    /* Refused: wait for all freed memory, then give back what is whole. */
+    settle_all_locked(h);
+    if ((e = cuh_arena_find(&h->arena, size, align, st->tag)))
+        goto hit;
+    h->num_retries++;
+    if (release_free_segments_locked(h)) {
+        why = grow_locked(h, size, align);
+        if (why == GROW_ERROR) {
+            *status = CUHEAP_ERR_DEVICE;
+            return NULL;
+        }
+        if (why == GROW_OK)
+            goto grown;
+    }
+    *why_out = why;
+    *status = CUHEAP_ERR_OUT_OF_MEMORY;
+    return NULL;
+
+grown:
+    e = cuh_arena_find(&h->arena, size, align, st->tag);
+    if (!e) {
+        cuh_set_error("internal error: a new segment does not fit its own request");
+        *status = CUHEAP_ERR_DEVICE;
+        return NULL;
+    }
+    e = take_locked(h, e, size, align, state, st);
+    if (!e)
+        goto host_oom;
+    return e;
+hit:
+    e = take_locked(h, e, size, align, state, st);
+    if (!e)
+        goto host_oom;
+    h->num_cache_hits++;
+    return e;
+host_oom:
+    cuh_set_error("out of host memory for block records");
+    *status = CUHEAP_ERR_OUT_OF_MEMORY;
+    return NULL;
+}
+
+static cuheap_status_t large_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, uintptr_t *addr)
+{
+    size_t block = cuh_align_up(size, CUH_ALIGN);
+    cuheap_status_t status = CUHEAP_OK;
+    grow_result_t why = GROW_OK;
+    cuh_extent_t *e = extent_alloc_locked(h, st, block, CUH_ALIGN, CUH_EXTENT_BLOCK, &status, &why);
+    if (!e) {
+        if (status == CUHEAP_ERR_OUT_OF_MEMORY && why != GROW_OK)
+            record_oom_locked(h, st, size, block, CUH_ALIGN, why);
+        return status;
+    }
+    if (cuh_ptrmap_insert(&h->blocks, e->addr, e)) {
+        cuh_arena_release(&h->arena, e, st->tag);
+        cuh_set_error("out of host memory for the block map");
+        return CUHEAP_ERR_OUT_OF_MEMORY;
+    }
+    e->requested = size;
+    stat_set(&h->requested, h->requested.current + size);
+    stat_set(&h->allocated, h->allocated.current + block);
+    *addr = e->addr;
+    return CUHEAP_OK;
+}
+
+static void small_mark_live_locked(cuh_heap_t *h, cuh_slab_t *s, uintptr_t addr, size_t size)
+{
+    uint32_t i = (uint32_t)cuh_slab_index(s, addr);
+    cuh_slab_set(s->live, i);
+    s->requested[i] = (uint32_t)size;
+    s->num_live++;
+    stat_set(&h->requested, h->requested.current + size);
+    stat_set(&h->allocated, h->allocated.current + s->obj_size);
+}
+
+/* An object from a slab of class c with avail objects, or 0. */
+static uintptr_t small_from_slabs_locked(size_class_t *c)
+{
+    cuh_slab_t *s = c->partial;
+    if (!s)
+        return 0;
+    int64_t i = cuh_slab_take(s);
+    if (!s->num_avail)
+        slab_unlist(c, s);
+    return s->base + (uintptr_t)i * s->obj_size;
+}
+
+static cuheap_status_t small_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, uintptr_t *addr)
+{
+    unsigned ci = cuh_sizeclass_index(size);
+    size_class_t *c = &h->classes[ci];
+    small_ring_t *r = &st->small[ci];
+    uintptr_t a = 0;
+    if (r->count) {
+        small_entry_t e = ring_pop_newest(r);
+        if (e.epoch < h->arena.tags[st->tag].fences_recorded) {
+            st->small_fenced -= c->size;
+            h->small_fenced_total -= c->size;
+        } else {
+            st->small_unfenced -= c->size;
+        }
+        a = e.addr;
+        h->num_cache_hits++;
+    } else if ((a = small_from_slabs_locked(c)) || (poll_all_locked(h, 0) && (a = small_from_slabs_locked(c)))) {
+        h->num_cache_hits++;
+    } else {
+        cuheap_status_t status = CUHEAP_OK;
+        grow_result_t why = GROW_OK;
+        cuh_extent_t *e = extent_alloc_locked(h, st, c->slab_bytes, CUH_SLAB_PAGE, CUH_EXTENT_SLAB, &status, &why);
+        if (!e) {
+            /* The ladder may have returned objects of this class to slabs. */
+            if (status == CUHEAP_ERR_OUT_OF_MEMORY && (a = small_from_slabs_locked(c)))
+                goto found;
+            if (status == CUHEAP_ERR_OUT_OF_MEMORY && why != GROW_OK)
+                record_oom_locked(h, st, size, c->slab_bytes, CUH_SLAB_PAGE, why);
+            return status;
+        }
+        cuh_slab_t *s = cuh_slab_create(e, ci, c->size);
+        if (!s || cuh_pagemap_set(&h->pages, e->addr, e->size, s)) {
+            if (s)
+                cuh_pagemap_set(&h->pages, e->addr, e->size, NULL);
+            cuh_slab_destroy(s);
+            cuh_arena_release(&h->arena, e, CUH_TAG_GLOBAL);
+            cuh_set_error("out of host memory for slab records");
+            return CUHEAP_ERR_OUT_OF_MEMORY;
+        }
+        e->owner = s;
+        e->requested = e->size;
+        slab_list(c, s);
+        a = small_from_slabs_locked(c);
+    }
+found:
+    small_mark_live_locked(h, cuh_pagemap_get(&h->pages, a), a, size);
+    *addr = a;
+    return CUHEAP_OK;
+}
+
+/* ---- public heap API -------------------------------------------------------------- */
+
+cuh_heap_t *cuh_heap_create(cuh_device_t *dev, const cuh_config_t *cfg, char *err, size_t errlen)
+{
+    size_t free_bytes = 0, total = 0;
+    if (dev->ops->mem_info(dev, &free_bytes, &total) != CUH_DEV_OK) {
+        snprintf(err, errlen, "device %d: reading its memory size failed: %s", dev->ordinal, dev->last_error);
+        return NULL;
+    }
+    size_t limit = cuh_config_limit(cfg, total);
+    if (limit && cfg->workspace > limit) {
+        char a[32], b[32];
+        snprintf(err, errlen, "workspace (%s) is larger than limit (%s)", cuh_format_bytes(a, sizeof a, cfg->workspace),
+                 cuh_format_bytes(b, sizeof b, limit));
+        return NULL;
+    }
+    cuh_heap_t *h = calloc(1, sizeof *h);
+    if (!h || cuh_ptrmap_init(&h->blocks, 1024) || cuh_pagemap_init(&h->pages)) {
+        if (h) {
+            cuh_ptrmap_destroy(&h->blocks);
+            free(h);
+        }
+        snprintf(err, errlen, "out of host memory");
+        return NULL;
+    }
+    pthread_mutex_init(&h->lock, NULL);
+    h->dev = dev;
+    h->cfg = *cfg;
+    h->device_total = total;
+    h->limit = limit;
+    cuh_arena_init(&h->arena);
+    h->num_classes = cuh_sizeclass_count(cfg->small_max);
+    for (unsigned i = 0; i < h->num_classes; i++) {
+        h->classes[i].size = cuh_sizeclass_size(i);
+        h->classes[i].slab_bytes = cuh_sizeclass_slab_bytes(i);
+    }
+    return h;
+}
+
+void cuh_heap_destroy(cuh_heap_t *h)
+{
+    if (!h)
+        return;
+    for (uint32_t i = 0; i < h->num_streams; i++) {
+        stream_state_t *st = h->streams[i];
+        for (size_t f = 0; f < st->num_fences; f++)
+            h->dev->ops->event_destroy(h->dev, st->fences[f].event);
+        for (unsigned c = 0; c < CUH_MAX_CLASSES; c++)
+            free(st->small[c].entries);
+        free(st->fences);
+        free(st);
+    }
+    for (size_t i = 0; i < h->num_spare_events; i++)
+        h->dev->ops->event_destroy(h->dev, h->spare_events[i]);
+    for (cuh_segment_t *s = h->arena.segments; s; s = s->next) {
+        for (cuh_extent_t *e = s->first; e; e = e->next)
+            if (e->state == CUH_EXTENT_SLAB)
+                cuh_slab_destroy(e->owner);
+        h->dev->ops->mem_free(h->dev, s->base, s->size);
+    }
+    cuh_arena_destroy(&h->arena);
+    cuh_ptrmap_destroy(&h->blocks);
+    cuh_pagemap_destroy(&h->pages);
+    free(h->streams);
+    free(h->spare_events);
+    pthread_mutex_destroy(&h->lock);
+    free(h);
+}
+
+/* Takes the workspace at first use. A workspace the device cannot give is
+ * reported on stderr once and the heap runs without it. */
+static void start_locked(cuh_heap_t *h)
+{
+    h->started = 1;
+    if (!h->cfg.workspace)
+        return;
+    uintptr_t base = 0;
+    cuh_dev_status_t rc = h->dev->ops->mem_alloc(h->dev, h->cfg.workspace, &base);
+    if (rc == CUH_DEV_OK) {
+        h->workspace = cuh_arena_add_segment(&h->arena, base, h->cfg.workspace, CUH_REGION_WORKSPACE);
+        if (h->workspace) {
+            h->num_segment_allocs++;
+            refresh_stats_locked(h);
+            return;
+        }
+        h->dev->ops->mem_free(h->dev, base, h->cfg.workspace);
+    }
+    size_t free_bytes = 0, total = 0;
+    h->dev->ops->mem_info(h->dev, &free_bytes, &total);
+    char a[32], b[32];
+    cuh_log("device %d: could not preallocate workspace:%s (the device has %s free); running without a "
+            "workspace",
+            h->dev->ordinal, cuh_format_bytes(a, sizeof a, h->cfg.workspace),
+            cuh_format_bytes(b, sizeof b, free_bytes));
+}
+
+cuheap_status_t cuh_heap_malloc(cuh_heap_t *h, size_t size, cuh_stream_t stream, uintptr_t *addr)
+{
+    *addr = 0;
+    if (size == 0)
+        return CUHEAP_OK;
+    if (size > ((size_t)1 << 60)) {
+        cuh_set_error("request of %zu bytes is larger than any device", size);
+        return CUHEAP_ERR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_lock(&h->lock);
+    if (cuh_unlikely(!h->started))
+        start_locked(h);
+    cuheap_status_t status;
+    stream_state_t *st = stream_get_locked(h, stream);
+    if (!st) {
+        cuh_set_error("out of host memory for stream records");
+        status = CUHEAP_ERR_OUT_OF_MEMORY;
+    } else if (size <= h->cfg.small_max) {
+        status = small_alloc_locked(h, st, size, addr);
+    } else {
+        status = large_alloc_locked(h, st, size, addr);
+    }
+    if (status == CUHEAP_OK)
+        h->num_allocs++;
+    refresh_stats_locked(h);
+    pthread_mutex_unlock(&h->lock);
+    return status;
+}
+
+/* Explains an address that is neither a live block nor a slab object. */
+static cuheap_status_t diagnose_free_locked(cuh_heap_t *h, uintptr_t addr)
+{
+    cuh_segment_t *seg = cuh_arena_segment_of(&h->arena, addr);
+    if (!seg) {
+        cuh_set_error("0x%llx was not allocated by cuheap on device %d", (unsigned long long)addr, h->dev->ordinal);
+        return CUHEAP_ERR_NOT_OWNED;
+    }
+    const cuh_extent_t *e = seg->first;
+    while (e && !(addr >= e->addr && addr < e->addr + e->size))
+        e = e->next;
+    if (e && e->state == CUH_EXTENT_FREE) {
+        cuh_set_error("double free: 0x%llx on device %d is already free", (unsigned long long)addr, h->dev->ordinal);
+        return CUHEAP_ERR_DOUBLE_FREE;
+    }
+    cuh_set_error("0x%llx is inside a live block of %zu bytes at 0x%llx on device %d, not its start (freed "
+                  "twice after reuse, or a pointer into a block?)",
+                  (unsigned long long)addr, e ? e->size : 0, (unsigned long long)(e ? e->addr : 0), h->dev->ordinal);
+    return CUHEAP_ERR_INVALID_ARGUMENT;
+}
+
+static cuheap_status_t small_free_locked(cuh_heap_t *h, cuh_slab_t *s, uintptr_t addr, stream_state_t *st)
+{
+    int64_t idx = cuh_slab_index(s, addr);
+    if (idx < 0) {
+        cuh_set_error("0x%llx is inside a slab of %zu-byte objects but not at an object's start",
+                      (unsigned long long)addr, s->obj_size);
+        return CUHEAP_ERR_INVALID_ARGUMENT;
+    }
+    uint32_t i = (uint32_t)idx;
+    if (!cuh_slab_bit(s->live, i)) {
+        cuh_set_error("double free: 0x%llx (%zu-byte object) on device %d is already free", (unsigned long long)addr,
+                      s->obj_size, h->dev->ordinal);
+        return CUHEAP_ERR_DOUBLE_FREE;
+    }
+    small_ring_t *r = &st->small[s->size_class];
+    if (ring_push(r, addr, h->arena.tags[st->tag].fences_recorded)) {
+        /* No room to cache it: make it safe for everyone the slow way. */
+        stream_fence_locked(h, st);
+        stream_poll_locked(h, st, 1);
+        cuh_slab_clear(s->live, i);
+        s->num_live--;
+        stat_set(&h->requested, h->requested.current - s->requested[i]);
+        stat_set(&h->allocated, h->allocated.current - s->obj_size);
+        slab_object_home_locked(h, addr);
+        return CUHEAP_OK;
+    }
+    cuh_slab_clear(s->live, i);
+    s->num_live--;
+    st->small_unfenced += s->obj_size;
+    stat_set(&h->requested, h->requested.current - s->requested[i]);
+    stat_set(&h->allocated, h->allocated.current - s->obj_size);
+    return CUHEAP_OK;
+}
+
+cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream)
+{
+    if (!addr)
+        return CUHEAP_OK;
+    pthread_mutex_lock(&h->lock);
+    cuheap_status_t status;
+    stream_state_t *st = stream_get_locked(h, stream);
+    cuh_extent_t *e;
+    cuh_slab_t *s;
+    if (!st) {
+        cuh_set_error("out of host memory for stream records");
+        status = CUHEAP_ERR_OUT_OF_MEMORY;
+    } else if ((e = cuh_ptrmap_remove(&h->blocks, addr))) {
+        stat_set(&h->requested, h->requested.current - e->requested);
+        stat_set(&h->allocated, h->allocated.current - e->size);
+        cuh_arena_release(&h->arena, e, st->tag);
+        status = CUHEAP_OK;
+    } else if ((s = cuh_pagemap_get(&h->pages, addr))) {
+        status = small_free_locked(h, s, addr, st);
+    } else {
+        status = diagnose_free_locked(h, addr);
+    }
+    if (status == CUHEAP_OK)
+        h->num_frees++;
+    refresh_stats_locked(h);
+    pthread_mutex_unlock(&h->lock);
+    return status;
+}
+
+int cuh_heap_owns(cuh_heap_t *h, uintptr_t addr)
+{
+    pthread_mutex_lock(&h->lock);
+    int owns = cuh_arena_segment_of(&h->arena, addr) != NULL;
+    pthread_mutex_unlock(&h->lock);
+    return owns;
+}
+
+size_t cuh_heap_block_size(cuh_heap_t *h, uintptr_t addr)
+{
+    size_t size = 0;
+    pthread_mutex_lock(&h->lock);
+    cuh_extent_t *e = cuh_ptrmap_get(&h->blocks, addr);
+    cuh_slab_t *s;
+    if (e) {
+        size = e->requested;
+    } else if ((s = cuh_pagemap_get(&h->pages, addr))) {
+        int64_t i = cuh_slab_index(s, addr);
+        if (i >= 0 && cuh_slab_bit(s->live, (uint32_t)i))
+            size = s->requested[i];
+    }
+    pthread_mutex_unlock(&h->lock);
+    return size;
+}
+
+void cuh_heap_stats(cuh_heap_t *h, cuheap_stats_t *out)
+{
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&h->lock);
+#define COPY_STAT(name)                      \
+    out->name.current = h->name.current;     \
+    out->name.peak = h->name.peak
+    COPY_STAT(requested);
+    COPY_STAT(allocated);
+    COPY_STAT(reserved);
+    COPY_STAT(cached);
+    COPY_STAT(pending);
+#undef COPY_STAT
+    out->num_allocs = h->num_allocs;
+    out->num_frees = h->num_frees;
+    out->num_segment_allocs = h->num_segment_allocs;
+    out->num_segment_frees = h->num_segment_frees;
+    out->num_cache_hits = h->num_cache_hits;
+    out->num_retries = h->num_retries;
+    out->num_ooms = h->num_ooms;
+    out->largest_free_extent = cuh_arena_largest_free(&h->arena);
+    out->num_free_extents = h->arena.free_extents;
+    out->limit = h->limit;
+    out->workspace = h->workspace ? h->workspace->size : 0;
+    out->device_total = h->device_total;
+    pthread_mutex_unlock(&h->lock);
+}
+
+void cuh_heap_reset_peaks(cuh_heap_t *h)
+{
+    pthread_mutex_lock(&h->lock);
+    h->requested.peak = h->requested.current;
+    h->allocated.peak = h->allocated.current;
+    h->reserved.peak = h->reserved.current;
+    h->cached.peak = h->cached.current;
+    h->pending.peak = h->pending.current;
+    pthread_mutex_unlock(&h->lock);
+}
+
+cuheap_status_t cuh_heap_release_cached(cuh_heap_t *h)
+{
+    pthread_mutex_lock(&h->lock);
+    settle_all_locked(h);
+    release_free_segments_locked(h);
+    refresh_stats_locked(h);
+    pthread_mutex_unlock(&h->lock);
+    return CUHEAP_OK;
+}
+
+int cuh_heap_last_oom(cuh_heap_t *h, cuh_oom_info_t *out)
+{
+    pthread_mutex_lock(&h->lock);
+    int has = h->has_oom;
+    if (has)
+        *out = h->last_oom;
+    pthread_mutex_unlock(&h->lock);
+    return has;
+}
+
+cuh_device_t *cuh_heap_device(cuh_heap_t *h) { return h->dev; }
+
+/* ---- consistency ------------------------------------------------------------------ */
+
+int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
+{
+    pthread_mutex_lock(&h->lock);
+    int rc = cuh_arena_check(&h->arena, msg, len);
+    size_t allocated = 0, requested = 0, ring_objs = 0, slab_spare = 0;
+    for (cuh_segment_t *seg = h->arena.segments; !rc && seg; seg = seg->next)
+        for (cuh_extent_t *e = seg->first; e; e = e->next) {
+            if (e->state == CUH_EXTENT_BLOCK) {
+                allocated += e->size;
+                requested += e->requested;
+                if (cuh_ptrmap_get(&h->blocks, e->addr) != e) {
+                    snprintf(msg, len, "block 0x%llx is missing from the block map", (unsigned long long)e->addr);
+                    rc = -1;
+                }
+            } else if (e->state == CUH_EXTENT_SLAB) {
+                cuh_slab_t *s = e->owner;
+                uint32_t live = 0, avail = 0;
+                for (uint32_t i = 0; i < s->num_objs; i++) {
+                    live += (uint32_t)cuh_slab_bit(s->live, i);
+                    avail += (uint32_t)cuh_slab_bit(s->avail, i);
+                    if (cuh_slab_bit(s->live, i) && cuh_slab_bit(s->avail, i))
+                        rc = -1;
+                    if (cuh_slab_bit(s->live, i))
+                        requested += s->requested[i];
+                }
+                if (rc || live != s->num_live || avail != s->num_avail || cuh_pagemap_get(&h->pages, e->addr) != s) {
+                    snprintf(msg, len, "slab 0x%llx: bitmaps disagree with counts or page map", (unsigned long long)e->addr);
+                    rc = -1;
+                }
+                allocated += s->num_live * s->obj_size;
+                slab_spare += s->num_objs - s->num_live - s->num_avail;
+            }
+        }
+    for (uint32_t i = 0; !rc && i < h->num_streams; i++) {
+        stream_state_t *st = h->streams[i];
+        size_t fenced = 0, unfenced = 0;
+        for (unsigned c = 0; c < h->num_classes; c++) {
+            small_ring_t *r = &st->small[c];
+            for (uint32_t k = 0; k < r->count; k++) {
+                small_entry_t e = r->entries[(r->head + k) & (r->capacity - 1)];
+                if (e.epoch < h->arena.tags[st->tag].fences_recorded)
+                    fenced += h->classes[c].size;
+                else
+                    unfenced += h->classes[c].size;
+            }
+            ring_objs += r->count;
+        }
+        if (fenced != st->small_fenced || unfenced != st->small_unfenced) {
+            snprintf(msg, len, "stream %u: small cache holds %zu fenced / %zu unfenced bytes, books say %zu / %zu",
+                     st->tag, fenced, unfenced, st->small_fenced, st->small_unfenced);
+            rc = -1;
+        }
+    }
+    if (!rc && (allocated != h->allocated.current || requested != h->requested.current || ring_objs != slab_spare)) {
+        snprintf(msg, len,
+                 "allocated %zu (books %zu), requested %zu (books %zu), cached small objects %zu (slabs say %zu)",
+                 allocated, h->allocated.current, requested, h->requested.current, ring_objs, slab_spare);
+        rc = -1;
+    }
+    pthread_mutex_unlock(&h->lock);
+    return rc;
+}
+
+/* ---- snapshot ---------------------------------------------------------------------- */
+
+cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h)
+{
+    cuh_heap_snapshot_t *snap = calloc(1, sizeof *snap);
+    if (!snap)
+        return NULL;
+    cuh_heap_stats(h, &snap->stats);
+    pthread_mutex_lock(&h->lock);
+    snap->device = h->dev->ordinal;
+    snap->device_kind = h->dev->kind;
+    snap->config = h->cfg;
+    h->dev->ops->mem_info(h->dev, &snap->device_free, &snap->device_total);
+    size_t num_extents = 0;
+    for (cuh_segment_t *seg = h->arena.segments; seg; seg = seg->next)
+        for (cuh_extent_t *e = seg->first; e; e = e->next)
+            num_extents++;
+    snap->segments = calloc(h->arena.num_segments + 1, sizeof *snap->segments);
+    snap->extents = calloc(num_extents + 1, sizeof *snap->extents);
+    snap->streams = calloc(h->num_streams + 1, sizeof *snap->streams);
+    if (!snap->segments || !snap->extents || !snap->streams) {
+        pthread_mutex_unlock(&h->lock);
+        cuh_heap_snapshot_free(snap);
+        return NULL;
+    }
+    for (size_t i = 0; i < h->arena.num_segments; i++) {
+        const cuh_segment_t *seg = h->arena.by_address[i];
+        cuh_snap_segment_t *ss = &snap->segments[snap->num_segments++];
+        ss->base = seg->base;
+        ss->size = seg->size;
+        ss->workspace = seg->region == CUH_REGION_WORKSPACE;
+        ss->first_extent = snap->num_extents;
+        for (const cuh_extent_t *e = seg->first; e; e = e->next) {
+            cuh_snap_extent_t *x = &snap->extents[snap->num_extents++];
+            x->addr = e->addr;
+            x->size = e->size;
+            if (e->state == CUH_EXTENT_FREE) {
+                x->kind = CUH_SNAP_FREE;
+                x->stream_tag = e->tag;
+                x->pending = e->tag != CUH_TAG_GLOBAL && e->epoch < h->arena.tags[e->tag].fences_recorded;
+            } else if (e->state == CUH_EXTENT_BLOCK) {
+                x->kind = CUH_SNAP_BLOCK;
+                x->requested = e->requested;
+            } else {
+                const cuh_slab_t *sl = e->owner;
+                x->kind = CUH_SNAP_SLAB;
+                x->size_class = sl->size_class;
+                x->objs = sl->num_objs;
+                x->live = sl->num_live;
+                x->requested = sl->num_live * sl->obj_size;
+                snap->classes[sl->size_class].slabs++;
+                snap->classes[sl->size_class].objs += sl->num_objs;
+                snap->classes[sl->size_class].live += sl->num_live;
+            }
+        }
+        ss->num_extents = snap->num_extents - ss->first_extent;
+    }
+    snap->num_classes = h->num_classes;
+    for (unsigned c = 0; c < h->num_classes; c++) {
+        snap->classes[c].size = h->classes[c].size;
+        snap->classes[c].slab_bytes = h->classes[c].slab_bytes;
+    }
+    for (uint32_t i = 0; i < h->num_streams; i++) {
+        const stream_state_t *st = h->streams[i];
+        const cuh_tag_books_t *b = &h->arena.tags[st->tag];
+        cuh_snap_stream_t *x = &snap->streams[snap->num_streams++];
+        x->handle = st->handle;
+        x->private_bytes = b->fenced_bytes + b->unfenced_bytes + st->small_fenced + st->small_unfenced;
+        x->pending_bytes = b->fenced_bytes + st->small_fenced;
+        x->fences_outstanding = st->num_fences;
+        for (unsigned c = 0; c < h->num_classes; c++)
+            snap->classes[c].cached += st->small[c].count;
+    }
+    snap->has_oom = h->has_oom;
+    snap->oom = h->last_oom;
+    pthread_mutex_unlock(&h->lock);
+    return snap;
+}
+
+void cuh_heap_snapshot_free(cuh_heap_snapshot_t *snap)
+{
+    if (!snap)
+        return;
+    free(snap->segments);
+    free(snap->extents);
+    free(snap->streams);
+    free(snap);
+}

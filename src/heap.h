@@ -1,0 +1,147 @@
+/* heap.h - one device's heap: what the entry points call.
+ *
+ * A heap serves requests for one device from segments it obtains through the
+ * device interface. It knows nothing of hooks or of CUDA: streams are opaque
+ * numbers and "has the work finished" is a question put to the device.
+ *
+ * Rules it keeps (each has a test in tests/test_heap.c):
+ *   - every block is aligned to CUH_ALIGN (512) bytes;
+ *   - a block freed on stream s is reusable on s at once and on another stream
+ *     only after an event recorded on s after the free has completed;
+ *   - when the device (or the limit) refuses a segment, the heap waits for
+ *     pending frees, releases cached segments and retries before it reports
+ *     out-of-memory;
+ *   - a double free or a pointer it does not own is an error that leaves the
+ *     heap unchanged;
+ *   - every function is thread-safe.
+ */
+#ifndef CUH_HEAP_H
+#define CUH_HEAP_H
+
+#include "config.h"
+#include "device.h"
+#include "sizeclass.h"
+
+#include <cuheap.h>
+#include <stdio.h>
+
+typedef struct cuh_heap_s cuh_heap_t;
+
+typedef enum cuh_oom_cause_e {
+    CUH_OOM_NONE = 0,
+    CUH_OOM_CAPACITY,        /* live bytes + request exceed what the device can give */
+    CUH_OOM_FRAGMENTATION,   /* enough free bytes in total, no free extent large enough */
+    CUH_OOM_STREAM_PENDING,  /* enough memory, but still waiting for GPU work */
+    CUH_OOM_LIMIT,           /* the configured limit refused it, not the device */
+    CUH_OOM_EXTERNAL         /* memory used outside cuheap is what is missing */
+} cuh_oom_cause_t;
+
+/* The heap's state at the moment a request failed: the proof of its cause. */
+typedef struct cuh_oom_info_s {
+    cuh_oom_cause_t cause;
+    size_t request;          /* bytes asked for */
+    size_t block;            /* the request rounded to a block */
+    cuh_stream_t stream;
+    size_t live;             /* requested bytes live */
+    size_t allocated;
+    size_t reserved;
+    size_t cached;
+    size_t pending;
+    size_t largest_free;     /* largest free extent in the heap */
+    size_t num_free_extents;
+    size_t device_free;
+    size_t device_total;
+    size_t external;         /* bytes in use on the device outside this heap */
+    size_t limit;            /* 0 = none */
+    char action[256];        /* one concrete thing that would help */
+} cuh_oom_info_t;
+
+const char *cuh_oom_cause_name(cuh_oom_cause_t cause);
+
+/* Creates a heap on `dev` (the heap does not own dev). The workspace is taken
+ * at the first allocation. NULL with a message in err on failure. */
+cuh_heap_t *cuh_heap_create(cuh_device_t *dev, const cuh_config_t *cfg, char *err, size_t errlen);
+/* Returns every segment to the device and frees the heap. */
+void cuh_heap_destroy(cuh_heap_t *heap);
+
+/* size 0 gives *addr = 0 and CUHEAP_OK. */
+cuheap_status_t cuh_heap_malloc(cuh_heap_t *heap, size_t size, cuh_stream_t stream, uintptr_t *addr);
+/* CUHEAP_ERR_NOT_OWNED for a pointer outside every segment of this heap;
+ * CUHEAP_ERR_DOUBLE_FREE for a block already free; CUHEAP_ERR_INVALID_ARGUMENT
+ * for an address inside a segment that is not the start of a block. */
+cuheap_status_t cuh_heap_free(cuh_heap_t *heap, uintptr_t addr, cuh_stream_t stream);
+/* 1 when addr lies inside one of the heap's segments. */
+int cuh_heap_owns(cuh_heap_t *heap, uintptr_t addr);
+/* Size of the live block at addr (its request), 0 if none. */
+size_t cuh_heap_block_size(cuh_heap_t *heap, uintptr_t addr);
+
+void cuh_heap_stats(cuh_heap_t *heap, cuheap_stats_t *out);
+void cuh_heap_reset_peaks(cuh_heap_t *heap);
+cuheap_status_t cuh_heap_release_cached(cuh_heap_t *heap);
+/* 1 and *out filled if an allocation has failed since creation (the last one). */
+int cuh_heap_last_oom(cuh_heap_t *heap, cuh_oom_info_t *out);
+cuh_device_t *cuh_heap_device(cuh_heap_t *heap);
+
+/* Verifies every invariant of the heap's books (for tests): 0, or -1 with a
+ * description in msg. Walks everything: not for hot paths. */
+int cuh_heap_check(cuh_heap_t *heap, char *msg, size_t len);
+
+/* ---- snapshot: the one data model every report is rendered from ---- */
+
+typedef enum { CUH_SNAP_FREE = 0, CUH_SNAP_BLOCK = 1, CUH_SNAP_SLAB = 2 } cuh_snap_kind_t;
+
+typedef struct cuh_snap_extent_s {
+    uint64_t addr, size;
+    uint64_t requested;       /* block: bytes asked for; slab: bytes of its live objects */
+    cuh_snap_kind_t kind;
+    uint32_t stream_tag;      /* free: 0 global, else the stream (index + 1) it is private to */
+    int pending;              /* free & private: a fence covers it, not yet complete */
+    uint32_t size_class;      /* slab */
+    uint32_t objs, live;      /* slab */
+} cuh_snap_extent_t;
+
+typedef struct cuh_snap_segment_s {
+    uint64_t base, size;
+    int workspace;
+    size_t first_extent, num_extents;
+} cuh_snap_segment_t;
+
+typedef struct cuh_snap_class_s {
+    uint64_t size, slab_bytes;
+    uint64_t slabs, objs, live, cached;   /* cached: in streams' caches */
+} cuh_snap_class_t;
+
+typedef struct cuh_snap_stream_s {
+    uint64_t handle;
+    uint64_t private_bytes;   /* free, reusable at once by this stream only */
+    uint64_t pending_bytes;   /* of those, covered by a fence not yet complete */
+    uint64_t fences_outstanding;
+} cuh_snap_stream_t;
+
+typedef struct cuh_heap_snapshot_s {
+    int device;
+    const char *device_kind;
+    cuheap_stats_t stats;
+    cuh_config_t config;
+    size_t device_free, device_total;
+    cuh_snap_segment_t *segments;
+    size_t num_segments;
+    cuh_snap_extent_t *extents;
+    size_t num_extents;
+    cuh_snap_class_t classes[CUH_MAX_CLASSES];
+    unsigned num_classes;
+    cuh_snap_stream_t *streams;
+    size_t num_streams;
+    int has_oom;
+    cuh_oom_info_t oom;
+} cuh_heap_snapshot_t;
+
+/* A consistent copy of the heap's state; NULL if out of host memory. */
+cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *heap);
+void cuh_heap_snapshot_free(cuh_heap_snapshot_t *snap);
+
+/* report.c: render snapshots (several devices make one report). */
+void cuh_report_text(FILE *out, cuh_heap_snapshot_t *const *snaps, size_t n);
+void cuh_report_json(FILE *out, cuh_heap_snapshot_t *const *snaps, size_t n);
+
+#endif /* CUH_HEAP_H */

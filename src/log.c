@@ -1,0 +1,48 @@
+/* log.c - messages: the per-thread last-error string behind cuheap_last_error,
+ * stderr logging with the "cuheap:" prefix, and byte formatting for humans.
+ */
+#include "common.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+static _Thread_local char cuh_error_text[512];
+
+void cuh_set_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cuh_error_text, sizeof cuh_error_text, fmt, ap);
+    va_end(ap);
+}
+
+const char *cuh_get_error(void) { return cuh_error_text; }
+
+void cuh_clear_error(void) { cuh_error_text[0] = '\0'; }
+
+void cuh_log(const char *fmt, ...)
+{
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "cuheap: %s\n", line);
+}
+
+char *cuh_format_bytes(char *buf, size_t len, uint64_t bytes)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)bytes;
+    unsigned u = 0;
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, len, "%" PRIu64 " B", bytes);
+    else
+        snprintf(buf, len, "%.2f %s", v, units[u]);
+    return buf;
+}

@@ -1,0 +1,55 @@
+/* ptrmap.h - the two ways the heap finds its metadata from a device address.
+ *
+ * cuh_ptrmap_t  an open-addressing hash map from a block's start address to
+ *               its record: the large blocks handed out. Linear probing with
+ *               backward-shift deletion (no tombstones), grown at half load.
+ *               Not thread-safe: the heap's lock guards it.
+ * cuh_pagemap_t a radix tree from 64 KiB pages of device address space to the
+ *               slab that covers them. Readers need no lock (entries are
+ *               published with release stores), so the free path of a small
+ *               object can find its slab without contention; writers hold
+ *               the heap's lock. Interior nodes are never freed before the
+ *               map is destroyed.
+ */
+#ifndef CUH_PTRMAP_H
+#define CUH_PTRMAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct cuh_ptrmap_entry_s {
+    uintptr_t key;    /* 0 = empty */
+    void *value;
+} cuh_ptrmap_entry_t;
+
+typedef struct cuh_ptrmap_s {
+    cuh_ptrmap_entry_t *slots;
+    size_t mask;      /* capacity - 1; capacity is a power of two */
+    size_t count;
+} cuh_ptrmap_t;
+
+int cuh_ptrmap_init(cuh_ptrmap_t *map, size_t capacity);
+void cuh_ptrmap_destroy(cuh_ptrmap_t *map);
+/* 0 on success, -1 if the table could not grow. key must not be 0 or present. */
+int cuh_ptrmap_insert(cuh_ptrmap_t *map, uintptr_t key, void *value);
+void *cuh_ptrmap_get(const cuh_ptrmap_t *map, uintptr_t key);
+/* Removes key; returns its value or NULL if absent. */
+void *cuh_ptrmap_remove(cuh_ptrmap_t *map, uintptr_t key);
+
+#define CUH_PAGEMAP_SHIFT 16   /* 64 KiB pages */
+
+typedef struct cuh_pagemap_s {
+    void *root;       /* 4 levels of 4096 entries cover 64-bit addresses */
+} cuh_pagemap_t;
+
+/* 0, or -1 if the root node could not be allocated. */
+int cuh_pagemap_init(cuh_pagemap_t *map);
+void cuh_pagemap_destroy(cuh_pagemap_t *map);
+/* Maps every 64 KiB page of [addr, addr+len) to value (NULL unmaps).
+ * addr and len are multiples of 64 KiB. Returns -1 if a node could not be
+ * allocated (then nothing is guaranteed mapped). Caller holds the heap lock. */
+int cuh_pagemap_set(cuh_pagemap_t *map, uintptr_t addr, size_t len, void *value);
+/* Lock-free lookup. */
+void *cuh_pagemap_get(const cuh_pagemap_t *map, uintptr_t addr);
+
+#endif /* CUH_PTRMAP_H */

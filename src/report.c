@@ -1,0 +1,230 @@
+/* report.c - renders heap snapshots as text or JSON.
+ *
+ * Both forms come from one data model (cuh_heap_snapshot_t), so they never
+ * disagree. The text form reads like torch.cuda.memory_summary() with the
+ * fragmentation figures added; the JSON form is versioned ("schema":
+ * "cuheap-report", "version": 1) and documented in the README.
+ */
+#include "common.h"
+#include "heap.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *kind_name(cuh_snap_kind_t k)
+{
+    return k == CUH_SNAP_FREE ? "free" : k == CUH_SNAP_BLOCK ? "block" : "slab";
+}
+
+/* 1 - largest free extent / free bytes: 0 when all free memory is one piece. */
+static double fragmentation(const cuheap_stats_t *s)
+{
+    return s->cached.current ? 1.0 - (double)s->largest_free_extent / (double)s->cached.current : 0.0;
+}
+
+static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
+{
+    char a[32], b[32], c[32];
+    const cuheap_stats_t *st = &s->stats;
+    char conf[256];
+    cuh_config_format(&s->config, conf, sizeof conf);
+    fprintf(out, "== device %d (%s) ==\n", s->device, s->device_kind);
+    fprintf(out, "settings: %s\n\n", conf);
+    fprintf(out, "  %-22s %14s %14s\n", "", "current", "peak");
+#define ROW(label, field)                                                                        \
+    fprintf(out, "  %-22s %14s %14s\n", label, cuh_format_bytes(a, sizeof a, st->field.current), \
+            cuh_format_bytes(b, sizeof b, st->field.peak))
+    ROW("requested (live)", requested);
+    ROW("allocated", allocated);
+    ROW("reserved", reserved);
+    ROW("cached", cached);
+    ROW("pending", pending);
+#undef ROW
+    fprintf(out, "\n  allocations %" PRIu64 ", frees %" PRIu64 ", cache hits %" PRIu64 ", segments allocated %" PRIu64
+                 ", released %" PRIu64 ", retries %" PRIu64 ", OOMs %" PRIu64 "\n",
+            st->num_allocs, st->num_frees, st->num_cache_hits, st->num_segment_allocs, st->num_segment_frees,
+            st->num_retries, st->num_ooms);
+    fprintf(out, "  fragmentation: %" PRIu64 " free extents, largest %s of %s cached (1 - largest/cached = %.3f)",
+            st->num_free_extents, cuh_format_bytes(a, sizeof a, st->largest_free_extent),
+            cuh_format_bytes(b, sizeof b, st->cached.current), fragmentation(st));
+    if (st->requested.peak)
+        fprintf(out, "; peak reserved / peak requested = %.3f", (double)st->reserved.peak / (double)st->requested.peak);
+    fprintf(out, "\n  device: %s free of %s", cuh_format_bytes(a, sizeof a, s->device_free),
+            cuh_format_bytes(b, sizeof b, s->device_total));
+    if (s->device_total > s->device_free + st->reserved.current)
+        fprintf(out, ", %s used outside cuheap",
+                cuh_format_bytes(c, sizeof c, s->device_total - s->device_free - st->reserved.current));
+    if (st->limit)
+        fprintf(out, "; limit %s", cuh_format_bytes(c, sizeof c, st->limit));
+    fprintf(out, "\n\n  segments: %zu\n", s->num_segments);
+    for (size_t i = 0; i < s->num_segments; i++) {
+        const cuh_snap_segment_t *g = &s->segments[i];
+        size_t blocks = 0, slabs = 0, frees = 0;
+        uint64_t used = 0, free_bytes = 0, largest = 0;
+        for (size_t k = 0; k < g->num_extents; k++) {
+            const cuh_snap_extent_t *x = &s->extents[g->first_extent + k];
+            if (x->kind == CUH_SNAP_FREE) {
+                frees++;
+                free_bytes += x->size;
+                if (x->size > largest)
+                    largest = x->size;
+            } else {
+                used += x->size;
+                blocks += x->kind == CUH_SNAP_BLOCK;
+                slabs += x->kind == CUH_SNAP_SLAB;
+            }
+        }
+        fprintf(out, "    0x%012" PRIx64 " %11s%s: %zu blocks, %zu slabs (%s used), %zu free extents (%s, largest %s)\n",
+                g->base, cuh_format_bytes(a, sizeof a, g->size), g->workspace ? " workspace" : "", blocks, slabs,
+                cuh_format_bytes(b, sizeof b, used), frees, cuh_format_bytes(c, sizeof c, free_bytes),
+                cuh_format_bytes(c, sizeof c, largest));
+    }
+    int any_class = 0;
+    for (unsigned i = 0; i < s->num_classes; i++) {
+        const cuh_snap_class_t *k = &s->classes[i];
+        if (!k->slabs && !k->cached)
+            continue;
+        if (!any_class++)
+            fprintf(out, "\n  size class   slabs   objects      live    cached\n");
+        fprintf(out, "  %10s %7" PRIu64 " %9" PRIu64 " %9" PRIu64 " %9" PRIu64 "\n", cuh_format_bytes(a, sizeof a, k->size),
+                k->slabs, k->objs, k->live, k->cached);
+    }
+    if (s->num_streams) {
+        fprintf(out, "\n  stream               private       pending  fences\n");
+        for (size_t i = 0; i < s->num_streams; i++)
+            fprintf(out, "  0x%-14" PRIx64 " %12s %12s %7" PRIu64 "\n", s->streams[i].handle,
+                    cuh_format_bytes(a, sizeof a, s->streams[i].private_bytes),
+                    cuh_format_bytes(b, sizeof b, s->streams[i].pending_bytes), s->streams[i].fences_outstanding);
+    }
+    if (s->has_oom) {
+        const cuh_oom_info_t *o = &s->oom;
+        fprintf(out, "\n  last out-of-memory: %s requested, cause %s\n", cuh_format_bytes(a, sizeof a, o->request),
+                cuh_oom_cause_name(o->cause));
+        fprintf(out, "    live %s, reserved %s, cached %s, pending %s, largest free extent %s (%zu free extents)\n",
+                cuh_format_bytes(a, sizeof a, o->live), cuh_format_bytes(b, sizeof b, o->reserved),
+                cuh_format_bytes(c, sizeof c, o->cached), cuh_format_bytes(c, sizeof c, o->pending),
+                cuh_format_bytes(c, sizeof c, o->largest_free), o->num_free_extents);
+        fprintf(out, "    what would help: %s\n", o->action);
+    }
+    fprintf(out, "\n");
+}
+
+void cuh_report_text(FILE *out, cuh_heap_snapshot_t *const *snaps, size_t n)
+{
+    char when[64];
+    time_t now = time(NULL);
+    struct tm tm;
+    strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime_r(&now, &tm));
+    fprintf(out, "cuheap %s report, pid %d, %s\n\n", CUHEAP_VERSION, (int)getpid(), when);
+    if (!n)
+        fprintf(out, "no device has been used.\n");
+    for (size_t i = 0; i < n; i++)
+        text_one(out, snaps[i]);
+}
+
+static void json_stat(FILE *out, const char *name, const cuheap_stat_t *s, int comma)
+{
+    fprintf(out, "\"%s\":{\"current\":%" PRIu64 ",\"peak\":%" PRIu64 "}%s", name, s->current, s->peak, comma ? "," : "");
+}
+
+static void json_string(FILE *out, const char *s)
+{
+    fputc('"', out);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            fprintf(out, "\\%c", ch);
+        else if (ch < 0x20)
+            fprintf(out, "\\u%04x", ch);
+        else
+            fputc(ch, out);
+    }
+    fputc('"', out);
+}
+
+static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
+{
+    const cuheap_stats_t *st = &s->stats;
+    fprintf(out, "{\"device\":%d,\"kind\":", s->device);
+    json_string(out, s->device_kind);
+    fprintf(out, ",\"config\":{\"workspace\":%zu,\"limit_bytes\":%zu,\"limit_fraction\":%g,\"small_max\":%zu,"
+                 "\"segment_min\":%zu,\"grow_fraction\":%g},",
+            s->config.workspace, s->config.limit_bytes, s->config.limit_fraction, s->config.small_max,
+            s->config.segment_min, s->config.grow_fraction);
+    fprintf(out, "\"stats\":{");
+    json_stat(out, "requested", &st->requested, 1);
+    json_stat(out, "allocated", &st->allocated, 1);
+    json_stat(out, "reserved", &st->reserved, 1);
+    json_stat(out, "cached", &st->cached, 1);
+    json_stat(out, "pending", &st->pending, 1);
+    fprintf(out,
+            "\"num_allocs\":%" PRIu64 ",\"num_frees\":%" PRIu64 ",\"num_segment_allocs\":%" PRIu64
+            ",\"num_segment_frees\":%" PRIu64 ",\"num_cache_hits\":%" PRIu64 ",\"num_retries\":%" PRIu64
+            ",\"num_ooms\":%" PRIu64 ",\"largest_free_extent\":%" PRIu64 ",\"num_free_extents\":%" PRIu64
+            ",\"fragmentation\":%.6f,\"limit\":%" PRIu64 ",\"workspace\":%" PRIu64 "},",
+            st->num_allocs, st->num_frees, st->num_segment_allocs, st->num_segment_frees, st->num_cache_hits,
+            st->num_retries, st->num_ooms, st->largest_free_extent, st->num_free_extents, fragmentation(st), st->limit,
+            st->workspace);
+    fprintf(out, "\"device_memory\":{\"free\":%zu,\"total\":%zu},\"segments\":[", s->device_free, s->device_total);
+    for (size_t i = 0; i < s->num_segments; i++) {
+        const cuh_snap_segment_t *g = &s->segments[i];
+        fprintf(out, "%s{\"base\":%" PRIu64 ",\"size\":%" PRIu64 ",\"workspace\":%s,\"extents\":[", i ? "," : "",
+                g->base, g->size, g->workspace ? "true" : "false");
+        for (size_t k = 0; k < g->num_extents; k++) {
+            const cuh_snap_extent_t *x = &s->extents[g->first_extent + k];
+            fprintf(out, "%s{\"addr\":%" PRIu64 ",\"size\":%" PRIu64 ",\"kind\":\"%s\"", k ? "," : "", x->addr, x->size,
+                    kind_name(x->kind));
+            if (x->kind == CUH_SNAP_FREE)
+                fprintf(out, ",\"stream\":%u,\"pending\":%s}", x->stream_tag, x->pending ? "true" : "false");
+            else if (x->kind == CUH_SNAP_BLOCK)
+                fprintf(out, ",\"requested\":%" PRIu64 "}", x->requested);
+            else
+                fprintf(out, ",\"size_class\":%u,\"objects\":%u,\"live\":%u}", x->size_class, x->objs, x->live);
+        }
+        fprintf(out, "]}");
+    }
+    fprintf(out, "],\"size_classes\":[");
+    for (unsigned i = 0; i < s->num_classes; i++) {
+        const cuh_snap_class_t *k = &s->classes[i];
+        fprintf(out,
+                "%s{\"size\":%" PRIu64 ",\"slab_bytes\":%" PRIu64 ",\"slabs\":%" PRIu64 ",\"objects\":%" PRIu64
+                ",\"live\":%" PRIu64 ",\"cached\":%" PRIu64 "}",
+                i ? "," : "", k->size, k->slab_bytes, k->slabs, k->objs, k->live, k->cached);
+    }
+    fprintf(out, "],\"streams\":[");
+    for (size_t i = 0; i < s->num_streams; i++)
+        fprintf(out,
+                "%s{\"index\":%zu,\"handle\":%" PRIu64 ",\"private_bytes\":%" PRIu64 ",\"pending_bytes\":%" PRIu64
+                ",\"fences_outstanding\":%" PRIu64 "}",
+                i ? "," : "", i + 1, s->streams[i].handle, s->streams[i].private_bytes, s->streams[i].pending_bytes,
+                s->streams[i].fences_outstanding);
+    fprintf(out, "],\"oom\":");
+    if (!s->has_oom) {
+        fprintf(out, "null}");
+        return;
+    }
+    const cuh_oom_info_t *o = &s->oom;
+    fprintf(out, "{\"cause\":\"%s\",\"request\":%zu,\"block\":%zu,\"stream\":%" PRIu64 ",\"live\":%zu,\"allocated\":%zu,"
+                 "\"reserved\":%zu,\"cached\":%zu,\"pending\":%zu,\"largest_free\":%zu,\"num_free_extents\":%zu,"
+                 "\"device_free\":%zu,\"device_total\":%zu,\"external\":%zu,\"limit\":%zu,\"action\":",
+            cuh_oom_cause_name(o->cause), o->request, o->block, (uint64_t)o->stream, o->live, o->allocated, o->reserved,
+            o->cached, o->pending, o->largest_free, o->num_free_extents, o->device_free, o->device_total, o->external,
+            o->limit);
+    json_string(out, o->action);
+    fprintf(out, "}}");
+}
+
+void cuh_report_json(FILE *out, cuh_heap_snapshot_t *const *snaps, size_t n)
+{
+    fprintf(out, "{\"schema\":\"cuheap-report\",\"version\":1,\"cuheap\":\"%s\",\"pid\":%d,\"time\":%lld,\"devices\":[",
+            CUHEAP_VERSION, (int)getpid(), (long long)time(NULL));
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            fputc(',', out);
+        json_one(out, snaps[i]);
+    }
+    fprintf(out, "]}\n");
+}

@@ -1,0 +1,49 @@
+/* slab.h - slabs: extents of the arena cut into equal objects of one size
+ * class, for small requests.
+ *
+ * A slab records, per object, two bits and the requested size:
+ *   live   handed out to the program (cleared at free: a second free finds it
+ *          clear and is reported as a double free);
+ *   avail  back in the slab, free for any stream. An object that is neither
+ *          live nor avail sits in a stream's private cache (see heap.c).
+ * A slab whose objects are all avail goes back to the arena, so small objects
+ * never pin memory that large requests could use. Slabs are 64 KiB-aligned and
+ * found from an address through the heap's page map.
+ */
+#ifndef CUH_SLAB_H
+#define CUH_SLAB_H
+
+#include "arena.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct cuh_slab_s {
+    cuh_extent_t *extent;
+    uintptr_t base;
+    size_t obj_size;
+    uint32_t size_class;
+    uint32_t num_objs;
+    uint32_t num_avail;
+    uint32_t num_live;
+    struct cuh_slab_s *prev, *next;   /* in its class's list of slabs with avail objects */
+    int listed;
+    uint32_t *requested;
+    uint64_t *avail;
+    uint64_t *live;
+} cuh_slab_t;
+
+/* A slab over `ext` (already taken from the arena) with every object avail. */
+cuh_slab_t *cuh_slab_create(cuh_extent_t *ext, uint32_t size_class, size_t obj_size);
+void cuh_slab_destroy(cuh_slab_t *slab);
+/* Index of an avail object, made not avail; -1 if none. */
+int64_t cuh_slab_take(cuh_slab_t *slab);
+void cuh_slab_give_back(cuh_slab_t *slab, uint32_t index);
+/* Object index of addr, or -1 if addr is not the start of an object. */
+int64_t cuh_slab_index(const cuh_slab_t *slab, uintptr_t addr);
+
+static inline int cuh_slab_bit(const uint64_t *bits, uint32_t i) { return (int)((bits[i >> 6] >> (i & 63)) & 1); }
+static inline void cuh_slab_set(uint64_t *bits, uint32_t i) { bits[i >> 6] |= (uint64_t)1 << (i & 63); }
+static inline void cuh_slab_clear(uint64_t *bits, uint32_t i) { bits[i >> 6] &= ~((uint64_t)1 << (i & 63)); }
+
+#endif /* CUH_SLAB_H */

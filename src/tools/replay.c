@@ -1,0 +1,543 @@
+/* replay.c - cuheap-replay: replays allocation traces against the heap.
+ *
+ * Each trace (cuheap's trace format or an RMM logging-adaptor CSV) is loaded
+ * whole first, then replayed on a fresh simulated device: every allocation
+ * and free of the recorded program, in order, through cuh_heap_malloc and
+ * cuh_heap_free. What comes out is what the heap paid for the workload: the
+ * peak of reserved device memory over the peak of live requested bytes (the
+ * fragmentation ratio, compared with the one PyTorch paid when the trace was
+ * recorded), the time per operation, and, when the device was too small, the
+ * heap's own account of the out-of-memory. With --min-capacity it also
+ * searches for the smallest device the trace runs on. No GPU is needed.
+ *
+ * Exit status: 0 when every trace was replayed (an out-of-memory is a result),
+ * 1 for a malformed trace or a heap error, 2 for a usage error.
+ */
+#include "common.h"
+#include "config.h"
+#include "device.h"
+#include "heap.h"
+#include "trace_read.h"
+
+#include <cuheap.h>
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define PROG "cuheap-replay"
+#define DEFAULT_CAPACITY ((size_t)80 * CUH_GiB)
+/* --min-capacity finds the smallest capacity to within this. */
+#define SEARCH_GRAIN CUH_SEGMENT_GRAIN
+
+typedef struct options_s {
+    size_t capacity;
+    cuh_config_t cfg;
+    int json;
+    int min_capacity;
+    char **traces;
+    int num_traces;
+} options_t;
+
+/* The outcome of one replay. */
+typedef struct run_s {
+    size_t replayed;          /* events performed, a failed allocation included */
+    int oom;                  /* stopped at an out-of-memory */
+    size_t oom_event;
+    int have_oom_info;
+    cuh_oom_info_t oom_info;
+    cuheap_stats_t stats;
+    uint64_t elapsed_ns;      /* the replay loop only */
+} run_t;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: " PROG " [options] TRACE...\n"
+            "\n"
+            "Replays allocation traces (cuheap trace v1, plain or gzip, or RMM's\n"
+            "logging-adaptor CSV) against cuheap on a simulated device and reports\n"
+            "peak reserved memory over peak live bytes, time per operation and any\n"
+            "out-of-memory.\n"
+            "\n"
+            "options:\n"
+            "  --capacity BYTES   device memory (default 80G; suffixes K, M, G, T are\n"
+            "                     binary units)\n"
+            "  --conf STRING      heap settings, CUHEAP_CONF syntax (key:value,...)\n"
+            "  --min-capacity     also find the smallest capacity (to within 2 MiB)\n"
+            "                     that replays the trace without out-of-memory\n"
+            "  --json             one JSON object per trace per line\n"
+            "  -h, --help         this text\n"
+            "\n"
+            "exit status: 0 every trace replayed (out-of-memory is a result),\n"
+            "1 malformed trace or heap error, 2 usage error\n");
+}
+
+__attribute__((format(printf, 1, 2), noreturn))
+static void usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, PROG ": ");
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\nTry '" PROG " --help'.\n");
+    exit(2);
+}
+
+/* "80G", "512MiB", "1.5g", "1073741824": bytes, binary units. 0 or -1. */
+static int parse_bytes(const char *s, size_t *out)
+{
+    const char *p = s;
+    uint64_t whole = 0;
+    double frac = 0.0, scale = 0.1;
+    if (*p < '0' || *p > '9')
+        return -1;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        unsigned d = (unsigned)(*p - '0');
+        if (whole > (UINT64_MAX - d) / 10)
+            return -1;
+        whole = whole * 10 + d;
+    }
+    if (*p == '.') {
+        p++;
+        if (*p < '0' || *p > '9')
+            return -1;
+        for (; *p >= '0' && *p <= '9'; p++) {
+            frac += scale * (double)(*p - '0');
+            scale /= 10.0;
+        }
+    }
+    unsigned shift = 0;
+    switch (*p) {
+    case 'k': case 'K': shift = 10; p++; break;
+    case 'm': case 'M': shift = 20; p++; break;
+    case 'g': case 'G': shift = 30; p++; break;
+    case 't': case 'T': shift = 40; p++; break;
+    default: break;
+    }
+    if (shift && (*p == 'i' || *p == 'I'))
+        p++;
+    if (*p == 'b' || *p == 'B')
+        p++;
+    if (*p != '\0')
+        return -1;
+    if (shift && whole > (UINT64_MAX >> shift))
+        return -1;
+    uint64_t bytes = whole << shift;
+    uint64_t extra = (uint64_t)(frac * (double)((uint64_t)1 << shift));
+    if (bytes > UINT64_MAX - extra || bytes + extra == 0 || bytes + extra > (uint64_t)SIZE_MAX)
+        return -1;
+    *out = (size_t)(bytes + extra);
+    return 0;
+}
+
+static void parse_options(int argc, char **argv, options_t *o)
+{
+    memset(o, 0, sizeof *o);
+    o->capacity = DEFAULT_CAPACITY;
+    cuh_config_defaults(&o->cfg);
+    o->traces = calloc((size_t)argc, sizeof *o->traces);
+    if (!o->traces) {
+        fprintf(stderr, PROG ": out of memory\n");
+        exit(1);
+    }
+    int only_files = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (only_files || a[0] != '-' || a[1] == '\0') {
+            o->traces[o->num_traces++] = argv[i];
+            continue;
+        }
+        if (strcmp(a, "--") == 0) {
+            only_files = 1;
+            continue;
+        }
+        /* Options with a value take it as "--opt VALUE" or "--opt=VALUE". */
+        const char *eq = strchr(a, '=');
+        size_t name_len = eq ? (size_t)(eq - a) : strlen(a);
+        const char *value = eq ? eq + 1 : NULL;
+        int takes_value = (name_len == 10 && strncmp(a, "--capacity", 10) == 0) ||
+                          (name_len == 6 && strncmp(a, "--conf", 6) == 0);
+        if (takes_value && !value) {
+            if (i + 1 >= argc)
+                usage_error("option '%.*s' needs a value", (int)name_len, a);
+            value = argv[++i];
+        } else if (!takes_value && value) {
+            int known = (name_len == 14 && strncmp(a, "--min-capacity", 14) == 0) ||
+                        (name_len == 6 && strncmp(a, "--json", 6) == 0) ||
+                        (name_len == 6 && strncmp(a, "--help", 6) == 0) ||
+                        (name_len == 2 && strncmp(a, "-h", 2) == 0);
+            if (known)
+                usage_error("option '%.*s' takes no value", (int)name_len, a);
+            usage_error("unknown option '%s'", a);
+        }
+        if (name_len == 10 && strncmp(a, "--capacity", 10) == 0) {
+            if (parse_bytes(value, &o->capacity) != 0)
+                usage_error("bad --capacity value '%s' (expected a number of bytes > 0, "
+                            "e.g. 80G, 512M, 1.5G, 1073741824)", value);
+        } else if (name_len == 6 && strncmp(a, "--conf", 6) == 0) {
+            char err[1024] = "";
+            if (cuh_config_parse(value, &o->cfg, err, sizeof err) != 0) {
+                fprintf(stderr, PROG ": %s\n", err[0] ? err : "bad --conf value");
+                exit(2);
+            }
+        } else if (strcmp(a, "--min-capacity") == 0) {
+            o->min_capacity = 1;
+        } else if (strcmp(a, "--json") == 0) {
+            o->json = 1;
+        } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            exit(0);
+        } else {
+            usage_error("unknown option '%s'", a);
+        }
+    }
+    if (o->num_traces == 0)
+        usage_error("no trace given");
+}
+
+/* ---- one replay ------------------------------------------------------------ */
+
+static uint64_t elapsed_ns(const struct timespec *a, const struct timespec *b)
+{
+    int64_t ns = (int64_t)(b->tv_sec - a->tv_sec) * 1000000000 + (int64_t)(b->tv_nsec - a->tv_nsec);
+    return ns > 0 ? (uint64_t)ns : 0;
+}
+
+/* Replays `t` on a fresh simulated device of `capacity` bytes and a fresh
+ * heap. 0 when the trace ran to its end or to an out-of-memory; -1 on any
+ * other failure (already reported on stderr). */
+static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t *cfg,
+                       uintptr_t *addrs, run_t *run)
+{
+    memset(run, 0, sizeof *run);
+    cuh_device_t *dev = cuh_sim_create(&(cuh_sim_params_t){.capacity = capacity, .ordinal = 0});
+    if (!dev) {
+        fprintf(stderr, PROG ": %s: cannot create a simulated device of %zu bytes\n", t->path, capacity);
+        return -1;
+    }
+    char err[1024] = "";
+    cuh_heap_t *heap = cuh_heap_create(dev, cfg, err, sizeof err);
+    if (!heap) {
+        fprintf(stderr, PROG ": %s: cannot create the heap: %s\n", t->path, err[0] ? err : "unknown error");
+        dev->ops->destroy(dev);
+        return -1;
+    }
+
+    const cuh_trace_event_t *ev = t->events;
+    const size_t n = t->num_events;
+    size_t i;
+    cuheap_status_t st = CUHEAP_OK;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (i = 0; i < n; i++) {
+        if (ev[i].kind == CUH_TRACE_ALLOC)
+            st = cuh_heap_malloc(heap, (size_t)ev[i].size, (cuh_stream_t)ev[i].stream, &addrs[i]);
+        else
+            st = cuh_heap_free(heap, addrs[ev[i].match], (cuh_stream_t)ev[i].stream);
+        if (cuh_unlikely(st != CUHEAP_OK))
+            break;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    run->elapsed_ns = elapsed_ns(&t0, &t1);
+    run->replayed = i < n ? i + 1 : n;
+
+    int rc = 0;
+    if (st == CUHEAP_ERR_OUT_OF_MEMORY && ev[i].kind == CUH_TRACE_ALLOC) {
+        run->oom = 1;
+        run->oom_event = i;
+        run->have_oom_info = cuh_heap_last_oom(heap, &run->oom_info);
+        if (!run->have_oom_info) {
+            memset(&run->oom_info, 0, sizeof run->oom_info);
+            run->oom_info.request = (size_t)ev[i].size;
+            run->oom_info.stream = (cuh_stream_t)ev[i].stream;
+        }
+    } else if (st != CUHEAP_OK) {
+        const cuh_trace_event_t *e = &ev[i];
+        const char *why = cuheap_last_error();
+        if (e->kind == CUH_TRACE_ALLOC)
+            fprintf(stderr,
+                    PROG ": %s:%" PRIu32 ": event %zu: cuh_heap_malloc(%" PRIu64 " bytes, stream %" PRIu64
+                    ") for id %" PRIu64 " failed: %s%s%s\n",
+                    t->path, e->line, i, e->size, e->stream, e->id, cuheap_status_string(st),
+                    why && why[0] ? ": " : "", why ? why : "");
+        else
+            fprintf(stderr,
+                    PROG ": %s:%" PRIu32 ": event %zu: cuh_heap_free(0x%" PRIxPTR ", stream %" PRIu64
+                    ") of id %" PRIu64 " (allocated on line %" PRIu32 ") failed: %s%s%s\n",
+                    t->path, e->line, i, addrs[e->match], e->stream, e->id, ev[e->match].line,
+                    cuheap_status_string(st), why && why[0] ? ": " : "", why ? why : "");
+        rc = -1;
+    }
+    if (rc == 0)
+        cuh_heap_stats(heap, &run->stats);
+    cuh_heap_destroy(heap);
+    dev->ops->destroy(dev);
+    return rc;
+}
+
+/* Bisection over capacity for the smallest one that runs `t` without
+ * out-of-memory. `top` is the replay at o->capacity. *found = 0 when even
+ * that ran out of memory. Each probe is a full replay on a fresh device. */
+static int find_min_capacity(const cuh_trace_t *t, const options_t *o, uintptr_t *addrs,
+                             const run_t *top, size_t *result, int *found)
+{
+    *found = 0;
+    if (top->oom)
+        return 0;
+    size_t hi = o->capacity;   /* known to run */
+    size_t lo = (size_t)t->peak_live & ~(SEARCH_GRAIN - 1);   /* assumed not to */
+    if (lo == t->peak_live && lo >= SEARCH_GRAIN)
+        lo -= SEARCH_GRAIN;    /* exactly on the grain: lo itself might run */
+    while (lo < hi && hi - lo > SEARCH_GRAIN) {
+        size_t step = ((hi - lo) / 2) & ~(SEARCH_GRAIN - 1);
+        if (step == 0)
+            step = SEARCH_GRAIN;
+        size_t mid = lo + step;
+        if (mid >= hi)
+            break;
+        run_t probe;
+        if (replay_once(t, mid, &o->cfg, addrs, &probe) != 0)
+            return -1;
+        if (probe.oom)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    *result = hi;
+    *found = 1;
+    return 0;
+}
+
+/* ---- output ---------------------------------------------------------------- */
+
+static void json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        switch (*p) {
+        case '"': fputs("\\\"", f); break;
+        case '\\': fputs("\\\\", f); break;
+        case '\b': fputs("\\b", f); break;
+        case '\f': fputs("\\f", f); break;
+        case '\n': fputs("\\n", f); break;
+        case '\r': fputs("\\r", f); break;
+        case '\t': fputs("\\t", f); break;
+        default:
+            if (*p < 0x20 || *p == 0x7f)
+                fprintf(f, "\\u%04x", *p);
+            else
+                fputc(*p, f);
+        }
+    }
+    fputc('"', f);
+}
+
+static double ratio_of(uint64_t num, uint64_t den)
+{
+    return den ? (double)num / (double)den : 0.0;
+}
+
+typedef struct result_s {
+    const char *arg;          /* the path as given */
+    const cuh_trace_t *trace;
+    const run_t *run;
+    uint64_t peak_live;
+    size_t capacity;
+    int want_min;
+    int min_found;
+    size_t min_capacity;
+} result_t;
+
+static void print_json(const result_t *r)
+{
+    const cuh_trace_t *t = r->trace;
+    const run_t *run = r->run;
+    FILE *f = stdout;
+    uint64_t reserved = run->stats.reserved.peak;
+    fputs("{\"trace\":", f);
+    json_string(f, r->arg);
+    fprintf(f, ",\"events\":%zu,\"allocs\":%zu,\"frees\":%zu,\"capacity\":%zu", t->num_events,
+            t->num_allocs, t->num_frees, r->capacity);
+    fprintf(f, ",\"peak_live\":%" PRIu64 ",\"peak_reserved\":%" PRIu64, r->peak_live, reserved);
+    if (r->peak_live)
+        fprintf(f, ",\"ratio\":%.4f", ratio_of(reserved, r->peak_live));
+    else
+        fputs(",\"ratio\":null", f);
+    fprintf(f, ",\"ns_per_op\":%.1f", run->replayed ? (double)run->elapsed_ns / (double)run->replayed : 0.0);
+    fprintf(f, ",\"segments\":%" PRIu64 ",\"cache_hits\":%" PRIu64, run->stats.num_segment_allocs,
+            run->stats.num_cache_hits);
+    if (t->pytorch_peak_reserved) {
+        fprintf(f, ",\"pytorch_peak_reserved\":%" PRIu64, t->pytorch_peak_reserved);
+        if (t->peak_live)
+            fprintf(f, ",\"pytorch_ratio\":%.4f", ratio_of(t->pytorch_peak_reserved, t->peak_live));
+        else
+            fputs(",\"pytorch_ratio\":null", f);
+    } else {
+        fputs(",\"pytorch_peak_reserved\":null,\"pytorch_ratio\":null", f);
+    }
+    if (run->oom) {
+        const cuh_oom_info_t *o = &run->oom_info;
+        fprintf(f, ",\"oom\":{\"event\":%zu,\"request\":%zu,\"cause\":", run->oom_event, o->request);
+        json_string(f, run->have_oom_info ? cuh_oom_cause_name(o->cause) : "unknown");
+        fprintf(f,
+                ",\"live\":%zu,\"allocated\":%zu,\"reserved\":%zu,\"cached\":%zu,\"pending\":%zu"
+                ",\"largest_free\":%zu,\"num_free_extents\":%zu,\"device_free\":%zu,\"device_total\":%zu"
+                ",\"external\":%zu,\"limit\":%zu,\"action\":",
+                o->live, o->allocated, o->reserved, o->cached, o->pending, o->largest_free,
+                o->num_free_extents, o->device_free, o->device_total, o->external, o->limit);
+        char action[sizeof o->action + 1];
+        memcpy(action, o->action, sizeof o->action);
+        action[sizeof o->action] = '\0';
+        json_string(f, action);
+        fputc('}', f);
+    } else {
+        fputs(",\"oom\":null", f);
+    }
+    if (r->want_min) {
+        if (r->min_found)
+            fprintf(f, ",\"min_capacity\":%zu", r->min_capacity);
+        else
+            fputs(",\"min_capacity\":null", f);
+    }
+    fputs("}\n", f);
+    fflush(f);
+}
+
+/* The trace's name for the table: its basename without .trace.gz & co. */
+static void short_name(const char *path, char *out, size_t len)
+{
+    static const char *const suffixes[] = {".trace.gz", ".trace", ".csv.gz", ".csv", ".gz"};
+    const char *base = strrchr(path, '/');
+    base = base && base[1] ? base + 1 : path;
+    size_t n = strlen(base);
+    for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
+        size_t sl = strlen(suffixes[i]);
+        if (n > sl && strcmp(base + n - sl, suffixes[i]) == 0) {
+            n -= sl;
+            break;
+        }
+    }
+    snprintf(out, len, "%.*s", (int)n, base);
+}
+
+static double gib(uint64_t bytes) { return (double)bytes / (double)CUH_GiB; }
+
+static void print_header(int name_width, int want_min)
+{
+    printf("%-*s %8s %10s %10s %7s %8s", name_width, "trace", "events", "live GiB", "rsvd GiB", "ratio",
+           "pytorch");
+    if (want_min)
+        printf(" %11s", "min cap GiB");
+    printf(" %9s  %s\n", "ns/op", "oom");
+    fflush(stdout);
+}
+
+static void print_row(const result_t *r, int name_width)
+{
+    const cuh_trace_t *t = r->trace;
+    const run_t *run = r->run;
+    char name[256], cell[32];
+    short_name(r->arg, name, sizeof name);
+    uint64_t reserved = run->stats.reserved.peak;
+    printf("%-*s %8zu %10.3f %10.3f", name_width, name, t->num_events, gib(r->peak_live), gib(reserved));
+    if (r->peak_live)
+        snprintf(cell, sizeof cell, "%.4f", ratio_of(reserved, r->peak_live));
+    else
+        snprintf(cell, sizeof cell, "-");
+    printf(" %7s", cell);
+    if (t->pytorch_peak_reserved && t->peak_live)
+        snprintf(cell, sizeof cell, "%.4f", ratio_of(t->pytorch_peak_reserved, t->peak_live));
+    else
+        snprintf(cell, sizeof cell, "-");
+    printf(" %8s", cell);
+    if (r->want_min) {
+        if (r->min_found)
+            snprintf(cell, sizeof cell, "%.3f", gib(r->min_capacity));
+        else
+            snprintf(cell, sizeof cell, "> %.3f", gib(r->capacity));
+        printf(" %11s", cell);
+    }
+    printf(" %9.1f  ", run->replayed ? (double)run->elapsed_ns / (double)run->replayed : 0.0);
+    if (run->oom) {
+        char req[32];
+        cuh_format_bytes(req, sizeof req, run->oom_info.request);
+        printf("%s: %s request at event %zu of %zu\n",
+               run->have_oom_info ? cuh_oom_cause_name(run->oom_info.cause) : "out of memory", req,
+               run->oom_event, t->num_events);
+    } else {
+        printf("none\n");
+    }
+    fflush(stdout);
+}
+
+/* ---- main ------------------------------------------------------------------ */
+
+/* Loads, replays and reports one trace. 0, or the exit status to stop with. */
+static int replay_trace(const char *arg, const options_t *o, int name_width)
+{
+    cuh_trace_t trace;
+    char err[1024];
+    if (cuh_trace_load(arg, &trace, err, sizeof err) != 0) {
+        fprintf(stderr, PROG ": %s\n", err);
+        return 1;
+    }
+    uintptr_t *addrs = calloc(trace.num_events ? trace.num_events : 1, sizeof *addrs);
+    if (!addrs) {
+        fprintf(stderr, PROG ": %s: out of memory for %zu events\n", arg, trace.num_events);
+        cuh_trace_free(&trace);
+        return 1;
+    }
+    run_t run;
+    result_t r = {.arg = arg, .trace = &trace, .run = &run, .capacity = o->capacity,
+                  .want_min = o->min_capacity};
+    int status = 0;
+    if (replay_once(&trace, o->capacity, &o->cfg, addrs, &run) != 0) {
+        status = 1;
+        goto out;
+    }
+    /* A full run's peak is the trace's; a run cut short has the heap's. */
+    r.peak_live = run.oom ? run.stats.requested.peak : trace.peak_live;
+    if (o->min_capacity &&
+        find_min_capacity(&trace, o, addrs, &run, &r.min_capacity, &r.min_found) != 0) {
+        status = 1;
+        goto out;
+    }
+    if (o->json) {
+        print_json(&r);
+    } else {
+        static int header_done;
+        if (!header_done) {
+            print_header(name_width, o->min_capacity);
+            header_done = 1;
+        }
+        print_row(&r, name_width);
+    }
+out:
+    free(addrs);
+    cuh_trace_free(&trace);
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    options_t o;
+    parse_options(argc, argv, &o);
+
+    int name_width = 5;
+    for (int i = 0; i < o.num_traces; i++) {
+        char name[256];
+        short_name(o.traces[i], name, sizeof name);
+        if ((int)strlen(name) > name_width)
+            name_width = (int)strlen(name);
+    }
+    int status = 0;
+    for (int i = 0; i < o.num_traces && status == 0; i++)
+        status = replay_trace(o.traces[i], &o, name_width);
+    free(o.traces);
+    return status;
+}

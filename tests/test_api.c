@@ -1,0 +1,200 @@
+/* test_api.c - the public C API (include/cuheap.h) on simulated devices:
+ * configuration errors, allocation and free per device, the errors a caller
+ * can make (wrong device, foreign pointer, double free, NULL out-pointer),
+ * statistics, release, reports in both formats, and a bad CUHEAP_CONF
+ * stopping the program with a message that names the key.
+ */
+#include "test_util.h"
+
+#include "runtime.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int setup(void **state)
+{
+    (void)state;
+    cuh_runtime_reset();
+    unsetenv("CUHEAP_CONF");
+    return cuh_runtime_use_sim(4 * GiB);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    cuh_runtime_reset();
+    return 0;
+}
+
+static void test_configure_rejects_unknown_keys_and_lists_valid_ones(void **state)
+{
+    (void)state;
+    assert_int_equal(cuheap_configure("workspce:1G"), CUHEAP_ERR_CONFIG);
+    const char *msg = cuheap_last_error();
+    assert_non_null(strstr(msg, "workspce"));
+    assert_non_null(strstr(msg, "workspace"));
+    assert_non_null(strstr(msg, "limit"));
+    assert_int_equal(cuheap_configure("limit:2"), CUHEAP_ERR_CONFIG);
+    assert_int_equal(cuheap_configure("workspace:64M, limit:0.5"), CUHEAP_OK);
+    void *p;
+    assert_int_equal(cuheap_malloc(&p, 1 * MiB, 0, NULL), CUHEAP_OK);
+    cuheap_stats_t s;
+    assert_int_equal(cuheap_get_stats(0, &s), CUHEAP_OK);
+    assert_int_equal(s.workspace, 64 * MiB);
+    assert_int_equal(s.limit, 2 * GiB);
+    /* Too late once a heap is in use. */
+    assert_int_equal(cuheap_configure("workspace:0"), CUHEAP_ERR_CONFIG);
+    assert_non_null(strstr(cuheap_last_error(), "before the first allocation"));
+    assert_int_equal(cuheap_free(p, 0, NULL), CUHEAP_OK);
+}
+
+static void test_malloc_and_free_on_two_devices(void **state)
+{
+    (void)state;
+    void *a, *b;
+    assert_int_equal(cuheap_malloc(&a, 3 * MiB, 0, NULL), CUHEAP_OK);
+    assert_int_equal(cuheap_malloc(&b, 3 * MiB, 1, NULL), CUHEAP_OK);
+    assert_true(((uintptr_t)a & 511) == 0 && ((uintptr_t)b & 511) == 0);
+    assert_true(a != b);
+    /* Freed with the wrong device: refused, and the message says whose it is. */
+    assert_int_equal(cuheap_free(a, 1, NULL), CUHEAP_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(cuheap_last_error(), "device 0"));
+    assert_int_equal(cuheap_free(a, 0, NULL), CUHEAP_OK);
+    assert_int_equal(cuheap_free(b, 1, NULL), CUHEAP_OK);
+    assert_int_equal(cuheap_free(a, 0, NULL), CUHEAP_ERR_DOUBLE_FREE);
+    cuheap_stats_t s;
+    cuheap_get_stats(1, &s);
+    assert_int_equal(s.num_allocs, 1);
+    assert_int_equal(s.num_frees, 1);
+}
+
+static void test_caller_errors_are_reported(void **state)
+{
+    (void)state;
+    assert_int_equal(cuheap_malloc(NULL, 10, 0, NULL), CUHEAP_ERR_INVALID_ARGUMENT);
+    int on_stack;
+    assert_int_equal(cuheap_free(&on_stack, 0, NULL), CUHEAP_ERR_NOT_OWNED);
+    assert_non_null(strstr(cuheap_last_error(), "not allocated by cuheap"));
+    assert_int_equal(cuheap_free(NULL, 0, NULL), CUHEAP_OK);
+    void *p = (void *)1;
+    assert_int_equal(cuheap_malloc(&p, 0, 0, NULL), CUHEAP_OK);
+    assert_null(p);
+    assert_int_equal(cuheap_malloc(&p, 10, CUH_MAX_DEVICES, NULL), CUHEAP_ERR_INVALID_ARGUMENT);
+    assert_int_equal(cuheap_malloc(&p, 8 * GiB, 0, NULL), CUHEAP_ERR_OUT_OF_MEMORY);
+    assert_non_null(strstr(cuheap_last_error(), "cause: capacity"));
+    for (int st = CUHEAP_OK; st <= CUHEAP_ERR_IO; st++)
+        assert_true(strlen(cuheap_status_string((cuheap_status_t)st)) > 3);
+}
+
+static void test_stats_release_and_peaks(void **state)
+{
+    (void)state;
+    cuheap_stats_t s;
+    assert_int_equal(cuheap_get_stats(5, &s), CUHEAP_OK);   /* never used: zeros */
+    assert_int_equal(s.reserved.current, 0);
+    assert_int_equal(cuheap_get_stats(0, NULL), CUHEAP_ERR_INVALID_ARGUMENT);
+    void *p[10];
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(cuheap_malloc(&p[i], (size_t)(i + 1) * MiB, 0, NULL), CUHEAP_OK);
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(cuheap_free(p[i], 0, NULL), CUHEAP_OK);
+    cuheap_get_stats(0, &s);
+    assert_true(s.reserved.current > 0);
+    assert_int_equal(s.requested.peak, 55 * MiB);
+    assert_int_equal(cuheap_release_cached(0), CUHEAP_OK);
+    assert_int_equal(cuheap_reset_peaks(0), CUHEAP_OK);
+    cuheap_get_stats(0, &s);
+    assert_int_equal(s.reserved.current, 0);
+    assert_int_equal(s.requested.peak, 0);
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+static void test_reports_in_text_and_valid_json(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/cuheap-api-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    void *a, *b;
+    assert_int_equal(cuheap_malloc(&a, 5 * MiB, 0, NULL), CUHEAP_OK);
+    assert_int_equal(cuheap_malloc(&b, 1000, 0, (cuheap_stream_t)0x77), CUHEAP_OK);
+    void *big;
+    assert_int_equal(cuheap_malloc(&big, 100 * GiB, 0, NULL), CUHEAP_ERR_OUT_OF_MEMORY);
+    char path[256], cmd[1024];
+    snprintf(path, sizeof path, "%s/report-%%p.json", dir);
+    assert_int_equal(cuheap_dump_report(path, CUHEAP_REPORT_JSON), CUHEAP_OK);
+    snprintf(path, sizeof path, "%s/report-%d.json", dir, (int)getpid());
+    snprintf(cmd, sizeof cmd,
+             "python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); d=r[\"devices\"][0]; "
+             "assert r[\"schema\"]==\"cuheap-report\" and r[\"version\"]==1; "
+             "assert d[\"stats\"][\"requested\"][\"current\"]==5*2**20+1000; "
+             "assert d[\"oom\"][\"cause\"]==\"capacity\"; "
+             "assert sum(len(s[\"extents\"]) for s in d[\"segments\"])>=2' %s",
+             path);
+    assert_int_equal(system(cmd), 0);
+    snprintf(path, sizeof path, "%s/report.txt", dir);
+    assert_int_equal(cuheap_dump_report(path, CUHEAP_REPORT_TEXT), CUHEAP_OK);
+    const char *text = slurp(path);
+    assert_non_null(strstr(text, "requested (live)"));
+    assert_non_null(strstr(text, "fragmentation"));
+    assert_non_null(strstr(text, "last out-of-memory"));
+    assert_non_null(strstr(text, "cause capacity"));
+    assert_int_equal(cuheap_dump_report("/nonexistent-dir/r.json", CUHEAP_REPORT_JSON), CUHEAP_ERR_IO);
+    assert_non_null(strstr(cuheap_last_error(), "/nonexistent-dir/r.json"));
+    cuheap_free(a, 0, NULL);
+    cuheap_free(b, 0, (cuheap_stream_t)0x77);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_bad_cuheap_conf_stops_the_program_naming_the_key(void **state)
+{
+    (void)state;
+    char log[] = "/tmp/cuheap-conf-XXXXXX";
+    int fd = mkstemp(log);
+    assert_true(fd >= 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fd, 2);
+        cuh_runtime_reset();
+        cuh_runtime_use_sim(GiB);
+        setenv("CUHEAP_CONF", "workspace:1G,bogus_key:3", 1);
+        void *p;
+        cuheap_malloc(&p, 100, 0, NULL);
+        _exit(0);   /* reaching here means the bad setting was ignored */
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    close(fd);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 2);
+    const char *msg = slurp(log);
+    assert_non_null(strstr(msg, "bogus_key"));
+    assert_non_null(strstr(msg, "valid keys"));
+    unlink(log);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_configure_rejects_unknown_keys_and_lists_valid_ones, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_malloc_and_free_on_two_devices, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_caller_errors_are_reported, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stats_release_and_peaks, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reports_in_text_and_valid_json, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bad_cuheap_conf_stops_the_program_naming_the_key, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

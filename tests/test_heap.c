@@ -1,0 +1,606 @@
+/* test_heap.c - the heap's correctness rules (DESIGN.md, heap.h), each proved
+ * on the simulated device:
+ *   alignment and disjointness of blocks; stream-ordered reuse (at once on the
+ *   freeing stream, elsewhere only after its event completes); double free and
+ *   foreign pointers leave the heap intact; the limit caps reserved bytes;
+ *   release-and-retry happens before an out-of-memory; the workspace is used
+ *   first; statistics are exact; concurrent threads never get overlapping
+ *   blocks. Every test ends by checking the heap's books (heap_ok).
+ */
+#include "test_util.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define S1 ((cuh_stream_t)0x1000)
+#define S2 ((cuh_stream_t)0x2000)
+
+static int overlaps(uintptr_t a, size_t as, uintptr_t b, size_t bs) { return a < b + bs && b < a + as; }
+
+/* ---- alignment, sizes ------------------------------------------------------- */
+
+static void test_every_block_is_512_aligned_and_disjoint(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(64 * GiB, NULL);
+    enum { N = 600 };
+    uintptr_t addr[N];
+    size_t size[N];
+    uint64_t seed = 42;
+    for (int i = 0; i < N; i++) {
+        uint64_t r = test_rand(&seed);
+        size[i] = (r % 3 == 0) ? 1 + (size_t)(r >> 20) % (64 * KiB) : 1 + (size_t)(r >> 20) % (48 * MiB);
+        addr[i] = must_alloc(t.heap, size[i], 0);
+        assert_int_equal(addr[i] % 512, 0);
+    }
+    for (int i = 0; i < N; i++)
+        for (int j = i + 1; j < N; j++)
+            if (overlaps(addr[i], size[i], addr[j], size[j]))
+                fail_msg("blocks %d and %d overlap", i, j);
+    heap_ok(t.heap);
+    for (int i = 0; i < N; i++)
+        must_free(t.heap, addr[i], 0);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+static void test_zero_size_gives_null_and_ok(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    uintptr_t a = 0xdead;
+    assert_int_equal(cuh_heap_malloc(t.heap, 0, 0, &a), CUHEAP_OK);
+    assert_int_equal(a, 0);
+    assert_int_equal(cuh_heap_free(t.heap, 0, 0), CUHEAP_OK);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.num_allocs, 0);
+    assert_int_equal(s.reserved.current, 0);
+    test_heap_free(&t);
+}
+
+/* ---- stream-ordered reuse --------------------------------------------------- */
+
+static void test_same_stream_reuses_a_freed_block_at_once(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    cuh_sim_hold_events(t.dev, 1);   /* the GPU never finishes anything */
+    uintptr_t big = must_alloc(t.heap, 8 * MiB, S1);
+    uintptr_t small = must_alloc(t.heap, 3000, S1);
+    must_free(t.heap, big, S1);
+    must_free(t.heap, small, S1);
+    assert_int_equal(must_alloc(t.heap, 8 * MiB, S1), big);
+    assert_int_equal(must_alloc(t.heap, 3000, S1), small);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+static void test_other_stream_reuses_only_after_the_event_completes(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    cuh_sim_hold_events(t.dev, 1);
+    uintptr_t a = must_alloc(t.heap, 8 * MiB, S1);
+    uintptr_t small = must_alloc(t.heap, 3000, S1);
+    must_free(t.heap, a, S1);
+    must_free(t.heap, small, S1);
+
+    /* S1's work may still read them: S2 must get other memory. */
+    uintptr_t b = must_alloc(t.heap, 8 * MiB, S2);
+    uintptr_t b_small = must_alloc(t.heap, 3000, S2);
+    assert_false(overlaps(a, 8 * MiB, b, 8 * MiB));
+    assert_true(b_small != small);
+    cuh_sim_counters_t c;
+    cuh_sim_counters(t.dev, &c);
+    assert_true(c.events_recorded >= 1);   /* a fence was recorded on S1 */
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_true(s.pending.current >= 8 * MiB);
+    heap_ok(t.heap);
+
+    /* Once S1's work has finished, S2 may have it. */
+    cuh_sim_complete_stream(t.dev, S1);
+    uintptr_t c2 = must_alloc(t.heap, 8 * MiB, S2);
+    assert_int_equal(c2, a);
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.pending.current, 0);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+static void test_small_objects_cross_streams_only_after_the_event(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    cuh_sim_hold_events(t.dev, 1);
+    enum { N = 200 };
+    uintptr_t mine[N], theirs[N];
+    for (int i = 0; i < N; i++)
+        mine[i] = must_alloc(t.heap, 1024, S1);
+    for (int i = 0; i < N; i++)
+        must_free(t.heap, mine[i], S1);
+    for (int i = 0; i < N; i++) {
+        theirs[i] = must_alloc(t.heap, 1024, S2);
+        for (int k = 0; k < N; k++)
+            if (theirs[i] == mine[k])
+                fail_msg("stream S2 got object %d freed on S1 before S1's work finished", k);
+    }
+    heap_ok(t.heap);
+    for (int i = 0; i < N; i++)
+        must_free(t.heap, theirs[i], S2);
+    cuh_sim_complete_all(t.dev);
+    cuh_heap_release_cached(t.heap);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+static void test_waiting_for_memory_blocks_on_the_event_not_before(void **state)
+{
+    (void)state;
+    /* Room for one 8 MiB segment only: S2 can be served only by waiting for
+     * S1's work (a host wait, counted by the device). */
+    test_heap_t t = test_heap_new(10 * MiB, "grow_fraction:0");
+    cuh_sim_hold_events(t.dev, 1);
+    uintptr_t a = must_alloc(t.heap, 8 * MiB, S1);
+    must_free(t.heap, a, S1);
+    cuh_sim_counters_t before, after;
+    cuh_sim_counters(t.dev, &before);
+    assert_int_equal(before.event_waits, 0);
+    uintptr_t b = must_alloc(t.heap, 8 * MiB, S2);
+    cuh_sim_counters(t.dev, &after);
+    assert_int_equal(b, a);
+    assert_true(after.event_waits > before.event_waits);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+/* ---- bad frees ------------------------------------------------------------- */
+
+static void test_double_free_is_an_error_and_changes_nothing(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    uintptr_t big = must_alloc(t.heap, 5 * MiB, 0);
+    uintptr_t small = must_alloc(t.heap, 700, 0);
+    uintptr_t keep = must_alloc(t.heap, 5 * MiB, 0);
+    must_free(t.heap, big, 0);
+    must_free(t.heap, small, 0);
+    cuheap_stats_t s1, s2;
+    cuh_heap_stats(t.heap, &s1);
+    assert_int_equal(cuh_heap_free(t.heap, big, 0), CUHEAP_ERR_DOUBLE_FREE);
+    assert_non_null(strstr(cuheap_last_error(), "double free"));
+    assert_int_equal(cuh_heap_free(t.heap, small, 0), CUHEAP_ERR_DOUBLE_FREE);
+    assert_int_equal(cuh_heap_free(t.heap, small, S2), CUHEAP_ERR_DOUBLE_FREE);
+    cuh_heap_stats(t.heap, &s2);
+    assert_int_equal(s1.num_frees, s2.num_frees);
+    assert_int_equal(s1.allocated.current, s2.allocated.current);
+    assert_int_equal(s1.cached.current, s2.cached.current);
+    heap_ok(t.heap);
+    /* The heap still works, and the kept block is intact. */
+    assert_int_equal(cuh_heap_block_size(t.heap, keep), 5 * MiB);
+    must_free(t.heap, keep, 0);
+    must_free(t.heap, must_alloc(t.heap, 700, 0), 0);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+static void test_foreign_and_interior_pointers_are_refused(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    uintptr_t big = must_alloc(t.heap, 5 * MiB, 0);
+    uintptr_t small = must_alloc(t.heap, 700, 0);
+    assert_int_equal(cuh_heap_free(t.heap, 0x1234000, 0), CUHEAP_ERR_NOT_OWNED);
+    assert_int_equal(cuh_heap_owns(t.heap, 0x1234000), 0);
+    assert_int_equal(cuh_heap_free(t.heap, big + 512, 0), CUHEAP_ERR_INVALID_ARGUMENT);
+    assert_int_equal(cuh_heap_free(t.heap, small + 8, 0), CUHEAP_ERR_INVALID_ARGUMENT);
+    assert_true(cuh_heap_owns(t.heap, big + 512));
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.num_frees, 0);
+    assert_int_equal(s.requested.current, 5 * MiB + 700);
+    heap_ok(t.heap);
+    must_free(t.heap, big, 0);
+    must_free(t.heap, small, 0);
+    test_heap_free(&t);
+}
+
+/* ---- limits, retry, out of memory ------------------------------------------ */
+
+static void test_limit_in_bytes_caps_reserved(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, "limit:64M");
+    uintptr_t a[64];
+    int n = 0;
+    uintptr_t x;
+    while (n < 64 && cuh_heap_malloc(t.heap, 8 * MiB, 0, &x) == CUHEAP_OK)
+        a[n++] = x;
+    assert_int_equal(n, 8);   /* 8 x 8 MiB = the limit */
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.reserved.peak, 64 * MiB);
+    assert_int_equal(s.limit, 64 * MiB);
+    cuh_oom_info_t o;
+    assert_true(cuh_heap_last_oom(t.heap, &o));
+    assert_int_equal(o.cause, CUH_OOM_LIMIT);
+    assert_non_null(strstr(o.action, "limit"));
+    heap_ok(t.heap);
+    for (int i = 0; i < n; i++)
+        must_free(t.heap, a[i], 0);
+    test_heap_free(&t);
+}
+
+static void test_limit_as_fraction_of_device(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, "limit:0.25");
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.limit, 256 * MiB);
+    uintptr_t x;
+    assert_int_equal(cuh_heap_malloc(t.heap, 300 * MiB, 0, &x), CUHEAP_ERR_OUT_OF_MEMORY);
+    must_free(t.heap, must_alloc(t.heap, 200 * MiB, 0), 0);
+    test_heap_free(&t);
+}
+
+static void test_release_and_retry_before_out_of_memory(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(64 * MiB, "grow_fraction:0");
+    uintptr_t a = must_alloc(t.heap, 32 * MiB, 0);
+    uintptr_t b = must_alloc(t.heap, 32 * MiB, 0);
+    must_free(t.heap, a, 0);
+    must_free(t.heap, b, 0);
+    /* 64 MiB cached in two segments; 48 MiB fits only after both go back. */
+    uintptr_t c = must_alloc(t.heap, 48 * MiB, 0);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_true(s.num_retries >= 1);
+    assert_int_equal(s.num_segment_frees, 2);
+    assert_int_equal(s.num_ooms, 0);
+    assert_int_equal(s.reserved.current, 48 * MiB);
+    heap_ok(t.heap);
+    must_free(t.heap, c, 0);
+    test_heap_free(&t);
+}
+
+static void test_release_and_retry_settles_other_streams_first(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(64 * MiB, "grow_fraction:0");
+    cuh_sim_hold_events(t.dev, 1);
+    uintptr_t a = must_alloc(t.heap, 32 * MiB, S1);
+    uintptr_t b = must_alloc(t.heap, 32 * MiB, S2);
+    must_free(t.heap, a, S1);
+    must_free(t.heap, b, S2);
+    uintptr_t c = must_alloc(t.heap, 48 * MiB, S1);
+    cuh_sim_counters_t cnt;
+    cuh_sim_counters(t.dev, &cnt);
+    assert_true(cnt.event_waits >= 1);
+    heap_ok(t.heap);
+    must_free(t.heap, c, S1);
+    test_heap_free(&t);
+}
+
+static void test_out_of_memory_only_after_retry_and_heap_survives(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(64 * MiB, NULL);
+    uintptr_t a = must_alloc(t.heap, 40 * MiB, 0);
+    uintptr_t x = 1;
+    assert_int_equal(cuh_heap_malloc(t.heap, 40 * MiB, 0, &x), CUHEAP_ERR_OUT_OF_MEMORY);
+    assert_int_equal(x, 0);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.num_ooms, 1);
+    assert_true(s.num_retries >= 1);
+    cuh_oom_info_t o;
+    assert_true(cuh_heap_last_oom(t.heap, &o));
+    assert_int_equal(o.cause, CUH_OOM_CAPACITY);
+    assert_int_equal(o.request, 40 * MiB);
+    assert_non_null(strstr(cuheap_last_error(), "capacity"));
+    must_free(t.heap, a, 0);
+    must_free(t.heap, must_alloc(t.heap, 40 * MiB, 0), 0);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+static void test_oom_cause_external(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(64 * MiB, NULL);
+    cuh_sim_set_external(t.dev, 48 * MiB);
+    uintptr_t x;
+    assert_int_equal(cuh_heap_malloc(t.heap, 32 * MiB, 0, &x), CUHEAP_ERR_OUT_OF_MEMORY);
+    cuh_oom_info_t o;
+    assert_true(cuh_heap_last_oom(t.heap, &o));
+    assert_int_equal(o.cause, CUH_OOM_EXTERNAL);
+    assert_int_equal(o.external, 48 * MiB);
+    assert_int_equal(o.device_total, 64 * MiB);
+    test_heap_free(&t);
+}
+
+static void test_oom_cause_fragmentation_with_its_proof(void **state)
+{
+    (void)state;
+    /* The whole device is the workspace; a checkerboard leaves 32 MiB free in
+     * 2 MiB holes, and a 4 MiB request has no extent to fit in. */
+    test_heap_t t = test_heap_new(64 * MiB, "workspace:64M,small_max:0");
+    uintptr_t a[32];
+    for (int i = 0; i < 32; i++)
+        a[i] = must_alloc(t.heap, 2 * MiB, 0);
+    for (int i = 0; i < 32; i += 2)
+        must_free(t.heap, a[i], 0);
+    uintptr_t x;
+    assert_int_equal(cuh_heap_malloc(t.heap, 4 * MiB, 0, &x), CUHEAP_ERR_OUT_OF_MEMORY);
+    cuh_oom_info_t o;
+    assert_true(cuh_heap_last_oom(t.heap, &o));
+    assert_int_equal(o.cause, CUH_OOM_FRAGMENTATION);
+    assert_true(o.largest_free < o.request);
+    assert_true(o.request <= o.cached + o.device_free);
+    assert_int_equal(o.largest_free, 2 * MiB);
+    heap_ok(t.heap);
+    for (int i = 1; i < 32; i += 2)
+        must_free(t.heap, a[i], 0);
+    test_heap_free(&t);
+}
+
+/* ---- workspace -------------------------------------------------------------- */
+
+static void test_workspace_is_taken_at_first_use_and_used_first(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, "workspace:64M");
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.reserved.current, 0);
+    uintptr_t a = must_alloc(t.heap, 8 * MiB, 0);
+    uintptr_t b = must_alloc(t.heap, 40 * MiB, 0);
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.workspace, 64 * MiB);
+    assert_int_equal(s.reserved.current, 64 * MiB);
+    assert_int_equal(s.num_segment_allocs, 1);
+    assert_true(b > a && b - a < 64 * MiB);
+    /* Release keeps the workspace. */
+    must_free(t.heap, a, 0);
+    must_free(t.heap, b, 0);
+    cuh_heap_release_cached(t.heap);
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.reserved.current, 64 * MiB);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+static void test_workspace_larger_than_limit_is_refused(void **state)
+{
+    (void)state;
+    cuh_config_t cfg;
+    cuh_config_defaults(&cfg);
+    char err[256];
+    assert_int_equal(cuh_config_parse("workspace:1G,limit:512M", &cfg, err, sizeof err), 0);
+    cuh_device_t *dev = cuh_sim_create(&(cuh_sim_params_t){.capacity = 4 * GiB});
+    assert_null(cuh_heap_create(dev, &cfg, err, sizeof err));
+    assert_non_null(strstr(err, "workspace"));
+    dev->ops->destroy(dev);
+}
+
+/* ---- statistics -------------------------------------------------------------- */
+
+static void test_statistics_are_exact(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    uintptr_t a = must_alloc(t.heap, 3 * MiB + 1, 0);    /* block 3 MiB + 512 */
+    uintptr_t b = must_alloc(t.heap, 1000, 0);           /* class 1024 */
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.requested.current, 3 * MiB + 1 + 1000);
+    assert_int_equal(s.allocated.current, 3 * MiB + 512 + 1024);
+    assert_int_equal(s.cached.current, s.reserved.current - s.allocated.current);
+    assert_int_equal(s.num_allocs, 2);
+    must_free(t.heap, a, 0);
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.requested.current, 1000);
+    assert_int_equal(s.requested.peak, 3 * MiB + 1 + 1000);
+    assert_int_equal(s.num_frees, 1);
+    uintptr_t c = must_alloc(t.heap, 3 * MiB, 0);
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.num_cache_hits, 2);   /* the second 1000 B object came from the slab, c from cache */
+    cuh_heap_reset_peaks(t.heap);
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.requested.peak, s.requested.current);
+    must_free(t.heap, b, 0);
+    must_free(t.heap, c, 0);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+static void test_release_cached_returns_every_free_segment(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    uintptr_t a[20];
+    for (int i = 0; i < 20; i++)
+        a[i] = must_alloc(t.heap, (size_t)(i + 1) * MiB + (i % 2 ? 100 : 0), i % 3 ? S1 : S2);
+    for (int i = 0; i < 20; i++)
+        must_free(t.heap, a[i], i % 3 ? S1 : S2);
+    assert_int_equal(cuh_heap_release_cached(t.heap), CUHEAP_OK);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.reserved.current, 0);
+    assert_int_equal(s.num_segment_frees, s.num_segment_allocs);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+/* ---- random operations and threads ------------------------------------------- */
+
+static void test_random_operations_on_three_streams_keep_the_books(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(8 * GiB, NULL);
+    cuh_sim_hold_events(t.dev, 1);
+    enum { SLOTS = 300, OPS = 20000 };
+    uintptr_t addr[SLOTS] = {0};
+    size_t size[SLOTS];
+    cuh_stream_t stream[SLOTS];
+    cuh_stream_t streams[3] = {0, S1, S2};
+    uint64_t seed = 7;
+    for (int op = 0; op < OPS; op++) {
+        uint64_t r = test_rand(&seed);
+        int i = (int)(r % SLOTS);
+        if (addr[i]) {
+            must_free(t.heap, addr[i], stream[i]);
+            addr[i] = 0;
+        } else {
+            size[i] = (r >> 40) % 4 ? 1 + (size_t)(r >> 16) % (96 * KiB) : 1 + (size_t)(r >> 16) % (40 * MiB);
+            stream[i] = streams[(r >> 8) % 3];
+            addr[i] = must_alloc(t.heap, size[i], stream[i]);
+            for (int k = 0; k < SLOTS; k++)
+                if (k != i && addr[k] && overlaps(addr[i], size[i], addr[k], size[k]))
+                    fail_msg("op %d: block %d overlaps live block %d", op, i, k);
+        }
+        if (op % 97 == 0)
+            cuh_sim_complete_stream(t.dev, streams[(r >> 4) % 3]);
+        if (op % 1000 == 0)
+            heap_ok(t.heap);
+    }
+    for (int i = 0; i < SLOTS; i++)
+        if (addr[i])
+            must_free(t.heap, addr[i], stream[i]);
+    heap_ok(t.heap);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.allocated.current, 0);
+    assert_int_equal(s.requested.current, 0);
+    test_heap_free(&t);
+}
+
+typedef struct interval_set_s {
+    pthread_mutex_t lock;
+    uintptr_t *start;
+    size_t *len;
+    size_t n, cap;
+    int overlap_seen;
+} interval_set_t;
+
+static void set_add(interval_set_t *set, uintptr_t a, size_t len)
+{
+    pthread_mutex_lock(&set->lock);
+    for (size_t i = 0; i < set->n; i++)
+        if (overlaps(a, len, set->start[i], set->len[i]))
+            set->overlap_seen = 1;
+    set->start[set->n] = a;
+    set->len[set->n++] = len;
+    pthread_mutex_unlock(&set->lock);
+}
+
+static void set_remove(interval_set_t *set, uintptr_t a)
+{
+    pthread_mutex_lock(&set->lock);
+    for (size_t i = 0; i < set->n; i++)
+        if (set->start[i] == a) {
+            set->start[i] = set->start[--set->n];
+            set->len[i] = set->len[set->n];
+            break;
+        }
+    pthread_mutex_unlock(&set->lock);
+}
+
+typedef struct worker_s {
+    cuh_heap_t *heap;
+    interval_set_t *set;
+    cuh_stream_t stream;
+    uint64_t seed;
+    int failures;
+} worker_t;
+
+static void *worker(void *arg)
+{
+    worker_t *w = arg;
+    enum { SLOTS = 32, OPS = 4000 };
+    uintptr_t addr[SLOTS] = {0};
+    for (int op = 0; op < OPS; op++) {
+        uint64_t r = test_rand(&w->seed);
+        int i = (int)(r % SLOTS);
+        if (addr[i]) {
+            set_remove(w->set, addr[i]);
+            w->failures += cuh_heap_free(w->heap, addr[i], w->stream) != CUHEAP_OK;
+            addr[i] = 0;
+        } else {
+            size_t size = (r >> 40) % 8 ? 1 + (size_t)(r >> 16) % (64 * KiB) : 1 + (size_t)(r >> 16) % (8 * MiB);
+            if (cuh_heap_malloc(w->heap, size, w->stream, &addr[i]) != CUHEAP_OK)
+                w->failures++;
+            else
+                set_add(w->set, addr[i], size);
+        }
+    }
+    for (int i = 0; i < SLOTS; i++)
+        if (addr[i]) {
+            set_remove(w->set, addr[i]);
+            w->failures += cuh_heap_free(w->heap, addr[i], w->stream) != CUHEAP_OK;
+        }
+    return NULL;
+}
+
+static void test_concurrent_threads_never_share_memory(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(16 * GiB, NULL);
+    enum { THREADS = 8 };
+    interval_set_t set = {.start = calloc(THREADS * 32, sizeof(uintptr_t)), .len = calloc(THREADS * 32, sizeof(size_t))};
+    pthread_mutex_init(&set.lock, NULL);
+    pthread_t th[THREADS];
+    worker_t w[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        /* Half the threads share stream S1: frees and reuse across threads. */
+        w[i] = (worker_t){.heap = t.heap, .set = &set, .stream = i % 2 ? S1 : (cuh_stream_t)(0x100 + i),
+                          .seed = 1000 + (uint64_t)i};
+        pthread_create(&th[i], NULL, worker, &w[i]);
+    }
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(w[i].failures, 0);
+    }
+    assert_int_equal(set.overlap_seen, 0);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.allocated.current, 0);
+    assert_int_equal(s.num_allocs, s.num_frees);
+    heap_ok(t.heap);
+    free(set.start);
+    free(set.len);
+    pthread_mutex_destroy(&set.lock);
+    test_heap_free(&t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_block_is_512_aligned_and_disjoint),
+        cmocka_unit_test(test_zero_size_gives_null_and_ok),
+        cmocka_unit_test(test_same_stream_reuses_a_freed_block_at_once),
+        cmocka_unit_test(test_other_stream_reuses_only_after_the_event_completes),
+        cmocka_unit_test(test_small_objects_cross_streams_only_after_the_event),
+        cmocka_unit_test(test_waiting_for_memory_blocks_on_the_event_not_before),
+        cmocka_unit_test(test_double_free_is_an_error_and_changes_nothing),
+        cmocka_unit_test(test_foreign_and_interior_pointers_are_refused),
+        cmocka_unit_test(test_limit_in_bytes_caps_reserved),
+        cmocka_unit_test(test_limit_as_fraction_of_device),
+        cmocka_unit_test(test_release_and_retry_before_out_of_memory),
+        cmocka_unit_test(test_release_and_retry_settles_other_streams_first),
+        cmocka_unit_test(test_out_of_memory_only_after_retry_and_heap_survives),
+        cmocka_unit_test(test_oom_cause_external),
+        cmocka_unit_test(test_oom_cause_fragmentation_with_its_proof),
+        cmocka_unit_test(test_workspace_is_taken_at_first_use_and_used_first),
+        cmocka_unit_test(test_workspace_larger_than_limit_is_refused),
+        cmocka_unit_test(test_statistics_are_exact),
+        cmocka_unit_test(test_release_cached_returns_every_free_segment),
+        cmocka_unit_test(test_random_operations_on_three_streams_keep_the_books),
+        cmocka_unit_test(test_concurrent_threads_never_share_memory),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,286 @@
+#!/usr/bin/env bash
+# test_replay_cli.sh - tests of the cuheap-replay program, end to end.
+#
+# Runs BUILD_DIR/cuheap-replay on the traces bundled in bench/traces and on
+# small broken inputs made in a temporary directory, and checks what it prints
+# and the exit status: valid JSON with the right counts, an out-of-memory
+# reported as a result on a small device, precise errors (status 1) for a
+# malformed trace, status 2 for usage errors, and a --min-capacity that really
+# runs the trace. Run from the repository root:
+#     tests/test_replay_cli.sh BUILD_DIR
+# The last line is "N passed, M failed"; the status is non-zero on a failure.
+set -u
+
+BUILD=${1:?usage: tests/test_replay_cli.sh BUILD_DIR}
+BIN=$BUILD/cuheap-replay
+TRACES=(bench/traces/*.trace.gz)
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/cuh_test_replay_cli.XXXXXX") || exit 1
+trap 'rm -rf "$TMP"' EXIT
+
+passed=0
+failed=0
+
+ok() {
+    passed=$((passed + 1))
+    echo "ok   - $1"
+}
+
+not_ok() {
+    failed=$((failed + 1))
+    echo "FAIL - $1"
+    if [ -n "${2:-}" ]; then
+        printf '%s\n' "$2" | sed 's/^/       /'
+    fi
+}
+
+# run NAME ARGS...: runs the program; status in $rc, output in $TMP/NAME.out
+# and $TMP/NAME.err.
+run() {
+    local name=$1
+    shift
+    "$BIN" "$@" >"$TMP/$name.out" 2>"$TMP/$name.err"
+    rc=$?
+}
+
+# check_json FILE CHECK [ARGS...]: validates FILE as one JSON object per line
+# and runs the Python CHECK on the list `objs` (sys.argv[2:] holds ARGS). The
+# check raises AssertionError with a message to fail.
+check_json() {
+    local file=$1 check=$2
+    shift 2
+    python3 -c '
+import json, sys
+objs = []
+for n, line in enumerate(open(sys.argv[1]).read().splitlines(), 1):
+    try:
+        objs.append(json.loads(line))
+    except ValueError as e:
+        sys.exit("line %d is not JSON (%s): %r" % (n, e, line))
+args = sys.argv[2:]
+INT_FIELDS = ["events", "allocs", "frees", "capacity", "peak_live", "peak_reserved",
+              "segments", "cache_hits"]
+OOM_FIELDS = ["event", "request", "cause", "live", "allocated", "reserved", "cached",
+              "pending", "largest_free", "num_free_extents", "device_free", "device_total",
+              "external", "limit", "action"]
+def is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+def common(o):
+    for k in INT_FIELDS:
+        assert k in o, "no field %r" % k
+        assert is_int(o[k]), "%s is not an integer: %r" % (k, o[k])
+    for k in ("ratio", "ns_per_op", "pytorch_peak_reserved", "pytorch_ratio", "oom", "trace"):
+        assert k in o, "no field %r" % k
+    assert isinstance(o["trace"], str)
+    assert o["events"] == o["allocs"] + o["frees"], "events != allocs + frees"
+    assert isinstance(o["ns_per_op"], (int, float)) and o["ns_per_op"] >= 0
+    if o["oom"] is not None:
+        for k in OOM_FIELDS:
+            assert k in o["oom"], "oom has no field %r" % k
+try:
+'"$(printf '%s\n' "$check" | sed 's/^/    /')"'
+except AssertionError as e:
+    sys.exit("check failed: %s\n%s" % (e, "\n".join(json.dumps(o) for o in objs)))
+' "$file" "$@"
+}
+
+if [ ! -x "$BIN" ]; then
+    not_ok "$BIN exists" "build it first (make tools)"
+    echo "$passed passed, $failed failed"
+    exit 1
+fi
+if [ ! -e "${TRACES[0]}" ]; then
+    not_ok "bundled traces in bench/traces" "run from the repository root"
+    echo "$passed passed, $failed failed"
+    exit 1
+fi
+
+# ---- --json on every bundled trace at the default 80G: no out-of-memory ------
+for t in "${TRACES[@]}"; do
+    name=$(basename "$t" .trace.gz)
+    events=$(gzip -dc "$t" | grep -cv -e '^#' -e '^[[:space:]]*$')
+    run "json_$name" --json "$t"
+    if [ "$rc" -ne 0 ]; then
+        not_ok "--json $name exits 0" "status $rc: $(cat "$TMP/json_$name.err")"
+        continue
+    fi
+    if msg=$(check_json "$TMP/json_$name.out" '
+assert len(objs) == 1, "expected one line, got %d" % len(objs)
+o = objs[0]
+common(o)
+assert o["trace"] == args[0], "trace is %r, not %r" % (o["trace"], args[0])
+assert o["events"] == int(args[1]), "events %d, the trace has %s" % (o["events"], args[1])
+assert o["oom"] is None, "out of memory at 80G: %r" % o["oom"]
+assert o["capacity"] == 80 << 30, "capacity %d" % o["capacity"]
+assert o["peak_live"] > 0 and o["peak_reserved"] >= o["peak_live"], "peak_reserved < peak_live"
+assert isinstance(o["ratio"], float) and o["ratio"] >= 1.0, "ratio %r" % o["ratio"]
+assert is_int(o["pytorch_peak_reserved"]) and o["pytorch_peak_reserved"] > 0
+assert isinstance(o["pytorch_ratio"], float)
+assert "min_capacity" not in o, "min_capacity without --min-capacity"
+' "$t" "$events" 2>&1); then
+        ok "--json $name: valid, $events events, no out-of-memory at 80G"
+    else
+        not_ok "--json $name" "$msg"
+    fi
+done
+
+# ---- several traces: one line each; the table names them ---------------------
+run json_all --json "${TRACES[@]}"
+if [ "$rc" -eq 0 ] && msg=$(check_json "$TMP/json_all.out" '
+assert len(objs) == len(args), "%d lines for %d traces" % (len(objs), len(args))
+assert [o["trace"] for o in objs] == args, "traces out of order"
+' "${TRACES[@]}" 2>&1); then
+    ok "--json with ${#TRACES[@]} traces prints one line each"
+else
+    not_ok "--json with ${#TRACES[@]} traces" "status $rc ${msg:-}"
+fi
+
+run table "${TRACES[@]}"
+missing=""
+for t in "${TRACES[@]}"; do
+    grep -q "^$(basename "$t" .trace.gz) " "$TMP/table.out" || missing="$missing $(basename "$t")"
+done
+if [ "$rc" -eq 0 ] && [ -z "$missing" ]; then
+    ok "the table has a row per trace"
+else
+    not_ok "the table has a row per trace" "status $rc, missing:$missing
+$(cat "$TMP/table.out" "$TMP/table.err")"
+fi
+
+# ---- out-of-memory on a small device is a result, not a failure --------------
+gpt2=bench/traces/gpt2.trace.gz
+run oom --json --capacity 1G "$gpt2"
+if [ "$rc" -ne 0 ]; then
+    not_ok "--capacity 1G gpt2 exits 0" "status $rc: $(cat "$TMP/oom.err")"
+elif msg=$(check_json "$TMP/oom.out" '
+assert len(objs) == 1
+o = objs[0]
+common(o)
+assert o["capacity"] == 1 << 30, "capacity %d" % o["capacity"]
+oom = o["oom"]
+assert isinstance(oom, dict), "oom is %r" % oom
+assert isinstance(oom["cause"], str) and oom["cause"], "cause %r" % oom["cause"]
+assert oom["cause"] != "none", "cause none"
+assert is_int(oom["request"]) and oom["request"] > 0, "request %r" % oom["request"]
+assert is_int(oom["event"]) and 0 <= oom["event"] < o["events"], "event %r" % oom["event"]
+assert isinstance(oom["action"], str)
+' 2>&1); then
+    ok "--capacity 1G on gpt2: an oom object with cause and request, exit 0"
+else
+    not_ok "--capacity 1G on gpt2" "$msg"
+fi
+
+run oom_table --capacity 1G "$gpt2"
+if [ "$rc" -eq 0 ] && grep -q '^gpt2 ' "$TMP/oom_table.out" && ! grep -q ' none$' "$TMP/oom_table.out"; then
+    ok "--capacity 1G on gpt2: the table shows the out-of-memory"
+else
+    not_ok "--capacity 1G on gpt2 (table)" "status $rc
+$(cat "$TMP/oom_table.out" "$TMP/oom_table.err")"
+fi
+
+# ---- a malformed trace: status 1, the message names the file and line --------
+bad=$TMP/broken.trace
+printf '# broken\na 1 1 4096 0\na 2 2 8192 0\nf 3 1\nf 4 99\na 5 3 10 0\n' >"$bad"
+run malformed --json "$bad"
+if [ "$rc" -eq 1 ] && grep -q "broken.trace:5:" "$TMP/malformed.err" &&
+    grep -q "free of id 99 which is not live" "$TMP/malformed.err"; then
+    ok "a malformed trace exits 1 with file:line and the problem"
+else
+    not_ok "a malformed trace exits 1 with file:line" "status $rc: $(cat "$TMP/malformed.err")"
+fi
+
+gzip -c "$bad" >"$TMP/broken.trace.gz"
+run malformed_gz "$TMP/broken.trace.gz"
+if [ "$rc" -eq 1 ] && grep -q "broken.trace.gz:5:" "$TMP/malformed_gz.err"; then
+    ok "a malformed gzip trace exits 1 with file:line"
+else
+    not_ok "a malformed gzip trace exits 1 with file:line" "status $rc: $(cat "$TMP/malformed_gz.err")"
+fi
+
+run missing_file "$TMP/no-such.trace.gz"
+if [ "$rc" -eq 1 ] && grep -q "no-such.trace.gz" "$TMP/missing_file.err"; then
+    ok "a missing trace file exits 1 and names it"
+else
+    not_ok "a missing trace file exits 1" "status $rc: $(cat "$TMP/missing_file.err")"
+fi
+
+# ---- usage errors: status 2 --------------------------------------------------
+run unknown_opt --no-such-option "$gpt2"
+if [ "$rc" -eq 2 ] && grep -q -- "--no-such-option" "$TMP/unknown_opt.err"; then
+    ok "an unknown option exits 2 and names it"
+else
+    not_ok "an unknown option exits 2" "status $rc: $(cat "$TMP/unknown_opt.err")"
+fi
+
+run bad_conf --conf no_such_key:1 "$gpt2"
+if [ "$rc" -eq 2 ] && grep -q "no_such_key" "$TMP/bad_conf.err"; then
+    ok "a bad --conf exits 2 and the message names the key"
+else
+    not_ok "a bad --conf exits 2 and names the key" "status $rc: $(cat "$TMP/bad_conf.err")"
+fi
+
+for value in 12Q -5 "" 1.5.5G; do
+    run bad_capacity --capacity "$value" "$gpt2"
+    if [ "$rc" -eq 2 ]; then
+        ok "--capacity '$value' exits 2"
+    else
+        not_ok "--capacity '$value' exits 2" "status $rc: $(cat "$TMP/bad_capacity.err")"
+    fi
+done
+
+run no_value --capacity
+if [ "$rc" -eq 2 ]; then ok "--capacity without a value exits 2"; else not_ok "--capacity without a value exits 2" "status $rc"; fi
+
+run no_trace --json
+if [ "$rc" -eq 2 ]; then ok "no trace exits 2"; else not_ok "no trace exits 2" "status $rc"; fi
+
+run help --help
+if [ "$rc" -eq 0 ] && grep -q "usage:" "$TMP/help.out"; then
+    ok "--help prints the usage and exits 0"
+else
+    not_ok "--help" "status $rc"
+fi
+
+# ---- --min-capacity: a capacity the trace really runs on ---------------------
+resnet=bench/traces/resnet50.trace.gz
+run mincap --json --min-capacity "$resnet"
+if [ "$rc" -ne 0 ]; then
+    not_ok "--min-capacity on resnet50 exits 0" "status $rc: $(cat "$TMP/mincap.err")"
+elif msg=$(check_json "$TMP/mincap.out" '
+assert len(objs) == 1
+o = objs[0]
+common(o)
+m = o.get("min_capacity", "absent")
+assert is_int(m), "min_capacity is %r" % (m,)
+assert o["peak_live"] <= m <= 80 << 30, "min_capacity %d outside [peak_live %d, 80G]" % (m, o["peak_live"])
+print(m)
+' 2>&1); then
+    mincap=$msg
+    ok "--min-capacity on resnet50: $mincap bytes, between peak live and 80G"
+    run at_mincap --json --capacity "$mincap" "$resnet"
+    if [ "$rc" -eq 0 ] && msg=$(check_json "$TMP/at_mincap.out" '
+o = objs[0]
+common(o)
+assert o["capacity"] == int(args[0]), "capacity %d" % o["capacity"]
+assert o["oom"] is None, "out of memory at min_capacity: %r" % o["oom"]
+' "$mincap" 2>&1); then
+        ok "resnet50 replays without out-of-memory at its min capacity"
+    else
+        not_ok "resnet50 at --capacity $mincap" "status $rc ${msg:-} $(cat "$TMP/at_mincap.err")"
+    fi
+else
+    not_ok "--min-capacity on resnet50" "$msg"
+fi
+
+run mincap_small --json --min-capacity --capacity 1G "$resnet"
+if [ "$rc" -eq 0 ] && msg=$(check_json "$TMP/mincap_small.out" '
+o = objs[0]
+assert o["oom"] is not None, "no out-of-memory at 1G"
+assert "min_capacity" in o and o["min_capacity"] is None, "min_capacity %r" % o.get("min_capacity")
+' 2>&1); then
+    ok "--min-capacity is null when --capacity itself runs out of memory"
+else
+    not_ok "--min-capacity null at 1G" "status $rc ${msg:-}"
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,92 @@
+/* test_util.h - shared helpers for cuheap's unit tests (cmocka).
+ *
+ * A test heap sits on a simulated device; heap_ok() asserts that every
+ * invariant of the heap's books holds (cuh_heap_check), so a test can check
+ * the whole structure after each step, not only the value it cares about.
+ */
+#ifndef CUH_TEST_UTIL_H
+#define CUH_TEST_UTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "device.h"
+#include "heap.h"
+
+#define GiB ((size_t)1 << 30)
+#define MiB ((size_t)1 << 20)
+#define KiB ((size_t)1 << 10)
+
+typedef struct test_heap_s {
+    cuh_device_t *dev;
+    cuh_heap_t *heap;
+} test_heap_t;
+
+/* A heap on a simulated device of `capacity` bytes with settings `conf`. */
+static inline test_heap_t test_heap_new(size_t capacity, const char *conf)
+{
+    test_heap_t t;
+    char err[512] = "";
+    cuh_config_t cfg;
+    cuh_config_defaults(&cfg);
+    if (conf && cuh_config_parse(conf, &cfg, err, sizeof err))
+        fail_msg("bad test settings '%s': %s", conf, err);
+    t.dev = cuh_sim_create(&(cuh_sim_params_t){.capacity = capacity, .ordinal = 0});
+    assert_non_null(t.dev);
+    t.heap = cuh_heap_create(t.dev, &cfg, err, sizeof err);
+    if (!t.heap)
+        fail_msg("heap creation failed: %s", err);
+    return t;
+}
+
+static inline void test_heap_free(test_heap_t *t)
+{
+    cuh_heap_destroy(t->heap);
+    cuh_sim_counters_t c;
+    cuh_sim_counters(t->dev, &c);
+    /* Destroying the heap must return every segment and event. */
+    assert_int_equal(c.used, 0);
+    assert_int_equal(c.live_events, 0);
+    t->dev->ops->destroy(t->dev);
+}
+
+#define heap_ok(h)                                      \
+    do {                                                \
+        char msg_[512];                                 \
+        if (cuh_heap_check((h), msg_, sizeof msg_))     \
+            fail_msg("heap books unsound: %s", msg_);   \
+    } while (0)
+
+static inline uintptr_t must_alloc(cuh_heap_t *h, size_t size, cuh_stream_t s)
+{
+    uintptr_t a = 0;
+    cuheap_status_t rc = cuh_heap_malloc(h, size, s, &a);
+    if (rc != CUHEAP_OK)
+        fail_msg("malloc(%zu, stream %lu) failed: %s: %s", size, (unsigned long)s, cuheap_status_string(rc),
+                 cuheap_last_error());
+    assert_true(a != 0);
+    return a;
+}
+
+static inline void must_free(cuh_heap_t *h, uintptr_t a, cuh_stream_t s)
+{
+    cuheap_status_t rc = cuh_heap_free(h, a, s);
+    if (rc != CUHEAP_OK)
+        fail_msg("free(0x%lx) failed: %s: %s", (unsigned long)a, cuheap_status_string(rc), cuheap_last_error());
+}
+
+/* Deterministic pseudo-random numbers (xorshift64*). */
+static inline uint64_t test_rand(uint64_t *state)
+{
+    uint64_t x = *state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *state = x;
+    return x * 0x2545F4914F6CDD1Dull;
+}
+
+#endif /* CUH_TEST_UTIL_H */
