@@ -99,6 +99,13 @@ CUHEAP_API cuheap_status_t cuheap_malloc(void **ptr, size_t size, int device,
  * work issued on `stream` before this call has finished. NULL is a no-op. */
 CUHEAP_API cuheap_status_t cuheap_free(void *ptr, int device, cuheap_stream_t stream);
 
+/* Call before destroying a stream on which blocks were freed with
+ * cuheap_free: cuheap records a last event on it, so the blocks become safe
+ * for other streams once its work finishes, and forgets the handle. (cuheap
+ * records events on streams lazily; it must never touch a destroyed one.
+ * Under LD_PRELOAD the hooks do this from cudaStreamDestroy.) */
+CUHEAP_API cuheap_status_t cuheap_stream_retire(int device, cuheap_stream_t stream);
+
 /* Fills *stats for `device`; zeros if the device's heap has not been used. */
 CUHEAP_API cuheap_status_t cuheap_get_stats(int device, cuheap_stats_t *stats);
 

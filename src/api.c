@@ -205,6 +205,14 @@ cuheap_status_t cuheap_free(void *ptr, int device, cuheap_stream_t stream)
     return CUHEAP_ERR_NOT_OWNED;
 }
 
+cuheap_status_t cuheap_stream_retire(int device, cuheap_stream_t stream)
+{
+    cuh_heap_t *h = cuh_runtime_existing_heap(device);
+    if (h)
+        cuh_heap_retire_stream(h, (cuh_stream_t)stream);
+    return CUHEAP_OK;
+}
+
 cuheap_status_t cuheap_get_stats(int device, cuheap_stats_t *stats)
 {
     if (!stats) {

@@ -59,9 +59,13 @@ static cuh_ftnode_t *rotate_right(cuh_freetree_t *t, cuh_ftnode_t *x)
     return y;
 }
 
+/* Walks up from n restoring heights and balance; stops at the first subtree
+ * whose height came out as it was before the change, since nothing above it
+ * can have changed. */
 static void rebalance_up(cuh_freetree_t *t, cuh_ftnode_t *n)
 {
     while (n) {
+        int before = n->height;
         update_height(n);
         int balance = height(n->left) - height(n->right);
         if (balance > 1) {
@@ -73,6 +77,8 @@ static void rebalance_up(cuh_freetree_t *t, cuh_ftnode_t *n)
                 rotate_right(t, n->right);
             n = rotate_left(t, n);
         }
+        if (n->height == before)
+            break;
         n = n->parent;
     }
 }
@@ -122,6 +128,9 @@ void cuh_freetree_remove(cuh_freetree_t *t, cuh_ftnode_t *z)
         replace_child(t, z->parent, z, y);
         y->left = z->left;
         y->left->parent = y;
+        /* y now stands where z stood: the height the retrace compares
+         * against is z's. */
+        y->height = z->height;
     }
     z->left = z->right = z->parent = NULL;
     t->count--;

@@ -60,6 +60,7 @@ typedef struct fence_s {
 typedef struct stream_state_s {
     cuh_stream_t handle;
     uint32_t tag;
+    int retired;                 /* the program destroyed the stream: never record on it again */
     uint64_t completed;          /* fences [0, completed) have completed */
     fence_t *fences;             /* outstanding, oldest first */
     size_t num_fences, cap_fences;
@@ -155,13 +156,33 @@ static void event_put_locked(cuh_heap_t *h, cuh_event_t e)
     h->spare_events[h->num_spare_events++] = e;
 }
 
+static int stream_is_drained(const cuh_heap_t *h, const stream_state_t *st)
+{
+    const cuh_tag_books_t *b = &h->arena.tags[st->tag];
+    return !st->num_fences && !b->unfenced_bytes && !b->fenced_bytes && !st->small_unfenced && !st->small_fenced;
+}
+
 static stream_state_t *stream_get_locked(cuh_heap_t *h, cuh_stream_t handle)
 {
-    if (h->last_stream && h->last_stream->handle == handle)
+    if (h->last_stream && h->last_stream->handle == handle && !h->last_stream->retired)
         return h->last_stream;
-    for (uint32_t i = 0; i < h->num_streams; i++)
-        if (h->streams[i]->handle == handle)
-            return h->last_stream = h->streams[i];
+    stream_state_t *reusable = NULL;
+    for (uint32_t i = 0; i < h->num_streams; i++) {
+        stream_state_t *st = h->streams[i];
+        if (st->retired) {
+            if (!reusable && stream_is_drained(h, st))
+                reusable = st;
+        } else if (st->handle == handle) {
+            return h->last_stream = st;
+        }
+    }
+    if (reusable) {
+        /* A retired stream whose memory has all turned global: its tag can
+         * serve the new stream (its fence counter only ever grows). */
+        reusable->handle = handle;
+        reusable->retired = 0;
+        return h->last_stream = reusable;
+    }
     if (h->num_streams == h->cap_streams) {
         uint32_t cap = h->cap_streams ? 2 * h->cap_streams : 8;
         stream_state_t **grown = realloc(h->streams, cap * sizeof *grown);
@@ -297,7 +318,7 @@ static void stream_all_done_locked(cuh_heap_t *h, stream_state_t *st)
  * and the memory made global, which is always safe). */
 static int stream_fence_locked(cuh_heap_t *h, stream_state_t *st)
 {
-    if (!stream_has_unfenced(h, st))
+    if (st->retired || !stream_has_unfenced(h, st))
         return 0;
     if (st->num_fences == st->cap_fences) {
         size_t cap = st->cap_fences ? 2 * st->cap_fences : 4;
@@ -371,14 +392,18 @@ static int poll_all_locked(cuh_heap_t *h, int wait)
     return any;
 }
 
-/* Fences every stream other than `except` that holds unfenced private memory;
- * returns 1 if any fence was recorded. */
-static int fence_others_locked(cuh_heap_t *h, const stream_state_t *except)
+/* Fences the other streams whose unfenced private memory could serve a
+ * request of `size` bytes. A stream with a fence still in flight is left
+ * alone: polling will collect it, and recording more events on a busy
+ * stream would only add driver calls. Returns 1 if any fence was recorded. */
+static int fence_others_locked(cuh_heap_t *h, const stream_state_t *except, size_t size)
 {
     int any = 0;
     for (uint32_t i = 0; i < h->num_streams; i++) {
         stream_state_t *st = h->streams[i];
-        if (st != except && stream_has_unfenced(h, st)) {
+        if (st == except || st->num_fences)
+            continue;
+        if (h->arena.tags[st->tag].unfenced_bytes + st->small_unfenced >= size) {
             stream_fence_locked(h, st);
             any = 1;
         }
@@ -556,7 +581,7 @@ static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
         goto hit;
     if (poll_all_locked(h, 0) && (e = cuh_arena_find(&h->arena, size, align, st->tag)))
         goto hit;
-    if (fence_others_locked(h, st) && poll_all_locked(h, 0) &&
+    if (fence_others_locked(h, st, size) && poll_all_locked(h, 0) &&
         (e = cuh_arena_find(&h->arena, size, align, st->tag)))
         goto hit;
 
@@ -910,6 +935,25 @@ cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
     refresh_stats_locked(h);
     pthread_mutex_unlock(&h->lock);
     return status;
+}
+
+void cuh_heap_retire_stream(cuh_heap_t *h, cuh_stream_t stream)
+{
+    pthread_mutex_lock(&h->lock);
+    for (uint32_t i = 0; i < h->num_streams; i++) {
+        stream_state_t *st = h->streams[i];
+        if (st->retired || st->handle != stream)
+            continue;
+        /* The last event ever recorded on it covers all it freed; it stays
+         * valid after the stream is destroyed. */
+        stream_fence_locked(h, st);
+        stream_poll_locked(h, st, 0);
+        st->retired = 1;
+        if (h->last_stream == st)
+            h->last_stream = NULL;
+    }
+    refresh_stats_locked(h);
+    pthread_mutex_unlock(&h->lock);
 }
 
 int cuh_heap_owns(cuh_heap_t *h, uintptr_t addr)

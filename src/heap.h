@@ -70,6 +70,10 @@ cuheap_status_t cuh_heap_malloc(cuh_heap_t *heap, size_t size, cuh_stream_t stre
  * CUHEAP_ERR_DOUBLE_FREE for a block already free; CUHEAP_ERR_INVALID_ARGUMENT
  * for an address inside a segment that is not the start of a block. */
 cuheap_status_t cuh_heap_free(cuh_heap_t *heap, uintptr_t addr, cuh_stream_t stream);
+/* The program is about to destroy `stream`: cuheap records one last fence on
+ * it (covering every block freed on it) and never uses the handle again. A
+ * later stream with the same handle is a new stream. */
+void cuh_heap_retire_stream(cuh_heap_t *heap, cuh_stream_t stream);
 /* 1 when addr lies inside one of the heap's segments. */
 int cuh_heap_owns(cuh_heap_t *heap, uintptr_t addr);
 /* Size of the live block at addr (its request), 0 if none. */

@@ -156,6 +156,33 @@ static void test_waiting_for_memory_blocks_on_the_event_not_before(void **state)
     test_heap_free(&t);
 }
 
+static void test_a_retired_stream_is_never_touched_again(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    cuh_sim_hold_events(t.dev, 1);
+    uintptr_t a = must_alloc(t.heap, 8 * MiB, S1);
+    must_free(t.heap, a, S1);
+    cuh_heap_retire_stream(t.heap, S1);
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    assert_int_equal(c0.events_recorded, 1);   /* the last fence, at retirement */
+    /* A new stream that happens to get the same handle is a different stream:
+     * the old stream's work may still use the block. */
+    uintptr_t b = must_alloc(t.heap, 8 * MiB, S1);
+    assert_false(overlaps(a, 8 * MiB, b, 8 * MiB));
+    must_free(t.heap, b, S1);
+    /* Settling waits on the old fence but records nothing on the old stream. */
+    cuh_heap_release_cached(t.heap);
+    cuh_sim_counters(t.dev, &c1);
+    assert_int_equal(c1.events_recorded, c0.events_recorded + 1);   /* only the new S1's fence */
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.reserved.current, 0);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
 /* ---- bad frees ------------------------------------------------------------- */
 
 static void test_double_free_is_an_error_and_changes_nothing(void **state)
@@ -586,6 +613,7 @@ int main(void)
         cmocka_unit_test(test_other_stream_reuses_only_after_the_event_completes),
         cmocka_unit_test(test_small_objects_cross_streams_only_after_the_event),
         cmocka_unit_test(test_waiting_for_memory_blocks_on_the_event_not_before),
+        cmocka_unit_test(test_a_retired_stream_is_never_touched_again),
         cmocka_unit_test(test_double_free_is_an_error_and_changes_nothing),
         cmocka_unit_test(test_foreign_and_interior_pointers_are_refused),
         cmocka_unit_test(test_limit_in_bytes_caps_reserved),

@@ -653,7 +653,12 @@ static void check_stress_finish(void)
     }
     for (int i = 0; i < STRESS_THREADS; i++)
         for (int k = 0; k < STRESS_STREAMS; k++)
+        {
+            /* cuheap records events lazily on streams it freed blocks on: it
+             * must be told before a stream goes away. */
+            cuheap_stream_retire(0, g_workers[i].streams[k]);
             CU(ck, cudaStreamDestroy(g_workers[i].streams[k]));
+        }
     used = strlen(g_res[ck].figures);
     snprintf(g_res[ck].figures + used, sizeof g_res[ck].figures - used,
              "; pattern errors %llu", total);
@@ -812,6 +817,8 @@ static void check_cross_stream(void)
     if (errs[CTR_CROSS] != 0)
         fail(ck, "%llu bytes of B's blocks were overwritten (A's memory handed to B too early)",
              errs[CTR_CROSS]);
+    cuheap_stream_retire(0, a);
+    cuheap_stream_retire(0, b);
     CU(ck, cudaStreamDestroy(a));
     CU(ck, cudaStreamDestroy(b));
     figures(ck, "%d rounds, sizes 64 KiB..16 MiB; corrupted bytes %llu; B got A's pointer %d/%d; "
