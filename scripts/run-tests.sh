@@ -12,5 +12,6 @@ for t in tests/test_*.sh; do
     [ -e "$t" ] || continue
     if bash "$t" "$build"; then passed=$((passed + 1)); else failed=$((failed + 1)); failed_names+=("$t"); fi
 done
-echo "== $label: $passed test programs passed, $failed failed ${failed_names[*]:-}"
+[ "$failed" -eq 0 ] || echo "$label: failed: ${failed_names[*]}"
+echo "$label: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -238,8 +238,12 @@ size_t cuh_config_limit(const cuh_config_t *cfg, size_t device_total)
 {
     if (cfg->limit_bytes)
         return cfg->limit_bytes;
-    if (cfg->limit_fraction > 0)
-        return (size_t)((double)device_total * cfg->limit_fraction);
+    if (cfg->limit_fraction > 0) {
+        /* A fraction so small it rounds below one segment still means "tiny",
+         * never "unlimited" (0). */
+        size_t bytes = (size_t)((double)device_total * cfg->limit_fraction);
+        return bytes < CUH_SEGMENT_GRAIN ? CUH_SEGMENT_GRAIN : bytes;
+    }
     return 0;
 }
 
@@ -257,7 +261,12 @@ void cuh_config_format(const cuh_config_t *cfg, char *buf, size_t len)
     if (cfg->limit_bytes)
         snprintf(limit, sizeof limit, "%zu", cfg->limit_bytes);
     else if (cfg->limit_fraction > 0)
+    {
+        /* Always with a decimal point: "limit:1" would read back as 1 byte. */
         snprintf(limit, sizeof limit, "%g", cfg->limit_fraction);
+        if (!strpbrk(limit, ".e"))
+            strcat(limit, ".0");
+    }
     else
         snprintf(limit, sizeof limit, "none");
     snprintf(buf, len, "workspace:%zu,limit:%s,small_max:%zu,segment_min:%zu,grow_fraction:%g", cfg->workspace,

@@ -22,7 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SIM_BASE ((uintptr_t)0x7f0000000000ull)
+#define SIM_BASE ((uintptr_t)0x100000000000ull)
+#define SIM_SPACE ((uintptr_t)1 << 42)   /* 4 TiB of addresses per device, never reused */
+#define SIM_MAX_ORDINALS 1024            /* slices up to 2^52: valid device addresses */
 #define EVENT_MAGIC 0x5e7e47u
 
 typedef struct sim_stream_s {
@@ -44,6 +46,7 @@ typedef struct sim_device_s {
     size_t capacity;
     size_t external;
     uintptr_t next_addr;
+    uintptr_t space_end;
     int hold;
     sim_stream_t *streams;
     size_t num_streams, cap_streams;
@@ -80,12 +83,17 @@ static cuh_dev_status_t sim_mem_alloc(cuh_device_t *dev, size_t size, uintptr_t 
     if (size == 0 || size % CUH_SEGMENT_GRAIN) {
         snprintf(dev->last_error, sizeof dev->last_error, "sim: segment of %zu bytes is not a multiple of 2 MiB", size);
         rc = CUH_DEV_ERROR;
-    } else if (s->counters.used + s->external + size > s->capacity || size > s->capacity) {
+    } else if (size > s->capacity - s->counters.used - s->external) {   /* used + external <= capacity */
         s->counters.mem_refusals++;
         rc = CUH_DEV_OOM;
     } else {
         uintptr_t a = s->next_addr;
-        if (cuh_ptrmap_insert(&s->segments, a, (void *)size)) {
+        if (a + size > s->space_end) {
+            snprintf(dev->last_error, sizeof dev->last_error,
+                     "sim: device %d has used up its %llu TiB of simulated address space", dev->ordinal,
+                     (unsigned long long)(SIM_SPACE >> 40));
+            rc = CUH_DEV_ERROR;
+        } else if (cuh_ptrmap_insert(&s->segments, a, (void *)size)) {
             snprintf(dev->last_error, sizeof dev->last_error, "sim: out of host memory");
             rc = CUH_DEV_ERROR;
         } else {
@@ -261,7 +269,13 @@ cuh_device_t *cuh_sim_create(const cuh_sim_params_t *params)
     s->base.ordinal = params->ordinal;
     s->capacity = params->capacity;
     /* Each device gets its own slice of the address space. */
-    s->next_addr = SIM_BASE + ((uintptr_t)(params->ordinal & 0xff) << 40);
+    if (params->ordinal < 0 || params->ordinal >= SIM_MAX_ORDINALS) {
+        cuh_ptrmap_destroy(&s->segments);
+        free(s);
+        return NULL;
+    }
+    s->next_addr = SIM_BASE + (uintptr_t)params->ordinal * SIM_SPACE;
+    s->space_end = s->next_addr + SIM_SPACE;
     return &s->base;
 }
 
@@ -269,7 +283,9 @@ void cuh_sim_set_external(cuh_device_t *dev, size_t bytes)
 {
     sim_device_t *s = sim_of(dev);
     pthread_mutex_lock(&s->lock);
-    s->external = bytes;
+    /* Never more than what cuheap leaves free: the books stay within capacity. */
+    size_t room = s->capacity - s->counters.used;
+    s->external = bytes > room ? room : bytes;
     pthread_mutex_unlock(&s->lock);
 }
 

@@ -142,7 +142,8 @@ static size_t level_index(uintptr_t page, int level)
 
 int cuh_pagemap_set(cuh_pagemap_t *m, uintptr_t addr, size_t len, void *value)
 {
-    for (uintptr_t page = addr >> CUH_PAGEMAP_SHIFT; page < (addr + len) >> CUH_PAGEMAP_SHIFT; page++) {
+    uintptr_t first = addr >> CUH_PAGEMAP_SHIFT, pages = len >> CUH_PAGEMAP_SHIFT;
+    for (uintptr_t page = first; page - first < pages; page++) {   /* no overflow at the top page */
         pagemap_node_t *n = m->root;
         for (int level = 0; level < LEVELS - 1; level++) {
             _Atomic(void *) *slot = &n->slot[level_index(page, level)];

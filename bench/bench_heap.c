@@ -1,0 +1,156 @@
+/* bench_heap.c - the heap's own speed on the simulated device (no GPU).
+ *
+ * For several size mixes and 1, 2, 4, 8 and 16 threads, each thread keeps a
+ * working set of live blocks on its own stream and replaces one at random per
+ * step (a free, then a malloc of a fresh size): the steady state of a caching
+ * allocator. "pair" is the warm fast path: malloc and free of one size, back
+ * to back. Prints nanoseconds per malloc+free (wall time over the operations
+ * of one thread) and the throughput relative to one thread, measured side by
+ * side in one run.
+ */
+#include "device.h"
+#include "heap.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+
+typedef struct mix_s {
+    const char *name;
+    size_t min, max;        /* sizes uniform in [min, max] */
+    size_t big_min, big_max;
+    unsigned big_percent;   /* share of requests drawn from the big range */
+    int live;               /* working set per thread; 0 = malloc/free pairs */
+} mix_t;
+
+static const mix_t mixes[] = {
+    {"pair 4 KiB", 4 * KiB, 4 * KiB, 0, 0, 0, 0},
+    {"small 512 B-64 KiB", 512, 64 * KiB, 0, 0, 0, 64},
+    {"large 1-64 MiB", MiB, 64 * MiB, 0, 0, 0, 64},
+    {"mixed (80% small, 20% 1-8 MiB)", 512, 64 * KiB, MiB, 8 * MiB, 20, 64},
+};
+
+typedef struct job_s {
+    cuh_heap_t *heap;
+    const mix_t *mix;
+    long ops;
+    uint64_t seed;
+    double seconds;
+    int failures;
+} job_t;
+
+static uint64_t next_rand(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static size_t draw(const mix_t *m, uint64_t *s)
+{
+    uint64_t r = next_rand(s);
+    if (m->big_percent && r % 100 < m->big_percent)
+        return m->big_min + (size_t)(r >> 8) % (m->big_max - m->big_min + 1);
+    return m->min + (m->max > m->min ? (size_t)(r >> 8) % (m->max - m->min + 1) : 0);
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void *run(void *arg)
+{
+    job_t *j = arg;
+    cuh_stream_t stream = (cuh_stream_t)(uintptr_t)(0x1000 + (j->seed << 4));
+    uintptr_t live[256] = {0};
+    int n = j->mix->live;
+    /* Warm up: fill the working set and cycle it once. */
+    for (int i = 0; i < n; i++)
+        j->failures += cuh_heap_malloc(j->heap, draw(j->mix, &j->seed), stream, &live[i]) != CUHEAP_OK;
+    double t0 = 0;
+    for (long op = -j->ops / 4; op < j->ops; op++) {
+        if (op == 0)
+            t0 = now();
+        if (n) {
+            int i = (int)(next_rand(&j->seed) % (uint64_t)n);
+            j->failures += cuh_heap_free(j->heap, live[i], stream) != CUHEAP_OK;
+            j->failures += cuh_heap_malloc(j->heap, draw(j->mix, &j->seed), stream, &live[i]) != CUHEAP_OK;
+        } else {
+            uintptr_t a;
+            j->failures += cuh_heap_malloc(j->heap, j->mix->min, stream, &a) != CUHEAP_OK;
+            j->failures += cuh_heap_free(j->heap, a, stream) != CUHEAP_OK;
+        }
+    }
+    j->seconds = now() - t0;
+    for (int i = 0; i < n; i++)
+        j->failures += cuh_heap_free(j->heap, live[i], stream) != CUHEAP_OK;
+    return NULL;
+}
+
+/* ns per malloc+free for `threads` threads on one heap. */
+static double measure(const mix_t *mix, int threads, long ops)
+{
+    cuh_device_t *dev = cuh_sim_create(&(cuh_sim_params_t){.capacity = (size_t)1 << 42});
+    cuh_config_t cfg;
+    cuh_config_defaults(&cfg);
+    char err[256];
+    cuh_heap_t *heap = cuh_heap_create(dev, &cfg, err, sizeof err);
+    if (!heap) {
+        fprintf(stderr, "bench_heap: %s\n", err);
+        exit(1);
+    }
+    pthread_t th[16];
+    job_t jobs[16];
+    for (int i = 0; i < threads; i++) {
+        jobs[i] = (job_t){.heap = heap, .mix = mix, .ops = ops, .seed = 0x9E3779B97F4A7C15ull + (uint64_t)i * 7919};
+        pthread_create(&th[i], NULL, run, &jobs[i]);
+    }
+    double worst = 0;
+    int failures = 0;
+    for (int i = 0; i < threads; i++) {
+        pthread_join(th[i], NULL);
+        if (jobs[i].seconds > worst)
+            worst = jobs[i].seconds;
+        failures += jobs[i].failures;
+    }
+    if (failures) {
+        fprintf(stderr, "bench_heap: %d operations failed in '%s'\n", failures, mix->name);
+        exit(1);
+    }
+    cuh_heap_destroy(heap);
+    dev->ops->destroy(dev);
+    return worst * 1e9 / (double)ops;
+}
+
+int main(int argc, char **argv)
+{
+    long ops = argc > 1 ? atol(argv[1]) : 400000;
+    static const int thread_counts[] = {1, 2, 4, 8, 16};
+    printf("ns per malloc+free (one thread's wall time / its operations); throughput vs 1 thread in ()\n\n");
+    printf("| mix | 1 thread | 2 | 4 | 8 | 16 |\n|---|---|---|---|---|---|\n");
+    for (size_t m = 0; m < sizeof mixes / sizeof mixes[0]; m++) {
+        printf("| %s |", mixes[m].name);
+        double one = 0;
+        for (size_t t = 0; t < sizeof thread_counts / sizeof thread_counts[0]; t++) {
+            double ns = measure(&mixes[m], thread_counts[t], ops);
+            if (t == 0) {
+                one = ns;
+                printf(" %.0f ns |", ns);
+            } else {
+                printf(" %.0f ns (%.2fx) |", ns, one / ns * thread_counts[t]);
+            }
+            fflush(stdout);
+        }
+        printf("\n");
+    }
+    return 0;
+}
