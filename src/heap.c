@@ -549,10 +549,17 @@ static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
                  cuh_format_bytes(a, sizeof a, o->pending));
     } else {
         o->cause = CUH_OOM_FRAGMENTATION;
+        /* A workspace as large as the peak seen (plus this request), but never
+         * more than the device can hold. */
+        size_t want = cuh_align_up(cuh_max_size(h->allocated.peak, o->allocated + block), CUH_SEGMENT_GRAIN);
+        size_t room = (device_room / CUH_SEGMENT_GRAIN) * CUH_SEGMENT_GRAIN;
+        if (h->limit && h->limit < room)
+            room = (h->limit / CUH_SEGMENT_GRAIN) * CUH_SEGMENT_GRAIN;
         snprintf(o->action, sizeof o->action,
-                 "free memory is split into pieces smaller than the request: preallocate the job's peak "
-                 "with workspace:%s in CUHEAP_CONF",
-                 cuh_format_bytes(a, sizeof a, cuh_align_up(h->allocated.peak + block, CUH_SEGMENT_GRAIN)));
+                 "free memory is split into pieces smaller than the request: try workspace:%s in CUHEAP_CONF "
+                 "(one contiguous pool for %s), or give the job more memory",
+                 cuh_format_bytes(a, sizeof a, want <= room ? want : room),
+                 want <= room ? "the job's peak" : "all the memory the device has");
     }
     h->has_oom = 1;
     h->num_ooms++;
@@ -753,7 +760,13 @@ cuh_heap_t *cuh_heap_create(cuh_device_t *dev, const cuh_config_t *cfg, char *er
         snprintf(err, errlen, "out of host memory");
         return NULL;
     }
-    pthread_mutex_init(&h->lock, NULL);
+    /* Critical sections are a few hundred nanoseconds: spin briefly before
+     * sleeping, rather than paying a futex round trip under contention. */
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ADAPTIVE_NP);
+    pthread_mutex_init(&h->lock, &attr);
+    pthread_mutexattr_destroy(&attr);
     h->dev = dev;
     h->cfg = *cfg;
     h->device_total = total;

@@ -77,10 +77,11 @@ static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
                 slabs += x->kind == CUH_SNAP_SLAB;
             }
         }
-        fprintf(out, "    0x%012" PRIx64 " %11s%s: %zu blocks, %zu slabs (%s used), %zu free extents (%s, largest %s)\n",
-                g->base, cuh_format_bytes(a, sizeof a, g->size), g->workspace ? " workspace" : "", blocks, slabs,
-                cuh_format_bytes(b, sizeof b, used), frees, cuh_format_bytes(c, sizeof c, free_bytes),
-                cuh_format_bytes(c, sizeof c, largest));
+        char d[32];
+        fprintf(out, "    0x%012" PRIx64 " %11s%s: used %s (blocks %zu, slabs %zu); free %s in %zu extents, largest %s\n",
+                g->base, cuh_format_bytes(a, sizeof a, g->size), g->workspace ? " workspace" : "",
+                cuh_format_bytes(b, sizeof b, used), blocks, slabs, cuh_format_bytes(c, sizeof c, free_bytes), frees,
+                cuh_format_bytes(d, sizeof d, largest));
     }
     int any_class = 0;
     for (unsigned i = 0; i < s->num_classes; i++) {
@@ -103,10 +104,14 @@ static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
         const cuh_oom_info_t *o = &s->oom;
         fprintf(out, "\n  last out-of-memory: %s requested, cause %s\n", cuh_format_bytes(a, sizeof a, o->request),
                 cuh_oom_cause_name(o->cause));
+        char d[32], e[32], f[32], g[32];
         fprintf(out, "    live %s, reserved %s, cached %s, pending %s, largest free extent %s (%zu free extents)\n",
                 cuh_format_bytes(a, sizeof a, o->live), cuh_format_bytes(b, sizeof b, o->reserved),
-                cuh_format_bytes(c, sizeof c, o->cached), cuh_format_bytes(c, sizeof c, o->pending),
-                cuh_format_bytes(c, sizeof c, o->largest_free), o->num_free_extents);
+                cuh_format_bytes(c, sizeof c, o->cached), cuh_format_bytes(d, sizeof d, o->pending),
+                cuh_format_bytes(e, sizeof e, o->largest_free), o->num_free_extents);
+        fprintf(out, "    device: %s free of %s; used outside cuheap %s; limit %s\n",
+                cuh_format_bytes(f, sizeof f, o->device_free), cuh_format_bytes(g, sizeof g, o->device_total),
+                cuh_format_bytes(a, sizeof a, o->external), o->limit ? cuh_format_bytes(b, sizeof b, o->limit) : "none");
         fprintf(out, "    what would help: %s\n", o->action);
     }
     fprintf(out, "\n");

@@ -21,6 +21,7 @@
 
 #include <cuheap.h>
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -38,6 +39,7 @@ typedef struct options_s {
     cuh_config_t cfg;
     int json;
     int min_capacity;
+    const char *report;       /* --report PATH ("%t" = trace name), or NULL */
     char **traces;
     int num_traces;
 } options_t;
@@ -67,6 +69,10 @@ static void usage(FILE *f)
             "  --capacity BYTES   device memory (default 80G; suffixes K, M, G, T are\n"
             "                     binary units)\n"
             "  --conf STRING      heap settings, CUHEAP_CONF syntax (key:value,...)\n"
+            "  --report PATH      write the heap's report at the first out-of-memory, or\n"
+            "                     at the end: JSON if PATH ends in .json, else text;\n"
+            "                     %%t in PATH becomes the trace's name\n"
+            "  --settings         print every CUHEAP_CONF key with its default and exit\n"
             "  --min-capacity     also find the smallest capacity (to within 2 MiB)\n"
             "                     that replays the trace without out-of-memory\n"
             "  --json             one JSON object per trace per line\n"
@@ -161,7 +167,8 @@ static void parse_options(int argc, char **argv, options_t *o)
         size_t name_len = eq ? (size_t)(eq - a) : strlen(a);
         const char *value = eq ? eq + 1 : NULL;
         int takes_value = (name_len == 10 && strncmp(a, "--capacity", 10) == 0) ||
-                          (name_len == 6 && strncmp(a, "--conf", 6) == 0);
+                          (name_len == 6 && strncmp(a, "--conf", 6) == 0) ||
+                          (name_len == 8 && strncmp(a, "--report", 8) == 0);
         if (takes_value && !value) {
             if (i + 1 >= argc)
                 usage_error("option '%.*s' needs a value", (int)name_len, a);
@@ -169,6 +176,7 @@ static void parse_options(int argc, char **argv, options_t *o)
         } else if (!takes_value && value) {
             int known = (name_len == 14 && strncmp(a, "--min-capacity", 14) == 0) ||
                         (name_len == 6 && strncmp(a, "--json", 6) == 0) ||
+                        (name_len == 10 && strncmp(a, "--settings", 10) == 0) ||
                         (name_len == 6 && strncmp(a, "--help", 6) == 0) ||
                         (name_len == 2 && strncmp(a, "-h", 2) == 0);
             if (known)
@@ -185,10 +193,17 @@ static void parse_options(int argc, char **argv, options_t *o)
                 fprintf(stderr, PROG ": %s\n", err[0] ? err : "bad --conf value");
                 exit(2);
             }
+        } else if (name_len == 8 && strncmp(a, "--report", 8) == 0) {
+            if (!*value)
+                usage_error("--report needs a file name");
+            o->report = value;
         } else if (strcmp(a, "--min-capacity") == 0) {
             o->min_capacity = 1;
         } else if (strcmp(a, "--json") == 0) {
             o->json = 1;
+        } else if (strcmp(a, "--settings") == 0) {
+            cuh_config_print_table(stdout);
+            exit(0);
         } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             usage(stdout);
             exit(0);
@@ -198,6 +213,8 @@ static void parse_options(int argc, char **argv, options_t *o)
     }
     if (o->num_traces == 0)
         usage_error("no trace given");
+    if (o->report && o->num_traces > 1 && !strstr(o->report, "%t"))
+        usage_error("--report with several traces needs %%t in the file name (replaced by each trace's name)");
 }
 
 /* ---- one replay ------------------------------------------------------------ */
@@ -211,8 +228,11 @@ static uint64_t elapsed_ns(const struct timespec *a, const struct timespec *b)
 /* Replays `t` on a fresh simulated device of `capacity` bytes and a fresh
  * heap. 0 when the trace ran to its end or to an out-of-memory; -1 on any
  * other failure (already reported on stderr). */
+static int write_report(cuh_heap_t *heap, const char *pattern, const char *trace_path);
+static void short_name(const char *path, char *out, size_t len);
+
 static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t *cfg,
-                       uintptr_t *addrs, run_t *run)
+                       uintptr_t *addrs, run_t *run, const char *report)
 {
     memset(run, 0, sizeof *run);
     cuh_device_t *dev = cuh_sim_create(&(cuh_sim_params_t){.capacity = capacity, .ordinal = 0});
@@ -275,9 +295,46 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
     }
     if (rc == 0)
         cuh_heap_stats(heap, &run->stats);
+    if (rc == 0 && report && write_report(heap, report, t->path) != 0)
+        rc = -1;
     cuh_heap_destroy(heap);
     dev->ops->destroy(dev);
     return rc;
+}
+
+/* Writes the heap's report to `pattern` with %t replaced by the trace name. */
+static int write_report(cuh_heap_t *heap, const char *pattern, const char *trace_path)
+{
+    char name[256], path[4096];
+    short_name(trace_path, name, sizeof name);
+    size_t o = 0;
+    for (const char *p = pattern; *p && o + 1 < sizeof path; p++) {
+        if (p[0] == '%' && p[1] == 't') {
+            o += (size_t)snprintf(path + o, sizeof path - o, "%s", name);
+            p++;
+        } else {
+            path[o++] = *p;
+        }
+    }
+    path[o < sizeof path ? o : sizeof path - 1] = '\0';
+    cuh_heap_snapshot_t *snap = cuh_heap_snapshot(heap);
+    FILE *f = snap ? fopen(path, "w") : NULL;
+    if (!f) {
+        fprintf(stderr, PROG ": cannot write the report %s: %s\n", path, snap ? strerror(errno) : "out of memory");
+        cuh_heap_snapshot_free(snap);
+        return -1;
+    }
+    size_t n = strlen(path);
+    if (n > 5 && strcmp(path + n - 5, ".json") == 0)
+        cuh_report_json(f, &snap, 1);
+    else
+        cuh_report_text(f, &snap, 1);
+    cuh_heap_snapshot_free(snap);
+    if (fclose(f) != 0) {
+        fprintf(stderr, PROG ": writing the report %s failed: %s\n", path, strerror(errno));
+        return -1;
+    }
+    return 0;
 }
 
 /* Bisection over capacity for the smallest one that runs `t` without
@@ -301,7 +358,7 @@ static int find_min_capacity(const cuh_trace_t *t, const options_t *o, uintptr_t
         if (mid >= hi)
             break;
         run_t probe;
-        if (replay_once(t, mid, &o->cfg, addrs, &probe) != 0)
+        if (replay_once(t, mid, &o->cfg, addrs, &probe, NULL) != 0)
             return -1;
         if (probe.oom)
             lo = mid;
@@ -496,7 +553,7 @@ static int replay_trace(const char *arg, const options_t *o, int name_width)
     result_t r = {.arg = arg, .trace = &trace, .run = &run, .capacity = o->capacity,
                   .want_min = o->min_capacity};
     int status = 0;
-    if (replay_once(&trace, o->capacity, &o->cfg, addrs, &run) != 0) {
+    if (replay_once(&trace, o->capacity, &o->cfg, addrs, &run, o->report) != 0) {
         status = 1;
         goto out;
     }
