@@ -557,6 +557,25 @@ static int replay_trace(const char *arg, const options_t *o, int name_width)
         status = 1;
         goto out;
     }
+    /* Timing on a shared machine is noisy: replay twice more and report the
+     * median time per event (the heap's results are identical each time). */
+    uint64_t times[3] = {run.elapsed_ns, 0, 0};
+    for (int k = 1; k < 3; k++) {
+        run_t again;
+        if (replay_once(&trace, o->capacity, &o->cfg, addrs, &again, NULL) != 0) {
+            status = 1;
+            goto out;
+        }
+        times[k] = again.elapsed_ns;
+    }
+    for (int a = 0; a < 3; a++)
+        for (int b = a + 1; b < 3; b++)
+            if (times[b] < times[a]) {
+                uint64_t tmp = times[a];
+                times[a] = times[b];
+                times[b] = tmp;
+            }
+    run.elapsed_ns = times[1];
     /* A full run's peak is the trace's; a run cut short has the heap's. */
     r.peak_live = run.oom ? run.stats.requested.peak : trace.peak_live;
     if (o->min_capacity &&
