@@ -51,7 +51,7 @@ static void record_delete(cuh_arena_t *a, cuh_extent_t *e)
 static void index_insert(cuh_arena_t *a, cuh_extent_t *e)
 {
     cuh_tag_books_t *b = &a->tags[e->tag];
-    cuh_freetree_insert(&b->tree[e->segment->region], &e->node, e->size, e->addr);
+    cuh_freebins_insert(&b->bins[e->segment->region], &e->node, e->size, e->addr);
     e->tag_prev = NULL;
     e->tag_next = b->list;
     if (b->list)
@@ -70,7 +70,7 @@ static void index_insert(cuh_arena_t *a, cuh_extent_t *e)
 static void index_remove(cuh_arena_t *a, cuh_extent_t *e)
 {
     cuh_tag_books_t *b = &a->tags[e->tag];
-    cuh_freetree_remove(&b->tree[e->segment->region], &e->node);
+    cuh_freebins_remove(&b->bins[e->segment->region], &e->node);
     if (e->tag_prev)
         e->tag_prev->tag_next = e->tag_next;
     else
@@ -211,33 +211,14 @@ cuh_segment_t *cuh_arena_segment_of(const cuh_arena_t *a, uintptr_t addr)
 
 /* ---- best fit ------------------------------------------------------------ */
 
-static int fits(const cuh_ftnode_t *n, size_t size, size_t align)
-{
-    uintptr_t start = cuh_addr_align_up(n->addr, align);
-    return start - n->addr + size <= n->size;
-}
-
-static cuh_ftnode_t *fit_in_tree(const cuh_freetree_t *t, size_t size, size_t align)
-{
-    cuh_ftnode_t *n = cuh_freetree_lower_bound(t, size);
-    if (align <= CUH_ALIGN || !n)
-        return n;
-    /* Aligned request: the first few candidates usually fit; past them, an
-     * extent of size + align - 512 always does. */
-    for (int i = 0; i < 8 && n; i++, n = cuh_freetree_next(n))
-        if (fits(n, size, align))
-            return n;
-    return cuh_freetree_lower_bound(t, size + align - CUH_ALIGN);
-}
-
 cuh_extent_t *cuh_arena_find(cuh_arena_t *a, size_t size, size_t align, uint32_t tag)
 {
     if (!a->num_tags)
         return NULL;
     for (int region = 0; region < CUH_NUM_REGIONS; region++) {
-        cuh_ftnode_t *best = fit_in_tree(&a->tags[CUH_TAG_GLOBAL].tree[region], size, align);
+        cuh_binnode_t *best = cuh_freebins_find(&a->tags[CUH_TAG_GLOBAL].bins[region], size, align);
         if (tag != CUH_TAG_GLOBAL && tag < a->num_tags) {
-            cuh_ftnode_t *own = fit_in_tree(&a->tags[tag].tree[region], size, align);
+            cuh_binnode_t *own = cuh_freebins_find(&a->tags[tag].bins[region], size, align);
             /* Prefer the stream's own memory on a tie: global memory is worth
              * more, since every stream can use it. */
             if (own && (!best || own->size <= best->size))
@@ -389,7 +370,7 @@ size_t cuh_arena_largest_free(const cuh_arena_t *a)
     size_t largest = 0;
     for (uint32_t t = 0; t < a->num_tags; t++)
         for (int r = 0; r < CUH_NUM_REGIONS; r++) {
-            const cuh_ftnode_t *n = cuh_freetree_last(&a->tags[t].tree[r]);
+            const cuh_binnode_t *n = cuh_freebins_largest(&a->tags[t].bins[r]);
             if (n && n->size > largest)
                 largest = n->size;
         }
@@ -464,11 +445,11 @@ int cuh_arena_check(const cuh_arena_t *a, char *msg, size_t len)
         const cuh_tag_books_t *b = &a->tags[t];
         size_t tree_bytes = 0, list_bytes = 0;
         for (int r = 0; r < CUH_NUM_REGIONS; r++) {
-            if (cuh_freetree_check(&b->tree[r])) {
-                snprintf(msg, len, "tag %u region %d: free tree is unsound", t, r);
+            if (cuh_freebins_check(&b->bins[r])) {
+                snprintf(msg, len, "tag %u region %d: free index is unsound", t, r);
                 goto out;
             }
-            tree_bytes += b->tree[r].bytes;
+            tree_bytes += b->bins[r].bytes;
         }
         for (const cuh_extent_t *e = b->list; e; e = e->tag_next) {
             if (e->state != CUH_EXTENT_FREE || e->tag != t) {

@@ -15,9 +15,9 @@
  *            counter at the time of the free. A fence with number >= epoch,
  *            once complete, makes the extent global.
  *
- * Free extents sit in one tree per (tag, region) ordered by (size, address),
- * so best fit for a stream is the better of two lookups: the global tree and
- * its own. Freeing merges an extent with free neighbours that it may absorb:
+ * Free extents sit in one index per (tag, region) (freebins.h: segregated
+ * fit, constant time), so best fit for a stream is the better of two
+ * lookups: the global index and its own. Freeing merges an extent with free neighbours that it may absorb:
  * neighbours of its own tag (the later epoch wins) and global ones (which
  * become its own: safe, since global memory is safe for everyone). Private
  * extents of two different streams never merge.
@@ -29,7 +29,7 @@
 #ifndef CUH_ARENA_H
 #define CUH_ARENA_H
 
-#include "freetree.h"
+#include "freebins.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -43,7 +43,7 @@ typedef struct cuh_segment_s cuh_segment_t;
 typedef struct cuh_extent_s cuh_extent_t;
 
 struct cuh_extent_s {
-    cuh_ftnode_t node;              /* free-tree linkage, while free */
+    cuh_binnode_t node;             /* free-index linkage, while free */
     uintptr_t addr;
     size_t size;
     cuh_extent_t *prev, *next;      /* address neighbours in the segment */
@@ -67,7 +67,7 @@ struct cuh_segment_s {
 };
 
 typedef struct cuh_tag_books_s {
-    cuh_freetree_t tree[CUH_NUM_REGIONS];
+    cuh_freebins_t bins[CUH_NUM_REGIONS];
     cuh_extent_t *list;             /* every free extent of this tag */
     size_t unfenced_bytes;          /* private: epoch >= fences recorded */
     size_t fenced_bytes;            /* private: a fence covers it, not yet complete */

@@ -118,7 +118,7 @@ static void test_fence_covers_only_frees_before_it(void **state)
     uint64_t fence = cuh_arena_fence_recorded(&a, 1);
     cuh_arena_release(&a, y, 1);   /* after the fence: not covered */
     cuh_arena_fence_completed(&a, 1, fence + 1);
-    assert_int_equal(a.tags[CUH_TAG_GLOBAL].tree[CUH_REGION_GENERAL].bytes, 4 * MiB + 48 * MiB);
+    assert_int_equal(a.tags[CUH_TAG_GLOBAL].bins[CUH_REGION_GENERAL].bytes, 4 * MiB + 48 * MiB);
     assert_int_equal(a.tags[1].unfenced_bytes, 4 * MiB);
     arena_ok(&a);
     (void)sep;
@@ -140,7 +140,7 @@ static void test_private_extent_absorbs_global_but_never_another_stream(void **s
     /* [p][q][r][s][global 2M] */
     cuh_arena_release(&a, s, 1);   /* absorbs the global tail: 4 MiB private to 1 */
     assert_int_equal(a.tags[1].unfenced_bytes, 4 * MiB);
-    assert_int_equal(a.tags[CUH_TAG_GLOBAL].tree[CUH_REGION_GENERAL].bytes, 0);
+    assert_int_equal(a.tags[CUH_TAG_GLOBAL].bins[CUH_REGION_GENERAL].bytes, 0);
     cuh_arena_release(&a, q, 2);   /* stream 2's */
     cuh_arena_release(&a, r, 1);   /* joins s (same tag), not q (other stream) */
     assert_int_equal(a.tags[1].unfenced_bytes, 6 * MiB);

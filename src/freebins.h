@@ -1,0 +1,47 @@
+/* freebins.h - an index of free extents for best fit in constant time.
+ *
+ * Two-level segregated fit: sizes (multiples of 512 bytes) fall into 64 bins
+ * per doubling, each bin a list; a bitmap per level says which bins hold
+ * anything. Inserting and removing an extent is a list push or unlink. Finding
+ * a fit scans the request's own bin for the smallest extent that holds it,
+ * then takes the smallest of the first non-empty bin above (any extent there
+ * fits); a bin spans at most 1/64 of a doubling, so the choice is within 1.6%
+ * of exact best fit. Below 32 KiB every bin holds one size exactly.
+ *
+ * Intrusive: the node lives in the extent, so the index never allocates.
+ */
+#ifndef CUH_FREEBINS_H
+#define CUH_FREEBINS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CUH_BINS_SECOND 64   /* bins per doubling */
+#define CUH_BINS_FIRST 48    /* doublings: sizes up to 2^56 bytes */
+
+typedef struct cuh_binnode_s {
+    struct cuh_binnode_s *prev, *next;
+    size_t size;
+    uintptr_t addr;
+} cuh_binnode_t;
+
+typedef struct cuh_freebins_s {
+    uint64_t first_map;
+    uint64_t second_map[CUH_BINS_FIRST];
+    cuh_binnode_t *head[CUH_BINS_FIRST][CUH_BINS_SECOND];
+    size_t count;
+    size_t bytes;
+} cuh_freebins_t;
+
+void cuh_freebins_insert(cuh_freebins_t *bins, cuh_binnode_t *node, size_t size, uintptr_t addr);
+void cuh_freebins_remove(cuh_freebins_t *bins, cuh_binnode_t *node);
+/* A free node of at least `size` bytes that can hold `size` bytes starting at
+ * an `align`-aligned address, chosen as described above; NULL if none. */
+cuh_binnode_t *cuh_freebins_find(const cuh_freebins_t *bins, size_t size, size_t align);
+/* The largest node, or NULL. */
+cuh_binnode_t *cuh_freebins_largest(const cuh_freebins_t *bins);
+/* Checks that every node sits in its bin, links, bitmaps, count and bytes
+ * agree; 0 if sound. */
+int cuh_freebins_check(const cuh_freebins_t *bins);
+
+#endif /* CUH_FREEBINS_H */
