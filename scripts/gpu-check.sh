@@ -6,15 +6,18 @@
 # library (make lib) and tests/gpu/gpu_check.cu against it with nvcc, runs
 # gpu_check (1,000,000 stress operations), then runs it again under
 # compute-sanitizer's memcheck with a smaller stress (when compute-sanitizer
-# is installed), and ends with a table of both runs. Every step is bounded so
-# the whole takes well under 8 minutes.
+# is installed); then, where PyTorch with CUDA is installed,
+# tests/gpu/torch_checks.py and the training jobs of bench/torch (cuheap as
+# PyTorch's pluggable allocator beside its native, expandable_segments and
+# cudaMallocAsync modes). It ends with a table. Every step is bounded so the
+# whole takes well under 8 minutes.
 #
-# Exit status: gpu_check's own status; when that is 0, the memcheck run's
-# (a memory error it finds fails the check too).
+# Exit status: 0 only if every part passed.
 #
 # Environment: NVCC (compiler, default nvcc from PATH or
 # /usr/local/cuda/bin/nvcc), GPU_ARCH (default sm_90), GPU_CHECK_OPS
-# (default 1000000), SANITIZER_OPS (default 20000).
+# (default 1000000), SANITIZER_OPS (default 20000), GPU_TORCH=0 (skip the
+# PyTorch part), TORCH_STEPS (default 20).
 set -euo pipefail
 
 BUILD="${1:-build}"
@@ -109,6 +112,32 @@ else
     section "compute-sanitizer not found: memcheck run skipped"
 fi
 
+# PyTorch: cuheap as the pluggable allocator (checks, then training jobs
+# side by side with the native allocator).
+TORCH_RC=""
+JOBS_RC=""
+TORCH_STEPS="${TORCH_STEPS:-20}"
+if [[ "${GPU_TORCH:-1}" != 0 ]] && python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    section "PyTorch checks (torch $(python3 -c 'import torch; print(torch.__version__)'))"
+    TORCH_LOG="$BUILD/torch_checks.log"
+    run_logged "$TORCH_LOG" timeout 300 python3 tests/gpu/torch_checks.py
+    TORCH_RC=$RUN_RC
+    TORCH_SECS=$RUN_SECS
+    section "PyTorch training jobs: cuheap beside PyTorch's three allocator modes"
+    JOBS_LOG="$BUILD/torch_jobs.log"
+    run_logged "$JOBS_LOG" timeout 300 python3 bench/torch/run_modes.py --jobs resnet50,gpt2,bert_varlen \
+        --modes native,expandable,async,cuheap --steps "$TORCH_STEPS" --out "$BUILD/torch_jobs.json"
+    JOBS_RC=$RUN_RC
+    JOBS_SECS=$RUN_SECS
+    section "PyTorch side-stream prefetch and CUDA graph jobs"
+    run_logged "$BUILD/torch_jobs2.log" timeout 150 python3 bench/torch/run_modes.py --jobs sidestream,graph \
+        --modes native,cuheap --steps "$TORCH_STEPS" --out "$BUILD/torch_jobs2.json"
+    [[ "$RUN_RC" != 0 ]] && JOBS_RC=$RUN_RC
+    JOBS_SECS=$(awk -v a="$JOBS_SECS" -v b="$RUN_SECS" 'BEGIN { printf "%.1f", a + b }')
+else
+    section "PyTorch with CUDA not found (or GPU_TORCH=0): PyTorch checks skipped"
+fi
+
 section "summary"
 echo "| run | exit | seconds | result |"
 echo "|---|---|---|---|"
@@ -120,8 +149,19 @@ else
     echo "| memcheck | - | - | skipped: compute-sanitizer not installed |"
 fi
 
+if [[ -n "$TORCH_RC" ]]; then
+    echo "| PyTorch checks | $TORCH_RC | $TORCH_SECS | $(grep -c '^PASS' "$TORCH_LOG") passed, $(grep -c '^FAIL' "$TORCH_LOG") failed |"
+    echo "| PyTorch jobs | $JOBS_RC | $JOBS_SECS | tables above |"
+fi
+
 if [[ "$MAIN_RC" != 0 ]]; then
     exit "$MAIN_RC"
+fi
+if [[ -n "$TORCH_RC" && "$TORCH_RC" != 0 ]]; then
+    exit "$TORCH_RC"
+fi
+if [[ -n "$JOBS_RC" && "$JOBS_RC" != 0 ]]; then
+    exit "$JOBS_RC"
 fi
 if [[ -n "$SAN_RC" && "$SAN_RC" != 0 ]]; then
     exit "$SAN_RC"

@@ -34,6 +34,7 @@ typedef struct CUstream_st *CUstream;
 #define CUDA_ERROR_DEINITIALIZED 4
 #define CUDA_ERROR_NOT_READY 600
 #define CU_EVENT_DISABLE_TIMING 0x2u
+#define CU_STREAM_CAPTURE_MODE_RELAXED 2   /* CUstreamCaptureMode */
 
 #define CUH_CUDA_LIBRARY "libcuda.so.1"
 /* Devices whose CUdevice handle is remembered for cuh_cuda_current_device. */
@@ -75,6 +76,7 @@ static struct {
     CUresult (*cuEventRecord)(CUevent event, CUstream stream);
     CUresult (*cuEventQuery)(CUevent event);
     CUresult (*cuEventSynchronize)(CUevent event);
+    CUresult (*cuThreadExchangeStreamCaptureMode)(int *mode);
 } g_cu = { .once = PTHREAD_ONCE_INIT };
 
 /* Our own copy of dlsym. A later feature of cuheap defines a `dlsym` of its
@@ -203,6 +205,7 @@ static void cuda_load(void)
     CU_RESOLVE(cuEventRecord);
     CU_RESOLVE(cuEventQuery);
     CU_RESOLVE(cuEventSynchronize);
+    CU_RESOLVE(cuThreadExchangeStreamCaptureMode);
 #undef CU_RESOLVE
 
     r = g_cu.cuInit(0);
@@ -314,7 +317,13 @@ static cuh_dev_status_t cuda_mem_alloc(cuh_device_t *dev, size_t size, uintptr_t
     CUresult r;
 
     CUDA_ENTER(d, pushed, "cuMemAlloc_v2");
+    /* A CUDA graph may be capturing in global mode, where cuMemAlloc would
+     * invalidate the capture; relaxed mode for this thread makes it legal (as
+     * PyTorch's own allocator does around cudaMalloc). */
+    int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    (void)g_cu.cuThreadExchangeStreamCaptureMode(&mode);
     r = g_cu.cuMemAlloc_v2(&p, size);
+    (void)g_cu.cuThreadExchangeStreamCaptureMode(&mode);
     if (r == CUDA_SUCCESS && (p & 511u) != 0) {
         /* The driver aligns to far more than 512 bytes in practice; device.h
          * promises 512, so refuse rather than hand out a misaligned segment. */
@@ -354,7 +363,10 @@ static cuh_dev_status_t cuda_mem_free(cuh_device_t *dev, uintptr_t addr, size_t 
         cuda_dev_error(dev, r, "cuCtxPushCurrent_v2 (primary context, for %s)", "cuMemFree_v2");
         return CUH_DEV_ERROR;
     }
+    int mode = CU_STREAM_CAPTURE_MODE_RELAXED;   /* see cuda_mem_alloc */
+    (void)g_cu.cuThreadExchangeStreamCaptureMode(&mode);
     r = g_cu.cuMemFree_v2((CUdeviceptr)addr);
+    (void)g_cu.cuThreadExchangeStreamCaptureMode(&mode);
     cuda_ctx_leave(pushed);
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED) {
         cuda_dev_error(dev, r, "cuMemFree_v2(0x%llx, %zu bytes)",

@@ -82,6 +82,34 @@ typedef struct stat_s {
 
 typedef enum { GROW_OK, GROW_LIMIT, GROW_DEVICE, GROW_ERROR } grow_result_t;
 
+/* A freed block held back: until every event in it has completed (streams
+ * that used the block, from record_stream), or until its graph pool is
+ * released (blocks a CUDA graph captured: replays still write them). Then it
+ * is freed on the stream the program freed it on. */
+typedef struct hold_s {
+    uintptr_t addr;
+    size_t size;                 /* block bytes */
+    size_t requested;
+    uint32_t free_tag;           /* stream it was freed on */
+    uint64_t pool;               /* graph pool, 0 if none */
+    size_t num_events;
+    cuh_event_t events[];
+} hold_t;
+
+typedef struct use_list_s {
+    size_t count, capacity;
+    cuh_stream_t streams[];
+} use_list_t;
+
+/* A live block found from its address. */
+typedef struct live_block_s {
+    cuh_extent_t *ext;           /* large block, or NULL */
+    cuh_slab_t *slab;            /* small object's slab, or NULL */
+    uint32_t index;              /* small object's index in its slab */
+    size_t size;                 /* block bytes */
+    size_t requested;
+} live_block_t;
+
 struct cuh_heap_s {
     pthread_mutex_t lock;
     cuh_device_t *dev;
@@ -111,6 +139,17 @@ struct cuh_heap_s {
 
     int has_oom;
     cuh_oom_info_t last_oom;
+
+    /* Blocks the program freed that nobody may reuse yet (see "holds"). */
+    cuh_ptrmap_t held;           /* address -> hold_t */
+    hold_t **holds;
+    size_t num_holds, cap_holds;
+    size_t held_bytes;
+    size_t held_requested;
+    cuh_ptrmap_t uses;           /* address -> use_list_t: streams from record_stream */
+    cuh_ptrmap_t graph;          /* address -> graph pool id, for blocks allocated in a capture */
+    int captures;                /* graph captures underway on this device */
+    uint64_t capture_pool;
 };
 
 /* ---- statistics ------------------------------------------------------------ */
@@ -126,7 +165,7 @@ static void refresh_stats_locked(cuh_heap_t *h)
 {
     stat_set(&h->reserved, h->arena.reserved);
     stat_set(&h->cached, h->arena.reserved - h->allocated.current);
-    stat_set(&h->pending, cuh_arena_pending_bytes(&h->arena) + h->small_fenced_total);
+    stat_set(&h->pending, cuh_arena_pending_bytes(&h->arena) + h->small_fenced_total + h->held_bytes);
 }
 
 /* ---- events and streams ------------------------------------------------------ */
@@ -318,7 +357,7 @@ static void stream_all_done_locked(cuh_heap_t *h, stream_state_t *st)
  * and the memory made global, which is always safe). */
 static int stream_fence_locked(cuh_heap_t *h, stream_state_t *st)
 {
-    if (st->retired || !stream_has_unfenced(h, st))
+    if (st->retired || h->captures || !stream_has_unfenced(h, st))
         return 0;
     if (st->num_fences == st->cap_fences) {
         size_t cap = st->cap_fences ? 2 * st->cap_fences : 4;
@@ -383,9 +422,17 @@ static int stream_poll_locked(cuh_heap_t *h, stream_state_t *st, int wait)
     return 1;
 }
 
+static int holds_poll_locked(cuh_heap_t *h, int wait);
+
+/* Collects completed fences and holds (wait: waits for them). Not while a
+ * graph capture is underway: event calls then would invalidate it. */
 static int poll_all_locked(cuh_heap_t *h, int wait)
 {
     int any = 0;
+    if (h->captures)
+        return 0;
+    if (h->num_holds)
+        any |= holds_poll_locked(h, wait);
     for (uint32_t i = 0; i < h->num_streams; i++)
         if (h->streams[i]->num_fences)
             any |= stream_poll_locked(h, h->streams[i], wait);
@@ -399,6 +446,8 @@ static int poll_all_locked(cuh_heap_t *h, int wait)
 static int fence_others_locked(cuh_heap_t *h, const stream_state_t *except, size_t size)
 {
     int any = 0;
+    if (h->captures)
+        return 0;
     for (uint32_t i = 0; i < h->num_streams; i++) {
         stream_state_t *st = h->streams[i];
         if (st == except || st->num_fences)
@@ -414,6 +463,8 @@ static int fence_others_locked(cuh_heap_t *h, const stream_state_t *except, size
 /* Makes all freed memory global: fence every stream and wait. */
 static void settle_all_locked(cuh_heap_t *h)
 {
+    if (h->captures)
+        return;
     for (uint32_t i = 0; i < h->num_streams; i++)
         stream_fence_locked(h, h->streams[i]);
     poll_all_locked(h, 1);
@@ -514,7 +565,7 @@ static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
     o->allocated = h->allocated.current;
     o->reserved = h->arena.reserved;
     o->cached = h->arena.reserved - h->allocated.current;
-    o->pending = cuh_arena_pending_bytes(&h->arena) + h->small_fenced_total;
+    o->pending = cuh_arena_pending_bytes(&h->arena) + h->small_fenced_total + h->held_bytes;
     o->largest_free = cuh_arena_largest_free(&h->arena);
     o->num_free_extents = h->arena.free_extents;
     o->limit = h->limit;
@@ -604,7 +655,8 @@ static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
     if ((e = cuh_arena_find(&h->arena, size, align, st->tag)))
         goto hit;
     h->num_retries++;
-    if (release_free_segments_locked(h)) {
+    /* Freeing device memory during a graph capture would invalidate it. */
+    if (!h->captures && release_free_segments_locked(h)) {
         why = grow_locked(h, size, align);
         if (why == GROW_ERROR) {
             *status = CUHEAP_ERR_DEVICE;
@@ -752,9 +804,14 @@ cuh_heap_t *cuh_heap_create(cuh_device_t *dev, const cuh_config_t *cfg, char *er
         return NULL;
     }
     cuh_heap_t *h = calloc(1, sizeof *h);
-    if (!h || cuh_ptrmap_init(&h->blocks, 1024) || cuh_pagemap_init(&h->pages)) {
+    if (!h || cuh_ptrmap_init(&h->blocks, 1024) || cuh_pagemap_init(&h->pages) || cuh_ptrmap_init(&h->held, 16) ||
+        cuh_ptrmap_init(&h->uses, 16) || cuh_ptrmap_init(&h->graph, 16)) {
         if (h) {
             cuh_ptrmap_destroy(&h->blocks);
+            cuh_pagemap_destroy(&h->pages);
+            cuh_ptrmap_destroy(&h->held);
+            cuh_ptrmap_destroy(&h->uses);
+            cuh_ptrmap_destroy(&h->graph);
             free(h);
         }
         snprintf(err, errlen, "out of host memory");
@@ -793,6 +850,18 @@ void cuh_heap_destroy(cuh_heap_t *h)
         free(st->fences);
         free(st);
     }
+    for (size_t k = 0; k < h->num_holds; k++) {
+        for (size_t i = 0; i < h->holds[k]->num_events; i++)
+            h->dev->ops->event_destroy(h->dev, h->holds[k]->events[i]);
+        free(h->holds[k]);
+    }
+    free(h->holds);
+    for (size_t i = 0; i <= h->uses.mask; i++)
+        if (h->uses.slots[i].key)
+            free(h->uses.slots[i].value);
+    cuh_ptrmap_destroy(&h->held);
+    cuh_ptrmap_destroy(&h->uses);
+    cuh_ptrmap_destroy(&h->graph);
     for (size_t i = 0; i < h->num_spare_events; i++)
         h->dev->ops->event_destroy(h->dev, h->spare_events[i]);
     for (cuh_segment_t *s = h->arena.segments; s; s = s->next) {
@@ -859,8 +928,16 @@ cuheap_status_t cuh_heap_malloc(cuh_heap_t *h, size_t size, cuh_stream_t stream,
     } else {
         status = large_alloc_locked(h, st, size, addr);
     }
-    if (status == CUHEAP_OK)
+    if (status == CUHEAP_OK) {
         h->num_allocs++;
+        /* A block allocated during a capture belongs to the graph's pool: its
+         * replays write it even after the program frees it. */
+        if (cuh_unlikely(h->captures) &&
+            cuh_ptrmap_insert(&h->graph, *addr, (void *)(uintptr_t)h->capture_pool)) {
+            cuh_set_error("out of host memory for graph pool records");
+            status = CUHEAP_ERR_OUT_OF_MEMORY;
+        }
+    }
     refresh_stats_locked(h);
     pthread_mutex_unlock(&h->lock);
     return status;
@@ -887,38 +964,185 @@ static cuheap_status_t diagnose_free_locked(cuh_heap_t *h, uintptr_t addr)
     return CUHEAP_ERR_INVALID_ARGUMENT;
 }
 
-static cuheap_status_t small_free_locked(cuh_heap_t *h, cuh_slab_t *s, uintptr_t addr, stream_state_t *st)
+/* Finds the live block at addr; an error status (message set) if there is
+ * none: already free, held back, inside a block, or not cuheap's. */
+static cuheap_status_t find_live_locked(cuh_heap_t *h, uintptr_t addr, live_block_t *b)
 {
+    memset(b, 0, sizeof *b);
+    if (cuh_unlikely(h->held.count) && cuh_ptrmap_get(&h->held, addr)) {
+        cuh_set_error("double free: 0x%llx on device %d was already freed (it waits for GPU work before reuse)",
+                      (unsigned long long)addr, h->dev->ordinal);
+        return CUHEAP_ERR_DOUBLE_FREE;
+    }
+    if ((b->ext = cuh_ptrmap_get(&h->blocks, addr))) {
+        b->size = b->ext->size;
+        b->requested = b->ext->requested;
+        return CUHEAP_OK;
+    }
+    cuh_slab_t *s = cuh_pagemap_get(&h->pages, addr);
+    if (!s)
+        return diagnose_free_locked(h, addr);
     int64_t idx = cuh_slab_index(s, addr);
     if (idx < 0) {
         cuh_set_error("0x%llx is inside a slab of %zu-byte objects but not at an object's start",
                       (unsigned long long)addr, s->obj_size);
         return CUHEAP_ERR_INVALID_ARGUMENT;
     }
-    uint32_t i = (uint32_t)idx;
-    if (!cuh_slab_bit(s->live, i)) {
+    if (!cuh_slab_bit(s->live, (uint32_t)idx)) {
         cuh_set_error("double free: 0x%llx (%zu-byte object) on device %d is already free", (unsigned long long)addr,
                       s->obj_size, h->dev->ordinal);
         return CUHEAP_ERR_DOUBLE_FREE;
     }
-    small_ring_t *r = &st->small[s->size_class];
-    if (ring_push(r, addr, h->arena.tags[st->tag].fences_recorded)) {
-        /* No room to cache it: make it safe for everyone the slow way. */
+    b->slab = s;
+    b->index = (uint32_t)idx;
+    b->size = s->obj_size;
+    b->requested = s->requested[idx];
+    return CUHEAP_OK;
+}
+
+/* Turns a live block into st's private free memory (the statistics of
+ * requested and allocated bytes are the caller's). */
+static void release_block_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr, stream_state_t *st)
+{
+    if (b->ext) {
+        cuh_ptrmap_remove(&h->blocks, addr);
+        cuh_arena_release(&h->arena, b->ext, st->tag);
+        return;
+    }
+    cuh_slab_t *s = b->slab;
+    cuh_slab_clear(s->live, b->index);
+    s->num_live--;
+    if (ring_push(&st->small[s->size_class], addr, h->arena.tags[st->tag].fences_recorded) == 0) {
+        st->small_unfenced += s->obj_size;
+        return;
+    }
+    /* No room to cache it: make it safe for everyone the slow way. */
+    if (!h->captures) {
         stream_fence_locked(h, st);
         stream_poll_locked(h, st, 1);
-        cuh_slab_clear(s->live, i);
-        s->num_live--;
-        stat_set(&h->requested, h->requested.current - s->requested[i]);
-        stat_set(&h->allocated, h->allocated.current - s->obj_size);
-        slab_object_home_locked(h, addr);
-        return CUHEAP_OK;
+    } else {
+        h->dev->ops->synchronize(h->dev);
     }
-    cuh_slab_clear(s->live, i);
-    s->num_live--;
-    st->small_unfenced += s->obj_size;
-    stat_set(&h->requested, h->requested.current - s->requested[i]);
-    stat_set(&h->allocated, h->allocated.current - s->obj_size);
-    return CUHEAP_OK;
+    slab_object_home_locked(h, addr);
+}
+
+/* ---- holds ------------------------------------------------------------------------ */
+
+static int hold_add_locked(cuh_heap_t *h, hold_t *hd)
+{
+    if (h->num_holds == h->cap_holds) {
+        size_t cap = h->cap_holds ? 2 * h->cap_holds : 16;
+        hold_t **grown = realloc(h->holds, cap * sizeof *grown);
+        if (!grown)
+            return -1;
+        h->holds = grown;
+        h->cap_holds = cap;
+    }
+    if (cuh_ptrmap_insert(&h->held, hd->addr, hd))
+        return -1;
+    h->holds[h->num_holds++] = hd;
+    h->held_bytes += hd->size;
+    h->held_requested += hd->requested;
+    return 0;
+}
+
+/* Frees held block k for real, on the stream it was freed on. */
+static void hold_finish_locked(cuh_heap_t *h, size_t k)
+{
+    hold_t *hd = h->holds[k];
+    h->holds[k] = h->holds[--h->num_holds];
+    cuh_ptrmap_remove(&h->held, hd->addr);
+    h->held_bytes -= hd->size;
+    h->held_requested -= hd->requested;
+    for (size_t i = 0; i < hd->num_events; i++)
+        event_put_locked(h, hd->events[i]);
+    live_block_t b;
+    stream_state_t *st = h->streams[hd->free_tag - 1];
+    if (find_live_locked(h, hd->addr, &b) == CUHEAP_OK)
+        release_block_locked(h, &b, hd->addr, st);
+    free(hd);
+}
+
+/* Finishes every hold whose events have completed (wait: waits for them).
+ * Never during a graph capture: event calls would break it. */
+static int holds_poll_locked(cuh_heap_t *h, int wait)
+{
+    int any = 0;
+    if (h->captures)
+        return 0;
+    for (size_t k = 0; k < h->num_holds;) {
+        hold_t *hd = h->holds[k];
+        int done = !hd->pool;
+        while (done && hd->num_events) {
+            cuh_event_t ev = hd->events[hd->num_events - 1];
+            cuh_dev_status_t rc = wait ? h->dev->ops->event_wait(h->dev, ev) : h->dev->ops->event_query(h->dev, ev);
+            if (rc == CUH_DEV_NOT_READY) {
+                done = 0;
+            } else {
+                if (rc != CUH_DEV_OK)
+                    h->dev->ops->synchronize(h->dev);
+                event_put_locked(h, ev);
+                hd->num_events--;
+            }
+        }
+        if (done) {
+            hold_finish_locked(h, k);
+            any = 1;
+        } else {
+            k++;
+        }
+    }
+    return any;
+}
+
+/* Holds a block freed by the program instead of freeing it: for a graph
+ * pool, or until the streams that used it have finished. Returns 1 if held,
+ * 0 if the block may be freed now. */
+static int maybe_hold_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested, stream_state_t *st)
+{
+    uint64_t pool = 0;
+    if (cuh_unlikely(h->graph.count))
+        pool = (uint64_t)(uintptr_t)cuh_ptrmap_remove(&h->graph, addr);
+    if (!pool && h->captures)
+        pool = h->capture_pool;   /* freed during a capture: the graph may use it */
+    use_list_t *uses = h->uses.count ? cuh_ptrmap_remove(&h->uses, addr) : NULL;
+    if (!pool && !uses)
+        return 0;
+    size_t n = uses ? uses->count : 0;
+    hold_t *hd = calloc(1, sizeof *hd + n * sizeof(cuh_event_t));
+    int synced = 0;
+    if (hd) {
+        *hd = (hold_t){.addr = addr, .size = size, .requested = requested, .free_tag = st->tag, .pool = pool};
+        for (size_t i = 0; !pool && i < n; i++) {
+            if (uses->streams[i] == st->handle)
+                continue;   /* ordered after the free's own stream already */
+            cuh_event_t ev = event_get_locked(h);
+            if (!ev || h->dev->ops->event_record(h->dev, ev, uses->streams[i]) != CUH_DEV_OK) {
+                if (ev)
+                    event_put_locked(h, ev);
+                h->dev->ops->synchronize(h->dev);   /* cannot fence it: wait for everything */
+                synced = 1;
+                break;
+            }
+            hd->events[hd->num_events++] = ev;
+        }
+    }
+    free(uses);
+    if (!hd || synced || (!pool && !hd->num_events) || hold_add_locked(h, hd)) {
+        if (hd) {
+            for (size_t i = 0; i < hd->num_events; i++)
+                event_put_locked(h, hd->events[i]);
+            if (!synced && hd->num_events)
+                h->dev->ops->synchronize(h->dev);
+        } else if (!pool) {
+            h->dev->ops->synchronize(h->dev);
+        }
+        free(hd);
+        /* A graph pool's block that cannot be tracked stays out of reuse for
+         * good rather than be handed out while a replay may write it. */
+        return pool != 0;
+    }
+    return 1;
 }
 
 cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream)
@@ -927,27 +1151,138 @@ cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
         return CUHEAP_OK;
     pthread_mutex_lock(&h->lock);
     cuheap_status_t status;
+    live_block_t b;
     stream_state_t *st = stream_get_locked(h, stream);
-    cuh_extent_t *e;
-    cuh_slab_t *s;
     if (!st) {
         cuh_set_error("out of host memory for stream records");
         status = CUHEAP_ERR_OUT_OF_MEMORY;
-    } else if ((e = cuh_ptrmap_remove(&h->blocks, addr))) {
-        stat_set(&h->requested, h->requested.current - e->requested);
-        stat_set(&h->allocated, h->allocated.current - e->size);
-        cuh_arena_release(&h->arena, e, st->tag);
-        status = CUHEAP_OK;
-    } else if ((s = cuh_pagemap_get(&h->pages, addr))) {
-        status = small_free_locked(h, s, addr, st);
-    } else {
-        status = diagnose_free_locked(h, addr);
-    }
-    if (status == CUHEAP_OK)
+    } else if ((status = find_live_locked(h, addr, &b)) == CUHEAP_OK) {
+        stat_set(&h->requested, h->requested.current - b.requested);
+        stat_set(&h->allocated, h->allocated.current - b.size);
+        if (!maybe_hold_locked(h, addr, b.size, b.requested, st))
+            release_block_locked(h, &b, addr, st);
         h->num_frees++;
+        if (cuh_unlikely(h->num_holds))
+            holds_poll_locked(h, 0);
+    }
     refresh_stats_locked(h);
     pthread_mutex_unlock(&h->lock);
     return status;
+}
+
+cuheap_status_t cuh_heap_record_stream(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream)
+{
+    pthread_mutex_lock(&h->lock);
+    live_block_t b;
+    cuheap_status_t status = find_live_locked(h, addr, &b);
+    if (status == CUHEAP_OK) {
+        use_list_t *u = cuh_ptrmap_get(&h->uses, addr);
+        size_t i = 0;
+        while (u && i < u->count && u->streams[i] != stream)
+            i++;
+        if (!u || i == u->count) {
+            if (!u || u->count == u->capacity) {
+                size_t cap = u ? 2 * u->capacity : 2;
+                use_list_t *grown = realloc(u, sizeof *grown + cap * sizeof(cuh_stream_t));
+                if (!grown) {
+                    cuh_set_error("out of host memory for record_stream");
+                    status = CUHEAP_ERR_OUT_OF_MEMORY;
+                    goto out;
+                }
+                if (!u)
+                    grown->count = 0;
+                grown->capacity = cap;
+                if (u != grown) {
+                    cuh_ptrmap_remove(&h->uses, addr);
+                    if (cuh_ptrmap_insert(&h->uses, addr, grown)) {
+                        free(grown);
+                        cuh_set_error("out of host memory for record_stream");
+                        status = CUHEAP_ERR_OUT_OF_MEMORY;
+                        goto out;
+                    }
+                }
+                u = grown;
+            }
+            u->streams[u->count++] = stream;
+        }
+    }
+out:
+    pthread_mutex_unlock(&h->lock);
+    return status;
+}
+
+void cuh_heap_capture_begin(cuh_heap_t *h, uint64_t pool)
+{
+    pthread_mutex_lock(&h->lock);
+    h->captures++;
+    h->capture_pool = pool ? pool : 1;
+    pthread_mutex_unlock(&h->lock);
+}
+
+void cuh_heap_capture_end(cuh_heap_t *h)
+{
+    pthread_mutex_lock(&h->lock);
+    if (h->captures)
+        h->captures--;
+    pthread_mutex_unlock(&h->lock);
+}
+
+void cuh_heap_release_pool(cuh_heap_t *h, uint64_t pool)
+{
+    pthread_mutex_lock(&h->lock);
+    if (!pool)
+        pool = 1;
+    /* Replays of the graph may still be running: wait for the device once. */
+    int synced = 0;
+    for (size_t k = 0; k < h->num_holds;) {
+        if (h->holds[k]->pool != pool) {
+            k++;
+            continue;
+        }
+        if (!synced) {
+            h->dev->ops->synchronize(h->dev);
+            synced = 1;
+        }
+        h->holds[k]->pool = 0;
+        for (size_t i = 0; i < h->holds[k]->num_events; i++)
+            event_put_locked(h, h->holds[k]->events[i]);
+        h->holds[k]->num_events = 0;
+        hold_finish_locked(h, k);
+    }
+    /* Live blocks of the pool are now ordinary blocks. */
+    for (size_t i = 0; i <= h->graph.mask; i++)
+        if (h->graph.slots[i].key && (uint64_t)(uintptr_t)h->graph.slots[i].value == pool) {
+            cuh_ptrmap_remove(&h->graph, h->graph.slots[i].key);
+            i--;   /* backward shift may have moved a later entry here */
+        }
+    refresh_stats_locked(h);
+    pthread_mutex_unlock(&h->lock);
+}
+
+void cuh_heap_set_limit(cuh_heap_t *h, size_t limit)
+{
+    pthread_mutex_lock(&h->lock);
+    h->limit = limit;
+    if (limit && h->arena.reserved > limit && !h->captures) {
+        settle_all_locked(h);
+        release_free_segments_locked(h);
+    }
+    refresh_stats_locked(h);
+    pthread_mutex_unlock(&h->lock);
+}
+
+size_t cuh_heap_device_total(cuh_heap_t *h) { return h->device_total; }
+
+int cuh_heap_segment_of(cuh_heap_t *h, uintptr_t addr, uintptr_t *base, size_t *size)
+{
+    pthread_mutex_lock(&h->lock);
+    cuh_segment_t *seg = cuh_arena_segment_of(&h->arena, addr);
+    if (seg) {
+        *base = seg->base;
+        *size = seg->size;
+    }
+    pthread_mutex_unlock(&h->lock);
+    return seg != NULL;
 }
 
 void cuh_heap_retire_stream(cuh_heap_t *h, cuh_stream_t stream)
@@ -1110,10 +1445,13 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
             rc = -1;
         }
     }
-    if (!rc && (allocated != h->allocated.current || requested != h->requested.current || ring_objs != slab_spare)) {
+    if (!rc && (allocated != h->allocated.current + h->held_bytes ||
+                requested != h->requested.current + h->held_requested || ring_objs != slab_spare)) {
         snprintf(msg, len,
-                 "allocated %zu (books %zu), requested %zu (books %zu), cached small objects %zu (slabs say %zu)",
-                 allocated, h->allocated.current, requested, h->requested.current, ring_objs, slab_spare);
+                 "allocated %zu (books %zu + held %zu), requested %zu (books %zu + held %zu), cached small objects "
+                 "%zu (slabs say %zu)",
+                 allocated, h->allocated.current, h->held_bytes, requested, h->requested.current, h->held_requested,
+                 ring_objs, slab_spare);
         rc = -1;
     }
     pthread_mutex_unlock(&h->lock);

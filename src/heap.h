@@ -70,6 +70,25 @@ cuheap_status_t cuh_heap_malloc(cuh_heap_t *heap, size_t size, cuh_stream_t stre
  * CUHEAP_ERR_DOUBLE_FREE for a block already free; CUHEAP_ERR_INVALID_ARGUMENT
  * for an address inside a segment that is not the start of a block. */
 cuheap_status_t cuh_heap_free(cuh_heap_t *heap, uintptr_t addr, cuh_stream_t stream);
+/* Stream `stream` uses the live block at addr too (PyTorch's record_stream):
+ * when the block is freed, it is held until the work issued on every such
+ * stream before the free has finished. */
+cuheap_status_t cuh_heap_record_stream(cuh_heap_t *heap, uintptr_t addr, cuh_stream_t stream);
+/* A CUDA graph capture into pool `pool` begins / ends on this device. While
+ * one is underway the heap makes no event call (it would break the capture),
+ * and blocks allocated in it, or freed during it, are held for the pool. */
+void cuh_heap_capture_begin(cuh_heap_t *heap, uint64_t pool);
+void cuh_heap_capture_end(cuh_heap_t *heap);
+/* The graphs of `pool` are gone: waits for the device, frees the pool's
+ * held blocks, and its live blocks become ordinary ones. */
+void cuh_heap_release_pool(cuh_heap_t *heap, uint64_t pool);
+/* Replaces the limit (bytes, 0 = none); releases cached segments if the heap
+ * holds more than the new limit. */
+void cuh_heap_set_limit(cuh_heap_t *heap, size_t limit);
+size_t cuh_heap_device_total(cuh_heap_t *heap);
+/* The segment holding addr: 1 with its base and size, else 0. */
+int cuh_heap_segment_of(cuh_heap_t *heap, uintptr_t addr, uintptr_t *base, size_t *size);
+
 /* The program is about to destroy `stream`: cuheap records one last fence on
  * it (covering every block freed on it) and never uses the handle again. A
  * later stream with the same handle is a new stream. */

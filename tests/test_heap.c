@@ -183,6 +183,106 @@ static void test_a_retired_stream_is_never_touched_again(void **state)
     test_heap_free(&t);
 }
 
+static void test_record_stream_holds_the_block_until_every_user_finished(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    cuh_sim_hold_events(t.dev, 1);
+    uintptr_t big = must_alloc(t.heap, 8 * MiB, S1);
+    uintptr_t small = must_alloc(t.heap, 2000, S1);
+    assert_int_equal(cuh_heap_record_stream(t.heap, big, S2), CUHEAP_OK);
+    assert_int_equal(cuh_heap_record_stream(t.heap, small, S2), CUHEAP_OK);
+    assert_int_equal(cuh_heap_record_stream(t.heap, big, S2), CUHEAP_OK);   /* twice: one entry */
+    must_free(t.heap, big, S1);
+    must_free(t.heap, small, S1);
+    /* S2 still reads them: not even S1 may have them back. */
+    uintptr_t b2 = must_alloc(t.heap, 8 * MiB, S1);
+    uintptr_t s2 = must_alloc(t.heap, 2000, S1);
+    assert_false(overlaps(big, 8 * MiB, b2, 8 * MiB));
+    assert_true(s2 != small);
+    assert_int_equal(cuh_heap_free(t.heap, big, S1), CUHEAP_ERR_DOUBLE_FREE);
+    cuheap_stats_t st;
+    cuh_heap_stats(t.heap, &st);
+    assert_true(st.pending.current >= 8 * MiB + 2048);
+    heap_ok(t.heap);
+    /* Once S2's work is done they are S1's again. */
+    cuh_sim_complete_stream(t.dev, S2);
+    must_free(t.heap, b2, S1);   /* a free polls the holds */
+    must_free(t.heap, s2, S1);
+    uintptr_t again = must_alloc(t.heap, 8 * MiB, S1);
+    assert_true(again == big || again == b2);
+    cuh_heap_stats(t.heap, &st);
+    assert_int_equal(st.pending.current, 0);
+    heap_ok(t.heap);
+    must_free(t.heap, again, S1);
+    assert_int_equal(cuh_heap_record_stream(t.heap, 0x1234000, S2), CUHEAP_ERR_NOT_OWNED);
+    test_heap_free(&t);
+}
+
+static void test_graph_capture_makes_no_event_call_and_holds_its_blocks(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    cuh_sim_hold_events(t.dev, 1);
+    uintptr_t before = must_alloc(t.heap, 4 * MiB, S2);
+    must_free(t.heap, before, S2);   /* S2's private memory: S1 would need a fence */
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    cuh_heap_capture_begin(t.heap, 7);
+    uintptr_t in_graph = must_alloc(t.heap, 4 * MiB, S1);
+    uintptr_t tmp = must_alloc(t.heap, 4 * MiB, S1);
+    must_free(t.heap, tmp, S1);   /* freed inside the capture */
+    cuh_heap_capture_end(t.heap);
+    cuh_sim_counters(t.dev, &c1);
+    assert_int_equal(c1.events_recorded, c0.events_recorded);
+    assert_int_equal(c1.event_waits, c0.event_waits);
+    assert_false(overlaps(in_graph, 4 * MiB, before, 4 * MiB));
+    /* After the capture neither block is reused while the graph lives. */
+    must_free(t.heap, in_graph, S1);
+    for (int i = 0; i < 4; i++) {
+        uintptr_t x = must_alloc(t.heap, 4 * MiB, S1);
+        assert_false(overlaps(x, 4 * MiB, in_graph, 4 * MiB));
+        assert_false(overlaps(x, 4 * MiB, tmp, 4 * MiB));
+        must_free(t.heap, x, S1);
+    }
+    heap_ok(t.heap);
+    cuh_heap_release_pool(t.heap, 7);
+    cuh_sim_counters(t.dev, &c1);
+    assert_true(c1.synchronizes > c0.synchronizes);
+    cuheap_stats_t st;
+    cuh_heap_stats(t.heap, &st);
+    assert_int_equal(st.allocated.current, 0);
+    /* The pool's blocks are S1's again. */
+    uintptr_t x = must_alloc(t.heap, 4 * MiB, S1), y = must_alloc(t.heap, 4 * MiB, S1);
+    assert_true(overlaps(x, 4 * MiB, in_graph, 4 * MiB) || overlaps(x, 4 * MiB, tmp, 4 * MiB));
+    assert_true(overlaps(y, 4 * MiB, in_graph, 4 * MiB) || overlaps(y, 4 * MiB, tmp, 4 * MiB));
+    must_free(t.heap, x, S1);
+    must_free(t.heap, y, S1);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+static void test_set_limit_applies_and_releases_what_is_over(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, "grow_fraction:0");
+    uintptr_t a = must_alloc(t.heap, 100 * MiB, 0);
+    uintptr_t b = must_alloc(t.heap, 100 * MiB, 0);
+    must_free(t.heap, b, 0);
+    cuh_heap_set_limit(t.heap, 128 * MiB);
+    cuheap_stats_t st;
+    cuh_heap_stats(t.heap, &st);
+    assert_int_equal(st.limit, 128 * MiB);
+    assert_int_equal(st.reserved.current, 100 * MiB);
+    uintptr_t x;
+    assert_int_equal(cuh_heap_malloc(t.heap, 50 * MiB, 0, &x), CUHEAP_ERR_OUT_OF_MEMORY);
+    cuh_heap_set_limit(t.heap, 0);
+    must_free(t.heap, must_alloc(t.heap, 50 * MiB, 0), 0);
+    must_free(t.heap, a, 0);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
 /* ---- bad frees ------------------------------------------------------------- */
 
 static void test_double_free_is_an_error_and_changes_nothing(void **state)
@@ -614,6 +714,9 @@ int main(void)
         cmocka_unit_test(test_small_objects_cross_streams_only_after_the_event),
         cmocka_unit_test(test_waiting_for_memory_blocks_on_the_event_not_before),
         cmocka_unit_test(test_a_retired_stream_is_never_touched_again),
+        cmocka_unit_test(test_record_stream_holds_the_block_until_every_user_finished),
+        cmocka_unit_test(test_graph_capture_makes_no_event_call_and_holds_its_blocks),
+        cmocka_unit_test(test_set_limit_applies_and_releases_what_is_over),
         cmocka_unit_test(test_double_free_is_an_error_and_changes_nothing),
         cmocka_unit_test(test_foreign_and_interior_pointers_are_refused),
         cmocka_unit_test(test_limit_in_bytes_caps_reserved),

@@ -1,0 +1,107 @@
+"""run_modes.py - runs training jobs under several allocator modes side by side.
+
+    python bench/torch/run_modes.py --jobs resnet50,gpt2 --modes native,cuheap --out results.json
+
+Each (job, mode) runs in its own process (bench/torch/train_job.py) with the
+environment that selects the mode; jobs run in the order given, modes
+interleaved, so the machine's drift touches all modes alike. Prints a table:
+step time as a ratio to native in the same run, peak reserved, peak reserved
+over peak live, and whether the losses equal native's bit for bit.
+
+Modes: native, expandable (expandable_segments:True), async
+(backend:cudaMallocAsync), nocache (PYTORCH_NO_CUDA_MEMORY_CACHING=1), cuheap
+(CUHEAP_TORCH=1 with scripts/ on PYTHONPATH: environment only).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def environment(mode):
+    env = dict(os.environ)
+    for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING", "CUHEAP_TORCH"):
+        env.pop(k, None)
+    env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"   # deterministic cuBLAS
+    env["PYTHONUNBUFFERED"] = "1"
+    if mode == "expandable":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    elif mode == "async":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
+    elif mode == "nocache":
+        env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+    elif mode == "cuheap":
+        env["CUHEAP_TORCH"] = "1"
+        env["PYTHONPATH"] = os.path.join(ROOT, "scripts") + os.pathsep + env.get("PYTHONPATH", "")
+    elif mode != "native":
+        raise SystemExit("unknown mode %s" % mode)
+    return env
+
+
+def run(job, mode, steps, seed, timeout):
+    cmd = [sys.executable, os.path.join(HERE, "train_job.py"), "--job", job, "--steps", str(steps),
+           "--seed", str(seed)]
+    p = subprocess.run(cmd, env=environment(mode), capture_output=True, text=True, timeout=timeout)
+    lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+    if p.returncode != 0 or not lines:
+        return {"job": job, "mode": mode, "error": (p.stderr or p.stdout)[-2000:], "returncode": p.returncode}
+    r = json.loads(lines[-1])
+    if r["mode"] != mode:
+        r["error"] = "asked for mode %s, the job ran in %s" % (mode, r["mode"])
+    return r
+
+
+def gib(n):
+    return "-" if n is None else "%.3f" % (n / 2 ** 30)
+
+
+def table(results):
+    rows = ["| job | mode | step ms | vs native | peak reserved GiB | reserved / live | losses vs native | notes |",
+            "|---|---|---|---|---|---|---|---|"]
+    native = {r["job"]: r for r in results if r["mode"] == "native" and "error" not in r}
+    for r in results:
+        if "error" in r:
+            rows.append("| %s | %s | failed | | | | | %s |" % (r["job"], r["mode"], r["error"].strip().splitlines()[-1][:120]))
+            continue
+        n = native.get(r["job"])
+        ratio = "%.3f" % (r["step_ms"] / n["step_ms"]) if n else "-"
+        same = "-" if not n or r is n else ("bitwise" if r["losses"] == n["losses"] else
+                                           "differ (last %.6g vs %.6g)" % (r["last_loss"], n["last_loss"]))
+        frag = "%.3f" % (r["peak_reserved"] / r["peak_live"]) if r["peak_reserved"] and r["peak_live"] else "-"
+        notes = ""
+        if "mismatches" in r:
+            notes = "graph replay mismatches: %d" % r["mismatches"]
+        rows.append("| %s | %s | %.1f | %s | %s | %s | %s | %s |" % (
+            r["job"], r["mode"], r["step_ms"], ratio, gib(r["peak_reserved"]), frag, same, notes))
+    return "\n".join(rows)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", default="resnet50,gpt2,bert_varlen")
+    ap.add_argument("--modes", default="native,cuheap")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--out", help="write every result as JSON here")
+    args = ap.parse_args()
+    results = []
+    for job in args.jobs.split(","):
+        for mode in args.modes.split(","):
+            r = run(job, mode, args.steps, args.seed, args.timeout)
+            print(json.dumps(r), file=sys.stderr, flush=True)
+            results.append(r)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+    print(table(results))
+    return 1 if any("error" in r for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

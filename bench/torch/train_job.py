@@ -1,0 +1,218 @@
+"""train_job.py - one PyTorch training job in one allocator mode, as one JSON line.
+
+    python bench/torch/train_job.py --job gpt2 --steps 20 --seed 0
+
+The allocator mode is chosen by the environment before this script starts
+(bench/torch/run_modes.py sets it): PyTorch's native caching allocator,
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True or backend:cudaMallocAsync,
+PYTORCH_NO_CUDA_MEMORY_CACHING=1, or cuheap by CUHEAP_TORCH=1 with scripts/ on
+PYTHONPATH. The script itself never imports cuheap: it is the unmodified
+training script that environment-only activation must serve; it only looks
+whether cuheap_torch was loaded, to read its statistics.
+
+Jobs (random data, fixed seeds, bf16 autocast as in bench/traces):
+  resnet50     torchvision ResNet-50, batch 128, 224x224, SGD
+  gpt2         GPT-2 small, batch 16 x 1024 tokens, AdamW
+  bert_varlen  BERT-base masked LM, batch 16-48, sequence 64-512 varying each step
+  sidestream   a conv net fed from pinned host batches copied on a side stream
+               with non_blocking=True and record_stream, as prefetching loaders do
+  graph        a captured CUDA graph replayed on fresh inputs, checked against
+               eager results computed the same way
+Prints: job, mode, step times (median of the steps after 3 warm-up steps),
+losses (as float.hex, so runs compare bitwise), peak reserved and peak live.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+
+def mode_name():
+    if "cuheap_torch" in sys.modules and sys.modules["cuheap_torch"].installed():
+        return "cuheap"
+    if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
+        return "nocache"
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if "expandable_segments:True" in conf:
+        return "expandable"
+    if "cudaMallocAsync" in conf:
+        return "async"
+    return "native"
+
+
+def peaks():
+    """(peak reserved, peak live) of this process's allocator, in bytes."""
+    if mode_name() == "cuheap":
+        stats = sys.modules["cuheap_torch"].memory_stats()
+        return stats["reserved_bytes.all.peak"], stats["requested_bytes.all.peak"]
+    if mode_name() == "nocache":
+        return None, torch.cuda.max_memory_allocated()
+    return torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()
+
+
+def make_resnet50(seed):
+    import torchvision
+    model = torchvision.models.resnet50(weights=None).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step(i):
+        g = torch.Generator(device="cuda").manual_seed(seed * 1000 + i)
+        x = torch.randn(128, 3, 224, 224, device="cuda", generator=g)
+        y = torch.randint(0, 1000, (128,), device="cuda", generator=g)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_fn(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
+def make_gpt2(seed):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    model = GPT2LMHeadModel(GPT2Config(n_positions=1024)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(i):
+        g = torch.Generator(device="cuda").manual_seed(seed * 1000 + i)
+        ids = torch.randint(0, 50257, (16, 1024), device="cuda", generator=g)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
+def make_bert_varlen(seed):
+    from transformers import BertConfig, BertForMaskedLM
+    model = BertForMaskedLM(BertConfig()).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    shapes = torch.Generator().manual_seed(seed)
+
+    def step(i):
+        batch = int(torch.randint(16, 49, (1,), generator=shapes))
+        seq = int(torch.randint(64, 513, (1,), generator=shapes))
+        g = torch.Generator(device="cuda").manual_seed(seed * 1000 + i)
+        ids = torch.randint(0, 30522, (batch, seq), device="cuda", generator=g)
+        labels = torch.where(torch.rand(batch, seq, device="cuda", generator=g) < 0.15, ids,
+                             torch.full_like(ids, -100))
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
+def make_sidestream(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(64, 64, 3, padding=1),
+        torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 10)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    side = torch.cuda.Stream()
+    host = torch.Generator().manual_seed(seed)
+    pending = {}
+
+    def prefetch(i):
+        x = torch.randn(64, 3, 128, 128, generator=host).pin_memory()
+        y = torch.randint(0, 10, (64,), generator=host).pin_memory()
+        with torch.cuda.stream(side):
+            pending[i] = (x.cuda(non_blocking=True), y.cuda(non_blocking=True), side.record_event())
+
+    prefetch(0)
+
+    def step(i):
+        xg, yg, ready = pending.pop(i)
+        prefetch(i + 1)   # the next batch copies while this one trains
+        torch.cuda.current_stream().wait_event(ready)
+        xg.record_stream(torch.cuda.current_stream())
+        yg.record_stream(torch.cuda.current_stream())
+        loss = torch.nn.functional.cross_entropy(model(xg), yg)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
+def make_graph(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).cuda()
+    static_in = torch.zeros(256, 1024, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):   # warm up on a side stream, as PyTorch's docs ask
+            model(static_in)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = model(static_in)
+    state = {"mismatches": 0}
+
+    def step(i):
+        g = torch.Generator(device="cuda").manual_seed(seed * 1000 + i)
+        x = torch.randn(256, 1024, device="cuda", generator=g)
+        static_in.copy_(x)
+        graph.replay()
+        eager = model(x)
+        # Memory churn between replays: if cuheap handed out the graph's
+        # memory, these writes would corrupt the next replay.
+        junk = [torch.full((1 << 20,), float(k), device="cuda") for k in range(8)]
+        del junk
+        # Replay and eager may pick different kernels: compare with a tolerance
+        # that rounding meets and corruption does not.
+        if not torch.allclose(static_out, eager, rtol=1e-3, atol=1e-3):
+            state["mismatches"] += 1
+        return static_out.float().pow(2).mean()
+    step.state = state
+    return step
+
+
+JOBS = {"resnet50": make_resnet50, "gpt2": make_gpt2, "bert_varlen": make_bert_varlen,
+        "sidestream": make_sidestream, "graph": make_graph}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--job", choices=sorted(JOBS), required=True)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    step = JOBS[args.job](args.seed)
+    losses, times = [], []
+    for i in range(args.steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = step(i)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+        losses.append(float(loss))
+    reserved, live = peaks()
+    result = {
+        "job": args.job, "mode": mode_name(), "steps": args.steps,
+        "step_ms": statistics.median(times[3:]) if len(times) > 3 else statistics.median(times),
+        "losses": [x.hex() for x in losses], "last_loss": losses[-1],
+        "peak_reserved": reserved, "peak_live": live,
+        "torch": torch.__version__,
+    }
+    if hasattr(step, "state"):
+        result.update(step.state)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

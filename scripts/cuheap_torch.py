@@ -1,0 +1,284 @@
+"""cuheap_torch: cuheap as PyTorch's CUDA allocator.
+
+Three ways to turn it on, none of which needs a change to a training script
+beyond the first:
+
+    import cuheap_torch; cuheap_torch.install()     # in code, before any CUDA tensor
+    CUHEAP_TORCH=1 PYTHONPATH=/path/to/cuheap/scripts python train.py
+    PYTHONPATH=/path/to/cuheap/scripts python -m cuheap_torch train.py args...
+
+The library is found from CUHEAP_LIB, else ../build/libcuheap.so next to this
+file. Settings come from CUHEAP_CONF (see the README).
+
+Then memory_stats() answers with the keys of torch.cuda.memory_stats() (whose
+own version raises for pluggable allocators), memory_summary() prints a
+summary, and dump_report(path) writes cuheap's full report.
+
+Standard library and torch only.
+"""
+
+import ctypes
+import os
+import runpy
+import sys
+
+__all__ = ["install", "installed", "memory_stats", "memory_summary", "dump_report", "last_error", "library_path"]
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_lib = None
+_allocator = None
+
+
+class _Stat(ctypes.Structure):
+    _fields_ = [("current", ctypes.c_uint64), ("peak", ctypes.c_uint64)]
+
+
+class _Stats(ctypes.Structure):
+    """Mirror of cuheap_stats_t in include/cuheap.h (same order)."""
+
+    _fields_ = [
+        ("requested", _Stat),
+        ("allocated", _Stat),
+        ("reserved", _Stat),
+        ("cached", _Stat),
+        ("pending", _Stat),
+        ("num_allocs", ctypes.c_uint64),
+        ("num_frees", ctypes.c_uint64),
+        ("num_segment_allocs", ctypes.c_uint64),
+        ("num_segment_frees", ctypes.c_uint64),
+        ("num_cache_hits", ctypes.c_uint64),
+        ("num_retries", ctypes.c_uint64),
+        ("num_ooms", ctypes.c_uint64),
+        ("largest_free_extent", ctypes.c_uint64),
+        ("num_free_extents", ctypes.c_uint64),
+        ("limit", ctypes.c_uint64),
+        ("workspace", ctypes.c_uint64),
+        ("device_total", ctypes.c_uint64),
+    ]
+
+
+def library_path():
+    """Where libcuheap.so is: $CUHEAP_LIB, else the build folder beside scripts/."""
+    return os.environ.get("CUHEAP_LIB") or os.path.join(os.path.dirname(_HERE), "build", "libcuheap.so")
+
+
+def _load():
+    global _lib
+    if _lib is None:
+        path = library_path()
+        if not os.path.exists(path):
+            raise RuntimeError(
+                "cuheap: %s not found; build it with 'make' in the cuheap folder, or set CUHEAP_LIB" % path)
+        _lib = ctypes.CDLL(path)
+        _lib.cuheap_last_error.restype = ctypes.c_char_p
+        _lib.cuheap_status_string.restype = ctypes.c_char_p
+        _lib.cuheap_get_stats.argtypes = [ctypes.c_int, ctypes.POINTER(_Stats)]
+        _lib.cuheap_dump_report.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    return _lib
+
+
+def _address(lib, name):
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+
+def installed():
+    """True once cuheap serves this process's CUDA allocations."""
+    return _allocator is not None
+
+
+def install():
+    """Makes cuheap PyTorch's CUDA allocator. Call before the first CUDA tensor;
+    afterwards PyTorch cannot switch allocators and this raises RuntimeError."""
+    global _allocator
+    if _allocator is not None:
+        return
+    import torch
+
+    lib = _load()
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(library_path(), "cuheap_torch_alloc", "cuheap_torch_free")
+    backend = allocator.allocator()
+    hooks = [
+        ("set_init_fn", "cuheap_torch_init"),
+        ("set_reset_fn", "cuheap_torch_reset"),
+        ("set_memory_fraction_fn", "cuheap_torch_memory_fraction"),
+        ("set_record_stream_fn", "cuheap_torch_record_stream"),
+        ("set_base_alloc_fn", "cuheap_torch_base_alloc"),
+        ("set_begin_allocate_to_pool", "cuheap_torch_begin_pool"),
+        ("set_end_allocate_to_pool_fn", "cuheap_torch_end_pool"),
+        ("set_release_pool", "cuheap_torch_release_pool"),
+    ]
+    missing = []
+    for setter, symbol in hooks:
+        if hasattr(backend, setter):
+            getattr(backend, setter)(_address(lib, symbol))
+        else:
+            missing.append(setter)
+    if missing:
+        sys.stderr.write("cuheap: this PyTorch has no %s; those features fall back to PyTorch's defaults\n"
+                         % ", ".join(missing))
+    try:
+        torch.cuda.memory.change_current_allocator(allocator)
+    except RuntimeError as e:
+        raise RuntimeError(
+            "cuheap_torch.install() came too late: PyTorch has already made CUDA allocations with its own "
+            "allocator and cannot switch (%s). Call install() before the first CUDA tensor, or use "
+            "CUHEAP_TORCH=1 / python -m cuheap_torch." % e) from None
+    _allocator = allocator
+
+
+def last_error():
+    """cuheap's explanation of the calling thread's last failure, or ''."""
+    return _load().cuheap_last_error().decode()
+
+
+def _raw_stats(device):
+    stats = _Stats()
+    rc = _load().cuheap_get_stats(device, ctypes.byref(stats))
+    if rc != 0:
+        raise RuntimeError("cuheap_get_stats: %s" % last_error())
+    return {name: (getattr(stats, name).current, getattr(stats, name).peak) if isinstance(getattr(stats, name), _Stat)
+            else getattr(stats, name) for name, _ in _Stats._fields_}
+
+
+def torch_stats_from(raw):
+    """torch.cuda.memory_stats()-style keys from cuheap's statistics (a dict as
+    _raw_stats returns). Only the "all" pools: cuheap has no small/large split
+    in PyTorch's sense, so pool-specific keys are absent rather than invented."""
+    out = {}
+
+    def stat(prefix, pair):
+        out[prefix + ".all.current"] = pair[0]
+        out[prefix + ".all.peak"] = pair[1]
+
+    stat("allocated_bytes", raw["allocated"])
+    stat("active_bytes", raw["allocated"])
+    stat("requested_bytes", raw["requested"])
+    stat("reserved_bytes", raw["reserved"])
+    stat("inactive_split_bytes", raw["cached"])
+    out["allocation.all.current"] = raw["num_allocs"] - raw["num_frees"]
+    out["allocation.all.allocated"] = raw["num_allocs"]
+    out["allocation.all.freed"] = raw["num_frees"]
+    out["segment.all.current"] = raw["num_segment_allocs"] - raw["num_segment_frees"]
+    out["segment.all.allocated"] = raw["num_segment_allocs"]
+    out["segment.all.freed"] = raw["num_segment_frees"]
+    out["num_alloc_retries"] = raw["num_retries"]
+    out["num_ooms"] = raw["num_ooms"]
+    out["num_device_alloc"] = raw["num_segment_allocs"]
+    out["num_device_free"] = raw["num_segment_frees"]
+    out["num_sync_all_streams"] = 0
+    # cuheap's own figures, under a prefix no torch key uses.
+    out["cuheap.pending_bytes.current"], out["cuheap.pending_bytes.peak"] = raw["pending"]
+    out["cuheap.cache_hits"] = raw["num_cache_hits"]
+    out["cuheap.largest_free_extent"] = raw["largest_free_extent"]
+    out["cuheap.num_free_extents"] = raw["num_free_extents"]
+    out["cuheap.limit"] = raw["limit"]
+    out["cuheap.workspace"] = raw["workspace"]
+    return out
+
+
+def _device_index(device):
+    if device is None:
+        import torch
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    index = getattr(device, "index", None)
+    if index is None:
+        import torch
+        return torch.cuda.current_device()
+    return index
+
+
+def memory_stats(device=None):
+    """Like torch.cuda.memory_stats(device), filled from cuheap."""
+    return torch_stats_from(_raw_stats(_device_index(device)))
+
+
+def _gib(n):
+    return "%.2f GiB" % (n / 2.0 ** 30)
+
+
+def memory_summary(device=None):
+    """A short text summary, like torch.cuda.memory_summary(), with cuheap's
+    fragmentation figures."""
+    d = _device_index(device)
+    r = _raw_stats(d)
+    lines = ["cuheap memory summary, device %d" % d,
+             "%-18s %12s %12s" % ("", "current", "peak")]
+    for name in ("requested", "allocated", "reserved", "cached", "pending"):
+        lines.append("%-18s %12s %12s" % (name, _gib(r[name][0]), _gib(r[name][1])))
+    frag = 1.0 - r["largest_free_extent"] / r["cached"][0] if r["cached"][0] else 0.0
+    lines.append("allocations %d, frees %d, cache hits %d, segments %d, retries %d, OOMs %d"
+                 % (r["num_allocs"], r["num_frees"], r["num_cache_hits"], r["num_segment_allocs"],
+                    r["num_retries"], r["num_ooms"]))
+    lines.append("free extents %d, largest %s (1 - largest/cached = %.3f)"
+                 % (r["num_free_extents"], _gib(r["largest_free_extent"]), frag))
+    return "\n".join(lines) + "\n"
+
+
+def dump_report(path, format=None):
+    """Writes cuheap's report of every device to path (%p becomes the process
+    id): JSON if format is 'json' or path ends in .json, else text."""
+    if format is None:
+        format = "json" if str(path).endswith(".json") else "text"
+    if format not in ("json", "text"):
+        raise ValueError("format must be 'json' or 'text', not %r" % (format,))
+    rc = _load().cuheap_dump_report(os.fsencode(path), 1 if format == "json" else 0)
+    if rc != 0:
+        raise OSError("cuheap_dump_report(%s): %s" % (path, last_error()))
+
+
+# ---- activation by environment ------------------------------------------------
+
+class _InstallAfterTorch:
+    """A meta-path finder that installs cuheap right after `import torch`
+    finishes, before the program can make a CUDA tensor."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        import importlib.util
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        exec_module = loader.exec_module
+
+        def exec_then_install(module):
+            exec_module(module)
+            install()
+
+        loader.exec_module = exec_then_install
+        return spec
+
+
+def activate_from_environment():
+    """With CUHEAP_TORCH=1, installs cuheap when torch is imported."""
+    if os.environ.get("CUHEAP_TORCH", "") not in ("1", "true", "yes"):
+        return
+    if "torch" in sys.modules:
+        install()
+    elif not any(isinstance(f, _InstallAfterTorch) for f in sys.meta_path):
+        sys.meta_path.insert(0, _InstallAfterTorch())
+
+
+def main(argv):
+    """python -m cuheap_torch script.py args...: runs the script with cuheap installed."""
+    if len(argv) < 2 or argv[1] in ("-h", "--help"):
+        sys.stderr.write("usage: python -m cuheap_torch SCRIPT [ARGS...]\n")
+        return 2
+    import torch  # noqa: F401  (install needs it)
+    # The script's own `import cuheap_torch` must find this module, not a
+    # second copy that would try to install again.
+    sys.modules.setdefault("cuheap_torch", sys.modules[__name__])
+    install()
+    script = argv[1]
+    sys.argv = argv[1:]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    runpy.run_path(script, run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,187 @@
+/* hook_torch.c - PyTorch's pluggable-allocator entry points.
+ *
+ * torch.cuda.memory.CUDAPluggableAllocator calls a pair of C functions for
+ * every tensor allocation and free, with the device and the stream, plus
+ * optional hooks (empty_cache, set_per_process_memory_fraction,
+ * record_stream, graph pools). These functions only translate: each one
+ * finds the device's heap and calls it; scripts/cuheap_torch.py wires them
+ * in. Errors cannot be returned through PyTorch's signatures, so they go to
+ * stderr, rate-limited; an allocation that fails returns NULL, which PyTorch
+ * turns into a RuntimeError, after cuheap has printed why.
+ *
+ * Graph pools: PyTorch passes a pool id (a pair of integers) and, on begin,
+ * a C++ std::function filter by reference; cuheap ignores the filter and
+ * treats every free on the device during a capture as belonging to the pool
+ * (safe: such memory is only held longer).
+ */
+#include "hook_torch.h"
+
+#include "common.h"
+#include "runtime.h"
+
+#include <dlfcn.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <stdio.h>
+#include <sys/types.h>
+#include <time.h>
+
+#define API __attribute__((visibility("default")))
+
+/* One line per second at most; the count of the lines held back is shown
+ * with the next one. */
+static void report_rate_limited(const char *what)
+{
+    static _Atomic long last_second;
+    static _Atomic unsigned long held_back;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    long prev = atomic_load(&last_second);
+    if (now.tv_sec == prev || !atomic_compare_exchange_strong(&last_second, &prev, (long)now.tv_sec)) {
+        atomic_fetch_add(&held_back, 1);
+        return;
+    }
+    unsigned long skipped = atomic_exchange(&held_back, 0);
+    if (skipped)
+        cuh_log("%s: %s (%lu similar messages in the last second not shown)", what, cuh_get_error(), skipped);
+    else
+        cuh_log("%s: %s", what, cuh_get_error());
+}
+
+static uint64_t pool_key(uint64_t first, uint64_t second)
+{
+    uint64_t k = first * 0x9E3779B97F4A7C15ull ^ second;
+    return k ? k : 1;
+}
+
+/* Throws std::bad_alloc the way `throw std::bad_alloc()` compiles: an
+ * exception object whose one member is the vtable pointer (the vtable's
+ * address point is two words in), thrown with its type_info and destructor.
+ * Returns only if the process has no C++ runtime. No lock is held here. */
+static void throw_bad_alloc(void)
+{
+    void *alloc_sym = dlsym(RTLD_DEFAULT, "__cxa_allocate_exception");
+    void *throw_sym = dlsym(RTLD_DEFAULT, "__cxa_throw");
+    void *type_info = dlsym(RTLD_DEFAULT, "_ZTISt9bad_alloc");
+    void *vtable = dlsym(RTLD_DEFAULT, "_ZTVSt9bad_alloc");
+    void *dtor_sym = dlsym(RTLD_DEFAULT, "_ZNSt9bad_allocD1Ev");
+    if (!alloc_sym || !throw_sym || !type_info || !vtable || !dtor_sym)
+        return;
+    void *(*allocate_exception)(size_t);
+    void (*cxa_throw)(void *, void *, void (*)(void *));
+    void (*dtor)(void *);
+    memcpy(&allocate_exception, &alloc_sym, sizeof alloc_sym);
+    memcpy(&cxa_throw, &throw_sym, sizeof throw_sym);
+    memcpy(&dtor, &dtor_sym, sizeof dtor_sym);
+    void **exception = allocate_exception(sizeof(void *));
+    *exception = (char *)vtable + 2 * sizeof(void *);
+    cxa_throw(exception, type_info, dtor);
+}
+
+API void *cuheap_torch_alloc(ssize_t size, int device, cuheap_stream_t stream)
+{
+    void *ptr = NULL;
+    if (size < 0) {
+        cuh_set_error("negative size %zd", size);
+        report_rate_limited("allocation refused");
+        return NULL;
+    }
+    cuheap_status_t s = cuheap_malloc(&ptr, (size_t)size, device, stream);
+    if (s != CUHEAP_OK) {
+        report_rate_limited(s == CUHEAP_ERR_OUT_OF_MEMORY ? "CUDA out of memory" : "allocation failed");
+        throw_bad_alloc();
+    }
+    return ptr;
+}
+
+API void cuheap_torch_free(void *ptr, ssize_t size, int device, cuheap_stream_t stream)
+{
+    (void)size;
+    if (cuheap_free(ptr, device, stream) != CUHEAP_OK)
+        report_rate_limited("free failed");
+}
+
+API void cuheap_torch_init(int device_count)
+{
+    (void)device_count;   /* heaps are created at first use */
+}
+
+API void cuheap_torch_reset(void)
+{
+    for (int d = 0; d < CUH_MAX_DEVICES; d++)
+        cuheap_release_cached(d);
+}
+
+API void cuheap_torch_memory_fraction(double fraction, int device)
+{
+    cuh_heap_t *h;
+    if (!(fraction > 0.0 && fraction <= 1.0)) {
+        cuh_set_error("memory fraction %g is not in (0, 1]", fraction);
+        report_rate_limited("set_per_process_memory_fraction");
+        return;
+    }
+    if (cuh_runtime_heap(device, &h) != CUHEAP_OK) {
+        report_rate_limited("set_per_process_memory_fraction");
+        return;
+    }
+    cuh_heap_set_limit(h, (size_t)((double)cuh_heap_device_total(h) * fraction));
+}
+
+static cuh_heap_t *heap_owning(uintptr_t addr)
+{
+    for (int d = 0; d < CUH_MAX_DEVICES; d++) {
+        cuh_heap_t *h = cuh_runtime_existing_heap(d);
+        if (h && cuh_heap_owns(h, addr))
+            return h;
+    }
+    return NULL;
+}
+
+API void cuheap_torch_record_stream(void *ptr, cuheap_stream_t stream)
+{
+    cuh_heap_t *h = heap_owning((uintptr_t)ptr);
+    if (!h || cuh_heap_record_stream(h, (uintptr_t)ptr, (cuh_stream_t)stream) != CUHEAP_OK) {
+        if (!h)
+            cuh_set_error("record_stream: %p was not allocated by cuheap", ptr);
+        report_rate_limited("record_stream failed");
+    }
+}
+
+API void *cuheap_torch_base_alloc(void *ptr, size_t *size)
+{
+    cuh_heap_t *h = heap_owning((uintptr_t)ptr);
+    uintptr_t base = 0;
+    size_t len = 0;
+    if (h && cuh_heap_segment_of(h, (uintptr_t)ptr, &base, &len)) {
+        if (size)
+            *size = len;
+        return (void *)base;
+    }
+    return ptr;
+}
+
+API void cuheap_torch_begin_pool(int device, uint64_t id_first, uint64_t id_second, const void *filter)
+{
+    (void)filter;
+    cuh_heap_t *h;
+    if (cuh_runtime_heap(device, &h) == CUHEAP_OK)
+        cuh_heap_capture_begin(h, pool_key(id_first, id_second));
+    else
+        report_rate_limited("graph capture");
+}
+
+API void cuheap_torch_end_pool(int device, uint64_t id_first, uint64_t id_second)
+{
+    (void)id_first;
+    (void)id_second;
+    cuh_heap_t *h = cuh_runtime_existing_heap(device);
+    if (h)
+        cuh_heap_capture_end(h);
+}
+
+API void cuheap_torch_release_pool(int device, uint64_t id_first, uint64_t id_second)
+{
+    cuh_heap_t *h = cuh_runtime_existing_heap(device);
+    if (h)
+        cuh_heap_release_pool(h, pool_key(id_first, id_second));
+}

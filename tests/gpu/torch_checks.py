@@ -1,0 +1,122 @@
+"""torch_checks.py - cuheap as PyTorch's allocator, on a real GPU: each check
+runs a fresh Python process (an allocator is chosen once per process) and
+prints PASS or FAIL with what it saw; a Markdown table ends the output.
+
+  env      CUHEAP_TORCH=1 serves an unmodified script (no cuheap import in it)
+  late     install() after the first CUDA tensor fails with an explanation
+  oom      an out-of-memory shows cuheap's cause on stderr, and PyTorch raises
+  cache    torch.cuda.empty_cache() releases cuheap's cached segments
+  fraction set_per_process_memory_fraction() becomes cuheap's limit
+  stats    memory_stats() carries torch's keys with cuheap's numbers
+"""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run(code, **env_extra):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(ROOT, "scripts") + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(env_extra)
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
+    return p.returncode, p.stdout.strip(), p.stderr.strip()
+
+
+CHECKS = []
+
+
+def check(name):
+    def deco(fn):
+        CHECKS.append((name, fn))
+        return fn
+    return deco
+
+
+@check("env")
+def env_activation():
+    rc, out, err = run("import torch, sys\n"
+                       "x = torch.randn(1 << 20, device='cuda')\n"
+                       "m = sys.modules.get('cuheap_torch')\n"
+                       "print(bool(m and m.installed()), m.memory_stats()['allocated_bytes.all.current'] if m else 0)",
+                       CUHEAP_TORCH="1")
+    ok = rc == 0 and out.startswith("True") and int(out.split()[1]) >= 4 << 20
+    return ok, out or err[-300:]
+
+
+@check("late")
+def too_late():
+    rc, out, err = run("import torch, cuheap_torch\n"
+                       "x = torch.randn(10, device='cuda')\n"
+                       "cuheap_torch.install()")
+    return rc != 0 and "came too late" in err, err.splitlines()[-1][:200] if err else out
+
+
+@check("oom")
+def oom():
+    rc, out, err = run("import torch\n"
+                       "try:\n"
+                       "    torch.empty(3 << 30, dtype=torch.uint8, device='cuda')\n"
+                       "except Exception as e:\n"
+                       "    print(type(e).__name__)\n",
+                       CUHEAP_TORCH="1", CUHEAP_CONF="limit:2G")
+    line = next((l for l in err.splitlines() if "cuheap: CUDA out of memory" in l), "")
+    return rc == 0 and out != "" and "cause: limit" in line, (out + " | " + line)[:300]
+
+
+@check("cache")
+def empty_cache():
+    rc, out, err = run("import torch, sys\n"
+                       "m = sys.modules['cuheap_torch']\n"
+                       "x = torch.empty(1 << 30, dtype=torch.uint8, device='cuda'); del x\n"
+                       "before = m.memory_stats()['reserved_bytes.all.current']\n"
+                       "torch.cuda.empty_cache()\n"
+                       "print(before, m.memory_stats()['reserved_bytes.all.current'])",
+                       CUHEAP_TORCH="1")
+    ok = rc == 0 and len(out.split()) == 2 and int(out.split()[0]) >= 1 << 30 and int(out.split()[1]) == 0
+    return ok, out or err[-300:]
+
+
+@check("fraction")
+def fraction():
+    rc, out, err = run("import torch, sys\n"
+                       "m = sys.modules['cuheap_torch']\n"
+                       "torch.cuda.set_per_process_memory_fraction(0.5)\n"
+                       "x = torch.empty(16, device='cuda')\n"
+                       "total = torch.cuda.get_device_properties(0).total_memory\n"
+                       "print(m.memory_stats()['cuheap.limit'], total // 2)",
+                       CUHEAP_TORCH="1")
+    parts = out.split()
+    ok = rc == 0 and len(parts) == 2 and abs(int(parts[0]) - int(parts[1])) < (64 << 20)
+    return ok, out or err[-300:]
+
+
+@check("stats")
+def stats():
+    rc, out, err = run("import torch, sys\n"
+                       "m = sys.modules['cuheap_torch']\n"
+                       "x = torch.empty(3 << 20, dtype=torch.uint8, device='cuda')\n"
+                       "s = m.memory_stats()\n"
+                       "print(s['requested_bytes.all.current'], s['allocated_bytes.all.peak'] >= 3 << 20, s['num_ooms'])",
+                       CUHEAP_TORCH="1")
+    return rc == 0 and out == "%d True 0" % (3 << 20), out or err[-300:]
+
+
+def main():
+    rows, failed = [], 0
+    for name, fn in CHECKS:
+        try:
+            ok, seen = fn()
+        except Exception as e:  # a check that crashes fails, with why
+            ok, seen = False, repr(e)
+        failed += not ok
+        print("%s [%s] %s" % ("PASS" if ok else "FAIL", name, seen), flush=True)
+        rows.append("| %s | %s | %s |" % (name, "PASS" if ok else "FAIL", seen.replace("|", "/")[:160]))
+    print("\n| torch check | result | seen |\n|---|---|---|\n" + "\n".join(rows))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# test_cuheap_torch.sh BUILD_DIR - scripts/cuheap_torch.py and
+# scripts/sitecustomize.py without a GPU: a stand-in `torch` package records
+# what the helper asks of PyTorch's pluggable-allocator API, so the three ways
+# of turning cuheap on (install(), CUHEAP_TORCH=1, python -m cuheap_torch),
+# the hook wiring, the too-late error and the statistics mapping are all
+# checked against the real libcuheap.so.
+set -uo pipefail
+build=${1:-build}
+[ -e "$build/libcuheap.so" ] || build=build
+lib=$(cd "$build" && pwd)/libcuheap.so
+root=$(pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0; failed=0
+check() { if eval "$2"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $1"; fi; }
+
+mkdir -p "$tmp/fake/torch/cuda"
+cat > "$tmp/fake/torch/__init__.py" <<'PY'
+"""A stand-in for torch: records what cuheap_torch does with the allocator API."""
+import ctypes, os
+from . import cuda
+__version__ = "fake"
+PY
+cat > "$tmp/fake/torch/cuda/__init__.py" <<'PY'
+from . import memory
+def current_device():
+    return 0
+PY
+cat > "$tmp/fake/torch/cuda/memory.py" <<'PY'
+import ctypes, os, sys
+LOG = []
+class _Backend:
+    def __getattr__(self, name):
+        if not name.startswith("set_"):
+            raise AttributeError(name)
+        return lambda ptr: LOG.append((name, ptr))
+class CUDAPluggableAllocator:
+    def __init__(self, path, alloc, free):
+        lib = ctypes.CDLL(path)
+        self.alloc = ctypes.cast(getattr(lib, alloc), ctypes.c_void_p).value
+        self.free = ctypes.cast(getattr(lib, free), ctypes.c_void_p).value
+        LOG.append(("create", path, alloc, free))
+    def allocator(self):
+        return _Backend()
+def change_current_allocator(a):
+    if os.environ.get("FAKE_TOO_LATE"):
+        raise RuntimeError("Can't swap an already initialized allocator")
+    LOG.append(("change", a.alloc is not None and a.free is not None))
+PY
+export CUHEAP_LIB="$lib"
+py() { PYTHONPATH="$root/scripts:$tmp/fake" python3 "$@" 2>&1; }
+
+out=$(py -c '
+import cuheap_torch, torch
+cuheap_torch.install()
+from torch.cuda.memory import LOG
+names = [e[0] for e in LOG]
+assert names[0] == "create" and LOG[0][2:] == ("cuheap_torch_alloc", "cuheap_torch_free"), LOG[0]
+for s in ("set_reset_fn", "set_memory_fraction_fn", "set_record_stream_fn", "set_begin_allocate_to_pool",
+          "set_end_allocate_to_pool_fn", "set_release_pool"):
+    assert s in names, s
+assert all(e[1] for e in LOG if e[0].startswith("set_")), "a hook address is NULL"
+assert ("change", True) in LOG
+assert cuheap_torch.installed()
+cuheap_torch.install()   # twice is harmless
+assert names.count("create") == 1
+print("ok")')
+check "install() wires alloc, free and every hook, once (got: $out)" '[ "$out" = ok ]'
+
+out=$(FAKE_TOO_LATE=1 py -c '
+import cuheap_torch
+try:
+    cuheap_torch.install()
+except RuntimeError as e:
+    print(e)')
+check "install() after the first CUDA allocation explains itself" 'echo "$out" | grep -q "came too late"'
+
+cat > "$tmp/train.py" <<'PY'
+import sys, torch
+print("installed" if sys.modules["cuheap_torch"].installed() else "not installed")
+PY
+out=$(CUHEAP_TORCH=1 py "$tmp/train.py")
+check "CUHEAP_TORCH=1 installs when the unmodified script imports torch (got: $out)" '[ "$out" = installed ]'
+out=$(py -c 'import sys, torch; print("cuheap_torch" in sys.modules)')
+check "without CUHEAP_TORCH nothing is installed (got: $out)" '[ "$out" = False ]'
+out=$(PYTHONPATH="$root/scripts:$tmp/fake" python3 -m cuheap_torch "$tmp/train.py" 2>&1)
+check "python -m cuheap_torch script.py runs it installed (got: $out)" '[ "$out" = installed ]'
+out=$(py -m cuheap_torch 2>&1); rc=$?
+check "python -m cuheap_torch with no script is a usage error" '[ $rc -eq 2 ] && echo "$out" | grep -q usage'
+
+size=$(printf '#include <cuheap.h>\n#include <stdio.h>\nint main(void){printf("%%zu",sizeof(cuheap_stats_t));return 0;}\n' |
+       ${CC:-cc} -Iinclude -x c - -o "$tmp/sz" && "$tmp/sz")
+out=$(py -c 'import ctypes, cuheap_torch; print(ctypes.sizeof(cuheap_torch._Stats))')
+check "the ctypes mirror of cuheap_stats_t has its size ($size vs $out)" '[ "$size" = "$out" ]'
+
+out=$(py -c '
+import cuheap_torch
+raw = {"requested": (10, 20), "allocated": (12, 24), "reserved": (30, 40), "cached": (18, 25), "pending": (1, 2),
+       "num_allocs": 7, "num_frees": 5, "num_segment_allocs": 3, "num_segment_frees": 1, "num_cache_hits": 4,
+       "num_retries": 2, "num_ooms": 1, "largest_free_extent": 9, "num_free_extents": 3, "limit": 0,
+       "workspace": 0, "device_total": 100}
+s = cuheap_torch.torch_stats_from(raw)
+assert s["allocated_bytes.all.current"] == 12 and s["allocated_bytes.all.peak"] == 24
+assert s["reserved_bytes.all.peak"] == 40 and s["requested_bytes.all.current"] == 10
+assert s["num_alloc_retries"] == 2 and s["num_ooms"] == 1
+assert s["allocation.all.current"] == 2 and s["segment.all.current"] == 2
+assert not any(k.startswith(("allocated_bytes.small", "allocated_bytes.large")) for k in s)
+real = cuheap_torch.memory_stats(0)   # no GPU, device unused: zeros, same keys
+assert set(real) == set(s) and real["reserved_bytes.all.current"] == 0
+assert "cuheap memory summary" in cuheap_torch.memory_summary(0)
+print("ok")')
+check "memory_stats() has torch.cuda.memory_stats() keys filled from cuheap (got: $out)" '[ "$out" = ok ]'
+
+out=$(py -c "
+import cuheap_torch
+cuheap_torch.dump_report('$tmp/r.json')
+import json; r = json.load(open('$tmp/r.json')); assert r['schema'] == 'cuheap-report'
+try:
+    cuheap_torch.dump_report('$tmp/no/such/dir/r.txt')
+except OSError as e:
+    print('ok' if 'no/such/dir' in str(e) else e)")
+check "dump_report() writes JSON and reports a bad path (got: $out)" '[ "$out" = ok ]'
+
+echo "test_cuheap_torch: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
