@@ -60,11 +60,17 @@ static uint64_t pool_key(uint64_t first, uint64_t second)
  * Returns only if the process has no C++ runtime. No lock is held here. */
 static void throw_bad_alloc(void)
 {
-    void *alloc_sym = dlsym(RTLD_DEFAULT, "__cxa_allocate_exception");
-    void *throw_sym = dlsym(RTLD_DEFAULT, "__cxa_throw");
-    void *type_info = dlsym(RTLD_DEFAULT, "_ZTISt9bad_alloc");
-    void *vtable = dlsym(RTLD_DEFAULT, "_ZTVSt9bad_alloc");
-    void *dtor_sym = dlsym(RTLD_DEFAULT, "_ZNSt9bad_allocD1Ev");
+    /* Python loads extension modules with RTLD_LOCAL, so PyTorch's C++
+     * runtime is not in the global scope: ask for it by name, loaded only if
+     * it already is (RTLD_NOLOAD). */
+    void *scope = RTLD_DEFAULT;   /* a null handle: test the lookup, not it */
+    if (!dlsym(RTLD_DEFAULT, "__cxa_throw") && !(scope = dlopen("libstdc++.so.6", RTLD_NOW | RTLD_NOLOAD)))
+        return;
+    void *alloc_sym = dlsym(scope, "__cxa_allocate_exception");
+    void *throw_sym = dlsym(scope, "__cxa_throw");
+    void *type_info = dlsym(scope, "_ZTISt9bad_alloc");
+    void *vtable = dlsym(scope, "_ZTVSt9bad_alloc");
+    void *dtor_sym = dlsym(scope, "_ZNSt9bad_allocD1Ev");
     if (!alloc_sym || !throw_sym || !type_info || !vtable || !dtor_sym)
         return;
     void *(*allocate_exception)(size_t);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test_torch_throw.sh BUILD_DIR - in a C++ process (as PyTorch is), a failed
-# cuheap_torch_alloc throws std::bad_alloc after printing cuheap's reason,
+# cuheap_torch_alloc throws std::bad_alloc after printing cuheap's reason
+# (also when, as under Python, the C++ runtime is not in the global scope),
 # instead of returning the NULL that PyTorch would turn into a tensor with a
 # null data pointer. Without a GPU every allocation fails (no driver), which
 # is exactly the failure this needs.
@@ -36,6 +37,41 @@ else
     if [ "$out" = "caught std::bad_alloc" ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: got '$out'"; fi
     if echo "$err" | grep -q "cuheap: allocation failed: .*libcuda.so.1"; then passed=$((passed + 1)); else
         failed=$((failed + 1)); echo "FAIL: no explanation on stderr (got '$err')"; fi
+fi
+# As under Python: a C program loads PyTorch-like C++ code with RTLD_LOCAL, so
+# the C++ runtime is outside the global scope.
+cat > "$tmp/shim.cpp" <<'CPP'
+#include <new>
+#include <sys/types.h>
+extern "C" const char *call_alloc(void *(*alloc)(ssize_t, int, void *)) {
+    try {
+        alloc(1 << 20, 0, nullptr);
+        return "returned";
+    } catch (const std::bad_alloc &) {
+        return "caught std::bad_alloc";
+    }
+}
+CPP
+cat > "$tmp/host.c" <<'C'
+#include <dlfcn.h>
+#include <stdio.h>
+#include <sys/types.h>
+int main(int argc, char **argv) {
+    (void)argc;
+    void *shim = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+    void *lib = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
+    if (!shim || !lib) { printf("dlopen failed: %s\n", dlerror()); return 1; }
+    const char *(*call)(void *) = (const char *(*)(void *))dlsym(shim, "call_alloc");
+    printf("%s\n", call(dlsym(lib, "cuheap_torch_alloc")));
+    return 0;
+}
+C
+if g++ -shared -fPIC -O1 -o "$tmp/shim.so" "$tmp/shim.cpp" && ${CC:-cc} -O1 -o "$tmp/host" "$tmp/host.c" -ldl; then
+    out=$("$tmp/host" "$tmp/shim.so" "$lib" 2>/dev/null)
+    if [ "$out" = "caught std::bad_alloc" ]; then passed=$((passed + 1)); else
+        failed=$((failed + 1)); echo "FAIL: with a locally loaded C++ runtime got '$out'"; fi
+else
+    failed=$((failed + 1)); echo "FAIL: cannot build the RTLD_LOCAL probe"
 fi
 echo "test_torch_throw: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
