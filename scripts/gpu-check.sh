@@ -99,6 +99,12 @@ elif [[ -x /usr/local/cuda/bin/compute-sanitizer ]]; then
     SANITIZER=/usr/local/cuda/bin/compute-sanitizer
 fi
 
+section "gpu_check with CUHEAP_CONF=vmm:1 (virtual memory)"
+VMM_LOG="$BUILD/gpu_check.vmm.log"
+run_logged "$VMM_LOG" env CUHEAP_CONF=vmm:1 timeout "$MAIN_TIMEOUT" "$BUILD"/gpu_check --ops "$GPU_CHECK_OPS"
+VMM_RC=$RUN_RC
+VMM_SECS=$RUN_SECS
+
 SAN_RC=""
 SAN_SECS=""
 SAN_LOG="$BUILD/gpu_check.memcheck.log"
@@ -125,13 +131,13 @@ if [[ "${GPU_TORCH:-1}" != 0 ]] && python3 -c 'import torch, sys; sys.exit(0 if 
     TORCH_SECS=$RUN_SECS
     section "PyTorch training jobs: cuheap beside PyTorch's three allocator modes"
     JOBS_LOG="$BUILD/torch_jobs.log"
-    run_logged "$JOBS_LOG" timeout 300 python3 bench/torch/run_modes.py --jobs resnet50,gpt2,bert_varlen \
-        --modes native,expandable,async,cuheap --steps "$TORCH_STEPS" --out "$BUILD/torch_jobs.json"
+    run_logged "$JOBS_LOG" timeout 420 python3 bench/torch/run_modes.py --jobs resnet50,gpt2,bert_varlen \
+        --modes native,expandable,async,cuheap,cuheap-vmm --steps "$TORCH_STEPS" --out "$BUILD/torch_jobs.json"
     JOBS_RC=$RUN_RC
     JOBS_SECS=$RUN_SECS
     section "PyTorch side-stream prefetch and CUDA graph jobs"
     run_logged "$BUILD/torch_jobs2.log" timeout 150 python3 bench/torch/run_modes.py --jobs sidestream,graph \
-        --modes native,cuheap --steps "$TORCH_STEPS" --out "$BUILD/torch_jobs2.json"
+        --modes native,cuheap,cuheap-vmm --steps "$TORCH_STEPS" --out "$BUILD/torch_jobs2.json"
     [[ "$RUN_RC" != 0 ]] && JOBS_RC=$RUN_RC
     JOBS_SECS=$(awk -v a="$JOBS_SECS" -v b="$RUN_SECS" 'BEGIN { printf "%.1f", a + b }')
 else
@@ -142,6 +148,7 @@ section "summary"
 echo "| run | exit | seconds | result |"
 echo "|---|---|---|---|"
 echo "| gpu_check --ops $GPU_CHECK_OPS | $MAIN_RC | $MAIN_SECS | $(verdict "$MAIN_LOG" "$MAIN_RC") |"
+echo "| gpu_check --ops $GPU_CHECK_OPS, vmm:1 | $VMM_RC | $VMM_SECS | $(verdict "$VMM_LOG" "$VMM_RC") |"
 if [[ -n "$SANITIZER" ]]; then
     san_summary=$(grep -E 'ERROR SUMMARY' "$SAN_LOG" | tail -n 1 | sed -E 's/^=+ *//' || true)
     echo "| memcheck gpu_check --ops $SANITIZER_OPS | $SAN_RC | $SAN_SECS | $(verdict "$SAN_LOG" "$SAN_RC")${san_summary:+; $san_summary} |"
@@ -156,6 +163,9 @@ fi
 
 if [[ "$MAIN_RC" != 0 ]]; then
     exit "$MAIN_RC"
+fi
+if [[ "$VMM_RC" != 0 ]]; then
+    exit "$VMM_RC"
 fi
 if [[ -n "$TORCH_RC" && "$TORCH_RC" != 0 ]]; then
     exit "$TORCH_RC"

@@ -56,6 +56,8 @@ static void index_insert(cuh_arena_t *a, cuh_extent_t *e)
     e->tag_next = b->list;
     if (b->list)
         b->list->tag_prev = e;
+    else
+        b->oldest = e;
     b->list = e;
     if (e->tag != CUH_TAG_GLOBAL) {
         if (e->epoch < b->fences_recorded) {
@@ -77,6 +79,8 @@ static void index_remove(cuh_arena_t *a, cuh_extent_t *e)
         b->list = e->tag_next;
     if (e->tag_next)
         e->tag_next->tag_prev = e->tag_prev;
+    else
+        b->oldest = e->tag_prev;
     e->tag_prev = e->tag_next = NULL;
     if (e->tag != CUH_TAG_GLOBAL) {
         if (e->epoch < b->fences_recorded) {
@@ -294,10 +298,14 @@ cuh_extent_t *cuh_arena_take(cuh_arena_t *a, cuh_extent_t *ext, size_t size, siz
     return ext;
 }
 
-/* May free extent `tag` absorb its free neighbour n? */
+/* May free extent `tag` absorb its free neighbour n? A private extent takes
+ * in global neighbours, except in a virtual-memory reservation: there the
+ * global free space is the whole unused address range, and one stream's free
+ * must not make it that stream's alone. */
 static int absorbable(const cuh_extent_t *n, uint32_t tag)
 {
-    return n && n->state == CUH_EXTENT_FREE && (n->tag == tag || n->tag == CUH_TAG_GLOBAL);
+    return n && n->state == CUH_EXTENT_FREE &&
+           (n->tag == tag || (n->tag == CUH_TAG_GLOBAL && (tag == CUH_TAG_GLOBAL || !n->segment->virtual_space)));
 }
 
 /* Joins free neighbour n into e (n leaves the index and is deleted). */

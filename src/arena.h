@@ -19,8 +19,9 @@
  * fit, constant time), so best fit for a stream is the better of two
  * lookups: the global index and its own. Freeing merges an extent with free neighbours that it may absorb:
  * neighbours of its own tag (the later epoch wins) and global ones (which
- * become its own: safe, since global memory is safe for everyone). Private
- * extents of two different streams never merge.
+ * become its own: safe, since global memory is safe for everyone), except in
+ * a virtual-memory reservation, whose global free space is the whole unused
+ * address range. Private extents of two different streams never merge.
  *
  * The arena only keeps books; it never calls the device. Byte counts per tag
  * (global, private unfenced, private fenced) are kept exact on every change,
@@ -60,6 +61,7 @@ struct cuh_segment_s {
     uintptr_t base;
     size_t size;
     cuh_region_t region;
+    int virtual_space;              /* a virtual-memory reservation: pages mapped on demand */
     cuh_extent_t *first;            /* lowest extent */
     size_t used_bytes;              /* bytes in used extents */
     cuh_segment_t *prev, *next;     /* all segments, in creation order */
@@ -68,7 +70,8 @@ struct cuh_segment_s {
 
 typedef struct cuh_tag_books_s {
     cuh_freebins_t bins[CUH_NUM_REGIONS];
-    cuh_extent_t *list;             /* every free extent of this tag */
+    cuh_extent_t *list;             /* every free extent of this tag, newest first */
+    cuh_extent_t *oldest;           /* the list's last element */
     size_t unfenced_bytes;          /* private: epoch >= fences recorded */
     size_t fenced_bytes;            /* private: a fence covers it, not yet complete */
     uint64_t fences_recorded;       /* private: the stream's fence counter */

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { KIND_SIZE, KIND_LIMIT, KIND_FRACTION } value_kind_t;
+typedef enum { KIND_SIZE, KIND_LIMIT, KIND_FRACTION, KIND_BOOL } value_kind_t;
 
 typedef struct option_s {
     const char *name;
@@ -46,6 +46,15 @@ static const option_t options[] = {
      "A new segment is at least this fraction of the bytes already reserved (up to 1 GiB): "
      "geometric growth means few device calls and larger contiguous ranges for best fit. "
      "0 sizes every segment to its request. Between 0 and 1."},
+    {"vmm", KIND_BOOL, offsetof(cuh_config_t, vmm), "0",
+     "1: large and small blocks live in one range of CUDA virtual memory; physical pages are "
+     "mapped behind it on demand and taken from free blocks elsewhere before the device is "
+     "asked for more, so free memory is never too scattered to use. 0: plain segments."},
+    {"vmm_margin", KIND_FRACTION, offsetof(cuh_config_t, vmm_margin), "0.1",
+     "With vmm:1: new pages come from the device while the heap holds at most (1 + vmm_margin) "
+     "times the most bytes the program has had live; beyond that, or when the device or the "
+     "limit refuses, free pages are moved instead (an unmap and a map each). 0 holds the least "
+     "memory, larger values move pages less often. Between 0 and 1."},
 };
 #define NUM_OPTIONS (sizeof options / sizeof options[0])
 
@@ -55,6 +64,7 @@ void cuh_config_defaults(cuh_config_t *cfg)
     cfg->small_max = 64 * CUH_KiB;
     cfg->segment_min = 2 * CUH_MiB;
     cfg->grow_fraction = 0.0625;
+    cfg->vmm_margin = 0.1;
 }
 
 static void list_keys(char *buf, size_t len)
@@ -99,6 +109,19 @@ static int parse_size(const char *text, size_t *out)
 static int set_value(const option_t *opt, const char *value, cuh_config_t *cfg, char *err, size_t errlen)
 {
     size_t bytes;
+    if (opt->kind == KIND_BOOL) {
+        size_t on;
+        if (!strcmp(value, "1") || !strcmp(value, "true") || !strcmp(value, "on"))
+            on = 1;
+        else if (!strcmp(value, "0") || !strcmp(value, "false") || !strcmp(value, "off"))
+            on = 0;
+        else {
+            snprintf(err, errlen, "%s:%s is not 0 or 1", opt->name, value);
+            return -1;
+        }
+        *(size_t *)(void *)((char *)cfg + opt->offset) = on;
+        return 0;
+    }
     if (opt->kind == KIND_FRACTION) {
         char *end;
         errno = 0;
@@ -269,6 +292,6 @@ void cuh_config_format(const cuh_config_t *cfg, char *buf, size_t len)
     }
     else
         snprintf(limit, sizeof limit, "none");
-    snprintf(buf, len, "workspace:%zu,limit:%s,small_max:%zu,segment_min:%zu,grow_fraction:%g", cfg->workspace,
-             limit, cfg->small_max, cfg->segment_min, cfg->grow_fraction);
+    snprintf(buf, len, "workspace:%zu,limit:%s,small_max:%zu,segment_min:%zu,grow_fraction:%g,vmm:%zu,vmm_margin:%g",
+             cfg->workspace, limit, cfg->small_max, cfg->segment_min, cfg->grow_fraction, cfg->vmm, cfg->vmm_margin);
 }

@@ -18,6 +18,8 @@ typedef struct cuh_config_s {
     size_t small_max;        /* requests up to this size come from size classes */
     size_t segment_min;      /* smallest segment asked of the device */
     double grow_fraction;    /* a new segment is at least this share of reserved */
+    size_t vmm;              /* 1: general region on CUDA virtual memory */
+    double vmm_margin;       /* vmm: new pages up to (1 + margin) x live peak, then move pages */
 } cuh_config_t;
 
 void cuh_config_defaults(cuh_config_t *cfg);

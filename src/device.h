@@ -47,6 +47,24 @@ typedef struct cuh_device_ops_s {
     /* Blocks until all work on the device has finished. */
     cuh_dev_status_t (*synchronize)(cuh_device_t *dev);
     void (*destroy)(cuh_device_t *dev);
+
+    /* Virtual memory: address space and physical pages apart, so that any
+     * free pages can be mapped behind one contiguous range. vm_granularity
+     * is the page size, 0 when the device has no virtual memory management.
+     * Physical pages count against the device's memory like segments. */
+    size_t (*vm_granularity)(cuh_device_t *dev);
+    /* Reserves `size` bytes of address space (no memory behind it). */
+    cuh_dev_status_t (*vm_reserve)(cuh_device_t *dev, size_t size, uintptr_t *va);
+    void (*vm_unreserve)(cuh_device_t *dev, uintptr_t va, size_t size);
+    /* A physical allocation of `size` bytes (a multiple of the page);
+     * CUH_DEV_OOM when the device has no memory for it. */
+    cuh_dev_status_t (*vm_create)(cuh_device_t *dev, size_t size, uint64_t *handle);
+    void (*vm_release)(cuh_device_t *dev, uint64_t handle);
+    /* Maps a whole physical allocation at va and makes it read-write for the
+     * device. Unmapping does not wait for GPU work: the caller must know
+     * that no work issued before may still touch the range. */
+    cuh_dev_status_t (*vm_map)(cuh_device_t *dev, uintptr_t va, size_t size, uint64_t handle);
+    cuh_dev_status_t (*vm_unmap)(cuh_device_t *dev, uintptr_t va, size_t size);
 } cuh_device_ops_t;
 
 /* Every implementation embeds this as its first member. */
@@ -76,7 +94,9 @@ void cuh_sim_complete_stream(cuh_device_t *dev, cuh_stream_t stream);
 void cuh_sim_complete_all(cuh_device_t *dev);
 /* Counters a test can read. */
 typedef struct cuh_sim_counters_s {
-    size_t used;               /* bytes in live segments */
+    size_t used;               /* bytes in live segments and physical pages */
+    uint64_t vm_creates, vm_releases, vm_maps, vm_unmaps;
+    size_t vm_mapped;          /* bytes mapped now */
     uint64_t mem_allocs, mem_frees, mem_refusals;
     uint64_t events_recorded, event_waits, synchronizes;
     uint64_t live_events;

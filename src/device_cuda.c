@@ -25,6 +25,32 @@
 typedef int CUresult;
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
+typedef unsigned long long CUmemGenericAllocationHandle;
+/* The virtual-memory structures, laid out as in cuda.h (CUDA 10.2 and later). */
+typedef struct {
+    int type;   /* CUmemLocationType */
+    int id;
+} cuh_CUmemLocation;
+typedef struct {
+    int type;                   /* CUmemAllocationType */
+    int requestedHandleTypes;   /* CUmemAllocationHandleType */
+    cuh_CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} cuh_CUmemAllocationProp;
+typedef struct {
+    cuh_CUmemLocation location;
+    int flags;   /* CUmemAccess_flags */
+} cuh_CUmemAccessDesc;
+#define CU_MEM_ALLOCATION_TYPE_PINNED 1
+#define CU_MEM_LOCATION_TYPE_DEVICE 1
+#define CU_MEM_ACCESS_FLAGS_PROT_READWRITE 3
+#define CU_MEM_ALLOC_GRANULARITY_MINIMUM 0
 typedef struct CUctx_st *CUcontext;
 typedef struct CUevent_st *CUevent;
 typedef struct CUstream_st *CUstream;
@@ -77,6 +103,18 @@ static struct {
     CUresult (*cuEventQuery)(CUevent event);
     CUresult (*cuEventSynchronize)(CUevent event);
     CUresult (*cuThreadExchangeStreamCaptureMode)(int *mode);
+    /* Virtual memory (optional: NULL when the driver lacks them). */
+    CUresult (*cuMemGetAllocationGranularity)(size_t *gran, const cuh_CUmemAllocationProp *prop, int option);
+    CUresult (*cuMemAddressReserve)(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
+                                    unsigned long long flags);
+    CUresult (*cuMemAddressFree)(CUdeviceptr ptr, size_t size);
+    CUresult (*cuMemCreate)(CUmemGenericAllocationHandle *handle, size_t size, const cuh_CUmemAllocationProp *prop,
+                            unsigned long long flags);
+    CUresult (*cuMemRelease)(CUmemGenericAllocationHandle handle);
+    CUresult (*cuMemMap)(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                         unsigned long long flags);
+    CUresult (*cuMemUnmap)(CUdeviceptr ptr, size_t size);
+    CUresult (*cuMemSetAccess)(CUdeviceptr ptr, size_t size, const cuh_CUmemAccessDesc *desc, size_t count);
 } g_cu = { .once = PTHREAD_ONCE_INIT };
 
 /* Our own copy of dlsym. A later feature of cuheap defines a `dlsym` of its
@@ -207,6 +245,20 @@ static void cuda_load(void)
     CU_RESOLVE(cuEventSynchronize);
     CU_RESOLVE(cuThreadExchangeStreamCaptureMode);
 #undef CU_RESOLVE
+#define CU_OPTIONAL(field)                                             \
+    do {                                                               \
+        void *sym_ = cuda_sym(#field);                                 \
+        memcpy(&g_cu.field, &sym_, sizeof g_cu.field);                 \
+    } while (0)
+    CU_OPTIONAL(cuMemGetAllocationGranularity);
+    CU_OPTIONAL(cuMemAddressReserve);
+    CU_OPTIONAL(cuMemAddressFree);
+    CU_OPTIONAL(cuMemCreate);
+    CU_OPTIONAL(cuMemRelease);
+    CU_OPTIONAL(cuMemMap);
+    CU_OPTIONAL(cuMemUnmap);
+    CU_OPTIONAL(cuMemSetAccess);
+#undef CU_OPTIONAL
 
     r = g_cu.cuInit(0);
     if (r != CUDA_SUCCESS) {
@@ -495,6 +547,134 @@ static cuh_dev_status_t cuda_synchronize(cuh_device_t *dev)
     return CUH_DEV_OK;
 }
 
+/* ---- virtual memory -------------------------------------------------------- */
+
+static cuh_CUmemAllocationProp cuda_vm_prop(const cuh_cuda_device_t *d)
+{
+    cuh_CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = d->base.ordinal;
+    return prop;
+}
+
+static size_t cuda_vm_granularity(cuh_device_t *dev)
+{
+    cuh_cuda_device_t *d = cuda_dev(dev);
+    if (!g_cu.cuMemGetAllocationGranularity || !g_cu.cuMemAddressReserve || !g_cu.cuMemCreate || !g_cu.cuMemMap ||
+        !g_cu.cuMemUnmap || !g_cu.cuMemSetAccess || !g_cu.cuMemRelease || !g_cu.cuMemAddressFree)
+        return 0;
+    cuh_CUmemAllocationProp prop = cuda_vm_prop(d);
+    size_t gran = 0;
+    int pushed;
+    if (cuda_ctx_enter(d, &pushed) != CUDA_SUCCESS)
+        return 0;
+    CUresult r = g_cu.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    cuda_ctx_leave(pushed);
+    return r == CUDA_SUCCESS ? gran : 0;
+}
+
+/* Runs one virtual-memory call in the device's context and relaxed capture
+ * mode (these calls would invalidate a graph capture in global mode). */
+#define CUDA_VM_CALL(d, r, call)                                        \
+    do {                                                                \
+        int pushed_, mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;            \
+        (r) = cuda_ctx_enter((d), &pushed_);                            \
+        if ((r) == CUDA_SUCCESS) {                                      \
+            (void)g_cu.cuThreadExchangeStreamCaptureMode(&mode_);       \
+            (r) = (call);                                               \
+            (void)g_cu.cuThreadExchangeStreamCaptureMode(&mode_);       \
+            cuda_ctx_leave(pushed_);                                    \
+        }                                                               \
+    } while (0)
+
+static cuh_dev_status_t cuda_vm_reserve(cuh_device_t *dev, size_t size, uintptr_t *va)
+{
+    cuh_cuda_device_t *d = cuda_dev(dev);
+    CUdeviceptr p = 0;
+    CUresult r;
+    CUDA_VM_CALL(d, r, g_cu.cuMemAddressReserve(&p, size, 0, 0, 0));
+    if (r != CUDA_SUCCESS) {
+        cuda_dev_error(dev, r, "cuMemAddressReserve(%zu bytes)", size);
+        return CUH_DEV_ERROR;
+    }
+    *va = (uintptr_t)p;
+    return CUH_DEV_OK;
+}
+
+static void cuda_vm_unreserve(cuh_device_t *dev, uintptr_t va, size_t size)
+{
+    cuh_cuda_device_t *d = cuda_dev(dev);
+    CUresult r;
+    CUDA_VM_CALL(d, r, g_cu.cuMemAddressFree((CUdeviceptr)va, size));
+    (void)r;
+}
+
+static cuh_dev_status_t cuda_vm_create(cuh_device_t *dev, size_t size, uint64_t *handle)
+{
+    cuh_cuda_device_t *d = cuda_dev(dev);
+    cuh_CUmemAllocationProp prop = cuda_vm_prop(d);
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r;
+    CUDA_VM_CALL(d, r, g_cu.cuMemCreate(&h, size, &prop, 0));
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+        cuda_dev_error(dev, r, "cuMemCreate(%zu bytes)", size);
+        return CUH_DEV_OOM;
+    }
+    if (r != CUDA_SUCCESS) {
+        cuda_dev_error(dev, r, "cuMemCreate(%zu bytes)", size);
+        return CUH_DEV_ERROR;
+    }
+    *handle = (uint64_t)h;
+    return CUH_DEV_OK;
+}
+
+static void cuda_vm_release(cuh_device_t *dev, uint64_t handle)
+{
+    cuh_cuda_device_t *d = cuda_dev(dev);
+    CUresult r;
+    CUDA_VM_CALL(d, r, g_cu.cuMemRelease((CUmemGenericAllocationHandle)handle));
+    (void)r;
+}
+
+static cuh_dev_status_t cuda_vm_map(cuh_device_t *dev, uintptr_t va, size_t size, uint64_t handle)
+{
+    cuh_cuda_device_t *d = cuda_dev(dev);
+    cuh_CUmemAccessDesc access;
+    memset(&access, 0, sizeof access);
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = dev->ordinal;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CUresult r;
+    CUDA_VM_CALL(d, r, g_cu.cuMemMap((CUdeviceptr)va, size, 0, (CUmemGenericAllocationHandle)handle, 0));
+    if (r != CUDA_SUCCESS) {
+        cuda_dev_error(dev, r, "cuMemMap(0x%llx, %zu bytes)", (unsigned long long)va, size);
+        return CUH_DEV_ERROR;
+    }
+    CUDA_VM_CALL(d, r, g_cu.cuMemSetAccess((CUdeviceptr)va, size, &access, 1));
+    if (r != CUDA_SUCCESS) {
+        cuda_dev_error(dev, r, "cuMemSetAccess(0x%llx, %zu bytes)", (unsigned long long)va, size);
+        CUresult u;
+        CUDA_VM_CALL(d, u, g_cu.cuMemUnmap((CUdeviceptr)va, size));
+        (void)u;
+        return CUH_DEV_ERROR;
+    }
+    return CUH_DEV_OK;
+}
+
+static cuh_dev_status_t cuda_vm_unmap(cuh_device_t *dev, uintptr_t va, size_t size)
+{
+    cuh_cuda_device_t *d = cuda_dev(dev);
+    CUresult r;
+    CUDA_VM_CALL(d, r, g_cu.cuMemUnmap((CUdeviceptr)va, size));
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED) {
+        cuda_dev_error(dev, r, "cuMemUnmap(0x%llx, %zu bytes)", (unsigned long long)va, size);
+        return CUH_DEV_ERROR;
+    }
+    return CUH_DEV_OK;
+}
+
 static void cuda_destroy(cuh_device_t *dev)
 {
     cuh_cuda_device_t *d = cuda_dev(dev);
@@ -518,6 +698,13 @@ static const cuh_device_ops_t cuda_ops = {
     .event_wait = cuda_event_wait,
     .synchronize = cuda_synchronize,
     .destroy = cuda_destroy,
+    .vm_granularity = cuda_vm_granularity,
+    .vm_reserve = cuda_vm_reserve,
+    .vm_unreserve = cuda_vm_unreserve,
+    .vm_create = cuda_vm_create,
+    .vm_release = cuda_vm_release,
+    .vm_map = cuda_vm_map,
+    .vm_unmap = cuda_vm_unmap,
 };
 
 /* ---- entry points (device.h) -------------------------------------------- */

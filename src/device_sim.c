@@ -51,6 +51,10 @@ typedef struct sim_device_s {
     sim_stream_t *streams;
     size_t num_streams, cap_streams;
     cuh_ptrmap_t segments;       /* address -> size (stored as pointer-sized int) */
+    cuh_ptrmap_t reservations;   /* va -> size */
+    cuh_ptrmap_t physical;       /* handle -> size */
+    cuh_ptrmap_t mappings;       /* va -> handle, one entry per mapped allocation */
+    uint64_t next_handle;
     cuh_sim_counters_t counters;
 } sim_device_t;
 
@@ -232,10 +236,121 @@ static cuh_dev_status_t sim_synchronize(cuh_device_t *dev)
     return CUH_DEV_OK;
 }
 
+/* ---- virtual memory ----------------------------------------------------------
+ * Reservations take addresses from the device's slice like segments; physical
+ * allocations are numbers that count against the capacity; mappings are
+ * books, checked for overlap and for mapping what exists. */
+
+#define SIM_VM_PAGE CUH_SEGMENT_GRAIN
+
+static size_t sim_vm_granularity(cuh_device_t *dev)
+{
+    (void)dev;
+    return SIM_VM_PAGE;
+}
+
+static cuh_dev_status_t sim_vm_reserve(cuh_device_t *dev, size_t size, uintptr_t *va)
+{
+    sim_device_t *s = sim_of(dev);
+    cuh_dev_status_t rc = CUH_DEV_OK;
+    pthread_mutex_lock(&s->lock);
+    if (!size || size % SIM_VM_PAGE || s->next_addr + size > s->space_end ||
+        cuh_ptrmap_insert(&s->reservations, s->next_addr, (void *)size)) {
+        snprintf(dev->last_error, sizeof dev->last_error, "sim: cannot reserve %zu bytes of address space", size);
+        rc = CUH_DEV_ERROR;
+    } else {
+        *va = s->next_addr;
+        s->next_addr += size + CUH_SEGMENT_GRAIN;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+static void sim_vm_unreserve(cuh_device_t *dev, uintptr_t va, size_t size)
+{
+    sim_device_t *s = sim_of(dev);
+    pthread_mutex_lock(&s->lock);
+    if ((size_t)cuh_ptrmap_get(&s->reservations, va) == size)
+        cuh_ptrmap_remove(&s->reservations, va);
+    pthread_mutex_unlock(&s->lock);
+}
+
+static cuh_dev_status_t sim_vm_create(cuh_device_t *dev, size_t size, uint64_t *handle)
+{
+    sim_device_t *s = sim_of(dev);
+    cuh_dev_status_t rc = CUH_DEV_OK;
+    pthread_mutex_lock(&s->lock);
+    if (!size || size % SIM_VM_PAGE) {
+        snprintf(dev->last_error, sizeof dev->last_error, "sim: physical allocation of %zu bytes is not whole pages", size);
+        rc = CUH_DEV_ERROR;
+    } else if (size > s->capacity - s->counters.used - s->external) {
+        s->counters.mem_refusals++;
+        rc = CUH_DEV_OOM;
+    } else if (cuh_ptrmap_insert(&s->physical, ++s->next_handle << 9, (void *)size)) {
+        rc = CUH_DEV_ERROR;
+    } else {
+        *handle = s->next_handle;
+        s->counters.used += size;
+        s->counters.vm_creates++;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+static void sim_vm_release(cuh_device_t *dev, uint64_t handle)
+{
+    sim_device_t *s = sim_of(dev);
+    pthread_mutex_lock(&s->lock);
+    size_t size = (size_t)cuh_ptrmap_remove(&s->physical, (uintptr_t)handle << 9);
+    s->counters.used -= size;
+    s->counters.vm_releases += size != 0;
+    pthread_mutex_unlock(&s->lock);
+}
+
+static cuh_dev_status_t sim_vm_map(cuh_device_t *dev, uintptr_t va, size_t size, uint64_t handle)
+{
+    sim_device_t *s = sim_of(dev);
+    cuh_dev_status_t rc = CUH_DEV_OK;
+    pthread_mutex_lock(&s->lock);
+    size_t phys = (size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)handle << 9);
+    if (phys != size || cuh_ptrmap_get(&s->mappings, va) || cuh_ptrmap_insert(&s->mappings, va, (void *)(uintptr_t)handle)) {
+        snprintf(dev->last_error, sizeof dev->last_error,
+                 "sim: map of handle %llu (%zu bytes, allocation has %zu) at 0x%llx refused (already mapped?)",
+                 (unsigned long long)handle, size, phys, (unsigned long long)va);
+        rc = CUH_DEV_ERROR;
+    } else {
+        s->counters.vm_maps++;
+        s->counters.vm_mapped += size;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+static cuh_dev_status_t sim_vm_unmap(cuh_device_t *dev, uintptr_t va, size_t size)
+{
+    sim_device_t *s = sim_of(dev);
+    cuh_dev_status_t rc = CUH_DEV_OK;
+    pthread_mutex_lock(&s->lock);
+    uint64_t handle = (uint64_t)(uintptr_t)cuh_ptrmap_remove(&s->mappings, va);
+    if (!handle || (size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)handle << 9) != size) {
+        snprintf(dev->last_error, sizeof dev->last_error, "sim: unmap of 0x%llx (%zu bytes): nothing mapped there",
+                 (unsigned long long)va, size);
+        rc = CUH_DEV_ERROR;
+    } else {
+        s->counters.vm_unmaps++;
+        s->counters.vm_mapped -= size;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
 static void sim_destroy(cuh_device_t *dev)
 {
     sim_device_t *s = sim_of(dev);
     cuh_ptrmap_destroy(&s->segments);
+    cuh_ptrmap_destroy(&s->reservations);
+    cuh_ptrmap_destroy(&s->physical);
+    cuh_ptrmap_destroy(&s->mappings);
     free(s->streams);
     pthread_mutex_destroy(&s->lock);
     free(s);
@@ -252,6 +367,13 @@ static const cuh_device_ops_t sim_ops = {
     .event_wait = sim_event_wait,
     .synchronize = sim_synchronize,
     .destroy = sim_destroy,
+    .vm_granularity = sim_vm_granularity,
+    .vm_reserve = sim_vm_reserve,
+    .vm_unreserve = sim_vm_unreserve,
+    .vm_create = sim_vm_create,
+    .vm_release = sim_vm_release,
+    .vm_map = sim_vm_map,
+    .vm_unmap = sim_vm_unmap,
 };
 
 cuh_device_t *cuh_sim_create(const cuh_sim_params_t *params)
@@ -259,7 +381,12 @@ cuh_device_t *cuh_sim_create(const cuh_sim_params_t *params)
     sim_device_t *s = calloc(1, sizeof *s);
     if (!s)
         return NULL;
-    if (cuh_ptrmap_init(&s->segments, 64)) {
+    if (cuh_ptrmap_init(&s->segments, 64) || cuh_ptrmap_init(&s->reservations, 16) ||
+        cuh_ptrmap_init(&s->physical, 1024) || cuh_ptrmap_init(&s->mappings, 1024)) {
+        cuh_ptrmap_destroy(&s->segments);
+        cuh_ptrmap_destroy(&s->reservations);
+        cuh_ptrmap_destroy(&s->physical);
+        cuh_ptrmap_destroy(&s->mappings);
         free(s);
         return NULL;
     }
@@ -270,8 +397,7 @@ cuh_device_t *cuh_sim_create(const cuh_sim_params_t *params)
     s->capacity = params->capacity;
     /* Each device gets its own slice of the address space. */
     if (params->ordinal < 0 || params->ordinal >= SIM_MAX_ORDINALS) {
-        cuh_ptrmap_destroy(&s->segments);
-        free(s);
+        sim_destroy(&s->base);
         return NULL;
     }
     s->next_addr = SIM_BASE + (uintptr_t)params->ordinal * SIM_SPACE;

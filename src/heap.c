@@ -148,6 +148,16 @@ struct cuh_heap_s {
     size_t held_requested;
     cuh_ptrmap_t uses;           /* address -> use_list_t: streams from record_stream */
     cuh_ptrmap_t graph;          /* address -> graph pool id, for blocks allocated in a capture */
+    /* Virtual memory (vmm:1): the general region is one reservation whose
+     * pages are mapped on demand; page_handle[i] is the physical page behind
+     * page i, 0 when unmapped. */
+    cuh_segment_t *vm;
+    size_t vm_page;
+    uint64_t *page_handle;
+    size_t num_pages, mapped_pages;
+    size_t physical_pages;       /* held: mapped, or in hand while moving */
+    size_t pages_high;           /* no page at or above this index was ever mapped */
+    uint64_t num_page_maps, num_page_steals;
     int captures;                /* graph captures underway on this device */
     uint64_t capture_pool;
 };
@@ -161,10 +171,20 @@ static void stat_set(stat_t *s, size_t value)
         s->peak = value;
 }
 
+/* Device memory the heap holds: its segments, and under virtual memory the
+ * pages mapped in the reservation (the reservation itself is address space). */
+static size_t reserved_bytes(const cuh_heap_t *h)
+{
+    if (!h->vm)
+        return h->arena.reserved;
+    return h->arena.reserved - h->vm->size + h->physical_pages * h->vm_page;
+}
+
 static void refresh_stats_locked(cuh_heap_t *h)
 {
-    stat_set(&h->reserved, h->arena.reserved);
-    stat_set(&h->cached, h->arena.reserved - h->allocated.current);
+    size_t reserved = reserved_bytes(h);
+    stat_set(&h->reserved, reserved);
+    stat_set(&h->cached, reserved - h->allocated.current);
     stat_set(&h->pending, cuh_arena_pending_bytes(&h->arena) + h->small_fenced_total + h->held_bytes);
 }
 
@@ -480,18 +500,25 @@ static void settle_all_locked(cuh_heap_t *h)
 static size_t segment_size_for(const cuh_heap_t *h, size_t needed)
 {
     size_t seg = cuh_max_size(needed, h->cfg.segment_min);
-    size_t geometric = (size_t)((double)h->arena.reserved * h->cfg.grow_fraction);
+    size_t geometric = (size_t)((double)reserved_bytes(h) * h->cfg.grow_fraction);
     geometric = cuh_align_up(cuh_min_size(geometric, CUH_GiB), CUH_SEGMENT_GRAIN);
     return cuh_max_size(seg, geometric);
 }
 
 static grow_result_t grow_locked(cuh_heap_t *h, size_t size, size_t align)
 {
+    if (h->vm) {
+        /* Under virtual memory the reservation is the whole general region:
+         * no fit means its address space is used up. */
+        cuh_set_error("device %d: the %zu-byte virtual address reservation has no room for %zu bytes", h->dev->ordinal,
+                      h->vm->size, size);
+        return GROW_DEVICE;
+    }
     size_t needed = cuh_align_up(size + (align > CUH_ALIGN ? align : 0), CUH_SEGMENT_GRAIN);
     size_t seg = segment_size_for(h, needed);
-    if (h->limit && h->arena.reserved + seg > h->limit) {
+    if (h->limit && reserved_bytes(h) + seg > h->limit) {
         seg = needed;
-        if (h->arena.reserved + seg > h->limit)
+        if (reserved_bytes(h) + seg > h->limit)
             return GROW_LIMIT;
     }
     uintptr_t base = 0;
@@ -516,14 +543,17 @@ static grow_result_t grow_locked(cuh_heap_t *h, size_t size, size_t align)
     return GROW_OK;
 }
 
-/* Returns every general segment that is one global free extent; the count. */
+static size_t release_free_pages_locked(cuh_heap_t *h);
+
+/* Returns every general segment that is one global free extent, and under
+ * virtual memory every page wholly inside global free memory; the count. */
 static size_t release_free_segments_locked(cuh_heap_t *h)
 {
-    size_t released = 0;
+    size_t released = release_free_pages_locked(h);
     cuh_segment_t *s = h->arena.segments;
     while (s) {
         cuh_segment_t *next = s->next;
-        if (s->region == CUH_REGION_GENERAL && cuh_arena_segment_is_free(s)) {
+        if (s->region == CUH_REGION_GENERAL && !s->virtual_space && cuh_arena_segment_is_free(s)) {
             uintptr_t base = s->base;
             size_t size = s->size;
             cuh_arena_remove_segment(&h->arena, s);
@@ -534,6 +564,152 @@ static size_t release_free_segments_locked(cuh_heap_t *h)
             released++;
         }
         s = next;
+    }
+    return released;
+}
+
+/* ---- virtual memory ---------------------------------------------------------------
+ * With vmm:1 the general region is one address reservation. A block's pages
+ * are mapped when it is carved; a freed block keeps its pages (they are
+ * cached). When a block needs pages, they come first from free memory
+ * elsewhere in the reservation: a page lying wholly inside a global free
+ * extent (its free is complete, so no GPU work can touch it) is unmapped and
+ * mapped again behind the new block. Only when there is no such page is the
+ * device asked for a new one. Free memory therefore never sits in pieces too
+ * small to use: it is moved, a page at a time, to where it is needed. */
+
+static uintptr_t page_va(const cuh_heap_t *h, size_t p) { return h->vm->base + (uintptr_t)p * h->vm_page; }
+
+/* Unmaps up to `want` pages lying wholly inside global free extents of the
+ * reservation; their physical pages go to out[]. Returns how many. */
+static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want)
+{
+    size_t got = 0, page = h->vm_page;
+    /* Oldest free memory first: the newest is the likeliest to be reused soon,
+     * and taking its pages would only move them back again. */
+    for (cuh_extent_t *e = h->arena.tags[CUH_TAG_GLOBAL].oldest; e && got < want; e = e->tag_prev) {
+        if (e->segment != h->vm)
+            continue;
+        size_t first = (size_t)(e->addr - h->vm->base + page - 1) / page;
+        size_t end = cuh_min_size((size_t)(e->addr + e->size - h->vm->base) / page, h->pages_high);
+        for (size_t p = first; p < end && got < want; p++) {
+            if (!h->page_handle[p])
+                continue;
+            if (h->dev->ops->vm_unmap(h->dev, page_va(h, p), page) != CUH_DEV_OK) {
+                cuh_log("device %d: %s", h->dev->ordinal, h->dev->last_error);
+                continue;
+            }
+            out[got++] = h->page_handle[p];
+            h->page_handle[p] = 0;
+            h->mapped_pages--;   /* still held: physical_pages unchanged */
+            h->num_page_steals++;
+        }
+    }
+    return got;
+}
+
+/* Maps every unmapped page of [addr, addr+size) in the reservation: pages
+ * taken from free memory first, then new ones from the device. 1 when all
+ * are mapped; 0 with *why (the device or the limit refused, or an error). */
+static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, grow_result_t *why)
+{
+    size_t page = h->vm_page;
+    size_t first = (size_t)(addr - h->vm->base) / page;
+    size_t end = (size_t)(addr + size - h->vm->base + page - 1) / page;
+    size_t need = 0;
+    *why = GROW_OK;
+    for (size_t p = first; p < end; p++)
+        need += !h->page_handle[p];
+    if (!need)
+        return 1;
+    uint64_t *handles = malloc(need * sizeof *handles);
+    if (!handles) {
+        cuh_set_error("out of host memory for page handles");
+        *why = GROW_ERROR;
+        return 0;
+    }
+    /* New pages are cheap to get while the heap holds little more than the
+     * most the program has had live: below that margin take them from the
+     * device; above it, move free pages (each move is an unmap and a map). */
+    size_t live_peak = cuh_max_size(h->allocated.peak, h->allocated.current + size);
+    int move_first = (double)(reserved_bytes(h) + need * page) > (double)live_peak * (1.0 + h->cfg.vmm_margin);
+    size_t got = move_first ? steal_pages_locked(h, handles, need) : 0;
+    if (got < need && move_first && !h->captures) {
+        /* Memory freed on streams becomes stealable once their work is done:
+         * fence them all (our own too: unmapping is not stream-ordered). */
+        for (uint32_t i = 0; i < h->num_streams; i++)
+            if (!h->streams[i]->num_fences)
+                stream_fence_locked(h, h->streams[i]);
+        if (poll_all_locked(h, 0))
+            got += steal_pages_locked(h, handles + got, need - got);
+    }
+    while (got < need) {
+        if (!move_first && got == 0 && h->limit && reserved_bytes(h) + need * page > h->limit) {
+            /* The limit would refuse: move free pages after all. */
+            got = steal_pages_locked(h, handles, need);
+            move_first = 1;
+            continue;
+        }
+        if (h->limit && reserved_bytes(h) + page > h->limit) {
+            *why = GROW_LIMIT;
+            break;
+        }
+        uint64_t handle = 0;
+        cuh_dev_status_t rc = h->dev->ops->vm_create(h->dev, page, &handle);
+        if (rc != CUH_DEV_OK) {
+            *why = rc == CUH_DEV_OOM ? GROW_DEVICE : GROW_ERROR;
+            if (rc != CUH_DEV_OOM)
+                cuh_set_error("device %d: %s", h->dev->ordinal, h->dev->last_error);
+            break;
+        }
+        handles[got++] = handle;
+        h->physical_pages++;
+        h->num_segment_allocs++;
+    }
+    if (got < need && *why != GROW_ERROR && !h->captures) {
+        settle_all_locked(h);
+        got += steal_pages_locked(h, handles + got, need - got);
+    }
+    /* Map what there is. On a shortfall the caller frees the block: the pages
+     * mapped behind it stay there, cached, not lost. */
+    int ok = got == need;
+    size_t k = 0;
+    for (size_t p = first; p < end && k < got; p++) {
+        if (h->page_handle[p])
+            continue;
+        if (h->dev->ops->vm_map(h->dev, page_va(h, p), page, handles[k]) != CUH_DEV_OK) {
+            cuh_set_error("device %d: %s", h->dev->ordinal, h->dev->last_error);
+            h->dev->ops->vm_release(h->dev, handles[k++]);
+            h->physical_pages--;
+            h->num_segment_frees++;
+            *why = GROW_ERROR;
+            ok = 0;
+            continue;
+        }
+        h->page_handle[p] = handles[k++];
+        h->mapped_pages++;
+        h->num_page_maps++;
+        if (p + 1 > h->pages_high)
+            h->pages_high = p + 1;
+    }
+    free(handles);
+    return ok;
+}
+
+/* Returns to the device every page lying wholly inside global free memory
+ * of the reservation; the count. */
+static size_t release_free_pages_locked(cuh_heap_t *h)
+{
+    if (!h->vm)
+        return 0;
+    uint64_t batch[256];
+    size_t released = 0, n;
+    while ((n = steal_pages_locked(h, batch, 256)) > 0) {
+        for (size_t i = 0; i < n; i++)
+            h->dev->ops->vm_release(h->dev, batch[i]);
+        h->physical_pages -= n;
+        h->num_segment_frees += n;
+        released += n;
     }
     return released;
 }
@@ -563,8 +739,8 @@ static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
     o->stream = st->handle;
     o->live = h->requested.current;
     o->allocated = h->allocated.current;
-    o->reserved = h->arena.reserved;
-    o->cached = h->arena.reserved - h->allocated.current;
+    o->reserved = reserved_bytes(h);
+    o->cached = o->reserved - h->allocated.current;
     o->pending = cuh_arena_pending_bytes(&h->arena) + h->small_fenced_total + h->held_bytes;
     o->largest_free = cuh_arena_largest_free(&h->arena);
     o->num_free_extents = h->arena.free_extents;
@@ -684,6 +860,20 @@ hit:
     e = take_locked(h, e, size, align, state, st);
     if (!e)
         goto host_oom;
+    if (e->segment->virtual_space) {
+        grow_result_t mapped_why;
+        if (!map_range_locked(h, e->addr, e->size, &mapped_why)) {
+            cuh_arena_release(&h->arena, e, st->tag);
+            if (mapped_why == GROW_ERROR) {
+                *status = CUHEAP_ERR_DEVICE;
+                return NULL;
+            }
+            h->num_retries++;
+            *why_out = mapped_why;
+            *status = CUHEAP_ERR_OUT_OF_MEMORY;
+            return NULL;
+        }
+    }
     h->num_cache_hits++;
     return e;
 host_oom:
@@ -868,8 +1058,18 @@ void cuh_heap_destroy(cuh_heap_t *h)
         for (cuh_extent_t *e = s->first; e; e = e->next)
             if (e->state == CUH_EXTENT_SLAB)
                 cuh_slab_destroy(e->owner);
-        h->dev->ops->mem_free(h->dev, s->base, s->size);
+        if (s->virtual_space) {
+            for (size_t p = 0; p < h->pages_high; p++)
+                if (h->page_handle[p]) {
+                    h->dev->ops->vm_unmap(h->dev, page_va(h, p), h->vm_page);
+                    h->dev->ops->vm_release(h->dev, h->page_handle[p]);
+                }
+            h->dev->ops->vm_unreserve(h->dev, s->base, s->size);
+        } else {
+            h->dev->ops->mem_free(h->dev, s->base, s->size);
+        }
     }
+    free(h->page_handle);
     cuh_arena_destroy(&h->arena);
     cuh_ptrmap_destroy(&h->blocks);
     cuh_pagemap_destroy(&h->pages);
@@ -881,9 +1081,45 @@ void cuh_heap_destroy(cuh_heap_t *h)
 
 /* Takes the workspace at first use. A workspace the device cannot give is
  * reported on stderr once and the heap runs without it. */
+/* Sets up the virtual-memory reservation (vmm:1): four times the device's
+ * memory of address space, so that free address ranges whose pages moved
+ * elsewhere never crowd out new blocks. A device without virtual memory
+ * management keeps plain segments, and says so. */
+static void start_vm_locked(cuh_heap_t *h)
+{
+    size_t page = h->dev->ops->vm_granularity ? h->dev->ops->vm_granularity(h->dev) : 0;
+    if (!page) {
+        cuh_log("device %d: no CUDA virtual memory management; vmm:1 cannot apply, using plain segments",
+                h->dev->ordinal);
+        return;
+    }
+    size_t size = cuh_align_up(4 * h->device_total, page);
+    uintptr_t va = 0;
+    if (h->dev->ops->vm_reserve(h->dev, size, &va) != CUH_DEV_OK) {
+        cuh_log("device %d: reserving address space for vmm:1 failed (%s); using plain segments", h->dev->ordinal,
+                h->dev->last_error);
+        return;
+    }
+    h->page_handle = calloc(size / page, sizeof *h->page_handle);
+    cuh_segment_t *seg = h->page_handle ? cuh_arena_add_segment(&h->arena, va, size, CUH_REGION_GENERAL) : NULL;
+    if (!seg) {
+        free(h->page_handle);
+        h->page_handle = NULL;
+        h->dev->ops->vm_unreserve(h->dev, va, size);
+        cuh_log("device %d: out of host memory for vmm:1; using plain segments", h->dev->ordinal);
+        return;
+    }
+    seg->virtual_space = 1;
+    h->vm = seg;
+    h->vm_page = page;
+    h->num_pages = size / page;
+}
+
 static void start_locked(cuh_heap_t *h)
 {
     h->started = 1;
+    if (h->cfg.vmm)
+        start_vm_locked(h);
     if (!h->cfg.workspace)
         return;
     uintptr_t base = 0;
@@ -1263,7 +1499,7 @@ void cuh_heap_set_limit(cuh_heap_t *h, size_t limit)
 {
     pthread_mutex_lock(&h->lock);
     h->limit = limit;
-    if (limit && h->arena.reserved > limit && !h->captures) {
+    if (limit && reserved_bytes(h) > limit && !h->captures) {
         settle_all_locked(h);
         release_free_segments_locked(h);
     }
@@ -1425,6 +1661,28 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
                 slab_spare += s->num_objs - s->num_live - s->num_avail;
             }
         }
+    if (!rc && h->vm) {
+        /* Every page under a used extent is mapped; the counts agree. */
+        size_t mapped = 0;
+        for (size_t p = 0; p < h->num_pages; p++)
+            mapped += h->page_handle[p] != 0;
+        if (mapped != h->mapped_pages || h->mapped_pages > h->physical_pages) {
+            snprintf(msg, len, "vmm: %zu pages mapped, books say %zu (physical %zu)", mapped, h->mapped_pages,
+                     h->physical_pages);
+            rc = -1;
+        }
+        for (cuh_extent_t *e = h->vm->first; !rc && e; e = e->next) {
+            if (e->state == CUH_EXTENT_FREE)
+                continue;
+            for (uintptr_t a = e->addr & ~((uintptr_t)h->vm_page - 1); a < e->addr + e->size; a += h->vm_page)
+                if (!h->page_handle[(a - h->vm->base) / h->vm_page]) {
+                    snprintf(msg, len, "vmm: block at 0x%llx has an unmapped page at 0x%llx",
+                             (unsigned long long)e->addr, (unsigned long long)a);
+                    rc = -1;
+                    break;
+                }
+        }
+    }
     for (uint32_t i = 0; !rc && i < h->num_streams; i++) {
         stream_state_t *st = h->streams[i];
         size_t fenced = 0, unfenced = 0;

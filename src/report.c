@@ -156,9 +156,9 @@ static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
     fprintf(out, "{\"device\":%d,\"kind\":", s->device);
     json_string(out, s->device_kind);
     fprintf(out, ",\"config\":{\"workspace\":%zu,\"limit_bytes\":%zu,\"limit_fraction\":%g,\"small_max\":%zu,"
-                 "\"segment_min\":%zu,\"grow_fraction\":%g},",
+                 "\"segment_min\":%zu,\"grow_fraction\":%g,\"vmm\":%zu,\"vmm_margin\":%g},",
             s->config.workspace, s->config.limit_bytes, s->config.limit_fraction, s->config.small_max,
-            s->config.segment_min, s->config.grow_fraction);
+            s->config.segment_min, s->config.grow_fraction, s->config.vmm, s->config.vmm_margin);
     fprintf(out, "\"stats\":{");
     json_stat(out, "requested", &st->requested, 1);
     json_stat(out, "allocated", &st->allocated, 1);

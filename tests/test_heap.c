@@ -563,6 +563,131 @@ static void test_release_cached_returns_every_free_segment(void **state)
     test_heap_free(&t);
 }
 
+/* ---- virtual memory (vmm:1) ------------------------------------------------------ */
+
+static void test_vmm_checkerboard_then_larger_blocks_fit_in_live_plus_two_pages(void **state)
+{
+    (void)state;
+    /* 32 blocks of 2 MiB, every other one freed: 32 MiB free in 2 MiB holes.
+     * Plain segments cannot give an 8 MiB block here; pages moved behind a
+     * new range can. Capacity: the live peak (64 MiB) plus two pages. */
+    test_heap_t t = test_heap_new(68 * MiB, "vmm:1,small_max:0,vmm_margin:0");
+    uintptr_t a[32];
+    for (int i = 0; i < 32; i++)
+        a[i] = must_alloc(t.heap, 2 * MiB, 0);
+    for (int i = 0; i < 32; i += 2)
+        must_free(t.heap, a[i], 0);
+    uintptr_t big[4];
+    for (int i = 0; i < 4; i++)
+        big[i] = must_alloc(t.heap, 8 * MiB, 0);
+    heap_ok(t.heap);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_true(s.reserved.peak <= 68 * MiB);
+    assert_int_equal(s.num_ooms, 0);
+    cuh_sim_counters_t c;
+    cuh_sim_counters(t.dev, &c);
+    assert_true(c.vm_unmaps >= 14);   /* pages were moved, not created */
+    for (int i = 0; i < 4; i++)
+        must_free(t.heap, big[i], 0);
+    for (int i = 1; i < 32; i += 2)
+        must_free(t.heap, a[i], 0);
+    /* The same layout on plain segments runs out of memory. */
+    test_heap_t plain = test_heap_new(68 * MiB, "workspace:64M,small_max:0");
+    for (int i = 0; i < 32; i++)
+        a[i] = must_alloc(plain.heap, 2 * MiB, 0);
+    for (int i = 0; i < 32; i += 2)
+        must_free(plain.heap, a[i], 0);
+    uintptr_t x;
+    assert_int_equal(cuh_heap_malloc(plain.heap, 8 * MiB, 0, &x), CUHEAP_ERR_OUT_OF_MEMORY);
+    for (int i = 1; i < 32; i += 2)
+        must_free(plain.heap, a[i], 0);
+    test_heap_free(&plain);
+    test_heap_free(&t);
+}
+
+static void test_vmm_moves_a_page_only_after_the_work_on_it_finished(void **state)
+{
+    (void)state;
+    /* Room for four pages. S1 frees them while its work is still running;
+     * S2 needs four: the heap must wait for S1 before unmapping them. */
+    test_heap_t t = test_heap_new(8 * MiB, "vmm:1,small_max:0,vmm_margin:0");
+    cuh_sim_hold_events(t.dev, 1);
+    uintptr_t a = must_alloc(t.heap, 8 * MiB, S1);
+    must_free(t.heap, a, S1);
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    assert_int_equal(c0.vm_unmaps, 0);
+    uintptr_t b = must_alloc(t.heap, 8 * MiB, S2);
+    cuh_sim_counters(t.dev, &c1);
+    assert_true(c1.event_waits > c0.event_waits);
+    assert_int_equal(c1.vm_unmaps, 4);
+    heap_ok(t.heap);
+    must_free(t.heap, b, S2);
+    test_heap_free(&t);
+}
+
+static void test_vmm_release_cached_returns_free_pages(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, "vmm:1");
+    uintptr_t keep = must_alloc(t.heap, 6 * MiB, S1);
+    uintptr_t gone = must_alloc(t.heap, 40 * MiB, S1);
+    uintptr_t small = must_alloc(t.heap, 1000, S1);
+    must_free(t.heap, gone, S1);
+    must_free(t.heap, small, S1);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_true(s.reserved.current >= 46 * MiB);
+    cuh_heap_release_cached(t.heap);
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.reserved.current, 6 * MiB);
+    cuh_sim_counters_t c;
+    cuh_sim_counters(t.dev, &c);
+    assert_int_equal(c.vm_mapped, 6 * MiB);
+    heap_ok(t.heap);
+    must_free(t.heap, keep, S1);
+    test_heap_free(&t);
+}
+
+static void test_vmm_random_operations_keep_pages_behind_every_block(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(2 * GiB, "vmm:1,vmm_margin:0");
+    cuh_sim_hold_events(t.dev, 1);
+    enum { SLOTS = 200, OPS = 8000 };
+    uintptr_t addr[SLOTS] = {0};
+    size_t size[SLOTS];
+    cuh_stream_t stream[SLOTS];
+    cuh_stream_t streams[3] = {0, S1, S2};
+    uint64_t seed = 99;
+    for (int op = 0; op < OPS; op++) {
+        uint64_t r = test_rand(&seed);
+        int i = (int)(r % SLOTS);
+        if (addr[i]) {
+            must_free(t.heap, addr[i], stream[i]);
+            addr[i] = 0;
+        } else {
+            size[i] = (r >> 40) % 3 ? 1 + (size_t)(r >> 16) % (96 * KiB) : 1 + (size_t)(r >> 16) % (24 * MiB);
+            stream[i] = streams[(r >> 8) % 3];
+            if (cuh_heap_malloc(t.heap, size[i], stream[i], &addr[i]) != CUHEAP_OK)
+                fail_msg("op %d: %zu bytes: %s", op, size[i], cuheap_last_error());
+            for (int k = 0; k < SLOTS; k++)
+                if (k != i && addr[k] && overlaps(addr[i], size[i], addr[k], size[k]))
+                    fail_msg("op %d: block %d overlaps live block %d", op, i, k);
+        }
+        if (op % 53 == 0)
+            cuh_sim_complete_stream(t.dev, streams[(r >> 4) % 3]);
+        if (op % 500 == 0)
+            heap_ok(t.heap);
+    }
+    for (int i = 0; i < SLOTS; i++)
+        if (addr[i])
+            must_free(t.heap, addr[i], stream[i]);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
 /* ---- random operations and threads ------------------------------------------- */
 
 static void test_random_operations_on_three_streams_keep_the_books(void **state)
@@ -730,6 +855,10 @@ int main(void)
         cmocka_unit_test(test_workspace_larger_than_limit_is_refused),
         cmocka_unit_test(test_statistics_are_exact),
         cmocka_unit_test(test_release_cached_returns_every_free_segment),
+        cmocka_unit_test(test_vmm_checkerboard_then_larger_blocks_fit_in_live_plus_two_pages),
+        cmocka_unit_test(test_vmm_moves_a_page_only_after_the_work_on_it_finished),
+        cmocka_unit_test(test_vmm_release_cached_returns_free_pages),
+        cmocka_unit_test(test_vmm_random_operations_keep_pages_behind_every_block),
         cmocka_unit_test(test_random_operations_on_three_streams_keep_the_books),
         cmocka_unit_test(test_concurrent_threads_never_share_memory),
     };

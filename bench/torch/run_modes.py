@@ -10,7 +10,8 @@ over peak live, and whether the losses equal native's bit for bit.
 
 Modes: native, expandable (expandable_segments:True), async
 (backend:cudaMallocAsync), nocache (PYTORCH_NO_CUDA_MEMORY_CACHING=1), cuheap
-(CUHEAP_TORCH=1 with scripts/ on PYTHONPATH: environment only).
+(CUHEAP_TORCH=1 with scripts/ on PYTHONPATH: environment only), cuheap-vmm (the
+same with CUHEAP_CONF=vmm:1).
 """
 
 import argparse
@@ -25,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 
 def environment(mode):
     env = dict(os.environ)
-    for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING", "CUHEAP_TORCH"):
+    for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING", "CUHEAP_TORCH", "CUHEAP_CONF"):
         env.pop(k, None)
     env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"   # deterministic cuBLAS
     env["PYTHONUNBUFFERED"] = "1"
@@ -35,9 +36,11 @@ def environment(mode):
         env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
     elif mode == "nocache":
         env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
-    elif mode == "cuheap":
+    elif mode in ("cuheap", "cuheap-vmm"):
         env["CUHEAP_TORCH"] = "1"
         env["PYTHONPATH"] = os.path.join(ROOT, "scripts") + os.pathsep + env.get("PYTHONPATH", "")
+        if mode == "cuheap-vmm":
+            env["CUHEAP_CONF"] = "vmm:1"
     elif mode != "native":
         raise SystemExit("unknown mode %s" % mode)
     return env

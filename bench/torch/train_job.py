@@ -6,7 +6,7 @@ The allocator mode is chosen by the environment before this script starts
 (bench/torch/run_modes.py sets it): PyTorch's native caching allocator,
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True or backend:cudaMallocAsync,
 PYTORCH_NO_CUDA_MEMORY_CACHING=1, or cuheap by CUHEAP_TORCH=1 with scripts/ on
-PYTHONPATH. The script itself never imports cuheap: it is the unmodified
+PYTHONPATH (cuheap-vmm: with CUHEAP_CONF=vmm:1). The script itself never imports cuheap: it is the unmodified
 training script that environment-only activation must serve; it only looks
 whether cuheap_torch was loaded, to read its statistics.
 
@@ -34,7 +34,7 @@ import torch
 
 def mode_name():
     if "cuheap_torch" in sys.modules and sys.modules["cuheap_torch"].installed():
-        return "cuheap"
+        return "cuheap-vmm" if "vmm:1" in os.environ.get("CUHEAP_CONF", "") else "cuheap"
     if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
         return "nocache"
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
@@ -47,7 +47,7 @@ def mode_name():
 
 def peaks():
     """(peak reserved, peak live) of this process's allocator, in bytes."""
-    if mode_name() == "cuheap":
+    if mode_name().startswith("cuheap"):
         stats = sys.modules["cuheap_torch"].memory_stats()
         return stats["reserved_bytes.all.peak"], stats["requested_bytes.all.peak"]
     if mode_name() == "nocache":
