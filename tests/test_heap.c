@@ -650,72 +650,35 @@ static void test_vmm_release_cached_returns_free_pages(void **state)
     test_heap_free(&t);
 }
 
-static void test_vmm_random_operations_keep_pages_behind_every_block(void **state)
-{
-    (void)state;
-    test_heap_t t = test_heap_new(2 * GiB, "vmm:1,vmm_margin:0");
-    cuh_sim_hold_events(t.dev, 1);
-    enum { SLOTS = 200, OPS = 8000 };
-    uintptr_t addr[SLOTS] = {0};
-    size_t size[SLOTS];
-    cuh_stream_t stream[SLOTS];
-    cuh_stream_t streams[3] = {0, S1, S2};
-    uint64_t seed = 99;
-    for (int op = 0; op < OPS; op++) {
-        uint64_t r = test_rand(&seed);
-        int i = (int)(r % SLOTS);
-        if (addr[i]) {
-            must_free(t.heap, addr[i], stream[i]);
-            addr[i] = 0;
-        } else {
-            size[i] = (r >> 40) % 3 ? 1 + (size_t)(r >> 16) % (96 * KiB) : 1 + (size_t)(r >> 16) % (24 * MiB);
-            stream[i] = streams[(r >> 8) % 3];
-            if (cuh_heap_malloc(t.heap, size[i], stream[i], &addr[i]) != CUHEAP_OK)
-                fail_msg("op %d: %zu bytes: %s", op, size[i], cuheap_last_error());
-            for (int k = 0; k < SLOTS; k++)
-                if (k != i && addr[k] && overlaps(addr[i], size[i], addr[k], size[k]))
-                    fail_msg("op %d: block %d overlaps live block %d", op, i, k);
-        }
-        if (op % 53 == 0)
-            cuh_sim_complete_stream(t.dev, streams[(r >> 4) % 3]);
-        if (op % 500 == 0)
-            heap_ok(t.heap);
-    }
-    for (int i = 0; i < SLOTS; i++)
-        if (addr[i])
-            must_free(t.heap, addr[i], stream[i]);
-    heap_ok(t.heap);
-    test_heap_free(&t);
-}
-
 /* ---- random operations and threads ------------------------------------------- */
 
-static void test_random_operations_on_three_streams_keep_the_books(void **state)
+/* Random allocations and frees on three streams whose work completes now and
+ * then; after every allocation no two live blocks overlap, and the books are
+ * checked as it goes and at the end. */
+static void random_operations(const char *conf, size_t capacity, int ops, size_t big, int complete_every, uint64_t seed)
 {
-    (void)state;
-    test_heap_t t = test_heap_new(8 * GiB, NULL);
+    test_heap_t t = test_heap_new(capacity, conf);
     cuh_sim_hold_events(t.dev, 1);
-    enum { SLOTS = 300, OPS = 20000 };
+    enum { SLOTS = 300 };
     uintptr_t addr[SLOTS] = {0};
     size_t size[SLOTS];
     cuh_stream_t stream[SLOTS];
     cuh_stream_t streams[3] = {0, S1, S2};
-    uint64_t seed = 7;
-    for (int op = 0; op < OPS; op++) {
+    for (int op = 0; op < ops; op++) {
         uint64_t r = test_rand(&seed);
         int i = (int)(r % SLOTS);
         if (addr[i]) {
             must_free(t.heap, addr[i], stream[i]);
             addr[i] = 0;
         } else {
-            size[i] = (r >> 40) % 4 ? 1 + (size_t)(r >> 16) % (96 * KiB) : 1 + (size_t)(r >> 16) % (40 * MiB);
+            size[i] = (r >> 40) % 4 ? 1 + (size_t)(r >> 16) % (96 * KiB) : 1 + (size_t)(r >> 16) % big;
             stream[i] = streams[(r >> 8) % 3];
             addr[i] = must_alloc(t.heap, size[i], stream[i]);
             for (int k = 0; k < SLOTS; k++)
                 if (k != i && addr[k] && overlaps(addr[i], size[i], addr[k], size[k]))
                     fail_msg("op %d: block %d overlaps live block %d", op, i, k);
         }
-        if (op % 97 == 0)
+        if (op % complete_every == 0)
             cuh_sim_complete_stream(t.dev, streams[(r >> 4) % 3]);
         if (op % 1000 == 0)
             heap_ok(t.heap);
@@ -729,6 +692,19 @@ static void test_random_operations_on_three_streams_keep_the_books(void **state)
     assert_int_equal(s.allocated.current, 0);
     assert_int_equal(s.requested.current, 0);
     test_heap_free(&t);
+}
+
+static void test_random_operations_on_three_streams_keep_the_books(void **state)
+{
+    (void)state;
+    random_operations(NULL, 8 * GiB, 20000, 40 * MiB, 97, 7);
+}
+
+static void test_vmm_random_operations_keep_pages_behind_every_block(void **state)
+{
+    (void)state;
+    /* heap_ok also checks that every page under a live block is mapped. */
+    random_operations("vmm:1,vmm_margin:0", 4 * GiB, 8000, 24 * MiB, 53, 99);
 }
 
 typedef struct interval_set_s {
