@@ -17,7 +17,7 @@ SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-re
 # The library proper: what libcuheap.so is made of. No CUDA library and no
 # zlib are linked; the driver is loaded with dlopen at run time.
 LIB_SRCS := src/log.c src/config.c src/sizeclass.c src/freebins.c src/ptrmap.c \
-            src/arena.c src/slab.c src/heap.c src/report.c src/device_sim.c \
+            src/arena.c src/slab.c src/heap.c src/report.c src/report_html.c src/device_sim.c \
             src/device_cuda.c src/api.c src/hook_torch.c
 # Tool-side code (reads gzip traces, so it links zlib); never in the .so.
 TOOL_SRCS := src/trace_read.c
@@ -29,7 +29,7 @@ TOOL_OBJS     := $(TOOL_SRCS:src/%.c=$(BUILD)/obj/%.o)
 SAN_LIB_OBJS  := $(LIB_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
 SAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
 
-.PHONY: all lib tools demo test test-plain test-san bench gpu-check gpu-bench deps clean format
+.PHONY: all lib tools demo test test-plain test-san bench gpu-check gpu-bench deps deps-test clean format
 all: lib tools
 
 lib: $(BUILD)/libcuheap.so $(BUILD)/libcuheap.a
@@ -37,6 +37,9 @@ tools: $(BUILD)/cuheap-replay
 
 deps:
 	@scripts/install-deps.sh
+
+deps-test:
+	@scripts/install-deps.sh test
 
 $(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) include/cuheap.h
 	@mkdir -p $(dir $@)
@@ -78,10 +81,10 @@ $(BUILD)/san/tests/%: tests/%.c tests/test_util.h $(SAN_TOOL_OBJS) $(BUILD)/san/
 
 test: test-plain test-san
 
-test-plain: $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/cuheap-replay $(BUILD)/libcuheap.so
+test-plain: deps-test $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/cuheap-replay $(BUILD)/libcuheap.so
 	@scripts/run-tests.sh $(BUILD) plain $(TESTS)
 
-test-san: $(TESTS:%=$(BUILD)/san/tests/%) $(BUILD)/san/cuheap-replay
+test-san: deps-test $(TESTS:%=$(BUILD)/san/tests/%) $(BUILD)/san/cuheap-replay
 	@scripts/run-tests.sh $(BUILD)/san sanitized $(TESTS)
 
 # ---- demo, benchmarks, GPU -----------------------------------------------

@@ -83,7 +83,8 @@ typedef struct cuheap_stats_s {
 
 typedef enum cuheap_report_format_e {
     CUHEAP_REPORT_TEXT = 0,
-    CUHEAP_REPORT_JSON = 1
+    CUHEAP_REPORT_JSON = 1,   /* schema: include/cuheap_report.schema.json */
+    CUHEAP_REPORT_HTML = 2    /* one self-contained page: no network, no other file */
 } cuheap_report_format_t;
 
 /* Sets the configuration ("key:value,..."), replacing CUHEAP_CONF. Only before

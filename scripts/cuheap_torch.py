@@ -218,12 +218,13 @@ def memory_summary(device=None):
 
 def dump_report(path, format=None):
     """Writes cuheap's report of every device to path (%p becomes the process
-    id): JSON if format is 'json' or path ends in .json, else text."""
+    id): format 'json', 'html' or 'text', by default from the path's ending."""
+    formats = {"text": 0, "json": 1, "html": 2}
     if format is None:
-        format = "json" if str(path).endswith(".json") else "text"
-    if format not in ("json", "text"):
-        raise ValueError("format must be 'json' or 'text', not %r" % (format,))
-    rc = _load().cuheap_dump_report(os.fsencode(path), 1 if format == "json" else 0)
+        format = next((f for f in ("json", "html") if str(path).endswith("." + f)), "text")
+    if format not in formats:
+        raise ValueError("format must be 'json', 'html' or 'text', not %r" % (format,))
+    rc = _load().cuheap_dump_report(os.fsencode(path), formats[format])
     if rc != 0:
         raise OSError("cuheap_dump_report(%s): %s" % (path, last_error()))
 

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# install-deps.sh - installs the Debian packages cuheap's build and tests need,
-# if they are missing: a C compiler, make, zlib and cmocka (headers and
-# libraries), g++ for one test. Run by every make target that compiles; silent when all is there.
+# install-deps.sh [test] - installs the Debian packages cuheap's build needs, if
+# they are missing: a C compiler, make, zlib and cmocka (headers and
+# libraries), python3; with `test`, also g++ (one test builds a C++ probe) and
+# chromium (the HTML report is rendered headless). Silent when all is there.
 set -euo pipefail
 
 missing=()
 have_header() { printf '#include <%s>\n' "$1" | ${CC:-gcc} -E -x c - >/dev/null 2>&1; }
 command -v ${CC:-gcc} >/dev/null 2>&1 || missing+=(gcc)
 command -v make >/dev/null 2>&1 || missing+=(make)
-command -v g++ >/dev/null 2>&1 || missing+=(g++)   # tests/test_torch_throw.sh
+if [ "${1:-}" = test ]; then
+    command -v g++ >/dev/null 2>&1 || missing+=(g++)
+    command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+fi
 have_header zlib.h || missing+=(zlib1g-dev)
 printf '#include <stdarg.h>\n#include <stddef.h>\n#include <stdint.h>\n#include <setjmp.h>\n#include <cmocka.h>\n' |
     ${CC:-gcc} -E -x c - >/dev/null 2>&1 || missing+=(libcmocka-dev)

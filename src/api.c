@@ -12,13 +12,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <errno.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <time.h>
 #include <string.h>
 #include <unistd.h>
 
 static pthread_mutex_t runtime_lock = PTHREAD_MUTEX_INITIALIZER;
 
+static void arm_reports_locked(void);
+static void explain_oom(void);
+static cuheap_status_t dump_all(const char *path, cuheap_report_format_t format, int ask_device);
+
 static struct {
     int configured;
+    int reports_armed;
+    pid_t reports_pid;            /* the process that armed them: a fork's child writes none */
     cuh_config_t cfg;
     size_t sim_capacity;          /* nonzero: simulated devices */
     cuh_heap_t *_Atomic heaps[CUH_MAX_DEVICES];
@@ -66,6 +76,7 @@ void cuh_runtime_reset(void)
         rt.devices[i] = NULL;
     }
     rt.configured = 0;
+    rt.reports_armed = 0;   /* the exit handler stays registered but writes nothing */
     rt.sim_capacity = 0;
     pthread_mutex_unlock(&runtime_lock);
 }
@@ -134,6 +145,8 @@ cuheap_status_t cuh_runtime_heap(int device, cuh_heap_t **out)
         } else {
             rt.devices[d] = dev;
             rt.heaps[d] = h;
+            if (rt.cfg.report[0] && !rt.reports_armed)
+                arm_reports_locked();
         }
     }
     pthread_mutex_unlock(&runtime_lock);
@@ -182,6 +195,8 @@ cuheap_status_t cuheap_malloc(void **ptr, size_t size, int device, cuheap_stream
     uintptr_t addr = 0;
     status = cuh_heap_malloc(h, size, (cuh_stream_t)stream, &addr);
     *ptr = (void *)addr;
+    if (cuh_unlikely(status == CUHEAP_ERR_OUT_OF_MEMORY))
+        explain_oom();
     return status;
 }
 
@@ -255,38 +270,139 @@ static void expand_path(const char *path, char *out, size_t len)
     out[o < len ? o : len - 1] = '\0';
 }
 
-cuheap_status_t cuheap_dump_report(const char *path, cuheap_report_format_t format)
+static pthread_mutex_t report_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Writes every heap's report to path (%p expanded). ask_device 0 makes no
+ * device call: at exit the driver may be gone. */
+static cuheap_status_t dump_all(const char *path, cuheap_report_format_t format, int ask_device)
 {
-    if (!path || (format != CUHEAP_REPORT_TEXT && format != CUHEAP_REPORT_JSON)) {
-        cuh_set_error("cuheap_dump_report: need a path and CUHEAP_REPORT_TEXT or CUHEAP_REPORT_JSON");
-        return CUHEAP_ERR_INVALID_ARGUMENT;
-    }
     cuh_heap_snapshot_t *snaps[CUH_MAX_DEVICES];
     size_t n = 0;
     for (int d = 0; d < CUH_MAX_DEVICES; d++)
-        if (rt.heaps[d] && (snaps[n] = cuh_heap_snapshot(rt.heaps[d])))
+        if (rt.heaps[d] && (snaps[n] = cuh_heap_snapshot(rt.heaps[d], ask_device)))
             n++;
     char file[4096];
     expand_path(path, file, sizeof file);
     int to_stdout = strcmp(file, "-") == 0;
+    pthread_mutex_lock(&report_lock);
     FILE *out = to_stdout ? stdout : fopen(file, "w");
     cuheap_status_t status = CUHEAP_OK;
     if (!out) {
-        cuh_set_error("cuheap_dump_report: cannot write %s: %s", file, strerror(errno));
+        cuh_set_error("cannot write the report %s: %s", file, strerror(errno));
         status = CUHEAP_ERR_IO;
     } else {
         if (format == CUHEAP_REPORT_JSON)
             cuh_report_json(out, snaps, n);
+        else if (format == CUHEAP_REPORT_HTML)
+            cuh_report_html(out, snaps, n);
         else
             cuh_report_text(out, snaps, n);
         if (to_stdout ? fflush(out) != 0 : fclose(out) != 0) {
-            cuh_set_error("cuheap_dump_report: writing %s failed: %s", file, strerror(errno));
+            cuh_set_error("writing the report %s failed: %s", file, strerror(errno));
             status = CUHEAP_ERR_IO;
         }
     }
+    pthread_mutex_unlock(&report_lock);
     for (size_t i = 0; i < n; i++)
         cuh_heap_snapshot_free(snaps[i]);
     return status;
+}
+
+cuheap_status_t cuheap_dump_report(const char *path, cuheap_report_format_t format)
+{
+    if (!path || (format != CUHEAP_REPORT_TEXT && format != CUHEAP_REPORT_JSON && format != CUHEAP_REPORT_HTML)) {
+        cuh_set_error("cuheap_dump_report: need a path and CUHEAP_REPORT_TEXT, _JSON or _HTML");
+        return CUHEAP_ERR_INVALID_ARGUMENT;
+    }
+    return dump_all(path, format, 1);
+}
+
+/* ---- automatic reports (CUHEAP_CONF report:PATH) ---------------------------- */
+
+static cuheap_report_format_t format_for(const char *path)
+{
+    size_t n = strlen(path);
+    if (n > 5 && strcmp(path + n - 5, ".json") == 0)
+        return CUHEAP_REPORT_JSON;
+    if (n > 5 && strcmp(path + n - 5, ".html") == 0)
+        return CUHEAP_REPORT_HTML;
+    return CUHEAP_REPORT_TEXT;
+}
+
+/* The configured report, if this is the process that configured it. */
+static void write_configured_report(int ask_device)
+{
+    if (!rt.reports_armed || getpid() != rt.reports_pid)
+        return;
+    char saved[512];
+    snprintf(saved, sizeof saved, "%s", cuh_get_error());   /* keep the caller's last error */
+    if (dump_all(rt.cfg.report, format_for(rt.cfg.report), ask_device) != CUHEAP_OK)
+        cuh_log("%s", cuh_get_error());
+    cuh_set_error("%s", saved);
+}
+
+/* An out-of-memory: its explanation on stderr and the report, each at most
+ * once a second. */
+static void explain_oom(void)
+{
+    cuh_log_error_rate_limited("CUDA out of memory");
+    if (!rt.reports_armed)
+        return;
+    static _Atomic long last_second = -1;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    long prev = atomic_load(&last_second);
+    if (now.tv_sec != prev && atomic_compare_exchange_strong(&last_second, &prev, (long)now.tv_sec))
+        write_configured_report(1);
+}
+
+static void report_at_exit(void)
+{
+    /* No device call: the CUDA context may already be gone. */
+    write_configured_report(0);
+}
+
+static sem_t sigusr1_sem;
+
+static void on_sigusr1(int sig)
+{
+    (void)sig;
+    sem_post(&sigusr1_sem);   /* async-signal-safe; the thread below writes */
+}
+
+static void *sigusr1_writer(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        if (sem_wait(&sigusr1_sem) == 0)
+            write_configured_report(1);
+    }
+    return NULL;
+}
+
+/* Called once, when the first heap of a process with report:PATH appears. */
+static void arm_reports_locked(void)
+{
+    rt.reports_armed = 1;
+    rt.reports_pid = getpid();
+    atexit(report_at_exit);
+    struct sigaction old;
+    if (sigaction(SIGUSR1, NULL, &old) == 0 && old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN) {
+        cuh_log("report:%s: the program handles SIGUSR1 itself; reports on SIGUSR1 are off", rt.cfg.report);
+        return;
+    }
+    pthread_t t;
+    if (sem_init(&sigusr1_sem, 0, 0) != 0 || pthread_create(&t, NULL, sigusr1_writer, NULL) != 0) {
+        cuh_log("report:%s: cannot start the SIGUSR1 writer; reports on SIGUSR1 are off", rt.cfg.report);
+        return;
+    }
+    pthread_detach(t);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigusr1;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
 }
 
 const char *cuheap_status_string(cuheap_status_t status)

@@ -43,5 +43,8 @@ void cuh_clear_error(void);
 
 /* Writes "cuheap: <message>\n" to stderr. */
 void cuh_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Writes "cuheap: <what>: <the calling thread's last error>" to stderr, one
+ * line a second at most; the lines held back are counted in the next. */
+void cuh_log_error_rate_limited(const char *what);
 
 #endif /* CUH_COMMON_H */

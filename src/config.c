@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { KIND_SIZE, KIND_LIMIT, KIND_FRACTION, KIND_BOOL } value_kind_t;
+typedef enum { KIND_SIZE, KIND_LIMIT, KIND_FRACTION, KIND_BOOL, KIND_PATH } value_kind_t;
 
 typedef struct option_s {
     const char *name;
@@ -55,6 +55,10 @@ static const option_t options[] = {
      "times the most bytes the program has had live; beyond that, or when the device or the "
      "limit refuses, free pages are moved instead (an unmap and a map each). 0 holds the least "
      "memory, larger values move pages less often. Between 0 and 1."},
+    {"report", KIND_PATH, offsetof(cuh_config_t, report), "none",
+     "Write a report here at every out-of-memory (at most one a second), at exit, and on "
+     "SIGUSR1: JSON if the name ends in .json, HTML if in .html, else text. %p becomes the "
+     "process id. A path may not contain ','."},
 };
 #define NUM_OPTIONS (sizeof options / sizeof options[0])
 
@@ -109,6 +113,15 @@ static int parse_size(const char *text, size_t *out)
 static int set_value(const option_t *opt, const char *value, cuh_config_t *cfg, char *err, size_t errlen)
 {
     size_t bytes;
+    if (opt->kind == KIND_PATH) {
+        char *dst = (char *)cfg + opt->offset;
+        if (strlen(value) >= sizeof cfg->report) {
+            snprintf(err, errlen, "%s: the path is longer than %zu characters", opt->name, sizeof cfg->report - 1);
+            return -1;
+        }
+        snprintf(dst, sizeof cfg->report, "%s", strcmp(value, "none") ? value : "");
+        return 0;
+    }
     if (opt->kind == KIND_BOOL) {
         size_t on;
         if (!strcmp(value, "1") || !strcmp(value, "true") || !strcmp(value, "on"))
@@ -292,6 +305,8 @@ void cuh_config_format(const cuh_config_t *cfg, char *buf, size_t len)
     }
     else
         snprintf(limit, sizeof limit, "none");
-    snprintf(buf, len, "workspace:%zu,limit:%s,small_max:%zu,segment_min:%zu,grow_fraction:%g,vmm:%zu,vmm_margin:%g",
-             cfg->workspace, limit, cfg->small_max, cfg->segment_min, cfg->grow_fraction, cfg->vmm, cfg->vmm_margin);
+    int n = snprintf(buf, len, "workspace:%zu,limit:%s,small_max:%zu,segment_min:%zu,grow_fraction:%g,vmm:%zu,vmm_margin:%g",
+                     cfg->workspace, limit, cfg->small_max, cfg->segment_min, cfg->grow_fraction, cfg->vmm, cfg->vmm_margin);
+    if (cfg->report[0] && n > 0 && (size_t)n < len)
+        snprintf(buf + n, len - (size_t)n, ",report:%s", cfg->report);
 }

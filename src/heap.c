@@ -34,6 +34,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- types ----------------------------------------------------------------- */
 
@@ -159,6 +160,15 @@ struct cuh_heap_s {
     size_t pages_high;           /* no page at or above this index was ever mapped */
     uint64_t num_page_maps, num_page_steals;
     int captures;                /* graph captures underway on this device */
+
+    /* Timeline for reports: a sample every sample_every operations and at
+     * every change of reserved bytes; when full, every other sample goes and
+     * the interval doubles, so it always spans the heap's whole life. */
+    struct timespec born;
+    cuh_sample_t timeline[CUH_TIMELINE_SAMPLES];
+    size_t num_samples;
+    uint64_t sample_every, ops_since_sample;
+    size_t last_sampled_reserved;
     uint64_t capture_pool;
 };
 
@@ -180,12 +190,36 @@ static size_t reserved_bytes(const cuh_heap_t *h)
     return h->arena.reserved - h->vm->size + h->physical_pages * h->vm_page;
 }
 
+static double seconds_since(const struct timespec *born)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)(now.tv_sec - born->tv_sec) + (double)(now.tv_nsec - born->tv_nsec) * 1e-9;
+}
+
+static void sample_locked(cuh_heap_t *h)
+{
+    if (h->num_samples == CUH_TIMELINE_SAMPLES) {
+        for (size_t i = 0; i < CUH_TIMELINE_SAMPLES / 2; i++)
+            h->timeline[i] = h->timeline[2 * i + 1];
+        h->num_samples = CUH_TIMELINE_SAMPLES / 2;
+        h->sample_every *= 2;
+    }
+    h->timeline[h->num_samples++] = (cuh_sample_t){
+        .t = seconds_since(&h->born), .live = h->requested.current, .reserved = h->reserved.current,
+        .cached = h->cached.current};
+    h->ops_since_sample = 0;
+    h->last_sampled_reserved = h->reserved.current;
+}
+
 static void refresh_stats_locked(cuh_heap_t *h)
 {
     size_t reserved = reserved_bytes(h);
     stat_set(&h->reserved, reserved);
     stat_set(&h->cached, reserved - h->allocated.current);
     stat_set(&h->pending, cuh_arena_pending_bytes(&h->arena) + h->small_fenced_total + h->held_bytes);
+    if (cuh_unlikely(++h->ops_since_sample >= h->sample_every || reserved != h->last_sampled_reserved))
+        sample_locked(h);
 }
 
 /* ---- events and streams ------------------------------------------------------ */
@@ -741,10 +775,39 @@ static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
     o->allocated = h->allocated.current;
     o->reserved = reserved_bytes(h);
     o->cached = o->reserved - h->allocated.current;
-    o->pending = cuh_arena_pending_bytes(&h->arena) + h->small_fenced_total + h->held_bytes;
+    /* Pending for this request: what it cannot use until GPU work finishes:
+     * memory other streams freed (fenced or not), and held blocks. */
+    o->pending = h->held_bytes;
+    for (uint32_t i = 0; i < h->num_streams; i++) {
+        const stream_state_t *s = h->streams[i];
+        if (s != st)
+            o->pending += h->arena.tags[s->tag].fenced_bytes + h->arena.tags[s->tag].unfenced_bytes +
+                          s->small_fenced + s->small_unfenced;
+    }
     o->largest_free = cuh_arena_largest_free(&h->arena);
     o->num_free_extents = h->arena.free_extents;
     o->limit = h->limit;
+    o->t = seconds_since(&h->born);
+    for (uint32_t i = 0; i < h->num_streams; i++) {
+        const stream_state_t *s = h->streams[i];
+        if (s == st)
+            continue;
+        uint64_t pend = h->arena.tags[s->tag].fenced_bytes + h->arena.tags[s->tag].unfenced_bytes + s->small_fenced +
+                        s->small_unfenced;
+        if (!pend)
+            continue;
+        size_t k = o->num_pending_streams < 8 ? o->num_pending_streams++ : 7;
+        if (k == 7 && o->pending_by_stream[7].pending >= pend)
+            continue;
+        o->pending_by_stream[k].stream = s->handle;
+        o->pending_by_stream[k].pending = pend;
+        while (k > 0 && o->pending_by_stream[k - 1].pending < o->pending_by_stream[k].pending) {
+            __typeof__(o->pending_by_stream[0]) tmp = o->pending_by_stream[k - 1];
+            o->pending_by_stream[k - 1] = o->pending_by_stream[k];
+            o->pending_by_stream[k] = tmp;
+            k--;
+        }
+    }
     h->dev->ops->mem_info(h->dev, &o->device_free, &o->device_total);
     size_t accounted = o->device_free + o->reserved;
     o->external = o->device_total > accounted ? o->device_total - accounted : 0;
@@ -769,11 +832,14 @@ static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
                  "%s of device memory is used outside cuheap (other processes or allocators): free it, "
                  "or route those allocations through cuheap",
                  cuh_format_bytes(a, sizeof a, o->external));
-    } else if (o->pending >= block) {
+    } else if (o->pending && o->cached + o->device_free - o->pending < block && o->cached + o->device_free >= block) {
+        /* Enough memory counting what waits for GPU work, not enough without. */
         o->cause = CUH_OOM_STREAM_PENDING;
         snprintf(o->action, sizeof o->action,
-                 "%s are freed but still in use by GPU work: synchronize the streams before allocating",
-                 cuh_format_bytes(a, sizeof a, o->pending));
+                 "%s were freed on other streams whose GPU work has not been seen to finish%s: synchronize "
+                 "those streams (or free on the stream that allocates) before allocating",
+                 cuh_format_bytes(a, sizeof a, o->pending),
+                 h->captures ? " (a CUDA graph capture was underway, so cuheap could not wait)" : "");
     } else {
         o->cause = CUH_OOM_FRAGMENTATION;
         /* A workspace as large as the peak seen (plus this request), but never
@@ -790,6 +856,7 @@ static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
     }
     h->has_oom = 1;
     h->num_ooms++;
+    sample_locked(h);
     cuh_set_error("out of memory on device %d: %zu bytes requested; cause: %s (live %zu, reserved %zu, "
                   "cached %zu, largest free extent %zu, device free %zu of %zu); %s",
                   h->dev->ordinal, request, cuh_oom_cause_name(o->cause), o->live, o->reserved, o->cached,
@@ -1016,6 +1083,8 @@ cuh_heap_t *cuh_heap_create(cuh_device_t *dev, const cuh_config_t *cfg, char *er
     pthread_mutexattr_destroy(&attr);
     h->dev = dev;
     h->cfg = *cfg;
+    clock_gettime(CLOCK_MONOTONIC, &h->born);
+    h->sample_every = 64;
     h->device_total = total;
     h->limit = limit;
     cuh_arena_init(&h->arena);
@@ -1718,7 +1787,7 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
 
 /* ---- snapshot ---------------------------------------------------------------------- */
 
-cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h)
+cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h, int ask_device)
 {
     cuh_heap_snapshot_t *snap = calloc(1, sizeof *snap);
     if (!snap)
@@ -1728,7 +1797,9 @@ cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h)
     snap->device = h->dev->ordinal;
     snap->device_kind = h->dev->kind;
     snap->config = h->cfg;
-    h->dev->ops->mem_info(h->dev, &snap->device_free, &snap->device_total);
+    snap->device_total = h->device_total;
+    if (ask_device)
+        h->dev->ops->mem_info(h->dev, &snap->device_free, &snap->device_total);
     size_t num_extents = 0;
     for (cuh_segment_t *seg = h->arena.segments; seg; seg = seg->next)
         for (cuh_extent_t *e = seg->first; e; e = e->next)
@@ -1747,6 +1818,8 @@ cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h)
         ss->base = seg->base;
         ss->size = seg->size;
         ss->workspace = seg->region == CUH_REGION_WORKSPACE;
+        ss->virtual_space = seg->virtual_space;
+        ss->mapped = seg->virtual_space ? (uint64_t)h->mapped_pages * h->vm_page : seg->size;
         ss->first_extent = snap->num_extents;
         for (const cuh_extent_t *e = seg->first; e; e = e->next) {
             cuh_snap_extent_t *x = &snap->extents[snap->num_extents++];
@@ -1791,6 +1864,12 @@ cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h)
     }
     snap->has_oom = h->has_oom;
     snap->oom = h->last_oom;
+    snap->uptime = seconds_since(&h->born);
+    snap->timeline = malloc((h->num_samples + 1) * sizeof *snap->timeline);
+    if (snap->timeline) {
+        memcpy(snap->timeline, h->timeline, h->num_samples * sizeof *snap->timeline);
+        snap->num_samples = h->num_samples;
+    }
     pthread_mutex_unlock(&h->lock);
     return snap;
 }
@@ -1802,5 +1881,6 @@ void cuh_heap_snapshot_free(cuh_heap_snapshot_t *snap)
     free(snap->segments);
     free(snap->extents);
     free(snap->streams);
+    free(snap->timeline);
     free(snap);
 }

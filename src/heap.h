@@ -53,6 +53,12 @@ typedef struct cuh_oom_info_s {
     size_t device_total;
     size_t external;         /* bytes in use on the device outside this heap */
     size_t limit;            /* 0 = none */
+    struct {
+        uint64_t stream;
+        uint64_t pending;    /* freed on this stream, GPU work not yet seen to finish */
+    } pending_by_stream[8];  /* the streams with the most pending bytes */
+    size_t num_pending_streams;
+    double t;                /* seconds since the heap was created */
     char action[256];        /* one concrete thing that would help */
 } cuh_oom_info_t;
 
@@ -126,6 +132,8 @@ typedef struct cuh_snap_extent_s {
 typedef struct cuh_snap_segment_s {
     uint64_t base, size;
     int workspace;
+    int virtual_space;        /* a vmm:1 reservation: only `mapped` bytes are memory */
+    uint64_t mapped;
     size_t first_extent, num_extents;
 } cuh_snap_segment_t;
 
@@ -140,6 +148,16 @@ typedef struct cuh_snap_stream_s {
     uint64_t pending_bytes;   /* of those, covered by a fence not yet complete */
     uint64_t fences_outstanding;
 } cuh_snap_stream_t;
+
+/* One point of the heap's timeline. */
+typedef struct cuh_sample_s {
+    double t;                 /* seconds since the heap was created */
+    uint64_t live;            /* requested bytes */
+    uint64_t reserved;
+    uint64_t cached;
+} cuh_sample_t;
+
+#define CUH_TIMELINE_SAMPLES 2048
 
 typedef struct cuh_heap_snapshot_s {
     int device;
@@ -157,14 +175,20 @@ typedef struct cuh_heap_snapshot_s {
     size_t num_streams;
     int has_oom;
     cuh_oom_info_t oom;
+    cuh_sample_t *timeline;   /* oldest first */
+    size_t num_samples;
+    double uptime;            /* seconds since the heap was created */
 } cuh_heap_snapshot_t;
 
-/* A consistent copy of the heap's state; NULL if out of host memory. */
-cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *heap);
+/* A consistent copy of the heap's state; NULL if out of host memory.
+ * ask_device 0 makes no device call (at process exit the driver may be
+ * gone): device_free is then 0 and device_total the one known. */
+cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *heap, int ask_device);
 void cuh_heap_snapshot_free(cuh_heap_snapshot_t *snap);
 
 /* report.c: render snapshots (several devices make one report). */
 void cuh_report_text(FILE *out, cuh_heap_snapshot_t *const *snaps, size_t n);
 void cuh_report_json(FILE *out, cuh_heap_snapshot_t *const *snaps, size_t n);
+void cuh_report_html(FILE *out, cuh_heap_snapshot_t *const *snaps, size_t n);
 
 #endif /* CUH_HEAP_H */

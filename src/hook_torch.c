@@ -20,33 +20,11 @@
 #include "runtime.h"
 
 #include <dlfcn.h>
-#include <stdatomic.h>
 #include <string.h>
 #include <stdio.h>
 #include <sys/types.h>
-#include <time.h>
 
 #define API __attribute__((visibility("default")))
-
-/* One line per second at most; the count of the lines held back is shown
- * with the next one. */
-static void report_rate_limited(const char *what)
-{
-    static _Atomic long last_second;
-    static _Atomic unsigned long held_back;
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    long prev = atomic_load(&last_second);
-    if (now.tv_sec == prev || !atomic_compare_exchange_strong(&last_second, &prev, (long)now.tv_sec)) {
-        atomic_fetch_add(&held_back, 1);
-        return;
-    }
-    unsigned long skipped = atomic_exchange(&held_back, 0);
-    if (skipped)
-        cuh_log("%s: %s (%lu similar messages in the last second not shown)", what, cuh_get_error(), skipped);
-    else
-        cuh_log("%s: %s", what, cuh_get_error());
-}
 
 static uint64_t pool_key(uint64_t first, uint64_t second)
 {
@@ -89,12 +67,14 @@ API void *cuheap_torch_alloc(ssize_t size, int device, cuheap_stream_t stream)
     void *ptr = NULL;
     if (size < 0) {
         cuh_set_error("negative size %zd", size);
-        report_rate_limited("allocation refused");
+        cuh_log_error_rate_limited("allocation refused");
         return NULL;
     }
     cuheap_status_t s = cuheap_malloc(&ptr, (size_t)size, device, stream);
     if (s != CUHEAP_OK) {
-        report_rate_limited(s == CUHEAP_ERR_OUT_OF_MEMORY ? "CUDA out of memory" : "allocation failed");
+        /* An out-of-memory was explained on stderr by cuheap_malloc. */
+        if (s != CUHEAP_ERR_OUT_OF_MEMORY)
+            cuh_log_error_rate_limited("allocation failed");
         throw_bad_alloc();
     }
     return ptr;
@@ -104,7 +84,7 @@ API void cuheap_torch_free(void *ptr, ssize_t size, int device, cuheap_stream_t 
 {
     (void)size;
     if (cuheap_free(ptr, device, stream) != CUHEAP_OK)
-        report_rate_limited("free failed");
+        cuh_log_error_rate_limited("free failed");
 }
 
 API void cuheap_torch_init(int device_count)
@@ -123,11 +103,11 @@ API void cuheap_torch_memory_fraction(double fraction, int device)
     cuh_heap_t *h;
     if (!(fraction > 0.0 && fraction <= 1.0)) {
         cuh_set_error("memory fraction %g is not in (0, 1]", fraction);
-        report_rate_limited("set_per_process_memory_fraction");
+        cuh_log_error_rate_limited("set_per_process_memory_fraction");
         return;
     }
     if (cuh_runtime_heap(device, &h) != CUHEAP_OK) {
-        report_rate_limited("set_per_process_memory_fraction");
+        cuh_log_error_rate_limited("set_per_process_memory_fraction");
         return;
     }
     cuh_heap_set_limit(h, (size_t)((double)cuh_heap_device_total(h) * fraction));
@@ -149,7 +129,7 @@ API void cuheap_torch_record_stream(void *ptr, cuheap_stream_t stream)
     if (!h || cuh_heap_record_stream(h, (uintptr_t)ptr, (cuh_stream_t)stream) != CUHEAP_OK) {
         if (!h)
             cuh_set_error("record_stream: %p was not allocated by cuheap", ptr);
-        report_rate_limited("record_stream failed");
+        cuh_log_error_rate_limited("record_stream failed");
     }
 }
 
@@ -173,7 +153,7 @@ API void cuheap_torch_begin_pool(int device, uint64_t id_first, uint64_t id_seco
     if (cuh_runtime_heap(device, &h) == CUHEAP_OK)
         cuh_heap_capture_begin(h, pool_key(id_first, id_second));
     else
-        report_rate_limited("graph capture");
+        cuh_log_error_rate_limited("graph capture");
 }
 
 API void cuheap_torch_end_pool(int device, uint64_t id_first, uint64_t id_second)

@@ -5,6 +5,8 @@
 
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <time.h>
 #include <stdio.h>
 
 static _Thread_local char cuh_error_text[512];
@@ -45,4 +47,22 @@ char *cuh_format_bytes(char *buf, size_t len, uint64_t bytes)
     else
         snprintf(buf, len, "%.2f %s", v, units[u]);
     return buf;
+}
+
+void cuh_log_error_rate_limited(const char *what)
+{
+    static _Atomic long last_second = -1;
+    static _Atomic unsigned long held_back;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    long prev = atomic_load(&last_second);
+    if (now.tv_sec == prev || !atomic_compare_exchange_strong(&last_second, &prev, (long)now.tv_sec)) {
+        atomic_fetch_add(&held_back, 1);
+        return;
+    }
+    unsigned long skipped = atomic_exchange(&held_back, 0);
+    if (skipped)
+        cuh_log("%s: %s (%lu similar messages in the last second not shown)", what, cuh_get_error(), skipped);
+    else
+        cuh_log("%s: %s", what, cuh_get_error());
 }

@@ -3,7 +3,7 @@
  * Both forms come from one data model (cuh_heap_snapshot_t), so they never
  * disagree. The text form reads like torch.cuda.memory_summary() with the
  * fragmentation figures added; the JSON form is versioned ("schema":
- * "cuheap-report", "version": 1) and documented in the README.
+ * "cuheap-report", "version": 1, schema in include/cuheap_report.schema.json).
  */
 #include "common.h"
 #include "heap.h"
@@ -176,8 +176,9 @@ static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
     fprintf(out, "\"device_memory\":{\"free\":%zu,\"total\":%zu},\"segments\":[", s->device_free, s->device_total);
     for (size_t i = 0; i < s->num_segments; i++) {
         const cuh_snap_segment_t *g = &s->segments[i];
-        fprintf(out, "%s{\"base\":%" PRIu64 ",\"size\":%" PRIu64 ",\"workspace\":%s,\"extents\":[", i ? "," : "",
-                g->base, g->size, g->workspace ? "true" : "false");
+        fprintf(out, "%s{\"base\":%" PRIu64 ",\"size\":%" PRIu64 ",\"workspace\":%s,\"virtual\":%s,\"mapped\":%" PRIu64
+                ",\"extents\":[", i ? "," : "", g->base, g->size, g->workspace ? "true" : "false",
+                g->virtual_space ? "true" : "false", g->mapped);
         for (size_t k = 0; k < g->num_extents; k++) {
             const cuh_snap_extent_t *x = &s->extents[g->first_extent + k];
             fprintf(out, "%s{\"addr\":%" PRIu64 ",\"size\":%" PRIu64 ",\"kind\":\"%s\"", k ? "," : "", x->addr, x->size,
@@ -206,6 +207,10 @@ static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
                 ",\"fences_outstanding\":%" PRIu64 "}",
                 i ? "," : "", i + 1, s->streams[i].handle, s->streams[i].private_bytes, s->streams[i].pending_bytes,
                 s->streams[i].fences_outstanding);
+    fprintf(out, "],\"uptime\":%.6f,\"timeline\":[", s->uptime);
+    for (size_t i = 0; i < s->num_samples; i++)
+        fprintf(out, "%s{\"t\":%.6f,\"live\":%" PRIu64 ",\"reserved\":%" PRIu64 ",\"cached\":%" PRIu64 "}", i ? "," : "",
+                s->timeline[i].t, s->timeline[i].live, s->timeline[i].reserved, s->timeline[i].cached);
     fprintf(out, "],\"oom\":");
     if (!s->has_oom) {
         fprintf(out, "null}");
@@ -219,7 +224,11 @@ static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
             o->cached, o->pending, o->largest_free, o->num_free_extents, o->device_free, o->device_total, o->external,
             o->limit);
     json_string(out, o->action);
-    fprintf(out, "}}");
+    fprintf(out, ",\"t\":%.6f,\"pending_by_stream\":[", o->t);
+    for (size_t i = 0; i < o->num_pending_streams; i++)
+        fprintf(out, "%s{\"stream\":%" PRIu64 ",\"pending\":%" PRIu64 "}", i ? "," : "", o->pending_by_stream[i].stream,
+                o->pending_by_stream[i].pending);
+    fprintf(out, "]}}");
 }
 
 void cuh_report_json(FILE *out, cuh_heap_snapshot_t *const *snaps, size_t n)

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -186,6 +187,80 @@ static void test_bad_cuheap_conf_stops_the_program_naming_the_key(void **state)
     unlink(log);
 }
 
+static int wait_for_file(const char *path, int tenths)
+{
+    for (int i = 0; i < tenths; i++) {
+        if (access(path, R_OK) == 0)
+            return 1;
+        usleep(100000);
+    }
+    return access(path, R_OK) == 0;
+}
+
+static void test_report_path_writes_on_oom_on_sigusr1_and_at_exit(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/cuheap-report-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char conf[256], path[256], cmd[1024];
+    snprintf(conf, sizeof conf, "report:%s/r-%%p.json", dir);
+    snprintf(path, sizeof path, "%s/r-%d.json", dir, (int)getpid());
+    assert_int_equal(cuheap_configure(conf), CUHEAP_OK);
+    void *p;
+    assert_int_equal(cuheap_malloc(&p, 1 * MiB, 0, NULL), CUHEAP_OK);
+    assert_int_equal(access(path, F_OK), -1);   /* nothing yet */
+    /* An out-of-memory writes the report, with its cause. */
+    void *big;
+    assert_int_equal(cuheap_malloc(&big, 8 * GiB, 0, NULL), CUHEAP_ERR_OUT_OF_MEMORY);
+    assert_true(wait_for_file(path, 1));
+    snprintf(cmd, sizeof cmd,
+             "python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))[\"devices\"][0]; "
+             "assert d[\"oom\"][\"cause\"]==\"capacity\"' %s", path);
+    assert_int_equal(system(cmd), 0);
+    /* SIGUSR1: written by cuheap's thread, not in the handler. */
+    unlink(path);
+    raise(SIGUSR1);
+    assert_true(wait_for_file(path, 30));
+    /* A forked child that never touches cuheap writes nothing at its exit. */
+    pid_t child = fork();
+    if (child == 0)
+        exit(0);
+    int status;
+    waitpid(child, &status, 0);
+    char child_path[256];
+    snprintf(child_path, sizeof child_path, "%s/r-%d.json", dir, (int)child);
+    assert_int_equal(access(child_path, F_OK), -1);
+    /* A process that armed the report writes it at exit. */
+    child = fork();
+    if (child == 0) {
+        cuh_runtime_reset();
+        cuh_runtime_use_sim(GiB);
+        cuheap_configure(conf);
+        void *q;
+        cuheap_malloc(&q, 4096, 0, NULL);
+        exit(0);
+    }
+    waitpid(child, &status, 0);
+    snprintf(child_path, sizeof child_path, "%s/r-%d.json", dir, (int)child);
+    assert_true(wait_for_file(child_path, 1));
+    cuheap_free(p, 0, NULL);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_report_key_takes_a_path_and_none(void **state)
+{
+    (void)state;
+    assert_int_equal(cuheap_configure("report:none"), CUHEAP_OK);
+    char longpath[700];
+    memset(longpath, 'x', sizeof longpath - 1);
+    longpath[sizeof longpath - 1] = '\0';
+    char conf[800];
+    snprintf(conf, sizeof conf, "report:/tmp/%s", longpath);
+    assert_int_equal(cuheap_configure(conf), CUHEAP_ERR_CONFIG);
+    assert_non_null(strstr(cuheap_last_error(), "report"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -195,6 +270,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stats_release_and_peaks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reports_in_text_and_valid_json, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_cuheap_conf_stops_the_program_naming_the_key, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_report_path_writes_on_oom_on_sigusr1_and_at_exit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_report_key_takes_a_path_and_none, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -475,6 +475,35 @@ static void test_oom_cause_fragmentation_with_its_proof(void **state)
     test_heap_free(&t);
 }
 
+static void test_oom_cause_stream_pending_with_its_proof(void **state)
+{
+    (void)state;
+    /* S1 frees 40 MiB; during a graph capture S2 may not wait for S1's work,
+     * so 40 MiB more does not fit a 64 MiB device, though it would after. */
+    test_heap_t t = test_heap_new(64 * MiB, "grow_fraction:0");
+    cuh_sim_hold_events(t.dev, 1);
+    uintptr_t a = must_alloc(t.heap, 40 * MiB, S1);
+    must_free(t.heap, a, S1);
+    cuh_heap_capture_begin(t.heap, 1);
+    uintptr_t x;
+    assert_int_equal(cuh_heap_malloc(t.heap, 40 * MiB, S2, &x), CUHEAP_ERR_OUT_OF_MEMORY);
+    cuh_heap_capture_end(t.heap);
+    cuh_oom_info_t o;
+    assert_true(cuh_heap_last_oom(t.heap, &o));
+    assert_int_equal(o.cause, CUH_OOM_STREAM_PENDING);
+    assert_int_equal(o.pending, 40 * MiB);
+    assert_int_equal(o.num_pending_streams, 1);
+    assert_int_equal(o.pending_by_stream[0].stream, S1);
+    assert_int_equal(o.pending_by_stream[0].pending, 40 * MiB);
+    assert_true(o.cached + o.device_free - o.pending < o.request);
+    assert_true(o.request <= o.cached + o.device_free);
+    assert_non_null(strstr(o.action, "synchronize"));
+    /* After the capture the same request waits for S1 and succeeds. */
+    must_free(t.heap, must_alloc(t.heap, 40 * MiB, S2), S2);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
 /* ---- workspace -------------------------------------------------------------- */
 
 static void test_workspace_is_taken_at_first_use_and_used_first(void **state)
@@ -827,6 +856,7 @@ int main(void)
         cmocka_unit_test(test_out_of_memory_only_after_retry_and_heap_survives),
         cmocka_unit_test(test_oom_cause_external),
         cmocka_unit_test(test_oom_cause_fragmentation_with_its_proof),
+        cmocka_unit_test(test_oom_cause_stream_pending_with_its_proof),
         cmocka_unit_test(test_workspace_is_taken_at_first_use_and_used_first),
         cmocka_unit_test(test_workspace_larger_than_limit_is_refused),
         cmocka_unit_test(test_statistics_are_exact),

@@ -70,7 +70,8 @@ static void usage(FILE *f)
             "                     binary units)\n"
             "  --conf STRING      heap settings, CUHEAP_CONF syntax (key:value,...)\n"
             "  --report PATH      write the heap's report at the first out-of-memory, or\n"
-            "                     at the end: JSON if PATH ends in .json, else text;\n"
+            "                     at the end: JSON if PATH ends in .json, HTML if in\n"
+            "                     .html, else text;\n"
             "                     %%t in PATH becomes the trace's name\n"
             "  --settings         print every CUHEAP_CONF key with its default and exit\n"
             "  --min-capacity     also find the smallest capacity (to within 2 MiB)\n"
@@ -317,7 +318,7 @@ static int write_report(cuh_heap_t *heap, const char *pattern, const char *trace
         }
     }
     path[o < sizeof path ? o : sizeof path - 1] = '\0';
-    cuh_heap_snapshot_t *snap = cuh_heap_snapshot(heap);
+    cuh_heap_snapshot_t *snap = cuh_heap_snapshot(heap, 1);
     FILE *f = snap ? fopen(path, "w") : NULL;
     if (!f) {
         fprintf(stderr, PROG ": cannot write the report %s: %s\n", path, snap ? strerror(errno) : "out of memory");
@@ -327,6 +328,8 @@ static int write_report(cuh_heap_t *heap, const char *pattern, const char *trace
     size_t n = strlen(path);
     if (n > 5 && strcmp(path + n - 5, ".json") == 0)
         cuh_report_json(f, &snap, 1);
+    else if (n > 5 && strcmp(path + n - 5, ".html") == 0)
+        cuh_report_html(f, &snap, 1);
     else
         cuh_report_text(f, &snap, 1);
     cuh_heap_snapshot_free(snap);

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# test_report.sh BUILD_DIR - the three report forms, from cuheap-replay runs
+# that end without and with an out-of-memory: the JSON validates against
+# include/cuheap_report.schema.json; the text names the cause; the HTML page
+# refers to nothing outside itself and, rendered by headless Chromium, is not
+# blank and shows the out-of-memory panel exactly when there was one.
+set -uo pipefail
+build=${1:-build}
+[ -x "$build/cuheap-replay" ] || build=build
+replay=$build/cuheap-replay
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0; failed=0
+check() { if eval "$2"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $1"; fi; }
+
+"$replay" --report "$tmp/ok.json" bench/traces/resnet50.trace.gz >/dev/null
+"$replay" --capacity 27G --report "$tmp/frag.json" bench/traces/gpt2.trace.gz >/dev/null
+"$replay" --capacity 100M --report "$tmp/cap.json" bench/traces/gpt2.trace.gz >/dev/null
+"$replay" --conf vmm:1 --capacity 27G --report "$tmp/vmm.json" bench/traces/gpt2.trace.gz >/dev/null
+"$replay" --capacity 27G --report "$tmp/frag.txt" bench/traces/gpt2.trace.gz >/dev/null
+"$replay" --capacity 27G --report "$tmp/frag.html" bench/traces/gpt2.trace.gz >/dev/null
+"$replay" --report "$tmp/ok.html" bench/traces/resnet50.trace.gz >/dev/null
+
+# A validator for the subset of JSON Schema the schema uses.
+cat > "$tmp/validate.py" <<'PY'
+import json, sys
+schema = json.load(open(sys.argv[1]))
+def resolve(s):
+    while "$ref" in s:
+        node = schema
+        for part in s["$ref"].lstrip("#/").split("/"):
+            node = node[part]
+        s = node
+    return s
+TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+def ok_type(v, t):
+    if t == "integer":
+        return isinstance(v, int) and not isinstance(v, bool)
+    if t == "number":
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    return isinstance(v, TYPES[t])
+def check(v, s, path):
+    s = resolve(s)
+    if "oneOf" in s:
+        good = [alt for alt in s["oneOf"] if not list(errors(v, alt, path))]
+        if len(good) != 1:
+            yield "%s: matches %d of oneOf" % (path, len(good))
+        return
+    if "const" in s and v != s["const"]:
+        yield "%s: %r is not %r" % (path, v, s["const"])
+    if "enum" in s and v not in s["enum"]:
+        yield "%s: %r not in %r" % (path, v, s["enum"])
+    if "type" in s and not ok_type(v, s["type"]):
+        yield "%s: %r is not %s" % (path, v, s["type"])
+        return
+    if isinstance(v, dict):
+        for k in s.get("required", []):
+            if k not in v:
+                yield "%s: missing %s" % (path, k)
+        for k, sub in s.get("properties", {}).items():
+            if k in v:
+                yield from check(v[k], sub, path + "." + k)
+    if isinstance(v, list) and "items" in s:
+        for i, item in enumerate(v):
+            yield from check(item, s["items"], "%s[%d]" % (path, i))
+def errors(v, s, path):
+    return check(v, s, path)
+bad = list(errors(json.load(open(sys.argv[2])), schema, "$"))
+print("\n".join(bad[:5]) if bad else "valid")
+PY
+for r in ok frag cap vmm; do
+    out=$(python3 "$tmp/validate.py" include/cuheap_report.schema.json "$tmp/$r.json")
+    check "$r.json validates against the schema ($out)" '[ "$out" = valid ]'
+done
+bad=$(python3 "$tmp/validate.py" include/cuheap_report.schema.json <(python3 -c "
+import json,sys; r=json.load(open('$tmp/frag.json')); r['devices'][0]['oom']['cause']='bogus'; print(json.dumps(r))"))
+check "the validator rejects a report with an unknown cause" '[ "$bad" != valid ]'
+cause() { python3 -c "import json,sys; o=json.load(open(sys.argv[1]))['devices'][0]['oom']; print(o['cause'] if o else 'none')" "$1"; }
+check "no OOM: oom is null" '[ "$(cause $tmp/ok.json)" = none ]'
+check "gpt2 at 27 GiB: fragmentation" '[ "$(cause $tmp/frag.json)" = fragmentation ]'
+check "gpt2 (first request 147 MiB) on 100 MiB: capacity" '[ "$(cause $tmp/cap.json)" = capacity ]'
+check "gpt2 at 27 GiB with vmm:1: no OOM" '[ "$(cause $tmp/vmm.json)" = none ]'
+proof=$(python3 -c "
+import json; o=json.load(open('$tmp/frag.json'))['devices'][0]['oom']
+print(o['largest_free'] < o['request'] <= o['cached'] + o['device_free'])")
+check "fragmentation's proof: largest free < request <= cached + device free" '[ "$proof" = True ]'
+check "the text report names the cause and what would help" 'grep -q "cause fragmentation" $tmp/frag.txt && grep -q "what would help" $tmp/frag.txt'
+check "the HTML page loads nothing from outside" '! grep -Eqi "(src|href)=|https?:|<script|@import|url\(" $tmp/frag.html'
+
+# Render both pages; decode the PNGs with the standard library.
+chromium=$(command -v chromium || command -v chromium-browser || true)
+if [ -z "$chromium" ]; then
+    failed=$((failed + 1)); echo "FAIL: chromium is not installed (make test installs it)"
+else
+    for page in frag ok; do
+        timeout 120 "$chromium" --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \
+            --disable-background-networking --disable-component-update --disable-sync \
+            --user-data-dir="$tmp/profile-$page" --window-size=1100,900 --screenshot="$tmp/$page.png" \
+            "file://$tmp/$page.html" >/dev/null 2>&1
+    done
+    cat > "$tmp/png.py" <<'PY'
+import struct, sys, zlib
+def pixels(path):
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, w = 8, b"", 0
+    while pos < len(data):
+        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + n]
+        if kind == b"IHDR":
+            w, h, depth, color = struct.unpack(">IIBB", body[:10])
+            bpp = {2: 3, 6: 4}[color]
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + n
+    raw, stride, rows, prev = zlib.decompress(idat), w * bpp, [], bytearray(w * bpp)
+    for y in range(h):
+        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b, c = prev[i], prev[i - bpp] if i >= bpp else 0
+            if f == 1: line[i] = (line[i] + a) & 255
+            elif f == 2: line[i] = (line[i] + b) & 255
+            elif f == 3: line[i] = (line[i] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c; pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append(line); prev = line
+    return [tuple(r[x * bpp:x * bpp + 3]) for r in rows for x in range(w)]
+px = pixels(sys.argv[1])
+colors = len(set(px))
+panel = sum(1 for p in px if abs(p[0] - 253) <= 2 and abs(p[1] - 242) <= 2 and abs(p[2] - 240) <= 2)
+print(colors, panel)
+PY
+    read -r colors panel < <(python3 "$tmp/png.py" "$tmp/frag.png" 2>/dev/null || echo "0 0")
+    check "the OOM page renders, not blank ($colors colours)" '[ "$colors" -gt 20 ]'
+    check "the OOM page shows the out-of-memory panel ($panel panel pixels)" '[ "$panel" -gt 20000 ]'
+    read -r colors panel < <(python3 "$tmp/png.py" "$tmp/ok.png" 2>/dev/null || echo "0 0")
+    check "the page without OOM renders ($colors colours) and has no panel ($panel)" '[ "$colors" -gt 20 ] && [ "$panel" -lt 100 ]'
+fi
+echo "test_report: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
