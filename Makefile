@@ -18,7 +18,7 @@ SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-re
 # zlib are linked; the driver is loaded with dlopen at run time.
 LIB_SRCS := src/log.c src/config.c src/sizeclass.c src/freebins.c src/ptrmap.c \
             src/arena.c src/slab.c src/heap.c src/report.c src/report_html.c src/device_sim.c \
-            src/device_cuda.c src/api.c src/hook_torch.c
+            src/device_cuda.c src/api.c src/hook_torch.c src/trace_write.c
 # Tool-side code (reads gzip traces, so it links zlib); never in the .so.
 TOOL_SRCS := src/trace_read.c
 

@@ -10,12 +10,14 @@
  */
 #include "device.h"
 #include "heap.h"
+#include "runtime.h"
 
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
@@ -131,6 +133,34 @@ static double measure(const mix_t *mix, int threads, long ops)
     return worst * 1e9 / (double)ops;
 }
 
+/* ns per malloc+free through the public API on a simulated device, with or
+ * without trace:PATH recording every operation. */
+static double measure_api(const char *conf, long ops)
+{
+    cuh_runtime_reset();
+    cuh_runtime_use_sim((size_t)1 << 40);
+    if (conf && cuheap_configure(conf) != CUHEAP_OK) {
+        fprintf(stderr, "bench_heap: %s\n", cuheap_last_error());
+        exit(1);
+    }
+    void *live[64] = {0};
+    uint64_t seed = 12345;
+    double t0 = 0;
+    for (long op = -ops / 4; op < ops; op++) {
+        if (op == 0)
+            t0 = now();
+        int i = (int)(next_rand(&seed) % 64);
+        if (live[i])
+            cuheap_free(live[i], 0, NULL);
+        cuheap_malloc(&live[i], draw(&mixes[3], &seed), 0, NULL);
+    }
+    double ns = (now() - t0) * 1e9 / (double)ops;
+    for (int i = 0; i < 64; i++)
+        cuheap_free(live[i], 0, NULL);
+    cuh_runtime_reset();
+    return ns;
+}
+
 int main(int argc, char **argv)
 {
     long ops = argc > 1 ? atol(argv[1]) : 400000;
@@ -152,5 +182,11 @@ int main(int argc, char **argv)
         }
         printf("\n");
     }
+    double plain = measure_api(NULL, ops), traced = measure_api("trace:/tmp/cuheap-bench-%p.trace", ops);
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/cuheap-bench-%d.trace", (int)getpid());
+    unlink(path);
+    printf("\npublic API, mixed sizes, 1 thread: %.0f ns per malloc+free; with trace:PATH recording %.0f ns "
+           "(%.2fx)\n", plain, traced, traced / plain);
     return 0;
 }

@@ -7,6 +7,7 @@
  */
 #include "common.h"
 #include "runtime.h"
+#include "trace_write.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -22,11 +23,13 @@
 static pthread_mutex_t runtime_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void arm_reports_locked(void);
+static void open_trace_locked(void);
 static void explain_oom(void);
 static cuheap_status_t dump_all(const char *path, cuheap_report_format_t format, int ask_device);
 
 static struct {
     int configured;
+    cuh_trace_writer_t *_Atomic trace;
     int reports_armed;
     pid_t reports_pid;            /* the process that armed them: a fork's child writes none */
     cuh_config_t cfg;
@@ -77,6 +80,8 @@ void cuh_runtime_reset(void)
     }
     rt.configured = 0;
     rt.reports_armed = 0;   /* the exit handler stays registered but writes nothing */
+    cuh_trace_writer_close(rt.trace);
+    rt.trace = NULL;
     rt.sim_capacity = 0;
     pthread_mutex_unlock(&runtime_lock);
 }
@@ -147,6 +152,8 @@ cuheap_status_t cuh_runtime_heap(int device, cuh_heap_t **out)
             rt.heaps[d] = h;
             if (rt.cfg.report[0] && !rt.reports_armed)
                 arm_reports_locked();
+            if (rt.cfg.trace[0] && !rt.trace)
+                open_trace_locked();
         }
     }
     pthread_mutex_unlock(&runtime_lock);
@@ -197,6 +204,9 @@ cuheap_status_t cuheap_malloc(void **ptr, size_t size, int device, cuheap_stream
     *ptr = (void *)addr;
     if (cuh_unlikely(status == CUHEAP_ERR_OUT_OF_MEMORY))
         explain_oom();
+    cuh_trace_writer_t *trace = rt.trace;
+    if (cuh_unlikely(trace != NULL) && addr)
+        cuh_trace_writer_alloc(trace, addr, size, (uintptr_t)stream);
     return status;
 }
 
@@ -207,6 +217,9 @@ cuheap_status_t cuheap_free(void *ptr, int device, cuheap_stream_t stream)
     uintptr_t addr = (uintptr_t)ptr;
     cuh_heap_t *h = cuh_runtime_existing_heap(device);
     cuheap_status_t status = h ? cuh_heap_free(h, addr, (cuh_stream_t)stream) : CUHEAP_ERR_NOT_OWNED;
+    cuh_trace_writer_t *trace = rt.trace;
+    if (cuh_unlikely(trace != NULL) && status == CUHEAP_OK)
+        cuh_trace_writer_free(trace, addr);
     if (status != CUHEAP_ERR_NOT_OWNED)
         return status;
     for (int d = 0; d < CUH_MAX_DEVICES; d++) {
@@ -292,11 +305,11 @@ static cuheap_status_t dump_all(const char *path, cuheap_report_format_t format,
         status = CUHEAP_ERR_IO;
     } else {
         if (format == CUHEAP_REPORT_JSON)
-            cuh_report_json(out, snaps, n);
+            cuh_report_json(out, cuh_report_origin_now(), snaps, n);
         else if (format == CUHEAP_REPORT_HTML)
-            cuh_report_html(out, snaps, n);
+            cuh_report_html(out, cuh_report_origin_now(), snaps, n);
         else
-            cuh_report_text(out, snaps, n);
+            cuh_report_text(out, cuh_report_origin_now(), snaps, n);
         if (to_stdout ? fflush(out) != 0 : fclose(out) != 0) {
             cuh_set_error("writing the report %s failed: %s", file, strerror(errno));
             status = CUHEAP_ERR_IO;
@@ -378,6 +391,26 @@ static void *sigusr1_writer(void *arg)
             write_configured_report(1);
     }
     return NULL;
+}
+
+static void close_trace_at_exit(void)
+{
+    cuh_trace_writer_t *w = rt.trace;
+    rt.trace = NULL;
+    cuh_trace_writer_close(w);   /* writes only in the process that opened it */
+}
+
+/* Called once, when the first heap of a process with trace:PATH appears. */
+static void open_trace_locked(void)
+{
+    char err[512];
+    cuh_trace_writer_t *w = cuh_trace_writer_open(rt.cfg.trace, err, sizeof err);
+    if (!w) {
+        cuh_log("%s; nothing is recorded", err);
+        return;
+    }
+    rt.trace = w;
+    atexit(close_trace_at_exit);
 }
 
 /* Called once, when the first heap of a process with report:PATH appears. */

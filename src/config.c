@@ -59,6 +59,10 @@ static const option_t options[] = {
      "Write a report here at every out-of-memory (at most one a second), at exit, and on "
      "SIGUSR1: JSON if the name ends in .json, HTML if in .html, else text. %p becomes the "
      "process id. A path may not contain ','."},
+    {"trace", KIND_PATH, offsetof(cuh_config_t, trace), "none",
+     "Record every allocation and free to this file in the trace format of bench/traces, to "
+     "replay the job with cuheap-replay. %p becomes the process id. Memory stays bounded (a "
+     "64 KiB buffer and an entry per live block)."},
 };
 #define NUM_OPTIONS (sizeof options / sizeof options[0])
 
@@ -115,6 +119,7 @@ static int set_value(const option_t *opt, const char *value, cuh_config_t *cfg, 
     size_t bytes;
     if (opt->kind == KIND_PATH) {
         char *dst = (char *)cfg + opt->offset;
+        /* Every path field is char[512], like report. */
         if (strlen(value) >= sizeof cfg->report) {
             snprintf(err, errlen, "%s: the path is longer than %zu characters", opt->name, sizeof cfg->report - 1);
             return -1;
@@ -308,5 +313,7 @@ void cuh_config_format(const cuh_config_t *cfg, char *buf, size_t len)
     int n = snprintf(buf, len, "workspace:%zu,limit:%s,small_max:%zu,segment_min:%zu,grow_fraction:%g,vmm:%zu,vmm_margin:%g",
                      cfg->workspace, limit, cfg->small_max, cfg->segment_min, cfg->grow_fraction, cfg->vmm, cfg->vmm_margin);
     if (cfg->report[0] && n > 0 && (size_t)n < len)
-        snprintf(buf + n, len - (size_t)n, ",report:%s", cfg->report);
+        n += snprintf(buf + n, len - (size_t)n, ",report:%s", cfg->report);
+    if (cfg->trace[0] && n > 0 && (size_t)n < len)
+        snprintf(buf + n, len - (size_t)n, ",trace:%s", cfg->trace);
 }

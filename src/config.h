@@ -21,6 +21,7 @@ typedef struct cuh_config_s {
     size_t vmm;              /* 1: general region on CUDA virtual memory */
     double vmm_margin;       /* vmm: new pages up to (1 + margin) x live peak, then move pages */
     char report[512];        /* report path ("%p" = process id), "" = none */
+    char trace[512];         /* event trace path ("%p" = process id), "" = none */
 } cuh_config_t;
 
 void cuh_config_defaults(cuh_config_t *cfg);

@@ -186,9 +186,17 @@ typedef struct cuh_heap_snapshot_s {
 cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *heap, int ask_device);
 void cuh_heap_snapshot_free(cuh_heap_snapshot_t *snap);
 
-/* report.c: render snapshots (several devices make one report). */
-void cuh_report_text(FILE *out, cuh_heap_snapshot_t *const *snaps, size_t n);
-void cuh_report_json(FILE *out, cuh_heap_snapshot_t *const *snaps, size_t n);
-void cuh_report_html(FILE *out, cuh_heap_snapshot_t *const *snaps, size_t n);
+/* Who wrote a report and when: this process and now, or, when a report is
+ * rendered again from its JSON (cuheap-report), the original's. */
+typedef struct cuh_report_origin_s {
+    int pid;
+    long long time;           /* seconds since the epoch */
+} cuh_report_origin_t;
+cuh_report_origin_t cuh_report_origin_now(void);
+
+/* report.c, report_html.c: render snapshots (several devices make one report). */
+void cuh_report_text(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n);
+void cuh_report_json(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n);
+void cuh_report_html(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n);
 
 #endif /* CUH_HEAP_H */

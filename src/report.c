@@ -117,13 +117,18 @@ static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
     fprintf(out, "\n");
 }
 
-void cuh_report_text(FILE *out, cuh_heap_snapshot_t *const *snaps, size_t n)
+cuh_report_origin_t cuh_report_origin_now(void)
+{
+    return (cuh_report_origin_t){.pid = (int)getpid(), .time = (long long)time(NULL)};
+}
+
+void cuh_report_text(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n)
 {
     char when[64];
-    time_t now = time(NULL);
+    time_t at = (time_t)origin.time;
     struct tm tm;
-    strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime_r(&now, &tm));
-    fprintf(out, "cuheap %s report, pid %d, %s\n\n", CUHEAP_VERSION, (int)getpid(), when);
+    strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", gmtime_r(&at, &tm));
+    fprintf(out, "cuheap %s report, pid %d, %s\n\n", CUHEAP_VERSION, origin.pid, when);
     if (!n)
         fprintf(out, "no device has been used.\n");
     for (size_t i = 0; i < n; i++)
@@ -231,10 +236,10 @@ static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
     fprintf(out, "]}}");
 }
 
-void cuh_report_json(FILE *out, cuh_heap_snapshot_t *const *snaps, size_t n)
+void cuh_report_json(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n)
 {
     fprintf(out, "{\"schema\":\"cuheap-report\",\"version\":1,\"cuheap\":\"%s\",\"pid\":%d,\"time\":%lld,\"devices\":[",
-            CUHEAP_VERSION, (int)getpid(), (long long)time(NULL));
+            CUHEAP_VERSION, origin.pid, origin.time);
     for (size_t i = 0; i < n; i++) {
         if (i)
             fputc(',', out);

@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 static void html_text(FILE *out, const char *s)
 {
@@ -241,12 +240,12 @@ static void streams_table(FILE *out, const cuh_heap_snapshot_t *s)
     fprintf(out, "</table>\n");
 }
 
-void cuh_report_html(FILE *out, cuh_heap_snapshot_t *const *snaps, size_t n)
+void cuh_report_html(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n)
 {
     char when[64];
-    time_t now = time(NULL);
+    time_t at = (time_t)origin.time;
     struct tm tm;
-    strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime_r(&now, &tm));
+    strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", gmtime_r(&at, &tm));
     fprintf(out,
             "<!DOCTYPE html>\n<html><head><meta charset=utf-8><title>cuheap report</title>\n<style>\n"
             "body{font:14px system-ui,sans-serif;margin:24px;color:#222;max-width:1000px}\n"
@@ -262,7 +261,7 @@ void cuh_report_html(FILE *out, cuh_heap_snapshot_t *const *snaps, size_t n)
             "span.blk{background:#2471a3}span.slab{background:#16a085}span.free{background:#dcdcdc}"
             "span.priv{background:#f4d03f}span.pend{background:#e67e22}\n"
             "</style></head><body>\n<h1>cuheap %s report &middot; pid %d &middot; %s</h1>\n",
-            CUHEAP_VERSION, (int)getpid(), when);
+            CUHEAP_VERSION, origin.pid, when);
     if (!n)
         fprintf(out, "<p>No device has been used.</p>\n");
     for (size_t i = 0; i < n; i++) {

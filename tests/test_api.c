@@ -248,6 +248,44 @@ static void test_report_path_writes_on_oom_on_sigusr1_and_at_exit(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+static void test_trace_records_a_job_that_cuheap_replay_replays(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/cuheap-trace-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char conf[256], path[256];
+    snprintf(conf, sizeof conf, "trace:%s/job-%%p.trace", dir);
+    snprintf(path, sizeof path, "%s/job-%d.trace", dir, (int)getpid());
+    char cmd[2048];
+    assert_int_equal(cuheap_configure(conf), CUHEAP_OK);
+    /* 30 blocks on two streams, every third freed: live peak known. */
+    void *p[30];
+    size_t live = 0, peak = 0;
+    for (int i = 0; i < 30; i++) {
+        size_t size = (size_t)(i + 1) * 100000 + 7;
+        assert_int_equal(cuheap_malloc(&p[i], size, 0, i % 2 ? (cuheap_stream_t)0x77 : NULL), CUHEAP_OK);
+        live += size;
+        peak = live > peak ? live : peak;
+        if (i % 3 == 2) {
+            assert_int_equal(cuheap_free(p[i - 1], 0, (i - 1) % 2 ? (cuheap_stream_t)0x77 : NULL), CUHEAP_OK);
+            live -= (size_t)i * 100000 + 7;
+            p[i - 1] = NULL;
+        }
+    }
+    int on_stack;
+    assert_int_equal(cuheap_free(&on_stack, 0, NULL), CUHEAP_ERR_NOT_OWNED);   /* not recorded */
+    cuh_runtime_reset();   /* closes the trace, as exit would */
+    snprintf(cmd, sizeof cmd,
+             "build/cuheap-replay --json %s | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); "
+             "assert (r[\"allocs\"], r[\"frees\"], r[\"peak_live\"]) == (30, 10, %zu), r; "
+             "assert r[\"oom\"] is None' && grep -q \"^# end allocs=30 frees=10 live_at_end=20\" %s && "
+             "grep -q \"^a [0-9]* 1 200007 1$\" %s",
+             path, peak, path, path);
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void test_report_key_takes_a_path_and_none(void **state)
 {
     (void)state;
@@ -272,6 +310,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bad_cuheap_conf_stops_the_program_naming_the_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_report_path_writes_on_oom_on_sigusr1_and_at_exit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_report_key_takes_a_path_and_none, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_trace_records_a_job_that_cuheap_replay_replays, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
