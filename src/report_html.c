@@ -252,7 +252,7 @@ void cuh_report_html(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t 
             "h1{font-size:20px}h2{font-size:16px;margin-top:28px}table{border-collapse:collapse}\n"
             "td,th{padding:3px 10px;border-bottom:1px solid #eee;text-align:right}td:first-child,th:first-child{text-align:left}\n"
             ".oom{border:2px solid #c0392b;background:#fdf2f0;padding:8px 16px;margin:16px 0}\n"
-            ".cause{color:#c0392b}.action{font-size:15px}.counts{color:#555}\n"
+            ".cause{color:#c0392b}.action{font-size:15px}.counts{color:#555;overflow-wrap:anywhere}\n"
             ".axis{font-size:10px;fill:#666}.legend{font-size:12px}\n"
             ".seg{margin:3px 0}.seglabel{font:11px monospace;color:#555;margin-right:8px}\n"
             "rect.blk,rect.slab{stroke:#fff;stroke-width:0.6}\n"

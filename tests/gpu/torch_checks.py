@@ -8,6 +8,9 @@ prints PASS or FAIL with what it saw; a Markdown table ends the output.
   cache    torch.cuda.empty_cache() releases cuheap's cached segments
   fraction set_per_process_memory_fraction() becomes cuheap's limit
   stats    memory_stats() carries torch's keys with cuheap's numbers
+  report   a training-like loop pushed past limit:6G gets cause "limit", and
+           report:PATH writes its JSON and HTML reports (copied to $OUT, when
+           set, to be opened in a browser)
 """
 
 import os
@@ -102,6 +105,39 @@ def stats():
                        "print(s['requested_bytes.all.current'], s['allocated_bytes.all.peak'] >= 3 << 20, s['num_ooms'])",
                        CUHEAP_TORCH="1")
     return rc == 0 and out == "%d True 0" % (3 << 20), out or err[-300:]
+
+
+@check("report")
+def oom_report():
+    import json
+    import shutil
+    import tempfile
+    d = tempfile.mkdtemp()
+    code = ("import torch\n"
+            "model = torch.nn.Linear(4096, 4096).cuda()\n"
+            "keep = []\n"
+            "try:\n"
+            "    for i in range(64):\n"
+            "        keep.append(model(torch.randn(65536, 4096, device='cuda')))\n"
+            "except RuntimeError:\n"
+            "    print('oom after', len(keep))\n")
+    results = []
+    for ext in ("json", "html"):
+        rc, out, err = run(code, CUHEAP_TORCH="1", CUHEAP_CONF="limit:6G,report:%s/oom.%s" % (d, ext))
+        results.append((rc, out, err))
+    try:
+        report = json.load(open(os.path.join(d, "oom.json")))
+        oom = report["devices"][0]["oom"]
+        html = open(os.path.join(d, "oom.html")).read()
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        return False, "no report: %r; %s" % (e, results[0][2][-200:])
+    if os.environ.get("OUT"):
+        shutil.copy(os.path.join(d, "oom.html"), os.path.join(os.environ["OUT"], "torch_oom.html"))
+        shutil.copy(os.path.join(d, "oom.json"), os.path.join(os.environ["OUT"], "torch_oom.json"))
+    ok = (oom is not None and oom["cause"] == "limit" and "oom after" in results[0][1]
+          and 'class=cause>limit' in html)
+    return ok, "%s; cause %s, request %s, live %s" % (results[0][1], oom and oom["cause"], oom and oom["request"],
+                                                     oom and oom["live"])
 
 
 def main():
