@@ -17,6 +17,8 @@ check() { if eval "$2"; then passed=$((passed + 1)); else failed=$((failed + 1))
 "$replay" --capacity 27G --report "$tmp/frag.json" bench/traces/gpt2.trace.gz >/dev/null
 "$replay" --capacity 100M --report "$tmp/cap.json" bench/traces/gpt2.trace.gz >/dev/null
 "$replay" --conf vmm:1 --capacity 27G --report "$tmp/vmm.json" bench/traces/gpt2.trace.gz >/dev/null
+"$replay" --external 10G --capacity 30G --report "$tmp/ext.json" bench/traces/gpt2.trace.gz >/dev/null
+"$replay" --conf limit:20G --report "$tmp/lim.json" bench/traces/gpt2.trace.gz >/dev/null
 "$replay" --capacity 27G --report "$tmp/frag.txt" bench/traces/gpt2.trace.gz >/dev/null
 "$replay" --capacity 27G --report "$tmp/frag.html" bench/traces/gpt2.trace.gz >/dev/null
 "$replay" --report "$tmp/ok.html" bench/traces/resnet50.trace.gz >/dev/null
@@ -68,7 +70,7 @@ def errors(v, s, path):
 bad = list(errors(json.load(open(sys.argv[2])), schema, "$"))
 print("\n".join(bad[:5]) if bad else "valid")
 PY
-for r in ok frag cap vmm; do
+for r in ok frag cap vmm ext lim; do
     out=$(python3 "$tmp/validate.py" include/cuheap_report.schema.json "$tmp/$r.json")
     check "$r.json validates against the schema ($out)" '[ "$out" = valid ]'
 done
@@ -80,6 +82,16 @@ check "no OOM: oom is null" '[ "$(cause $tmp/ok.json)" = none ]'
 check "gpt2 at 27 GiB: fragmentation" '[ "$(cause $tmp/frag.json)" = fragmentation ]'
 check "gpt2 (first request 147 MiB) on 100 MiB: capacity" '[ "$(cause $tmp/cap.json)" = capacity ]'
 check "gpt2 at 27 GiB with vmm:1: no OOM" '[ "$(cause $tmp/vmm.json)" = none ]'
+check "gpt2 at 30 GiB of which 10 used by others: external" '[ "$(cause $tmp/ext.json)" = external ]'
+check "gpt2 under limit:20G on 80 GiB: limit" '[ "$(cause $tmp/lim.json)" = limit ]'
+proof=$(python3 -c "
+import json; o=json.load(open('$tmp/ext.json'))['devices'][0]['oom']
+print(o['allocated'] + o['block'] <= o['device_total'] and o['allocated'] + o['block'] > o['device_total'] - o['external'])")
+check "external's proof: it would fit without the memory used by others" '[ "$proof" = True ]'
+proof=$(python3 -c "
+import json; o=json.load(open('$tmp/lim.json'))['devices'][0]['oom']
+print(o['allocated'] + o['block'] > o['limit'] and o['device_free'] >= o['block'])")
+check "limit's proof: over the limit, while the device has room" '[ "$proof" = True ]'
 proof=$(python3 -c "
 import json; o=json.load(open('$tmp/frag.json'))['devices'][0]['oom']
 print(o['largest_free'] < o['request'] <= o['cached'] + o['device_free'])")

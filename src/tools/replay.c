@@ -36,6 +36,7 @@
 
 typedef struct options_s {
     size_t capacity;
+    size_t external;          /* --external: bytes used on the device outside cuheap */
     cuh_config_t cfg;
     int json;
     int min_capacity;
@@ -69,6 +70,8 @@ static void usage(FILE *f)
             "  --capacity BYTES   device memory (default 80G; suffixes K, M, G, T are\n"
             "                     binary units)\n"
             "  --conf STRING      heap settings, CUHEAP_CONF syntax (key:value,...)\n"
+            "  --external BYTES   device memory used by others (other processes), which\n"
+            "                     cuheap cannot have\n"
             "  --report PATH      write the heap's report at the first out-of-memory, or\n"
             "                     at the end: JSON if PATH ends in .json, HTML if in\n"
             "                     .html, else text;\n"
@@ -168,6 +171,7 @@ static void parse_options(int argc, char **argv, options_t *o)
         size_t name_len = eq ? (size_t)(eq - a) : strlen(a);
         const char *value = eq ? eq + 1 : NULL;
         int takes_value = (name_len == 10 && strncmp(a, "--capacity", 10) == 0) ||
+                          (name_len == 10 && strncmp(a, "--external", 10) == 0) ||
                           (name_len == 6 && strncmp(a, "--conf", 6) == 0) ||
                           (name_len == 8 && strncmp(a, "--report", 8) == 0);
         if (takes_value && !value) {
@@ -194,6 +198,9 @@ static void parse_options(int argc, char **argv, options_t *o)
                 fprintf(stderr, PROG ": %s\n", err[0] ? err : "bad --conf value");
                 exit(2);
             }
+        } else if (name_len == 10 && strncmp(a, "--external", 10) == 0) {
+            if (parse_bytes(value, &o->external) != 0)
+                usage_error("bad --external value '%s' (expected a number of bytes, e.g. 4G)", value);
         } else if (name_len == 8 && strncmp(a, "--report", 8) == 0) {
             if (!*value)
                 usage_error("--report needs a file name");
@@ -232,6 +239,8 @@ static uint64_t elapsed_ns(const struct timespec *a, const struct timespec *b)
 static int write_report(cuh_heap_t *heap, const char *pattern, const char *trace_path);
 static void short_name(const char *path, char *out, size_t len);
 
+static size_t g_external;   /* --external, for every replay */
+
 static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t *cfg,
                        uintptr_t *addrs, run_t *run, const char *report)
 {
@@ -241,6 +250,7 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
         fprintf(stderr, PROG ": %s: cannot create a simulated device of %zu bytes\n", t->path, capacity);
         return -1;
     }
+    cuh_sim_set_external(dev, g_external);
     char err[1024] = "";
     cuh_heap_t *heap = cuh_heap_create(dev, cfg, err, sizeof err);
     if (!heap) {
@@ -606,6 +616,7 @@ int main(int argc, char **argv)
 {
     options_t o;
     parse_options(argc, argv, &o);
+    g_external = o.external;
 
     int name_width = 5;
     for (int i = 0; i < o.num_traces; i++) {
