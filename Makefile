@@ -20,7 +20,7 @@ LIB_SRCS := src/log.c src/config.c src/sizeclass.c src/freebins.c src/ptrmap.c \
             src/arena.c src/slab.c src/heap.c src/report.c src/report_html.c src/device_sim.c \
             src/device_cuda.c src/api.c src/hook_torch.c src/trace_write.c
 # Tool-side code (reads gzip traces, so it links zlib); never in the .so.
-TOOL_SRCS := src/trace_read.c
+TOOL_SRCS := src/trace_read.c src/json_read.c
 
 TESTS := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
 
@@ -33,7 +33,7 @@ SAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
 all: lib tools
 
 lib: $(BUILD)/libcuheap.so $(BUILD)/libcuheap.a
-tools: $(BUILD)/cuheap-replay
+tools: $(BUILD)/cuheap-replay $(BUILD)/cuheap-report
 
 deps:
 	@scripts/install-deps.sh
@@ -67,6 +67,12 @@ $(BUILD)/cuheap-replay: src/tools/replay.c $(TOOL_OBJS) $(BUILD)/libcuheap.a
 $(BUILD)/san/cuheap-replay: src/tools/replay.c $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lz -ldl -lm
 
+$(BUILD)/cuheap-report: src/tools/report.c $(TOOL_OBJS) $(BUILD)/libcuheap.a
+	$(CC) $(CFLAGS_BASE) $(OPT) -o $@ $< $(TOOL_OBJS) $(BUILD)/libcuheap.a -lz -ldl -lm
+
+$(BUILD)/san/cuheap-report: src/tools/report.c $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a
+	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lz -ldl -lm
+
 # Tools and tests need zlib and cmocka; the library itself needs neither.
 $(TOOL_OBJS) $(SAN_TOOL_OBJS): | deps
 
@@ -81,10 +87,10 @@ $(BUILD)/san/tests/%: tests/%.c tests/test_util.h $(SAN_TOOL_OBJS) $(BUILD)/san/
 
 test: test-plain test-san
 
-test-plain: deps-test $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/cuheap-replay $(BUILD)/libcuheap.so
+test-plain: deps-test $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/cuheap-replay $(BUILD)/cuheap-report $(BUILD)/libcuheap.so
 	@scripts/run-tests.sh $(BUILD) plain $(TESTS)
 
-test-san: deps-test $(TESTS:%=$(BUILD)/san/tests/%) $(BUILD)/san/cuheap-replay
+test-san: deps-test $(TESTS:%=$(BUILD)/san/tests/%) $(BUILD)/san/cuheap-replay $(BUILD)/san/cuheap-report
 	@scripts/run-tests.sh $(BUILD)/san sanitized $(TESTS)
 
 # ---- demo, benchmarks, GPU -----------------------------------------------

@@ -1,0 +1,371 @@
+#!/usr/bin/env bash
+# test_report_cli.sh - tests of the cuheap-report program, end to end.
+#
+# cuheap-replay writes reports of gpt2 replayed with an out-of-memory (27G,
+# cause fragmentation), without one (80G) and with vmm:1; cuheap-report reads
+# them back. Round trips: --json of a report reproduces the file byte for
+# byte (every field survived), and --text equals the text report of the same
+# replay but for the header's pid and time, which are the JSON's own. The
+# HTML page refers to nothing outside itself and names the cause; --compare
+# names both causes and shows the ratio of the reserved peaks; devices
+# present in one report only are listed as such. Broken inputs: a truncated
+# file, bad JSON, a wrong schema or version, a missing or mistyped field
+# (status 1, with file:line:column or the field's JSON path); usage errors
+# (status 2). Run from the repository root:
+#     tests/test_report_cli.sh BUILD_DIR
+# BUILD_DIR/cuheap-report is tested (the sanitized one for build/san); the
+# reports come from BUILD_DIR/cuheap-replay, or build/cuheap-replay. The last
+# line is "test_report_cli: N passed, M failed"; the status is non-zero on a
+# failure.
+set -u
+
+BUILD=${1:?usage: tests/test_report_cli.sh BUILD_DIR}
+BIN=$BUILD/cuheap-report
+REPLAY=$BUILD/cuheap-replay
+[ -x "$REPLAY" ] || REPLAY=build/cuheap-replay
+GPT2=bench/traces/gpt2.trace.gz
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/cuh_test_report_cli.XXXXXX") || exit 1
+trap 'rm -rf "$TMP"' EXIT
+
+passed=0
+failed=0
+
+ok() {
+    passed=$((passed + 1))
+    echo "ok   - $1"
+}
+
+not_ok() {
+    failed=$((failed + 1))
+    echo "FAIL - $1"
+    if [ -n "${2:-}" ]; then
+        printf '%s\n' "$2" | head -n 20 | sed 's/^/       /'
+    fi
+}
+
+finish() {
+    echo "test_report_cli: $passed passed, $failed failed"
+    [ "$failed" -eq 0 ]
+    exit
+}
+
+# run NAME ARGS...: runs cuheap-report; status in $rc, output in $TMP/NAME.out
+# and $TMP/NAME.err.
+run() {
+    local name=$1
+    shift
+    "$BIN" "$@" >"$TMP/$name.out" 2>"$TMP/$name.err"
+    rc=$?
+}
+
+for prog in "$BIN" "$REPLAY"; do
+    if [ ! -x "$prog" ]; then
+        not_ok "$prog exists" "build it first (make tools)"
+        finish
+    fi
+done
+if [ ! -e "$GPT2" ]; then
+    not_ok "bundled trace $GPT2" "run from the repository root"
+    finish
+fi
+
+# ---- the reports: each state written as JSON, then (same replay again: the
+# heap is deterministic) as text and HTML -------------------------------------
+declare -A OPTS=([oom]="--capacity 27G" [ok]="" [vmm]="--conf vmm:1 --capacity 27G")
+for name in oom ok vmm; do
+    for ext in json txt html; do
+        # shellcheck disable=SC2086
+        if ! "$REPLAY" ${OPTS[$name]} --report "$TMP/$name.$ext" "$GPT2" >/dev/null 2>"$TMP/replay.err"; then
+            not_ok "cuheap-replay ${OPTS[$name]} --report $name.$ext" "$(cat "$TMP/replay.err")"
+            finish
+        fi
+    done
+done
+if grep -q '"cause":"fragmentation"' "$TMP/oom.json" && grep -q '"oom":null' "$TMP/ok.json" &&
+    grep -q '"vmm":1' "$TMP/vmm.json"; then
+    ok "the replays wrote an out-of-memory (fragmentation), a clean and a vmm:1 report"
+else
+    not_ok "the replays wrote the expected reports" "$(head -c 400 "$TMP/oom.json")"
+fi
+
+# ---- round trips ---------------------------------------------------------------
+for name in oom ok vmm; do
+    run "$name.json" --json "$TMP/$name.json"
+    if [ "$rc" -eq 0 ] && cmp -s "$TMP/$name.json.out" "$TMP/$name.json"; then
+        ok "$name: --json reproduces the report byte for byte"
+    else
+        not_ok "$name: --json reproduces the report" "status $rc: $(cat "$TMP/$name.json.err")
+$(cmp "$TMP/$name.json.out" "$TMP/$name.json" 2>&1)"
+    fi
+
+    # The header carries the report's own pid and time; the rest is the text
+    # report the replay wrote for the same heap.
+    header=$(python3 -c '
+import json, sys, time
+d = json.load(open(sys.argv[1]))
+print("cuheap %s report, pid %d, %s" % (d["cuheap"], d["pid"], time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(d["time"]))))
+' "$TMP/$name.json")
+    run "$name.txt" --text "$TMP/$name.json"
+    if [ "$rc" -ne 0 ]; then
+        not_ok "$name: --text exits 0" "status $rc: $(cat "$TMP/$name.txt.err")"
+    elif [ "$(head -n 1 "$TMP/$name.txt.out")" != "$header" ]; then
+        not_ok "$name: --text header has the JSON's pid and time" "got:      $(head -n 1 "$TMP/$name.txt.out")
+expected: $header"
+    elif ! grep -Eq '^cuheap [^ ]+ report, pid [0-9]+, [0-9-]+ [0-9:]+ UTC$' "$TMP/$name.txt"; then
+        not_ok "$name: the replay's text report has the usual header" "$(head -n 1 "$TMP/$name.txt")"
+    elif ! diff <(tail -n +2 "$TMP/$name.txt.out") <(tail -n +2 "$TMP/$name.txt") >"$TMP/diff" 2>&1; then
+        not_ok "$name: --text equals the replay's text report" "$(cat "$TMP/diff")"
+    else
+        ok "$name: --text equals the replay's text report ($(wc -l <"$TMP/$name.txt") lines; header from the JSON)"
+    fi
+
+    run "$name.default" "$TMP/$name.json"
+    run "$name.o" "$TMP/$name.json" -o "$TMP/$name.o.txt"
+    if [ "$rc" -eq 0 ] && [ ! -s "$TMP/$name.o.out" ] && cmp -s "$TMP/$name.default.out" "$TMP/$name.txt.out" &&
+        cmp -s "$TMP/$name.o.txt" "$TMP/$name.txt.out"; then
+        ok "$name: text is the default, and -o writes the same to a file"
+    else
+        not_ok "$name: default format and -o" "status $rc: $(cat "$TMP/$name.o.err")"
+    fi
+done
+
+run stdin --json - <"$TMP/oom.json"
+if [ "$rc" -eq 0 ] && cmp -s "$TMP/stdin.out" "$TMP/oom.json"; then
+    ok "- reads the report from standard input"
+else
+    not_ok "- reads standard input" "status $rc: $(cat "$TMP/stdin.err")"
+fi
+
+# Several devices: the report round-trips with both, in order.
+python3 - "$TMP/oom.json" "$TMP/two.json" <<'PY'
+import sys
+raw = open(sys.argv[1]).read()
+head, sep, rest = raw.partition('"devices":[{"device":0,')
+dev = '{"device":0,' + rest[:rest.rindex("]}")]
+open(sys.argv[2], "w").write(head + '"devices":[' + dev + "," + dev.replace('{"device":0,', '{"device":1,', 1) + "]}\n")
+PY
+run two_json --json "$TMP/two.json"
+run two_text "$TMP/two.json"
+if [ "$rc" -eq 0 ] && cmp -s "$TMP/two_json.out" "$TMP/two.json" && grep -q '^== device 0 (sim) ==$' "$TMP/two_text.out" &&
+    grep -q '^== device 1 (sim) ==$' "$TMP/two_text.out"; then
+    ok "a report of two devices round-trips and renders both"
+else
+    not_ok "a report of two devices" "status $rc: $(cat "$TMP/two_json.err" "$TMP/two_text.err")"
+fi
+
+# ---- HTML --------------------------------------------------------------------------
+for name in oom ok vmm; do
+    run "$name.html" --html "$TMP/$name.json"
+    if [ "$rc" -ne 0 ]; then
+        not_ok "$name: --html exits 0" "status $rc: $(cat "$TMP/$name.html.err")"
+    elif grep -Eqi "(src|href)=|https?:|<script|@import|url\(" "$TMP/$name.html.out"; then
+        not_ok "$name: the HTML page loads nothing from outside" \
+            "$(grep -Eoi ".{30}((src|href)=|https?:|<script|@import|url\().{30}" "$TMP/$name.html.out")"
+    elif ! grep -q '^<!DOCTYPE html>' "$TMP/$name.html.out" || ! grep -q '</html>$' "$TMP/$name.html.out"; then
+        not_ok "$name: --html writes a whole page" "$(head -c 300 "$TMP/$name.html.out")"
+    else
+        ok "$name: --html writes a whole page that loads nothing from outside"
+    fi
+done
+if grep -q '<span class=cause>fragmentation</span>' "$TMP/oom.html.out" && grep -q 'What would help' "$TMP/oom.html.out"; then
+    ok "oom: the HTML page shows the out-of-memory panel with cause fragmentation"
+else
+    not_ok "oom: the HTML page names the cause" "$(grep -o 'class=oom.\{0,200\}' "$TMP/oom.html.out")"
+fi
+if ! grep -q 'class=oom' "$TMP/ok.html.out"; then
+    ok "ok: the HTML page has no out-of-memory panel"
+else
+    not_ok "ok: the HTML page has no out-of-memory panel"
+fi
+# The page is the replay's own but for the header and the timing of the timeline.
+if diff <(grep -v -e '<h1>' -e 'class="axis">[0-9.]* m\?s<' -e '<polyline' -e 'stroke="#8e44ad"' \
+        -e 's after the heap was created' "$TMP/oom.html.out") \
+    <(grep -v -e '<h1>' -e 'class="axis">[0-9.]* m\?s<' -e '<polyline' -e 'stroke="#8e44ad"' \
+        -e 's after the heap was created' "$TMP/oom.html") >"$TMP/diff" 2>&1; then
+    ok "oom: --html equals the replay's page but for pid, time and timings"
+else
+    not_ok "oom: --html equals the replay's page but for pid, time and timings" "$(cat "$TMP/diff")"
+fi
+
+# ---- --compare ---------------------------------------------------------------------
+run cmp_text --compare "$TMP/oom.json" "$TMP/ok.json"
+ratio=$(python3 -c '
+import json, sys
+a, b = (json.load(open(f))["devices"][0]["stats"]["reserved"]["peak"] for f in sys.argv[1:])
+print("%.3f" % (b / a))
+' "$TMP/oom.json" "$TMP/ok.json")
+if [ "$rc" -ne 0 ]; then
+    not_ok "--compare exits 0" "status $rc: $(cat "$TMP/cmp_text.err")"
+elif ! grep -Eq '^  out-of-memory cause +fragmentation +none$' "$TMP/cmp_text.out"; then
+    not_ok "--compare names both causes (fragmentation / none)" "$(cat "$TMP/cmp_text.out")"
+elif ! grep -Eq "^  reserved peak .* $ratio\$" "$TMP/cmp_text.out"; then
+    not_ok "--compare shows the reserved peak ratio B/A $ratio" "$(grep 'reserved' "$TMP/cmp_text.out")"
+else
+    ok "--compare names both causes (fragmentation / none) and the reserved peak ratio $ratio"
+fi
+missing=""
+for row in "requested current" "requested peak" "allocated peak" "cached current" "pending peak" allocations frees \
+    "segments allocated" retries OOMs fragmentation "peak reserved / peak live"; do
+    grep -q "^  $row " "$TMP/cmp_text.out" || missing="$missing [$row]"
+done
+if [ -z "$missing" ] && grep -q "^== device 0 (sim) ==$" "$TMP/cmp_text.out"; then
+    ok "--compare has a row for every statistic and counter"
+else
+    not_ok "--compare rows" "missing:$missing
+$(cat "$TMP/cmp_text.out")"
+fi
+
+run cmp_json --compare --json "$TMP/oom.json" "$TMP/ok.json"
+if [ "$rc" -eq 0 ] && msg=$(python3 -c '
+import json, sys
+c = json.load(open(sys.argv[1]))
+a, b = (json.load(open(f))["devices"][0] for f in sys.argv[2:4])
+assert c["schema"] == "cuheap-report-compare", c.get("schema")
+assert c["a"]["pid"] == json.load(open(sys.argv[2]))["pid"]
+d, = c["devices"]
+assert d["device"] == 0 and d["in"] == "both", d
+assert d["oom"]["a"]["cause"] == "fragmentation", d["oom"]
+assert d["oom"]["b"] is None, d["oom"]
+r = d["reserved"]["peak"]
+pa, pb = a["stats"]["reserved"]["peak"], b["stats"]["reserved"]["peak"]
+assert (r["a"], r["b"], r["diff"]) == (pa, pb, pb - pa), r
+assert abs(r["ratio"] - pb / pa) < 1e-6, r
+assert d["num_ooms"]["a"] == 1 and d["num_ooms"]["b"] == 0, d["num_ooms"]
+assert abs(d["fragmentation"]["a"] - a["stats"]["fragmentation"]) < 1e-6, d["fragmentation"]
+for k in ("requested", "allocated", "cached", "pending"):
+    assert set(d[k]) == {"current", "peak"}, k
+' "$TMP/cmp_json.out" "$TMP/oom.json" "$TMP/ok.json" 2>&1); then
+    ok "--compare --json: one object with exact values, differences, ratios and both causes"
+else
+    not_ok "--compare --json" "status $rc: $(cat "$TMP/cmp_json.err") ${msg:-}"
+fi
+
+sed 's/{"device":0,/{"device":1,/' "$TMP/ok.json" >"$TMP/dev1.json"
+run cmp_one --compare "$TMP/oom.json" "$TMP/dev1.json"
+run cmp_one_json --compare --json "$TMP/oom.json" "$TMP/dev1.json"
+if [ "$rc" -eq 0 ] && grep -q "^== device 0 (sim): only in A " "$TMP/cmp_one.out" &&
+    grep -q "^== device 1 (sim): only in B " "$TMP/cmp_one.out" &&
+    python3 -c '
+import json, sys
+c = json.load(open(sys.argv[1]))
+assert [(d["device"], d["in"]) for d in c["devices"]] == [(0, "a"), (1, "b")], c["devices"]
+' "$TMP/cmp_one_json.out"; then
+    ok "--compare lists devices present in only one report"
+else
+    not_ok "--compare with devices in one report only" "status $rc: $(cat "$TMP/cmp_one.out" "$TMP/cmp_one.err")"
+fi
+
+# ---- broken inputs: status 1 with the place -------------------------------------
+head -c 1000 "$TMP/oom.json" >"$TMP/trunc.json"
+run trunc "$TMP/trunc.json"
+if [ "$rc" -eq 1 ] && grep -q "trunc.json:1:1001: " "$TMP/trunc.err"; then
+    ok "a truncated report exits 1 with file:line:column"
+else
+    not_ok "a truncated report exits 1 with file:line:column" "status $rc: $(cat "$TMP/trunc.err")"
+fi
+
+printf '{\n  "schema": "cuheap-report",\n  "version": 1,,\n  "devices": []\n}\n' >"$TMP/badjson.json"
+run badjson --json "$TMP/badjson.json"
+if [ "$rc" -eq 1 ] && grep -q "badjson.json:3:16: expected a string" "$TMP/badjson.err"; then
+    ok "bad JSON on line 3 exits 1 with file:3:16 and what was expected"
+else
+    not_ok "bad JSON exits 1 with file:line:column" "status $rc: $(cat "$TMP/badjson.err")"
+fi
+
+sed 's/"schema":"cuheap-report"/"schema":"torch-memory-snapshot"/' "$TMP/oom.json" >"$TMP/schema.json"
+run schema "$TMP/schema.json"
+if [ "$rc" -eq 1 ] && grep -q '"torch-memory-snapshot"' "$TMP/schema.err" && grep -q '"cuheap-report"' "$TMP/schema.err"; then
+    ok "a wrong schema exits 1 naming what was found and what was expected"
+else
+    not_ok "a wrong schema exits 1 naming it" "status $rc: $(cat "$TMP/schema.err")"
+fi
+
+sed 's/"version":1,/"version":2,/' "$TMP/oom.json" >"$TMP/version.json"
+run version "$TMP/version.json"
+if [ "$rc" -eq 1 ] && grep -q "version 2" "$TMP/version.err"; then
+    ok "an unknown version exits 1 naming it"
+else
+    not_ok "an unknown version exits 1 naming it" "status $rc: $(cat "$TMP/version.err")"
+fi
+
+printf '[1, 2]\n' >"$TMP/array.json"
+run array "$TMP/array.json"
+if [ "$rc" -eq 1 ] && grep -q "not a cuheap report" "$TMP/array.err"; then
+    ok "a document that is not an object exits 1"
+else
+    not_ok "a document that is not an object exits 1" "status $rc: $(cat "$TMP/array.err")"
+fi
+
+python3 - "$TMP/oom.json" "$TMP" <<'PY'
+import json, sys
+src, tmp = sys.argv[1], sys.argv[2]
+d = json.load(open(src))
+del d["devices"][0]["stats"]["reserved"]["peak"]
+json.dump(d, open(tmp + "/missing.json", "w"))
+d = json.load(open(src))
+d["devices"][0]["segments"][1]["extents"][0]["size"] = "big"
+json.dump(d, open(tmp + "/mistyped.json", "w"), indent=1)
+d = json.load(open(src))
+d["devices"][0]["kind"] = "tpu"
+json.dump(d, open(tmp + "/kind.json", "w"))
+d = json.load(open(src))
+d["devices"][0]["oom"]["pending_by_stream"] = [{"stream": 1, "pending": -1}]
+json.dump(d, open(tmp + "/negative.json", "w"))
+PY
+run missing "$TMP/missing.json"
+if [ "$rc" -eq 1 ] && grep -q "missing.json: devices\[0\]\.stats\.reserved\.peak: missing" "$TMP/missing.err"; then
+    ok "a missing field exits 1 naming its path (devices[0].stats.reserved.peak)"
+else
+    not_ok "a missing field exits 1 naming its path" "status $rc: $(cat "$TMP/missing.err")"
+fi
+run mistyped "$TMP/mistyped.json"
+if [ "$rc" -eq 1 ] && grep -Eq "mistyped.json:[0-9]+:[0-9]+: devices\[0\]\.segments\[1\]\.extents\[0\]\.size: expected an unsigned integer, found a string" "$TMP/mistyped.err"; then
+    ok "a mistyped field exits 1 with file:line:column, its path and the types"
+else
+    not_ok "a mistyped field exits 1 naming it" "status $rc: $(cat "$TMP/mistyped.err")"
+fi
+run kind "$TMP/kind.json"
+if [ "$rc" -eq 1 ] && grep -q 'devices\[0\]\.kind: "tpu"' "$TMP/kind.err"; then
+    ok "an unknown device kind exits 1 naming it"
+else
+    not_ok "an unknown device kind exits 1" "status $rc: $(cat "$TMP/kind.err")"
+fi
+run negative "$TMP/negative.json"
+if [ "$rc" -eq 1 ] && grep -q 'devices\[0\]\.oom\.pending_by_stream\[0\]\.pending: expected an unsigned integer, found a negative integer' "$TMP/negative.err"; then
+    ok "a negative byte count exits 1 naming its path"
+else
+    not_ok "a negative byte count exits 1" "status $rc: $(cat "$TMP/negative.err")"
+fi
+
+run nofile "$TMP/no-such-report.json"
+if [ "$rc" -eq 1 ] && grep -q "no-such-report.json" "$TMP/nofile.err"; then
+    ok "a missing file exits 1 and names it"
+else
+    not_ok "a missing file exits 1" "status $rc: $(cat "$TMP/nofile.err")"
+fi
+
+# ---- usage errors: status 2 ------------------------------------------------------
+run unknown --no-such-option "$TMP/oom.json"
+if [ "$rc" -eq 2 ] && grep -q -- "--no-such-option" "$TMP/unknown.err"; then
+    ok "an unknown option exits 2 and names it"
+else
+    not_ok "an unknown option exits 2" "status $rc: $(cat "$TMP/unknown.err")"
+fi
+for args in "" "--text --html $TMP/oom.json" "--compare $TMP/oom.json" "--compare --html $TMP/oom.json $TMP/ok.json" \
+    "$TMP/oom.json $TMP/ok.json" "$TMP/oom.json -o"; do
+    # shellcheck disable=SC2086
+    run usage $args
+    if [ "$rc" -eq 2 ]; then
+        ok "usage error exits 2: '${args//$TMP\//}'"
+    else
+        not_ok "usage error exits 2: '${args//$TMP\//}'" "status $rc: $(cat "$TMP/usage.err")"
+    fi
+done
+run help --help
+if [ "$rc" -eq 0 ] && grep -q "^usage:" "$TMP/help.out"; then
+    ok "--help prints the usage and exits 0"
+else
+    not_ok "--help" "status $rc"
+fi
+
+finish
