@@ -748,6 +748,23 @@ static size_t release_free_pages_locked(cuh_heap_t *h)
     return released;
 }
 
+/* The largest piece of free memory a request could get at once. Under
+ * virtual memory, free pages move to wherever they are needed, so all cached
+ * memory is one piece; the reservation's unmapped address space is not
+ * memory and does not count. */
+static size_t largest_free_locked(const cuh_heap_t *h)
+{
+    if (!h->vm)
+        return cuh_arena_largest_free(&h->arena);
+    size_t largest = reserved_bytes(h) - h->allocated.current;
+    for (uint32_t t = 0; t < h->arena.num_tags; t++) {
+        const cuh_binnode_t *n = cuh_freebins_largest(&h->arena.tags[t].bins[CUH_REGION_WORKSPACE]);
+        if (n && n->size > largest)
+            largest = n->size;
+    }
+    return largest;
+}
+
 /* ---- out of memory ------------------------------------------------------------ */
 
 const char *cuh_oom_cause_name(cuh_oom_cause_t cause)
@@ -784,7 +801,7 @@ static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
             o->pending += h->arena.tags[s->tag].fenced_bytes + h->arena.tags[s->tag].unfenced_bytes +
                           s->small_fenced + s->small_unfenced;
     }
-    o->largest_free = cuh_arena_largest_free(&h->arena);
+    o->largest_free = largest_free_locked(h);
     o->num_free_extents = h->arena.free_extents;
     o->limit = h->limit;
     o->t = seconds_since(&h->born);
@@ -1654,7 +1671,7 @@ void cuh_heap_stats(cuh_heap_t *h, cuheap_stats_t *out)
     out->num_cache_hits = h->num_cache_hits;
     out->num_retries = h->num_retries;
     out->num_ooms = h->num_ooms;
-    out->largest_free_extent = cuh_arena_largest_free(&h->arena);
+    out->largest_free_extent = largest_free_locked(h);
     out->num_free_extents = h->arena.free_extents;
     out->limit = h->limit;
     out->workspace = h->workspace ? h->workspace->size : 0;

@@ -191,6 +191,7 @@ void cuh_heap_snapshot_free(cuh_heap_snapshot_t *snap);
 typedef struct cuh_report_origin_s {
     int pid;
     long long time;           /* seconds since the epoch */
+    const char *version;      /* cuheap's version that wrote it */
 } cuh_report_origin_t;
 cuh_report_origin_t cuh_report_origin_now(void);
 

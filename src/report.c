@@ -119,7 +119,7 @@ static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
 
 cuh_report_origin_t cuh_report_origin_now(void)
 {
-    return (cuh_report_origin_t){.pid = (int)getpid(), .time = (long long)time(NULL)};
+    return (cuh_report_origin_t){.pid = (int)getpid(), .time = (long long)time(NULL), .version = CUHEAP_VERSION};
 }
 
 void cuh_report_text(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n)
@@ -128,7 +128,7 @@ void cuh_report_text(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t 
     time_t at = (time_t)origin.time;
     struct tm tm;
     strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", gmtime_r(&at, &tm));
-    fprintf(out, "cuheap %s report, pid %d, %s\n\n", CUHEAP_VERSION, origin.pid, when);
+    fprintf(out, "cuheap %s report, pid %d, %s\n\n", origin.version, origin.pid, when);
     if (!n)
         fprintf(out, "no device has been used.\n");
     for (size_t i = 0; i < n; i++)
@@ -161,9 +161,13 @@ static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
     fprintf(out, "{\"device\":%d,\"kind\":", s->device);
     json_string(out, s->device_kind);
     fprintf(out, ",\"config\":{\"workspace\":%zu,\"limit_bytes\":%zu,\"limit_fraction\":%g,\"small_max\":%zu,"
-                 "\"segment_min\":%zu,\"grow_fraction\":%g,\"vmm\":%zu,\"vmm_margin\":%g},",
+                 "\"segment_min\":%zu,\"grow_fraction\":%g,\"vmm\":%zu,\"vmm_margin\":%g,\"report\":",
             s->config.workspace, s->config.limit_bytes, s->config.limit_fraction, s->config.small_max,
             s->config.segment_min, s->config.grow_fraction, s->config.vmm, s->config.vmm_margin);
+    json_string(out, s->config.report);
+    fprintf(out, ",\"trace\":");
+    json_string(out, s->config.trace);
+    fprintf(out, "},");
     fprintf(out, "\"stats\":{");
     json_stat(out, "requested", &st->requested, 1);
     json_stat(out, "allocated", &st->allocated, 1);
@@ -239,7 +243,7 @@ static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
 void cuh_report_json(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n)
 {
     fprintf(out, "{\"schema\":\"cuheap-report\",\"version\":1,\"cuheap\":\"%s\",\"pid\":%d,\"time\":%lld,\"devices\":[",
-            CUHEAP_VERSION, origin.pid, origin.time);
+            origin.version, origin.pid, origin.time);
     for (size_t i = 0; i < n; i++) {
         if (i)
             fputc(',', out);

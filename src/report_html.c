@@ -261,7 +261,7 @@ void cuh_report_html(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t 
             "span.blk{background:#2471a3}span.slab{background:#16a085}span.free{background:#dcdcdc}"
             "span.priv{background:#f4d03f}span.pend{background:#e67e22}\n"
             "</style></head><body>\n<h1>cuheap %s report &middot; pid %d &middot; %s</h1>\n",
-            CUHEAP_VERSION, origin.pid, when);
+            origin.version, origin.pid, when);
     if (!n)
         fprintf(out, "<p>No device has been used.</p>\n");
     for (size_t i = 0; i < n; i++) {

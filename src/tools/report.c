@@ -818,9 +818,7 @@ static int report_load(const char *file, report_t *rep)
     path_pop(&r, saved);
     if (r.failed)
         return -1;
-    if (strcmp(rep->version, CUHEAP_VERSION) != 0)
-        fprintf(stderr, PROG ": note: %s was written by cuheap %s; this is cuheap %s, whose version the output names\n",
-                file, rep->version, CUHEAP_VERSION);
+    rep->origin.version = rep->version;
     return 0;
 }
 
