@@ -199,5 +199,8 @@ cuh_report_origin_t cuh_report_origin_now(void);
 void cuh_report_text(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n);
 void cuh_report_json(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n);
 void cuh_report_html(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n);
+/* Writes s as a JSON string (quoted and escaped); the one escaping every JSON
+ * that cuheap and its tools write uses. */
+void cuh_json_write_string(FILE *out, const char *s);
 
 #endif /* CUH_HEAP_H */

@@ -140,7 +140,7 @@ static void json_stat(FILE *out, const char *name, const cuheap_stat_t *s, int c
     fprintf(out, "\"%s\":{\"current\":%" PRIu64 ",\"peak\":%" PRIu64 "}%s", name, s->current, s->peak, comma ? "," : "");
 }
 
-static void json_string(FILE *out, const char *s)
+void cuh_json_write_string(FILE *out, const char *s)
 {
     fputc('"', out);
     for (; *s; s++) {
@@ -159,14 +159,14 @@ static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
 {
     const cuheap_stats_t *st = &s->stats;
     fprintf(out, "{\"device\":%d,\"kind\":", s->device);
-    json_string(out, s->device_kind);
+    cuh_json_write_string(out, s->device_kind);
     fprintf(out, ",\"config\":{\"workspace\":%zu,\"limit_bytes\":%zu,\"limit_fraction\":%g,\"small_max\":%zu,"
                  "\"segment_min\":%zu,\"grow_fraction\":%g,\"vmm\":%zu,\"vmm_margin\":%g,\"report\":",
             s->config.workspace, s->config.limit_bytes, s->config.limit_fraction, s->config.small_max,
             s->config.segment_min, s->config.grow_fraction, s->config.vmm, s->config.vmm_margin);
-    json_string(out, s->config.report);
+    cuh_json_write_string(out, s->config.report);
     fprintf(out, ",\"trace\":");
-    json_string(out, s->config.trace);
+    cuh_json_write_string(out, s->config.trace);
     fprintf(out, "},");
     fprintf(out, "\"stats\":{");
     json_stat(out, "requested", &st->requested, 1);
@@ -232,7 +232,7 @@ static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
             cuh_oom_cause_name(o->cause), o->request, o->block, (uint64_t)o->stream, o->live, o->allocated, o->reserved,
             o->cached, o->pending, o->largest_free, o->num_free_extents, o->device_free, o->device_total, o->external,
             o->limit);
-    json_string(out, o->action);
+    cuh_json_write_string(out, o->action);
     fprintf(out, ",\"t\":%.6f,\"pending_by_stream\":[", o->t);
     for (size_t i = 0; i < o->num_pending_streams; i++)
         fprintf(out, "%s{\"stream\":%" PRIu64 ",\"pending\":%" PRIu64 "}", i ? "," : "", o->pending_by_stream[i].stream,

@@ -157,6 +157,16 @@ static const char *extent_class(const cuh_snap_extent_t *x)
  * reservation is drawn up to its last used extent (the rest is unused
  * address space). Every bar is the full width: the label says how large
  * the segment is, the bar how it is cut. */
+/* The part of a segment worth drawing: all of it, except for a virtual
+ * reservation, whose unused address space past its last block is not shown. */
+static uint64_t shown_span(const cuh_heap_snapshot_t *s, const cuh_snap_segment_t *g)
+{
+    if (!g->virtual_space || !g->num_extents)
+        return g->size;
+    const cuh_snap_extent_t *last = &s->extents[g->first_extent + g->num_extents - 1];
+    return last->kind == CUH_SNAP_FREE ? last->addr - g->base : g->size;
+}
+
 static void segment_map(FILE *out, const cuh_heap_snapshot_t *s)
 {
     const double W = 900;
@@ -164,28 +174,11 @@ static void segment_map(FILE *out, const cuh_heap_snapshot_t *s)
     fprintf(out, "<h2>Segments</h2>\n<p class=legend-row><span class=\"key blk\"></span>block <span class=\"key slab\">"
                  "</span>slab of small objects <span class=\"key free\"></span>free <span class=\"key priv\"></span>free, "
                  "one stream's <span class=\"key pend\"></span>free, pending GPU work</p>\n");
-    uint64_t widest = 1;
-    for (size_t i = 0; i < s->num_segments; i++) {
-        const cuh_snap_segment_t *g = &s->segments[i];
-        uint64_t shown = g->size;
-        if (g->virtual_space && g->num_extents) {
-            const cuh_snap_extent_t *last = &s->extents[g->first_extent + g->num_extents - 1];
-            shown = last->kind == CUH_SNAP_FREE ? last->addr - g->base : g->size;
-        }
-        if (shown > widest)
-            widest = shown;
-    }
     fprintf(out, "<div class=segments>\n");
     for (size_t i = 0; i < s->num_segments; i++) {
         const cuh_snap_segment_t *g = &s->segments[i];
-        uint64_t shown = g->size;
-        if (g->virtual_space && g->num_extents) {
-            const cuh_snap_extent_t *last = &s->extents[g->first_extent + g->num_extents - 1];
-            shown = last->kind == CUH_SNAP_FREE ? last->addr - g->base : g->size;
-        }
-        /* Each bar at full width: the label gives the size, the bar the layout. */
+        uint64_t shown = shown_span(s, g);
         double width = W;
-        (void)widest;
         fprintf(out, "<div class=seg><span class=seglabel>0x%012" PRIx64 " %s%s%s</span>\n", g->base, bytes(a, g->size),
                 g->workspace ? " workspace" : "", g->virtual_space ? " virtual" : "");
         if (g->virtual_space)

@@ -385,28 +385,6 @@ static int find_min_capacity(const cuh_trace_t *t, const options_t *o, uintptr_t
 
 /* ---- output ---------------------------------------------------------------- */
 
-static void json_string(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        switch (*p) {
-        case '"': fputs("\\\"", f); break;
-        case '\\': fputs("\\\\", f); break;
-        case '\b': fputs("\\b", f); break;
-        case '\f': fputs("\\f", f); break;
-        case '\n': fputs("\\n", f); break;
-        case '\r': fputs("\\r", f); break;
-        case '\t': fputs("\\t", f); break;
-        default:
-            if (*p < 0x20 || *p == 0x7f)
-                fprintf(f, "\\u%04x", *p);
-            else
-                fputc(*p, f);
-        }
-    }
-    fputc('"', f);
-}
-
 static double ratio_of(uint64_t num, uint64_t den)
 {
     return den ? (double)num / (double)den : 0.0;
@@ -430,7 +408,7 @@ static void print_json(const result_t *r)
     FILE *f = stdout;
     uint64_t reserved = run->stats.reserved.peak;
     fputs("{\"trace\":", f);
-    json_string(f, r->arg);
+    cuh_json_write_string(f, r->arg);
     fprintf(f, ",\"events\":%zu,\"allocs\":%zu,\"frees\":%zu,\"capacity\":%zu", t->num_events,
             t->num_allocs, t->num_frees, r->capacity);
     fprintf(f, ",\"peak_live\":%" PRIu64 ",\"peak_reserved\":%" PRIu64, r->peak_live, reserved);
@@ -453,7 +431,7 @@ static void print_json(const result_t *r)
     if (run->oom) {
         const cuh_oom_info_t *o = &run->oom_info;
         fprintf(f, ",\"oom\":{\"event\":%zu,\"request\":%zu,\"cause\":", run->oom_event, o->request);
-        json_string(f, run->have_oom_info ? cuh_oom_cause_name(o->cause) : "unknown");
+        cuh_json_write_string(f, run->have_oom_info ? cuh_oom_cause_name(o->cause) : "unknown");
         fprintf(f,
                 ",\"live\":%zu,\"allocated\":%zu,\"reserved\":%zu,\"cached\":%zu,\"pending\":%zu"
                 ",\"largest_free\":%zu,\"num_free_extents\":%zu,\"device_free\":%zu,\"device_total\":%zu"
@@ -463,7 +441,7 @@ static void print_json(const result_t *r)
         char action[sizeof o->action + 1];
         memcpy(action, o->action, sizeof o->action);
         action[sizeof o->action] = '\0';
-        json_string(f, action);
+        cuh_json_write_string(f, action);
         fputc('}', f);
     } else {
         fputs(",\"oom\":null", f);

@@ -847,25 +847,6 @@ static int close_output(FILE *f, const char *path)
     return 0;
 }
 
-static void json_string(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        switch (*p) {
-        case '"': fputs("\\\"", f); break;
-        case '\\': fputs("\\\\", f); break;
-        case '\n': fputs("\\n", f); break;
-        case '\t': fputs("\\t", f); break;
-        default:
-            if (*p < 0x20 || *p == 0x7f)
-                fprintf(f, "\\u%04x", *p);
-            else
-                fputc(*p, f);
-        }
-    }
-    fputc('"', f);
-}
-
 /* ---- --compare ---------------------------------------------------------------- */
 
 static double fragmentation(const cuheap_stats_t *s)
@@ -1106,7 +1087,7 @@ static void json_oom(FILE *out, const cuh_heap_snapshot_t *s)
         return;
     }
     fputs("{\"cause\":", out);
-    json_string(out, cuh_oom_cause_name(s->oom.cause));
+    cuh_json_write_string(out, cuh_oom_cause_name(s->oom.cause));
     fprintf(out, ",\"request\":%zu}", s->oom.request);
 }
 
@@ -1114,9 +1095,9 @@ static void compare_json_device(FILE *out, const cuh_heap_snapshot_t *a, const c
 {
     const cuheap_stats_t *x = &a->stats, *y = &b->stats;
     fprintf(out, "{\"device\":%d,\"in\":\"both\",\"kind\":{\"a\":", a->device);
-    json_string(out, a->device_kind);
+    cuh_json_write_string(out, a->device_kind);
     fputs(",\"b\":", out);
-    json_string(out, b->device_kind);
+    cuh_json_write_string(out, b->device_kind);
     fputs("},", out);
 #define STAT(f)                                                                 \
     fputs("\"" #f "\":{", out);                                                 \
@@ -1151,9 +1132,9 @@ static void compare_json_device(FILE *out, const cuh_heap_snapshot_t *a, const c
 static void json_origin(FILE *out, const report_t *r)
 {
     fputs("{\"file\":", out);
-    json_string(out, r->file);
+    cuh_json_write_string(out, r->file);
     fputs(",\"cuheap\":", out);
-    json_string(out, r->version);
+    cuh_json_write_string(out, r->version);
     fprintf(out, ",\"pid\":%d,\"time\":%lld}", r->origin.pid, r->origin.time);
 }
 
@@ -1172,7 +1153,7 @@ static void compare_json(FILE *out, const report_t *a, const report_t *b, const 
             compare_json_device(out, x, y);
         } else {
             fprintf(out, "{\"device\":%d,\"in\":\"%s\",\"kind\":", devices[i], x ? "a" : "b");
-            json_string(out, (x ? x : y)->device_kind);
+            cuh_json_write_string(out, (x ? x : y)->device_kind);
             fputs(",\"oom\":", out);
             json_oom(out, x ? x : y);
             fputc('}', out);
