@@ -395,9 +395,8 @@ static void *sigusr1_writer(void *arg)
 
 static void close_trace_at_exit(void)
 {
-    cuh_trace_writer_t *w = rt.trace;
-    rt.trace = NULL;
-    cuh_trace_writer_close(w);   /* writes only in the process that opened it */
+    /* Finished, not freed: another thread may still be about to record. */
+    cuh_trace_writer_finish(rt.trace);
 }
 
 /* Called once, when the first heap of a process with trace:PATH appears. */

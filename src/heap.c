@@ -1651,10 +1651,18 @@ size_t cuh_heap_block_size(cuh_heap_t *h, uintptr_t addr)
     return size;
 }
 
+static void cuh_heap_stats_locked(cuh_heap_t *h, cuheap_stats_t *out);
+
 void cuh_heap_stats(cuh_heap_t *h, cuheap_stats_t *out)
 {
-    memset(out, 0, sizeof *out);
     pthread_mutex_lock(&h->lock);
+    cuh_heap_stats_locked(h, out);
+    pthread_mutex_unlock(&h->lock);
+}
+
+static void cuh_heap_stats_locked(cuh_heap_t *h, cuheap_stats_t *out)
+{
+    memset(out, 0, sizeof *out);
 #define COPY_STAT(name)                      \
     out->name.current = h->name.current;     \
     out->name.peak = h->name.peak
@@ -1676,7 +1684,6 @@ void cuh_heap_stats(cuh_heap_t *h, cuheap_stats_t *out)
     out->limit = h->limit;
     out->workspace = h->workspace ? h->workspace->size : 0;
     out->device_total = h->device_total;
-    pthread_mutex_unlock(&h->lock);
 }
 
 void cuh_heap_reset_peaks(cuh_heap_t *h)
@@ -1809,8 +1816,22 @@ cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h, int ask_device)
     cuh_heap_snapshot_t *snap = calloc(1, sizeof *snap);
     if (!snap)
         return NULL;
-    cuh_heap_stats(h, &snap->stats);
-    pthread_mutex_lock(&h->lock);
+    /* At exit (ask_device 0) another thread may be inside the heap, or may
+     * have died holding its lock: wait a little, then report without it. */
+    if (ask_device) {
+        pthread_mutex_lock(&h->lock);
+    } else {
+        int tries = 0;
+        while (pthread_mutex_trylock(&h->lock) != 0) {
+            if (++tries > 200) {
+                free(snap);
+                return NULL;
+            }
+            struct timespec pause = {0, 1000000};
+            nanosleep(&pause, NULL);
+        }
+    }
+    cuh_heap_stats_locked(h, &snap->stats);
     snap->device = h->dev->ordinal;
     snap->device_kind = h->dev->kind;
     snap->config = h->cfg;

@@ -37,6 +37,7 @@ struct cuh_trace_writer_s {
     size_t num_streams;
     size_t used;
     int failed;
+    int finished;
     char buf[BUFFER];
 };
 
@@ -125,6 +126,10 @@ static unsigned stream_number_locked(cuh_trace_writer_t *w, uintptr_t stream)
 void cuh_trace_writer_alloc(cuh_trace_writer_t *w, uintptr_t ptr, size_t size, uintptr_t stream)
 {
     pthread_mutex_lock(&w->lock);
+    if (w->finished) {
+        pthread_mutex_unlock(&w->lock);
+        return;
+    }
     uint64_t id = w->next_id++;
     if (cuh_ptrmap_insert(&w->live, ptr, (void *)(uintptr_t)(id + 1)) == 0) {
         emit_locked(w, "a %llu %llu %zu %u\n", (unsigned long long)micros(w), (unsigned long long)id, size,
@@ -137,6 +142,10 @@ void cuh_trace_writer_alloc(cuh_trace_writer_t *w, uintptr_t ptr, size_t size, u
 void cuh_trace_writer_free(cuh_trace_writer_t *w, uintptr_t ptr)
 {
     pthread_mutex_lock(&w->lock);
+    if (w->finished) {
+        pthread_mutex_unlock(&w->lock);
+        return;
+    }
     uintptr_t id = (uintptr_t)cuh_ptrmap_remove(&w->live, ptr);
     if (id) {
         emit_locked(w, "f %llu %llu\n", (unsigned long long)micros(w), (unsigned long long)(id - 1));
@@ -145,18 +154,28 @@ void cuh_trace_writer_free(cuh_trace_writer_t *w, uintptr_t ptr)
     pthread_mutex_unlock(&w->lock);
 }
 
-void cuh_trace_writer_close(cuh_trace_writer_t *w)
+void cuh_trace_writer_finish(cuh_trace_writer_t *w)
 {
     if (!w)
         return;
     pthread_mutex_lock(&w->lock);
-    if (getpid() == w->owner) {
-        emit_locked(w, "# end allocs=%llu frees=%llu live_at_end=%zu\n", (unsigned long long)w->allocs,
-                    (unsigned long long)w->frees, w->live.count);
-        flush_locked(w);
+    if (!w->finished) {
+        if (getpid() == w->owner) {
+            emit_locked(w, "# end allocs=%llu frees=%llu live_at_end=%zu\n", (unsigned long long)w->allocs,
+                        (unsigned long long)w->frees, w->live.count);
+            flush_locked(w);
+        }
+        close(w->fd);
+        w->finished = 1;
     }
-    close(w->fd);
     pthread_mutex_unlock(&w->lock);
+}
+
+void cuh_trace_writer_close(cuh_trace_writer_t *w)
+{
+    if (!w)
+        return;
+    cuh_trace_writer_finish(w);
     pthread_mutex_destroy(&w->lock);
     cuh_ptrmap_destroy(&w->live);
     free(w);

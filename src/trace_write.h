@@ -17,8 +17,12 @@ cuh_trace_writer_t *cuh_trace_writer_open(const char *path, char *err, size_t er
 void cuh_trace_writer_alloc(cuh_trace_writer_t *w, uintptr_t ptr, size_t size, uintptr_t stream);
 /* A free of a pointer the writer never saw allocated is ignored. */
 void cuh_trace_writer_free(cuh_trace_writer_t *w, uintptr_t ptr);
-/* Writes the closing line and the buffer; only in the process that opened
- * it (a forked child writes nothing). Frees the writer. */
+/* Writes the closing line and the buffer, only in the process that opened
+ * it (a forked child writes nothing), and closes the file; later calls on
+ * the writer do nothing. For process exit: the writer is not freed, since
+ * another thread may still hold it. */
+void cuh_trace_writer_finish(cuh_trace_writer_t *w);
+/* Finishes and frees the writer (no other thread may use it any more). */
 void cuh_trace_writer_close(cuh_trace_writer_t *w);
 
 #endif /* CUH_TRACE_WRITE_H */
