@@ -29,7 +29,7 @@ TOOL_OBJS     := $(TOOL_SRCS:src/%.c=$(BUILD)/obj/%.o)
 SAN_LIB_OBJS  := $(LIB_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
 SAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
 
-.PHONY: all lib tools demo test test-plain test-san bench gpu-check gpu-bench deps deps-test clean format
+.PHONY: all lib tools demo test test-plain test-san bench gpu-check deps deps-test clean
 all: lib tools
 
 lib: $(BUILD)/libcuheap.so $(BUILD)/libcuheap.a
