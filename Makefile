@@ -85,6 +85,22 @@ $(BUILD)/san/tests/%: tests/%.c tests/test_util.h $(SAN_TOOL_OBJS) $(BUILD)/san/
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -Wno-missing-prototypes -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lcmocka -lz -ldl -lm
 
+# The real driver path runs in CI against a fake libcuda.so.1 (host memory for
+# device memory), found through the test binary's run path.
+FAKE_CUDA := $(BUILD)/fake/libcuda.so.1
+$(FAKE_CUDA): tests/fake/fake_cuda.c
+	@mkdir -p $(dir $@)
+	$(CC) -shared -fPIC -O1 -g -Wall -Wextra -Werror -fvisibility=hidden -o $@ $< -lpthread
+
+FAKE_RPATH = -Wl,-rpath,$(abspath $(BUILD)/fake) -Wl,--disable-new-dtags
+$(BUILD)/tests/test_device_cuda: tests/test_device_cuda.c tests/test_util.h $(TOOL_OBJS) $(BUILD)/libcuheap.a $(FAKE_CUDA)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(OPT) -Wno-missing-prototypes -o $@ $< $(TOOL_OBJS) $(BUILD)/libcuheap.a -lcmocka -lz -ldl -lm $(FAKE_RPATH)
+
+$(BUILD)/san/tests/test_device_cuda: tests/test_device_cuda.c tests/test_util.h $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a $(FAKE_CUDA)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -Wno-missing-prototypes -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lcmocka -lz -ldl -lm $(FAKE_RPATH)
+
 test: test-plain test-san
 
 test-plain: deps-test $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/cuheap-replay $(BUILD)/cuheap-report $(BUILD)/libcuheap.so
