@@ -11,6 +11,10 @@
  * fence completes later, so until then it keeps using its own memory and
  * nobody waits: the CPU blocks only on the out-of-memory path.
  *
+ * Device-wide frees (cudaFree: no stream, all earlier work on every stream
+ * may still use the block) wait in batches fenced on every known stream;
+ * see free_batch_t.
+ *
  * The allocation ladder, cheapest step first:
  *   1. best fit in global memory and the stream's own;
  *   2. poll outstanding fences (a query each), retry;
@@ -97,6 +101,22 @@ typedef struct hold_s {
     cuh_event_t events[];
 } hold_t;
 
+/* Blocks freed device-wide (cudaFree's promise: after all work issued before
+ * the free, on every stream) wait in batches. The open batch collects them;
+ * closing it records one event on every stream the heap knows and on the
+ * default stream; when all of those have completed, the batch's blocks turn
+ * global. A batch closes when none is in flight (so a run of frees costs one
+ * event per stream per batch, not per free), when memory runs short, and
+ * when everything is settled. No free waits on the GPU. */
+typedef struct free_batch_s {
+    struct free_batch_s *next;   /* closed batches, oldest first */
+    hold_t **holds;              /* free_tag 0: released as global memory */
+    size_t num_holds, cap_holds;
+    size_t bytes;
+    size_t num_events;
+    cuh_event_t *events;
+} free_batch_t;
+
 typedef struct use_list_s {
     size_t count, capacity;
     cuh_stream_t streams[];
@@ -147,6 +167,8 @@ struct cuh_heap_s {
     size_t num_holds, cap_holds;
     size_t held_bytes;
     size_t held_requested;
+    free_batch_t *open_batch;    /* device-wide frees no event covers yet */
+    free_batch_t *closed_batches;
     cuh_ptrmap_t uses;           /* address -> use_list_t: streams from record_stream */
     cuh_ptrmap_t graph;          /* address -> graph pool id, for blocks allocated in a capture */
     /* Virtual memory (vmm:1): the general region is one reservation whose
@@ -477,9 +499,10 @@ static int stream_poll_locked(cuh_heap_t *h, stream_state_t *st, int wait)
 }
 
 static int holds_poll_locked(cuh_heap_t *h, int wait);
+static int batches_poll_locked(cuh_heap_t *h, int wait);
 
-/* Collects completed fences and holds (wait: waits for them). Not while a
- * graph capture is underway: event calls then would invalidate it. */
+/* Collects completed fences, holds and batches (wait: waits for them). Not
+ * while a graph capture is underway: event calls then would invalidate it. */
 static int poll_all_locked(cuh_heap_t *h, int wait)
 {
     int any = 0;
@@ -487,6 +510,8 @@ static int poll_all_locked(cuh_heap_t *h, int wait)
         return 0;
     if (h->num_holds)
         any |= holds_poll_locked(h, wait);
+    if (h->closed_batches || h->open_batch)
+        any |= batches_poll_locked(h, wait);
     for (uint32_t i = 0; i < h->num_streams; i++)
         if (h->streams[i]->num_fences)
             any |= stream_poll_locked(h, h->streams[i], wait);
@@ -514,11 +539,14 @@ static int fence_others_locked(cuh_heap_t *h, const stream_state_t *except, size
     return any;
 }
 
+static void batch_close_locked(cuh_heap_t *h);
+
 /* Makes all freed memory global: fence every stream and wait. */
 static void settle_all_locked(cuh_heap_t *h)
 {
     if (h->captures)
         return;
+    batch_close_locked(h);
     for (uint32_t i = 0; i < h->num_streams; i++)
         stream_fence_locked(h, h->streams[i]);
     poll_all_locked(h, 1);
@@ -1132,6 +1160,20 @@ void cuh_heap_destroy(cuh_heap_t *h)
         free(h->holds[k]);
     }
     free(h->holds);
+    if (h->open_batch) {
+        h->open_batch->next = h->closed_batches;
+        h->closed_batches = h->open_batch;
+    }
+    for (free_batch_t *batch = h->closed_batches, *next; batch; batch = next) {
+        next = batch->next;
+        for (size_t i = 0; i < batch->num_events; i++)
+            h->dev->ops->event_destroy(h->dev, batch->events[i]);
+        for (size_t i = 0; i < batch->num_holds; i++)
+            free(batch->holds[i]);
+        free(batch->events);
+        free(batch->holds);
+        free(batch);
+    }
     for (size_t i = 0; i <= h->uses.mask; i++)
         if (h->uses.slots[i].key)
             free(h->uses.slots[i].value);
@@ -1350,16 +1392,24 @@ static void release_block_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t
 
 /* ---- holds ------------------------------------------------------------------------ */
 
+/* Room for one more entry in a list of holds; -1 when host memory runs out. */
+static int hold_list_reserve(hold_t ***list, size_t count, size_t *capacity)
+{
+    if (count < *capacity)
+        return 0;
+    size_t cap = *capacity ? 2 * *capacity : 16;
+    hold_t **grown = realloc(*list, cap * sizeof *grown);
+    if (!grown)
+        return -1;
+    *list = grown;
+    *capacity = cap;
+    return 0;
+}
+
 static int hold_add_locked(cuh_heap_t *h, hold_t *hd)
 {
-    if (h->num_holds == h->cap_holds) {
-        size_t cap = h->cap_holds ? 2 * h->cap_holds : 16;
-        hold_t **grown = realloc(h->holds, cap * sizeof *grown);
-        if (!grown)
-            return -1;
-        h->holds = grown;
-        h->cap_holds = cap;
-    }
+    if (hold_list_reserve(&h->holds, h->num_holds, &h->cap_holds))
+        return -1;
     if (cuh_ptrmap_insert(&h->held, hd->addr, hd))
         return -1;
     h->holds[h->num_holds++] = hd;
@@ -1467,6 +1517,191 @@ static int maybe_hold_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t 
     return 1;
 }
 
+/* ---- device-wide frees -------------------------------------------------------------- */
+
+/* Turns a live block into global free memory: the caller knows no work on
+ * any stream can still touch it. */
+static void release_block_global_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr)
+{
+    if (b->ext) {
+        cuh_ptrmap_remove(&h->blocks, addr);
+        cuh_arena_release(&h->arena, b->ext, CUH_TAG_GLOBAL);
+        return;
+    }
+    cuh_slab_clear(b->slab->live, b->index);
+    b->slab->num_live--;
+    slab_object_home_locked(h, addr);
+}
+
+/* The batch's events have all completed: its blocks become global. */
+static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch)
+{
+    for (size_t i = 0; i < batch->num_holds; i++) {
+        hold_t *hd = batch->holds[i];
+        cuh_ptrmap_remove(&h->held, hd->addr);
+        h->held_bytes -= hd->size;
+        h->held_requested -= hd->requested;
+        live_block_t b;
+        if (find_live_locked(h, hd->addr, &b) == CUHEAP_OK)
+            release_block_global_locked(h, &b, hd->addr);
+        free(hd);
+    }
+    for (size_t i = 0; i < batch->num_events; i++)
+        event_put_locked(h, batch->events[i]);
+    free(batch->events);
+    free(batch->holds);
+    free(batch);
+}
+
+/* Closes the open batch: one event on every live stream the heap knows and
+ * on the default stream. If an event cannot be recorded the device is
+ * synchronized instead and the batch is finished at once (slow, never
+ * wrong). Never during a graph capture. */
+static void batch_close_locked(cuh_heap_t *h)
+{
+    free_batch_t *batch = h->open_batch;
+    if (!batch || h->captures)
+        return;
+    h->open_batch = NULL;
+    batch->events = malloc((h->num_streams + 1) * sizeof *batch->events);
+    int default_seen = 0, synced = !batch->events;
+    for (uint32_t i = 0; !synced && i <= h->num_streams; i++) {
+        cuh_stream_t handle = 0;
+        if (i < h->num_streams) {
+            if (h->streams[i]->retired)
+                continue;
+            handle = h->streams[i]->handle;
+        }
+        if (!handle) {
+            if (default_seen)
+                continue;
+            default_seen = 1;
+        }
+        cuh_event_t ev = event_get_locked(h);
+        if (!ev || h->dev->ops->event_record(h->dev, ev, handle) != CUH_DEV_OK) {
+            if (ev)
+                event_put_locked(h, ev);
+            synced = 1;
+            break;
+        }
+        batch->events[batch->num_events++] = ev;
+    }
+    if (synced) {
+        h->dev->ops->synchronize(h->dev);
+        batch_finish_locked(h, batch);
+        return;
+    }
+    free_batch_t **tail = &h->closed_batches;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = batch;
+}
+
+/* Finishes every closed batch whose events have completed (wait: waits for
+ * them); then, if none is left in flight, closes the open one so the next
+ * frees are already on their way. Returns 1 if any batch finished. */
+static int batches_poll_locked(cuh_heap_t *h, int wait)
+{
+    int any = 0;
+    if (h->captures)
+        return 0;
+    for (free_batch_t **p = &h->closed_batches; *p;) {
+        free_batch_t *batch = *p;
+        while (batch->num_events) {
+            cuh_event_t ev = batch->events[batch->num_events - 1];
+            cuh_dev_status_t rc = wait ? h->dev->ops->event_wait(h->dev, ev) : h->dev->ops->event_query(h->dev, ev);
+            if (rc == CUH_DEV_NOT_READY)
+                break;
+            if (rc != CUH_DEV_OK)
+                h->dev->ops->synchronize(h->dev);
+            event_put_locked(h, ev);
+            batch->num_events--;
+        }
+        if (batch->num_events) {
+            p = &batch->next;
+            continue;
+        }
+        *p = batch->next;
+        batch_finish_locked(h, batch);
+        any = 1;
+    }
+    if (!h->closed_batches && h->open_batch)
+        batch_close_locked(h);
+    return any;
+}
+
+/* Adds a block to the open batch. -1 when host memory runs out. */
+static int batch_add_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested)
+{
+    free_batch_t *batch = h->open_batch;
+    if (!batch && !(batch = h->open_batch = calloc(1, sizeof *batch)))
+        return -1;
+    if (hold_list_reserve(&batch->holds, batch->num_holds, &batch->cap_holds))
+        return -1;
+    hold_t *hd = calloc(1, sizeof *hd);
+    if (!hd)
+        return -1;
+    *hd = (hold_t){.addr = addr, .size = size, .requested = requested};
+    if (cuh_ptrmap_insert(&h->held, addr, hd)) {
+        free(hd);
+        return -1;
+    }
+    batch->holds[batch->num_holds++] = hd;
+    batch->bytes += size;
+    h->held_bytes += size;
+    h->held_requested += requested;
+    return 0;
+}
+
+cuheap_status_t cuh_heap_free_device_wide(cuh_heap_t *h, uintptr_t addr)
+{
+    if (!addr)
+        return CUHEAP_OK;
+    pthread_mutex_lock(&h->lock);
+    live_block_t b;
+    cuheap_status_t status = find_live_locked(h, addr, &b);
+    if (status == CUHEAP_OK) {
+        stat_set(&h->requested, h->requested.current - b.requested);
+        stat_set(&h->allocated, h->allocated.current - b.size);
+        h->num_frees++;
+        /* Streams that record_stream named must be covered by the batch's
+         * events: make sure the heap knows them. */
+        use_list_t *uses = h->uses.count ? cuh_ptrmap_remove(&h->uses, addr) : NULL;
+        for (size_t i = 0; uses && i < uses->count; i++)
+            stream_get_locked(h, uses->streams[i]);
+        free(uses);
+        stream_state_t *st0 = NULL;
+        int graph = h->captures || (h->graph.count && cuh_ptrmap_get(&h->graph, addr));
+        if (graph && (st0 = stream_get_locked(h, 0)) && maybe_hold_locked(h, addr, b.size, b.requested, st0)) {
+            /* held for its graph pool, freed when the pool is released */
+        } else if (batch_add_locked(h, addr, b.size, b.requested)) {
+            /* No room to track it: wait for the whole device instead. */
+            if (!h->captures)
+                h->dev->ops->synchronize(h->dev);
+            release_block_global_locked(h, &b, addr);
+        } else {
+            batches_poll_locked(h, 0);
+        }
+        if (cuh_unlikely(h->num_holds))
+            holds_poll_locked(h, 0);
+    }
+    refresh_stats_locked(h);
+    pthread_mutex_unlock(&h->lock);
+    return status;
+}
+
+cuheap_status_t cuh_heap_register_stream(cuh_heap_t *h, cuh_stream_t stream)
+{
+    pthread_mutex_lock(&h->lock);
+    cuheap_status_t status = CUHEAP_OK;
+    if (!stream_get_locked(h, stream)) {
+        cuh_set_error("out of host memory for stream records");
+        status = CUHEAP_ERR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_unlock(&h->lock);
+    return status;
+}
+
 cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream)
 {
     if (!addr)
@@ -1486,6 +1721,8 @@ cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
         h->num_frees++;
         if (cuh_unlikely(h->num_holds))
             holds_poll_locked(h, 0);
+        if (cuh_unlikely(h->closed_batches != NULL))
+            batches_poll_locked(h, 0);
     }
     refresh_stats_locked(h);
     pthread_mutex_unlock(&h->lock);
@@ -1803,6 +2040,30 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
                  "%zu (slabs say %zu)",
                  allocated, h->allocated.current, h->held_bytes, requested, h->requested.current, h->held_requested,
                  ring_objs, slab_spare);
+        rc = -1;
+    }
+    /* Every held block is in exactly one hold list or batch, and in the map. */
+    size_t held = 0, num_held = h->num_holds;
+    for (size_t k = 0; k < h->num_holds; k++)
+        held += h->holds[k]->size;
+    const free_batch_t *lists[2] = {h->open_batch, h->closed_batches};
+    for (int l = 0; l < 2; l++) {
+        for (const free_batch_t *batch = lists[l]; batch; batch = l ? batch->next : NULL) {
+            size_t bytes = 0;
+            for (size_t k = 0; k < batch->num_holds; k++)
+                bytes += batch->holds[k]->size;
+            if (!rc && bytes != batch->bytes) {
+                snprintf(msg, len, "a batch of device-wide frees holds %zu bytes, its books say %zu", bytes,
+                         batch->bytes);
+                rc = -1;
+            }
+            held += bytes;
+            num_held += batch->num_holds;
+        }
+    }
+    if (!rc && (held != h->held_bytes || num_held != h->held.count)) {
+        snprintf(msg, len, "held blocks: %zu (%zu bytes) in lists and batches, %zu in the map, books say %zu bytes",
+                 num_held, held, h->held.count, h->held_bytes);
         rc = -1;
     }
     pthread_mutex_unlock(&h->lock);

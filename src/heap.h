@@ -76,6 +76,15 @@ cuheap_status_t cuh_heap_malloc(cuh_heap_t *heap, size_t size, cuh_stream_t stre
  * CUHEAP_ERR_DOUBLE_FREE for a block already free; CUHEAP_ERR_INVALID_ARGUMENT
  * for an address inside a segment that is not the start of a block. */
 cuheap_status_t cuh_heap_free(cuh_heap_t *heap, uintptr_t addr, cuh_stream_t stream);
+/* Frees the block at addr with cudaFree's promise: nobody gets it again
+ * before all work issued so far has finished, on every stream the heap
+ * knows (see cuh_heap_register_stream) and the default stream. It never
+ * waits: blocks freed this way wait in batches, one event per stream per
+ * batch. Errors as for cuh_heap_free. */
+cuheap_status_t cuh_heap_free_device_wide(cuh_heap_t *heap, uintptr_t addr);
+/* The program has a stream the heap may not have seen (it created it):
+ * device-wide frees must cover it too. */
+cuheap_status_t cuh_heap_register_stream(cuh_heap_t *heap, cuh_stream_t stream);
 /* Stream `stream` uses the live block at addr too (PyTorch's record_stream):
  * when the block is freed, it is held until the work issued on every such
  * stream before the free has finished. */

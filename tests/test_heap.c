@@ -5,7 +5,8 @@
  *   foreign pointers leave the heap intact; the limit caps reserved bytes;
  *   release-and-retry happens before an out-of-memory; the workspace is used
  *   first; statistics are exact; concurrent threads never get overlapping
- *   blocks. Every test ends by checking the heap's books (heap_ok).
+ *   blocks; a block freed device-wide is reused by nobody before every stream
+ *   finished the work issued before the free, and no such free waits. Every test ends by checking the heap's books (heap_ok).
  */
 #include "test_util.h"
 
@@ -216,6 +217,188 @@ static void test_record_stream_holds_the_block_until_every_user_finished(void **
     heap_ok(t.heap);
     must_free(t.heap, again, S1);
     assert_int_equal(cuh_heap_record_stream(t.heap, 0x1234000, S2), CUHEAP_ERR_NOT_OWNED);
+    test_heap_free(&t);
+}
+
+/* ---- device-wide frees (cudaFree's promise) ---------------------------------- */
+
+#define S3 ((cuh_stream_t)0x3000)
+
+static void test_device_wide_free_waits_for_every_stream_without_blocking(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    cuh_sim_hold_events(t.dev, 1);
+    /* S3 never allocates: the program only launches kernels on it. */
+    assert_int_equal(cuh_heap_register_stream(t.heap, S3), CUHEAP_OK);
+    uintptr_t big = must_alloc(t.heap, 8 * MiB, S1);
+    uintptr_t small = must_alloc(t.heap, 2000, S1);
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, big), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, small), CUHEAP_OK);
+    cuh_sim_counters(t.dev, &c1);
+    /* One event on each of S1, S3 and the default stream; the second free
+     * waits in the next batch; the host never waited. */
+    assert_int_equal(c1.events_recorded - c0.events_recorded, 3);
+    assert_int_equal(c1.event_waits, c0.event_waits);
+    assert_int_equal(c1.synchronizes, c0.synchronizes);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, big), CUHEAP_ERR_DOUBLE_FREE);
+    assert_int_equal(cuh_heap_free(t.heap, small, S1), CUHEAP_ERR_DOUBLE_FREE);
+    heap_ok(t.heap);
+
+    /* Not even the stream that allocated them gets them back while any
+     * stream may still read them. */
+    uintptr_t b2 = must_alloc(t.heap, 8 * MiB, S1);
+    uintptr_t s2 = must_alloc(t.heap, 2000, S1);
+    assert_false(overlaps(big, 8 * MiB, b2, 8 * MiB));
+    assert_true(s2 != small);
+    cuh_sim_complete_stream(t.dev, S1);
+    cuh_sim_complete_stream(t.dev, 0);
+    must_free(t.heap, s2, S1);   /* a free polls the batches */
+    cuheap_stats_t st;
+    cuh_heap_stats(t.heap, &st);
+    assert_true(st.pending.current >= 8 * MiB + 2048);   /* S3 has not finished */
+    uintptr_t b3 = must_alloc(t.heap, 8 * MiB, 0);
+    assert_false(overlaps(big, 8 * MiB, b3, 8 * MiB));
+    heap_ok(t.heap);
+
+    /* S3 finishes: the first batch is done and the second goes out. */
+    cuh_sim_complete_stream(t.dev, S3);
+    must_free(t.heap, b3, 0);
+    cuh_heap_stats(t.heap, &st);
+    assert_true(st.pending.current < 8 * MiB);
+    cuh_sim_complete_all(t.dev);
+    must_free(t.heap, b2, S1);
+    cuh_heap_stats(t.heap, &st);
+    assert_int_equal(st.pending.current, 0);
+    assert_int_equal(st.allocated.current, 0);
+    heap_ok(t.heap);
+    /* Now global: any stream may have it. */
+    uintptr_t again = must_alloc(t.heap, 8 * MiB, S2);
+    assert_true(again == big || again == b2 || again == b3);
+    must_free(t.heap, again, S2);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, 0), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, 0x1234000), CUHEAP_ERR_NOT_OWNED);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+static void test_device_wide_frees_cost_events_per_batch_not_per_free(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    cuh_sim_hold_events(t.dev, 1);
+    enum { N = 500 };
+    uintptr_t a[N];
+    for (int i = 0; i < N; i++)
+        a[i] = must_alloc(t.heap, i % 2 ? 4096 : 3 * MiB, i % 3 ? S1 : S2);
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, a[i]), CUHEAP_OK);
+        if (i % 100 == 99)
+            cuh_sim_complete_all(t.dev);   /* the GPU catches up now and then */
+    }
+    cuh_sim_counters(t.dev, &c1);
+    /* Streams S1, S2 and the default stream: 3 events a batch, and a batch
+     * goes out only when the previous one is done (5 catch-ups: 6 batches). */
+    assert_true(c1.events_recorded - c0.events_recorded <= 6 * 3);
+    assert_int_equal(c1.event_waits, c0.event_waits);
+    assert_int_equal(c1.synchronizes, c0.synchronizes);
+    heap_ok(t.heap);
+    /* When memory runs short the ladder waits for the batches rather than fail. */
+    uintptr_t big = must_alloc(t.heap, 900 * MiB, S1);
+    cuheap_stats_t st;
+    cuh_heap_stats(t.heap, &st);
+    assert_int_equal(st.pending.current, 0);
+    must_free(t.heap, big, S1);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+/* A model of cudaFree's promise checked over random operations: a block
+ * freed device-wide is unsafe until every stream, the registered-only S3
+ * included, has finished the work issued before the free. */
+static void test_random_device_wide_frees_are_never_reused_early(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(8 * GiB, NULL);
+    cuh_sim_hold_events(t.dev, 1);
+    enum { SLOTS = 300, OPS = 20000, NSTREAMS = 4, UNSAFE_MAX = 20000 };
+    const cuh_stream_t streams[NSTREAMS] = {0, S1, S2, S3};
+    assert_int_equal(cuh_heap_register_stream(t.heap, S3), CUHEAP_OK);
+    uintptr_t addr[SLOTS] = {0};
+    size_t size[SLOTS];
+    cuh_stream_t stream[SLOTS];
+    uintptr_t *unsafe_addr = malloc(UNSAFE_MAX * sizeof *unsafe_addr);
+    size_t *unsafe_len = malloc(UNSAFE_MAX * sizeof *unsafe_len);
+    unsigned *unsafe_streams = malloc(UNSAFE_MAX * sizeof *unsafe_streams);
+    assert_true(unsafe_addr && unsafe_len && unsafe_streams);
+    size_t num_unsafe = 0, device_wide = 0;
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    uint64_t seed = 2026;
+    for (int op = 0; op < OPS; op++) {
+        uint64_t r = test_rand(&seed);
+        int i = (int)(r % SLOTS);
+        if (addr[i]) {
+            if ((r >> 30) & 1) {
+                assert_int_equal(cuh_heap_free_device_wide(t.heap, addr[i]), CUHEAP_OK);
+                assert_true(num_unsafe < UNSAFE_MAX);
+                unsafe_addr[num_unsafe] = addr[i];
+                unsafe_len[num_unsafe] = size[i];
+                unsafe_streams[num_unsafe++] = (1u << NSTREAMS) - 1;
+                device_wide++;
+            } else {
+                must_free(t.heap, addr[i], stream[i]);
+            }
+            addr[i] = 0;
+        } else {
+            size[i] = (r >> 40) % 4 ? 1 + (size_t)(r >> 16) % (96 * KiB) : 1 + (size_t)(r >> 16) % (8 * MiB);
+            stream[i] = streams[(r >> 8) % 3];
+            addr[i] = must_alloc(t.heap, size[i], stream[i]);
+            for (size_t u = 0; u < num_unsafe; u++)
+                if (overlaps(addr[i], size[i], unsafe_addr[u], unsafe_len[u]))
+                    fail_msg("op %d: 0x%lx was freed device-wide and handed out before every stream finished", op,
+                             (unsigned long)unsafe_addr[u]);
+        }
+        if (op % 29 == 0) {
+            unsigned s = (unsigned)((r >> 4) % NSTREAMS);
+            cuh_sim_complete_stream(t.dev, streams[s]);
+            size_t kept = 0;
+            for (size_t u = 0; u < num_unsafe; u++) {
+                unsafe_streams[u] &= ~(1u << s);
+                if (unsafe_streams[u]) {
+                    unsafe_addr[kept] = unsafe_addr[u];
+                    unsafe_len[kept] = unsafe_len[u];
+                    unsafe_streams[kept++] = unsafe_streams[u];
+                }
+            }
+            num_unsafe = kept;
+        }
+        if (op % 1000 == 0)
+            heap_ok(t.heap);
+    }
+    cuh_sim_counters(t.dev, &c1);
+    /* The model is exact only if the heap never waited (a wait completes
+     * work the model does not see); with 8 GiB it has no reason to. */
+    assert_int_equal(c1.event_waits, c0.event_waits);
+    assert_int_equal(c1.synchronizes, c0.synchronizes);
+    assert_true(device_wide > 4000);
+    for (int i = 0; i < SLOTS; i++)
+        if (addr[i])
+            must_free(t.heap, addr[i], stream[i]);
+    cuh_sim_complete_all(t.dev);
+    assert_int_equal(cuh_heap_release_cached(t.heap), CUHEAP_OK);
+    cuheap_stats_t st;
+    cuh_heap_stats(t.heap, &st);
+    assert_int_equal(st.pending.current, 0);
+    assert_int_equal(st.allocated.current, 0);
+    heap_ok(t.heap);
+    free(unsafe_addr);
+    free(unsafe_len);
+    free(unsafe_streams);
     test_heap_free(&t);
 }
 
@@ -866,6 +1049,9 @@ int main(void)
         cmocka_unit_test(test_vmm_release_cached_returns_free_pages),
         cmocka_unit_test(test_vmm_random_operations_keep_pages_behind_every_block),
         cmocka_unit_test(test_random_operations_on_three_streams_keep_the_books),
+        cmocka_unit_test(test_device_wide_free_waits_for_every_stream_without_blocking),
+        cmocka_unit_test(test_device_wide_frees_cost_events_per_batch_not_per_free),
+        cmocka_unit_test(test_random_device_wide_frees_are_never_reused_early),
         cmocka_unit_test(test_concurrent_threads_never_share_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
