@@ -6,7 +6,8 @@
  * allocator. "pair" is the warm fast path: malloc and free of one size, back
  * to back. Prints nanoseconds per malloc+free (wall time over the operations
  * of one thread) and the throughput relative to one thread, measured side by
- * side in one run.
+ * side in one run. Last, device-wide frees (cudaFree semantics) against
+ * stream-ordered ones: their cost and the events they record per free.
  */
 #include "device.h"
 #include "heap.h"
@@ -161,6 +162,59 @@ static double measure_api(const char *conf, long ops)
     return ns;
 }
 
+/* Device-wide frees (cudaFree) against stream-ordered ones, one thread,
+ * mixed sizes, four streams known to the heap. The simulated GPU catches up
+ * with all work every `lag` operations (0: at once). Returns ns per
+ * malloc+free; *events gets the events recorded per free. */
+static double measure_device_wide(int device_wide, long lag, long ops, double *events)
+{
+    cuh_device_t *dev = cuh_sim_create(&(cuh_sim_params_t){.capacity = (size_t)1 << 42});
+    cuh_config_t cfg;
+    cuh_config_defaults(&cfg);
+    char err[256];
+    cuh_heap_t *heap = cuh_heap_create(dev, &cfg, err, sizeof err);
+    if (!heap) {
+        fprintf(stderr, "bench_heap: %s\n", err);
+        exit(1);
+    }
+    cuh_sim_hold_events(dev, lag > 0);
+    const mix_t *mix = &mixes[3];
+    const cuh_stream_t stream = (cuh_stream_t)0x1000;
+    for (uintptr_t s = 1; s <= 3; s++)
+        cuh_heap_register_stream(heap, (cuh_stream_t)(0x1000 + s * 0x100));
+    uint64_t seed = 0x9E3779B97F4A7C15ull;
+    uintptr_t live[64];
+    int failures = 0;
+    for (int i = 0; i < 64; i++)
+        failures += cuh_heap_malloc(heap, draw(mix, &seed), stream, &live[i]) != CUHEAP_OK;
+    cuh_sim_counters_t c0, c1;
+    double t0 = 0;
+    for (long op = -ops / 4; op < ops; op++) {
+        if (op == 0) {
+            cuh_sim_counters(dev, &c0);
+            t0 = now();
+        }
+        int i = (int)(next_rand(&seed) % 64);
+        failures += (device_wide ? cuh_heap_free_device_wide(heap, live[i]) : cuh_heap_free(heap, live[i], stream)) !=
+                    CUHEAP_OK;
+        failures += cuh_heap_malloc(heap, draw(mix, &seed), stream, &live[i]) != CUHEAP_OK;
+        if (lag && op % lag == 0)
+            cuh_sim_complete_all(dev);
+    }
+    double seconds = now() - t0;
+    cuh_sim_counters(dev, &c1);
+    *events = (double)(c1.events_recorded - c0.events_recorded) / (double)ops;
+    for (int i = 0; i < 64; i++)
+        failures += cuh_heap_free(heap, live[i], stream) != CUHEAP_OK;
+    if (failures) {
+        fprintf(stderr, "bench_heap: %d operations failed in the device-wide free benchmark\n", failures);
+        exit(1);
+    }
+    cuh_heap_destroy(heap);
+    dev->ops->destroy(dev);
+    return seconds * 1e9 / (double)ops;
+}
+
 int main(int argc, char **argv)
 {
     long ops = argc > 1 ? atol(argv[1]) : 400000;
@@ -188,5 +242,20 @@ int main(int argc, char **argv)
     unlink(path);
     printf("\npublic API, mixed sizes, 1 thread: %.0f ns per malloc+free; with trace:PATH recording %.0f ns "
            "(%.2fx)\n", plain, traced, traced / plain);
+
+    printf("\ncudaFree-style device-wide frees vs stream-ordered frees, mixed sizes, 1 thread, 4 streams "
+           "(the GPU catches up every N operations)\n\n");
+    printf("| GPU catches up | stream free | device-wide free | ratio | events per device-wide free |\n"
+           "|---|---|---|---|---|\n");
+    static const long lags[] = {0, 8, 64};
+    for (size_t l = 0; l < sizeof lags / sizeof lags[0]; l++) {
+        double ev_stream, ev_wide;
+        double ns_stream = measure_device_wide(0, lags[l], ops, &ev_stream);
+        double ns_wide = measure_device_wide(1, lags[l], ops, &ev_wide);
+        char when[32];
+        snprintf(when, sizeof when, lags[l] ? "every %ld ops" : "at once", lags[l]);
+        printf("| %s | %.0f ns | %.0f ns | %.2fx | %.3f |\n", when, ns_stream, ns_wide, ns_wide / ns_stream, ev_wide);
+        fflush(stdout);
+    }
     return 0;
 }

@@ -108,10 +108,16 @@ typedef struct hold_s {
  * global. A batch closes when none is in flight (so a run of frees costs one
  * event per stream per batch, not per free), when memory runs short, and
  * when everything is settled. No free waits on the GPU. */
+typedef struct batch_entry_s {
+    uintptr_t addr;
+    size_t size;                 /* block bytes */
+    size_t requested;
+} batch_entry_t;
+
 typedef struct free_batch_s {
     struct free_batch_s *next;   /* closed batches, oldest first */
-    hold_t **holds;              /* free_tag 0: released as global memory */
-    size_t num_holds, cap_holds;
+    batch_entry_t *entries;      /* in the held map too, with the batch as value */
+    size_t num_entries, cap_entries;
     size_t bytes;
     size_t num_events;
     cuh_event_t *events;
@@ -1168,10 +1174,8 @@ void cuh_heap_destroy(cuh_heap_t *h)
         next = batch->next;
         for (size_t i = 0; i < batch->num_events; i++)
             h->dev->ops->event_destroy(h->dev, batch->events[i]);
-        for (size_t i = 0; i < batch->num_holds; i++)
-            free(batch->holds[i]);
         free(batch->events);
-        free(batch->holds);
+        free(batch->entries);
         free(batch);
     }
     for (size_t i = 0; i <= h->uses.mask; i++)
@@ -1392,24 +1396,16 @@ static void release_block_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t
 
 /* ---- holds ------------------------------------------------------------------------ */
 
-/* Room for one more entry in a list of holds; -1 when host memory runs out. */
-static int hold_list_reserve(hold_t ***list, size_t count, size_t *capacity)
-{
-    if (count < *capacity)
-        return 0;
-    size_t cap = *capacity ? 2 * *capacity : 16;
-    hold_t **grown = realloc(*list, cap * sizeof *grown);
-    if (!grown)
-        return -1;
-    *list = grown;
-    *capacity = cap;
-    return 0;
-}
-
 static int hold_add_locked(cuh_heap_t *h, hold_t *hd)
 {
-    if (hold_list_reserve(&h->holds, h->num_holds, &h->cap_holds))
-        return -1;
+    if (h->num_holds == h->cap_holds) {
+        size_t cap = h->cap_holds ? 2 * h->cap_holds : 16;
+        hold_t **grown = realloc(h->holds, cap * sizeof *grown);
+        if (!grown)
+            return -1;
+        h->holds = grown;
+        h->cap_holds = cap;
+    }
     if (cuh_ptrmap_insert(&h->held, hd->addr, hd))
         return -1;
     h->holds[h->num_holds++] = hd;
@@ -1536,20 +1532,19 @@ static void release_block_global_locked(cuh_heap_t *h, const live_block_t *b, ui
 /* The batch's events have all completed: its blocks become global. */
 static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch)
 {
-    for (size_t i = 0; i < batch->num_holds; i++) {
-        hold_t *hd = batch->holds[i];
-        cuh_ptrmap_remove(&h->held, hd->addr);
-        h->held_bytes -= hd->size;
-        h->held_requested -= hd->requested;
+    for (size_t i = 0; i < batch->num_entries; i++) {
+        const batch_entry_t *x = &batch->entries[i];
+        cuh_ptrmap_remove(&h->held, x->addr);
+        h->held_bytes -= x->size;
+        h->held_requested -= x->requested;
         live_block_t b;
-        if (find_live_locked(h, hd->addr, &b) == CUHEAP_OK)
-            release_block_global_locked(h, &b, hd->addr);
-        free(hd);
+        if (find_live_locked(h, x->addr, &b) == CUHEAP_OK)
+            release_block_global_locked(h, &b, x->addr);
     }
     for (size_t i = 0; i < batch->num_events; i++)
         event_put_locked(h, batch->events[i]);
     free(batch->events);
-    free(batch->holds);
+    free(batch->entries);
     free(batch);
 }
 
@@ -1636,17 +1631,17 @@ static int batch_add_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t r
     free_batch_t *batch = h->open_batch;
     if (!batch && !(batch = h->open_batch = calloc(1, sizeof *batch)))
         return -1;
-    if (hold_list_reserve(&batch->holds, batch->num_holds, &batch->cap_holds))
-        return -1;
-    hold_t *hd = calloc(1, sizeof *hd);
-    if (!hd)
-        return -1;
-    *hd = (hold_t){.addr = addr, .size = size, .requested = requested};
-    if (cuh_ptrmap_insert(&h->held, addr, hd)) {
-        free(hd);
-        return -1;
+    if (batch->num_entries == batch->cap_entries) {
+        size_t cap = batch->cap_entries ? 2 * batch->cap_entries : 64;
+        batch_entry_t *grown = realloc(batch->entries, cap * sizeof *grown);
+        if (!grown)
+            return -1;
+        batch->entries = grown;
+        batch->cap_entries = cap;
     }
-    batch->holds[batch->num_holds++] = hd;
+    if (cuh_ptrmap_insert(&h->held, addr, batch))
+        return -1;
+    batch->entries[batch->num_entries++] = (batch_entry_t){addr, size, requested};
     batch->bytes += size;
     h->held_bytes += size;
     h->held_requested += requested;
@@ -2050,15 +2045,15 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
     for (int l = 0; l < 2; l++) {
         for (const free_batch_t *batch = lists[l]; batch; batch = l ? batch->next : NULL) {
             size_t bytes = 0;
-            for (size_t k = 0; k < batch->num_holds; k++)
-                bytes += batch->holds[k]->size;
+            for (size_t k = 0; k < batch->num_entries; k++)
+                bytes += batch->entries[k].size;
             if (!rc && bytes != batch->bytes) {
                 snprintf(msg, len, "a batch of device-wide frees holds %zu bytes, its books say %zu", bytes,
                          batch->bytes);
                 rc = -1;
             }
             held += bytes;
-            num_held += batch->num_holds;
+            num_held += batch->num_entries;
         }
     }
     if (!rc && (held != h->held_bytes || num_held != h->held.count)) {
