@@ -99,18 +99,26 @@ static void *run(void *arg)
     return NULL;
 }
 
-/* ns per malloc+free for `threads` threads on one heap. */
-static double measure(const mix_t *mix, int threads, long ops)
+/* A heap with default settings on a simulated device of 4 TiB. */
+static cuh_heap_t *heap_on_sim(cuh_device_t **dev)
 {
-    cuh_device_t *dev = cuh_sim_create(&(cuh_sim_params_t){.capacity = (size_t)1 << 42});
+    *dev = cuh_sim_create(&(cuh_sim_params_t){.capacity = (size_t)1 << 42});
     cuh_config_t cfg;
     cuh_config_defaults(&cfg);
     char err[256];
-    cuh_heap_t *heap = cuh_heap_create(dev, &cfg, err, sizeof err);
+    cuh_heap_t *heap = *dev ? cuh_heap_create(*dev, &cfg, err, sizeof err) : NULL;
     if (!heap) {
-        fprintf(stderr, "bench_heap: %s\n", err);
+        fprintf(stderr, "bench_heap: %s\n", *dev ? err : "cannot create the simulated device");
         exit(1);
     }
+    return heap;
+}
+
+/* ns per malloc+free for `threads` threads on one heap. */
+static double measure(const mix_t *mix, int threads, long ops)
+{
+    cuh_device_t *dev;
+    cuh_heap_t *heap = heap_on_sim(&dev);
     pthread_t th[16];
     job_t jobs[16];
     for (int i = 0; i < threads; i++) {
@@ -168,15 +176,8 @@ static double measure_api(const char *conf, long ops)
  * malloc+free; *events gets the events recorded per free. */
 static double measure_device_wide(int device_wide, long lag, long ops, double *events)
 {
-    cuh_device_t *dev = cuh_sim_create(&(cuh_sim_params_t){.capacity = (size_t)1 << 42});
-    cuh_config_t cfg;
-    cuh_config_defaults(&cfg);
-    char err[256];
-    cuh_heap_t *heap = cuh_heap_create(dev, &cfg, err, sizeof err);
-    if (!heap) {
-        fprintf(stderr, "bench_heap: %s\n", err);
-        exit(1);
-    }
+    cuh_device_t *dev;
+    cuh_heap_t *heap = heap_on_sim(&dev);
     cuh_sim_hold_events(dev, lag > 0);
     const mix_t *mix = &mixes[3];
     const cuh_stream_t stream = (cuh_stream_t)0x1000;
