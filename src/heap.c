@@ -153,6 +153,10 @@ struct cuh_heap_s {
     unsigned num_classes;
 
     stream_state_t **streams;    /* index = tag - 1 */
+    /* Allocations for no stream (cudaMalloc: any stream may use the block at
+     * once) take global memory only: this state has the global tag, no
+     * handle, and is never fenced or listed. */
+    stream_state_t device_wide;
     uint32_t num_streams, cap_streams;
     stream_state_t *last_stream;
 
@@ -1134,6 +1138,7 @@ cuh_heap_t *cuh_heap_create(cuh_device_t *dev, const cuh_config_t *cfg, char *er
     pthread_mutexattr_destroy(&attr);
     h->dev = dev;
     h->cfg = *cfg;
+    h->device_wide = (stream_state_t){.tag = CUH_TAG_GLOBAL, .retired = 1};
     clock_gettime(CLOCK_MONOTONIC, &h->born);
     h->sample_every = 64;
     h->device_total = total;
@@ -1274,7 +1279,8 @@ static void start_locked(cuh_heap_t *h)
             cuh_format_bytes(b, sizeof b, free_bytes));
 }
 
-cuheap_status_t cuh_heap_malloc(cuh_heap_t *h, size_t size, cuh_stream_t stream, uintptr_t *addr)
+/* Allocates for stream `stream`, or for every stream at once (device_wide). */
+static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, cuh_stream_t stream, uintptr_t *addr)
 {
     *addr = 0;
     if (size == 0)
@@ -1287,7 +1293,7 @@ cuheap_status_t cuh_heap_malloc(cuh_heap_t *h, size_t size, cuh_stream_t stream,
     if (cuh_unlikely(!h->started))
         start_locked(h);
     cuheap_status_t status;
-    stream_state_t *st = stream_get_locked(h, stream);
+    stream_state_t *st = device_wide ? &h->device_wide : stream_get_locked(h, stream);
     if (!st) {
         cuh_set_error("out of host memory for stream records");
         status = CUHEAP_ERR_OUT_OF_MEMORY;
@@ -1309,6 +1315,16 @@ cuheap_status_t cuh_heap_malloc(cuh_heap_t *h, size_t size, cuh_stream_t stream,
     refresh_stats_locked(h);
     pthread_mutex_unlock(&h->lock);
     return status;
+}
+
+cuheap_status_t cuh_heap_malloc(cuh_heap_t *h, size_t size, cuh_stream_t stream, uintptr_t *addr)
+{
+    return heap_malloc(h, size, 0, stream, addr);
+}
+
+cuheap_status_t cuh_heap_malloc_device_wide(cuh_heap_t *h, size_t size, uintptr_t *addr)
+{
+    return heap_malloc(h, size, 1, 0, addr);
 }
 
 /* Explains an address that is neither a live block nor a slab object. */

@@ -76,6 +76,9 @@ cuheap_status_t cuh_heap_malloc(cuh_heap_t *heap, size_t size, cuh_stream_t stre
  * CUHEAP_ERR_DOUBLE_FREE for a block already free; CUHEAP_ERR_INVALID_ARGUMENT
  * for an address inside a segment that is not the start of a block. */
 cuheap_status_t cuh_heap_free(cuh_heap_t *heap, uintptr_t addr, cuh_stream_t stream);
+/* Allocates for no stream in particular (cudaMalloc's promise: any stream
+ * may use the block at once): only memory no stream's work can still touch. */
+cuheap_status_t cuh_heap_malloc_device_wide(cuh_heap_t *heap, size_t size, uintptr_t *addr);
 /* Frees the block at addr with cudaFree's promise: nobody gets it again
  * before all work issued so far has finished, on every stream the heap
  * knows (see cuh_heap_register_stream) and the default stream. It never

@@ -317,6 +317,51 @@ static void test_device_wide_frees_cost_events_per_batch_not_per_free(void **sta
     test_heap_free(&t);
 }
 
+static void test_device_wide_malloc_takes_only_memory_every_stream_may_use(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    cuh_sim_hold_events(t.dev, 1);
+    /* Memory S1 freed is S1's until a fence on S1 completes. */
+    uintptr_t big = must_alloc(t.heap, 8 * MiB, S1);
+    uintptr_t small = must_alloc(t.heap, 2000, S1);
+    must_free(t.heap, big, S1);
+    must_free(t.heap, small, S1);
+    uintptr_t b2 = 0, s2 = 0;
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 8 * MiB, &b2), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 2000, &s2), CUHEAP_OK);
+    assert_false(overlaps(big, 8 * MiB, b2, 8 * MiB));
+    assert_true(s2 != small);
+    assert_int_equal(b2 % 512, 0);
+    heap_ok(t.heap);
+    /* The GPU finishes S1's work: its memory turns global, and a device-wide
+     * request may have it. */
+    cuh_sim_complete_all(t.dev);
+    uintptr_t b3 = 0;
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 8 * MiB, &b3), CUHEAP_OK);
+    assert_true(b3 == big);
+    uintptr_t zero = 1;
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 0, &zero), CUHEAP_OK);
+    assert_int_equal(zero, 0);
+    /* Device-wide blocks can be freed either way. */
+    must_free(t.heap, b2, S2);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, b3), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, s2), CUHEAP_OK);
+    cuh_sim_complete_all(t.dev);
+    assert_int_equal(cuh_heap_release_cached(t.heap), CUHEAP_OK);
+    cuheap_stats_t st;
+    cuh_heap_stats(t.heap, &st);
+    assert_int_equal(st.allocated.current, 0);
+    assert_int_equal(st.pending.current, 0);
+    assert_int_equal(st.num_allocs, 5);
+    heap_ok(t.heap);
+    /* Out of memory is reported as for any request. */
+    uintptr_t x = 1;
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 2 * GiB, &x), CUHEAP_ERR_OUT_OF_MEMORY);
+    assert_int_equal(x, 0);
+    test_heap_free(&t);
+}
+
 /* A model of cudaFree's promise checked over random operations: a block
  * freed device-wide is unsafe until every stream, the registered-only S3
  * included, has finished the work issued before the free. */
@@ -357,7 +402,10 @@ static void test_random_device_wide_frees_are_never_reused_early(void **state)
         } else {
             size[i] = (r >> 40) % 4 ? 1 + (size_t)(r >> 16) % (96 * KiB) : 1 + (size_t)(r >> 16) % (8 * MiB);
             stream[i] = streams[(r >> 8) % 3];
-            addr[i] = must_alloc(t.heap, size[i], stream[i]);
+            if ((r >> 12) % 4 == 0)   /* cudaMalloc: for every stream */
+                assert_int_equal(cuh_heap_malloc_device_wide(t.heap, size[i], &addr[i]), CUHEAP_OK);
+            else
+                addr[i] = must_alloc(t.heap, size[i], stream[i]);
             for (size_t u = 0; u < num_unsafe; u++)
                 if (overlaps(addr[i], size[i], unsafe_addr[u], unsafe_len[u]))
                     fail_msg("op %d: 0x%lx was freed device-wide and handed out before every stream finished", op,
@@ -1051,6 +1099,7 @@ int main(void)
         cmocka_unit_test(test_random_operations_on_three_streams_keep_the_books),
         cmocka_unit_test(test_device_wide_free_waits_for_every_stream_without_blocking),
         cmocka_unit_test(test_device_wide_frees_cost_events_per_batch_not_per_free),
+        cmocka_unit_test(test_device_wide_malloc_takes_only_memory_every_stream_may_use),
         cmocka_unit_test(test_random_device_wide_frees_are_never_reused_early),
         cmocka_unit_test(test_concurrent_threads_never_share_memory),
     };
