@@ -100,6 +100,21 @@ CUHEAP_API cuheap_status_t cuheap_malloc(void **ptr, size_t size, int device,
  * work issued on `stream` before this call has finished. NULL is a no-op. */
 CUHEAP_API cuheap_status_t cuheap_free(void *ptr, int device, cuheap_stream_t stream);
 
+/* cudaMalloc's and cudaFree's promises, for code that does not track which
+ * stream uses a block. The block may be used on any stream at once. The free
+ * may come while work issued earlier on any stream still uses the block:
+ * nobody gets it back before that work has finished, and the call does not
+ * wait for it (the blocks wait in batches, one event per stream per batch).
+ * The streams covered are the default stream and every stream cuheap has
+ * seen: name streams that allocate nothing with cuheap_stream_register.
+ * A device-wide block may also be freed with cuheap_free, and a stream-
+ * ordered one with cuheap_free_device_wide. NULL frees are no-ops. */
+CUHEAP_API cuheap_status_t cuheap_malloc_device_wide(void **ptr, size_t size, int device);
+CUHEAP_API cuheap_status_t cuheap_free_device_wide(void *ptr, int device);
+/* Tells cuheap that `stream` exists on `device` (device-wide frees then
+ * cover it). Under LD_PRELOAD the hooks will do this from cudaStreamCreate. */
+CUHEAP_API cuheap_status_t cuheap_stream_register(int device, cuheap_stream_t stream);
+
 /* Call before destroying a stream on which blocks were freed with
  * cuheap_free: cuheap records a last event on it, so the blocks become safe
  * for other streams once its work finishes, and forgets the handle. (cuheap

@@ -188,10 +188,13 @@ cuheap_status_t cuheap_configure(const char *conf)
     return status;
 }
 
-cuheap_status_t cuheap_malloc(void **ptr, size_t size, int device, cuheap_stream_t stream)
+/* Allocates for `stream`, or device-wide (traces have no "every stream":
+ * device-wide blocks are recorded on stream 0). */
+static cuheap_status_t alloc_block(const char *fn, void **ptr, size_t size, int device, int device_wide,
+                                   cuheap_stream_t stream)
 {
     if (!ptr) {
-        cuh_set_error("cuheap_malloc: ptr is NULL");
+        cuh_set_error("%s: ptr is NULL", fn);
         return CUHEAP_ERR_INVALID_ARGUMENT;
     }
     *ptr = NULL;
@@ -200,23 +203,38 @@ cuheap_status_t cuheap_malloc(void **ptr, size_t size, int device, cuheap_stream
     if (status != CUHEAP_OK)
         return status;
     uintptr_t addr = 0;
-    status = cuh_heap_malloc(h, size, (cuh_stream_t)stream, &addr);
+    status = device_wide ? cuh_heap_malloc_device_wide(h, size, &addr)
+                         : cuh_heap_malloc(h, size, (cuh_stream_t)stream, &addr);
     *ptr = (void *)addr;
     if (cuh_unlikely(status == CUHEAP_ERR_OUT_OF_MEMORY))
         explain_oom();
     cuh_trace_writer_t *trace = rt.trace;
     if (cuh_unlikely(trace != NULL) && addr)
-        cuh_trace_writer_alloc(trace, addr, size, (uintptr_t)stream);
+        cuh_trace_writer_alloc(trace, addr, size, device_wide ? 0 : (uintptr_t)stream);
     return status;
 }
 
-cuheap_status_t cuheap_free(void *ptr, int device, cuheap_stream_t stream)
+cuheap_status_t cuheap_malloc(void **ptr, size_t size, int device, cuheap_stream_t stream)
+{
+    return alloc_block("cuheap_malloc", ptr, size, device, 0, stream);
+}
+
+cuheap_status_t cuheap_malloc_device_wide(void **ptr, size_t size, int device)
+{
+    return alloc_block("cuheap_malloc_device_wide", ptr, size, device, 1, NULL);
+}
+
+/* Frees on `stream`, or device-wide; names the heap that owns a foreign
+ * pointer, if any. */
+static cuheap_status_t free_block(const char *fn, void *ptr, int device, int device_wide, cuheap_stream_t stream)
 {
     if (!ptr)
         return CUHEAP_OK;
     uintptr_t addr = (uintptr_t)ptr;
     cuh_heap_t *h = cuh_runtime_existing_heap(device);
-    cuheap_status_t status = h ? cuh_heap_free(h, addr, (cuh_stream_t)stream) : CUHEAP_ERR_NOT_OWNED;
+    cuheap_status_t status = CUHEAP_ERR_NOT_OWNED;
+    if (h)
+        status = device_wide ? cuh_heap_free_device_wide(h, addr) : cuh_heap_free(h, addr, (cuh_stream_t)stream);
     cuh_trace_writer_t *trace = rt.trace;
     if (cuh_unlikely(trace != NULL) && status == CUHEAP_OK)
         cuh_trace_writer_free(trace, addr);
@@ -225,12 +243,29 @@ cuheap_status_t cuheap_free(void *ptr, int device, cuheap_stream_t stream)
     for (int d = 0; d < CUH_MAX_DEVICES; d++) {
         cuh_heap_t *other = rt.heaps[d];
         if (other && other != h && cuh_heap_owns(other, addr)) {
-            cuh_set_error("cuheap_free: %p belongs to device %d's heap, not device %d's", ptr, d, device);
+            cuh_set_error("%s: %p belongs to device %d's heap, not device %d's", fn, ptr, d, device);
             return CUHEAP_ERR_INVALID_ARGUMENT;
         }
     }
-    cuh_set_error("cuheap_free: %p was not allocated by cuheap", ptr);
+    cuh_set_error("%s: %p was not allocated by cuheap", fn, ptr);
     return CUHEAP_ERR_NOT_OWNED;
+}
+
+cuheap_status_t cuheap_free(void *ptr, int device, cuheap_stream_t stream)
+{
+    return free_block("cuheap_free", ptr, device, 0, stream);
+}
+
+cuheap_status_t cuheap_free_device_wide(void *ptr, int device)
+{
+    return free_block("cuheap_free_device_wide", ptr, device, 1, NULL);
+}
+
+cuheap_status_t cuheap_stream_register(int device, cuheap_stream_t stream)
+{
+    cuh_heap_t *h;
+    cuheap_status_t status = cuh_runtime_heap(device, &h);
+    return status == CUHEAP_OK ? cuh_heap_register_stream(h, (cuh_stream_t)stream) : status;
 }
 
 cuheap_status_t cuheap_stream_retire(int device, cuheap_stream_t stream)

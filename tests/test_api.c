@@ -1,6 +1,7 @@
 /* test_api.c - the public C API (include/cuheap.h) on simulated devices:
  * configuration errors, allocation and free per device, the errors a caller
  * can make (wrong device, foreign pointer, double free, NULL out-pointer),
+ * device-wide allocation and free (cudaMalloc's and cudaFree's promises),
  * statistics, release, reports in both formats, and a bad CUHEAP_CONF
  * stopping the program with a message that names the key.
  */
@@ -70,6 +71,47 @@ static void test_malloc_and_free_on_two_devices(void **state)
     cuheap_get_stats(1, &s);
     assert_int_equal(s.num_allocs, 1);
     assert_int_equal(s.num_frees, 1);
+}
+
+static void test_device_wide_malloc_and_free_keep_cudas_promises(void **state)
+{
+    (void)state;
+    cuheap_stream_t side = (cuheap_stream_t)0x5000;
+    assert_int_equal(cuheap_stream_register(0, side), CUHEAP_OK);
+    cuh_device_t *dev = cuh_runtime_device(0);
+    assert_non_null(dev);
+    cuh_sim_hold_events(dev, 1);   /* work on the GPU never finishes on its own */
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(dev, &c0);
+    void *a, *b;
+    assert_int_equal(cuheap_malloc_device_wide(&a, 3 * MiB, 0), CUHEAP_OK);
+    assert_true(((uintptr_t)a & 511) == 0);
+    assert_int_equal(cuheap_free_device_wide(a, 0), CUHEAP_OK);
+    cuh_sim_counters(dev, &c1);
+    assert_int_equal(c1.events_recorded - c0.events_recorded, 2);   /* side stream and default stream */
+    assert_int_equal(c1.event_waits, c0.event_waits);
+    assert_int_equal(cuheap_free_device_wide(a, 0), CUHEAP_ERR_DOUBLE_FREE);
+    assert_int_equal(cuheap_free(a, 0, NULL), CUHEAP_ERR_DOUBLE_FREE);
+    /* The side stream may still read a: nobody gets it yet. */
+    assert_int_equal(cuheap_malloc_device_wide(&b, 3 * MiB, 0), CUHEAP_OK);
+    assert_true(b != a);
+    assert_int_equal(cuheap_free_device_wide(b, 1), CUHEAP_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(cuheap_last_error(), "device 0"));
+    int on_stack;
+    assert_int_equal(cuheap_free_device_wide(&on_stack, 0), CUHEAP_ERR_NOT_OWNED);
+    assert_non_null(strstr(cuheap_last_error(), "cuheap_free_device_wide"));
+    assert_int_equal(cuheap_free_device_wide(NULL, 0), CUHEAP_OK);
+    assert_int_equal(cuheap_malloc_device_wide(NULL, 10, 0), CUHEAP_ERR_INVALID_ARGUMENT);
+    assert_int_equal(cuheap_free(b, 0, side), CUHEAP_OK);
+    cuheap_stats_t s;
+    cuheap_get_stats(0, &s);
+    assert_true(s.pending.current >= 3 * MiB);
+    cuh_sim_complete_all(dev);
+    assert_int_equal(cuheap_release_cached(0), CUHEAP_OK);
+    cuheap_get_stats(0, &s);
+    assert_int_equal(s.pending.current, 0);
+    assert_int_equal(s.allocated.current, 0);
+    assert_int_equal(s.num_frees, 2);
 }
 
 static void test_caller_errors_are_reported(void **state)
@@ -305,6 +347,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_configure_rejects_unknown_keys_and_lists_valid_ones, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malloc_and_free_on_two_devices, setup, teardown),
         cmocka_unit_test_setup_teardown(test_caller_errors_are_reported, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_device_wide_malloc_and_free_keep_cudas_promises, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stats_release_and_peaks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reports_in_text_and_valid_json, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_cuheap_conf_stops_the_program_naming_the_key, setup, teardown),

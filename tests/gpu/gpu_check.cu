@@ -2,7 +2,7 @@
  *
  * The unit tests run the heap against a simulated device; this program runs
  * the real thing: libcuheap.a opens libcuda itself (dlopen) and hands out
- * device memory that kernels here write and read back. Five checks, each
+ * device memory that kernels here write and read back. Six checks, each
  * printing PASS or FAIL:
  *   a. basic     sizes 1 B .. 256 MiB: aligned, writable, disjoint, size 0, free(NULL)
  *   b. errors    not-owned pointer, double free, interior pointer; heap still works
@@ -12,6 +12,10 @@
  *                running must not be handed to another stream yet
  *   e. stats     counters agree with what this program did; release_cached
  *                gives everything back but the workspace
+ *   f. device-wide free  cudaFree's promise: a block freed device-wide while
+ *                a kernel on another non-blocking stream still writes it is
+ *                not handed out again before that kernel is done, and the
+ *                free does not wait for it
  * Exit status 0 only if every check passed. Written in C style (compiled as
  * CUDA C++ by nvcc):
  *   nvcc -O2 -arch=sm_90 -std=c++17 -Iinclude tests/gpu/gpu_check.cu \
@@ -43,11 +47,12 @@
 #define CTR_ERRORS 16
 #define CTR_STRESS 20             /* + thread */
 #define CTR_CROSS 32
+#define CTR_WIDE 33
 #define CTR_COUNT 64
 
 /* ---- results ------------------------------------------------------------ */
 
-enum { CK_BASIC, CK_ERRORS, CK_STRESS, CK_CROSS, CK_STATS, CK_N };
+enum { CK_BASIC, CK_ERRORS, CK_STRESS, CK_CROSS, CK_STATS, CK_WIDE, CK_N };
 
 typedef struct result_s {
     const char *name;
@@ -62,6 +67,7 @@ static result_t g_res[CK_N] = {
     { "c. stress", 0, 0, "" },
     { "d. cross-stream reuse", 0, 0, "" },
     { "e. stats", 0, 0, "" },
+    { "f. device-wide free", 0, 0, "" },
 };
 
 static unsigned long long *g_dctr;    /* device: CTR_COUNT error counters */
@@ -747,42 +753,57 @@ static void check_stats_release(void)
 
 /* ---- d. cross-stream reuse ----------------------------------------------- */
 
-static void check_cross_stream(void)
+/* d and f: A's kernel writes a block late; the block is freed at once (on A,
+ * or device-wide); B allocates the same size at once (on B, or device-wide)
+ * and writes its own pattern. If B got A's memory too early, A's late write
+ * shows up in B's block. */
+static void check_reuse(int ck, int device_wide)
 {
     static const size_t sizes[] = { 4 * MiB, 1 * MiB, 64 * KiB, 4 * MiB + 512, 16 * MiB };
     enum { ROUNDS = 20, NSZ = sizeof sizes / sizeof sizes[0] };
+    const int slot = device_wide ? CTR_WIDE : CTR_CROSS;
     cudaStream_t a = NULL, b = NULL;
     unsigned long long errs[CTR_COUNT];
-    int same = 0, overlapped = 0, ck = CK_CROSS;
+    int same = 0, overlapped = 0;
+    double slowest_free = 0;
 
     g_res[ck].ran = 1;
     CU(ck, cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
     CU(ck, cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+    if (device_wide) {
+        /* Streams that never allocate must be named for the frees to cover them. */
+        cuheap_stream_register(0, a);
+        cuheap_stream_register(0, b);
+    }
     for (int r = 0; r < ROUNDS; r++) {
         size_t n = sizes[r % NSZ];
         void *pa = NULL, *pb = NULL;
         cuheap_status_t s;
-        unsigned long long x = 500000 + 2 * (unsigned long long)r, y = x + 1;
+        unsigned long long x = 500000 + 2 * (unsigned long long)r + (device_wide ? 100000 : 0), y = x + 1;
 
-        s = cuheap_malloc(&pa, n, 0, a);
+        s = device_wide ? cuheap_malloc_device_wide(&pa, n, 0) : cuheap_malloc(&pa, n, 0, a);
         if (s != CUHEAP_OK) {
-            fail(ck, "round %d: cuheap_malloc(%zu, A) = %s: %s", r, n, st_name(s), cuheap_last_error());
+            fail(ck, "round %d: malloc(%zu) for A = %s: %s", r, n, st_name(s), cuheap_last_error());
             break;
         }
         g_allocs++;
         /* A: ~20 ms of spinning, then pattern X over the whole block. */
         k_slow_fill<<<32, 256, 0, a>>>((unsigned char *)pa, n, x, 20000000ull);
         LAUNCHED(ck);
-        s = cuheap_free(pa, 0, a);
+        double t0 = now_s();
+        s = device_wide ? cuheap_free_device_wide(pa, 0) : cuheap_free(pa, 0, a);
+        double took = now_s() - t0;
+        if (took > slowest_free)
+            slowest_free = took;
         if (s != CUHEAP_OK) {
-            fail(ck, "round %d: cuheap_free(A) = %s: %s", r, st_name(s), cuheap_last_error());
+            fail(ck, "round %d: free of A's block = %s: %s", r, st_name(s), cuheap_last_error());
             break;
         }
         g_frees++;
         /* B at once: must not get A's memory before A's kernel is done. */
-        s = cuheap_malloc(&pb, n, 0, b);
+        s = device_wide ? cuheap_malloc_device_wide(&pb, n, 0) : cuheap_malloc(&pb, n, 0, b);
         if (s != CUHEAP_OK) {
-            fail(ck, "round %d: cuheap_malloc(%zu, B) = %s: %s", r, n, st_name(s), cuheap_last_error());
+            fail(ck, "round %d: malloc(%zu) for B = %s: %s", r, n, st_name(s), cuheap_last_error());
             break;
         }
         g_allocs++;
@@ -802,28 +823,30 @@ static void check_cross_stream(void)
             CU(ck, q);
         }
         CU(ck, cudaDeviceSynchronize());
-        k_check<<<grid_for(n), 256, 0, b>>>((const unsigned char *)pb, n, y, g_dctr + CTR_CROSS);
+        k_check<<<grid_for(n), 256, 0, b>>>((const unsigned char *)pb, n, y, g_dctr + slot);
         LAUNCHED(ck);
         CU(ck, cudaStreamSynchronize(b));
-        s = cuheap_free(pb, 0, b);
+        s = device_wide ? cuheap_free_device_wide(pb, 0) : cuheap_free(pb, 0, b);
         if (s != CUHEAP_OK) {
-            fail(ck, "round %d: cuheap_free(B) = %s: %s", r, st_name(s), cuheap_last_error());
+            fail(ck, "round %d: free of B's block = %s: %s", r, st_name(s), cuheap_last_error());
             break;
         }
         g_frees++;
     }
     if (read_counters(ck, errs) != 0)
         return;
-    if (errs[CTR_CROSS] != 0)
-        fail(ck, "%llu bytes of B's blocks were overwritten (A's memory handed to B too early)",
-             errs[CTR_CROSS]);
+    if (errs[slot] != 0)
+        fail(ck, "%llu bytes of B's blocks were overwritten (A's memory handed to B too early)", errs[slot]);
+    /* A free that waited for A's 20 ms kernel would take about that long. */
+    if (device_wide && slowest_free > 0.005)
+        fail(ck, "a device-wide free took %.1f ms: it waited for the GPU", slowest_free * 1e3);
     cuheap_stream_retire(0, a);
     cuheap_stream_retire(0, b);
     CU(ck, cudaStreamDestroy(a));
     CU(ck, cudaStreamDestroy(b));
     figures(ck, "%d rounds, sizes 64 KiB..16 MiB; corrupted bytes %llu; B got A's pointer %d/%d; "
-            "B done while A still ran %d/%d",
-            (int)ROUNDS, errs[CTR_CROSS], same, (int)ROUNDS, overlapped, (int)ROUNDS);
+            "B done while A still ran %d/%d; slowest free %.0f us",
+            (int)ROUNDS, errs[slot], same, (int)ROUNDS, overlapped, (int)ROUNDS, slowest_free * 1e6);
 }
 
 /* ---- main ---------------------------------------------------------------- */
@@ -887,8 +910,10 @@ int main(int argc, char **argv)
     check_stats_release();
     report(CK_STATS);
 
-    check_cross_stream();
+    check_reuse(CK_CROSS, 0);
     report(CK_CROSS);
+    check_reuse(CK_WIDE, 1);
+    report(CK_WIDE);
 
     cudaFree(g_dctr);
 
