@@ -287,10 +287,8 @@ static int stream_is_drained(const cuh_heap_t *h, const stream_state_t *st)
     return !st->num_fences && !b->unfenced_bytes && !b->fenced_bytes && !st->small_unfenced && !st->small_fenced;
 }
 
-static stream_state_t *stream_get_locked(cuh_heap_t *h, cuh_stream_t handle)
+static stream_state_t *stream_find_locked(cuh_heap_t *h, cuh_stream_t handle)
 {
-    if (h->last_stream && h->last_stream->handle == handle && !h->last_stream->retired)
-        return h->last_stream;
     stream_state_t *reusable = NULL;
     for (uint32_t i = 0; i < h->num_streams; i++) {
         stream_state_t *st = h->streams[i];
@@ -325,6 +323,17 @@ static stream_state_t *stream_get_locked(cuh_heap_t *h, cuh_stream_t handle)
     st->tag = h->num_streams + 1;
     h->streams[h->num_streams++] = st;
     return h->last_stream = st;
+}
+
+/* The state of stream `handle`, created if new; NULL when out of host
+ * memory. The stream of the last call is checked first (inline: every
+ * malloc and free asks). */
+static inline stream_state_t *stream_get_locked(cuh_heap_t *h, cuh_stream_t handle)
+{
+    stream_state_t *last = h->last_stream;
+    if (cuh_likely(last && last->handle == handle && !last->retired))
+        return last;
+    return stream_find_locked(h, handle);
 }
 
 static int stream_has_unfenced(const cuh_heap_t *h, const stream_state_t *st)
@@ -1727,7 +1736,9 @@ cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
     } else if ((status = find_live_locked(h, addr, &b)) == CUHEAP_OK) {
         stat_set(&h->requested, h->requested.current - b.requested);
         stat_set(&h->allocated, h->allocated.current - b.size);
-        if (!maybe_hold_locked(h, addr, b.size, b.requested, st))
+        int held = cuh_unlikely(h->graph.count || h->captures || h->uses.count) &&
+                   maybe_hold_locked(h, addr, b.size, b.requested, st);
+        if (!held)
             release_block_locked(h, &b, addr, st);
         h->num_frees++;
         if (cuh_unlikely(h->num_holds))

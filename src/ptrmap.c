@@ -105,13 +105,10 @@ void *cuh_ptrmap_remove(cuh_ptrmap_t *m, uintptr_t key)
 
 /* ---- page map -------------------------------------------------------- */
 
-#define LEVEL_BITS 12
-#define LEVEL_SIZE ((size_t)1 << LEVEL_BITS)
-#define LEVELS 4   /* 4 x 12 bits + 16-bit page = 64-bit addresses */
-
-typedef struct pagemap_node_s {
-    _Atomic(void *) slot[LEVEL_SIZE];
-} pagemap_node_t;
+#define LEVEL_SIZE CUH_PAGEMAP_LEVEL_SIZE
+#define LEVELS CUH_PAGEMAP_LEVELS
+typedef cuh_pagemap_node_t pagemap_node_t;
+#define level_index cuh_pagemap_level_index
 
 int cuh_pagemap_init(cuh_pagemap_t *m)
 {
@@ -133,11 +130,6 @@ void cuh_pagemap_destroy(cuh_pagemap_t *m)
 {
     destroy_node(m->root, 0);
     m->root = NULL;
-}
-
-static size_t level_index(uintptr_t page, int level)
-{
-    return (size_t)(page >> ((LEVELS - 1 - level) * LEVEL_BITS)) & (LEVEL_SIZE - 1);
 }
 
 int cuh_pagemap_set(cuh_pagemap_t *m, uintptr_t addr, size_t len, void *value)
@@ -164,11 +156,3 @@ int cuh_pagemap_set(cuh_pagemap_t *m, uintptr_t addr, size_t len, void *value)
     return 0;
 }
 
-void *cuh_pagemap_get(const cuh_pagemap_t *m, uintptr_t addr)
-{
-    uintptr_t page = addr >> CUH_PAGEMAP_SHIFT;
-    pagemap_node_t *n = m->root;
-    for (int level = 0; n && level < LEVELS - 1; level++)
-        n = atomic_load_explicit(&n->slot[level_index(page, level)], memory_order_acquire);
-    return n ? atomic_load_explicit(&n->slot[level_index(page, LEVELS - 1)], memory_order_acquire) : NULL;
-}

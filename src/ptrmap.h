@@ -14,6 +14,7 @@
 #ifndef CUH_PTRMAP_H
 #define CUH_PTRMAP_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -37,10 +38,23 @@ void *cuh_ptrmap_get(const cuh_ptrmap_t *map, uintptr_t key);
 void *cuh_ptrmap_remove(cuh_ptrmap_t *map, uintptr_t key);
 
 #define CUH_PAGEMAP_SHIFT 16   /* 64 KiB pages */
+#define CUH_PAGEMAP_LEVEL_BITS 12
+#define CUH_PAGEMAP_LEVEL_SIZE ((size_t)1 << CUH_PAGEMAP_LEVEL_BITS)
+#define CUH_PAGEMAP_LEVELS 4   /* 4 x 12 bits + 16-bit page = 64-bit addresses */
+
+typedef struct cuh_pagemap_node_s {
+    _Atomic(void *) slot[CUH_PAGEMAP_LEVEL_SIZE];
+} cuh_pagemap_node_t;
 
 typedef struct cuh_pagemap_s {
-    void *root;       /* 4 levels of 4096 entries cover 64-bit addresses */
+    cuh_pagemap_node_t *root;
 } cuh_pagemap_t;
+
+static inline size_t cuh_pagemap_level_index(uintptr_t page, int level)
+{
+    return (size_t)(page >> ((CUH_PAGEMAP_LEVELS - 1 - level) * CUH_PAGEMAP_LEVEL_BITS)) &
+           (CUH_PAGEMAP_LEVEL_SIZE - 1);
+}
 
 /* 0, or -1 if the root node could not be allocated. */
 int cuh_pagemap_init(cuh_pagemap_t *map);
@@ -49,7 +63,16 @@ void cuh_pagemap_destroy(cuh_pagemap_t *map);
  * addr and len are multiples of 64 KiB. Returns -1 if a node could not be
  * allocated (then nothing is guaranteed mapped). Caller holds the heap lock. */
 int cuh_pagemap_set(cuh_pagemap_t *map, uintptr_t addr, size_t len, void *value);
-/* Lock-free lookup. */
-void *cuh_pagemap_get(const cuh_pagemap_t *map, uintptr_t addr);
+/* Lock-free lookup (inline: every small free does one). */
+static inline void *cuh_pagemap_get(const cuh_pagemap_t *map, uintptr_t addr)
+{
+    uintptr_t page = addr >> CUH_PAGEMAP_SHIFT;
+    cuh_pagemap_node_t *n = map->root;
+    for (int level = 0; n && level < CUH_PAGEMAP_LEVELS - 1; level++)
+        n = atomic_load_explicit(&n->slot[cuh_pagemap_level_index(page, level)], memory_order_acquire);
+    return n ? atomic_load_explicit(&n->slot[cuh_pagemap_level_index(page, CUH_PAGEMAP_LEVELS - 1)],
+                                    memory_order_acquire)
+             : NULL;
+}
 
 #endif /* CUH_PTRMAP_H */

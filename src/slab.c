@@ -22,6 +22,8 @@ cuh_slab_t *cuh_slab_create(cuh_extent_t *ext, uint32_t size_class, size_t obj_s
     s->extent = ext;
     s->base = ext->addr;
     s->obj_size = obj_size;
+    s->span = (uintptr_t)n * obj_size;
+    s->div_magic = UINT64_MAX / obj_size + 1;
     s->size_class = size_class;
     s->num_objs = n;
     s->num_avail = n;
@@ -52,15 +54,4 @@ void cuh_slab_give_back(cuh_slab_t *s, uint32_t index)
 {
     cuh_slab_set(s->avail, index);
     s->num_avail++;
-}
-
-int64_t cuh_slab_index(const cuh_slab_t *s, uintptr_t addr)
-{
-    if (addr < s->base)
-        return -1;
-    uintptr_t off = addr - s->base;
-    if (off % s->obj_size)
-        return -1;
-    uintptr_t i = off / s->obj_size;
-    return i < s->num_objs ? (int64_t)i : -1;
 }

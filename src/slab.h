@@ -22,6 +22,8 @@ typedef struct cuh_slab_s {
     cuh_extent_t *extent;
     uintptr_t base;
     size_t obj_size;
+    uintptr_t span;                   /* num_objs * obj_size, below 4 GiB */
+    uint64_t div_magic;               /* 2^64 / obj_size rounded up: divides without a division */
     uint32_t size_class;
     uint32_t num_objs;
     uint32_t num_avail;
@@ -33,14 +35,26 @@ typedef struct cuh_slab_s {
     uint64_t *live;
 } cuh_slab_t;
 
-/* A slab over `ext` (already taken from the arena) with every object avail. */
+/* A slab over `ext` (already taken from the arena) with every object avail.
+ * obj_size is at least 2 (classes start at 512) and the slab below 4 GiB. */
 cuh_slab_t *cuh_slab_create(cuh_extent_t *ext, uint32_t size_class, size_t obj_size);
 void cuh_slab_destroy(cuh_slab_t *slab);
 /* Index of an avail object, made not avail; -1 if none. */
 int64_t cuh_slab_take(cuh_slab_t *slab);
 void cuh_slab_give_back(cuh_slab_t *slab, uint32_t index);
-/* Object index of addr, or -1 if addr is not the start of an object. */
-int64_t cuh_slab_index(const cuh_slab_t *slab, uintptr_t addr);
+/* Object index of addr, or -1 if addr is not the start of an object. On the
+ * free path of every small object, so it multiplies instead of dividing: for
+ * offsets and sizes below 2^32, off is a multiple of obj_size exactly when
+ * off * magic (mod 2^64) < magic, and the quotient is the high 64 bits of
+ * off * magic (Lemire, Kaser and Kurz, "Faster remainder by direct
+ * computation", 2019). */
+static inline int64_t cuh_slab_index(const cuh_slab_t *slab, uintptr_t addr)
+{
+    uintptr_t off = addr - slab->base;   /* below base: wraps past span */
+    if (off >= slab->span || (uint64_t)off * slab->div_magic >= slab->div_magic)
+        return -1;
+    return (int64_t)(((unsigned __int128)off * slab->div_magic) >> 64);
+}
 
 static inline int cuh_slab_bit(const uint64_t *bits, uint32_t i) { return (int)((bits[i >> 6] >> (i & 63)) & 1); }
 static inline void cuh_slab_set(uint64_t *bits, uint32_t i) { bits[i >> 6] |= (uint64_t)1 << (i & 63); }
