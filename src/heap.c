@@ -149,6 +149,7 @@ struct cuh_heap_s {
     cuh_arena_t arena;
     cuh_ptrmap_t blocks;         /* large block address -> extent */
     cuh_pagemap_t pages;         /* 64 KiB page -> slab */
+    cuh_slab_t *last_slab;       /* the slab of the last small lookup, or NULL */
     size_class_t classes[CUH_MAX_CLASSES];
     unsigned num_classes;
 
@@ -400,11 +401,31 @@ static void slab_unlist(size_class_t *c, cuh_slab_t *s)
     s->listed = 0;
 }
 
+/* The slab holding addr, or NULL. The last one found is checked first: a
+ * program's small frees and reuses come in runs on the same slab. */
+static inline cuh_slab_t *slab_of_locked(cuh_heap_t *h, uintptr_t addr)
+{
+    cuh_slab_t *s = h->last_slab;
+    if (s && addr - s->base < s->span)
+        return s;
+    s = cuh_pagemap_get(&h->pages, addr);
+    if (s)
+        h->last_slab = s;
+    return s;
+}
+
+static void slab_forget_locked(cuh_heap_t *h, cuh_slab_t *s)
+{
+    if (h->last_slab == s)
+        h->last_slab = NULL;
+    cuh_slab_destroy(s);
+}
+
 /* Returns a small object to its slab (it is now free for every stream); a
  * slab left with no object in use or cached goes back to the arena. */
 static void slab_object_home_locked(cuh_heap_t *h, uintptr_t addr)
 {
-    cuh_slab_t *s = cuh_pagemap_get(&h->pages, addr);
+    cuh_slab_t *s = slab_of_locked(h, addr);
     size_class_t *c = &h->classes[s->size_class];
     cuh_slab_give_back(s, (uint32_t)cuh_slab_index(s, addr));
     if (s->num_avail == s->num_objs) {
@@ -412,7 +433,7 @@ static void slab_object_home_locked(cuh_heap_t *h, uintptr_t addr)
             slab_unlist(c, s);
         cuh_pagemap_set(&h->pages, s->base, s->extent->size, NULL);
         cuh_arena_release(&h->arena, s->extent, CUH_TAG_GLOBAL);
-        cuh_slab_destroy(s);
+        slab_forget_locked(h, s);
     } else if (!s->listed) {
         slab_list(c, s);
     }
@@ -1092,7 +1113,7 @@ static cuheap_status_t small_alloc_locked(cuh_heap_t *h, stream_state_t *st, siz
         if (!s || cuh_pagemap_set(&h->pages, e->addr, e->size, s)) {
             if (s)
                 cuh_pagemap_set(&h->pages, e->addr, e->size, NULL);
-            cuh_slab_destroy(s);
+            slab_forget_locked(h, s);
             cuh_arena_release(&h->arena, e, CUH_TAG_GLOBAL);
             cuh_set_error("out of host memory for slab records");
             return CUHEAP_ERR_OUT_OF_MEMORY;
@@ -1103,7 +1124,7 @@ static cuheap_status_t small_alloc_locked(cuh_heap_t *h, stream_state_t *st, siz
         a = small_from_slabs_locked(c);
     }
 found:
-    small_mark_live_locked(h, cuh_pagemap_get(&h->pages, a), a, size);
+    small_mark_live_locked(h, slab_of_locked(h, a), a, size);
     *addr = a;
     return CUHEAP_OK;
 }
@@ -1367,14 +1388,16 @@ static cuheap_status_t find_live_locked(cuh_heap_t *h, uintptr_t addr, live_bloc
                       (unsigned long long)addr, h->dev->ordinal);
         return CUHEAP_ERR_DOUBLE_FREE;
     }
-    if ((b->ext = cuh_ptrmap_get(&h->blocks, addr))) {
-        b->size = b->ext->size;
-        b->requested = b->ext->requested;
-        return CUHEAP_OK;
+    cuh_slab_t *s = h->last_slab;
+    if (!s || addr - s->base >= s->span) {
+        if ((b->ext = cuh_ptrmap_get(&h->blocks, addr))) {
+            b->size = b->ext->size;
+            b->requested = b->ext->requested;
+            return CUHEAP_OK;
+        }
+        if (!(s = slab_of_locked(h, addr)))
+            return diagnose_free_locked(h, addr);
     }
-    cuh_slab_t *s = cuh_pagemap_get(&h->pages, addr);
-    if (!s)
-        return diagnose_free_locked(h, addr);
     int64_t idx = cuh_slab_index(s, addr);
     if (idx < 0) {
         cuh_set_error("0x%llx is inside a slab of %zu-byte objects but not at an object's start",
