@@ -362,6 +362,48 @@ static void test_device_wide_malloc_takes_only_memory_every_stream_may_use(void 
     test_heap_free(&t);
 }
 
+static void test_device_wide_free_of_a_graph_block_waits_for_its_pool(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    cuh_sim_hold_events(t.dev, 1);
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    cuh_heap_capture_begin(t.heap, 9);
+    uintptr_t in_graph = 0, tmp = 0;
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 4 * MiB, &in_graph), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 4 * MiB, &tmp), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, tmp), CUHEAP_OK);   /* freed inside the capture */
+    cuh_heap_capture_end(t.heap);
+    cuh_sim_counters(t.dev, &c1);
+    assert_int_equal(c1.events_recorded, c0.events_recorded);   /* no event call during a capture */
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, in_graph), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, in_graph), CUHEAP_ERR_DOUBLE_FREE);
+    /* The GPU finishing its work is not enough: replays of the graph still
+     * write these blocks until its pool is released. */
+    cuh_sim_complete_all(t.dev);
+    for (int i = 0; i < 4; i++) {
+        uintptr_t x = 0;
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 4 * MiB, &x), CUHEAP_OK);
+        assert_false(overlaps(x, 4 * MiB, in_graph, 4 * MiB));
+        assert_false(overlaps(x, 4 * MiB, tmp, 4 * MiB));
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, x), CUHEAP_OK);
+        cuh_sim_complete_all(t.dev);
+    }
+    cuheap_stats_t st;
+    cuh_heap_stats(t.heap, &st);
+    assert_true(st.pending.current >= 8 * MiB);
+    heap_ok(t.heap);
+    cuh_heap_release_pool(t.heap, 9);
+    cuh_sim_complete_all(t.dev);
+    assert_int_equal(cuh_heap_release_cached(t.heap), CUHEAP_OK);
+    cuh_heap_stats(t.heap, &st);
+    assert_int_equal(st.pending.current, 0);
+    assert_int_equal(st.allocated.current, 0);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
 /* A model of cudaFree's promise checked over random operations: a block
  * freed device-wide is unsafe until every stream, the registered-only S3
  * included, has finished the work issued before the free. */
@@ -1100,6 +1142,7 @@ int main(void)
         cmocka_unit_test(test_device_wide_free_waits_for_every_stream_without_blocking),
         cmocka_unit_test(test_device_wide_frees_cost_events_per_batch_not_per_free),
         cmocka_unit_test(test_device_wide_malloc_takes_only_memory_every_stream_may_use),
+        cmocka_unit_test(test_device_wide_free_of_a_graph_block_waits_for_its_pool),
         cmocka_unit_test(test_random_device_wide_frees_are_never_reused_early),
         cmocka_unit_test(test_concurrent_threads_never_share_memory),
     };
