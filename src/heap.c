@@ -207,7 +207,7 @@ struct cuh_heap_s {
 
 /* ---- statistics ------------------------------------------------------------ */
 
-static void stat_set(stat_t *s, size_t value)
+static inline void stat_set(stat_t *s, size_t value)
 {
     s->current = value;
     if (value > s->peak)
@@ -230,7 +230,7 @@ static double seconds_since(const struct timespec *born)
     return (double)(now.tv_sec - born->tv_sec) + (double)(now.tv_nsec - born->tv_nsec) * 1e-9;
 }
 
-static void sample_locked(cuh_heap_t *h)
+static __attribute__((noinline)) void sample_locked(cuh_heap_t *h)
 {
     if (h->num_samples == CUH_TIMELINE_SAMPLES) {
         for (size_t i = 0; i < CUH_TIMELINE_SAMPLES / 2; i++)
@@ -245,7 +245,7 @@ static void sample_locked(cuh_heap_t *h)
     h->last_sampled_reserved = h->reserved.current;
 }
 
-static void refresh_stats_locked(cuh_heap_t *h)
+static inline void refresh_stats_locked(cuh_heap_t *h)
 {
     size_t reserved = reserved_bytes(h);
     stat_set(&h->reserved, reserved);
