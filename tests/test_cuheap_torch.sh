@@ -12,8 +12,7 @@ lib=$(cd "$build" && pwd)/libcuheap.so
 root=$(pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-passed=0; failed=0
-check() { if eval "$2"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $1"; fi; }
+. "$(dirname "$0")/harness.sh"
 
 mkdir -p "$tmp/fake/torch/cuda"
 cat > "$tmp/fake/torch/__init__.py" <<'PY'
@@ -122,5 +121,4 @@ except OSError as e:
     print('ok' if 'no/such/dir' in str(e) else e)")
 check "dump_report() writes JSON and reports a bad path (got: $out)" '[ "$out" = ok ]'
 
-echo "test_cuheap_torch: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish test_cuheap_torch

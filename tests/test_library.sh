@@ -6,8 +6,7 @@
 set -uo pipefail
 build=${1:-build}
 lib=$build/libcuheap.so
-passed=0; failed=0
-check() { if eval "$2"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $1"; fi; }
+. "$(dirname "$0")/harness.sh"
 
 # Sanitized builds have no shared library; the plain build's is checked.
 [ -e "$lib" ] || lib=build/libcuheap.so
@@ -31,5 +30,4 @@ check "loads and answers without a GPU (got: $out)" 'echo "$out" | head -1 | gre
 if ! ls /usr/lib/x86_64-linux-gnu/libcuda.so.1 /usr/lib64/libcuda.so.1 >/dev/null 2>&1; then
     check "no driver: cuheap_malloc says libcuda.so.1 is missing" 'echo "$out" | tail -1 | grep -q "^7 .*libcuda.so.1"'
 fi
-echo "test_library: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish test_library

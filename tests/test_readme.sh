@@ -6,8 +6,7 @@
 set -uo pipefail
 build=${1:-build}
 [ -x "$build/cuheap-replay" ] || build=build
-passed=0; failed=0
-check() { if eval "$2"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $1"; fi; }
+. "$(dirname "$0")/harness.sh"
 
 table=$("$build/cuheap-replay" --settings)
 check "README carries the settings table exactly as the code prints it" \
@@ -19,5 +18,4 @@ done
 check "the first commands in README are make demo and make test" \
     '[ "$(grep -m2 -oE "^make (demo|test)" README.md | tr "\n" " ")" = "make demo make test " ]'
 check ".ci/run runs make test" 'grep -q "^make test" .ci/run'
-echo "test_readme: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish test_readme

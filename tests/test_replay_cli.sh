@@ -17,30 +17,7 @@ TRACES=(bench/traces/*.trace.gz)
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/cuh_test_replay_cli.XXXXXX") || exit 1
 trap 'rm -rf "$TMP"' EXIT
 
-passed=0
-failed=0
-
-ok() {
-    passed=$((passed + 1))
-    echo "ok   - $1"
-}
-
-not_ok() {
-    failed=$((failed + 1))
-    echo "FAIL - $1"
-    if [ -n "${2:-}" ]; then
-        printf '%s\n' "$2" | sed 's/^/       /'
-    fi
-}
-
-# run NAME ARGS...: runs the program; status in $rc, output in $TMP/NAME.out
-# and $TMP/NAME.err.
-run() {
-    local name=$1
-    shift
-    "$BIN" "$@" >"$TMP/$name.out" 2>"$TMP/$name.err"
-    rc=$?
-}
+. "$(dirname "$0")/harness.sh"
 
 # check_json FILE CHECK [ARGS...]: validates FILE as one JSON object per line
 # and runs the Python CHECK on the list `objs` (sys.argv[2:] holds ARGS). The
@@ -282,5 +259,4 @@ else
     not_ok "--min-capacity null at 1G" "status $rc ${msg:-}"
 fi
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish test_replay_cli

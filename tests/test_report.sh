@@ -10,8 +10,7 @@ build=${1:-build}
 replay=$build/cuheap-replay
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-passed=0; failed=0
-check() { if eval "$2"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $1"; fi; }
+. "$(dirname "$0")/harness.sh"
 
 "$replay" --report "$tmp/ok.json" bench/traces/resnet50.trace.gz >/dev/null
 "$replay" --capacity 27G --report "$tmp/frag.json" bench/traces/gpt2.trace.gz >/dev/null
@@ -102,7 +101,7 @@ check "the HTML page loads nothing from outside" '! grep -Eqi "(src|href)=|https
 # Render both pages; decode the PNGs with the standard library.
 chromium=$(command -v chromium || command -v chromium-browser || true)
 if [ -z "$chromium" ]; then
-    failed=$((failed + 1)); echo "FAIL: chromium is not installed (make test installs it)"
+    not_ok "chromium is not installed (make test installs it)"
 else
     for page in frag ok; do
         timeout 120 "$chromium" --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \
@@ -150,5 +149,4 @@ PY
     read -r colors panel < <(python3 "$tmp/png.py" "$tmp/ok.png" 2>/dev/null || echo "0 0")
     check "the page without OOM renders ($colors colours) and has no panel ($panel)" '[ "$colors" -gt 20 ] && [ "$panel" -lt 100 ]'
 fi
-echo "test_report: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish test_report

@@ -27,46 +27,17 @@ GPT2=bench/traces/gpt2.trace.gz
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/cuh_test_report_cli.XXXXXX") || exit 1
 trap 'rm -rf "$TMP"' EXIT
 
-passed=0
-failed=0
-
-ok() {
-    passed=$((passed + 1))
-    echo "ok   - $1"
-}
-
-not_ok() {
-    failed=$((failed + 1))
-    echo "FAIL - $1"
-    if [ -n "${2:-}" ]; then
-        printf '%s\n' "$2" | head -n 20 | sed 's/^/       /'
-    fi
-}
-
-finish() {
-    echo "test_report_cli: $passed passed, $failed failed"
-    [ "$failed" -eq 0 ]
-    exit
-}
-
-# run NAME ARGS...: runs cuheap-report; status in $rc, output in $TMP/NAME.out
-# and $TMP/NAME.err.
-run() {
-    local name=$1
-    shift
-    "$BIN" "$@" >"$TMP/$name.out" 2>"$TMP/$name.err"
-    rc=$?
-}
+. "$(dirname "$0")/harness.sh"
 
 for prog in "$BIN" "$REPLAY"; do
     if [ ! -x "$prog" ]; then
         not_ok "$prog exists" "build it first (make tools)"
-        finish
+        finish test_report_cli
     fi
 done
 if [ ! -e "$GPT2" ]; then
     not_ok "bundled trace $GPT2" "run from the repository root"
-    finish
+    finish test_report_cli
 fi
 
 # ---- the reports: each state written as JSON, then (same replay again: the
@@ -77,7 +48,7 @@ for name in oom ok vmm; do
         # shellcheck disable=SC2086
         if ! "$REPLAY" ${OPTS[$name]} --report "$TMP/$name.$ext" "$GPT2" >/dev/null 2>"$TMP/replay.err"; then
             not_ok "cuheap-replay ${OPTS[$name]} --report $name.$ext" "$(cat "$TMP/replay.err")"
-            finish
+            finish test_report_cli
         fi
     done
 done
@@ -368,4 +339,4 @@ else
     not_ok "--help" "status $rc"
 fi
 
-finish
+finish test_report_cli

@@ -9,8 +9,7 @@ build=${1:-build}
 [ -x "$build/cuheap-replay" ] || build=build
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-passed=0; failed=0
-check() { if eval "$2"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $1"; fi; }
+. "$(dirname "$0")/harness.sh"
 conv="python3 scripts/torch_snapshot_to_trace.py"
 
 python3 - "$tmp" <<'PY'
@@ -54,5 +53,4 @@ err=$($conv "$tmp/garbage.pickle" "$tmp/x.trace" 2>&1); rc=$?
 check "a file that is no pickle is refused" '[ $rc -eq 1 ] && echo "$err" | grep -q "cannot read a pickle"'
 err=$($conv "$tmp/snap.pickle" "$tmp/x.trace" --device 3 2>&1); rc=$?
 check "a device the snapshot lacks is refused" '[ $rc -eq 1 ] && echo "$err" | grep -q "has 1 device"'
-echo "test_torch_snapshot: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish test_torch_snapshot

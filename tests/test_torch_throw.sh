@@ -29,14 +29,13 @@ int main(int, char **argv) {
     return 0;
 }
 CPP
-passed=0; failed=0
+. "$(dirname "$0")/harness.sh"
 if ! g++ -O1 -o "$tmp/throw" "$tmp/throw.cpp" -ldl 2>"$tmp/cc.log"; then
-    echo "FAIL: cannot build the C++ probe: $(cat "$tmp/cc.log")"; failed=1
+    not_ok "cannot build the C++ probe" "$(cat "$tmp/cc.log")"
 else
     out=$("$tmp/throw" "$lib" 2>"$tmp/err"); err=$(cat "$tmp/err")
-    if [ "$out" = "caught std::bad_alloc" ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: got '$out'"; fi
-    if echo "$err" | grep -q "cuheap: allocation failed: .*libcuda.so.1"; then passed=$((passed + 1)); else
-        failed=$((failed + 1)); echo "FAIL: no explanation on stderr (got '$err')"; fi
+    check "a failed allocation throws std::bad_alloc (got '$out')" '[ "$out" = "caught std::bad_alloc" ]'
+    check "the failure is explained on stderr (got '$err')" 'echo "$err" | grep -q "cuheap: allocation failed: .*libcuda.so.1"'
 fi
 # As under Python: a C program loads PyTorch-like C++ code with RTLD_LOCAL, so
 # the C++ runtime is outside the global scope.
@@ -68,10 +67,8 @@ int main(int argc, char **argv) {
 C
 if g++ -shared -fPIC -O1 -o "$tmp/shim.so" "$tmp/shim.cpp" && ${CC:-cc} -O1 -o "$tmp/host" "$tmp/host.c" -ldl; then
     out=$("$tmp/host" "$tmp/shim.so" "$lib" 2>/dev/null)
-    if [ "$out" = "caught std::bad_alloc" ]; then passed=$((passed + 1)); else
-        failed=$((failed + 1)); echo "FAIL: with a locally loaded C++ runtime got '$out'"; fi
+    check "with a locally loaded C++ runtime it throws too (got '$out')" '[ "$out" = "caught std::bad_alloc" ]'
 else
-    failed=$((failed + 1)); echo "FAIL: cannot build the RTLD_LOCAL probe"
+    not_ok "cannot build the RTLD_LOCAL probe"
 fi
-echo "test_torch_throw: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish test_torch_throw
