@@ -61,16 +61,16 @@ $(BUILD)/san/libcuheap.a: $(SAN_LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/cuheap-replay: src/tools/replay.c $(TOOL_OBJS) $(BUILD)/libcuheap.a
+$(BUILD)/cuheap-replay: src/tools/replay.c src/tools/cli.h $(TOOL_OBJS) $(BUILD)/libcuheap.a
 	$(CC) $(CFLAGS_BASE) $(OPT) -o $@ $< $(TOOL_OBJS) $(BUILD)/libcuheap.a -lz -ldl -lm
 
-$(BUILD)/san/cuheap-replay: src/tools/replay.c $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a
+$(BUILD)/san/cuheap-replay: src/tools/replay.c src/tools/cli.h $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lz -ldl -lm
 
-$(BUILD)/cuheap-report: src/tools/report.c $(TOOL_OBJS) $(BUILD)/libcuheap.a
+$(BUILD)/cuheap-report: src/tools/report.c src/tools/cli.h $(TOOL_OBJS) $(BUILD)/libcuheap.a
 	$(CC) $(CFLAGS_BASE) $(OPT) -o $@ $< $(TOOL_OBJS) $(BUILD)/libcuheap.a -lz -ldl -lm
 
-$(BUILD)/san/cuheap-report: src/tools/report.c $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a
+$(BUILD)/san/cuheap-report: src/tools/report.c src/tools/cli.h $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lz -ldl -lm
 
 # Tools and tests need zlib and cmocka; the library itself needs neither.

@@ -23,13 +23,13 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #define PROG "cuheap-replay"
+#include "cli.h"
 #define DEFAULT_CAPACITY ((size_t)80 * CUH_GiB)
 /* --min-capacity finds the smallest capacity to within this. */
 #define SEARCH_GRAIN CUH_SEGMENT_GRAIN
@@ -84,18 +84,6 @@ static void usage(FILE *f)
             "\n"
             "exit status: 0 every trace replayed (out-of-memory is a result),\n"
             "1 malformed trace or heap error, 2 usage error\n");
-}
-
-__attribute__((format(printf, 1, 2), noreturn))
-static void usage_error(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, PROG ": ");
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "\nTry '" PROG " --help'.\n");
-    exit(2);
 }
 
 /* "80G", "512MiB", "1.5g", "1073741824": bytes, binary units. 0 or -1. */

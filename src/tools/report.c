@@ -35,6 +35,7 @@
 #include <time.h>
 
 #define PROG "cuheap-report"
+#include "cli.h"
 #define REPORT_SCHEMA "cuheap-report"
 #define REPORT_VERSION 1
 
@@ -86,18 +87,6 @@ static void usage(FILE *f)
             "\n"
             "exit status: 0 done, 1 unreadable or invalid report (the message names\n"
             "file:line:column or the field's JSON path), 2 usage error\n");
-}
-
-__attribute__((format(printf, 1, 2), noreturn))
-static void usage_error(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, PROG ": ");
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "\nTry '" PROG " --help'.\n");
-    exit(2);
 }
 
 static void set_format(options_t *o, format_t format, const char *option)
