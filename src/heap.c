@@ -1444,6 +1444,33 @@ static void release_block_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t
 
 /* ---- holds ------------------------------------------------------------------------ */
 
+/* Polls a list of events from its end (wait: waits for them), returning
+ * each completed one to the spares; 1 when none is left. An event that
+ * fails is answered by synchronizing the device, which is never wrong. */
+static int events_done_locked(cuh_heap_t *h, cuh_event_t *events, size_t *num_events, int wait)
+{
+    while (*num_events) {
+        cuh_event_t ev = events[*num_events - 1];
+        cuh_dev_status_t rc = wait ? h->dev->ops->event_wait(h->dev, ev) : h->dev->ops->event_query(h->dev, ev);
+        if (rc == CUH_DEV_NOT_READY)
+            return 0;
+        if (rc != CUH_DEV_OK)
+            h->dev->ops->synchronize(h->dev);
+        event_put_locked(h, ev);
+        (*num_events)--;
+    }
+    return 1;
+}
+
+/* Takes a held block off the held books; 1 with its live block in *b. */
+static int unhold_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested, live_block_t *b)
+{
+    cuh_ptrmap_remove(&h->held, addr);
+    h->held_bytes -= size;
+    h->held_requested -= requested;
+    return find_live_locked(h, addr, b) == CUHEAP_OK;
+}
+
 static int hold_add_locked(cuh_heap_t *h, hold_t *hd)
 {
     if (h->num_holds == h->cap_holds) {
@@ -1467,15 +1494,11 @@ static void hold_finish_locked(cuh_heap_t *h, size_t k)
 {
     hold_t *hd = h->holds[k];
     h->holds[k] = h->holds[--h->num_holds];
-    cuh_ptrmap_remove(&h->held, hd->addr);
-    h->held_bytes -= hd->size;
-    h->held_requested -= hd->requested;
     for (size_t i = 0; i < hd->num_events; i++)
         event_put_locked(h, hd->events[i]);
     live_block_t b;
-    stream_state_t *st = h->streams[hd->free_tag - 1];
-    if (find_live_locked(h, hd->addr, &b) == CUHEAP_OK)
-        release_block_locked(h, &b, hd->addr, st);
+    if (unhold_locked(h, hd->addr, hd->size, hd->requested, &b))
+        release_block_locked(h, &b, hd->addr, h->streams[hd->free_tag - 1]);
     free(hd);
 }
 
@@ -1488,20 +1511,7 @@ static int holds_poll_locked(cuh_heap_t *h, int wait)
         return 0;
     for (size_t k = 0; k < h->num_holds;) {
         hold_t *hd = h->holds[k];
-        int done = !hd->pool;
-        while (done && hd->num_events) {
-            cuh_event_t ev = hd->events[hd->num_events - 1];
-            cuh_dev_status_t rc = wait ? h->dev->ops->event_wait(h->dev, ev) : h->dev->ops->event_query(h->dev, ev);
-            if (rc == CUH_DEV_NOT_READY) {
-                done = 0;
-            } else {
-                if (rc != CUH_DEV_OK)
-                    h->dev->ops->synchronize(h->dev);
-                event_put_locked(h, ev);
-                hd->num_events--;
-            }
-        }
-        if (done) {
+        if (!hd->pool && events_done_locked(h, hd->events, &hd->num_events, wait)) {
             hold_finish_locked(h, k);
             any = 1;
         } else {
@@ -1582,11 +1592,8 @@ static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch)
 {
     for (size_t i = 0; i < batch->num_entries; i++) {
         const batch_entry_t *x = &batch->entries[i];
-        cuh_ptrmap_remove(&h->held, x->addr);
-        h->held_bytes -= x->size;
-        h->held_requested -= x->requested;
         live_block_t b;
-        if (find_live_locked(h, x->addr, &b) == CUHEAP_OK)
+        if (unhold_locked(h, x->addr, x->size, x->requested, &b))
             release_block_global_locked(h, &b, x->addr);
     }
     for (size_t i = 0; i < batch->num_events; i++)
@@ -1650,17 +1657,7 @@ static int batches_poll_locked(cuh_heap_t *h, int wait)
         return 0;
     for (free_batch_t **p = &h->closed_batches; *p;) {
         free_batch_t *batch = *p;
-        while (batch->num_events) {
-            cuh_event_t ev = batch->events[batch->num_events - 1];
-            cuh_dev_status_t rc = wait ? h->dev->ops->event_wait(h->dev, ev) : h->dev->ops->event_query(h->dev, ev);
-            if (rc == CUH_DEV_NOT_READY)
-                break;
-            if (rc != CUH_DEV_OK)
-                h->dev->ops->synchronize(h->dev);
-            event_put_locked(h, ev);
-            batch->num_events--;
-        }
-        if (batch->num_events) {
+        if (!events_done_locked(h, batch->events, &batch->num_events, wait)) {
             p = &batch->next;
             continue;
         }
