@@ -118,7 +118,6 @@ typedef struct free_batch_s {
     struct free_batch_s *next;   /* closed batches, oldest first */
     batch_entry_t *entries;      /* in the held map too, with the batch as value */
     size_t num_entries, cap_entries;
-    size_t bytes;
     size_t num_events;
     cuh_event_t *events;
 } free_batch_t;
@@ -1687,7 +1686,6 @@ static int batch_add_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t r
     if (cuh_ptrmap_insert(&h->held, addr, batch))
         return -1;
     batch->entries[batch->num_entries++] = (batch_entry_t){addr, size, requested};
-    batch->bytes += size;
     h->held_bytes += size;
     h->held_requested += requested;
     return 0;
@@ -2091,15 +2089,8 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
     const free_batch_t *lists[2] = {h->open_batch, h->closed_batches};
     for (int l = 0; l < 2; l++) {
         for (const free_batch_t *batch = lists[l]; batch; batch = l ? batch->next : NULL) {
-            size_t bytes = 0;
             for (size_t k = 0; k < batch->num_entries; k++)
-                bytes += batch->entries[k].size;
-            if (!rc && bytes != batch->bytes) {
-                snprintf(msg, len, "a batch of device-wide frees holds %zu bytes, its books say %zu", bytes,
-                         batch->bytes);
-                rc = -1;
-            }
-            held += bytes;
+                held += batch->entries[k].size;
             num_held += batch->num_entries;
         }
     }
