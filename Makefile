@@ -19,17 +19,21 @@ SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-re
 LIB_SRCS := src/log.c src/config.c src/sizeclass.c src/freebins.c src/ptrmap.c \
             src/arena.c src/slab.c src/heap.c src/report.c src/report_html.c src/device_sim.c \
             src/device_cuda.c src/api.c src/hook_torch.c src/trace_write.c
+# The CUDA entry points for LD_PRELOAD: in libcuheap.so only. A program that
+# links libcuheap.a keeps its own CUDA runtime.
+HOOK_SRCS := src/hook_cuda.c src/hook_runtime.c src/hook_driver.c
 # Tool-side code (reads gzip traces, so it links zlib); never in the .so.
 TOOL_SRCS := src/trace_read.c src/json_read.c
 
 TESTS := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
 
 LIB_OBJS      := $(LIB_SRCS:src/%.c=$(BUILD)/obj/%.o)
+HOOK_OBJS     := $(HOOK_SRCS:src/%.c=$(BUILD)/obj/%.o)
 TOOL_OBJS     := $(TOOL_SRCS:src/%.c=$(BUILD)/obj/%.o)
 SAN_LIB_OBJS  := $(LIB_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
 SAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
 
-.PHONY: all lib tools demo test test-plain test-san bench gpu-check deps deps-test clean
+.PHONY: all lib tools demo test test-plain test-san preload-tests bench gpu-check deps deps-test clean
 all: lib tools
 
 lib: $(BUILD)/libcuheap.so $(BUILD)/libcuheap.a
@@ -49,9 +53,9 @@ $(BUILD)/san/obj/%.o: src/%.c $(wildcard src/*.h) include/cuheap.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -c $< -o $@
 
-$(BUILD)/libcuheap.so: $(LIB_OBJS) src/exports.map
+$(BUILD)/libcuheap.so: $(LIB_OBJS) $(HOOK_OBJS) src/exports.map
 	$(CC) -shared -Wl,--version-script=src/exports.map -Wl,-z,defs -pthread \
-	    -o $@ $(LIB_OBJS) -ldl
+	    -o $@ $(LIB_OBJS) $(HOOK_OBJS) -ldl
 
 $(BUILD)/libcuheap.a: $(LIB_OBJS)
 	@rm -f $@
@@ -87,10 +91,13 @@ $(BUILD)/san/tests/%: tests/%.c tests/test_util.h $(SAN_TOOL_OBJS) $(BUILD)/san/
 
 # The real driver path runs in CI against a fake libcuda.so.1 (host memory for
 # device memory), found through the test binary's run path.
+# -Bsymbolic: the fake's own references (its cuGetProcAddress table) name its
+# own functions, as the real driver's do, never a preloaded library's.
 FAKE_CUDA := $(BUILD)/fake/libcuda.so.1
-$(FAKE_CUDA): tests/fake/fake_cuda.c
+$(FAKE_CUDA): tests/fake/fake_cuda.c tests/fake/fake_cuda.h
 	@mkdir -p $(dir $@)
-	$(CC) -shared -fPIC -O1 -g -Wall -Wextra -Werror -fvisibility=hidden -o $@ $< -lpthread
+	$(CC) -shared -fPIC -std=c11 -O1 -g -Wall -Wextra -Werror -fvisibility=hidden -Wl,-Bsymbolic \
+	    -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
 
 FAKE_RPATH = -Wl,-rpath,$(abspath $(BUILD)/fake) -Wl,--disable-new-dtags
 $(BUILD)/tests/test_device_cuda: tests/test_device_cuda.c tests/test_util.h $(TOOL_OBJS) $(BUILD)/libcuheap.a $(FAKE_CUDA)
@@ -101,12 +108,60 @@ $(BUILD)/san/tests/test_device_cuda: tests/test_device_cuda.c tests/test_util.h 
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -Wno-missing-prototypes -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lcmocka -lz -ldl -lm $(FAKE_RPATH)
 
+# ---- LD_PRELOAD tests (tests/test_preload.sh) ------------------------------
+# A fake CUDA runtime that reaches the fake driver as the real one does, built
+# as a shared library and compiled into a program (the static runtime), and
+# programs that run under LD_PRELOAD=libcuheap.so. The programs are plain
+# builds; test-san runs the same script, which preloads the plain library (a
+# sanitized one cannot be preloaded: see tests/test_preload.sh).
+FAKE_CUDART := $(BUILD)/fake/libcudart.so.13
+FAKE_DEV_LINKS := $(BUILD)/fake/libcudart.so $(BUILD)/fake/libcuda.so
+PRELOAD_DIR := $(BUILD)/tests/preload
+PRELOAD_PROGRAMS := $(PRELOAD_DIR)/runtime_shared $(PRELOAD_DIR)/runtime_static $(PRELOAD_DIR)/driver_checks \
+                    $(PRELOAD_DIR)/no_cuda
+PRELOAD_CFLAGS := -std=c11 -O1 -g -Wall -Wextra -Werror -Iinclude -Itests/fake -Itests/preload -pthread
+PRELOAD_SUPPORT := tests/preload/support.c tests/preload/support.h tests/fake/fake_cuda.h include/cuheap.h
+
+$(FAKE_CUDART): tests/fake/fake_cudart.c tests/fake/fake_cudart.h
+	@mkdir -p $(dir $@)
+	$(CC) -shared -fPIC -std=c11 -O1 -g -Wall -Wextra -Werror -fvisibility=hidden -Wl,-Bsymbolic \
+	    -Wl,-soname,libcudart.so.13 -o $@ $< -ldl -lpthread
+
+$(BUILD)/fake/libcudart.so: $(FAKE_CUDART)
+	ln -sf libcudart.so.13 $@
+
+$(BUILD)/fake/libcuda.so: $(FAKE_CUDA)
+	ln -sf libcuda.so.1 $@
+
+$(PRELOAD_DIR)/runtime_shared: tests/preload/runtime_checks.c tests/fake/fake_cudart.h $(PRELOAD_SUPPORT) \
+                               $(FAKE_CUDART) $(FAKE_DEV_LINKS)
+	@mkdir -p $(dir $@)
+	$(CC) $(PRELOAD_CFLAGS) -o $@ $< tests/preload/support.c -L$(BUILD)/fake -lcudart -ldl $(FAKE_RPATH)
+
+$(PRELOAD_DIR)/runtime_static: tests/preload/runtime_checks.c tests/fake/fake_cudart.c tests/fake/fake_cudart.h \
+                               $(PRELOAD_SUPPORT) $(FAKE_CUDA)
+	@mkdir -p $(dir $@)
+	$(CC) $(PRELOAD_CFLAGS) -fvisibility=hidden -DFAKE_CUDART_STATIC -o $@ $< tests/preload/support.c \
+	    tests/fake/fake_cudart.c -ldl $(FAKE_RPATH)
+
+$(PRELOAD_DIR)/driver_checks: tests/preload/driver_checks.c $(PRELOAD_SUPPORT) $(FAKE_CUDA) $(FAKE_DEV_LINKS)
+	@mkdir -p $(dir $@)
+	$(CC) $(PRELOAD_CFLAGS) -o $@ $< tests/preload/support.c -L$(BUILD)/fake -lcuda -ldl $(FAKE_RPATH)
+
+$(PRELOAD_DIR)/no_cuda: tests/preload/no_cuda.c
+	@mkdir -p $(dir $@)
+	$(CC) $(PRELOAD_CFLAGS) -o $@ $< -ldl
+
+preload-tests: $(PRELOAD_PROGRAMS) $(FAKE_CUDA) $(FAKE_CUDART) $(BUILD)/libcuheap.so
+
 test: test-plain test-san
 
-test-plain: deps-test $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/cuheap-replay $(BUILD)/cuheap-report $(BUILD)/libcuheap.so
+test-plain: deps-test $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/cuheap-replay $(BUILD)/cuheap-report $(BUILD)/libcuheap.so \
+            preload-tests
 	@scripts/run-tests.sh $(BUILD) plain $(TESTS)
 
-test-san: deps-test $(TESTS:%=$(BUILD)/san/tests/%) $(BUILD)/san/cuheap-replay $(BUILD)/san/cuheap-report
+test-san: deps-test $(TESTS:%=$(BUILD)/san/tests/%) $(BUILD)/san/cuheap-replay $(BUILD)/san/cuheap-report \
+          preload-tests
 	@scripts/run-tests.sh $(BUILD)/san sanitized $(TESTS)
 
 # ---- demo, benchmarks, GPU -----------------------------------------------

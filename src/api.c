@@ -231,14 +231,22 @@ static cuheap_status_t free_block(const char *fn, void *ptr, int device, int dev
     if (!ptr)
         return CUHEAP_OK;
     uintptr_t addr = (uintptr_t)ptr;
-    cuh_heap_t *h = cuh_runtime_existing_heap(device);
     cuheap_status_t status = CUHEAP_ERR_NOT_OWNED;
-    if (h)
+    cuh_heap_t *h = NULL;
+    if (device == CUH_ANY_DEVICE) {
+        /* The hooks: a pointer is freed by the heap that owns it, whatever
+         * the current device (cudaFree takes any device's pointer). */
+        for (int d = 0; d < CUH_MAX_DEVICES && status == CUHEAP_ERR_NOT_OWNED; d++)
+            if ((h = rt.heaps[d]))
+                status = device_wide ? cuh_heap_free_device_wide(h, addr)
+                                     : cuh_heap_free(h, addr, (cuh_stream_t)stream);
+    } else if ((h = cuh_runtime_existing_heap(device))) {
         status = device_wide ? cuh_heap_free_device_wide(h, addr) : cuh_heap_free(h, addr, (cuh_stream_t)stream);
+    }
     cuh_trace_writer_t *trace = rt.trace;
     if (cuh_unlikely(trace != NULL) && status == CUHEAP_OK)
         cuh_trace_writer_free(trace, addr);
-    if (status != CUHEAP_ERR_NOT_OWNED)
+    if (status != CUHEAP_ERR_NOT_OWNED || device == CUH_ANY_DEVICE)
         return status;
     for (int d = 0; d < CUH_MAX_DEVICES; d++) {
         cuh_heap_t *other = rt.heaps[d];
@@ -249,6 +257,60 @@ static cuheap_status_t free_block(const char *fn, void *ptr, int device, int dev
     }
     cuh_set_error("%s: %p was not allocated by cuheap", fn, ptr);
     return CUHEAP_ERR_NOT_OWNED;
+}
+
+cuheap_status_t cuh_runtime_free_owned(const char *fn, void *ptr, int device_wide, cuh_stream_t stream)
+{
+    return free_block(fn, ptr, CUH_ANY_DEVICE, device_wide, (cuheap_stream_t)stream);
+}
+
+cuheap_status_t cuh_runtime_malloc(const char *fn, void **ptr, size_t size, int device, int device_wide,
+                                   cuh_stream_t stream)
+{
+    return alloc_block(fn, ptr, size, device, device_wide, (cuheap_stream_t)stream);
+}
+
+int cuh_runtime_owner(uintptr_t addr)
+{
+    for (int d = 0; d < CUH_MAX_DEVICES; d++) {
+        cuh_heap_t *h = rt.heaps[d];
+        if (h && cuh_heap_owns(h, addr))
+            return d;
+    }
+    return -1;
+}
+
+void cuh_runtime_retire_stream(cuh_stream_t stream)
+{
+    for (int d = 0; d < CUH_MAX_DEVICES; d++) {
+        cuh_heap_t *h = rt.heaps[d];
+        if (h)
+            cuh_heap_retire_stream(h, stream);
+    }
+}
+
+void cuh_runtime_drop_heap(int device)
+{
+    if (device < 0 || device >= CUH_MAX_DEVICES)
+        return;
+    pthread_mutex_lock(&runtime_lock);
+    cuh_heap_t *h = rt.heaps[device];
+    cuh_device_t *dev = rt.devices[device];
+    rt.heaps[device] = NULL;
+    rt.devices[device] = NULL;
+    pthread_mutex_unlock(&runtime_lock);
+    if (h)
+        cuh_heap_destroy(h);
+    if (dev)
+        dev->ops->destroy(dev);
+}
+
+const cuh_config_t *cuh_runtime_config(void)
+{
+    pthread_mutex_lock(&runtime_lock);
+    configure_from_env_locked();
+    pthread_mutex_unlock(&runtime_lock);
+    return &rt.cfg;
 }
 
 cuheap_status_t cuheap_free(void *ptr, int device, cuheap_stream_t stream)

@@ -112,4 +112,26 @@ cuh_device_t *cuh_cuda_open(int ordinal, char *errbuf, size_t errlen);
  * runtime's default 0 when no context is current. -1 with errbuf on error. */
 int cuh_cuda_current_device(char *errbuf, size_t errlen);
 
+/* ---- the real CUDA functions behind the hooks (device_cuda.c) -------- *
+ * The hooks (hook_*.c) forward what cuheap does not serve to these. They
+ * never call cuInit: a program that has not initialized CUDA gets CUDA's own
+ * answer. */
+/* glibc's dlsym, whatever `dlsym` the process binds to. */
+void *cuh_cuda_real_dlsym(void *handle, const char *name);
+/* The driver's own function `name` in libcuda.so.1; NULL if none. */
+void *cuh_cuda_driver_function(const char *name);
+/* The CUDA runtime's own function `name` (the loaded libcudart); NULL if
+ * none is loaded. */
+void *cuh_cuda_runtime_function(const char *name);
+/* What the calling thread's current context is; *device is its device
+ * ordinal (-1 unless PRIMARY or OTHER). cuheap serves a thread only through
+ * the primary context (the runtime's): blocks from it are not usable in
+ * other contexts. */
+enum { CUH_CTX_ERROR = -1, CUH_CTX_NONE = 0, CUH_CTX_PRIMARY = 1, CUH_CTX_OTHER = 2 };
+int cuh_cuda_current_context(int *device);
+/* The ordinal of a CUdevice handle, or -1. */
+int cuh_cuda_device_ordinal(int cudev);
+/* 1 when the program has loaded libcuda.so.1 (cuheap loads nothing). */
+int cuh_cuda_driver_loaded(void);
+
 #endif /* CUH_DEVICE_H */

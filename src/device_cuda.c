@@ -14,6 +14,8 @@
 #include "device.h"
 
 #include <dlfcn.h>
+#include <limits.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -75,12 +77,18 @@ _Static_assert(sizeof(void *) == sizeof(cuh_dlsym_fn), "function pointers differ
 
 static struct {
     pthread_once_t once;
+    pthread_once_t lib_once;      /* dlopen only (pass-through needs no cuInit) */
+    pthread_once_t dlsym_once;    /* glibc's dlsym found */
     int ready;                    /* 1: loaded, every symbol found, cuInit done */
     char error[384];              /* why not, when ready is 0 */
     void *lib;                    /* dlopen handle of libcuda.so.1 */
     cuh_dlsym_fn real_dlsym;      /* see cuda_sym() */
     int device_count;
     CUdevice devices[CUH_CUDA_MAX_DEVICES];   /* CUdevice of each ordinal */
+    /* Each device's primary context once known (cuh_cuda_current_context). */
+    CUcontext _Atomic primary[CUH_CUDA_MAX_DEVICES];
+    pthread_mutex_t primary_lock;
+    void *runtime_lib;            /* a loaded libcudart found by name, if needed */
 
     CUresult (*cuInit)(unsigned int flags);
     CUresult (*cuGetErrorName)(CUresult error, const char **str);
@@ -89,6 +97,7 @@ static struct {
     CUresult (*cuDeviceGet)(CUdevice *device, int ordinal);
     CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *ctx, CUdevice device);
     CUresult (*cuDevicePrimaryCtxRelease_v2)(CUdevice device);
+    CUresult (*cuDevicePrimaryCtxGetState)(CUdevice device, unsigned int *flags, int *active);
     CUresult (*cuCtxGetCurrent)(CUcontext *ctx);
     CUresult (*cuCtxGetDevice)(CUdevice *device);
     CUresult (*cuCtxPushCurrent_v2)(CUcontext ctx);
@@ -115,7 +124,7 @@ static struct {
                          unsigned long long flags);
     CUresult (*cuMemUnmap)(CUdeviceptr ptr, size_t size);
     CUresult (*cuMemSetAccess)(CUdeviceptr ptr, size_t size, const cuh_CUmemAccessDesc *desc, size_t count);
-} g_cu = { .once = PTHREAD_ONCE_INIT };
+} g_cu = { .once = PTHREAD_ONCE_INIT, .lib_once = PTHREAD_ONCE_INIT, .dlsym_once = PTHREAD_ONCE_INIT, .primary_lock = PTHREAD_MUTEX_INITIALIZER };
 
 /* Our own copy of dlsym. A later feature of cuheap defines a `dlsym` of its
  * own to intercept programs (under LD_PRELOAD); a plain call to dlsym from
@@ -123,9 +132,16 @@ static struct {
  * real one is fetched once, by version, with dlvsym(RTLD_NEXT, "dlsym", ...):
  * RTLD_NEXT skips this object (and anything preloaded before it), and the
  * version names glibc's definition (GLIBC_2.34 where dlsym moved into libc,
- * the older GLIBC_2.2.5 on x86-64 and GLIBC_2.17 on aarch64 otherwise). Only
- * when none of these is found - an unusual libc - is the plain dlsym used.
+ * the older GLIBC_2.2.5 on x86-64 and GLIBC_2.17 on aarch64 otherwise). When
+ * none of these is found - an unusual libc - nothing is found: the plain
+ * dlsym may be cuheap's own (hook_driver.c), which calls back here.
  * Every driver symbol is looked up through cuda_sym() and nowhere else. */
+static void *cuda_no_dlsym(void *handle, const char *name)
+{
+    (void)handle, (void)name;
+    return NULL;
+}
+
 static cuh_dlsym_fn cuda_find_real_dlsym(void)
 {
     static const char *const versions[] = { "GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17" };
@@ -137,7 +153,7 @@ static cuh_dlsym_fn cuda_find_real_dlsym(void)
             return fn;
         }
     }
-    return dlsym;
+    return cuda_no_dlsym;
 }
 
 static void *cuda_sym(const char *name)
@@ -196,14 +212,26 @@ static void cuda_format_error(char *buf, size_t len, CUresult r, const char *wha
     va_end(ap);
 }
 
+/* Opens libcuda.so.1 and finds glibc's dlsym; nothing else (the hooks' pass-
+ * through needs the driver's functions but must not initialize it). */
+static void cuda_find_dlsym(void)
+{
+    g_cu.real_dlsym = cuda_find_real_dlsym();
+}
+
+static void cuda_open_lib(void)
+{
+    pthread_once(&g_cu.dlsym_once, cuda_find_dlsym);
+    dlerror();
+    g_cu.lib = dlopen(CUH_CUDA_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+}
+
 static void cuda_load(void)
 {
     const char *missing = NULL;
     CUresult r;
 
-    g_cu.real_dlsym = cuda_find_real_dlsym();
-    dlerror();
-    g_cu.lib = dlopen(CUH_CUDA_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+    pthread_once(&g_cu.lib_once, cuda_open_lib);
     if (g_cu.lib == NULL) {
         const char *why = dlerror();
         snprintf(g_cu.error, sizeof g_cu.error,
@@ -230,6 +258,7 @@ static void cuda_load(void)
     CU_RESOLVE(cuDeviceGet);
     CU_RESOLVE(cuDevicePrimaryCtxRetain);
     CU_RESOLVE(cuDevicePrimaryCtxRelease_v2);
+    CU_RESOLVE(cuDevicePrimaryCtxGetState);
     CU_RESOLVE(cuCtxGetCurrent);
     CU_RESOLVE(cuCtxGetDevice);
     CU_RESOLVE(cuCtxPushCurrent_v2);
@@ -751,6 +780,16 @@ cuh_device_t *cuh_cuda_open(int ordinal, char *errbuf, size_t errlen)
         free(d);
         return NULL;
     }
+    pthread_mutex_lock(&g_cu.primary_lock);
+    if (g_cu.primary[ordinal] == NULL) {
+        /* Kept for cuh_cuda_current_context; the retain above is released
+         * when the device is destroyed, this one never (a primary context's
+         * handle stays the same for the life of the process). */
+        CUcontext again = NULL;
+        if (g_cu.cuDevicePrimaryCtxRetain(&again, d->cudev) == CUDA_SUCCESS)
+            g_cu.primary[ordinal] = again;
+    }
+    pthread_mutex_unlock(&g_cu.primary_lock);
     d->base.ops = &cuda_ops;
     d->base.kind = "cuda";
     d->base.ordinal = ordinal;
@@ -789,4 +828,132 @@ int cuh_cuda_current_device(char *errbuf, size_t errlen)
                  "the current context's device (CUdevice %d) is none of the %d devices "
                  "cuDeviceGet reported", cudev, g_cu.device_count);
     return -1;
+}
+
+/* ---- the real entry points behind the hooks ------------------------------ */
+
+void *cuh_cuda_real_dlsym(void *handle, const char *name)
+{
+    /* Every dlsym of the process comes here under LD_PRELOAD: the driver is
+     * not loaded for it. */
+    pthread_once(&g_cu.dlsym_once, cuda_find_dlsym);
+    return g_cu.real_dlsym(handle, name);
+}
+
+void *cuh_cuda_driver_function(const char *name)
+{
+    pthread_once(&g_cu.lib_once, cuda_open_lib);
+    return g_cu.lib ? g_cu.real_dlsym(g_cu.lib, name) : NULL;
+}
+
+/* dl_iterate_phdr callback: the path of the first loaded libcudart. */
+static int cuda_find_runtime(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    const char *name = info->dlpi_name;
+    const char *base = name ? strrchr(name, '/') : NULL;
+    base = base ? base + 1 : name;
+    if (base && strncmp(base, "libcudart.so", 12) == 0) {
+        snprintf(data, PATH_MAX, "%s", name);
+        return 1;
+    }
+    return 0;
+}
+
+void *cuh_cuda_runtime_function(const char *name)
+{
+    pthread_once(&g_cu.lib_once, cuda_open_lib);
+    /* The next definition after libcuheap in the global scope: the runtime
+     * the program loaded, when it is there (PyTorch loads it globally). */
+    void *fn = g_cu.real_dlsym(RTLD_NEXT, name);
+    if (fn)
+        return fn;
+    /* A runtime loaded with RTLD_LOCAL is outside the global scope: find it
+     * among the loaded objects by name. */
+    void *lib = __atomic_load_n(&g_cu.runtime_lib, __ATOMIC_ACQUIRE);
+    if (!lib) {
+        char path[PATH_MAX] = "";
+        if (!dl_iterate_phdr(cuda_find_runtime, path) || !path[0])
+            return NULL;
+        lib = dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
+        if (!lib)
+            return NULL;
+        void *expected = NULL;
+        if (!__atomic_compare_exchange_n(&g_cu.runtime_lib, &expected, lib, 0, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_ACQUIRE)) {
+            dlclose(lib);
+            lib = expected;
+        }
+    }
+    return g_cu.real_dlsym(lib, name);
+}
+
+int cuh_cuda_current_context(int *device)
+{
+    char err[400];
+    CUcontext ctx = NULL;
+    *device = -1;
+    /* A program that has not loaded the driver has no context, and cuheap
+     * must not be the one to load it or call cuInit for it. */
+    if (!cuh_cuda_driver_loaded())
+        return CUH_CTX_NONE;
+    pthread_once(&g_cu.lib_once, cuda_open_lib);
+    if (!g_cu.lib)
+        return CUH_CTX_ERROR;
+    void *get_current = g_cu.real_dlsym(g_cu.lib, "cuCtxGetCurrent");
+    CUresult (*ctx_get_current)(CUcontext *);
+    memcpy(&ctx_get_current, &get_current, sizeof ctx_get_current);
+    if (!ctx_get_current || ctx_get_current(&ctx) != CUDA_SUCCESS)
+        return CUH_CTX_ERROR;
+    if (ctx == NULL)
+        return CUH_CTX_NONE;
+    if (cuda_ready(err, sizeof err) != 0)
+        return CUH_CTX_ERROR;
+    CUdevice cudev;
+    if (g_cu.cuCtxGetDevice(&cudev) != CUDA_SUCCESS)
+        return CUH_CTX_ERROR;
+    int d = -1;
+    for (int i = 0; i < g_cu.device_count && i < CUH_CUDA_MAX_DEVICES; i++)
+        if (g_cu.devices[i] == cudev)
+            d = i;
+    if (d < 0)
+        return CUH_CTX_ERROR;
+    *device = d;
+    CUcontext primary = g_cu.primary[d];
+    if (primary == NULL) {
+        /* Unknown yet. An inactive primary context cannot be the current
+         * one; an active one is retained (never created) to learn it. */
+        unsigned int flags = 0;
+        int active = 0;
+        if (g_cu.cuDevicePrimaryCtxGetState(cudev, &flags, &active) != CUDA_SUCCESS || !active)
+            return CUH_CTX_OTHER;
+        pthread_mutex_lock(&g_cu.primary_lock);
+        if (g_cu.primary[d] == NULL && g_cu.cuDevicePrimaryCtxRetain(&primary, cudev) == CUDA_SUCCESS)
+            g_cu.primary[d] = primary;
+        primary = g_cu.primary[d];
+        pthread_mutex_unlock(&g_cu.primary_lock);
+    }
+    return ctx == primary ? CUH_CTX_PRIMARY : CUH_CTX_OTHER;
+}
+
+int cuh_cuda_device_ordinal(int cudev)
+{
+    char err[400];
+    if (cuda_ready(err, sizeof err) != 0)
+        return -1;
+    for (int i = 0; i < g_cu.device_count && i < CUH_CUDA_MAX_DEVICES; i++)
+        if (g_cu.devices[i] == cudev)
+            return i;
+    return -1;
+}
+
+int cuh_cuda_driver_loaded(void)
+{
+    if (g_cu.lib)
+        return 1;
+    void *lib = dlopen(CUH_CUDA_LIBRARY, RTLD_LAZY | RTLD_NOLOAD);
+    if (!lib)
+        return 0;
+    dlclose(lib);
+    return 1;
 }

@@ -11,6 +11,8 @@
 #include "heap.h"
 
 #define CUH_MAX_DEVICES 64
+/* Internal device argument: whichever heap owns the pointer. */
+#define CUH_ANY_DEVICE (-2)
 
 /* Serve every device from a simulated one of `capacity` bytes (tests). Only
  * before the first heap exists; returns -1 afterwards. */
@@ -25,5 +27,24 @@ cuheap_status_t cuh_runtime_heap(int device, cuh_heap_t **heap);
 cuh_heap_t *cuh_runtime_existing_heap(int device);
 /* The device objects behind heaps (for tests of the simulated devices). */
 cuh_device_t *cuh_runtime_device(int device);
+
+/* ---- for the CUDA hooks (hook_*.c) ---------------------------------- */
+
+/* Allocates on `device` (CUHEAP_CURRENT_DEVICE: the thread's) for `stream`,
+ * or device-wide; as cuheap_malloc, with `fn` naming the caller. */
+cuheap_status_t cuh_runtime_malloc(const char *fn, void **ptr, size_t size, int device, int device_wide,
+                                   cuh_stream_t stream);
+/* Frees `ptr` in whichever heap owns it. CUHEAP_ERR_NOT_OWNED when none
+ * does (the hooks pass such pointers to CUDA); a double free or a pointer
+ * inside a block is an error with its message set. */
+cuheap_status_t cuh_runtime_free_owned(const char *fn, void *ptr, int device_wide, cuh_stream_t stream);
+/* The device whose heap holds `addr` in a segment, or -1. */
+int cuh_runtime_owner(uintptr_t addr);
+/* A stream is about to be destroyed: every heap records its last event. */
+void cuh_runtime_retire_stream(cuh_stream_t stream);
+/* The device was reset: its heap and every block in it are gone. */
+void cuh_runtime_drop_heap(int device);
+/* The settings (CUHEAP_CONF read if not yet). */
+const cuh_config_t *cuh_runtime_config(void);
 
 #endif /* CUH_RUNTIME_H */

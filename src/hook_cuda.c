@@ -1,0 +1,165 @@
+/* hook_cuda.c - the decisions the CUDA hooks share (see hook_cuda.h).
+ *
+ * Each entry point in hook_runtime.c and hook_driver.c reads its arguments,
+ * asks one of these functions what to do, and either returns CUDA's code for
+ * cuheap's answer or calls the real function. Everything here goes through
+ * the runtime's heap functions (runtime.h); the only CUDA it touches is the
+ * current context, through the device interface.
+ */
+#include "hook_cuda.h"
+
+#include "common.h"
+#include "runtime.h"
+
+#include <stdatomic.h>
+
+/* The stream handles CUDA reserves (cudaStreamLegacy, cudaStreamPerThread;
+ * CU_STREAM_LEGACY, CU_STREAM_PER_THREAD). */
+#define STREAM_LEGACY ((uintptr_t)0x1)
+#define STREAM_PER_THREAD ((uintptr_t)0x2)
+
+/* Program errors (double frees ...) are printed, the first this many. */
+#define MAX_PRINTED_ERRORS 64
+
+void *cuh_hook_real(void *(*lookup)(const char *), const char *name, void *_Atomic *cache)
+{
+    void *fn = atomic_load_explicit(cache, memory_order_acquire);
+    if (!fn) {
+        fn = lookup(name);
+        atomic_store_explicit(cache, fn, memory_order_release);
+    }
+    return fn;
+}
+
+cuh_hook_stream_t cuh_hook_stream(const void *stream, int per_thread_default)
+{
+    uintptr_t s = (uintptr_t)stream;
+    if ((s == 0 && per_thread_default) || s == STREAM_PER_THREAD)
+        return CUH_HOOK_ANY_STREAM;
+    if (s == STREAM_LEGACY)
+        s = 0;
+    return (cuh_hook_stream_t){.device_wide = 0, .stream = (cuh_stream_t)s};
+}
+
+int cuh_hook_device(int runtime_api)
+{
+    int device;
+    switch (cuh_cuda_current_context(&device)) {
+    case CUH_CTX_PRIMARY:
+        return device;
+    case CUH_CTX_NONE:
+        /* The runtime would make device 0's primary context current; the
+         * driver API answers CUDA_ERROR_INVALID_CONTEXT. */
+        return runtime_api ? 0 : -1;
+    default:
+        return -1;
+    }
+}
+
+static void print_program_error(const char *fn, const void *ptr)
+{
+    static atomic_int printed;
+    int n = atomic_fetch_add(&printed, 1);
+    if (n < MAX_PRINTED_ERRORS)
+        cuh_log("%s(%p) refused: %s%s", fn, ptr, cuh_get_error(),
+                n == MAX_PRINTED_ERRORS - 1 ? " (further such errors are not printed)" : "");
+}
+
+static int cuda_code(cuheap_status_t status)
+{
+    switch (status) {
+    case CUHEAP_OK:
+        return CUH_CUDA_SUCCESS;
+    case CUHEAP_ERR_OUT_OF_MEMORY:
+        return CUH_CUDA_OUT_OF_MEMORY;
+    case CUHEAP_ERR_INVALID_ARGUMENT:
+    case CUHEAP_ERR_DOUBLE_FREE:
+        return CUH_CUDA_INVALID_VALUE;
+    default:
+        return CUH_CUDA_UNKNOWN;
+    }
+}
+
+int cuh_hook_malloc(const char *fn, void **ptr, size_t size, int device, cuh_hook_stream_t stream)
+{
+    cuheap_status_t status = cuh_runtime_malloc(fn, ptr, size, device, stream.device_wide, stream.stream);
+    /* Out of memory was explained already; anything else is unexpected. */
+    if (status != CUHEAP_OK && status != CUHEAP_ERR_OUT_OF_MEMORY)
+        cuh_log("%s(%zu bytes) on device %d failed: %s", fn, size, device, cuh_get_error());
+    return cuda_code(status);
+}
+
+int cuh_hook_free(const char *fn, void *ptr, cuh_hook_stream_t stream, int *code)
+{
+    cuheap_status_t status = cuh_runtime_free_owned(fn, ptr, stream.device_wide, stream.stream);
+    if (status == CUHEAP_ERR_NOT_OWNED)
+        return 0;
+    if (status != CUHEAP_OK)
+        print_program_error(fn, ptr);
+    *code = cuda_code(status);
+    return 1;
+}
+
+void cuh_hook_meminfo(size_t *free_bytes, size_t *total_bytes)
+{
+    if (!free_bytes || !total_bytes || !cuh_runtime_config()->meminfo_cached)
+        return;
+    int device = cuh_hook_device(1);
+    cuh_heap_t *h = device >= 0 ? cuh_runtime_existing_heap(device) : NULL;
+    if (!h)
+        return;
+    cuheap_stats_t st;
+    cuh_heap_poll(h);   /* frees whose GPU work has finished count as ready */
+    cuh_heap_stats(h, &st);
+    uint64_t ready = st.cached.current > st.pending.current ? st.cached.current - st.pending.current : 0;
+    if (ready > *total_bytes - *free_bytes)   /* never more free than total */
+        ready = *total_bytes - *free_bytes;
+    *free_bytes += ready;
+}
+
+int cuh_hook_ipc_check(const char *fn, const void *ptr)
+{
+    int device = cuh_runtime_owner((uintptr_t)ptr);
+    cuh_heap_t *h = device >= 0 ? cuh_runtime_existing_heap(device) : NULL;
+    if (!h)
+        return 0;
+    if (cuh_runtime_config()->vmm) {
+        cuh_log("%s(%p) refused: the block lives in CUDA virtual memory (CUHEAP_CONF vmm:1), which "
+                "legacy IPC handles cannot share; run without vmm:1 to share it",
+                fn, ptr);
+        return CUH_CUDA_NOT_SUPPORTED;
+    }
+    uintptr_t base = 0;
+    size_t size = 0;
+    if (cuh_heap_segment_of(h, (uintptr_t)ptr, &base, &size) && base == (uintptr_t)ptr)
+        return 0;   /* the handle names the segment, which starts at the block */
+    cuh_log("%s(%p) refused: the block starts %llu bytes into a cuheap segment, so a handle would name "
+            "other memory; set CUHEAP_CONF=ipc_safe:1 to give every block a segment of its own",
+            fn, ptr, (unsigned long long)((uintptr_t)ptr - base));
+    return CUH_CUDA_INVALID_VALUE;
+}
+
+void cuh_hook_stream_created(const void *stream, unsigned int flags)
+{
+    /* A blocking stream waits for the legacy default stream and is waited
+     * for by it, so the legacy stream's events already cover it. */
+    if (!stream || !(flags & 0x1u /* cudaStreamNonBlocking, CU_STREAM_NON_BLOCKING */))
+        return;
+    int device = cuh_hook_device(1);
+    if (device < 0)
+        return;
+    if (cuheap_stream_register(device, (cuheap_stream_t)stream) != CUHEAP_OK)
+        cuh_log("stream %p on device %d is not covered by cudaFree's ordering: %s", stream, device,
+                cuh_get_error());
+}
+
+void cuh_hook_stream_destroying(const void *stream)
+{
+    if (stream)
+        cuh_runtime_retire_stream((cuh_stream_t)stream);
+}
+
+void cuh_hook_device_reset(int device)
+{
+    cuh_runtime_drop_heap(device);
+}
