@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# test_library.sh BUILD_DIR - libcuheap.so is self-contained: it exports only
-# the cuheap_* entry points, needs no CUDA library, zlib or cmocka at link
-# time, and loads into a process that has no GPU (the driver is dlopen'ed only
-# when a device is first used, and its absence is a clear error).
+# test_library.sh BUILD_DIR - libcuheap.so is self-contained: it exports the
+# cuheap_* entry points and exactly the CUDA entry points and dlsym that
+# src/exports.map names for LD_PRELOAD (nothing else), needs no CUDA library,
+# zlib or cmocka at link time, and loads into a process that has no GPU (the
+# driver is dlopen'ed only when a device is first used, and its absence is a
+# clear error).
 set -uo pipefail
 build=${1:-build}
 lib=$build/libcuheap.so
@@ -11,7 +13,15 @@ lib=$build/libcuheap.so
 # Sanitized builds have no shared library; the plain build's is checked.
 [ -e "$lib" ] || lib=build/libcuheap.so
 exports=$(nm -D --defined-only "$lib" | awk '$2 ~ /^[TDBR]$/ {print $3}')
-check "exports only cuheap_* (got: $(echo $exports | tr '\n' ' '))" '! echo "$exports" | grep -v "^cuheap_" | grep -q .'
+# The names listed in exports.map's global section, wildcards (cuheap_*) aside.
+hooks=$(sed -n '/global:/,/local:/p' src/exports.map | sed 's#/\*.*\*/##' | tr ';' '\n' |
+        sed 's/^[[:space:]]*//; s/[[:space:]]*$//' | grep -E '^[A-Za-z_][A-Za-z0-9_]*$' | grep -v '^global$' | sort -u)
+extra=$(echo "$exports" | grep -v "^cuheap_" | sort -u | comm -23 - <(echo "$hooks"))
+missing=$(comm -13 <(echo "$exports" | sort -u) <(echo "$hooks"))
+check "exports.map names the CUDA entry points and dlsym (got: $(echo $hooks | wc -w) names)" \
+    'echo "$hooks" | grep -qx cudaMalloc && echo "$hooks" | grep -qx cuMemAlloc_v2 && echo "$hooks" | grep -qx dlsym'
+check "exports nothing but cuheap_* and exports.map's names (extra: $(echo $extra))" '[ -z "$extra" ]'
+check "exports every name exports.map lists (missing: $(echo $missing))" '[ -z "$missing" ]'
 check "exports cuheap_malloc and cuheap_free" 'echo "$exports" | grep -qx cuheap_malloc && echo "$exports" | grep -qx cuheap_free'
 needed=$(readelf -d "$lib" | awk '/NEEDED/ {print $5}')
 check "links no CUDA, zlib or cmocka (needs: $(echo $needed))" '! echo "$needed" | grep -Eq "cuda|cudart|libz|cmocka"'

@@ -1,10 +1,39 @@
 /* fake_cuda.c - a stand-in libcuda.so.1 for tests on machines without a GPU.
  *
- * It implements the driver functions cuheap's device_cuda.c loads, with host
- * memory standing in for device memory, so the real driver path runs in CI:
+ * It implements the driver functions cuheap's device_cuda.c loads and those a
+ * CUDA runtime (fake_cudart.c) uses, with host memory standing in for device
+ * memory, so the real driver path and the LD_PRELOAD hooks run in CI:
+ *   contexts        one device, one primary context (its handle is the
+ *                   address of a static byte); a per-thread stack of current
+ *                   contexts that is empty (cuCtxGetCurrent gives NULL) until
+ *                   cuCtxSetCurrent or cuCtxPushCurrent_v2 puts one there;
+ *                   the primary context is active while retained;
  *   cuMemAlloc      aligned host memory, counted against FAKE_CUDA_CAPACITY
- *                   (bytes, default 256 MiB);
- *   events          complete at once;
+ *                   (bytes, default 256 MiB), remembered in a table so that
+ *                   freeing an address that starts no allocation is refused
+ *                   (CUDA_ERROR_INVALID_VALUE); allocating or freeing needs a
+ *                   current context (else CUDA_ERROR_INVALID_CONTEXT). Frees
+ *                   wait for all queued work first, as the driver's do;
+ *   streams         handles are pointers to stream records, kept for the
+ *                   life of the process so that an event recorded on a
+ *                   destroyed stream stays valid. 0 and 0x1 name the legacy
+ *                   default stream; 0x2, the per-thread default stream, is
+ *                   treated as the legacy stream too (one blocking stream);
+ *   GPU work        pretend kernels (fake_cuda_enqueue_check, see
+ *                   fake_cuda.h) run when enqueued, or, while the test holds
+ *                   work (fake_cuda_hold), when it completes their stream;
+ *   events          an event remembers how much work was queued on its
+ *                   stream when recorded, and is complete once that work ran
+ *                   (cuEventSynchronize runs it). An event on the legacy
+ *                   stream also waits for the work queued before it on every
+ *                   blocking stream; non-blocking streams are independent.
+ *                   Work a blocking stream would wait for on the legacy stream
+ *                   is not modelled;
+ *   cuGetProcAddress  answers from a static table (never dlsym, which a
+ *                   preloaded library may intercept): versioned names map to
+ *                   their _v2 functions, the per-thread flag maps the
+ *                   stream-ordered allocator to its _ptsz forms, every other
+ *                   exported name to itself;
  *   virtual memory  an address reservation is an inaccessible mapping; a
  *                   physical allocation is a memfd; cuMemMap maps the memfd
  *                   there with no access, and cuMemSetAccess makes it
@@ -12,9 +41,15 @@
  *                   cuMemUnmap puts the inaccessible mapping back. Data
  *                   written through one mapping of a page is read back
  *                   through any other.
- * Counters for tests: fake_cuda_counters().
+ * It is linked with -Bsymbolic: its own references (the cuGetProcAddress
+ * table, calls between its functions) name its own definitions, as in the
+ * real driver, never those of a preloaded library. Everything is thread-safe.
+ * Counters for tests: fake_cuda_counters() (virtual memory) and
+ * fake_cuda_calls() (fake_cuda.h).
  */
 #define _GNU_SOURCE
+#include "fake_cuda.h"
+
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -24,17 +59,51 @@
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
-enum { OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, NOT_INITIALIZED = 3, INVALID_DEVICE = 101 };
+typedef int CUdevice;
+typedef void *CUcontext;
+typedef void *CUstream;
+typedef void *CUevent;
+enum {
+    OK = 0,
+    INVALID_VALUE = 1,
+    OUT_OF_MEMORY = 2,
+    NOT_INITIALIZED = 3,
+    INVALID_DEVICE = 101,
+    INVALID_CONTEXT = 201,
+    INVALID_HANDLE = 400,
+    NOT_FOUND = 500,
+    NOT_READY = 600
+};
 
 #define API __attribute__((visibility("default")))
 #define PAGE ((size_t)2 << 20)
+#define ALLOCATION_ALIGNMENT ((size_t)4096)
+#define PITCH_ALIGNMENT ((size_t)512)
+#define IPC_HANDLE_BYTES 64
+#define STREAM_NON_BLOCKING 0x1u
+#define GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 0x2ull
+#define SYMBOL_FOUND 0
+#define SYMBOL_NOT_FOUND 1
+#define MAX_CONTEXT_DEPTH 32
 
+/* One lock guards every table below (allocations, streams, events, work). */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static size_t capacity, used;
 static int initialized;
 static char primary_context;   /* its address is the context handle */
-static _Thread_local void *current;
+static int primary_retains;
 static unsigned long maps, unmaps, creates, releases, set_access;
+static fake_cuda_calls_t calls;
+
+/* ---- current contexts, per thread ------------------------------------------- */
+
+static _Thread_local CUcontext context_stack[MAX_CONTEXT_DEPTH];
+static _Thread_local int context_depth;
+
+static CUcontext current_context(void)
+{
+    return context_depth ? context_stack[context_depth - 1] : NULL;
+}
 
 API void fake_cuda_counters(unsigned long out[5]);
 API void fake_cuda_counters(unsigned long out[5])
@@ -55,9 +124,13 @@ API CUresult cuGetErrorString(CUresult e, const char **s)
 API CUresult cuInit(unsigned flags)
 {
     (void)flags;
-    const char *c = getenv("FAKE_CUDA_CAPACITY");
-    capacity = c ? strtoull(c, NULL, 0) : (size_t)256 << 20;
-    initialized = 1;
+    pthread_mutex_lock(&lock);
+    if (!initialized) {
+        const char *c = getenv("FAKE_CUDA_CAPACITY");
+        capacity = c ? strtoull(c, NULL, 0) : (size_t)256 << 20;
+        initialized = 1;
+    }
+    pthread_mutex_unlock(&lock);
     return OK;
 }
 API CUresult cuDeviceGetCount(int *n)
@@ -65,57 +138,344 @@ API CUresult cuDeviceGetCount(int *n)
     *n = 1;
     return initialized ? OK : NOT_INITIALIZED;
 }
-API CUresult cuDeviceGet(int *dev, int ordinal)
+API CUresult cuDeviceGet(CUdevice *dev, int ordinal)
 {
     if (ordinal != 0)
         return INVALID_DEVICE;
     *dev = 0;
     return OK;
 }
-API CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev)
+API CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 {
-    (void)dev;
+    if (dev != 0)
+        return INVALID_DEVICE;
+    pthread_mutex_lock(&lock);
+    primary_retains++;
+    pthread_mutex_unlock(&lock);
     *ctx = &primary_context;
     return OK;
 }
-API CUresult cuDevicePrimaryCtxRelease_v2(int dev)
+API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
-    (void)dev;
+    if (dev != 0)
+        return INVALID_DEVICE;
+    pthread_mutex_lock(&lock);
+    if (primary_retains > 0)
+        primary_retains--;
+    pthread_mutex_unlock(&lock);
     return OK;
 }
-API CUresult cuCtxGetCurrent(void **ctx)
+API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned *flags, int *active)
 {
-    *ctx = current;
+    if (dev != 0)
+        return INVALID_DEVICE;
+    pthread_mutex_lock(&lock);
+    *flags = 0;
+    *active = primary_retains > 0;
+    pthread_mutex_unlock(&lock);
     return OK;
 }
-API CUresult cuCtxGetDevice(int *dev)
+API CUresult cuCtxGetCurrent(CUcontext *ctx)
+{
+    *ctx = current_context();
+    return OK;
+}
+API CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    if (context_depth == 0) {
+        if (ctx)
+            context_stack[context_depth++] = ctx;
+    } else {
+        context_stack[context_depth - 1] = ctx;
+        if (!ctx)
+            context_depth--;
+    }
+    return OK;
+}
+API CUresult cuCtxGetDevice(CUdevice *dev)
 {
     *dev = 0;
-    return current ? OK : INVALID_VALUE;
+    return current_context() ? OK : INVALID_CONTEXT;
 }
-API CUresult cuCtxPushCurrent_v2(void *ctx)
+API CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
-    current = ctx;
+    if (!ctx || context_depth == MAX_CONTEXT_DEPTH)
+        return INVALID_VALUE;
+    context_stack[context_depth++] = ctx;
     return OK;
 }
-API CUresult cuCtxPopCurrent_v2(void **ctx)
+API CUresult cuCtxPopCurrent_v2(CUcontext *ctx)
 {
+    if (context_depth == 0)
+        return INVALID_CONTEXT;
+    CUcontext popped = context_stack[--context_depth];
     if (ctx)
-        *ctx = current;
-    current = NULL;
+        *ctx = popped;
     return OK;
 }
-API CUresult cuCtxSynchronize(void) { return OK; }
 API CUresult cuThreadExchangeStreamCaptureMode(int *mode)
 {
     (void)mode;
     return OK;
 }
 
+/* ---- streams and pretend GPU work ------------------------------------------- */
+
+typedef struct work_s {
+    const unsigned char *ptr;
+    size_t n;
+    unsigned char expected;
+} work_t;
+
+/* Work item i of a stream is queue[i]; items [completed, enqueued) wait. */
+typedef struct fake_stream_s {
+    unsigned flags;
+    int destroyed;
+    work_t *queue;
+    unsigned long enqueued, completed, queue_cap;
+    struct fake_stream_s *next;
+} fake_stream_t;
+
+/* What an event waits for: this much work done on each of these streams. */
+typedef struct fake_event_s {
+    struct {
+        fake_stream_t *stream;
+        unsigned long target;
+    } *waits;
+    size_t num_waits, cap_waits;
+} fake_event_t;
+
+static fake_stream_t legacy_stream;
+static fake_stream_t *streams;   /* created ones, newest first */
+static int holding;
+static unsigned long corrupt_bytes;
+
+/* The record `handle` names, or NULL (counted) for one that does not exist. */
+static fake_stream_t *stream_locked(CUstream handle)
+{
+    uintptr_t h = (uintptr_t)handle;
+    if (h == 0 || h == 0x1 || h == 0x2)
+        return &legacy_stream;
+    for (fake_stream_t *s = streams; s; s = s->next)
+        if (s == handle && !s->destroyed)
+            return s;
+    calls.unknown_streams++;
+    return NULL;
+}
+
+static void run_until_locked(fake_stream_t *s, unsigned long target)
+{
+    while (s->completed < target) {
+        const work_t *w = &s->queue[s->completed++];
+        for (size_t i = 0; i < w->n; i++)
+            corrupt_bytes += w->ptr[i] != w->expected;
+        calls.kernels_run++;
+    }
+}
+
+static void run_all_locked(void)
+{
+    run_until_locked(&legacy_stream, legacy_stream.enqueued);
+    for (fake_stream_t *s = streams; s; s = s->next)
+        run_until_locked(s, s->enqueued);
+}
+
+static CUresult stream_create(CUstream *stream, unsigned flags)
+{
+    if (!stream)
+        return INVALID_VALUE;
+    fake_stream_t *s = calloc(1, sizeof *s);
+    if (!s)
+        return OUT_OF_MEMORY;
+    s->flags = flags;
+    pthread_mutex_lock(&lock);
+    s->next = streams;
+    streams = s;
+    pthread_mutex_unlock(&lock);
+    *stream = s;
+    return OK;
+}
+
+API CUresult cuStreamCreate(CUstream *stream, unsigned flags)
+{
+    return stream_create(stream, flags);
+}
+API CUresult cuStreamCreateWithPriority(CUstream *stream, unsigned flags, int priority)
+{
+    (void)priority;
+    return stream_create(stream, flags);
+}
+API int fake_cuda_stream_create_unseen(void **stream, unsigned int flags)
+{
+    return stream_create(stream, flags);
+}
+/* As CUDA: returns at once; work already queued still runs. */
+API CUresult cuStreamDestroy_v2(CUstream stream)
+{
+    pthread_mutex_lock(&lock);
+    fake_stream_t *s = stream_locked(stream);
+    CUresult r = !s || s == &legacy_stream ? INVALID_HANDLE : OK;
+    if (r == OK)
+        s->destroyed = 1;
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+API CUresult cuStreamSynchronize(CUstream stream)
+{
+    pthread_mutex_lock(&lock);
+    fake_stream_t *s = stream_locked(stream);
+    if (s)
+        run_until_locked(s, s->enqueued);
+    pthread_mutex_unlock(&lock);
+    return s ? OK : INVALID_HANDLE;
+}
+API CUresult cuCtxSynchronize(void)
+{
+    pthread_mutex_lock(&lock);
+    run_all_locked();
+    pthread_mutex_unlock(&lock);
+    return OK;
+}
+
+API void fake_cuda_hold(int on)
+{
+    pthread_mutex_lock(&lock);
+    holding = on;
+    pthread_mutex_unlock(&lock);
+}
+API int fake_cuda_enqueue_check(void *stream, const void *ptr, size_t n, unsigned char expected)
+{
+    pthread_mutex_lock(&lock);
+    fake_stream_t *s = stream_locked(stream);
+    CUresult r = s ? OK : INVALID_HANDLE;
+    if (s && s->enqueued == s->queue_cap) {
+        unsigned long cap = s->queue_cap ? 2 * s->queue_cap : 16;
+        work_t *grown = realloc(s->queue, cap * sizeof *grown);
+        if (grown) {
+            s->queue = grown;
+            s->queue_cap = cap;
+        } else {
+            r = OUT_OF_MEMORY;
+        }
+    }
+    if (r == OK) {
+        s->queue[s->enqueued++] = (work_t){ptr, n, expected};
+        if (!holding)
+            run_until_locked(s, s->enqueued);
+    }
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+API void fake_cuda_complete(void *stream)
+{
+    pthread_mutex_lock(&lock);
+    fake_stream_t *s = (uintptr_t)stream <= 0x2 ? &legacy_stream : NULL;
+    for (fake_stream_t *t = streams; t && !s; t = t->next)
+        if (t == stream)   /* destroyed ones too: their work still runs */
+            s = t;
+    if (s)
+        run_until_locked(s, s->enqueued);
+    pthread_mutex_unlock(&lock);
+}
+API void fake_cuda_complete_all(void)
+{
+    pthread_mutex_lock(&lock);
+    run_all_locked();
+    pthread_mutex_unlock(&lock);
+}
+API unsigned long fake_cuda_corrupt_bytes(void)
+{
+    pthread_mutex_lock(&lock);
+    unsigned long n = corrupt_bytes;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+/* ---- events ------------------------------------------------------------------ */
+
+static int event_wait_add(fake_event_t *e, fake_stream_t *s)
+{
+    if (e->num_waits == e->cap_waits) {
+        size_t cap = e->cap_waits ? 2 * e->cap_waits : 4;
+        void *grown = realloc(e->waits, cap * sizeof *e->waits);
+        if (!grown)
+            return -1;
+        e->waits = grown;
+        e->cap_waits = cap;
+    }
+    e->waits[e->num_waits].stream = s;
+    e->waits[e->num_waits].target = s->enqueued;
+    e->num_waits++;
+    return 0;
+}
+
+API CUresult cuEventCreate(CUevent *e, unsigned flags)
+{
+    (void)flags;
+    *e = calloc(1, sizeof(fake_event_t));
+    return *e ? OK : OUT_OF_MEMORY;
+}
+API CUresult cuEventDestroy_v2(CUevent event)
+{
+    fake_event_t *e = event;
+    if (e)
+        free(e->waits);
+    free(e);
+    return OK;
+}
+API CUresult cuEventRecord(CUevent event, CUstream stream)
+{
+    fake_event_t *e = event;
+    pthread_mutex_lock(&lock);
+    fake_stream_t *s = stream_locked(stream);
+    CUresult r = s ? OK : INVALID_HANDLE;
+    if (s) {
+        e->num_waits = 0;
+        if (event_wait_add(e, s))
+            r = OUT_OF_MEMORY;
+        for (fake_stream_t *t = streams; r == OK && s == &legacy_stream && t; t = t->next)
+            if (!t->destroyed && !(t->flags & STREAM_NON_BLOCKING) && event_wait_add(e, t))
+                r = OUT_OF_MEMORY;
+    }
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+API CUresult cuEventQuery(CUevent event)
+{
+    fake_event_t *e = event;
+    CUresult r = OK;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < e->num_waits; i++)
+        if (e->waits[i].stream->completed < e->waits[i].target)
+            r = NOT_READY;
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+API CUresult cuEventSynchronize(CUevent event)
+{
+    fake_event_t *e = event;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < e->num_waits; i++)
+        run_until_locked(e->waits[i].stream, e->waits[i].target);
+    pthread_mutex_unlock(&lock);
+    return OK;
+}
+
+/* ---- device memory ------------------------------------------------------------ */
+
+typedef struct allocation_s {
+    uintptr_t base;
+    size_t size;
+    int managed;
+    struct allocation_s *next;
+} allocation_t;
+
+static allocation_t *allocations;
+
 static int take(size_t size)
 {
     pthread_mutex_lock(&lock);
-    int ok = used + size <= capacity;
+    int ok = size <= capacity - used;
     if (ok)
         used += size;
     pthread_mutex_unlock(&lock);
@@ -128,28 +488,114 @@ static void give(size_t size)
     pthread_mutex_unlock(&lock);
 }
 
-/* cuMemAlloc blocks remember their size just before the block. */
-API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size)
+static CUresult allocate(CUdeviceptr *p, size_t size, int managed)
 {
-    if (!take(size))
+    if (!p || size == 0)
+        return INVALID_VALUE;
+    if (!current_context())
+        return INVALID_CONTEXT;
+    if (!managed && !take(size))
         return OUT_OF_MEMORY;
-    char *m = aligned_alloc(4096, 4096 + ((size + 4095) & ~(size_t)4095));
+    size_t rounded = (size + ALLOCATION_ALIGNMENT - 1) & ~(ALLOCATION_ALIGNMENT - 1);
+    allocation_t *a = malloc(sizeof *a);
+    void *m = a && rounded >= size ? aligned_alloc(ALLOCATION_ALIGNMENT, rounded) : NULL;
     if (!m) {
-        give(size);
+        free(a);
+        if (!managed)
+            give(size);
         return OUT_OF_MEMORY;
     }
-    memcpy(m + 4096 - sizeof size, &size, sizeof size);
-    *p = (CUdeviceptr)(uintptr_t)(m + 4096);
+    *a = (allocation_t){(uintptr_t)m, size, managed, NULL};
+    pthread_mutex_lock(&lock);
+    a->next = allocations;
+    allocations = a;
+    if (managed)
+        calls.managed_allocs++;
+    else
+        calls.mem_allocs++;
+    pthread_mutex_unlock(&lock);
+    *p = (CUdeviceptr)a->base;
     return OK;
+}
+
+/* Frees the allocation starting at p after all queued work has run. */
+static CUresult release(CUdeviceptr p)
+{
+    if (!current_context())
+        return INVALID_CONTEXT;
+    pthread_mutex_lock(&lock);
+    run_all_locked();
+    allocation_t **link = &allocations;
+    while (*link && (*link)->base != (uintptr_t)p)
+        link = &(*link)->next;
+    allocation_t *a = *link;
+    if (a) {
+        *link = a->next;
+        if (!a->managed)
+            used -= a->size;
+        calls.mem_frees++;
+    } else {
+        calls.refused_frees++;
+    }
+    pthread_mutex_unlock(&lock);
+    if (!a)
+        return INVALID_VALUE;
+    free((void *)a->base);
+    free(a);
+    return OK;
+}
+
+API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size)
+{
+    return allocate(p, size, 0);
+}
+API int fake_cuda_alloc_foreign(unsigned long long *dptr, size_t size)
+{
+    return allocate(dptr, size, 0);
+}
+API CUresult cuMemAllocManaged(CUdeviceptr *p, size_t size, unsigned flags)
+{
+    (void)flags;
+    return allocate(p, size, 1);
 }
 API CUresult cuMemFree_v2(CUdeviceptr p)
 {
-    char *m = (char *)(uintptr_t)p - 4096;
-    size_t size;
-    memcpy(&size, m + 4096 - sizeof size, sizeof size);
-    give(size);
-    free(m);
-    return OK;
+    return release(p);
+}
+API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream stream)
+{
+    pthread_mutex_lock(&lock);
+    int known = stream_locked(stream) != NULL;
+    pthread_mutex_unlock(&lock);
+    return known ? allocate(p, size, 0) : INVALID_HANDLE;
+}
+API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, CUstream stream)
+{
+    return cuMemAllocAsync(p, size, stream);
+}
+API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream stream)
+{
+    pthread_mutex_lock(&lock);
+    int known = stream_locked(stream) != NULL;
+    pthread_mutex_unlock(&lock);
+    return known ? release(p) : INVALID_HANDLE;
+}
+API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream stream)
+{
+    return cuMemFreeAsync(p, stream);
+}
+API CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t width, size_t height, unsigned element_size)
+{
+    (void)element_size;
+    if (!pitch || width == 0 || height == 0)
+        return INVALID_VALUE;
+    size_t row = (width + PITCH_ALIGNMENT - 1) / PITCH_ALIGNMENT * PITCH_ALIGNMENT;
+    if (height > SIZE_MAX / row)
+        return OUT_OF_MEMORY;
+    CUresult r = allocate(p, row * height, 0);
+    if (r == OK)
+        *pitch = row;
+    return r;
 }
 API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 {
@@ -159,32 +605,50 @@ API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
     pthread_mutex_unlock(&lock);
     return OK;
 }
+/* Success only for the start of a device allocation: a handle names a whole
+ * allocation. */
+API CUresult cuIpcGetMemHandle(void *handle, CUdeviceptr p)
+{
+    pthread_mutex_lock(&lock);
+    allocation_t *a = allocations;
+    while (a && a->base != (uintptr_t)p)
+        a = a->next;
+    int ok = a && !a->managed;
+    pthread_mutex_unlock(&lock);
+    if (!ok || !handle)
+        return INVALID_VALUE;
+    memset(handle, 0, IPC_HANDLE_BYTES);
+    memcpy(handle, &p, sizeof p);
+    return OK;
+}
+/* Destroys every allocation of the primary context (after its work ran). */
+API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    if (dev != 0)
+        return INVALID_DEVICE;
+    pthread_mutex_lock(&lock);
+    run_all_locked();
+    allocation_t *gone = allocations;
+    allocations = NULL;
+    used = 0;
+    calls.primary_resets++;
+    pthread_mutex_unlock(&lock);
+    while (gone) {
+        allocation_t *next = gone->next;
+        free((void *)gone->base);
+        free(gone);
+        gone = next;
+    }
+    return OK;
+}
 
-API CUresult cuEventCreate(void **e, unsigned flags)
+API void fake_cuda_calls(fake_cuda_calls_t *out)
 {
-    (void)flags;
-    *e = malloc(1);
-    return *e ? OK : OUT_OF_MEMORY;
-}
-API CUresult cuEventDestroy_v2(void *e)
-{
-    free(e);
-    return OK;
-}
-API CUresult cuEventRecord(void *e, void *stream)
-{
-    (void)e, (void)stream;
-    return OK;
-}
-API CUresult cuEventQuery(void *e)
-{
-    (void)e;
-    return OK;
-}
-API CUresult cuEventSynchronize(void *e)
-{
-    (void)e;
-    return OK;
+    pthread_mutex_lock(&lock);
+    *out = calls;
+    out->used = used;
+    out->capacity = capacity;
+    pthread_mutex_unlock(&lock);
 }
 
 /* ---- virtual memory --------------------------------------------------------- */
@@ -255,4 +719,87 @@ API CUresult cuMemUnmap(CUdeviceptr p, size_t size)
     void *m = mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
     __atomic_fetch_add(&unmaps, 1, __ATOMIC_RELAXED);
     return m == MAP_FAILED ? INVALID_VALUE : OK;
+}
+
+/* ---- cuGetProcAddress --------------------------------------------------------- */
+
+API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version, unsigned long long flags,
+                                 int *symbol_status);
+API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cuda_version, unsigned long long flags);
+
+typedef void (*any_function_t)(void);
+#define SAME(name) {#name, (any_function_t)name}
+#define VERSIONED(name, function) {name, (any_function_t)function}
+
+/* Names that resolve to a later version of the function. */
+static const struct {
+    const char *name;
+    any_function_t function;
+} versioned[] = {
+    VERSIONED("cuMemAlloc", cuMemAlloc_v2),
+    VERSIONED("cuMemFree", cuMemFree_v2),
+    VERSIONED("cuMemGetInfo", cuMemGetInfo_v2),
+    VERSIONED("cuStreamDestroy", cuStreamDestroy_v2),
+    VERSIONED("cuMemAllocPitch", cuMemAllocPitch_v2),
+    VERSIONED("cuEventDestroy", cuEventDestroy_v2),
+    VERSIONED("cuCtxPushCurrent", cuCtxPushCurrent_v2),
+    VERSIONED("cuCtxPopCurrent", cuCtxPopCurrent_v2),
+    VERSIONED("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2),
+    VERSIONED("cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset_v2),
+}, per_thread[] = {
+    VERSIONED("cuMemAllocAsync", cuMemAllocAsync_ptsz),
+    VERSIONED("cuMemFreeAsync", cuMemFreeAsync_ptsz),
+}, exported[] = {
+    SAME(fake_cuda_counters), SAME(fake_cuda_calls), SAME(fake_cuda_hold), SAME(fake_cuda_enqueue_check),
+    SAME(fake_cuda_complete), SAME(fake_cuda_complete_all), SAME(fake_cuda_corrupt_bytes),
+    SAME(fake_cuda_alloc_foreign), SAME(fake_cuda_stream_create_unseen),
+    SAME(cuGetErrorName), SAME(cuGetErrorString), SAME(cuInit), SAME(cuDeviceGetCount), SAME(cuDeviceGet),
+    SAME(cuDevicePrimaryCtxRetain), SAME(cuDevicePrimaryCtxRelease_v2), SAME(cuDevicePrimaryCtxGetState),
+    SAME(cuDevicePrimaryCtxReset_v2), SAME(cuCtxGetCurrent), SAME(cuCtxSetCurrent), SAME(cuCtxGetDevice),
+    SAME(cuCtxPushCurrent_v2), SAME(cuCtxPopCurrent_v2), SAME(cuCtxSynchronize),
+    SAME(cuThreadExchangeStreamCaptureMode), SAME(cuStreamCreate), SAME(cuStreamCreateWithPriority),
+    SAME(cuStreamDestroy_v2), SAME(cuStreamSynchronize), SAME(cuEventCreate), SAME(cuEventDestroy_v2),
+    SAME(cuEventRecord), SAME(cuEventQuery), SAME(cuEventSynchronize), SAME(cuMemAlloc_v2),
+    SAME(cuMemAllocManaged), SAME(cuMemFree_v2), SAME(cuMemAllocAsync), SAME(cuMemAllocAsync_ptsz),
+    SAME(cuMemFreeAsync), SAME(cuMemFreeAsync_ptsz), SAME(cuMemAllocPitch_v2), SAME(cuMemGetInfo_v2),
+    SAME(cuIpcGetMemHandle), SAME(cuMemGetAllocationGranularity), SAME(cuMemAddressReserve),
+    SAME(cuMemAddressFree), SAME(cuMemCreate), SAME(cuMemRelease), SAME(cuMemMap), SAME(cuMemSetAccess),
+    SAME(cuMemUnmap), SAME(cuGetProcAddress), SAME(cuGetProcAddress_v2),
+};
+
+#define COUNT(table) (sizeof(table) / sizeof(table)[0])
+
+static any_function_t lookup(const char *symbol, unsigned long long flags)
+{
+    if (flags & GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
+        for (size_t i = 0; i < COUNT(per_thread); i++)
+            if (strcmp(symbol, per_thread[i].name) == 0)
+                return per_thread[i].function;
+    for (size_t i = 0; i < COUNT(versioned); i++)
+        if (strcmp(symbol, versioned[i].name) == 0)
+            return versioned[i].function;
+    for (size_t i = 0; i < COUNT(exported); i++)
+        if (strcmp(symbol, exported[i].name) == 0)
+            return exported[i].function;
+    return NULL;
+}
+
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version, unsigned long long flags,
+                             int *symbol_status)
+{
+    (void)cuda_version;
+    if (!symbol || !pfn)
+        return INVALID_VALUE;
+    any_function_t function = lookup(symbol, flags);
+    *pfn = NULL;
+    if (function)
+        memcpy(pfn, &function, sizeof *pfn);
+    if (symbol_status)
+        *symbol_status = function ? SYMBOL_FOUND : SYMBOL_NOT_FOUND;
+    return function ? OK : NOT_FOUND;
+}
+
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cuda_version, unsigned long long flags)
+{
+    return cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, NULL);
 }

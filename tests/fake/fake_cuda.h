@@ -1,0 +1,54 @@
+/* fake_cuda.h - the test helpers the fake driver (fake_cuda.c, built as
+ * libcuda.so.1) exports beside its driver functions, for test programs and
+ * the fake runtime (fake_cudart.c).
+ *
+ * GPU work is pretended: a "kernel" is a check that bytes of a block still
+ * hold an expected value when it runs. While held, work waits in its
+ * stream's queue until the test completes it, so a test decides when the GPU
+ * "finishes", and a block handed out again too early shows up as corrupt
+ * bytes. Programs reach these helpers with dlsym on the driver's handle or,
+ * like any driver function, through cuGetProcAddress.
+ */
+#ifndef FAKE_CUDA_H
+#define FAKE_CUDA_H
+
+#include <stddef.h>
+
+/* Calls the fake driver has seen, for tests to tell cuheap's service from
+ * the driver's. */
+typedef struct fake_cuda_calls_s {
+    unsigned long mem_allocs;      /* device allocations made (cuMemAlloc_v2, Async, Pitch) */
+    unsigned long mem_frees;       /* device or managed allocations freed */
+    unsigned long managed_allocs;  /* cuMemAllocManaged */
+    unsigned long refused_frees;   /* frees of an address that starts no allocation */
+    unsigned long unknown_streams; /* calls naming a stream that does not exist (destroyed) */
+    unsigned long primary_resets;  /* cuDevicePrimaryCtxReset_v2 */
+    unsigned long kernels_run;
+    size_t used;                   /* device bytes allocated now (managed not counted) */
+    size_t capacity;
+} fake_cuda_calls_t;
+
+typedef void (*fake_cuda_calls_fn)(fake_cuda_calls_t *out);
+typedef void (*fake_cuda_hold_fn)(int on);
+typedef int (*fake_cuda_enqueue_check_fn)(void *stream, const void *ptr, size_t n, unsigned char expected);
+typedef void (*fake_cuda_complete_fn)(void *stream);
+typedef void (*fake_cuda_complete_all_fn)(void);
+typedef unsigned long (*fake_cuda_corrupt_bytes_fn)(void);
+typedef int (*fake_cuda_alloc_foreign_fn)(unsigned long long *dptr, size_t size);
+typedef int (*fake_cuda_stream_create_unseen_fn)(void **stream, unsigned int flags);
+
+/* fake_cuda_calls(out): the counters above. */
+/* fake_cuda_hold(on): while on, pretend kernels wait in their stream's queue;
+ * off, they run when enqueued (queued work stays queued). */
+/* fake_cuda_enqueue_check(stream, ptr, n, expected): a kernel on `stream`
+ * that, when it runs, counts the bytes of ptr[0..n) that differ from
+ * `expected`. Returns a CUresult. */
+/* fake_cuda_complete(stream), fake_cuda_complete_all(): runs the queued work
+ * of one stream, of every stream. */
+/* fake_cuda_corrupt_bytes(): mismatching bytes every kernel so far saw. */
+/* fake_cuda_alloc_foreign(dptr, size): device memory exactly as
+ * cuMemAlloc_v2 gives it, under a name no hook catches (a foreign pointer). */
+/* fake_cuda_stream_create_unseen(stream, flags): a stream as cuStreamCreate
+ * makes it, under a name no hook catches (a stream cuheap never hears of). */
+
+#endif /* FAKE_CUDA_H */

@@ -1,0 +1,514 @@
+/* runtime_checks.c - a CUDA runtime program run under
+ * LD_PRELOAD=libcuheap.so; its argument names the check.
+ *
+ * It is built twice: linked with the fake shared runtime (libcudart.so.13,
+ * where cuheap's preloaded cudaMalloc is found first) and with the fake
+ * runtime compiled in (a static runtime, whose calls only reach cuheap
+ * through dlsym and cuGetProcAddress on the driver). Every check must hold
+ * for both. cuheap's service shows in its statistics and in the fake
+ * driver's count of real allocations; the fake driver's pretend kernels show
+ * a block handed out again while GPU work still reads it.
+ */
+#define _GNU_SOURCE
+#include "fake_cudart.h"
+#include "support.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define THREADS 4
+#define ALLOCS_PER_THREAD 500
+#define LIVE_PER_THREAD 32
+#define ALIGNMENT 512
+#define REUSE_TRIES 20
+#define CHECKED_BYTES (4 * MiB)
+
+/* A static runtime's cudaFree synchronizes the device before it reaches the
+ * driver's cuMemFree (and so cuheap); a preloaded cudaFree returns at once. */
+#ifdef FAKE_CUDART_STATIC
+#define RUNTIME_SYNCHRONIZES_IN_CUDA_FREE 1
+#else
+#define RUNTIME_SYNCHRONIZES_IN_CUDA_FREE 0
+#endif
+
+static fake_helpers_t fake;
+
+static void start_runtime(void)
+{
+    expect(cudaFree(NULL) == cudaSuccess, "cudaFree(NULL) (runtime start) failed");
+    fake_helpers_load(&fake, fakeCudartDriverFunction);
+}
+
+/* ---- a, b: served by cuheap from many threads, data intact ------------------- */
+
+static void *allocate_and_verify(void *arg)
+{
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    void *live[LIVE_PER_THREAD] = {0};
+    size_t sizes[LIVE_PER_THREAD] = {0};
+    long bad = 0;
+    for (int i = 0; i < ALLOCS_PER_THREAD; i++) {
+        int slot = i % LIVE_PER_THREAD;
+        if (live[slot]) {
+            bad += !pattern_intact(live[slot], sizes[slot], seed + (unsigned)slot);
+            bad += cudaFree(live[slot]) != cudaSuccess;
+        }
+        sizes[slot] = 1 + (size_t)((i * 7919 + (int)seed * 104729) % (256 * 1024));
+        if (cudaMalloc(&live[slot], sizes[slot]) != cudaSuccess || !live[slot]) {
+            bad++;
+            live[slot] = NULL;
+            continue;
+        }
+        pattern_fill(live[slot], sizes[slot], seed + (unsigned)slot);
+    }
+    for (int slot = 0; slot < LIVE_PER_THREAD; slot++)
+        if (live[slot]) {
+            bad += !pattern_intact(live[slot], sizes[slot], seed + (unsigned)slot);
+            bad += cudaFree(live[slot]) != cudaSuccess;
+        }
+    return (void *)(intptr_t)bad;
+}
+
+static void check_threads(void)
+{
+    start_runtime();
+    cuheap_stats_t before, after;
+    heap_stats(&before);
+    fake_cuda_calls_t fake_before = fake_calls(&fake);
+    pthread_t t[THREADS];
+    for (int i = 0; i < THREADS; i++)
+        pthread_create(&t[i], NULL, allocate_and_verify, (void *)(uintptr_t)(i + 1));
+    long bad = 0;
+    for (int i = 0; i < THREADS; i++) {
+        void *r;
+        pthread_join(t[i], &r);
+        bad += (long)(intptr_t)r;
+    }
+    heap_stats(&after);
+    fake_cuda_calls_t fake_after = fake_calls(&fake);
+    unsigned long total = THREADS * ALLOCS_PER_THREAD;
+    expect(bad == 0, "%ld failed calls or damaged blocks", bad);
+    expect(after.num_allocs - before.num_allocs == total, "cuheap served %llu of %lu allocations",
+           (unsigned long long)(after.num_allocs - before.num_allocs), total);
+    expect(after.num_frees - before.num_frees == total, "cuheap freed %llu of %lu blocks",
+           (unsigned long long)(after.num_frees - before.num_frees), total);
+    expect(fake_after.mem_allocs - fake_before.mem_allocs < total / 10,
+           "the driver made %lu real allocations for %lu requests (cuheap should pool them)",
+           fake_after.mem_allocs - fake_before.mem_allocs, total);
+    expect(after.allocated.current == 0, "%llu bytes still allocated after every free",
+           (unsigned long long)after.allocated.current);
+}
+
+/* ---- e: the driver reached through cudaGetDriverEntryPoint ------------------- */
+
+static void check_entry_point(void)
+{
+    start_runtime();
+    void *sym = NULL;
+    int status = -1;
+    expect(cudaGetDriverEntryPoint("cuMemAlloc", &sym, 0, &status) == cudaSuccess && sym && status == 0,
+           "cudaGetDriverEntryPoint(cuMemAlloc) failed");
+    void *free_sym = NULL;
+    expect(cudaGetDriverEntryPoint("cuMemFree", &free_sym, 0, &status) == cudaSuccess && free_sym,
+           "cudaGetDriverEntryPoint(cuMemFree) failed");
+    if (!sym || !free_sym)
+        return;
+    int (*mem_alloc)(unsigned long long *, size_t);
+    int (*mem_free)(unsigned long long);
+    memcpy(&mem_alloc, &sym, sizeof sym);
+    memcpy(&mem_free, &free_sym, sizeof sym);
+    cuheap_stats_t before, after;
+    heap_stats(&before);
+    fake_cuda_calls_t fb = fake_calls(&fake);
+    unsigned long long d = 0;
+    expect(mem_alloc(&d, 3000) == 0 && d, "cuMemAlloc through the entry point failed");
+    pattern_fill((void *)(uintptr_t)d, 3000, 5);
+    expect(pattern_intact((void *)(uintptr_t)d, 3000, 5), "data lost");
+    expect(mem_free(d) == 0, "cuMemFree through the entry point failed");
+    heap_stats(&after);
+    fake_cuda_calls_t fa = fake_calls(&fake);
+    expect(after.num_allocs == before.num_allocs + 1 && after.num_frees == before.num_frees + 1,
+           "cuMemAlloc/cuMemFree from cudaGetDriverEntryPoint were not served by cuheap");
+    expect(fa.mem_frees == fb.mem_frees, "the driver's own cuMemFree ran");
+}
+
+/* ---- f: what cuheap did not hand out goes to CUDA ---------------------------- */
+
+static void check_pass_through(void)
+{
+    start_runtime();
+    cuheap_stats_t before, after;
+    heap_stats(&before);
+    fake_cuda_calls_t fb = fake_calls(&fake);
+    void *managed = NULL;
+    expect(cudaMallocManaged(&managed, 1 * MiB, 0) == cudaSuccess && managed, "cudaMallocManaged failed");
+    memset(managed, 0x5a, 1 * MiB);
+    expect(cudaFree(managed) == cudaSuccess, "cudaFree(managed memory) failed");
+    unsigned long long foreign = 0;
+    expect(fake.alloc_foreign(&foreign, 2 * MiB) == 0 && foreign, "the driver's own allocation failed");
+    expect(cudaFree((void *)(uintptr_t)foreign) == cudaSuccess, "cudaFree(a driver allocation) failed");
+    heap_stats(&after);
+    fake_cuda_calls_t fa = fake_calls(&fake);
+    expect(fa.managed_allocs == fb.managed_allocs + 1, "cudaMallocManaged did not reach the driver");
+    expect(fa.mem_frees == fb.mem_frees + 2, "the driver freed %lu of the 2 foreign blocks",
+           fa.mem_frees - fb.mem_frees);
+    expect(fa.refused_frees == fb.refused_frees, "the driver was asked to free something it never gave");
+    expect(after.num_frees == before.num_frees, "cuheap counted frees of memory it did not hand out");
+}
+
+/* ---- g: program errors are refused, the heap carries on ---------------------- */
+
+static void check_double_free(void)
+{
+    start_runtime();
+    void *small = NULL, *large = NULL, *other = NULL;
+    expect(cudaMalloc(&small, 1000) == cudaSuccess && small, "cudaMalloc(1000) failed");
+    expect(cudaMalloc(&large, 8 * MiB) == cudaSuccess && large, "cudaMalloc(8 MiB) failed");
+    expect(cudaFree(small) == cudaSuccess, "first cudaFree failed");
+    int rc = cudaFree(small);
+    expect(rc == cudaErrorInvalidValue, "a double free returned %d, not 1 (invalid value)", rc);
+    rc = cudaFree((char *)large + 4096);
+    expect(rc == cudaErrorInvalidValue, "a pointer inside a block returned %d, not 1 (invalid value)", rc);
+    expect(cudaFree(large) == cudaSuccess, "the block freed from inside is still freeable at its start");
+    expect(cudaMalloc(&other, 8 * MiB) == cudaSuccess && other, "cudaMalloc after the errors failed");
+    pattern_fill(other, 8 * MiB, 3);
+    expect(pattern_intact(other, 8 * MiB, 3), "data lost after the errors");
+    expect(cudaFree(other) == cudaSuccess, "cudaFree after the errors failed");
+    cuheap_stats_t st;
+    heap_stats(&st);
+    expect(st.num_allocs == 3 && st.num_frees == 3, "stats count %llu allocations and %llu frees, not 3 and 3",
+           (unsigned long long)st.num_allocs, (unsigned long long)st.num_frees);
+    expect(st.allocated.current == 0 && st.requested.current == 0, "bytes still counted as live");
+}
+
+/* ---- h: sizes, arguments and alignment as the runtime has them ---------------- */
+
+static void check_zero_and_alignment(void)
+{
+    start_runtime();
+    void *p = (void *)1;
+    expect(cudaMalloc(&p, 0) == cudaSuccess && p == NULL, "cudaMalloc(&p, 0) did not give success and NULL");
+    expect(cudaFree(NULL) == cudaSuccess, "cudaFree(NULL) failed");
+    int rc = cudaMalloc(NULL, 16);
+    expect(rc == cudaErrorInvalidValue, "cudaMalloc(NULL, 16) returned %d, not 1", rc);
+    static const size_t sizes[] = {1, 3, 511, 513, 1000, 4097, 65537, 1 * MiB + 1, 3 * MiB + 17, 9 * MiB + 5};
+    void *blocks[sizeof sizes / sizeof sizes[0]];
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        blocks[i] = NULL;
+        expect(cudaMalloc(&blocks[i], sizes[i]) == cudaSuccess && blocks[i], "cudaMalloc(%zu) failed", sizes[i]);
+        expect((uintptr_t)blocks[i] % ALIGNMENT == 0, "cudaMalloc(%zu) gave %p, not 512-byte aligned", sizes[i],
+               blocks[i]);
+    }
+    size_t pitch = 0;
+    void *pitched = NULL;
+    expect(cudaMallocPitch(&pitched, &pitch, 1000, 10) == cudaSuccess && pitched, "cudaMallocPitch failed");
+    expect(pitch >= 1000 && pitch % ALIGNMENT == 0 && (uintptr_t)pitched % ALIGNMENT == 0,
+           "cudaMallocPitch gave pitch %zu at %p", pitch, pitched);
+    memset(pitched, 1, pitch * 10);
+    expect(cudaFree(pitched) == cudaSuccess, "cudaFree(pitched) failed");
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        cudaFree(blocks[i]);
+    cuheap_stats_t st;
+    heap_stats(&st);
+    expect(st.num_allocs == sizeof sizes / sizeof sizes[0] + 1, "cuheap served %llu allocations, not %zu",
+           (unsigned long long)st.num_allocs, sizeof sizes / sizeof sizes[0] + 1);
+}
+
+/* ---- i: out of memory -------------------------------------------------------- */
+
+static void check_out_of_memory(void)
+{
+    start_runtime();
+    fake_cuda_calls_t fc = fake_calls(&fake);
+    void *p = (void *)1;
+    int rc = cudaMalloc(&p, fc.capacity + 64 * MiB);
+    expect(rc == cudaErrorMemoryAllocation, "cudaMalloc beyond the device returned %d, not 2", rc);
+    expect(p == NULL, "a failed cudaMalloc left %p", p);
+    void *small = NULL;
+    expect(cudaMalloc(&small, 1 * MiB) == cudaSuccess && small, "cudaMalloc after an OOM failed");
+    cudaFree(small);
+    cuheap_stats_t st;
+    heap_stats(&st);
+    expect(st.num_ooms >= 1, "cuheap counted no out-of-memory");
+}
+
+/* ---- j: a forked child that uses no CUDA writes no report --------------------- */
+
+static void check_fork(void)
+{
+    start_runtime();
+    void *p = NULL;
+    expect(cudaMalloc(&p, 1 * MiB) == cudaSuccess, "cudaMalloc failed");
+    cudaFree(p);
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0)
+        exit(0);   /* atexit handlers run, as in any child that exits */
+    int status = 0;
+    expect(child > 0 && waitpid(child, &status, 0) == child, "fork or wait failed");
+    expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child did not exit cleanly (status %d)", status);
+    printf("parent %d child %d\n", (int)getpid(), (int)child);
+}
+
+/* ---- k: IPC handles only for blocks that start their segment ------------------ */
+
+static void check_ipc(void)
+{
+    start_runtime();
+    void *large = NULL, *first = NULL, *second = NULL;
+    expect(cudaMalloc(&large, 64 * MiB) == cudaSuccess && large, "cudaMalloc(64 MiB) failed");
+    expect(cudaMalloc(&first, 1000) == cudaSuccess && first, "cudaMalloc(1000) failed");
+    expect(cudaMalloc(&second, 1000) == cudaSuccess && second, "cudaMalloc(1000) failed");
+    cudaIpcMemHandle_t handle;
+    memset(&handle, 0, sizeof handle);
+    int rc = cudaIpcGetMemHandle(&handle, large);
+    expect(rc == cudaSuccess, "cudaIpcGetMemHandle of a block that starts its segment returned %d", rc);
+    void *named = NULL;
+    memcpy(&named, handle.reserved, sizeof named);
+    expect(rc != cudaSuccess || named == large, "the handle names %p, not %p", named, large);
+    rc = cudaIpcGetMemHandle(&handle, second);
+    expect(rc != cudaSuccess, "cudaIpcGetMemHandle of a block inside a segment succeeded");
+    cudaFree(large), cudaFree(first), cudaFree(second);
+}
+
+/* With CUHEAP_CONF=ipc_safe:1 every block starts its own segment: the small
+ * blocks that are refused above get handles that name them. */
+static void check_ipc_safe(void)
+{
+    start_runtime();
+    void *blocks[3] = {NULL, NULL, NULL};
+    const size_t sizes[3] = {1000, 1000, 5 * MiB};
+    for (int i = 0; i < 3; i++) {
+        expect(cudaMalloc(&blocks[i], sizes[i]) == cudaSuccess && blocks[i], "cudaMalloc(%zu) failed", sizes[i]);
+        cudaIpcMemHandle_t handle;
+        memset(&handle, 0, sizeof handle);
+        int rc = cudaIpcGetMemHandle(&handle, blocks[i]);
+        void *named = NULL;
+        memcpy(&named, handle.reserved, sizeof named);
+        expect(rc == cudaSuccess && named == blocks[i], "block %d: cudaIpcGetMemHandle returned %d naming %p, not %p",
+               i, rc, named, blocks[i]);
+    }
+    for (int i = 0; i < 3; i++)
+        cudaFree(blocks[i]);
+}
+
+/* ---- l, n: cudaFree's promise ------------------------------------------------- */
+
+/* Frees block A while a kernel on `stream` still reads it, then hands out
+ * REUSE_TRIES blocks of its size and overwrites them. */
+static void free_while_read(cudaStream_t stream, int stream_ordered_free, void **reused, void **a_out)
+{
+    void *a = NULL;
+    expect(cudaMalloc(&a, CHECKED_BYTES) == cudaSuccess && a, "cudaMalloc(A) failed");
+    memset(a, 0xAB, CHECKED_BYTES);
+    expect(fake.enqueue_check(stream, a, CHECKED_BYTES, 0xAB) == 0, "enqueueing the kernel failed");
+    int rc = stream_ordered_free ? cudaFreeAsync(a, stream) : cudaFree(a);
+    expect(rc == cudaSuccess, "freeing A returned %d", rc);
+    if (RUNTIME_SYNCHRONIZES_IN_CUDA_FREE && !stream_ordered_free)
+        expect(fake_calls(&fake).kernels_run == 1, "the runtime's cudaFree did not synchronize");
+    else
+        expect(fake_calls(&fake).kernels_run == 0, "the free waited for the kernel (it must return at once)");
+    for (int i = 0; i < REUSE_TRIES; i++) {
+        reused[i] = NULL;
+        expect(cudaMalloc(&reused[i], CHECKED_BYTES) == cudaSuccess && reused[i], "cudaMalloc %d failed", i);
+        if (reused[i])
+            memset(reused[i], 0xCD, CHECKED_BYTES);
+    }
+    *a_out = a;
+}
+
+/* Returns every cached segment to the device (waiting for pending frees)
+ * and expects nothing left: no block was lost on the way. */
+static void expect_nothing_leaked(void)
+{
+    void *sym = dlsym(RTLD_DEFAULT, "cuheap_release_cached");
+    cuheap_status_t (*release_cached)(int);
+    memcpy(&release_cached, &sym, sizeof sym);
+    if (!expect(release_cached != NULL, "cuheap_release_cached is not in the process"))
+        return;
+    expect(release_cached(0) == CUHEAP_OK, "cuheap_release_cached failed");
+    cuheap_stats_t st;
+    heap_stats(&st);
+    expect(st.pending.current == 0 && st.allocated.current == 0 && st.reserved.current == 0,
+           "after freeing everything and releasing the cache: %llu pending, %llu allocated, %llu reserved",
+           (unsigned long long)st.pending.current, (unsigned long long)st.allocated.current,
+           (unsigned long long)st.reserved.current);
+    expect(fake_calls(&fake).used == 0, "%zu bytes still allocated from the device", fake_calls(&fake).used);
+}
+
+/* After the kernel ran: no corrupt byte, A handed out again, nothing lost. */
+static void expect_a_safe_then_reusable(void *a, void **reused)
+{
+    expect(fake_calls(&fake).kernels_run == 1, "the kernel did not run");
+    unsigned long corrupt = fake.corrupt_bytes();
+    expect(corrupt == 0, "the kernel saw %lu corrupt bytes: A was handed out again before it ran", corrupt);
+    void *again[REUSE_TRIES + 1] = {0};
+    int got_a = 0;
+    for (int i = 0; i < REUSE_TRIES; i++)
+        got_a |= reused[i] == a;   /* where the work was waited for before the free */
+    for (int i = 0; i <= REUSE_TRIES && !got_a; i++) {
+        expect(cudaMalloc(&again[i], CHECKED_BYTES) == cudaSuccess, "cudaMalloc after completion failed");
+        got_a = again[i] == a;
+    }
+    expect(got_a, "A was never handed out again after its kernel completed");
+    for (int i = 0; i < REUSE_TRIES; i++)
+        cudaFree(reused[i]);
+    for (int i = 0; i <= REUSE_TRIES; i++)
+        cudaFree(again[i]);
+    expect_nothing_leaked();
+}
+
+static void check_free_ordering(int stream_seen)
+{
+    start_runtime();
+    fake.hold(1);
+    cudaStream_t s = NULL;
+    if (stream_seen)
+        expect(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "stream creation failed");
+    else
+        expect(fake.stream_create_unseen(&s, cudaStreamNonBlocking) == 0, "stream creation failed");
+    void *reused[REUSE_TRIES], *a;
+    free_while_read(s, 0, reused, &a);
+    fake.complete_all();
+    expect_a_safe_then_reusable(a, reused);
+    fake.hold(0);
+    expect(cudaStreamDestroy(s) == cudaSuccess, "cudaStreamDestroy failed");
+}
+
+static void check_stream_destroy(void)
+{
+    start_runtime();
+    fake.hold(1);
+    cudaStream_t s = NULL;
+    expect(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "stream creation failed");
+    void *reused[REUSE_TRIES], *a;
+    free_while_read(s, 1, reused, &a);
+    expect(cudaStreamDestroy(s) == cudaSuccess, "cudaStreamDestroy with a pending free failed");
+    void *after_destroy = NULL;
+    expect(cudaMalloc(&after_destroy, CHECKED_BYTES) == cudaSuccess, "cudaMalloc after the destroy failed");
+    expect(after_destroy != a, "A was handed out again after its stream was destroyed, before its work ran");
+    if (after_destroy)
+        memset(after_destroy, 0xCD, CHECKED_BYTES);
+    fake.complete_all();
+    cudaFree(after_destroy);
+    expect_a_safe_then_reusable(a, reused);
+    expect(fake_calls(&fake).unknown_streams == 0, "a destroyed stream was used afterwards");
+    fake.hold(0);
+}
+
+/* ---- m: cudaMemGetInfo counts cuheap's ready cache as free -------------------- */
+
+/* Frees one of two 64 MiB blocks; `settle` then allocates and frees a small
+ * block, on which cuheap looks at its pending frees again. Both
+ * cudaMemGetInfo and cuMemGetInfo_v2 must report the device's free bytes
+ * plus the 64 MiB (with counts_cache), or the device's alone. */
+static void check_meminfo(int counts_cache, int settle)
+{
+    start_runtime();
+    void *a = NULL, *b = NULL, *small = NULL;
+    expect(cudaMalloc(&a, 64 * MiB) == cudaSuccess && a, "cudaMalloc(64 MiB) failed");
+    expect(cudaMalloc(&b, 64 * MiB) == cudaSuccess && b, "cudaMalloc(64 MiB) failed");
+    expect(cudaFree(a) == cudaSuccess, "cudaFree failed");
+    if (settle) {
+        expect(cudaMalloc(&small, 1000) == cudaSuccess, "cudaMalloc(1000) failed");
+        expect(cudaFree(small) == cudaSuccess, "cudaFree(small) failed");
+    }
+    void *sym = fakeCudartDriverFunction("cuMemGetInfo");
+    int (*driver_meminfo)(size_t *, size_t *);
+    memcpy(&driver_meminfo, &sym, sizeof sym);
+    size_t free_rt = 0, total_rt = 0, free_drv = 0, total_drv = 0;
+    expect(cudaMemGetInfo(&free_rt, &total_rt) == cudaSuccess, "cudaMemGetInfo failed");
+    expect(driver_meminfo && driver_meminfo(&free_drv, &total_drv) == 0, "cuMemGetInfo_v2 failed");
+    cuheap_stats_t st;
+    heap_stats(&st);
+    fake_cuda_calls_t fc = fake_calls(&fake);
+    size_t device_free = fc.capacity - fc.used;
+    size_t ready = counts_cache ? (size_t)(st.cached.current - st.pending.current) : 0;
+    expect(!counts_cache || ready + MiB >= 64 * MiB, "cuheap counts %zu MiB of the freed 64 MiB as ready for reuse",
+           ready / MiB);
+    expect(free_rt == device_free + ready, "cudaMemGetInfo: %zu MiB free, expected %zu + %zu MiB", free_rt / MiB,
+           device_free / MiB, ready / MiB);
+    expect(free_drv == device_free + ready, "cuMemGetInfo_v2: %zu MiB free, expected %zu + %zu MiB",
+           free_drv / MiB, device_free / MiB, ready / MiB);
+    expect(total_rt == fc.capacity && total_drv == fc.capacity, "total is not the device's");
+    cudaFree(b);
+}
+
+/* ---- o: cudaDeviceReset drops the heap ---------------------------------------- */
+
+static void check_device_reset(void)
+{
+    start_runtime();
+    void *p = NULL, *q = NULL;
+    expect(cudaMalloc(&p, 1 * MiB) == cudaSuccess, "cudaMalloc failed");
+    expect(cudaMalloc(&q, 10 * MiB) == cudaSuccess, "cudaMalloc failed");
+    cudaFree(q);
+    expect(cudaDeviceReset() == cudaSuccess, "cudaDeviceReset failed");
+    cuheap_stats_t st, zero;
+    heap_stats(&st);
+    memset(&zero, 0, sizeof zero);
+    expect(memcmp(&st, &zero, sizeof st) == 0, "device 0's stats are not zero after the reset "
+           "(reserved %llu, allocs %llu)", (unsigned long long)st.reserved.current,
+           (unsigned long long)st.num_allocs);
+    expect(fake_calls(&fake).primary_resets == 1, "the driver's primary context was not reset");
+    void *r = NULL;
+    expect(cudaMalloc(&r, 2 * MiB) == cudaSuccess && r, "cudaMalloc after the reset failed");
+    if (r) {
+        pattern_fill(r, 2 * MiB, 9);
+        expect(pattern_intact(r, 2 * MiB, 9), "data lost after the reset");
+    }
+    heap_stats(&st);
+    expect(st.num_allocs == 1, "the new heap counts %llu allocations, not 1", (unsigned long long)st.num_allocs);
+    cudaFree(r);
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "";
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (!strcmp(mode, "threads"))
+        check_threads();
+    else if (!strcmp(mode, "entry-point"))
+        check_entry_point();
+    else if (!strcmp(mode, "pass-through"))
+        check_pass_through();
+    else if (!strcmp(mode, "double-free"))
+        check_double_free();
+    else if (!strcmp(mode, "zero-and-alignment"))
+        check_zero_and_alignment();
+    else if (!strcmp(mode, "out-of-memory"))
+        check_out_of_memory();
+    else if (!strcmp(mode, "fork"))
+        check_fork();
+    else if (!strcmp(mode, "ipc"))
+        check_ipc();
+    else if (!strcmp(mode, "ipc-safe"))
+        check_ipc_safe();
+    else if (!strcmp(mode, "free-ordering"))
+        check_free_ordering(1);
+    else if (!strcmp(mode, "free-ordering-unseen-stream"))
+        check_free_ordering(0);
+    else if (!strcmp(mode, "stream-destroy"))
+        check_stream_destroy();
+    else if (!strcmp(mode, "meminfo"))
+        check_meminfo(1, 1);
+    else if (!strcmp(mode, "meminfo-right-after-free"))
+        check_meminfo(1, 0);
+    else if (!strcmp(mode, "meminfo-uncached"))
+        check_meminfo(0, 1);
+    else if (!strcmp(mode, "device-reset"))
+        check_device_reset();
+    else {
+        fprintf(stderr, "usage: %s threads|entry-point|pass-through|double-free|zero-and-alignment|"
+                        "out-of-memory|fork|ipc|ipc-safe|free-ordering|free-ordering-unseen-stream|stream-destroy|"
+                        "meminfo|meminfo-right-after-free|meminfo-uncached|device-reset\n", argv[0]);
+        return 2;
+    }
+    return finish(mode);
+}

@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# test_preload.sh BUILD_DIR - LD_PRELOAD=libcuheap.so under CUDA programs, on
+# a machine with no GPU: the programs in build/tests/preload run against a
+# fake driver (build/fake/libcuda.so.1) and a fake runtime that reaches it as
+# the real one does (build/fake/libcudart.so.13, or compiled into the program:
+# the static runtime). Each program prints "ok MODE" or what failed; stderr
+# carries cuheap's messages. Covered: allocations served by cuheap on every
+# way in (runtime symbols, static runtime through dlsym + cuGetProcAddress,
+# driver symbols, dlsym, cuGetProcAddress, cudaGetDriverEntryPoint); foreign
+# memory passed through; double frees and inner pointers refused; zero sizes
+# and alignment; out of memory; fork; IPC handles; cudaFree's ordering against
+# pretend kernels on a non-blocking stream; stream destruction; cudaMemGetInfo;
+# cudaDeviceReset; programs that use no CUDA.
+#
+# The sanitized run (BUILD_DIR build/san) has no sanitized libcuheap.so: a
+# sanitizer runtime preloaded before libcuheap.so meets cuheap's dlsym while it
+# starts, so the plain library and programs are checked again.
+set -uo pipefail
+build=${1:-build}
+. "$(dirname "$0")/harness.sh"
+
+lib=$build/libcuheap.so
+[ -e "$lib" ] || lib=build/libcuheap.so
+lib=$(realpath "$lib")
+programs=$build/tests/preload
+[ -x "$programs/runtime_shared" ] || programs=build/tests/preload
+fake=$(realpath build/fake)
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+# preload NAME PROGRAM MODE [VAR=VALUE...]: runs PROGRAM MODE under the
+# preload; status in $rc, output in $TMP/NAME.out and $TMP/NAME.err.
+preload() {
+    local name=$1 program=$2 mode=$3
+    shift 3
+    env LD_PRELOAD="$lib" LD_LIBRARY_PATH="$fake" "$@" timeout 120 "$programs/$program" "$mode" \
+        >"$TMP/$name.out" 2>"$TMP/$name.err"
+    rc=$?
+}
+
+# passes NAME MODE: the run NAME printed "ok MODE" and exited 0.
+passes() {
+    [ "$rc" -eq 0 ] && grep -qx "ok $2" "$TMP/$1.out"
+}
+
+# expect_pass NAME MODE DESCRIPTION
+expect_pass() {
+    if passes "$1" "$2"; then
+        ok "$3"
+    else
+        not_ok "$3" "$(cat "$TMP/$1.out" "$TMP/$1.err")"
+    fi
+}
+
+# ---- the programs are what they claim to be ------------------------------
+check "the static-runtime program defines cudaMalloc inside itself and needs no libcudart" \
+    '! nm -D "$programs/runtime_static" | grep -q cudaMalloc && ! readelf -d "$programs/runtime_static" | grep -q cudart'
+check "the shared-runtime program takes cudaMalloc from libcudart.so.13" \
+    'nm -D "$programs/runtime_shared" | grep -q " U cudaMalloc" && readelf -d "$programs/runtime_shared" | grep -q "libcudart.so.13"'
+
+# ---- the runtime programs: shared runtime, then static runtime ------------
+for runtime in shared static; do
+    p=runtime_$runtime
+    r="$runtime runtime"
+
+    preload $p-threads $p threads
+    expect_pass $p-threads threads "$r: 4 threads x 500 cudaMalloc/cudaFree served by cuheap, every block keeps its data"
+
+    preload $p-entry $p entry-point
+    expect_pass $p-entry entry-point "$r: cuMemAlloc/cuMemFree from cudaGetDriverEntryPoint served by cuheap"
+
+    preload $p-pass $p pass-through
+    expect_pass $p-pass pass-through "$r: managed memory and a driver allocation are freed by CUDA itself"
+
+    preload $p-double $p double-free
+    expect_pass $p-double double-free "$r: a double free and an inner pointer return 1, the heap carries on"
+    check "$r: the double free is named on stderr" 'grep -q "double free" "$TMP/$p-double.err"'
+    check "$r: the inner pointer is named on stderr" 'grep -q "inside a live block" "$TMP/$p-double.err"'
+
+    preload $p-zero $p zero-and-alignment
+    expect_pass $p-zero zero-and-alignment "$r: size 0 gives NULL, NULL ptr gives 1, blocks are 512-byte aligned"
+
+    preload $p-oom $p out-of-memory FAKE_CUDA_CAPACITY=$((64 << 20))
+    expect_pass $p-oom out-of-memory "$r: a request beyond the device returns 2 (cudaErrorMemoryAllocation)"
+    check "$r: cuheap explains the out-of-memory on stderr" \
+        'grep -q "cuheap: CUDA out of memory: out of memory on device 0" "$TMP/$p-oom.err"'
+
+    mkdir -p "$TMP/reports-$p"
+    preload $p-fork $p fork CUHEAP_CONF="report:$TMP/reports-$p/r-%p.json"
+    expect_pass $p-fork fork "$r: a forked child that uses no CUDA exits cleanly"
+    parent=$(sed -n 's/^parent \([0-9]*\) child [0-9]*$/\1/p' "$TMP/$p-fork.out")
+    check "$r: only the parent writes its report at exit (got: $(ls "$TMP/reports-$p" | tr '\n' ' '))" \
+        '[ -n "$parent" ] && [ "$(ls "$TMP/reports-$p")" = "r-$parent.json" ]'
+
+    preload $p-ipc $p ipc
+    expect_pass $p-ipc ipc "$r: IPC handle for a block that starts its segment, refused inside one"
+    check "$r: the refused IPC handle names ipc_safe on stderr" 'grep -q "ipc_safe" "$TMP/$p-ipc.err"'
+    preload $p-ipc-safe $p ipc-safe CUHEAP_CONF=ipc_safe:1
+    expect_pass $p-ipc-safe ipc-safe "$r: with ipc_safe:1 every block, small ones too, gets a handle that names it"
+    preload $p-ipc-safe-off $p ipc-safe
+    check "$r: without ipc_safe:1 the same small blocks are refused" \
+        'grep -q "ipc_safe" "$TMP/$p-ipc-safe-off.err" && ! grep -qx "ok ipc-safe" "$TMP/$p-ipc-safe-off.out"'
+
+    preload $p-order $p free-ordering
+    expect_pass $p-order free-ordering \
+        "$r: cudaFree under a running kernel on a non-blocking stream: the block waits for it, then comes back"
+
+    preload $p-destroy $p stream-destroy
+    expect_pass $p-destroy stream-destroy \
+        "$r: cudaStreamDestroy with a pending free; the block comes back once the work completes"
+
+    preload $p-meminfo $p meminfo
+    expect_pass $p-meminfo meminfo "$r: cudaMemGetInfo and cuMemGetInfo_v2 count cuheap's ready cache as free, once"
+
+    preload $p-meminfo-fresh $p meminfo-right-after-free
+    expect_pass $p-meminfo-fresh meminfo-right-after-free \
+        "$r: cudaMemGetInfo right after cudaFree(64 MiB) with no GPU work counts the 64 MiB as free"
+
+    preload $p-meminfo-off $p meminfo-uncached CUHEAP_CONF=meminfo_cached:0
+    expect_pass $p-meminfo-off meminfo-uncached "$r: with meminfo_cached:0 cudaMemGetInfo is the device's own figure"
+
+    preload $p-reset $p device-reset
+    expect_pass $p-reset device-reset "$r: cudaDeviceReset drops the heap; cudaMalloc works after it"
+done
+
+# The ordering check can fail: a non-blocking stream cuheap never heard of
+# (made behind its back) lets the block go to the next cudaMalloc while the
+# kernel still reads it. (A static runtime's cudaFree synchronizes first.)
+preload unseen runtime_shared free-ordering-unseen-stream
+check "the ordering check sees corrupt bytes when the stream is unknown to cuheap" \
+    '[ "$rc" -ne 0 ] && grep -q "corrupt bytes: A was handed out again" "$TMP/unseen.out"'
+
+# The service checks can fail: without the preload nothing reports to cuheap.
+env LD_LIBRARY_PATH="$fake" "$programs/runtime_shared" threads >"$TMP/bare.out" 2>&1
+rc=$?
+check "without the preload the threads check fails, naming the missing library" \
+    '[ "$rc" -ne 0 ] && grep -q "libcuheap.so not preloaded" "$TMP/bare.out"'
+
+# ---- the driver program (linked with -lcuda) ------------------------------
+preload drv-noctx driver_checks no-context
+expect_pass drv-noctx no-context "driver: cuMemAlloc_v2 with no current context returns 201 and is not served"
+preload drv-symbol driver_checks symbol
+expect_pass drv-symbol symbol "driver: cuMemAlloc_v2/cuMemFree_v2 by symbol served by cuheap"
+preload drv-dlsym driver_checks dlsym
+expect_pass drv-dlsym dlsym "driver: cuMemAlloc_v2/cuMemFree_v2 through dlsym on libcuda.so.1 served by cuheap"
+preload drv-proc driver_checks get-proc-address
+expect_pass drv-proc get-proc-address \
+    "driver: cuGetProcAddress(_v2) cuMemAlloc, and cuMemAllocAsync with the per-thread flag (_ptsz), served by cuheap"
+preload drv-zero driver_checks zero-size
+expect_pass drv-zero zero-size "driver: cuMemAlloc_v2(&d, 0) returns 1 (CUDA_ERROR_INVALID_VALUE)"
+preload drv-oom driver_checks out-of-memory FAKE_CUDA_CAPACITY=$((64 << 20))
+expect_pass drv-oom out-of-memory "driver: a request beyond the device returns 2 (CUDA_ERROR_OUT_OF_MEMORY)"
+check "driver: cuheap explains the out-of-memory on stderr" 'grep -q "cuheap: CUDA out of memory" "$TMP/drv-oom.err"'
+
+# ---- processes that never touch CUDA -------------------------------------
+env LD_PRELOAD="$lib" LD_LIBRARY_PATH="$fake" /bin/true >"$TMP/true.out" 2>&1
+rc=$?
+check "/bin/true runs under the preload" '[ "$rc" -eq 0 ] && [ ! -s "$TMP/true.out" ]'
+env LD_PRELOAD="$lib" LD_LIBRARY_PATH="$fake" LD_DEBUG=libs /bin/true >"$TMP/true-libs.out" 2>&1
+check "/bin/true under the preload loads no libcuda.so.1" '! grep -q "calling init: .*libcuda.so" "$TMP/true-libs.out"'
+env LD_PRELOAD="$lib" LD_LIBRARY_PATH="$fake" python3 -c 'import ctypes' >"$TMP/python.out" 2>&1
+rc=$?
+check "python3 -c 'import ctypes' runs under the preload" '[ "$rc" -eq 0 ] && [ ! -s "$TMP/python.out" ]'
+
+preload no-cuda no_cuda ""
+expect_pass no-cuda no-cuda "a program that calls dlsym but uses no CUDA does not get libcuda.so.1 loaded"
+env LD_PRELOAD="$lib" LD_LIBRARY_PATH="$fake" python3 -c \
+    'import ctypes; print("ok python" if "libcuda.so" not in open("/proc/self/maps").read() else "libcuda.so.1 loaded")' \
+    >"$TMP/python-maps.out" 2>&1
+rc=$?
+expect_pass python-maps python "python3 -c 'import ctypes' does not get libcuda.so.1 loaded"
+
+finish test_preload
