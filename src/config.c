@@ -55,6 +55,21 @@ static const option_t options[] = {
      "times the most bytes the program has had live; beyond that, or when the device or the "
      "limit refuses, free pages are moved instead (an unmap and a map each). 0 holds the least "
      "memory, larger values move pages less often. Between 0 and 1."},
+    {"wait_before_grow", KIND_BOOL, offsetof(cuh_config_t, wait_before_grow), "1",
+     "1: when a cudaMalloc (device-wide allocation) finds no ready block while blocks freed by "
+     "cudaFree still wait for the GPU and hold enough bytes, cuheap waits for the oldest of them "
+     "instead of reserving more, so the heap does not grow by what the CPU ran ahead of the GPU. "
+     "0: reserve more; the CPU never waits."},
+    {"ipc_safe", KIND_BOOL, offsetof(cuh_config_t, ipc_safe), "0",
+     "1: every block gets a segment of its own that it starts (a free one at most a quarter "
+     "larger, or a new one sized to it), so cudaIpcGetMemHandle works on any block. Costs a "
+     "device allocation per new block size and up to 2 MiB of rounding per block. Not with vmm:1 "
+     "or a workspace. 0: blocks share segments; IPC handles are refused for blocks that do not "
+     "start theirs."},
+    {"meminfo_cached", KIND_BOOL, offsetof(cuh_config_t, meminfo_cached), "1",
+     "Under LD_PRELOAD: 1 makes cudaMemGetInfo and cuMemGetInfo count cuheap's cached bytes "
+     "that are ready for reuse as free, so programs that size themselves from free memory "
+     "see what they can still allocate. 0 reports what the device says."},
     {"report", KIND_PATH, offsetof(cuh_config_t, report), "none",
      "Write a report here at every out-of-memory (at most one a second), at exit, and on "
      "SIGUSR1: JSON if the name ends in .json, HTML if in .html, else text. %p becomes the "
@@ -73,6 +88,8 @@ void cuh_config_defaults(cuh_config_t *cfg)
     cfg->segment_min = 2 * CUH_MiB;
     cfg->grow_fraction = 0.0625;
     cfg->vmm_margin = 0.1;
+    cfg->meminfo_cached = 1;
+    cfg->wait_before_grow = 1;
 }
 
 static void list_keys(char *buf, size_t len)
@@ -310,8 +327,10 @@ void cuh_config_format(const cuh_config_t *cfg, char *buf, size_t len)
     }
     else
         snprintf(limit, sizeof limit, "none");
-    int n = snprintf(buf, len, "workspace:%zu,limit:%s,small_max:%zu,segment_min:%zu,grow_fraction:%g,vmm:%zu,vmm_margin:%g",
-                     cfg->workspace, limit, cfg->small_max, cfg->segment_min, cfg->grow_fraction, cfg->vmm, cfg->vmm_margin);
+    int n = snprintf(buf, len, "workspace:%zu,limit:%s,small_max:%zu,segment_min:%zu,grow_fraction:%g,vmm:%zu,vmm_margin:%g,"
+                     "wait_before_grow:%zu,ipc_safe:%zu,meminfo_cached:%zu",
+                     cfg->workspace, limit, cfg->small_max, cfg->segment_min, cfg->grow_fraction, cfg->vmm, cfg->vmm_margin,
+                     cfg->wait_before_grow, cfg->ipc_safe, cfg->meminfo_cached);
     if (cfg->report[0] && n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, ",report:%s", cfg->report);
     if (cfg->trace[0] && n > 0 && (size_t)n < len)

@@ -176,6 +176,7 @@ struct cuh_heap_s {
     hold_t **holds;
     size_t num_holds, cap_holds;
     size_t held_bytes;
+    uint64_t num_batch_waits;   /* times an allocation waited for a batch instead of growing */
     size_t held_requested;
     free_batch_t *open_batch;    /* device-wide frees no event covers yet */
     free_batch_t *closed_batches;
@@ -600,6 +601,8 @@ static void settle_all_locked(cuh_heap_t *h)
  * cap and the fraction bound the memory a fresh segment can leave idle. */
 static size_t segment_size_for(const cuh_heap_t *h, size_t needed)
 {
+    if (h->cfg.ipc_safe)
+        return needed;   /* a segment per block */
     size_t seg = cuh_max_size(needed, h->cfg.segment_min);
     size_t geometric = (size_t)((double)reserved_bytes(h) * h->cfg.grow_fraction);
     geometric = cuh_align_up(cuh_min_size(geometric, CUH_GiB), CUH_SEGMENT_GRAIN);
@@ -952,7 +955,50 @@ static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
 static cuh_extent_t *take_locked(cuh_heap_t *h, cuh_extent_t *free_ext, size_t size, size_t align,
                                  cuh_extent_state_t state, stream_state_t *st)
 {
+    if (cuh_unlikely(h->cfg.ipc_safe))
+        size = free_ext->size;   /* the whole segment (find_fit_locked) */
     return cuh_arena_take(&h->arena, free_ext, size, align, state, st->tag);
+}
+
+/* Device-wide frees (cudaFree under LD_PRELOAD) wait in batches until the
+ * GPU has passed them. A program that frees and allocates as it goes -
+ * PyTorch without its cache: a cudaFree per tensor - would otherwise make
+ * the heap grow by everything the CPU has freed ahead of the GPU. So before
+ * growing, while batches hold at least `size` bytes, cuheap waits for the
+ * oldest one: the CPU stalls only until the GPU reaches that batch, while the
+ * work queued since keeps the GPU busy. Returns 1 when a batch finished (try
+ * again), 0 when there is nothing to wait for. */
+static int events_done_locked(cuh_heap_t *h, cuh_event_t *events, size_t *num_events, int wait);
+
+static int wait_oldest_batch_locked(cuh_heap_t *h, size_t size)
+{
+    if (!h->cfg.wait_before_grow || h->captures || h->held_bytes < size)
+        return 0;
+    if (!h->closed_batches) {
+        if (!h->open_batch)
+            return 0;
+        batch_close_locked(h);
+        if (!h->closed_batches)
+            return 1;   /* nothing to wait for: it finished at once */
+    }
+    free_batch_t *oldest = h->closed_batches;
+    events_done_locked(h, oldest->events, &oldest->num_events, 1);
+    h->num_batch_waits++;
+    return batches_poll_locked(h, 0);
+}
+
+/* The best free extent for `size`. With ipc_safe:1 only a whole segment no
+ * more than a quarter larger than a new one would be will do: the block takes
+ * it whole, so that it starts its segment (an IPC handle names exactly it)
+ * and no other block ever shares the segment. */
+static cuh_extent_t *find_fit_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag)
+{
+    cuh_extent_t *e = cuh_arena_find(&h->arena, size, align, tag);
+    if (cuh_unlikely(h->cfg.ipc_safe) && e &&
+        (e->addr != e->segment->base || e->size != e->segment->size ||
+         e->size > cuh_align_up(size, CUH_SEGMENT_GRAIN) + size / 4))
+        return NULL;
+    return e;
 }
 
 /* An extent of `size` bytes aligned to `align` for stream st, or NULL after
@@ -961,14 +1007,18 @@ static cuh_extent_t *take_locked(cuh_heap_t *h, cuh_extent_t *free_ext, size_t s
 static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, size_t align,
                                          cuh_extent_state_t state, cuheap_status_t *status, grow_result_t *why_out)
 {
-    cuh_extent_t *e = cuh_arena_find(&h->arena, size, align, st->tag);
+    cuh_extent_t *e = find_fit_locked(h, size, align, st->tag);
     if (cuh_likely(e != NULL))
         goto hit;
-    if (poll_all_locked(h, 0) && (e = cuh_arena_find(&h->arena, size, align, st->tag)))
+    if (poll_all_locked(h, 0) && (e = find_fit_locked(h, size, align, st->tag)))
         goto hit;
     if (fence_others_locked(h, st, size) && poll_all_locked(h, 0) &&
-        (e = cuh_arena_find(&h->arena, size, align, st->tag)))
+        (e = find_fit_locked(h, size, align, st->tag)))
         goto hit;
+
+    while (wait_oldest_batch_locked(h, size))
+        if ((e = find_fit_locked(h, size, align, st->tag)))
+            goto hit;
 
     grow_result_t why = grow_locked(h, size, align);
     if (why == GROW_ERROR) {
@@ -979,7 +1029,7 @@ static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
         goto grown;
     /* Refused: wait for all freed memory, then give back what is whole. */
     settle_all_locked(h);
-    if ((e = cuh_arena_find(&h->arena, size, align, st->tag)))
+    if ((e = find_fit_locked(h, size, align, st->tag)))
         goto hit;
     h->num_retries++;
     /* Freeing device memory during a graph capture would invalidate it. */
@@ -997,7 +1047,7 @@ static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
     return NULL;
 
 grown:
-    e = cuh_arena_find(&h->arena, size, align, st->tag);
+    e = find_fit_locked(h, size, align, st->tag);
     if (!e) {
         cuh_set_error("internal error: a new segment does not fit its own request");
         *status = CUHEAP_ERR_DEVICE;
@@ -1051,7 +1101,7 @@ static cuheap_status_t large_alloc_locked(cuh_heap_t *h, stream_state_t *st, siz
     }
     e->requested = size;
     stat_set(&h->requested, h->requested.current + size);
-    stat_set(&h->allocated, h->allocated.current + block);
+    stat_set(&h->allocated, h->allocated.current + e->size);   /* > block only with ipc_safe */
     *addr = e->addr;
     return CUHEAP_OK;
 }
@@ -1142,6 +1192,11 @@ cuh_heap_t *cuh_heap_create(cuh_device_t *dev, const cuh_config_t *cfg, char *er
         char a[32], b[32];
         snprintf(err, errlen, "workspace (%s) is larger than limit (%s)", cuh_format_bytes(a, sizeof a, cfg->workspace),
                  cuh_format_bytes(b, sizeof b, limit));
+        return NULL;
+    }
+    if (cfg->ipc_safe && (cfg->vmm || cfg->workspace)) {
+        snprintf(err, errlen, "ipc_safe:1 gives every block a segment of its own; it cannot be combined with %s",
+                 cfg->vmm ? "vmm:1 (virtual memory cannot be shared by IPC handles)" : "a workspace");
         return NULL;
     }
     cuh_heap_t *h = calloc(1, sizeof *h);
@@ -1326,7 +1381,7 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
     if (!st) {
         cuh_set_error("out of host memory for stream records");
         status = CUHEAP_ERR_OUT_OF_MEMORY;
-    } else if (size <= h->cfg.small_max) {
+    } else if (size <= h->cfg.small_max && !h->cfg.ipc_safe) {
         status = small_alloc_locked(h, st, size, addr);
     } else {
         status = large_alloc_locked(h, st, size, addr);
@@ -1899,6 +1954,14 @@ void cuh_heap_retire_stream(cuh_heap_t *h, cuh_stream_t stream)
         if (h->last_stream == st)
             h->last_stream = NULL;
     }
+    refresh_stats_locked(h);
+    pthread_mutex_unlock(&h->lock);
+}
+
+void cuh_heap_poll(cuh_heap_t *h)
+{
+    pthread_mutex_lock(&h->lock);
+    poll_all_locked(h, 0);
     refresh_stats_locked(h);
     pthread_mutex_unlock(&h->lock);
 }

@@ -77,6 +77,8 @@ static void test_device_wide_malloc_and_free_keep_cudas_promises(void **state)
 {
     (void)state;
     cuheap_stream_t side = (cuheap_stream_t)0x5000;
+    /* Events stay held here: reserve more rather than wait for them. */
+    assert_int_equal(cuheap_configure("wait_before_grow:0"), CUHEAP_OK);
     assert_int_equal(cuheap_stream_register(0, side), CUHEAP_OK);
     cuh_device_t *dev = cuh_runtime_device(0);
     assert_non_null(dev);

@@ -227,7 +227,8 @@ static void test_record_stream_holds_the_block_until_every_user_finished(void **
 static void test_device_wide_free_waits_for_every_stream_without_blocking(void **state)
 {
     (void)state;
-    test_heap_t t = test_heap_new(GiB, NULL);
+    /* Growing rather than waiting, so that the held events stay held. */
+    test_heap_t t = test_heap_new(GiB, "wait_before_grow:0");
     cuh_sim_hold_events(t.dev, 1);
     /* S3 never allocates: the program only launches kernels on it. */
     assert_int_equal(cuh_heap_register_stream(t.heap, S3), CUHEAP_OK);
@@ -404,13 +405,115 @@ static void test_device_wide_free_of_a_graph_block_waits_for_its_pool(void **sta
     test_heap_free(&t);
 }
 
+/* cudaFree then cudaMalloc of the same size while the GPU lags (PyTorch
+ * without its cache): rather than reserve a second copy, the allocation
+ * waits for the batch that holds the first, and gets it back. With
+ * wait_before_grow:0 it reserves more instead and never waits. */
+static void test_device_wide_malloc_waits_for_a_batch_rather_than_grow(void **state)
+{
+    (void)state;
+    for (int wait = 1; wait >= 0; wait--) {
+        test_heap_t t = test_heap_new(GiB, wait ? NULL : "wait_before_grow:0");
+        cuh_sim_hold_events(t.dev, 1);
+        assert_int_equal(cuh_heap_register_stream(t.heap, S3), CUHEAP_OK);
+        uintptr_t a, b, small, small2;
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &a), CUHEAP_OK);
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 3000, &small), CUHEAP_OK);
+        cuheap_stats_t st0, st1;
+        cuh_heap_stats(t.heap, &st0);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, small), CUHEAP_OK);
+        cuh_sim_counters_t c0, c1;
+        cuh_sim_counters(t.dev, &c0);
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &b), CUHEAP_OK);
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 3000, &small2), CUHEAP_OK);
+        cuh_sim_counters(t.dev, &c1);
+        cuh_heap_stats(t.heap, &st1);
+        if (wait) {
+            /* One wait (for the batch's events; the sim's waits complete
+             * the work, as a GPU would by then) and the same memory. */
+            assert_true(c1.event_waits > c0.event_waits);
+            assert_int_equal(b, a);
+            assert_int_equal(st1.num_segment_allocs, st0.num_segment_allocs);
+            assert_int_equal(st1.reserved.current, st0.reserved.current);
+        } else {
+            assert_int_equal(c1.event_waits, c0.event_waits);
+            assert_false(overlaps(a, 64 * MiB, b, 64 * MiB));
+            assert_true(st1.reserved.current > st0.reserved.current);
+        }
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, b), CUHEAP_OK);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, small2), CUHEAP_OK);
+        heap_ok(t.heap);
+        cuh_sim_complete_all(t.dev);
+        test_heap_free(&t);
+    }
+}
+
+/* ipc_safe:1: every block, small ones too, starts a segment nobody shares; a
+ * free segment is reused whole, and only by a request it fits closely. */
+static void test_ipc_safe_blocks_start_their_own_segments(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, "ipc_safe:1");
+    const size_t sizes[] = {100, 3000, 70 * KiB, 5 * MiB, 5 * MiB + 1};   /* segments of 2, 2, 2, 6, 6 MiB */
+    uintptr_t a[5];
+    for (int i = 0; i < 5; i++) {
+        a[i] = must_alloc(t.heap, sizes[i], S1);
+        uintptr_t base = 0;
+        size_t size = 0;
+        assert_true(cuh_heap_segment_of(t.heap, a[i], &base, &size));
+        assert_int_equal(base, a[i]);
+        assert_true(size >= sizes[i] && size <= sizes[i] + 2 * MiB);
+    }
+    cuheap_stats_t st0, st1;
+    cuh_heap_stats(t.heap, &st0);
+    assert_int_equal(st0.num_segment_allocs, 5);
+    must_free(t.heap, a[4], S1);
+    must_free(t.heap, a[0], S1);
+    /* 6 MiB (a[4]'s segment) fits 5.5 MiB closely, 2 MiB (a[0]'s) fits 200
+     * bytes as a new segment would: both reused whole. */
+    uintptr_t b = must_alloc(t.heap, 5 * MiB + MiB / 2, S1);
+    assert_int_equal(b, a[4]);
+    uintptr_t c = must_alloc(t.heap, 200, S1);
+    assert_int_equal(c, a[0]);
+    /* A free 6 MiB segment for 300 bytes would waste 4 MiB more than a new
+     * one: a new segment of its own. */
+    must_free(t.heap, b, S1);
+    uintptr_t d = must_alloc(t.heap, 300, S1);
+    cuh_heap_stats(t.heap, &st1);
+    assert_int_equal(st1.num_segment_allocs, 6);
+    uintptr_t base = 0;
+    size_t size = 0;
+    assert_true(cuh_heap_segment_of(t.heap, d, &base, &size) && base == d && size == 2 * MiB);
+    b = must_alloc(t.heap, 5 * MiB, S1);
+    assert_int_equal(b, a[4]);
+    must_free(t.heap, d, S1);
+    heap_ok(t.heap);
+    must_free(t.heap, b, S1);
+    must_free(t.heap, c, S1);
+    for (int i = 1; i < 4; i++)
+        must_free(t.heap, a[i], S1);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+
+    /* Virtual memory cannot be shared by IPC handles: a clear error. */
+    cuh_device_t *dev = cuh_sim_create(&(cuh_sim_params_t){.capacity = GiB});
+    cuh_config_t cfg;
+    cuh_config_defaults(&cfg);
+    char err[256];
+    assert_int_equal(cuh_config_parse("ipc_safe:1,vmm:1", &cfg, err, sizeof err), 0);
+    assert_null(cuh_heap_create(dev, &cfg, err, sizeof err));
+    assert_non_null(strstr(err, "ipc_safe"));
+    dev->ops->destroy(dev);
+}
+
 /* A model of cudaFree's promise checked over random operations: a block
  * freed device-wide is unsafe until every stream, the registered-only S3
  * included, has finished the work issued before the free. */
 static void test_random_device_wide_frees_are_never_reused_early(void **state)
 {
     (void)state;
-    test_heap_t t = test_heap_new(8 * GiB, NULL);
+    test_heap_t t = test_heap_new(8 * GiB, "wait_before_grow:0");
     cuh_sim_hold_events(t.dev, 1);
     enum { SLOTS = 300, OPS = 20000, NSTREAMS = 4, UNSAFE_MAX = 20000 };
     const cuh_stream_t streams[NSTREAMS] = {0, S1, S2, S3};
@@ -1144,6 +1247,8 @@ int main(void)
         cmocka_unit_test(test_device_wide_malloc_takes_only_memory_every_stream_may_use),
         cmocka_unit_test(test_device_wide_free_of_a_graph_block_waits_for_its_pool),
         cmocka_unit_test(test_random_device_wide_frees_are_never_reused_early),
+        cmocka_unit_test(test_device_wide_malloc_waits_for_a_batch_rather_than_grow),
+        cmocka_unit_test(test_ipc_safe_blocks_start_their_own_segments),
         cmocka_unit_test(test_concurrent_threads_never_share_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
