@@ -14,13 +14,23 @@
 #
 # Exit status: 0 only if every part passed.
 #
+# The LD_PRELOAD part builds tests/gpu/preload_stress.cu twice (nvcc's static
+# runtime and -cudart shared), runs both under LD_PRELOAD=libcuheap.so, the
+# shared one again under compute-sanitizer, and runs the training jobs with
+# PyTorch's caching off (every tensor a cudaMalloc served by cuheap) and on,
+# beside the native allocator.
+#
 # Environment: NVCC (compiler, default nvcc from PATH or
 # /usr/local/cuda/bin/nvcc), GPU_ARCH (default sm_90), GPU_CHECK_OPS
-# (default 1000000), SANITIZER_OPS (default 20000), GPU_TORCH=0 (skip the
-# PyTorch part), TORCH_STEPS (default 20).
+# (default 1000000), SANITIZER_OPS (default 20000), PRELOAD_OPS (default
+# 200000), GPU_TORCH=0 (skip the PyTorch parts), TORCH_STEPS (default 20),
+# GPU_PARTS (default "api,preload,torch": which parts to run).
 set -euo pipefail
 
 BUILD="${1:-build}"
+GPU_PARTS="${GPU_PARTS:-api,preload,torch}"
+PRELOAD_OPS="${PRELOAD_OPS:-200000}"
+part() { [[ ",$GPU_PARTS," == *",$1,"* ]]; }
 GPU_ARCH="${GPU_ARCH:-sm_90}"
 GPU_CHECK_OPS="${GPU_CHECK_OPS:-1000000}"
 SANITIZER_OPS="${SANITIZER_OPS:-20000}"
@@ -56,7 +66,12 @@ section "build"
 make lib BUILD="$BUILD"
 "$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 -Iinclude tests/gpu/gpu_check.cu \
     "$BUILD"/libcuheap.a -ldl -lpthread -o "$BUILD"/gpu_check
-echo "built $BUILD/gpu_check"
+"$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 tests/gpu/preload_stress.cu -ldl -lpthread \
+    -o "$BUILD"/preload_stress_static
+"$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 -cudart shared tests/gpu/preload_stress.cu -ldl -lpthread \
+    -o "$BUILD"/preload_stress_shared
+echo "built $BUILD/gpu_check, $BUILD/preload_stress_static, $BUILD/preload_stress_shared"
+PRELOAD="$(pwd)/$BUILD/libcuheap.so"
 
 # Runs "$@" with its output on the terminal and in log file $1 (the first
 # argument); sets RUN_RC and RUN_SECS.
@@ -74,9 +89,9 @@ run_logged() {
 # The last "gpu_check: ..." line of a log, or a word on why there is none.
 verdict() {
     local log="$1" rc="$2" line
-    line=$(grep -E '^gpu_check: (all checks passed|FAILED)' "$log" | tail -n 1 || true)
+    line=$(grep -E '^(gpu_check|preload_stress): (all checks passed|FAILED)' "$log" | tail -n 1 || true)
     if [[ -n "$line" ]]; then
-        echo "${line#gpu_check: }"
+        echo "${line#*: }"
     elif [[ "$rc" == 124 || "$rc" == 137 ]]; then
         echo "timed out"
     else
@@ -84,11 +99,13 @@ verdict() {
     fi
 }
 
-section "gpu_check ($GPU_CHECK_OPS stress ops)"
-MAIN_LOG="$BUILD/gpu_check.log"
-run_logged "$MAIN_LOG" timeout "$MAIN_TIMEOUT" "$BUILD"/gpu_check --ops "$GPU_CHECK_OPS"
-MAIN_RC=$RUN_RC
-MAIN_SECS=$RUN_SECS
+# Every run adds a row to the summary table; FINAL_RC is the first failure.
+ROWS=()
+FINAL_RC=0
+row() {   # row NAME RC SECONDS RESULT
+    ROWS+=("| $1 | $2 | $3 | $4 |")
+    if [[ "$2" != 0 && "$FINAL_RC" == 0 ]]; then FINAL_RC=$2; fi
+}
 
 SANITIZER=""
 if command -v compute-sanitizer >/dev/null 2>&1; then
@@ -98,82 +115,80 @@ elif [[ -x "$(dirname "$NVCC")/compute-sanitizer" ]]; then
 elif [[ -x /usr/local/cuda/bin/compute-sanitizer ]]; then
     SANITIZER=/usr/local/cuda/bin/compute-sanitizer
 fi
+san_summary() { grep -E 'ERROR SUMMARY' "$1" | tail -n 1 | sed -E 's/^=+ *//' || true; }
 
-section "gpu_check with CUHEAP_CONF=vmm:1 (virtual memory)"
-VMM_LOG="$BUILD/gpu_check.vmm.log"
-run_logged "$VMM_LOG" env CUHEAP_CONF=vmm:1 timeout "$MAIN_TIMEOUT" "$BUILD"/gpu_check --ops "$GPU_CHECK_OPS"
-VMM_RC=$RUN_RC
-VMM_SECS=$RUN_SECS
+if part api; then
+    section "gpu_check ($GPU_CHECK_OPS stress ops)"
+    run_logged "$BUILD/gpu_check.log" timeout "$MAIN_TIMEOUT" "$BUILD"/gpu_check --ops "$GPU_CHECK_OPS"
+    row "gpu_check --ops $GPU_CHECK_OPS" "$RUN_RC" "$RUN_SECS" "$(verdict "$BUILD/gpu_check.log" "$RUN_RC")"
 
-SAN_RC=""
-SAN_SECS=""
-SAN_LOG="$BUILD/gpu_check.memcheck.log"
-if [[ -n "$SANITIZER" ]]; then
-    section "gpu_check under compute-sanitizer memcheck ($SANITIZER_OPS stress ops)"
-    run_logged "$SAN_LOG" timeout "$SAN_TIMEOUT" "$SANITIZER" --tool memcheck \
-        --error-exitcode 99 "$BUILD"/gpu_check --ops "$SANITIZER_OPS"
-    SAN_RC=$RUN_RC
-    SAN_SECS=$RUN_SECS
-else
-    section "compute-sanitizer not found: memcheck run skipped"
+    section "gpu_check with CUHEAP_CONF=vmm:1 (virtual memory)"
+    run_logged "$BUILD/gpu_check.vmm.log" env CUHEAP_CONF=vmm:1 timeout "$MAIN_TIMEOUT" "$BUILD"/gpu_check --ops "$GPU_CHECK_OPS"
+    row "gpu_check --ops $GPU_CHECK_OPS, vmm:1" "$RUN_RC" "$RUN_SECS" "$(verdict "$BUILD/gpu_check.vmm.log" "$RUN_RC")"
+
+    if [[ -n "$SANITIZER" ]]; then
+        section "gpu_check under compute-sanitizer memcheck ($SANITIZER_OPS stress ops)"
+        log="$BUILD/gpu_check.memcheck.log"
+        run_logged "$log" timeout "$SAN_TIMEOUT" "$SANITIZER" --tool memcheck \
+            --error-exitcode 99 "$BUILD"/gpu_check --ops "$SANITIZER_OPS"
+        row "memcheck gpu_check --ops $SANITIZER_OPS" "$RUN_RC" "$RUN_SECS" "$(verdict "$log" "$RUN_RC"); $(san_summary "$log")"
+    else
+        row "memcheck" - - "skipped: compute-sanitizer not installed"
+    fi
 fi
 
-# PyTorch: cuheap as the pluggable allocator (checks, then training jobs
-# side by side with the native allocator).
-TORCH_RC=""
-JOBS_RC=""
+if part preload; then
+    for rt in static shared; do
+        section "preload_stress ($rt runtime) under LD_PRELOAD=$PRELOAD"
+        log="$BUILD/preload_stress.$rt.log"
+        run_logged "$log" env LD_PRELOAD="$PRELOAD" timeout "$MAIN_TIMEOUT" "$BUILD/preload_stress_$rt" \
+            --ops "$PRELOAD_OPS" --expect-cuheap
+        row "LD_PRELOAD preload_stress, $rt runtime, $PRELOAD_OPS ops" "$RUN_RC" "$RUN_SECS" "$(verdict "$log" "$RUN_RC")"
+    done
+    if [[ -n "$SANITIZER" ]]; then
+        for rt in static shared; do
+            section "preload_stress ($rt runtime) under LD_PRELOAD and compute-sanitizer memcheck"
+            log="$BUILD/preload_stress.$rt.memcheck.log"
+            # The preload goes to the program only (through env), not to
+            # the sanitizer's own launcher.
+            run_logged "$log" timeout 150 "$SANITIZER" --tool memcheck --error-exitcode 99 \
+                env LD_PRELOAD="$PRELOAD" "$BUILD/preload_stress_$rt" --ops "$SANITIZER_OPS" --expect-cuheap
+            row "memcheck LD_PRELOAD preload_stress, $rt runtime" "$RUN_RC" "$RUN_SECS" "$(verdict "$log" "$RUN_RC"); $(san_summary "$log")"
+        done
+    fi
+fi
+
+# PyTorch: cuheap as the pluggable allocator and by LD_PRELOAD, beside
+# PyTorch's own modes.
 TORCH_STEPS="${TORCH_STEPS:-20}"
 if [[ "${GPU_TORCH:-1}" != 0 ]] && python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-    section "PyTorch checks (torch $(python3 -c 'import torch; print(torch.__version__)'))"
-    TORCH_LOG="$BUILD/torch_checks.log"
-    run_logged "$TORCH_LOG" timeout 300 python3 tests/gpu/torch_checks.py
-    TORCH_RC=$RUN_RC
-    TORCH_SECS=$RUN_SECS
-    section "PyTorch training jobs: cuheap beside PyTorch's three allocator modes"
-    JOBS_LOG="$BUILD/torch_jobs.log"
-    run_logged "$JOBS_LOG" timeout 420 python3 bench/torch/run_modes.py --jobs resnet50,gpt2,bert_varlen \
-        --modes native,expandable,async,cuheap,cuheap-vmm --steps "$TORCH_STEPS" --out "$BUILD/torch_jobs.json"
-    JOBS_RC=$RUN_RC
-    JOBS_SECS=$RUN_SECS
-    section "PyTorch side-stream prefetch and CUDA graph jobs"
-    run_logged "$BUILD/torch_jobs2.log" timeout 150 python3 bench/torch/run_modes.py --jobs sidestream,graph \
-        --modes native,cuheap,cuheap-vmm --steps "$TORCH_STEPS" --out "$BUILD/torch_jobs2.json"
-    [[ "$RUN_RC" != 0 ]] && JOBS_RC=$RUN_RC
-    JOBS_SECS=$(awk -v a="$JOBS_SECS" -v b="$RUN_SECS" 'BEGIN { printf "%.1f", a + b }')
+    if part torch; then
+        section "PyTorch checks (torch $(python3 -c 'import torch; print(torch.__version__)'))"
+        log="$BUILD/torch_checks.log"
+        run_logged "$log" timeout 300 python3 tests/gpu/torch_checks.py
+        row "PyTorch checks" "$RUN_RC" "$RUN_SECS" "$(grep -c '^PASS' "$log") passed, $(grep -c '^FAIL' "$log") failed"
+        section "PyTorch training jobs: cuheap beside PyTorch's three allocator modes"
+        run_logged "$BUILD/torch_jobs.log" timeout 420 python3 bench/torch/run_modes.py --jobs resnet50,gpt2,bert_varlen \
+            --modes native,expandable,async,cuheap,cuheap-vmm --steps "$TORCH_STEPS" --out "$BUILD/torch_jobs.json"
+        row "PyTorch jobs (plugin)" "$RUN_RC" "$RUN_SECS" "table above"
+        section "PyTorch side-stream prefetch and CUDA graph jobs"
+        run_logged "$BUILD/torch_jobs2.log" timeout 150 python3 bench/torch/run_modes.py --jobs sidestream,graph \
+            --modes native,cuheap,cuheap-vmm --steps "$TORCH_STEPS" --out "$BUILD/torch_jobs2.json"
+        row "PyTorch side-stream and graph jobs" "$RUN_RC" "$RUN_SECS" "table above"
+    fi
+    if part preload; then
+        section "PyTorch training jobs under LD_PRELOAD (caching off and on) beside native and no caching"
+        run_logged "$BUILD/torch_preload.log" timeout 420 python3 bench/torch/run_modes.py \
+            --jobs resnet50,gpt2,bert_varlen --modes native,nocache,preload,preload-caching \
+            --steps "$TORCH_STEPS" --out "$BUILD/torch_preload.json"
+        row "PyTorch jobs (LD_PRELOAD)" "$RUN_RC" "$RUN_SECS" "table above"
+    fi
 else
-    section "PyTorch with CUDA not found (or GPU_TORCH=0): PyTorch checks skipped"
+    section "PyTorch with CUDA not found (or GPU_TORCH=0): PyTorch parts skipped"
 fi
 
 section "summary"
 echo "| run | exit | seconds | result |"
 echo "|---|---|---|---|"
-echo "| gpu_check --ops $GPU_CHECK_OPS | $MAIN_RC | $MAIN_SECS | $(verdict "$MAIN_LOG" "$MAIN_RC") |"
-echo "| gpu_check --ops $GPU_CHECK_OPS, vmm:1 | $VMM_RC | $VMM_SECS | $(verdict "$VMM_LOG" "$VMM_RC") |"
-if [[ -n "$SANITIZER" ]]; then
-    san_summary=$(grep -E 'ERROR SUMMARY' "$SAN_LOG" | tail -n 1 | sed -E 's/^=+ *//' || true)
-    echo "| memcheck gpu_check --ops $SANITIZER_OPS | $SAN_RC | $SAN_SECS | $(verdict "$SAN_LOG" "$SAN_RC")${san_summary:+; $san_summary} |"
-else
-    echo "| memcheck | - | - | skipped: compute-sanitizer not installed |"
-fi
-
-if [[ -n "$TORCH_RC" ]]; then
-    echo "| PyTorch checks | $TORCH_RC | $TORCH_SECS | $(grep -c '^PASS' "$TORCH_LOG") passed, $(grep -c '^FAIL' "$TORCH_LOG") failed |"
-    echo "| PyTorch jobs | $JOBS_RC | $JOBS_SECS | tables above |"
-fi
-
-if [[ "$MAIN_RC" != 0 ]]; then
-    exit "$MAIN_RC"
-fi
-if [[ "$VMM_RC" != 0 ]]; then
-    exit "$VMM_RC"
-fi
-if [[ -n "$TORCH_RC" && "$TORCH_RC" != 0 ]]; then
-    exit "$TORCH_RC"
-fi
-if [[ -n "$JOBS_RC" && "$JOBS_RC" != 0 ]]; then
-    exit "$JOBS_RC"
-fi
-if [[ -n "$SAN_RC" && "$SAN_RC" != 0 ]]; then
-    exit "$SAN_RC"
-fi
-exit 0
+printf '%s\n' "${ROWS[@]}"
+exit "$FINAL_RC"

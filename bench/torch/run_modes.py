@@ -11,7 +11,9 @@ over peak live, and whether the losses equal native's bit for bit.
 Modes: native, expandable (expandable_segments:True), async
 (backend:cudaMallocAsync), nocache (PYTORCH_NO_CUDA_MEMORY_CACHING=1), cuheap
 (CUHEAP_TORCH=1 with scripts/ on PYTHONPATH: environment only), cuheap-vmm (the
-same with CUHEAP_CONF=vmm:1).
+same with CUHEAP_CONF=vmm:1), preload (LD_PRELOAD=build/libcuheap.so with
+PYTORCH_NO_CUDA_MEMORY_CACHING=1: every tensor is a cudaMalloc served by
+cuheap), preload-caching (LD_PRELOAD with PyTorch's caching left on).
 """
 
 import argparse
@@ -26,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 
 def environment(mode):
     env = dict(os.environ)
-    for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING", "CUHEAP_TORCH", "CUHEAP_CONF"):
+    for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING", "CUHEAP_TORCH", "CUHEAP_CONF", "LD_PRELOAD"):
         env.pop(k, None)
     env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"   # deterministic cuBLAS
     env["PYTHONUNBUFFERED"] = "1"
@@ -41,6 +43,10 @@ def environment(mode):
         env["PYTHONPATH"] = os.path.join(ROOT, "scripts") + os.pathsep + env.get("PYTHONPATH", "")
         if mode == "cuheap-vmm":
             env["CUHEAP_CONF"] = "vmm:1"
+    elif mode in ("preload", "preload-caching"):
+        env["LD_PRELOAD"] = os.path.join(ROOT, "build", "libcuheap.so")
+        if mode == "preload":
+            env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
     elif mode != "native":
         raise SystemExit("unknown mode %s" % mode)
     return env

@@ -28,11 +28,43 @@ import os
 import statistics
 import sys
 import time
+import ctypes
 
 import torch
 
 
+def preloaded_cuheap():
+    """libcuheap.so when it is preloaded into this process (LD_PRELOAD), else None."""
+    if "libcuheap" not in os.environ.get("LD_PRELOAD", ""):
+        return None
+    lib = ctypes.CDLL(None)
+    return lib if hasattr(lib, "cuheap_get_stats") else None
+
+
+class CuheapStat(ctypes.Structure):
+    _fields_ = [("current", ctypes.c_uint64), ("peak", ctypes.c_uint64)]
+
+
+class CuheapStats(ctypes.Structure):
+    _fields_ = [(n, CuheapStat) for n in ("requested", "allocated", "reserved", "cached", "pending")] + \
+        [(n, ctypes.c_uint64) for n in ("num_allocs", "num_frees", "num_segment_allocs", "num_segment_frees",
+                                        "num_cache_hits", "num_retries", "num_ooms", "largest_free_extent",
+                                        "num_free_extents", "limit", "workspace", "device_total")]
+
+
+def preload_stats():
+    st = CuheapStats()
+    rc = preloaded_cuheap().cuheap_get_stats(torch.cuda.current_device(), ctypes.byref(st))
+    if rc != 0:
+        raise SystemExit("cuheap_get_stats failed: %d" % rc)
+    return st
+
+
 def mode_name():
+    if preloaded_cuheap() is not None:
+        if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
+            return "preload"
+        return "preload-caching"
     if "cuheap_torch" in sys.modules and sys.modules["cuheap_torch"].installed():
         return "cuheap-vmm" if "vmm:1" in os.environ.get("CUHEAP_CONF", "") else "cuheap"
     if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
@@ -47,6 +79,12 @@ def mode_name():
 
 def peaks():
     """(peak reserved, peak live) of this process's allocator, in bytes."""
+    if mode_name().startswith("preload"):
+        # cuheap holds every byte: its peaks are the process's.
+        st = preload_stats()
+        if st.num_allocs == 0:
+            raise SystemExit("libcuheap.so is preloaded but served no allocation")
+        return st.reserved.peak, st.requested.peak
     if mode_name().startswith("cuheap"):
         stats = sys.modules["cuheap_torch"].memory_stats()
         return stats["reserved_bytes.all.peak"], stats["requested_bytes.all.peak"]

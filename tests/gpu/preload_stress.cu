@@ -1,0 +1,339 @@
+/* preload_stress.cu - an ordinary CUDA program that knows nothing of cuheap,
+ * run under LD_PRELOAD=libcuheap.so by `make gpu-check`.
+ *
+ * It is built twice: with nvcc's default static runtime (whose calls reach the
+ * driver only through dlopen, dlsym and cuGetProcAddress) and with
+ * -cudart shared (whose cudaMalloc symbol a preloaded library defines).
+ * Checks, each printing PASS or FAIL:
+ *   a. basics   cudaMalloc of 0 bytes, cudaFree(NULL), 512-byte alignment,
+ *               a double free is an error and nothing else is harmed
+ *   b. stress   8 host threads x 4 non-blocking streams; cudaMalloc and
+ *               cudaMallocAsync, cudaFree and cudaFreeAsync mixed; every
+ *               block fully written by a kernel and verified by another
+ *               before its free (which does not wait for the verification)
+ *   c. cudaFree's promise  a slow kernel on a non-blocking stream still
+ *               reads a buffer the host has freed while the host allocates
+ *               and overwrites memory of that size on another stream: no
+ *               byte read may change, and the free must not wait
+ *   d. served   under --expect-cuheap, cuheap's statistics (found with
+ *               dlsym, as the program does not link cuheap) count at least
+ *               every allocation this program made
+ * Prints "preload_stress: all checks passed" or "preload_stress: FAILED"; exit
+ * status 0 only if every check passed.
+ * Options: --ops N (stress operations, default 200000), --expect-cuheap.
+ */
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MiB ((size_t)1 << 20)
+#define THREADS 8
+#define STREAMS 4          /* per thread */
+#define MAX_LIVE 32        /* per thread */
+
+static int failures;
+static unsigned long long *d_errors;   /* device counters: [0] stress, [1] promise */
+static unsigned long long program_allocs;
+static pthread_mutex_t count_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void report(const char *name, int ok, const char *detail)
+{
+    printf("%s %-10s %s\n", ok ? "PASS" : "FAIL", name, detail);
+    if (!ok)
+        failures++;
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void counted(int n)
+{
+    pthread_mutex_lock(&count_lock);
+    program_allocs += (unsigned long long)n;
+    pthread_mutex_unlock(&count_lock);
+}
+
+__global__ void stamp(unsigned char *p, size_t n, unsigned char v)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = v;
+}
+
+__global__ void verify(const unsigned char *p, size_t n, unsigned char v, unsigned long long *errors)
+{
+    unsigned long long bad = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        bad += p[i] != v;
+    if (bad)
+        atomicAdd(errors, bad);
+}
+
+/* Spins for `cycles` clock cycles, then checks the buffer. */
+__global__ void slow_verify(const unsigned char *p, size_t n, unsigned char v, long long cycles,
+                            unsigned long long *errors)
+{
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+    unsigned long long bad = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        bad += p[i] != v;
+    if (bad)
+        atomicAdd(errors, bad);
+}
+
+static unsigned blocks_for(size_t n)
+{
+    size_t b = (n + 255) / 256;
+    return (unsigned)(b > 1024 ? 1024 : b ? b : 1);
+}
+
+/* ---- a. basics ------------------------------------------------------------ */
+
+static void check_basics(void)
+{
+    char detail[200] = "";
+    int ok = 1;
+    void *p = (void *)1;
+    if (cudaMalloc(&p, 0) != cudaSuccess || p != NULL)
+        ok = 0, strcat(detail, "cudaMalloc(0) ");
+    if (cudaFree(NULL) != cudaSuccess)
+        ok = 0, strcat(detail, "cudaFree(NULL) ");
+    void *blocks[16];
+    for (int i = 0; i < 16; i++) {
+        if (cudaMalloc(&blocks[i], (size_t)1 << (i + 4)) != cudaSuccess || (uintptr_t)blocks[i] % 512)
+            ok = 0, strcat(detail, "alignment ");
+        counted(1);
+    }
+    for (int i = 0; i < 16; i++)
+        cudaFree(blocks[i]);
+    void *q;
+    cudaMalloc(&q, 4096);
+    counted(1);
+    cudaFree(q);
+    cudaError_t again = cudaFree(q);
+    cudaGetLastError();
+    if (again == cudaSuccess)
+        ok = 0, strcat(detail, "double free accepted ");
+    void *r;
+    if (cudaMalloc(&r, 4096) != cudaSuccess || cudaMemset(r, 1, 4096) != cudaSuccess)
+        ok = 0, strcat(detail, "heap harmed by double free ");
+    counted(1);
+    cudaFree(r);
+    if (ok)
+        snprintf(detail, sizeof detail, "size 0, NULL free, alignment, double free -> %d", (int)again);
+    report("basics", ok, detail);
+}
+
+/* ---- b. stress ------------------------------------------------------------ */
+
+typedef struct worker_s {
+    int id;
+    long ops;
+    unsigned long long seed;
+} worker_t;
+
+static unsigned long long next_random(unsigned long long *s)
+{
+    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+    return *s;
+}
+
+static size_t random_size(unsigned long long *s)
+{
+    unsigned long long r = next_random(s);
+    switch (r % 8) {
+    case 0: case 1: case 2: return 1 + (size_t)(r >> 8) % 4096;          /* tiny */
+    case 3: case 4: return 4096 + (size_t)(r >> 8) % (256 * 1024);       /* small */
+    case 5: case 6: return 256 * 1024 + (size_t)(r >> 8) % (4 * MiB);    /* medium */
+    default: return 4 * MiB + (size_t)(r >> 8) % (28 * MiB);             /* large */
+    }
+}
+
+static void *stress_worker(void *arg)
+{
+    worker_t *w = (worker_t *)arg;
+    cudaStream_t streams[STREAMS];
+    for (int i = 0; i < STREAMS; i++)
+        cudaStreamCreateWithFlags(&streams[i], cudaStreamNonBlocking);
+    struct { unsigned char *p; size_t n; int stream; unsigned char v; } live[MAX_LIVE];
+    int nlive = 0;
+    unsigned long long s = w->seed;
+    long allocs = 0;
+    for (long op = 0; op < w->ops; op++) {
+        if (nlive == MAX_LIVE || (nlive && next_random(&s) % 2)) {
+            int k = (int)(next_random(&s) % (unsigned)nlive);
+            cudaStream_t st = streams[live[k].stream];
+            verify<<<blocks_for(live[k].n), 256, 0, st>>>(live[k].p, live[k].n, live[k].v, &d_errors[0]);
+            /* cudaFree does not wait for the verification; cuheap must not
+             * hand the block out before it ran. */
+            if (next_random(&s) % 2)
+                cudaFree(live[k].p);
+            else
+                cudaFreeAsync(live[k].p, st);
+            live[k] = live[--nlive];
+        } else {
+            size_t n = random_size(&s);
+            int si = (int)(next_random(&s) % STREAMS);
+            unsigned char *p = NULL;
+            cudaError_t e = next_random(&s) % 2 ? cudaMalloc((void **)&p, n)
+                                                : cudaMallocAsync((void **)&p, n, streams[si]);
+            if (e != cudaSuccess) {
+                fprintf(stderr, "stress: allocation of %zu bytes failed: %s\n", n, cudaGetErrorString(e));
+                break;
+            }
+            allocs++;
+            unsigned char v = (unsigned char)(1 + (w->id * 31 + op) % 254);
+            stamp<<<blocks_for(n), 256, 0, streams[si]>>>(p, n, v);
+            live[nlive].p = p, live[nlive].n = n, live[nlive].stream = si, live[nlive].v = v;
+            nlive++;
+        }
+    }
+    for (int k = 0; k < nlive; k++) {
+        verify<<<blocks_for(live[k].n), 256, 0, streams[live[k].stream]>>>(live[k].p, live[k].n, live[k].v,
+                                                                             &d_errors[0]);
+        cudaFree(live[k].p);
+    }
+    for (int i = 0; i < STREAMS; i++) {
+        cudaStreamSynchronize(streams[i]);
+        cudaStreamDestroy(streams[i]);
+    }
+    counted((int)allocs);
+    return NULL;
+}
+
+static void check_stress(long ops)
+{
+    pthread_t t[THREADS];
+    worker_t w[THREADS];
+    double t0 = now_ms();
+    for (int i = 0; i < THREADS; i++) {
+        w[i].id = i, w[i].ops = ops / THREADS, w[i].seed = 0x9E3779B97F4A7C15ull * (unsigned long long)(i + 1);
+        pthread_create(&t[i], NULL, stress_worker, &w[i]);
+    }
+    for (int i = 0; i < THREADS; i++)
+        pthread_join(t[i], NULL);
+    cudaError_t e = cudaDeviceSynchronize();
+    unsigned long long bad = 0;
+    cudaMemcpy(&bad, &d_errors[0], sizeof bad, cudaMemcpyDeviceToHost);
+    char detail[200];
+    snprintf(detail, sizeof detail, "%ld ops, %d threads x %d streams, %.0f ms, corrupted bytes %llu, %s", ops,
+             THREADS, STREAMS, now_ms() - t0, bad, cudaGetErrorString(e));
+    report("stress", e == cudaSuccess && bad == 0, detail);
+}
+
+/* ---- c. cudaFree's promise ---------------------------------------------- */
+
+static void check_promise(void)
+{
+    const size_t n = 64 * MiB;
+    cudaStream_t slow, other;
+    cudaStreamCreateWithFlags(&slow, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking);
+    int clock_khz = 0;
+    cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
+    long long cycles = (long long)clock_khz * 300;   /* about 300 ms */
+    unsigned char *a;
+    cudaMalloc((void **)&a, n);
+    counted(1);
+    cudaMemset(a, 0x5A, n);
+    cudaDeviceSynchronize();
+    slow_verify<<<blocks_for(n), 256, 0, slow>>>(a, n, 0x5A, cycles, &d_errors[1]);
+    double t0 = now_ms();
+    cudaFree(a);
+    double free_ms = now_ms() - t0;
+    unsigned char *b[16];
+    int reused = 0;
+    for (int i = 0; i < 16; i++) {
+        cudaMalloc((void **)&b[i], n);
+        counted(1);
+        reused += b[i] == a;
+        cudaMemsetAsync(b[i], 0, n, other);
+    }
+    double loop_ms = now_ms() - t0;
+    cudaError_t e = cudaDeviceSynchronize();
+    for (int i = 0; i < 16; i++)
+        cudaFree(b[i]);
+    unsigned long long bad = 0;
+    cudaMemcpy(&bad, &d_errors[1], sizeof bad, cudaMemcpyDeviceToHost);
+    cudaStreamDestroy(slow);
+    cudaStreamDestroy(other);
+    char detail[240];
+    snprintf(detail, sizeof detail,
+             "cudaFree took %.3f ms, 16 x 64 MiB allocated and overwritten in %.1f ms while the kernel ran, "
+             "freed block handed out again %d times, corrupted bytes %llu",
+             free_ms, loop_ms, reused, bad);
+    report("promise", e == cudaSuccess && bad == 0 && free_ms < 5.0, detail);
+}
+
+/* ---- d. served by cuheap ------------------------------------------------ */
+
+typedef struct { unsigned long long current, peak; } stat_t;
+typedef struct {
+    stat_t requested, allocated, reserved, cached, pending;
+    unsigned long long num_allocs, num_frees, num_segment_allocs, num_segment_frees, num_cache_hits,
+        num_retries, num_ooms, largest_free_extent, num_free_extents, limit, workspace, device_total;
+} cuheap_stats_t;
+
+static void check_served(int expect)
+{
+    int (*get_stats)(int, cuheap_stats_t *);
+    void *sym = dlsym(RTLD_DEFAULT, "cuheap_get_stats");
+    memcpy(&get_stats, &sym, sizeof get_stats);
+    char detail[240];
+    if (!get_stats) {
+        snprintf(detail, sizeof detail, "libcuheap.so is not loaded (%llu allocations by CUDA itself)",
+                 program_allocs);
+        report("served", !expect, detail);
+        return;
+    }
+    cuheap_stats_t st;
+    memset(&st, 0, sizeof st);
+    get_stats(0, &st);
+    snprintf(detail, sizeof detail,
+             "program allocations %llu, cuheap allocations %llu, frees %llu, device segments %llu, "
+             "peak reserved %.1f MiB, peak live %.1f MiB",
+             program_allocs, st.num_allocs, st.num_frees, st.num_segment_allocs, st.reserved.peak / 1048576.0,
+             st.requested.peak / 1048576.0);
+    report("served", st.num_allocs >= program_allocs && st.num_segment_allocs < st.num_allocs, detail);
+}
+
+int main(int argc, char **argv)
+{
+    long ops = 200000;
+    int expect = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--ops") && i + 1 < argc)
+            ops = atol(argv[++i]);
+        else if (!strcmp(argv[i], "--expect-cuheap"))
+            expect = 1;
+        else {
+            fprintf(stderr, "usage: %s [--ops N] [--expect-cuheap]\n", argv[0]);
+            return 2;
+        }
+    }
+    cudaSetDevice(0);
+    /* The counters come from the runtime like everything else. */
+    if (cudaMalloc((void **)&d_errors, 2 * sizeof *d_errors) != cudaSuccess) {
+        printf("preload_stress: FAILED (no device memory)\n");
+        return 1;
+    }
+    counted(1);
+    cudaMemset(d_errors, 0, 2 * sizeof *d_errors);
+    check_basics();
+    check_stress(ops);
+    check_promise();
+    check_served(expect);
+    cudaFree(d_errors);
+    printf("preload_stress: %s\n", failures ? "FAILED" : "all checks passed");
+    return failures ? 1 : 0;
+}
