@@ -177,9 +177,9 @@ if [[ "${GPU_TORCH:-1}" != 0 ]] && python3 -c 'import torch, sys; sys.exit(0 if 
         row "PyTorch side-stream and graph jobs" "$RUN_RC" "$RUN_SECS" "table above"
     fi
     if part preload; then
-        section "PyTorch training jobs under LD_PRELOAD (caching off and on) beside native and no caching"
+        section "PyTorch training jobs under LD_PRELOAD (caching off and on) beside native"
         run_logged "$BUILD/torch_preload.log" timeout 420 python3 bench/torch/run_modes.py \
-            --jobs resnet50,gpt2,bert_varlen --modes native,nocache,preload,preload-caching \
+            --jobs resnet50,gpt2,bert_varlen --modes native,preload,preload-caching \
             --steps "$TORCH_STEPS" --out "$BUILD/torch_preload.json"
         row "PyTorch jobs (LD_PRELOAD)" "$RUN_RC" "$RUN_SECS" "table above"
     fi
