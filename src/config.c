@@ -57,9 +57,9 @@ static const option_t options[] = {
      "memory, larger values move pages less often. Between 0 and 1."},
     {"wait_before_grow", KIND_BOOL, offsetof(cuh_config_t, wait_before_grow), "1",
      "1: when a cudaMalloc (device-wide allocation) finds no ready block while blocks freed by "
-     "cudaFree still wait for the GPU and hold enough bytes, cuheap waits for the oldest of them "
-     "instead of reserving more, so the heap does not grow by what the CPU ran ahead of the GPU. "
-     "0: reserve more; the CPU never waits."},
+     "cudaFree still wait for the GPU and hold enough bytes, cuheap takes them back at once and "
+     "makes every stream wait on the GPU (cuStreamWaitEvent) for the work issued before those "
+     "frees, instead of reserving more; the CPU does not wait. 0: reserve more."},
     {"ipc_safe", KIND_BOOL, offsetof(cuh_config_t, ipc_safe), "0",
      "1: every block gets a segment of its own that it starts (a free one at most a quarter "
      "larger, or a new one sized to it), so cudaIpcGetMemHandle works on any block. Costs a "

@@ -45,6 +45,9 @@ typedef struct cuh_device_ops_s {
     /* Blocks the calling thread until that work has finished. */
     cuh_dev_status_t (*event_wait)(cuh_device_t *dev, cuh_event_t event);
     /* Blocks until all work on the device has finished. */
+    /* Work issued on `stream` from now on waits, on the GPU, for what
+     * `event` waits for; the event may be recorded again afterwards. */
+    cuh_dev_status_t (*stream_wait)(cuh_device_t *dev, cuh_stream_t stream, cuh_event_t event);
     cuh_dev_status_t (*synchronize)(cuh_device_t *dev);
     void (*destroy)(cuh_device_t *dev);
 
@@ -98,7 +101,7 @@ typedef struct cuh_sim_counters_s {
     uint64_t vm_creates, vm_releases, vm_maps, vm_unmaps;
     size_t vm_mapped;          /* bytes mapped now */
     uint64_t mem_allocs, mem_frees, mem_refusals;
-    uint64_t events_recorded, event_waits, synchronizes;
+    uint64_t events_recorded, event_waits, stream_waits, synchronizes;
     uint64_t live_events;
 } cuh_sim_counters_t;
 void cuh_sim_counters(cuh_device_t *dev, cuh_sim_counters_t *out);

@@ -111,6 +111,7 @@ static struct {
     CUresult (*cuEventRecord)(CUevent event, CUstream stream);
     CUresult (*cuEventQuery)(CUevent event);
     CUresult (*cuEventSynchronize)(CUevent event);
+    CUresult (*cuStreamWaitEvent)(CUstream stream, CUevent event, unsigned int flags);
     CUresult (*cuThreadExchangeStreamCaptureMode)(int *mode);
     /* Virtual memory (optional: NULL when the driver lacks them). */
     CUresult (*cuMemGetAllocationGranularity)(size_t *gran, const cuh_CUmemAllocationProp *prop, int option);
@@ -272,6 +273,7 @@ static void cuda_load(void)
     CU_RESOLVE(cuEventRecord);
     CU_RESOLVE(cuEventQuery);
     CU_RESOLVE(cuEventSynchronize);
+    CU_RESOLVE(cuStreamWaitEvent);
     CU_RESOLVE(cuThreadExchangeStreamCaptureMode);
 #undef CU_RESOLVE
 #define CU_OPTIONAL(field)                                             \
@@ -560,6 +562,22 @@ static cuh_dev_status_t cuda_event_wait(cuh_device_t *dev, cuh_event_t event)
     return CUH_DEV_OK;
 }
 
+static cuh_dev_status_t cuda_stream_wait(cuh_device_t *dev, cuh_stream_t stream, cuh_event_t event)
+{
+    cuh_cuda_device_t *d = cuda_dev(dev);
+    int pushed;
+    CUresult r;
+
+    CUDA_ENTER(d, pushed, "cuStreamWaitEvent");
+    r = g_cu.cuStreamWaitEvent((CUstream)(void *)stream, (CUevent)(void *)event, 0);
+    cuda_ctx_leave(pushed);
+    if (r != CUDA_SUCCESS) {
+        cuda_dev_error(dev, r, "cuStreamWaitEvent");
+        return CUH_DEV_ERROR;
+    }
+    return CUH_DEV_OK;
+}
+
 static cuh_dev_status_t cuda_synchronize(cuh_device_t *dev)
 {
     cuh_cuda_device_t *d = cuda_dev(dev);
@@ -725,6 +743,7 @@ static const cuh_device_ops_t cuda_ops = {
     .event_record = cuda_event_record,
     .event_query = cuda_event_query,
     .event_wait = cuda_event_wait,
+    .stream_wait = cuda_stream_wait,
     .synchronize = cuda_synchronize,
     .destroy = cuda_destroy,
     .vm_granularity = cuda_vm_granularity,

@@ -220,6 +220,17 @@ static cuh_dev_status_t sim_event_wait(cuh_device_t *dev, cuh_event_t event)
     return CUH_DEV_OK;
 }
 
+/* Simulated streams carry no data: a GPU-side wait is only counted. */
+static cuh_dev_status_t sim_stream_wait(cuh_device_t *dev, cuh_stream_t stream, cuh_event_t event)
+{
+    (void)stream, (void)event;
+    sim_device_t *s = sim_of(dev);
+    pthread_mutex_lock(&s->lock);
+    s->counters.stream_waits++;
+    pthread_mutex_unlock(&s->lock);
+    return CUH_DEV_OK;
+}
+
 static void complete_all_locked(sim_device_t *s)
 {
     for (size_t i = 0; i < s->num_streams; i++)
@@ -365,6 +376,7 @@ static const cuh_device_ops_t sim_ops = {
     .event_record = sim_event_record,
     .event_query = sim_event_query,
     .event_wait = sim_event_wait,
+    .stream_wait = sim_stream_wait,
     .synchronize = sim_synchronize,
     .destroy = sim_destroy,
     .vm_granularity = sim_vm_granularity,

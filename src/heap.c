@@ -176,7 +176,7 @@ struct cuh_heap_s {
     hold_t **holds;
     size_t num_holds, cap_holds;
     size_t held_bytes;
-    uint64_t num_batch_waits;   /* times an allocation waited for a batch instead of growing */
+    uint64_t num_stream_waits;   /* GPU-side waits enqueued to reuse cudaFree batches early */
     size_t held_requested;
     free_batch_t *open_batch;    /* device-wide frees no event covers yet */
     free_batch_t *closed_batches;
@@ -580,6 +580,7 @@ static int fence_others_locked(cuh_heap_t *h, const stream_state_t *except, size
 }
 
 static void batch_close_locked(cuh_heap_t *h);
+static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch);
 
 /* Makes all freed memory global: fence every stream and wait. */
 static void settle_all_locked(cuh_heap_t *h)
@@ -964,13 +965,36 @@ static cuh_extent_t *take_locked(cuh_heap_t *h, cuh_extent_t *free_ext, size_t s
  * GPU has passed them. A program that frees and allocates as it goes -
  * PyTorch without its cache: a cudaFree per tensor - would otherwise make
  * the heap grow by everything the CPU has freed ahead of the GPU. So before
- * growing, while batches hold at least `size` bytes, cuheap waits for the
- * oldest one: the CPU stalls only until the GPU reaches that batch, while the
- * work queued since keeps the GPU busy. Returns 1 when a batch finished (try
- * again), 0 when there is nothing to wait for. */
+ * growing, while batches hold at least `size` bytes, the oldest batch is
+ * taken back at once, and the GPU, not the CPU, waits: every stream cuheap
+ * knows, and the legacy default stream (which every blocking stream waits
+ * for), gets a wait on the batch's events, so no work issued from now on -
+ * the only work that can touch a block handed out now - runs before the
+ * work issued before the frees has finished. Only when a wait cannot be
+ * enqueued does the CPU wait. Returns 1 when a batch came back (try again),
+ * 0 when there is none to take. */
 static int events_done_locked(cuh_heap_t *h, cuh_event_t *events, size_t *num_events, int wait);
 
-static int wait_oldest_batch_locked(cuh_heap_t *h, size_t size)
+/* Every known stream and the default stream wait for `batch` on the GPU. */
+static int streams_wait_locked(cuh_heap_t *h, const free_batch_t *batch)
+{
+    for (size_t e = 0; e < batch->num_events; e++) {
+        if (h->dev->ops->stream_wait(h->dev, 0, batch->events[e]) != CUH_DEV_OK)
+            return 0;
+        h->num_stream_waits++;
+        for (uint32_t i = 0; i < h->num_streams; i++) {
+            const stream_state_t *st = h->streams[i];
+            if (st->retired || !st->handle)
+                continue;
+            if (h->dev->ops->stream_wait(h->dev, st->handle, batch->events[e]) != CUH_DEV_OK)
+                return 0;
+            h->num_stream_waits++;
+        }
+    }
+    return 1;
+}
+
+static int take_oldest_batch_locked(cuh_heap_t *h, size_t size)
 {
     if (!h->cfg.wait_before_grow || h->captures || h->held_bytes < size)
         return 0;
@@ -979,12 +1003,14 @@ static int wait_oldest_batch_locked(cuh_heap_t *h, size_t size)
             return 0;
         batch_close_locked(h);
         if (!h->closed_batches)
-            return 1;   /* nothing to wait for: it finished at once */
+            return 1;   /* finished at once */
     }
     free_batch_t *oldest = h->closed_batches;
-    events_done_locked(h, oldest->events, &oldest->num_events, 1);
-    h->num_batch_waits++;
-    return batches_poll_locked(h, 0);
+    if (!events_done_locked(h, oldest->events, &oldest->num_events, 0) && !streams_wait_locked(h, oldest))
+        events_done_locked(h, oldest->events, &oldest->num_events, 1);
+    h->closed_batches = oldest->next;
+    batch_finish_locked(h, oldest);
+    return 1;
 }
 
 /* The best free extent for `size`. With ipc_safe:1 only a whole segment no
@@ -1016,7 +1042,7 @@ static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
         (e = find_fit_locked(h, size, align, st->tag)))
         goto hit;
 
-    while (wait_oldest_batch_locked(h, size))
+    while (take_oldest_batch_locked(h, size))
         if ((e = find_fit_locked(h, size, align, st->tag)))
             goto hit;
 

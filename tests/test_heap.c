@@ -407,8 +407,8 @@ static void test_device_wide_free_of_a_graph_block_waits_for_its_pool(void **sta
 
 /* cudaFree then cudaMalloc of the same size while the GPU lags (PyTorch
  * without its cache): rather than reserve a second copy, the allocation
- * waits for the batch that holds the first, and gets it back. With
- * wait_before_grow:0 it reserves more instead and never waits. */
+ * takes back the batch that holds the first and every stream waits for it on
+ * the GPU. With wait_before_grow:0 it reserves more instead. */
 static void test_device_wide_malloc_waits_for_a_batch_rather_than_grow(void **state)
 {
     (void)state;
@@ -430,9 +430,11 @@ static void test_device_wide_malloc_waits_for_a_batch_rather_than_grow(void **st
         cuh_sim_counters(t.dev, &c1);
         cuh_heap_stats(t.heap, &st1);
         if (wait) {
-            /* One wait (for the batch's events; the sim's waits complete
-             * the work, as a GPU would by then) and the same memory. */
-            assert_true(c1.event_waits > c0.event_waits);
+            /* The same memory at once: S3 and the default stream each wait
+             * on the GPU for the batch's two events (one per stream); the
+             * CPU does not wait. */
+            assert_int_equal(c1.event_waits, c0.event_waits);
+            assert_int_equal(c1.stream_waits - c0.stream_waits, 4);
             assert_int_equal(b, a);
             assert_int_equal(st1.num_segment_allocs, st0.num_segment_allocs);
             assert_int_equal(st1.reserved.current, st0.reserved.current);

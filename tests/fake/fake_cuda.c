@@ -19,9 +19,11 @@
  *                   destroyed stream stays valid. 0 and 0x1 name the legacy
  *                   default stream; 0x2, the per-thread default stream, is
  *                   treated as the legacy stream too (one blocking stream);
- *   GPU work        pretend kernels (fake_cuda_enqueue_check, see
+ *   GPU work        pretend kernels (fake_cuda_enqueue_check and _fill, see
  *                   fake_cuda.h) run when enqueued, or, while the test holds
  *                   work (fake_cuda_hold), when it completes their stream;
+ *                   cuStreamWaitEvent queues a wait that first runs the
+ *                   work the event waits for;
  *   events          an event remembers how much work was queued on its
  *                   stream when recorded, and is complete once that work ran
  *                   (cuEventSynchronize runs it). An event on the legacy
@@ -221,10 +223,21 @@ API CUresult cuThreadExchangeStreamCaptureMode(int *mode)
 
 /* ---- streams and pretend GPU work ------------------------------------------- */
 
+/* A pretend kernel: checks bytes (CHECK), writes them (FILL), or waits for
+ * other streams' work (WAIT: cuStreamWaitEvent, the event's targets copied
+ * when it was enqueued). */
+enum { WORK_CHECK, WORK_FILL, WORK_WAIT };
+struct fake_stream_s;
 typedef struct work_s {
-    const unsigned char *ptr;
+    int kind;
+    unsigned char *ptr;
     size_t n;
-    unsigned char expected;
+    unsigned char value;
+    struct {
+        struct fake_stream_s *stream;
+        unsigned long target;
+    } *waits;
+    size_t num_waits;
 } work_t;
 
 /* Work item i of a stream is queue[i]; items [completed, enqueued) wait. */
@@ -266,9 +279,21 @@ static fake_stream_t *stream_locked(CUstream handle)
 static void run_until_locked(fake_stream_t *s, unsigned long target)
 {
     while (s->completed < target) {
-        const work_t *w = &s->queue[s->completed++];
+        work_t *w = &s->queue[s->completed++];
+        if (w->kind == WORK_WAIT) {
+            /* The GPU runs what the event waits for first. */
+            for (size_t i = 0; i < w->num_waits; i++)
+                run_until_locked(w->waits[i].stream, w->waits[i].target);
+            free(w->waits);
+            w->waits = NULL;
+            continue;
+        }
+        if (w->kind == WORK_FILL) {
+            memset(w->ptr, w->value, w->n);
+            continue;
+        }
         for (size_t i = 0; i < w->n; i++)
-            corrupt_bytes += w->ptr[i] != w->expected;
+            corrupt_bytes += w->ptr[i] != w->value;
         calls.kernels_run++;
     }
 }
@@ -343,10 +368,27 @@ API void fake_cuda_hold(int on)
     holding = on;
     pthread_mutex_unlock(&lock);
 }
+static int enqueue_locked(fake_stream_t *s, work_t w);
+
 API int fake_cuda_enqueue_check(void *stream, const void *ptr, size_t n, unsigned char expected)
 {
     pthread_mutex_lock(&lock);
-    fake_stream_t *s = stream_locked(stream);
+    int r = enqueue_locked(stream_locked(stream), (work_t){WORK_CHECK, (unsigned char *)(uintptr_t)ptr, n, expected,
+                                                           NULL, 0});
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+API int fake_cuda_enqueue_fill(void *stream, void *ptr, size_t n, unsigned char value)
+{
+    pthread_mutex_lock(&lock);
+    int r = enqueue_locked(stream_locked(stream), (work_t){WORK_FILL, ptr, n, value, NULL, 0});
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+/* Queues w on s (runs it at once unless work is held). */
+static int enqueue_locked(fake_stream_t *s, work_t w)
+{
     CUresult r = s ? OK : INVALID_HANDLE;
     if (s && s->enqueued == s->queue_cap) {
         unsigned long cap = s->queue_cap ? 2 * s->queue_cap : 16;
@@ -359,11 +401,12 @@ API int fake_cuda_enqueue_check(void *stream, const void *ptr, size_t n, unsigne
         }
     }
     if (r == OK) {
-        s->queue[s->enqueued++] = (work_t){ptr, n, expected};
+        s->queue[s->enqueued++] = w;
         if (!holding)
             run_until_locked(s, s->enqueued);
+    } else {
+        free(w.waits);
     }
-    pthread_mutex_unlock(&lock);
     return r;
 }
 API void fake_cuda_complete(void *stream)
@@ -436,6 +479,28 @@ API CUresult cuEventRecord(CUevent event, CUstream stream)
         for (fake_stream_t *t = streams; r == OK && s == &legacy_stream && t; t = t->next)
             if (!t->destroyed && !(t->flags & STREAM_NON_BLOCKING) && event_wait_add(e, t))
                 r = OUT_OF_MEMORY;
+    }
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+/* The stream's later work waits for what the event waits for now. */
+API CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned flags)
+{
+    (void)flags;
+    fake_event_t *e = event;
+    pthread_mutex_lock(&lock);
+    fake_stream_t *s = stream_locked(stream);
+    work_t w = {WORK_WAIT, NULL, 0, 0, NULL, e->num_waits};
+    CUresult r = s ? OK : INVALID_HANDLE;
+    if (r == OK && e->num_waits && !(w.waits = malloc(e->num_waits * sizeof *w.waits)))
+        r = OUT_OF_MEMORY;
+    for (size_t i = 0; r == OK && i < e->num_waits; i++) {
+        w.waits[i].stream = e->waits[i].stream;
+        w.waits[i].target = e->waits[i].target;
+    }
+    if (r == OK) {
+        calls.stream_waits++;
+        r = enqueue_locked(s, w);
     }
     pthread_mutex_unlock(&lock);
     return r;
@@ -750,7 +815,7 @@ static const struct {
     VERSIONED("cuMemAllocAsync", cuMemAllocAsync_ptsz),
     VERSIONED("cuMemFreeAsync", cuMemFreeAsync_ptsz),
 }, exported[] = {
-    SAME(fake_cuda_counters), SAME(fake_cuda_calls), SAME(fake_cuda_hold), SAME(fake_cuda_enqueue_check),
+    SAME(fake_cuda_counters), SAME(fake_cuda_calls), SAME(fake_cuda_hold), SAME(fake_cuda_enqueue_check), SAME(fake_cuda_enqueue_fill), SAME(cuStreamWaitEvent),
     SAME(fake_cuda_complete), SAME(fake_cuda_complete_all), SAME(fake_cuda_corrupt_bytes),
     SAME(fake_cuda_alloc_foreign), SAME(fake_cuda_stream_create_unseen),
     SAME(cuGetErrorName), SAME(cuGetErrorString), SAME(cuInit), SAME(cuDeviceGetCount), SAME(cuDeviceGet),

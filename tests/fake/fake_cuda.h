@@ -23,7 +23,8 @@ typedef struct fake_cuda_calls_s {
     unsigned long refused_frees;   /* frees of an address that starts no allocation */
     unsigned long unknown_streams; /* calls naming a stream that does not exist (destroyed) */
     unsigned long primary_resets;  /* cuDevicePrimaryCtxReset_v2 */
-    unsigned long kernels_run;
+    unsigned long kernels_run;     /* checking kernels that ran */
+    unsigned long stream_waits;    /* cuStreamWaitEvent calls */
     size_t used;                   /* device bytes allocated now (managed not counted) */
     size_t capacity;
 } fake_cuda_calls_t;
@@ -31,6 +32,7 @@ typedef struct fake_cuda_calls_s {
 typedef void (*fake_cuda_calls_fn)(fake_cuda_calls_t *out);
 typedef void (*fake_cuda_hold_fn)(int on);
 typedef int (*fake_cuda_enqueue_check_fn)(void *stream, const void *ptr, size_t n, unsigned char expected);
+typedef int (*fake_cuda_enqueue_fill_fn)(void *stream, void *ptr, size_t n, unsigned char value);
 typedef void (*fake_cuda_complete_fn)(void *stream);
 typedef void (*fake_cuda_complete_all_fn)(void);
 typedef unsigned long (*fake_cuda_corrupt_bytes_fn)(void);
@@ -43,6 +45,9 @@ typedef int (*fake_cuda_stream_create_unseen_fn)(void **stream, unsigned int fla
 /* fake_cuda_enqueue_check(stream, ptr, n, expected): a kernel on `stream`
  * that, when it runs, counts the bytes of ptr[0..n) that differ from
  * `expected`. Returns a CUresult. */
+/* fake_cuda_enqueue_fill(stream, ptr, n, value): a kernel on `stream` that,
+ * when it runs, writes `value` to ptr[0..n). cuStreamWaitEvent makes a
+ * stream's later work run after what the event waited for. */
 /* fake_cuda_complete(stream), fake_cuda_complete_all(): runs the queued work
  * of one stream, of every stream. */
 /* fake_cuda_corrupt_bytes(): mismatching bytes every kernel so far saw. */

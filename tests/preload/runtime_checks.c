@@ -317,8 +317,10 @@ static void free_while_read(cudaStream_t stream, int stream_ordered_free, void *
     for (int i = 0; i < REUSE_TRIES; i++) {
         reused[i] = NULL;
         expect(cudaMalloc(&reused[i], CHECKED_BYTES) == cudaSuccess && reused[i], "cudaMalloc %d failed", i);
+        /* Written by GPU work on the default stream, as a program would:
+         * cuheap may hand A out at once if it makes the streams wait. */
         if (reused[i])
-            memset(reused[i], 0xCD, CHECKED_BYTES);
+            expect(fake.enqueue_fill(NULL, reused[i], CHECKED_BYTES, 0xCD) == 0, "enqueueing a fill failed");
     }
     *a_out = a;
 }
@@ -374,7 +376,18 @@ static void check_free_ordering(int stream_seen)
     else
         expect(fake.stream_create_unseen(&s, cudaStreamNonBlocking) == 0, "stream creation failed");
     void *reused[REUSE_TRIES], *a;
+    unsigned long waits_before = fake_calls(&fake).stream_waits;
     free_while_read(s, 0, reused, &a);
+    if (stream_seen && !RUNTIME_SYNCHRONIZES_IN_CUDA_FREE) {
+        /* cuheap handed A out again at once, making the streams wait for
+         * the kernel on the GPU rather than reserving more memory. */
+        int early = 0;
+        for (int i = 0; i < REUSE_TRIES; i++)
+            early |= reused[i] == a;
+        expect(early, "A was not reused before its kernel ran (the heap grew instead)");
+        expect(fake_calls(&fake).stream_waits > waits_before, "no stream was made to wait for the freed block");
+        expect(fake_calls(&fake).kernels_run == 0, "the CPU waited for the kernel");
+    }
     fake.complete_all();
     expect_a_safe_then_reusable(a, reused);
     fake.hold(0);
@@ -394,7 +407,7 @@ static void check_stream_destroy(void)
     expect(cudaMalloc(&after_destroy, CHECKED_BYTES) == cudaSuccess, "cudaMalloc after the destroy failed");
     expect(after_destroy != a, "A was handed out again after its stream was destroyed, before its work ran");
     if (after_destroy)
-        memset(after_destroy, 0xCD, CHECKED_BYTES);
+        expect(fake.enqueue_fill(NULL, after_destroy, CHECKED_BYTES, 0xCD) == 0, "enqueueing a fill failed");
     fake.complete_all();
     cudaFree(after_destroy);
     expect_a_safe_then_reusable(a, reused);

@@ -51,6 +51,7 @@ void fake_helpers_load(fake_helpers_t *out, void *(*lookup)(const char *name))
     LOAD(calls, "fake_cuda_calls");
     LOAD(hold, "fake_cuda_hold");
     LOAD(enqueue_check, "fake_cuda_enqueue_check");
+    LOAD(enqueue_fill, "fake_cuda_enqueue_fill");
     LOAD(complete, "fake_cuda_complete");
     LOAD(complete_all, "fake_cuda_complete_all");
     LOAD(corrupt_bytes, "fake_cuda_corrupt_bytes");

@@ -26,6 +26,7 @@ typedef struct fake_helpers_s {
     fake_cuda_calls_fn calls;
     fake_cuda_hold_fn hold;
     fake_cuda_enqueue_check_fn enqueue_check;
+    fake_cuda_enqueue_fill_fn enqueue_fill;
     fake_cuda_complete_fn complete;
     fake_cuda_complete_all_fn complete_all;
     fake_cuda_corrupt_bytes_fn corrupt_bytes;
