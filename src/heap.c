@@ -964,15 +964,14 @@ static cuh_extent_t *take_locked(cuh_heap_t *h, cuh_extent_t *free_ext, size_t s
 /* Device-wide frees (cudaFree under LD_PRELOAD) wait in batches until the
  * GPU has passed them. A program that frees and allocates as it goes -
  * PyTorch without its cache: a cudaFree per tensor - would otherwise make
- * the heap grow by everything the CPU has freed ahead of the GPU. So before
- * growing, while batches hold at least `size` bytes, the oldest batch is
- * taken back at once, and the GPU, not the CPU, waits: every stream cuheap
- * knows, and the legacy default stream (which every blocking stream waits
- * for), gets a wait on the batch's events, so no work issued from now on -
- * the only work that can touch a block handed out now - runs before the
- * work issued before the frees has finished. Only when a wait cannot be
- * enqueued does the CPU wait. Returns 1 when a batch came back (try again),
- * 0 when there is none to take. */
+ * the heap grow by everything the CPU has freed ahead of the GPU. So the
+ * oldest batch can be taken back at once, and the GPU, not the CPU, waits:
+ * every stream cuheap knows, and the legacy default stream (which every
+ * blocking stream waits for), gets a wait on the batch's events, so no work
+ * issued from now on - the only work that can touch a block handed out now -
+ * runs before the work issued before the frees has finished. Only when a
+ * wait cannot be enqueued does the CPU wait. Returns 1 when a batch came
+ * back (try again), 0 when there is none to take (or wait_before_grow:0). */
 static int events_done_locked(cuh_heap_t *h, cuh_event_t *events, size_t *num_events, int wait);
 
 /* Every known stream and the default stream wait for `batch` on the GPU. */
@@ -994,9 +993,9 @@ static int streams_wait_locked(cuh_heap_t *h, const free_batch_t *batch)
     return 1;
 }
 
-static int take_oldest_batch_locked(cuh_heap_t *h, size_t size)
+static int take_oldest_batch_locked(cuh_heap_t *h)
 {
-    if (!h->cfg.wait_before_grow || h->captures || h->held_bytes < size)
+    if (!h->cfg.wait_before_grow || h->captures)
         return 0;
     if (!h->closed_batches) {
         if (!h->open_batch)
@@ -1033,6 +1032,13 @@ static cuh_extent_t *find_fit_locked(cuh_heap_t *h, size_t size, size_t align, u
 static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, size_t align,
                                          cuh_extent_state_t state, cuheap_status_t *status, grow_result_t *why_out)
 {
+    /* Memory cudaFree gave back comes first, as it would with stream-ordered
+     * frees: left in its batches while other free memory is cut up, its
+     * holes stop matching the requests that follow (cuheap-replay
+     * --cudafree 100: GPT-2 reserved 34 GiB instead of 28). */
+    if (h->held_bytes >= size)
+        while (take_oldest_batch_locked(h))
+            ;
     cuh_extent_t *e = find_fit_locked(h, size, align, st->tag);
     if (cuh_likely(e != NULL))
         goto hit;
@@ -1042,7 +1048,7 @@ static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
         (e = find_fit_locked(h, size, align, st->tag)))
         goto hit;
 
-    while (take_oldest_batch_locked(h, size))
+    while (take_oldest_batch_locked(h))
         if ((e = find_fit_locked(h, size, align, st->tag)))
             goto hit;
 

@@ -37,6 +37,7 @@
 typedef struct options_s {
     size_t capacity;
     size_t external;          /* --external: bytes used on the device outside cuheap */
+    long cudafree_lag;        /* --cudafree LAG: -1 off, else events between GPU catch-ups */
     cuh_config_t cfg;
     int json;
     int min_capacity;
@@ -72,6 +73,10 @@ static void usage(FILE *f)
             "  --conf STRING      heap settings, CUHEAP_CONF syntax (key:value,...)\n"
             "  --external BYTES   device memory used by others (other processes), which\n"
             "                     cuheap cannot have\n"
+            "  --cudafree LAG     replay as a program run under LD_PRELOAD would: every\n"
+            "                     allocation a cudaMalloc and every free a cudaFree\n"
+            "                     (device-wide), with the GPU finishing its work only\n"
+            "                     every LAG events (0: at once)\n"
             "  --report PATH      write the heap's report at the first out-of-memory, or\n"
             "                     at the end: JSON if PATH ends in .json, HTML if in\n"
             "                     .html, else text;\n"
@@ -137,6 +142,7 @@ static void parse_options(int argc, char **argv, options_t *o)
 {
     memset(o, 0, sizeof *o);
     o->capacity = DEFAULT_CAPACITY;
+    o->cudafree_lag = -1;
     cuh_config_defaults(&o->cfg);
     o->traces = calloc((size_t)argc, sizeof *o->traces);
     if (!o->traces) {
@@ -160,6 +166,7 @@ static void parse_options(int argc, char **argv, options_t *o)
         const char *value = eq ? eq + 1 : NULL;
         int takes_value = (name_len == 10 && strncmp(a, "--capacity", 10) == 0) ||
                           (name_len == 10 && strncmp(a, "--external", 10) == 0) ||
+                          (name_len == 10 && strncmp(a, "--cudafree", 10) == 0) ||
                           (name_len == 6 && strncmp(a, "--conf", 6) == 0) ||
                           (name_len == 8 && strncmp(a, "--report", 8) == 0);
         if (takes_value && !value) {
@@ -189,6 +196,12 @@ static void parse_options(int argc, char **argv, options_t *o)
         } else if (name_len == 10 && strncmp(a, "--external", 10) == 0) {
             if (parse_bytes(value, &o->external) != 0)
                 usage_error("bad --external value '%s' (expected a number of bytes, e.g. 4G)", value);
+        } else if (name_len == 10 && strncmp(a, "--cudafree", 10) == 0) {
+            char *end = NULL;
+            long lag = strtol(value, &end, 10);
+            if (!*value || *end || lag < 0)
+                usage_error("bad --cudafree value '%s' (expected a number of events, 0 or more)", value);
+            o->cudafree_lag = lag;
         } else if (name_len == 8 && strncmp(a, "--report", 8) == 0) {
             if (!*value)
                 usage_error("--report needs a file name");
@@ -228,6 +241,7 @@ static int write_report(cuh_heap_t *heap, const char *pattern, const char *trace
 static void short_name(const char *path, char *out, size_t len);
 
 static size_t g_external;   /* --external, for every replay */
+static long g_cudafree_lag = -1;   /* --cudafree, for every replay */
 
 static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t *cfg,
                        uintptr_t *addrs, run_t *run, const char *report)
@@ -253,11 +267,23 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
     cuheap_status_t st = CUHEAP_OK;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    const long lag = g_cudafree_lag;
+    if (lag > 0)
+        cuh_sim_hold_events(dev, 1);
     for (i = 0; i < n; i++) {
-        if (ev[i].kind == CUH_TRACE_ALLOC)
+        if (lag >= 0) {
+            /* cudaMalloc and cudaFree: any stream may use the block. */
+            if (ev[i].kind == CUH_TRACE_ALLOC)
+                st = cuh_heap_malloc_device_wide(heap, (size_t)ev[i].size, &addrs[i]);
+            else
+                st = cuh_heap_free_device_wide(heap, addrs[ev[i].match]);
+            if (lag > 0 && i % (size_t)lag == 0)
+                cuh_sim_complete_all(dev);
+        } else if (ev[i].kind == CUH_TRACE_ALLOC) {
             st = cuh_heap_malloc(heap, (size_t)ev[i].size, (cuh_stream_t)ev[i].stream, &addrs[i]);
-        else
+        } else {
             st = cuh_heap_free(heap, addrs[ev[i].match], (cuh_stream_t)ev[i].stream);
+        }
         if (cuh_unlikely(st != CUHEAP_OK))
             break;
     }
@@ -583,6 +609,7 @@ int main(int argc, char **argv)
     options_t o;
     parse_options(argc, argv, &o);
     g_external = o.external;
+    g_cudafree_lag = o.cudafree_lag;
 
     int name_width = 5;
     for (int i = 0; i < o.num_traces; i++) {
