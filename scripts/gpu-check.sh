@@ -24,7 +24,8 @@
 # /usr/local/cuda/bin/nvcc), GPU_ARCH (default sm_90), GPU_CHECK_OPS
 # (default 1000000), SANITIZER_OPS (default 20000), PRELOAD_OPS (default
 # 200000), GPU_TORCH=0 (skip the PyTorch parts), TORCH_STEPS (default 20),
-# GPU_PARTS (default "api,preload,torch": which parts to run).
+# GPU_PARTS (default "api,preload,torch": which parts to run), PRELOAD_JOBS
+# and PRELOAD_MODES (the LD_PRELOAD part's jobs and modes, run_modes.py names).
 set -euo pipefail
 
 BUILD="${1:-build}"
@@ -181,7 +182,8 @@ if [[ "${GPU_TORCH:-1}" != 0 ]] && python3 -c 'import torch, sys; sys.exit(0 if 
     if part preload; then
         section "PyTorch training jobs under LD_PRELOAD (caching off and on) beside native"
         run_logged "$BUILD/torch_preload.log" timeout 420 python3 bench/torch/run_modes.py \
-            --jobs resnet50,gpt2,bert_varlen,sidestream --modes native,preload,preload-caching \
+            --jobs "${PRELOAD_JOBS:-resnet50,gpt2,bert_varlen,sidestream}" \
+            --modes "${PRELOAD_MODES:-native,preload,preload-caching}" \
             --steps "$TORCH_STEPS" --out "$BUILD/torch_preload.json"
         row "PyTorch jobs (LD_PRELOAD)" "$RUN_RC" "$RUN_SECS" "table above"
     fi
