@@ -120,6 +120,7 @@ typedef struct free_batch_s {
     size_t num_entries, cap_entries;
     size_t num_events;
     cuh_event_t *events;
+    cuh_stream_t *event_streams;  /* the stream each event was recorded on */
 } free_batch_t;
 
 typedef struct use_list_s {
@@ -974,18 +975,25 @@ static cuh_extent_t *take_locked(cuh_heap_t *h, cuh_extent_t *free_ext, size_t s
  * back (try again), 0 when there is none to take (or wait_before_grow:0). */
 static int events_done_locked(cuh_heap_t *h, cuh_event_t *events, size_t *num_events, int wait);
 
-/* Every known stream and the default stream wait for `batch` on the GPU. */
+/* Every known stream and the default stream wait for `batch` on the GPU,
+ * each for the events of the other streams: a stream's own later work
+ * already runs after its own earlier work. With only the default stream
+ * known (PyTorch's usual case) that is no call at all; blocking streams are
+ * covered through the default stream, whose event waited for them. */
 static int streams_wait_locked(cuh_heap_t *h, const free_batch_t *batch)
 {
     for (size_t e = 0; e < batch->num_events; e++) {
-        if (h->dev->ops->stream_wait(h->dev, 0, batch->events[e]) != CUH_DEV_OK)
-            return 0;
-        h->num_stream_waits++;
-        for (uint32_t i = 0; i < h->num_streams; i++) {
-            const stream_state_t *st = h->streams[i];
-            if (st->retired || !st->handle)
+        for (uint32_t i = 0; i <= h->num_streams; i++) {
+            cuh_stream_t waiter = 0;
+            if (i < h->num_streams) {
+                const stream_state_t *st = h->streams[i];
+                if (st->retired || !st->handle)
+                    continue;
+                waiter = st->handle;
+            }
+            if (waiter == batch->event_streams[e])
                 continue;
-            if (h->dev->ops->stream_wait(h->dev, st->handle, batch->events[e]) != CUH_DEV_OK)
+            if (h->dev->ops->stream_wait(h->dev, waiter, batch->events[e]) != CUH_DEV_OK)
                 return 0;
             h->num_stream_waits++;
         }
@@ -1005,7 +1013,7 @@ static int take_oldest_batch_locked(cuh_heap_t *h)
             return 1;   /* finished at once */
     }
     free_batch_t *oldest = h->closed_batches;
-    if (!events_done_locked(h, oldest->events, &oldest->num_events, 0) && !streams_wait_locked(h, oldest))
+    if (!streams_wait_locked(h, oldest))
         events_done_locked(h, oldest->events, &oldest->num_events, 1);
     h->closed_batches = oldest->next;
     batch_finish_locked(h, oldest);
@@ -1296,6 +1304,7 @@ void cuh_heap_destroy(cuh_heap_t *h)
         for (size_t i = 0; i < batch->num_events; i++)
             h->dev->ops->event_destroy(h->dev, batch->events[i]);
         free(batch->events);
+        free(batch->event_streams);
         free(batch->entries);
         free(batch);
     }
@@ -1685,6 +1694,7 @@ static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch)
     for (size_t i = 0; i < batch->num_events; i++)
         event_put_locked(h, batch->events[i]);
     free(batch->events);
+    free(batch->event_streams);
     free(batch->entries);
     free(batch);
 }
@@ -1700,7 +1710,8 @@ static void batch_close_locked(cuh_heap_t *h)
         return;
     h->open_batch = NULL;
     batch->events = malloc((h->num_streams + 1) * sizeof *batch->events);
-    int default_seen = 0, synced = !batch->events;
+    batch->event_streams = malloc((h->num_streams + 1) * sizeof *batch->event_streams);
+    int default_seen = 0, synced = !batch->events || !batch->event_streams;
     for (uint32_t i = 0; !synced && i <= h->num_streams; i++) {
         cuh_stream_t handle = 0;
         if (i < h->num_streams) {
@@ -1720,6 +1731,7 @@ static void batch_close_locked(cuh_heap_t *h)
             synced = 1;
             break;
         }
+        batch->event_streams[batch->num_events] = handle;
         batch->events[batch->num_events++] = ev;
     }
     if (synced) {
