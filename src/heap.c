@@ -1001,6 +1001,15 @@ static int streams_wait_locked(cuh_heap_t *h, const free_batch_t *batch)
     return 1;
 }
 
+/* 1 if the heap knows a live stream besides the default stream. */
+static int other_streams_locked(const cuh_heap_t *h)
+{
+    for (uint32_t i = 0; i < h->num_streams; i++)
+        if (!h->streams[i]->retired && h->streams[i]->handle)
+            return 1;
+    return 0;
+}
+
 static int take_oldest_batch_locked(cuh_heap_t *h)
 {
     if (!h->cfg.wait_before_grow || h->captures)
@@ -1043,8 +1052,11 @@ static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
     /* Memory cudaFree gave back comes first, as it would with stream-ordered
      * frees: left in its batches while other free memory is cut up, its
      * holes stop matching the requests that follow (cuheap-replay
-     * --cudafree 100: GPT-2 reserved 34 GiB instead of 28). */
-    if (h->held_bytes >= size)
+     * --cudafree 100: GPT-2 reserved 34 GiB instead of 28). Only while the
+     * default stream is the only one known: a take-back then costs one
+     * event record. With other streams each would make streams wait for one
+     * another on the GPU, so batches come back only before growing. */
+    if (h->held_bytes >= size && !other_streams_locked(h))
         while (take_oldest_batch_locked(h))
             ;
     cuh_extent_t *e = find_fit_locked(h, size, align, st->tag);

@@ -430,12 +430,12 @@ static void test_device_wide_malloc_waits_for_a_batch_rather_than_grow(void **st
         cuh_sim_counters(t.dev, &c1);
         cuh_heap_stats(t.heap, &st1);
         if (wait) {
-            /* The same memory at once: both batches (a's, closed at its
-             * free, and small's, closed now) come back; each has an event on
-             * S3 and one on the default stream, and each stream waits on
-             * the GPU for the other's: 2 x 2 waits. The CPU does not wait. */
+            /* The same memory at once: a's batch comes back before the heap
+             * would grow; it has an event on S3 and one on the default
+             * stream, and each stream waits on the GPU for the other's. The
+             * CPU does not wait. */
             assert_int_equal(c1.event_waits, c0.event_waits);
-            assert_int_equal(c1.stream_waits - c0.stream_waits, 4);
+            assert_int_equal(c1.stream_waits - c0.stream_waits, 2);
             assert_int_equal(b, a);
             assert_int_equal(st1.num_segment_allocs, st0.num_segment_allocs);
             assert_int_equal(st1.reserved.current, st0.reserved.current);
@@ -446,6 +446,43 @@ static void test_device_wide_malloc_waits_for_a_batch_rather_than_grow(void **st
         }
         assert_int_equal(cuh_heap_free_device_wide(t.heap, b), CUHEAP_OK);
         assert_int_equal(cuh_heap_free_device_wide(t.heap, small2), CUHEAP_OK);
+        heap_ok(t.heap);
+        cuh_sim_complete_all(t.dev);
+        test_heap_free(&t);
+    }
+}
+
+/* With only the default stream known, cudaFree's batches come back before
+ * any free memory is searched (their holes fit the requests that follow);
+ * with other streams known (each take-back would make streams wait for one
+ * another), only before the heap would grow. */
+static void test_cudafree_batches_come_back_first_with_one_stream(void **state)
+{
+    (void)state;
+    for (int other = 0; other <= 1; other++) {
+        test_heap_t t = test_heap_new(GiB, NULL);
+        cuh_sim_hold_events(t.dev, 1);
+        if (other)
+            assert_int_equal(cuh_heap_register_stream(t.heap, S3), CUHEAP_OK);
+        uintptr_t a, c, b;
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &a), CUHEAP_OK);
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 100 * MiB, &c), CUHEAP_OK);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, c), CUHEAP_OK);
+        cuh_sim_complete_all(t.dev);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);   /* c is ready now, a held */
+        cuh_sim_counters_t c0, c1;
+        cuh_sim_counters(t.dev, &c0);
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &b), CUHEAP_OK);
+        cuh_sim_counters(t.dev, &c1);
+        if (!other) {
+            assert_int_equal(b, a);   /* the exact hole, not a cut of c's */
+            assert_int_equal(c1.stream_waits, c0.stream_waits);   /* one stream: nothing to wait for */
+        } else {
+            assert_true(b >= c && b < c + 100 * MiB);
+            assert_int_equal(c1.stream_waits, c0.stream_waits);
+        }
+        assert_int_equal(c1.event_waits, c0.event_waits);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, b), CUHEAP_OK);
         heap_ok(t.heap);
         cuh_sim_complete_all(t.dev);
         test_heap_free(&t);
@@ -1252,6 +1289,7 @@ int main(void)
         cmocka_unit_test(test_random_device_wide_frees_are_never_reused_early),
         cmocka_unit_test(test_device_wide_malloc_waits_for_a_batch_rather_than_grow),
         cmocka_unit_test(test_ipc_safe_blocks_start_their_own_segments),
+        cmocka_unit_test(test_cudafree_batches_come_back_first_with_one_stream),
         cmocka_unit_test(test_concurrent_threads_never_share_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
