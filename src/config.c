@@ -56,10 +56,12 @@ static const option_t options[] = {
      "limit refuses, free pages are moved instead (an unmap and a map each). 0 holds the least "
      "memory, larger values move pages less often. Between 0 and 1."},
     {"wait_before_grow", KIND_BOOL, offsetof(cuh_config_t, wait_before_grow), "1",
-     "1: when a cudaMalloc (device-wide allocation) finds no ready block while blocks freed by "
-     "cudaFree still wait for the GPU and hold enough bytes, cuheap takes them back at once and "
-     "makes every stream wait on the GPU (cuStreamWaitEvent) for the work issued before those "
-     "frees, instead of reserving more; the CPU does not wait. 0: reserve more."},
+     "1: blocks freed by cudaFree that still wait for the GPU are taken back for a cudaMalloc "
+     "(device-wide allocation) instead of reserving more: every stream waits on the GPU "
+     "(cuStreamWaitEvent) for the other streams' work issued before those frees; the CPU does "
+     "not wait. While the default stream is the only one known they are taken back before any "
+     "search (a take-back then costs one event record), else only before growing. 0: reserve "
+     "more."},
     {"ipc_safe", KIND_BOOL, offsetof(cuh_config_t, ipc_safe), "0",
      "1: every block gets a segment of its own that it starts (a free one at most a quarter "
      "larger, or a new one sized to it), so cudaIpcGetMemHandle works on any block. Costs a "
