@@ -134,6 +134,8 @@ enum { CUH_CTX_ERROR = -1, CUH_CTX_NONE = 0, CUH_CTX_PRIMARY = 1, CUH_CTX_OTHER 
 int cuh_cuda_current_context(int *device);
 /* The ordinal of a CUdevice handle, or -1. */
 int cuh_cuda_device_ordinal(int cudev);
+/* 1 when `stream` is being captured into a CUDA graph. */
+int cuh_cuda_stream_capturing(const void *stream);
 /* 1 when the program has loaded libcuda.so.1 (cuheap loads nothing). */
 int cuh_cuda_driver_loaded(void);
 

@@ -125,6 +125,7 @@ static struct {
                          unsigned long long flags);
     CUresult (*cuMemUnmap)(CUdeviceptr ptr, size_t size);
     CUresult (*cuMemSetAccess)(CUdeviceptr ptr, size_t size, const cuh_CUmemAccessDesc *desc, size_t count);
+    CUresult (*cuStreamIsCapturing)(CUstream stream, int *status);
 } g_cu = { .once = PTHREAD_ONCE_INIT, .lib_once = PTHREAD_ONCE_INIT, .dlsym_once = PTHREAD_ONCE_INIT, .primary_lock = PTHREAD_MUTEX_INITIALIZER };
 
 /* Our own copy of dlsym. A later feature of cuheap defines a `dlsym` of its
@@ -289,6 +290,7 @@ static void cuda_load(void)
     CU_OPTIONAL(cuMemMap);
     CU_OPTIONAL(cuMemUnmap);
     CU_OPTIONAL(cuMemSetAccess);
+    CU_OPTIONAL(cuStreamIsCapturing);
 #undef CU_OPTIONAL
 
     r = g_cu.cuInit(0);
@@ -975,4 +977,15 @@ int cuh_cuda_driver_loaded(void)
         return 0;
     dlclose(lib);
     return 1;
+}
+
+int cuh_cuda_stream_capturing(const void *stream)
+{
+    char err[400];
+    if (!stream || !cuh_cuda_driver_loaded() || cuda_ready(err, sizeof err) != 0 || !g_cu.cuStreamIsCapturing)
+        return 0;   /* the legacy default stream is never captured */
+    int status = 0;   /* CU_STREAM_CAPTURE_STATUS_NONE */
+    if (g_cu.cuStreamIsCapturing((CUstream)(uintptr_t)stream, &status) != CUDA_SUCCESS)
+        return 0;
+    return status != 0;   /* ACTIVE, or INVALIDATED: either way the stream is in a capture */
 }

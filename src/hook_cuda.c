@@ -31,6 +31,16 @@ void *cuh_hook_real(void *(*lookup)(const char *), const char *name, void *_Atom
     return fn;
 }
 
+int cuh_hook_capturing(const void *stream, int per_thread_default)
+{
+    uintptr_t s = (uintptr_t)stream;
+    if (s == 0 && per_thread_default)
+        s = STREAM_PER_THREAD;
+    if (s == 0 || s == STREAM_LEGACY)
+        return 0;
+    return cuh_cuda_stream_capturing((const void *)s);
+}
+
 cuh_hook_stream_t cuh_hook_stream(const void *stream, int per_thread_default)
 {
     uintptr_t s = (uintptr_t)stream;
@@ -87,6 +97,19 @@ int cuh_hook_malloc(const char *fn, void **ptr, size_t size, int device, cuh_hoo
     if (status != CUHEAP_OK && status != CUHEAP_ERR_OUT_OF_MEMORY)
         cuh_log("%s(%zu bytes) on device %d failed: %s", fn, size, device, cuh_get_error());
     return cuda_code(status);
+}
+
+int cuh_hook_keep_captured_free(const char *fn, void *ptr)
+{
+    if (cuh_runtime_owner((uintptr_t)ptr) < 0)
+        return 0;
+    static atomic_int told;
+    if (!atomic_exchange(&told, 1))
+        cuh_log("%s(%p) during a CUDA graph capture: the graph may use the block whenever it is "
+                "replayed, so cuheap keeps it (and any other block freed in a capture) until the "
+                "process exits",
+                fn, ptr);
+    return 1;
 }
 
 int cuh_hook_free(const char *fn, void *ptr, cuh_hook_stream_t stream, int *code)

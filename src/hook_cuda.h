@@ -42,6 +42,15 @@ cuh_hook_stream_t cuh_hook_stream(const void *stream, int per_thread_default);
 /* cudaMalloc's and cudaFree's "any stream". */
 #define CUH_HOOK_ANY_STREAM ((cuh_hook_stream_t){.device_wide = 1, .stream = 0})
 
+/* 1 when `stream` is being captured into a CUDA graph. Stream-ordered
+ * allocations there go to CUDA (they become the graph's memory nodes). */
+int cuh_hook_capturing(const void *stream, int per_thread_default);
+
+/* A stream-ordered free of `ptr` during a capture: 1 when it is cuheap's,
+ * which then keeps the block (a replay may use it at any later time; the
+ * first time is reported on stderr); 0 when it is not (pass it on). */
+int cuh_hook_keep_captured_free(const char *fn, void *ptr);
+
 /* The device whose heap serves the calling thread, or -1 to pass the call to
  * CUDA: a thread whose current context is not a primary one (memory from the
  * primary context is not usable there), or, for the driver API, a thread

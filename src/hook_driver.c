@@ -75,7 +75,8 @@ CUresult cuMemFree_v2(CUdeviceptr ptr)
 CUH_HOOK CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stream);
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stream)
 {
-    CUresult code = serve_malloc("cuMemAllocAsync", dptr, size, cuh_hook_stream(stream, 0));
+    CUresult code = cuh_hook_capturing(stream, 0) ? -1
+                                                          : serve_malloc("cuMemAllocAsync", dptr, size, cuh_hook_stream(stream, 0));
     if (code >= 0)
         return code;
     REAL(CUresult (*)(CUdeviceptr *, size_t, CUstream), "cuMemAllocAsync");
@@ -85,7 +86,8 @@ CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stream)
 CUH_HOOK CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream stream);
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream stream)
 {
-    CUresult code = serve_malloc("cuMemAllocAsync_ptsz", dptr, size, cuh_hook_stream(stream, 1));
+    CUresult code = cuh_hook_capturing(stream, 1) ? -1
+                                                          : serve_malloc("cuMemAllocAsync_ptsz", dptr, size, cuh_hook_stream(stream, 1));
     if (code >= 0)
         return code;
     REAL(CUresult (*)(CUdeviceptr *, size_t, CUstream), "cuMemAllocAsync_ptsz");
@@ -96,6 +98,8 @@ CUH_HOOK CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream stream);
 CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream stream)
 {
     int code;
+    if (ptr && cuh_hook_capturing(stream, 0) && cuh_hook_keep_captured_free("cuMemFreeAsync", (void *)(uintptr_t)ptr))
+        return CUH_CUDA_SUCCESS;
     if (ptr && cuh_hook_free("cuMemFreeAsync", (void *)(uintptr_t)ptr, cuh_hook_stream(stream, 0), &code))
         return code;
     REAL(CUresult (*)(CUdeviceptr, CUstream), "cuMemFreeAsync");
@@ -106,6 +110,8 @@ CUH_HOOK CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream stream);
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream stream)
 {
     int code;
+    if (ptr && cuh_hook_capturing(stream, 1) && cuh_hook_keep_captured_free("cuMemFreeAsync_ptsz", (void *)(uintptr_t)ptr))
+        return CUH_CUDA_SUCCESS;
     if (ptr && cuh_hook_free("cuMemFreeAsync_ptsz", (void *)(uintptr_t)ptr, cuh_hook_stream(stream, 1), &code))
         return code;
     REAL(CUresult (*)(CUdeviceptr, CUstream), "cuMemFreeAsync_ptsz");

@@ -55,6 +55,8 @@ cudaError_t cudaFree(void *ptr)
 
 static cudaError_t malloc_async(const char *name, void **ptr, size_t size, cudaStream_t stream, int ptds)
 {
+    if (cuh_hook_capturing(stream, ptds))
+        return -1;   /* the graph's own memory node */
     int served;
     cudaError_t code = serve_malloc(name, ptr, size, cuh_hook_stream(stream, ptds), &served);
     return served ? code : -1;
@@ -84,6 +86,8 @@ CUH_HOOK cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream);
 cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream)
 {
     int code;
+    if (ptr && cuh_hook_capturing(stream, 0) && cuh_hook_keep_captured_free("cudaFreeAsync", ptr))
+        return CUH_CUDA_SUCCESS;
     if (ptr && cuh_hook_free("cudaFreeAsync", ptr, cuh_hook_stream(stream, 0), &code))
         return code;
     REAL(cudaError_t (*)(void *, cudaStream_t), "cudaFreeAsync", CUH_CUDA_UNKNOWN);
@@ -94,6 +98,8 @@ CUH_HOOK cudaError_t cudaFreeAsync_ptsz(void *ptr, cudaStream_t stream);
 cudaError_t cudaFreeAsync_ptsz(void *ptr, cudaStream_t stream)
 {
     int code;
+    if (ptr && cuh_hook_capturing(stream, 1) && cuh_hook_keep_captured_free("cudaFreeAsync_ptsz", ptr))
+        return CUH_CUDA_SUCCESS;
     if (ptr && cuh_hook_free("cudaFreeAsync_ptsz", ptr, cuh_hook_stream(stream, 1), &code))
         return code;
     REAL(cudaError_t (*)(void *, cudaStream_t), "cudaFreeAsync_ptsz", CUH_CUDA_UNKNOWN);

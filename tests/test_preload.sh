@@ -95,6 +95,9 @@ for runtime in shared static; do
     preload $p-ipc $p ipc
     expect_pass $p-ipc ipc "$r: IPC handle for a block that starts its segment, refused inside one"
     check "$r: the refused IPC handle names ipc_safe on stderr" 'grep -q "ipc_safe" "$TMP/$p-ipc.err"'
+    preload $p-capture $p capture
+    expect_pass $p-capture capture "$r: in a graph capture, stream-ordered allocations go to CUDA and freed cuheap blocks are kept"
+    check "$r: a cuheap block freed in a capture is reported on stderr" 'grep -q "graph capture" "$TMP/$p-capture.err"'
     preload $p-ipc-safe $p ipc-safe CUHEAP_CONF=ipc_safe:1
     expect_pass $p-ipc-safe ipc-safe "$r: with ipc_safe:1 every block, small ones too, gets a handle that names it"
     preload $p-ipc-safe-off $p ipc-safe

@@ -244,6 +244,7 @@ typedef struct work_s {
 typedef struct fake_stream_s {
     unsigned flags;
     int destroyed;
+    int capturing;   /* fake_cuda_set_capturing: cuStreamIsCapturing says ACTIVE */
     work_t *queue;
     unsigned long enqueued, completed, queue_cap;
     struct fake_stream_s *next;
@@ -329,6 +330,23 @@ API CUresult cuStreamCreateWithPriority(CUstream *stream, unsigned flags, int pr
 {
     (void)priority;
     return stream_create(stream, flags);
+}
+API void fake_cuda_set_capturing(void *stream, int on)
+{
+    pthread_mutex_lock(&lock);
+    fake_stream_t *s = stream_locked(stream);
+    if (s && s != &legacy_stream)
+        s->capturing = on;
+    pthread_mutex_unlock(&lock);
+}
+API CUresult cuStreamIsCapturing(CUstream stream, int *status)
+{
+    pthread_mutex_lock(&lock);
+    fake_stream_t *s = stream_locked(stream);
+    if (s)
+        *status = s->capturing;   /* 0 NONE, 1 ACTIVE */
+    pthread_mutex_unlock(&lock);
+    return s ? OK : INVALID_HANDLE;
 }
 API int fake_cuda_stream_create_unseen(void **stream, unsigned int flags)
 {
@@ -817,7 +835,8 @@ static const struct {
 }, exported[] = {
     SAME(fake_cuda_counters), SAME(fake_cuda_calls), SAME(fake_cuda_hold), SAME(fake_cuda_enqueue_check), SAME(fake_cuda_enqueue_fill), SAME(cuStreamWaitEvent),
     SAME(fake_cuda_complete), SAME(fake_cuda_complete_all), SAME(fake_cuda_corrupt_bytes),
-    SAME(fake_cuda_alloc_foreign), SAME(fake_cuda_stream_create_unseen),
+    SAME(fake_cuda_alloc_foreign), SAME(fake_cuda_stream_create_unseen), SAME(fake_cuda_set_capturing),
+    SAME(cuStreamIsCapturing),
     SAME(cuGetErrorName), SAME(cuGetErrorString), SAME(cuInit), SAME(cuDeviceGetCount), SAME(cuDeviceGet),
     SAME(cuDevicePrimaryCtxRetain), SAME(cuDevicePrimaryCtxRelease_v2), SAME(cuDevicePrimaryCtxGetState),
     SAME(cuDevicePrimaryCtxReset_v2), SAME(cuCtxGetCurrent), SAME(cuCtxSetCurrent), SAME(cuCtxGetDevice),

@@ -38,6 +38,7 @@ typedef void (*fake_cuda_complete_all_fn)(void);
 typedef unsigned long (*fake_cuda_corrupt_bytes_fn)(void);
 typedef int (*fake_cuda_alloc_foreign_fn)(unsigned long long *dptr, size_t size);
 typedef int (*fake_cuda_stream_create_unseen_fn)(void **stream, unsigned int flags);
+typedef void (*fake_cuda_set_capturing_fn)(void *stream, int on);
 
 /* fake_cuda_calls(out): the counters above. */
 /* fake_cuda_hold(on): while on, pretend kernels wait in their stream's queue;
@@ -53,6 +54,8 @@ typedef int (*fake_cuda_stream_create_unseen_fn)(void **stream, unsigned int fla
 /* fake_cuda_corrupt_bytes(): mismatching bytes every kernel so far saw. */
 /* fake_cuda_alloc_foreign(dptr, size): device memory exactly as
  * cuMemAlloc_v2 gives it, under a name no hook catches (a foreign pointer). */
+/* fake_cuda_set_capturing(stream, on): cuStreamIsCapturing reports the
+ * stream as captured into a graph (on) or not. */
 /* fake_cuda_stream_create_unseen(stream, flags): a stream as cuStreamCreate
  * makes it, under a name no hook catches (a stream cuheap never hears of). */
 

@@ -162,6 +162,35 @@ static void check_pass_through(void)
     expect(after.num_frees == before.num_frees, "cuheap counted frees of memory it did not hand out");
 }
 
+/* During a CUDA graph capture: cudaMallocAsync and cudaFreeAsync on the
+ * captured stream go to CUDA (they become the graph's memory nodes); a
+ * cuheap block freed there is kept, since a replay may use it later. */
+static void check_capture(void)
+{
+    start_runtime();
+    cudaStream_t s = NULL;
+    expect(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "stream creation failed");
+    void *before_capture = NULL, *in_capture = NULL;
+    expect(cudaMallocAsync(&before_capture, 1 * MiB, s) == cudaSuccess, "cudaMallocAsync failed");
+    cuheap_stats_t st0, st1;
+    heap_stats(&st0);
+    fake_cuda_calls_t f0 = fake_calls(&fake);
+    fake.set_capturing(s, 1);
+    expect(cudaMallocAsync(&in_capture, 3 * MiB, s) == cudaSuccess && in_capture, "cudaMallocAsync in a capture failed");
+    expect(cudaFreeAsync(in_capture, s) == cudaSuccess, "cudaFreeAsync in a capture failed");
+    expect(cudaFreeAsync(before_capture, s) == cudaSuccess, "cudaFreeAsync of a cuheap block in a capture failed");
+    fake.set_capturing(s, 0);
+    heap_stats(&st1);
+    fake_cuda_calls_t f1 = fake_calls(&fake);
+    expect(f1.mem_allocs == f0.mem_allocs + 1 && f1.mem_frees == f0.mem_frees + 1,
+           "the captured allocation did not go to CUDA (%lu allocations, %lu frees)", f1.mem_allocs - f0.mem_allocs,
+           f1.mem_frees - f0.mem_frees);
+    expect(st1.num_allocs == st0.num_allocs, "cuheap served an allocation on a captured stream");
+    expect(st1.num_frees == st0.num_frees, "cuheap freed a block during a capture");
+    expect(st1.allocated.current == st0.allocated.current, "the block freed in the capture was not kept");
+    expect(cudaStreamDestroy(s) == cudaSuccess, "cudaStreamDestroy failed");
+}
+
 /* ---- g: program errors are refused, the heap carries on ---------------------- */
 
 static void check_double_free(void)
@@ -501,6 +530,8 @@ int main(int argc, char **argv)
         check_fork();
     else if (!strcmp(mode, "ipc"))
         check_ipc();
+    else if (!strcmp(mode, "capture"))
+        check_capture();
     else if (!strcmp(mode, "ipc-safe"))
         check_ipc_safe();
     else if (!strcmp(mode, "free-ordering"))
@@ -519,7 +550,7 @@ int main(int argc, char **argv)
         check_device_reset();
     else {
         fprintf(stderr, "usage: %s threads|entry-point|pass-through|double-free|zero-and-alignment|"
-                        "out-of-memory|fork|ipc|ipc-safe|free-ordering|free-ordering-unseen-stream|stream-destroy|"
+                        "out-of-memory|fork|ipc|ipc-safe|capture|free-ordering|free-ordering-unseen-stream|stream-destroy|"
                         "meminfo|meminfo-right-after-free|meminfo-uncached|device-reset\n", argv[0]);
         return 2;
     }

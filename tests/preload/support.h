@@ -32,6 +32,7 @@ typedef struct fake_helpers_s {
     fake_cuda_corrupt_bytes_fn corrupt_bytes;
     fake_cuda_alloc_foreign_fn alloc_foreign;
     fake_cuda_stream_create_unseen_fn stream_create_unseen;
+    fake_cuda_set_capturing_fn set_capturing;
 } fake_helpers_t;
 /* Exits with a failure when a helper is missing. */
 void fake_helpers_load(fake_helpers_t *out, void *(*lookup)(const char *name));
