@@ -310,7 +310,7 @@ static void cuda_load(void)
             return;
         }
     }
-    g_cu.ready = 1;
+    __atomic_store_n(&g_cu.ready, 1, __ATOMIC_RELEASE);
     return;
 
 fail_symbol:
@@ -916,14 +916,18 @@ int cuh_cuda_current_context(int *device)
     *device = -1;
     /* A program that has not loaded the driver has no context, and cuheap
      * must not be the one to load it or call cuInit for it. */
-    if (!cuh_cuda_driver_loaded())
-        return CUH_CTX_NONE;
-    pthread_once(&g_cu.lib_once, cuda_open_lib);
-    if (!g_cu.lib)
-        return CUH_CTX_ERROR;
-    void *get_current = g_cu.real_dlsym(g_cu.lib, "cuCtxGetCurrent");
-    CUresult (*ctx_get_current)(CUcontext *);
-    memcpy(&ctx_get_current, &get_current, sizeof ctx_get_current);
+    CUresult (*ctx_get_current)(CUcontext *) = NULL;
+    if (__atomic_load_n(&g_cu.ready, __ATOMIC_ACQUIRE)) {
+        ctx_get_current = g_cu.cuCtxGetCurrent;   /* the common case: no lookup */
+    } else {
+        if (!cuh_cuda_driver_loaded())
+            return CUH_CTX_NONE;
+        pthread_once(&g_cu.lib_once, cuda_open_lib);
+        if (!g_cu.lib)
+            return CUH_CTX_ERROR;
+        void *get_current = g_cu.real_dlsym(g_cu.lib, "cuCtxGetCurrent");
+        memcpy(&ctx_get_current, &get_current, sizeof ctx_get_current);
+    }
     if (!ctx_get_current || ctx_get_current(&ctx) != CUDA_SUCCESS)
         return CUH_CTX_ERROR;
     if (ctx == NULL)

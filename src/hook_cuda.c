@@ -12,6 +12,7 @@
 #include "runtime.h"
 
 #include <stdatomic.h>
+#include <stdio.h>
 
 /* The stream handles CUDA reserves (cudaStreamLegacy, cudaStreamPerThread;
  * CU_STREAM_LEGACY, CU_STREAM_PER_THREAD). */
@@ -93,9 +94,13 @@ static int cuda_code(cuheap_status_t status)
 int cuh_hook_malloc(const char *fn, void **ptr, size_t size, int device, cuh_hook_stream_t stream)
 {
     cuheap_status_t status = cuh_runtime_malloc(fn, ptr, size, device, stream.device_wide, stream.stream);
-    /* Out of memory was explained already; anything else is unexpected. */
-    if (status != CUHEAP_OK && status != CUHEAP_ERR_OUT_OF_MEMORY)
-        cuh_log("%s(%zu bytes) on device %d failed: %s", fn, size, device, cuh_get_error());
+    /* Out of memory was explained already; anything else is unexpected (at
+     * most a line a second: a program may retry in a loop). */
+    if (status != CUHEAP_OK && status != CUHEAP_ERR_OUT_OF_MEMORY) {
+        char what[96];
+        snprintf(what, sizeof what, "%s(%zu bytes) on device %d failed", fn, size, device);
+        cuh_log_error_rate_limited(what);
+    }
     return cuda_code(status);
 }
 
