@@ -31,6 +31,7 @@ LIB_OBJS      := $(LIB_SRCS:src/%.c=$(BUILD)/obj/%.o)
 HOOK_OBJS     := $(HOOK_SRCS:src/%.c=$(BUILD)/obj/%.o)
 TOOL_OBJS     := $(TOOL_SRCS:src/%.c=$(BUILD)/obj/%.o)
 SAN_LIB_OBJS  := $(LIB_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
+SAN_HOOK_OBJS := $(HOOK_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
 SAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
 
 .PHONY: all lib tools demo test test-plain test-san preload-tests bench gpu-check deps deps-test clean
@@ -60,6 +61,12 @@ $(BUILD)/libcuheap.so: $(LIB_OBJS) $(HOOK_OBJS) src/exports.map
 $(BUILD)/libcuheap.a: $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
+
+# The sanitized shared object, preloaded (after libasan) by the sanitized
+# run of tests/test_preload.sh; named apart so that no other test loads it.
+$(BUILD)/san/libcuheap-asan.so: $(SAN_LIB_OBJS) $(SAN_HOOK_OBJS) src/exports.map
+	$(CC) -shared -Wl,--version-script=src/exports.map -pthread $(SAN) \
+	    -o $@ $(SAN_LIB_OBJS) $(SAN_HOOK_OBJS) -ldl
 
 $(BUILD)/san/libcuheap.a: $(SAN_LIB_OBJS)
 	@rm -f $@
@@ -161,6 +168,7 @@ test-plain: deps-test $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/cuheap-replay $(BUILD
 	@scripts/run-tests.sh $(BUILD) plain $(TESTS)
 
 test-san: deps-test $(TESTS:%=$(BUILD)/san/tests/%) $(BUILD)/san/cuheap-replay $(BUILD)/san/cuheap-report \
+          $(BUILD)/san/libcuheap-asan.so \
           preload-tests
 	@scripts/run-tests.sh $(BUILD)/san sanitized $(TESTS)
 

@@ -20,6 +20,9 @@
 #define CUH_SEGMENT_GRAIN (2 * CUH_MiB)
 
 #define cuh_likely(x) __builtin_expect(!!(x), 1)
+/* Code that may run before a sanitizer runtime has set itself up: under
+ * LD_PRELOAD, ASan's own start-up calls dlsym, which is cuheap's. */
+#define CUH_EARLY __attribute__((no_sanitize("address", "undefined")))
 #define cuh_unlikely(x) __builtin_expect(!!(x), 0)
 
 #define cuh_container_of(ptr, type, member) \

@@ -12,6 +12,7 @@
  * of the call and restores the caller's context afterwards.
  */
 #include "device.h"
+#include "common.h"
 
 #include <dlfcn.h>
 #include <limits.h>
@@ -138,13 +139,13 @@ static struct {
  * none of these is found - an unusual libc - nothing is found: the plain
  * dlsym may be cuheap's own (hook_driver.c), which calls back here.
  * Every driver symbol is looked up through cuda_sym() and nowhere else. */
-static void *cuda_no_dlsym(void *handle, const char *name)
+CUH_EARLY static void *cuda_no_dlsym(void *handle, const char *name)
 {
     (void)handle, (void)name;
     return NULL;
 }
 
-static cuh_dlsym_fn cuda_find_real_dlsym(void)
+CUH_EARLY static cuh_dlsym_fn cuda_find_real_dlsym(void)
 {
     static const char *const versions[] = { "GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17" };
     for (size_t i = 0; i < sizeof versions / sizeof versions[0]; i++) {
@@ -216,7 +217,7 @@ static void cuda_format_error(char *buf, size_t len, CUresult r, const char *wha
 
 /* Opens libcuda.so.1 and finds glibc's dlsym; nothing else (the hooks' pass-
  * through needs the driver's functions but must not initialize it). */
-static void cuda_find_dlsym(void)
+CUH_EARLY static void cuda_find_dlsym(void)
 {
     g_cu.real_dlsym = cuda_find_real_dlsym();
 }
@@ -853,7 +854,7 @@ int cuh_cuda_current_device(char *errbuf, size_t errlen)
 
 /* ---- the real entry points behind the hooks ------------------------------ */
 
-void *cuh_cuda_real_dlsym(void *handle, const char *name)
+CUH_EARLY void *cuh_cuda_real_dlsym(void *handle, const char *name)
 {
     /* Every dlsym of the process comes here under LD_PRELOAD: the driver is
      * not loaded for it. */
@@ -972,7 +973,7 @@ int cuh_cuda_device_ordinal(int cudev)
     return -1;
 }
 
-int cuh_cuda_driver_loaded(void)
+CUH_EARLY int cuh_cuda_driver_loaded(void)
 {
     if (g_cu.lib)
         return 1;

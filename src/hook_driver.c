@@ -23,6 +23,7 @@
  * libcuheap.so (or the program) and by one after it.
  */
 #include "hook_cuda.h"
+#include "common.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -236,14 +237,21 @@ static struct {
 
 /* cuheap's function for `fn` if it is one of the real driver's hooked
  * functions; `fn` itself otherwise. */
-static void *substitute(void *fn)
+CUH_EARLY static void *substitute(void *fn)
 {
     if (!fn)
         return fn;
     if (!atomic_load_explicit(&driver.ready, memory_order_acquire)) {
-        /* Look only once the program itself has loaded the driver: a
-         * process that never uses CUDA must not get it loaded by cuheap. */
-        if (!cuh_cuda_driver_loaded())
+        /* Look only once a function of the driver itself is handed out: a
+         * process that never uses CUDA must not get it loaded by cuheap.
+         * (dladdr, not dlopen: this may run inside a sanitizer's start-up,
+         * before its dlopen interceptor works.) */
+        Dl_info info;
+        if (!dladdr(fn, &info) || !info.dli_fname)
+            return fn;
+        const char *base = strrchr(info.dli_fname, '/');
+        base = base ? base + 1 : info.dli_fname;
+        if (strncmp(base, "libcuda.so", 10) != 0)
             return fn;
         pthread_mutex_lock(&driver.lock);
         if (!atomic_load_explicit(&driver.ready, memory_order_relaxed)) {
@@ -263,7 +271,7 @@ static void *substitute(void *fn)
 }
 
 CUH_HOOK void *dlsym(void *handle, const char *name);
-void *dlsym(void *handle, const char *name)
+CUH_EARLY void *dlsym(void *handle, const char *name)
 {
     return substitute(cuh_cuda_real_dlsym(handle, name));
 }

@@ -7,11 +7,10 @@
 # clear error).
 set -uo pipefail
 build=${1:-build}
-lib=$build/libcuheap.so
+# The library users get is the plain build's; the sanitized run (build/san)
+# checks it too (the sanitized one needs libasan loaded first).
+lib=${build%/san}/libcuheap.so
 . "$(dirname "$0")/harness.sh"
-
-# Sanitized builds have no shared library; the plain build's is checked.
-[ -e "$lib" ] || lib=build/libcuheap.so
 exports=$(nm -D --defined-only "$lib" | awk '$2 ~ /^[TDBR]$/ {print $3}')
 # The names listed in exports.map's global section, wildcards (cuheap_*) aside.
 hooks=$(sed -n '/global:/,/local:/p' src/exports.map | sed 's#/\*.*\*/##' | tr ';' '\n' |

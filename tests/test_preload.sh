@@ -12,16 +12,25 @@
 # pretend kernels on a non-blocking stream; stream destruction; cudaMemGetInfo;
 # cudaDeviceReset; programs that use no CUDA.
 #
-# The sanitized run (BUILD_DIR build/san) has no sanitized libcuheap.so: a
-# sanitizer runtime preloaded before libcuheap.so meets cuheap's dlsym while it
-# starts, so the plain library and programs are checked again.
+# The sanitized run (BUILD_DIR build/san) preloads libasan and the sanitized
+# library, build/san/libcuheap-asan.so (whose dlsym runs inside ASan's own
+# start-up); the test programs are the plain ones.
 set -uo pipefail
 build=${1:-build}
 . "$(dirname "$0")/harness.sh"
 
 lib=$build/libcuheap.so
+[ -e "$build/libcuheap-asan.so" ] && lib=$build/libcuheap-asan.so
 [ -e "$lib" ] || lib=build/libcuheap.so
 lib=$(realpath "$lib")
+# The sanitized library needs the sanitizer's runtime first in the preload
+# list; leaks are not checked (the heaps live until the process exits).
+preload_list=$lib
+san_env=()
+if [[ "$(nm -D "$lib" 2>/dev/null)" == *__asan_init* ]]; then
+    preload_list="$(gcc -print-file-name=libasan.so) $lib"
+    san_env=(ASAN_OPTIONS=detect_leaks=0)
+fi
 programs=$build/tests/preload
 [ -x "$programs/runtime_shared" ] || programs=build/tests/preload
 fake=$(realpath build/fake)
@@ -33,7 +42,7 @@ trap 'rm -rf "$TMP"' EXIT
 preload() {
     local name=$1 program=$2 mode=$3
     shift 3
-    env LD_PRELOAD="$lib" LD_LIBRARY_PATH="$fake" "$@" timeout 120 "$programs/$program" "$mode" \
+    env LD_PRELOAD="$preload_list" "${san_env[@]}" LD_LIBRARY_PATH="$fake" "$@" timeout 120 "$programs/$program" "$mode" \
         >"$TMP/$name.out" 2>"$TMP/$name.err"
     rc=$?
 }
@@ -156,18 +165,18 @@ expect_pass drv-oom out-of-memory "driver: a request beyond the device returns 2
 check "driver: cuheap explains the out-of-memory on stderr" 'grep -q "cuheap: CUDA out of memory" "$TMP/drv-oom.err"'
 
 # ---- processes that never touch CUDA -------------------------------------
-env LD_PRELOAD="$lib" LD_LIBRARY_PATH="$fake" /bin/true >"$TMP/true.out" 2>&1
+env LD_PRELOAD="$preload_list" "${san_env[@]}" LD_LIBRARY_PATH="$fake" /bin/true >"$TMP/true.out" 2>&1
 rc=$?
 check "/bin/true runs under the preload" '[ "$rc" -eq 0 ] && [ ! -s "$TMP/true.out" ]'
-env LD_PRELOAD="$lib" LD_LIBRARY_PATH="$fake" LD_DEBUG=libs /bin/true >"$TMP/true-libs.out" 2>&1
+env LD_PRELOAD="$preload_list" "${san_env[@]}" LD_LIBRARY_PATH="$fake" LD_DEBUG=libs /bin/true >"$TMP/true-libs.out" 2>&1
 check "/bin/true under the preload loads no libcuda.so.1" '! grep -q "calling init: .*libcuda.so" "$TMP/true-libs.out"'
-env LD_PRELOAD="$lib" LD_LIBRARY_PATH="$fake" python3 -c 'import ctypes' >"$TMP/python.out" 2>&1
+env LD_PRELOAD="$preload_list" "${san_env[@]}" LD_LIBRARY_PATH="$fake" python3 -c 'import ctypes' >"$TMP/python.out" 2>&1
 rc=$?
 check "python3 -c 'import ctypes' runs under the preload" '[ "$rc" -eq 0 ] && [ ! -s "$TMP/python.out" ]'
 
 preload no-cuda no_cuda ""
 expect_pass no-cuda no-cuda "a program that calls dlsym but uses no CUDA does not get libcuda.so.1 loaded"
-env LD_PRELOAD="$lib" LD_LIBRARY_PATH="$fake" python3 -c \
+env LD_PRELOAD="$preload_list" "${san_env[@]}" LD_LIBRARY_PATH="$fake" python3 -c \
     'import ctypes; print("ok python" if "libcuda.so" not in open("/proc/self/maps").read() else "libcuda.so.1 loaded")' \
     >"$TMP/python-maps.out" 2>&1
 rc=$?
