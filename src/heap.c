@@ -1021,8 +1021,11 @@ static int take_oldest_batch_locked(cuh_heap_t *h)
         if (!h->closed_batches)
             return 1;   /* finished at once */
     }
+    /* With other streams, events already complete need no wait (one query
+     * each); with the default stream alone there is nothing to wait for. */
     free_batch_t *oldest = h->closed_batches;
-    if (!streams_wait_locked(h, oldest))
+    if (other_streams_locked(h) && !events_done_locked(h, oldest->events, &oldest->num_events, 0) &&
+        !streams_wait_locked(h, oldest))
         events_done_locked(h, oldest->events, &oldest->num_events, 1);
     h->closed_batches = oldest->next;
     batch_finish_locked(h, oldest);
