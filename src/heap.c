@@ -178,6 +178,7 @@ struct cuh_heap_s {
     size_t num_holds, cap_holds;
     size_t held_bytes;
     uint64_t num_stream_waits;   /* GPU-side waits enqueued to reuse cudaFree batches early */
+    int took_back;               /* a batch came back early: new streams must wait (stream_joins_locked) */
     size_t held_requested;
     free_batch_t *open_batch;    /* device-wide frees no event covers yet */
     free_batch_t *closed_batches;
@@ -289,6 +290,37 @@ static int stream_is_drained(const cuh_heap_t *h, const stream_state_t *st)
     return !st->num_fences && !b->unfenced_bytes && !b->fenced_bytes && !st->small_unfenced && !st->small_fenced;
 }
 
+/* A stream the heap hears of for the first time, after cudaFree'd blocks
+ * were taken back with GPU-side waits (take_oldest_batch_locked): those
+ * waits were enqueued on the streams known then, so this one must also start
+ * after everything issued so far on them, or it could touch a reused block
+ * while older work still uses it. If that cannot be enqueued, the device is
+ * synchronized (slow, never wrong). */
+static void stream_joins_locked(cuh_heap_t *h, const stream_state_t *joining)
+{
+    if (!h->took_back || !joining->handle || h->captures)
+        return;
+    for (uint32_t i = 0; i <= h->num_streams; i++) {
+        cuh_stream_t other = 0;
+        if (i < h->num_streams) {
+            const stream_state_t *st = h->streams[i];
+            if (st == joining || st->retired || !st->handle)
+                continue;
+            other = st->handle;
+        }
+        cuh_event_t ev = event_get_locked(h);
+        int ok = ev && h->dev->ops->event_record(h->dev, ev, other) == CUH_DEV_OK &&
+                 h->dev->ops->stream_wait(h->dev, joining->handle, ev) == CUH_DEV_OK;
+        if (ev)
+            event_put_locked(h, ev);   /* the wait took the event's state as it is now */
+        if (!ok) {
+            h->dev->ops->synchronize(h->dev);
+            return;
+        }
+        h->num_stream_waits++;
+    }
+}
+
 static stream_state_t *stream_find_locked(cuh_heap_t *h, cuh_stream_t handle)
 {
     stream_state_t *reusable = NULL;
@@ -306,6 +338,7 @@ static stream_state_t *stream_find_locked(cuh_heap_t *h, cuh_stream_t handle)
          * serve the new stream (its fence counter only ever grows). */
         reusable->handle = handle;
         reusable->retired = 0;
+        stream_joins_locked(h, reusable);
         return h->last_stream = reusable;
     }
     if (h->num_streams == h->cap_streams) {
@@ -324,6 +357,7 @@ static stream_state_t *stream_find_locked(cuh_heap_t *h, cuh_stream_t handle)
     st->handle = handle;
     st->tag = h->num_streams + 1;
     h->streams[h->num_streams++] = st;
+    stream_joins_locked(h, st);
     return h->last_stream = st;
 }
 
@@ -1029,6 +1063,7 @@ static int take_oldest_batch_locked(cuh_heap_t *h)
         events_done_locked(h, oldest->events, &oldest->num_events, 1);
     h->closed_batches = oldest->next;
     batch_finish_locked(h, oldest);
+    h->took_back = 1;
     return 1;
 }
 

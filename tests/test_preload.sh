@@ -104,6 +104,9 @@ for runtime in shared static; do
     preload $p-ipc $p ipc
     expect_pass $p-ipc ipc "$r: IPC handle for a block that starts its segment, refused inside one"
     check "$r: the refused IPC handle names ipc_safe on stderr" 'grep -q "ipc_safe" "$TMP/$p-ipc.err"'
+    preload $p-late-stream $p new-stream-after-reuse
+    expect_pass $p-late-stream new-stream-after-reuse \
+        "$r: a stream created after a cudaFree'd block came back waits for the work that still used it"
     preload $p-capture $p capture
     expect_pass $p-capture capture "$r: in a graph capture, stream-ordered allocations go to CUDA and freed cuheap blocks are kept"
     check "$r: a cuheap block freed in a capture is reported on stderr" 'grep -q "graph capture" "$TMP/$p-capture.err"'

@@ -423,6 +423,33 @@ static void check_free_ordering(int stream_seen)
     expect(cudaStreamDestroy(s) == cudaSuccess, "cudaStreamDestroy failed");
 }
 
+/* A block cudaFree'd while a kernel on the default stream still reads it
+ * comes back at once (one stream known: no wait needed then); a stream
+ * created afterwards must still not overwrite it before that kernel ran. */
+static void check_new_stream_after_reuse(void)
+{
+    start_runtime();
+    fake.hold(1);
+    void *a = NULL, *b = NULL;
+    expect(cudaMalloc(&a, CHECKED_BYTES) == cudaSuccess && a, "cudaMalloc(A) failed");
+    memset(a, 0xAB, CHECKED_BYTES);
+    expect(fake.enqueue_check(NULL, a, CHECKED_BYTES, 0xAB) == 0, "enqueueing the kernel failed");
+    expect(cudaFree(a) == cudaSuccess, "cudaFree(A) failed");
+    expect(cudaMalloc(&b, CHECKED_BYTES) == cudaSuccess && b, "cudaMalloc(B) failed");
+    expect(b == a, "A did not come back at once (%p, not %p)", b, a);
+    cudaStream_t late = NULL;
+    expect(cudaStreamCreateWithFlags(&late, cudaStreamNonBlocking) == cudaSuccess, "stream creation failed");
+    expect(fake.enqueue_fill(late, b, CHECKED_BYTES, 0xCD) == 0, "enqueueing a fill failed");
+    fake.complete(late);   /* the new stream runs first, as a GPU may */
+    fake.complete_all();
+    unsigned long corrupt = fake.corrupt_bytes();
+    expect(corrupt == 0, "the kernel saw %lu corrupt bytes: a stream created after the reuse overwrote A first",
+           corrupt);
+    fake.hold(0);
+    expect(cudaStreamDestroy(late) == cudaSuccess, "cudaStreamDestroy failed");
+    cudaFree(b);
+}
+
 static void check_stream_destroy(void)
 {
     start_runtime();
@@ -530,6 +557,8 @@ int main(int argc, char **argv)
         check_fork();
     else if (!strcmp(mode, "ipc"))
         check_ipc();
+    else if (!strcmp(mode, "new-stream-after-reuse"))
+        check_new_stream_after_reuse();
     else if (!strcmp(mode, "capture"))
         check_capture();
     else if (!strcmp(mode, "ipc-safe"))
@@ -550,7 +579,7 @@ int main(int argc, char **argv)
         check_device_reset();
     else {
         fprintf(stderr, "usage: %s threads|entry-point|pass-through|double-free|zero-and-alignment|"
-                        "out-of-memory|fork|ipc|ipc-safe|capture|free-ordering|free-ordering-unseen-stream|stream-destroy|"
+                        "out-of-memory|fork|ipc|ipc-safe|capture|new-stream-after-reuse|free-ordering|free-ordering-unseen-stream|stream-destroy|"
                         "meminfo|meminfo-right-after-free|meminfo-uncached|device-reset\n", argv[0]);
         return 2;
     }
