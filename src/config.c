@@ -60,8 +60,8 @@ static const option_t options[] = {
      "(device-wide allocation) instead of reserving more: every stream waits on the GPU "
      "(cuStreamWaitEvent) for the other streams' work issued before those frees; the CPU does "
      "not wait. While the default stream is the only one known they are taken back before any "
-     "search (a take-back then costs one event record), else only before growing. 0: reserve "
-     "more."},
+     "search (a take-back then costs one event record); with other streams, those the GPU has "
+     "passed are, and the rest only before growing. 0: reserve more."},
     {"ipc_safe", KIND_BOOL, offsetof(cuh_config_t, ipc_safe), "0",
      "1: every block gets a segment of its own that it starts (a free one at most a quarter "
      "larger, or a new one sized to it), so cudaIpcGetMemHandle works on any block. Costs a "

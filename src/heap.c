@@ -1090,13 +1090,18 @@ static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
     /* Memory cudaFree gave back comes first, as it would with stream-ordered
      * frees: left in its batches while other free memory is cut up, its
      * holes stop matching the requests that follow (cuheap-replay
-     * --cudafree 100: GPT-2 reserved 34 GiB instead of 28). Only while the
-     * default stream is the only one known: a take-back then costs one
-     * event record. With other streams each would make streams wait for one
-     * another on the GPU, so batches come back only before growing. */
-    if (h->held_bytes >= size && !other_streams_locked(h))
-        while (take_oldest_batch_locked(h))
-            ;
+     * --cudafree 100: GPT-2 reserved 34 GiB instead of 28). While the
+     * default stream is the only one known, all of it: a take-back then
+     * costs one event record. With other streams each would make streams
+     * wait for one another on the GPU: only the batches the GPU has passed
+     * (one event query each), the rest only before growing. */
+    if (h->held_bytes >= size) {
+        if (!other_streams_locked(h))
+            while (take_oldest_batch_locked(h))
+                ;
+        else
+            batches_poll_locked(h, 0);   /* at least those the GPU has passed */
+    }
     cuh_extent_t *e = find_fit_locked(h, size, align, st->tag);
     if (cuh_likely(e != NULL))
         goto hit;

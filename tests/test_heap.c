@@ -455,11 +455,13 @@ static void test_device_wide_malloc_waits_for_a_batch_rather_than_grow(void **st
 /* With only the default stream known, cudaFree's batches come back before
  * any free memory is searched (their holes fit the requests that follow);
  * with other streams known (each take-back would make streams wait for one
- * another), only before the heap would grow. */
-static void test_cudafree_batches_come_back_first_with_one_stream(void **state)
+ * another), only those the GPU has passed, the rest before the heap would
+ * grow. */
+static void test_cudafree_batches_come_back_before_other_free_memory(void **state)
 {
     (void)state;
-    for (int other = 0; other <= 1; other++) {
+    /* other 2: other streams, and the GPU has passed a's batch. */
+    for (int other = 0; other <= 2; other++) {
         test_heap_t t = test_heap_new(GiB, NULL);
         cuh_sim_hold_events(t.dev, 1);
         if (other)
@@ -470,11 +472,13 @@ static void test_cudafree_batches_come_back_first_with_one_stream(void **state)
         assert_int_equal(cuh_heap_free_device_wide(t.heap, c), CUHEAP_OK);
         cuh_sim_complete_all(t.dev);
         assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);   /* c is ready now, a held */
+        if (other == 2)
+            cuh_sim_complete_all(t.dev);
         cuh_sim_counters_t c0, c1;
         cuh_sim_counters(t.dev, &c0);
         assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &b), CUHEAP_OK);
         cuh_sim_counters(t.dev, &c1);
-        if (!other) {
+        if (other != 1) {
             assert_int_equal(b, a);   /* the exact hole, not a cut of c's */
             assert_int_equal(c1.stream_waits, c0.stream_waits);   /* one stream: nothing to wait for */
         } else {
@@ -1289,7 +1293,7 @@ int main(void)
         cmocka_unit_test(test_random_device_wide_frees_are_never_reused_early),
         cmocka_unit_test(test_device_wide_malloc_waits_for_a_batch_rather_than_grow),
         cmocka_unit_test(test_ipc_safe_blocks_start_their_own_segments),
-        cmocka_unit_test(test_cudafree_batches_come_back_first_with_one_stream),
+        cmocka_unit_test(test_cudafree_batches_come_back_before_other_free_memory),
         cmocka_unit_test(test_concurrent_threads_never_share_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
