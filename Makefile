@@ -125,7 +125,7 @@ FAKE_CUDART := $(BUILD)/fake/libcudart.so.13
 FAKE_DEV_LINKS := $(BUILD)/fake/libcudart.so $(BUILD)/fake/libcuda.so
 PRELOAD_DIR := $(BUILD)/tests/preload
 PRELOAD_PROGRAMS := $(PRELOAD_DIR)/runtime_shared $(PRELOAD_DIR)/runtime_static $(PRELOAD_DIR)/driver_checks \
-                    $(PRELOAD_DIR)/no_cuda
+                    $(PRELOAD_DIR)/no_cuda $(PRELOAD_DIR)/rtld_next
 PRELOAD_CFLAGS := -std=c11 -O1 -g -Wall -Wextra -Werror -Iinclude -Itests/fake -Itests/preload -pthread
 PRELOAD_SUPPORT := tests/preload/support.c tests/preload/support.h tests/fake/fake_cuda.h include/cuheap.h
 
@@ -158,6 +158,18 @@ $(PRELOAD_DIR)/driver_checks: tests/preload/driver_checks.c $(PRELOAD_SUPPORT) $
 $(PRELOAD_DIR)/no_cuda: tests/preload/no_cuda.c
 	@mkdir -p $(dir $@)
 	$(CC) $(PRELOAD_CFLAGS) -o $@ $< -ldl
+
+$(PRELOAD_DIR)/libprobe_first.so: tests/preload/rtld_next.c
+	@mkdir -p $(dir $@)
+	$(CC) $(PRELOAD_CFLAGS) -shared -fPIC -DPROBE_VALUE=1 -o $@ $< -ldl
+
+$(PRELOAD_DIR)/libprobe_second.so: tests/preload/rtld_next.c
+	@mkdir -p $(dir $@)
+	$(CC) $(PRELOAD_CFLAGS) -shared -fPIC -DPROBE_VALUE=2 -o $@ $< -ldl
+
+$(PRELOAD_DIR)/rtld_next: tests/preload/rtld_next.c $(PRELOAD_DIR)/libprobe_first.so $(PRELOAD_DIR)/libprobe_second.so
+	$(CC) $(PRELOAD_CFLAGS) -o $@ $< -L$(PRELOAD_DIR) -Wl,--no-as-needed -lprobe_first -lprobe_second -Wl,--as-needed -ldl \
+	    -Wl,-rpath,$(abspath $(PRELOAD_DIR)) -Wl,--disable-new-dtags
 
 preload-tests: $(PRELOAD_PROGRAMS) $(FAKE_CUDA) $(FAKE_CUDART) $(BUILD)/libcuheap.so
 

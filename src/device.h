@@ -119,8 +119,10 @@ int cuh_cuda_current_device(char *errbuf, size_t errlen);
  * The hooks (hook_*.c) forward what cuheap does not serve to these. They
  * never call cuInit: a program that has not initialized CUDA gets CUDA's own
  * answer. */
-/* glibc's dlsym, whatever `dlsym` the process binds to. */
+/* glibc's dlsym, whatever `dlsym` the process binds to: called, or the
+ * function itself (for a tail call that keeps the caller's identity). */
 void *cuh_cuda_real_dlsym(void *handle, const char *name);
+void *(*cuh_cuda_dlsym_function(void))(void *, const char *);
 /* The driver's own function `name` in libcuda.so.1; NULL if none. */
 void *cuh_cuda_driver_function(const char *name);
 /* The CUDA runtime's own function `name` (the loaded libcudart); NULL if

@@ -854,6 +854,12 @@ int cuh_cuda_current_device(char *errbuf, size_t errlen)
 
 /* ---- the real entry points behind the hooks ------------------------------ */
 
+CUH_EARLY void *(*cuh_cuda_dlsym_function(void))(void *, const char *)
+{
+    pthread_once(&g_cu.dlsym_once, cuda_find_dlsym);
+    return g_cu.real_dlsym;
+}
+
 CUH_EARLY void *cuh_cuda_real_dlsym(void *handle, const char *name)
 {
     /* Every dlsym of the process comes here under LD_PRELOAD: the driver is

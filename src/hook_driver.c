@@ -18,9 +18,8 @@
  * cuIpcGetMemHandle, cuDevicePrimaryCtxReset_v2. What the driver refuses
  * without cuheap (no current context, a zero size) it still refuses.
  *
- * dlsym's RTLD_NEXT is answered relative to libcuheap.so, not to the caller:
- * a difference only for a name defined both by a library preloaded before
- * libcuheap.so (or the program) and by one after it.
+ * dlsym(RTLD_NEXT, ...) keeps glibc's meaning (relative to its caller): it
+ * is passed on as a tail call, and not substituted.
  */
 #include "hook_cuda.h"
 #include "common.h"
@@ -271,8 +270,20 @@ CUH_EARLY static void *substitute(void *fn)
 }
 
 CUH_HOOK void *dlsym(void *handle, const char *name);
-CUH_EARLY void *dlsym(void *handle, const char *name)
+/* The tail call below must be one in every build (sibling calls are an -O2
+ * optimization): hence the optimize attribute. */
+CUH_EARLY __attribute__((optimize("optimize-sibling-calls"))) void *dlsym(void *handle, const char *name)
 {
+    /* glibc answers RTLD_NEXT relative to the code that called its dlsym,
+     * found from the return address: jump to it (a tail call), so that
+     * address is our caller's, not libcuheap's. Otherwise an interposer
+     * loaded after libcuheap.so would be handed its own function as the
+     * "next" one. A driver function asked for this way is not substituted
+     * (the runtime asks with the driver's handle). */
+    if (handle == RTLD_NEXT) {
+        void *(*real)(void *, const char *) = cuh_cuda_dlsym_function();
+        return real(handle, name);
+    }
     return substitute(cuh_cuda_real_dlsym(handle, name));
 }
 

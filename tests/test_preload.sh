@@ -177,6 +177,10 @@ env LD_PRELOAD="$preload_list" "${san_env[@]}" LD_LIBRARY_PATH="$fake" python3 -
 rc=$?
 check "python3 -c 'import ctypes' runs under the preload" '[ "$rc" -eq 0 ] && [ ! -s "$TMP/python.out" ]'
 
+preload rtld-next rtld_next ""
+check "dlsym(RTLD_NEXT, ...) from a library answers relative to that library" \
+    '[ "$rc" -eq 0 ] && grep -qx "ok rtld-next" "$TMP/rtld-next.out"'
+
 preload no-cuda no_cuda ""
 expect_pass no-cuda no-cuda "a program that calls dlsym but uses no CUDA does not get libcuda.so.1 loaded"
 env LD_PRELOAD="$preload_list" "${san_env[@]}" LD_LIBRARY_PATH="$fake" python3 -c \
