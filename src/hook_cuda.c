@@ -3,8 +3,9 @@
  * Each entry point in hook_runtime.c and hook_driver.c reads its arguments,
  * asks one of these functions what to do, and either returns CUDA's code for
  * cuheap's answer or calls the real function. Everything here goes through
- * the runtime's heap functions (runtime.h); the only CUDA it touches is the
- * current context, through the device interface.
+ * the runtime's heap functions (runtime.h); the only CUDA it asks about, the
+ * current context and whether a stream is being captured, it asks through
+ * the device interface.
  */
 #include "hook_cuda.h"
 
