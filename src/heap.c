@@ -177,7 +177,6 @@ struct cuh_heap_s {
     hold_t **holds;
     size_t num_holds, cap_holds;
     size_t held_bytes;
-    uint64_t num_stream_waits;   /* GPU-side waits enqueued to reuse cudaFree batches early */
     int took_back;               /* a batch came back early: new streams must wait (stream_joins_locked) */
     size_t held_requested;
     free_batch_t *open_batch;    /* device-wide frees no event covers yet */
@@ -290,6 +289,26 @@ static int stream_is_drained(const cuh_heap_t *h, const stream_state_t *st)
     return !st->num_fences && !b->unfenced_bytes && !b->fenced_bytes && !st->small_unfenced && !st->small_fenced;
 }
 
+/* Walks the live streams the heap knows, then the default stream (0) once:
+ *     for (uint32_t i = 0; next_live_stream(h, &i, &handle);) ...
+ * The streams every device-wide event, wait and take-back must cover. */
+static int next_live_stream(const cuh_heap_t *h, uint32_t *i, cuh_stream_t *handle)
+{
+    while (*i < h->num_streams) {
+        const stream_state_t *st = h->streams[(*i)++];
+        if (!st->retired && st->handle) {
+            *handle = st->handle;
+            return 1;
+        }
+    }
+    if (*i == h->num_streams) {
+        (*i)++;
+        *handle = 0;
+        return 1;
+    }
+    return 0;
+}
+
 /* A stream the heap hears of for the first time, after cudaFree'd blocks
  * were taken back with GPU-side waits (take_oldest_batch_locked): those
  * waits were enqueued on the streams known then, so this one must also start
@@ -300,14 +319,10 @@ static void stream_joins_locked(cuh_heap_t *h, const stream_state_t *joining)
 {
     if (!h->took_back || !joining->handle || h->captures)
         return;
-    for (uint32_t i = 0; i <= h->num_streams; i++) {
-        cuh_stream_t other = 0;
-        if (i < h->num_streams) {
-            const stream_state_t *st = h->streams[i];
-            if (st == joining || st->retired || !st->handle)
-                continue;
-            other = st->handle;
-        }
+    cuh_stream_t other;
+    for (uint32_t i = 0; next_live_stream(h, &i, &other);) {
+        if (other == joining->handle)
+            continue;
         cuh_event_t ev = event_get_locked(h);
         int ok = ev && h->dev->ops->event_record(h->dev, ev, other) == CUH_DEV_OK &&
                  h->dev->ops->stream_wait(h->dev, joining->handle, ev) == CUH_DEV_OK;
@@ -317,7 +332,6 @@ static void stream_joins_locked(cuh_heap_t *h, const stream_state_t *joining)
             h->dev->ops->synchronize(h->dev);
             return;
         }
-        h->num_stream_waits++;
     }
 }
 
@@ -996,6 +1010,33 @@ static cuh_extent_t *take_locked(cuh_heap_t *h, cuh_extent_t *free_ext, size_t s
     return cuh_arena_take(&h->arena, free_ext, size, align, state, st->tag);
 }
 
+static int events_done_locked(cuh_heap_t *h, cuh_event_t *events, size_t *num_events, int wait);
+
+/* Every known stream and the default stream wait for `batch` on the GPU,
+ * each for the events of the other streams: a stream's own later work
+ * already runs after its own earlier work. With only the default stream
+ * known (PyTorch's usual case) that is no call at all; blocking streams are
+ * covered through the default stream, whose event waited for them. */
+static int streams_wait_locked(cuh_heap_t *h, const free_batch_t *batch)
+{
+    for (size_t e = 0; e < batch->num_events; e++) {
+        cuh_stream_t waiter;
+        for (uint32_t i = 0; next_live_stream(h, &i, &waiter);)
+            if (waiter != batch->event_streams[e] &&
+                h->dev->ops->stream_wait(h->dev, waiter, batch->events[e]) != CUH_DEV_OK)
+                return 0;
+    }
+    return 1;
+}
+
+/* 1 if the heap knows a live stream besides the default stream. */
+static int other_streams_locked(const cuh_heap_t *h)
+{
+    uint32_t i = 0;
+    cuh_stream_t first;
+    return next_live_stream(h, &i, &first) && first != 0;
+}
+
 /* Device-wide frees (cudaFree under LD_PRELOAD) wait in batches until the
  * GPU has passed them. A program that frees and allocates as it goes -
  * PyTorch without its cache: a cudaFree per tensor - would otherwise make
@@ -1007,43 +1048,6 @@ static cuh_extent_t *take_locked(cuh_heap_t *h, cuh_extent_t *free_ext, size_t s
  * runs before the work issued before the frees has finished. Only when a
  * wait cannot be enqueued does the CPU wait. Returns 1 when a batch came
  * back (try again), 0 when there is none to take (or wait_before_grow:0). */
-static int events_done_locked(cuh_heap_t *h, cuh_event_t *events, size_t *num_events, int wait);
-
-/* Every known stream and the default stream wait for `batch` on the GPU,
- * each for the events of the other streams: a stream's own later work
- * already runs after its own earlier work. With only the default stream
- * known (PyTorch's usual case) that is no call at all; blocking streams are
- * covered through the default stream, whose event waited for them. */
-static int streams_wait_locked(cuh_heap_t *h, const free_batch_t *batch)
-{
-    for (size_t e = 0; e < batch->num_events; e++) {
-        for (uint32_t i = 0; i <= h->num_streams; i++) {
-            cuh_stream_t waiter = 0;
-            if (i < h->num_streams) {
-                const stream_state_t *st = h->streams[i];
-                if (st->retired || !st->handle)
-                    continue;
-                waiter = st->handle;
-            }
-            if (waiter == batch->event_streams[e])
-                continue;
-            if (h->dev->ops->stream_wait(h->dev, waiter, batch->events[e]) != CUH_DEV_OK)
-                return 0;
-            h->num_stream_waits++;
-        }
-    }
-    return 1;
-}
-
-/* 1 if the heap knows a live stream besides the default stream. */
-static int other_streams_locked(const cuh_heap_t *h)
-{
-    for (uint32_t i = 0; i < h->num_streams; i++)
-        if (!h->streams[i]->retired && h->streams[i]->handle)
-            return 1;
-    return 0;
-}
-
 static int take_oldest_batch_locked(cuh_heap_t *h)
 {
     if (!h->cfg.wait_before_grow || h->captures)
@@ -1766,19 +1770,9 @@ static void batch_close_locked(cuh_heap_t *h)
     h->open_batch = NULL;
     batch->events = malloc((h->num_streams + 1) * sizeof *batch->events);
     batch->event_streams = malloc((h->num_streams + 1) * sizeof *batch->event_streams);
-    int default_seen = 0, synced = !batch->events || !batch->event_streams;
-    for (uint32_t i = 0; !synced && i <= h->num_streams; i++) {
-        cuh_stream_t handle = 0;
-        if (i < h->num_streams) {
-            if (h->streams[i]->retired)
-                continue;
-            handle = h->streams[i]->handle;
-        }
-        if (!handle) {
-            if (default_seen)
-                continue;
-            default_seen = 1;
-        }
+    int synced = !batch->events || !batch->event_streams;
+    cuh_stream_t handle;
+    for (uint32_t i = 0; !synced && next_live_stream(h, &i, &handle);) {
         cuh_event_t ev = event_get_locked(h);
         if (!ev || h->dev->ops->event_record(h->dev, ev, handle) != CUH_DEV_OK) {
             if (ev)
