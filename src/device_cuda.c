@@ -332,6 +332,15 @@ static int cuda_ready(char *errbuf, size_t errlen)
     return -1;
 }
 
+/* The ordinal of a CUdevice handle (the driver must be ready), or -1. */
+static int cuda_ordinal_of(CUdevice cudev)
+{
+    for (int i = 0; i < g_cu.device_count && i < CUH_CUDA_MAX_DEVICES; i++)
+        if (g_cu.devices[i] == cudev)
+            return i;
+    return -1;
+}
+
 /* ---- one opened device -------------------------------------------------- */
 
 typedef struct cuh_cuda_device_s {
@@ -393,6 +402,22 @@ static void cuda_ctx_leave(int pushed)
                            (opname));                                          \
             return CUH_DEV_ERROR;                                              \
         }                                                                      \
+    } while (0)
+
+/* The whole body of an op that is one driver call: `call` in the device's
+ * context, its failure named `opname` in last_error. */
+#define CUDA_CALL(dev, opname, call)                                           \
+    do {                                                                       \
+        int pushed_;                                                           \
+        cuh_cuda_device_t *d_ = cuda_dev(dev);                                 \
+        CUDA_ENTER(d_, pushed_, (opname));                                     \
+        CUresult r_ = (call);                                                  \
+        cuda_ctx_leave(pushed_);                                               \
+        if (r_ != CUDA_SUCCESS) {                                              \
+            cuda_dev_error((dev), r_, "%s", (opname));                         \
+            return CUH_DEV_ERROR;                                              \
+        }                                                                      \
+        return CUH_DEV_OK;                                                     \
     } while (0)
 
 static cuh_dev_status_t cuda_mem_alloc(cuh_device_t *dev, size_t size, uintptr_t *addr)
@@ -551,50 +576,17 @@ static cuh_dev_status_t cuda_event_query(cuh_device_t *dev, cuh_event_t event)
 
 static cuh_dev_status_t cuda_event_wait(cuh_device_t *dev, cuh_event_t event)
 {
-    cuh_cuda_device_t *d = cuda_dev(dev);
-    int pushed;
-    CUresult r;
-
-    CUDA_ENTER(d, pushed, "cuEventSynchronize");
-    r = g_cu.cuEventSynchronize((CUevent)(void *)event);
-    cuda_ctx_leave(pushed);
-    if (r != CUDA_SUCCESS) {
-        cuda_dev_error(dev, r, "cuEventSynchronize");
-        return CUH_DEV_ERROR;
-    }
-    return CUH_DEV_OK;
+    CUDA_CALL(dev, "cuEventSynchronize", g_cu.cuEventSynchronize((CUevent)(void *)event));
 }
 
 static cuh_dev_status_t cuda_stream_wait(cuh_device_t *dev, cuh_stream_t stream, cuh_event_t event)
 {
-    cuh_cuda_device_t *d = cuda_dev(dev);
-    int pushed;
-    CUresult r;
-
-    CUDA_ENTER(d, pushed, "cuStreamWaitEvent");
-    r = g_cu.cuStreamWaitEvent((CUstream)(void *)stream, (CUevent)(void *)event, 0);
-    cuda_ctx_leave(pushed);
-    if (r != CUDA_SUCCESS) {
-        cuda_dev_error(dev, r, "cuStreamWaitEvent");
-        return CUH_DEV_ERROR;
-    }
-    return CUH_DEV_OK;
+    CUDA_CALL(dev, "cuStreamWaitEvent", g_cu.cuStreamWaitEvent((CUstream)(void *)stream, (CUevent)(void *)event, 0));
 }
 
 static cuh_dev_status_t cuda_synchronize(cuh_device_t *dev)
 {
-    cuh_cuda_device_t *d = cuda_dev(dev);
-    int pushed;
-    CUresult r;
-
-    CUDA_ENTER(d, pushed, "cuCtxSynchronize");
-    r = g_cu.cuCtxSynchronize();
-    cuda_ctx_leave(pushed);
-    if (r != CUDA_SUCCESS) {
-        cuda_dev_error(dev, r, "cuCtxSynchronize");
-        return CUH_DEV_ERROR;
-    }
-    return CUH_DEV_OK;
+    CUDA_CALL(dev, "cuCtxSynchronize", g_cu.cuCtxSynchronize());
 }
 
 /* ---- virtual memory -------------------------------------------------------- */
@@ -842,9 +834,9 @@ int cuh_cuda_current_device(char *errbuf, size_t errlen)
         return -1;
     }
     /* A CUdevice is a handle, not an ordinal: map it back. */
-    for (int i = 0; i < g_cu.device_count && i < CUH_CUDA_MAX_DEVICES; i++)
-        if (g_cu.devices[i] == cudev)
-            return i;
+    int ordinal = cuda_ordinal_of(cudev);
+    if (ordinal >= 0)
+        return ordinal;
     if (errbuf != NULL && errlen > 0)
         snprintf(errbuf, errlen,
                  "the current context's device (CUdevice %d) is none of the %d devices "
@@ -944,10 +936,7 @@ int cuh_cuda_current_context(int *device)
     CUdevice cudev;
     if (g_cu.cuCtxGetDevice(&cudev) != CUDA_SUCCESS)
         return CUH_CTX_ERROR;
-    int d = -1;
-    for (int i = 0; i < g_cu.device_count && i < CUH_CUDA_MAX_DEVICES; i++)
-        if (g_cu.devices[i] == cudev)
-            d = i;
+    int d = cuda_ordinal_of(cudev);
     if (d < 0)
         return CUH_CTX_ERROR;
     *device = d;
@@ -973,10 +962,7 @@ int cuh_cuda_device_ordinal(int cudev)
     char err[400];
     if (cuda_ready(err, sizeof err) != 0)
         return -1;
-    for (int i = 0; i < g_cu.device_count && i < CUH_CUDA_MAX_DEVICES; i++)
-        if (g_cu.devices[i] == cudev)
-            return i;
-    return -1;
+    return cuda_ordinal_of(cudev);
 }
 
 CUH_EARLY int cuh_cuda_driver_loaded(void)
