@@ -105,6 +105,17 @@ int cuh_hook_malloc(const char *fn, void **ptr, size_t size, int device, cuh_hoo
     return cuda_code(status);
 }
 
+int cuh_hook_malloc_pitch(const char *fn, void **ptr, size_t *pitch, size_t width, size_t height, int device)
+{
+    size_t row = (width + CUH_ALIGN - 1) / CUH_ALIGN * CUH_ALIGN;
+    if (row < width || height > SIZE_MAX / row)
+        return CUH_CUDA_OUT_OF_MEMORY;
+    int code = cuh_hook_malloc(fn, ptr, row * height, device, CUH_HOOK_ANY_STREAM);
+    if (code == CUH_CUDA_SUCCESS)
+        *pitch = row;
+    return code;
+}
+
 int cuh_hook_keep_captured_free(const char *fn, void *ptr)
 {
     if (cuh_runtime_owner((uintptr_t)ptr) < 0)

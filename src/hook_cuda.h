@@ -61,6 +61,11 @@ int cuh_hook_device(int runtime_api);
  * prints cuheap's explanation; size 0 gives NULL and success. */
 int cuh_hook_malloc(const char *fn, void **ptr, size_t size, int device, cuh_hook_stream_t stream);
 
+/* cudaMallocPitch and cuMemAllocPitch_v2 once their arguments are valid:
+ * rows of `width` bytes rounded up to 512 (every block's alignment), the
+ * pitch set on success; the CUDA code. */
+int cuh_hook_malloc_pitch(const char *fn, void **ptr, size_t *pitch, size_t width, size_t height, int device);
+
 /* Frees a cuheap block: 1 with *code set when the pointer is cuheap's
  * (CUDA's invalid-value code, and a message on stderr, for a double free or
  * a pointer inside a block); 0 when it is not (pass it to CUDA). */

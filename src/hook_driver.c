@@ -126,14 +126,9 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size
     if (device >= 0 && dptr && pitch) {
         if (!width || !height || (element_size != 4 && element_size != 8 && element_size != 16))
             return CUH_CUDA_INVALID_VALUE;   /* as the driver */
-        size_t row = (width + 511) / 512 * 512;
-        if (row < width || height > SIZE_MAX / row)
-            return CUH_CUDA_OUT_OF_MEMORY;
-        void *p = NULL;
-        CUresult code = cuh_hook_malloc("cuMemAllocPitch_v2", &p, row * height, device, CUH_HOOK_ANY_STREAM);
+        void *p = (void *)(uintptr_t)*dptr;   /* left as it was if the size overflows */
+        CUresult code = cuh_hook_malloc_pitch("cuMemAllocPitch_v2", &p, pitch, width, height, device);
         *dptr = (CUdeviceptr)(uintptr_t)p;
-        if (code == CUH_CUDA_SUCCESS)
-            *pitch = row;
         return code;
     }
     REAL(CUresult (*)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int), "cuMemAllocPitch_v2");

@@ -22,21 +22,18 @@ typedef void *cudaStream_t;
 /* `fn`: the real runtime function, or `missing` from the hook. */
 #define REAL(type, name, missing) CUH_REAL(cuh_cuda_runtime_function, type, name, missing)
 
-#define MAX_PITCH_ALIGN 512   /* every cuheap block is 512-byte aligned */
-
-static cudaError_t serve_malloc(const char *fn, void **ptr, size_t size, cuh_hook_stream_t stream, int *served)
+/* -1: not served (pass on); else the code. */
+static cudaError_t serve_malloc(const char *fn, void **ptr, size_t size, cuh_hook_stream_t stream)
 {
-    int device = cuh_hook_device(1);
-    *served = ptr != NULL && device >= 0;
-    return *served ? cuh_hook_malloc(fn, ptr, size, device, stream) : CUH_CUDA_SUCCESS;
+    int device = ptr ? cuh_hook_device(1) : -1;
+    return device >= 0 ? cuh_hook_malloc(fn, ptr, size, device, stream) : -1;
 }
 
 CUH_HOOK cudaError_t cudaMalloc(void **ptr, size_t size);
 cudaError_t cudaMalloc(void **ptr, size_t size)
 {
-    int served;
-    cudaError_t code = serve_malloc("cudaMalloc", ptr, size, CUH_HOOK_ANY_STREAM, &served);
-    if (served)
+    cudaError_t code = serve_malloc("cudaMalloc", ptr, size, CUH_HOOK_ANY_STREAM);
+    if (code >= 0)
         return code;
     REAL(cudaError_t (*)(void **, size_t), "cudaMalloc", CUH_CUDA_UNKNOWN);
     return fn(ptr, size);
@@ -57,9 +54,7 @@ static cudaError_t malloc_async(const char *name, void **ptr, size_t size, cudaS
 {
     if (cuh_hook_capturing(stream, ptds))
         return -1;   /* the graph's own memory node */
-    int served;
-    cudaError_t code = serve_malloc(name, ptr, size, cuh_hook_stream(stream, ptds), &served);
-    return served ? code : -1;
+    return serve_malloc(name, ptr, size, cuh_hook_stream(stream, ptds));
 }
 
 CUH_HOOK cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream);
@@ -110,15 +105,8 @@ CUH_HOOK cudaError_t cudaMallocPitch(void **ptr, size_t *pitch, size_t width, si
 cudaError_t cudaMallocPitch(void **ptr, size_t *pitch, size_t width, size_t height)
 {
     int device = cuh_hook_device(1);
-    if (ptr && pitch && width && height && device >= 0) {
-        size_t row = (width + MAX_PITCH_ALIGN - 1) / MAX_PITCH_ALIGN * MAX_PITCH_ALIGN;
-        if (row < width || height > SIZE_MAX / row)
-            return CUH_CUDA_OUT_OF_MEMORY;
-        cudaError_t code = cuh_hook_malloc("cudaMallocPitch", ptr, row * height, device, CUH_HOOK_ANY_STREAM);
-        if (code == CUH_CUDA_SUCCESS)
-            *pitch = row;
-        return code;
-    }
+    if (ptr && pitch && width && height && device >= 0)
+        return cuh_hook_malloc_pitch("cudaMallocPitch", ptr, pitch, width, height, device);
     REAL(cudaError_t (*)(void **, size_t *, size_t, size_t), "cudaMallocPitch", CUH_CUDA_UNKNOWN);
     return fn(ptr, pitch, width, height);
 }
