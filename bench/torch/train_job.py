@@ -93,6 +93,14 @@ def peaks():
     return torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()
 
 
+def optimize(opt, loss):
+    """One training update from `loss` (gradients reset, backward, step); returns the loss."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss
+
+
 def make_resnet50(seed):
     import torchvision
     model = torchvision.models.resnet50(weights=None).cuda()
@@ -105,10 +113,7 @@ def make_resnet50(seed):
         y = torch.randint(0, 1000, (128,), device="cuda", generator=g)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = loss_fn(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss
+        return optimize(opt, loss)
     return step
 
 
@@ -122,10 +127,7 @@ def make_gpt2(seed):
         ids = torch.randint(0, 50257, (16, 1024), device="cuda", generator=g)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=ids).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss
+        return optimize(opt, loss)
     return step
 
 
@@ -144,10 +146,7 @@ def make_bert_varlen(seed):
                              torch.full_like(ids, -100))
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss
+        return optimize(opt, loss)
     return step
 
 
@@ -176,10 +175,7 @@ def make_sidestream(seed):
         xg.record_stream(torch.cuda.current_stream())
         yg.record_stream(torch.cuda.current_stream())
         loss = torch.nn.functional.cross_entropy(model(xg), yg)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss
+        return optimize(opt, loss)
     return step
 
 
