@@ -446,13 +446,9 @@ static cuh_dev_status_t cuda_mem_alloc(cuh_device_t *dev, size_t size, uintptr_t
         return CUH_DEV_ERROR;
     }
     cuda_ctx_leave(pushed);
-    if (r == CUDA_ERROR_OUT_OF_MEMORY) {
-        cuda_dev_error(dev, r, "cuMemAlloc_v2(%zu bytes)", size);   /* for whoever asks */
-        return CUH_DEV_OOM;
-    }
     if (r != CUDA_SUCCESS) {
-        cuda_dev_error(dev, r, "cuMemAlloc_v2(%zu bytes)", size);
-        return CUH_DEV_ERROR;
+        cuda_dev_error(dev, r, "cuMemAlloc_v2(%zu bytes)", size);   /* an OOM's too, for whoever asks */
+        return r == CUDA_ERROR_OUT_OF_MEMORY ? CUH_DEV_OOM : CUH_DEV_ERROR;
     }
     *addr = (uintptr_t)p;
     return CUH_DEV_OK;
