@@ -95,13 +95,16 @@ void cuh_sim_hold_events(cuh_device_t *dev, int hold);
 /* Completes all work recorded so far on `stream`, or on every stream. */
 void cuh_sim_complete_stream(cuh_device_t *dev, cuh_stream_t stream);
 void cuh_sim_complete_all(cuh_device_t *dev);
+/* `stream` runs no work: events recorded on it complete at once, even while
+ * events are held (a stream a program created and left idle). */
+void cuh_sim_stream_idle(cuh_device_t *dev, cuh_stream_t stream);
 /* Counters a test can read. */
 typedef struct cuh_sim_counters_s {
     size_t used;               /* bytes in live segments and physical pages */
     uint64_t vm_creates, vm_releases, vm_maps, vm_unmaps;
     size_t vm_mapped;          /* bytes mapped now */
     uint64_t mem_allocs, mem_frees, mem_refusals;
-    uint64_t events_recorded, event_waits, stream_waits, synchronizes;
+    uint64_t events_recorded, event_queries, event_waits, stream_waits, synchronizes;
     uint64_t live_events;
 } cuh_sim_counters_t;
 void cuh_sim_counters(cuh_device_t *dev, cuh_sim_counters_t *out);

@@ -31,6 +31,7 @@ typedef struct sim_stream_s {
     cuh_stream_t handle;
     uint64_t recorded;
     uint64_t completed;
+    int idle;                    /* no work: its events complete at once, held or not */
 } sim_stream_t;
 
 struct cuh_event_s {
@@ -76,6 +77,7 @@ static sim_stream_t *stream_state(sim_device_t *s, cuh_stream_t handle)
     sim_stream_t *st = &s->streams[s->num_streams++];
     st->handle = handle;
     st->recorded = st->completed = 0;
+    st->idle = 0;
     return st;
 }
 
@@ -181,7 +183,7 @@ static cuh_dev_status_t sim_event_record(cuh_device_t *dev, cuh_event_t event, c
         rc = CUH_DEV_ERROR;
     } else {
         st->recorded++;
-        if (!s->hold)
+        if (!s->hold || st->idle)
             st->completed = st->recorded;
         event->recorded = 1;
         event->stream = stream;
@@ -197,6 +199,7 @@ static cuh_dev_status_t sim_event_query(cuh_device_t *dev, cuh_event_t event)
     sim_device_t *s = sim_of(dev);
     cuh_dev_status_t rc = CUH_DEV_OK;
     pthread_mutex_lock(&s->lock);
+    s->counters.event_queries++;
     if (event->recorded) {
         sim_stream_t *st = stream_state(s, event->stream);
         if (st && st->completed < event->seq)
@@ -442,6 +445,18 @@ void cuh_sim_complete_stream(cuh_device_t *dev, cuh_stream_t stream)
     sim_stream_t *st = stream_state(s, stream);
     if (st)
         st->completed = st->recorded;
+    pthread_mutex_unlock(&s->lock);
+}
+
+void cuh_sim_stream_idle(cuh_device_t *dev, cuh_stream_t stream)
+{
+    sim_device_t *s = sim_of(dev);
+    pthread_mutex_lock(&s->lock);
+    sim_stream_t *st = stream_state(s, stream);
+    if (st) {
+        st->idle = 1;
+        st->completed = st->recorded;
+    }
     pthread_mutex_unlock(&s->lock);
 }
 

@@ -287,4 +287,37 @@ for value in -1 x ""; do
     fi
 done
 
+# ---- --streams: the idle streams PyTorch's stream pool leaves ------------------
+# Each take-back of cudaFree'd memory costs a record, a query and a wait per
+# known stream, so with 32 idle streams the heap takes back at most once per
+# 33 allocations: at most one stream wait per allocation, and memory within
+# 15% of the stream-ordered replay (the old policy, a take-back only before
+# growing, reserved 2.5x live on this kind of trace).
+run streams --json --cudafree 100 --streams 32 "$gpt2"
+if [ "$rc" -eq 0 ] && msg=$(python3 - "$TMP/ordered.out" "$TMP/streams.out" <<'PY' 2>&1
+import json, sys
+a = json.loads(open(sys.argv[1]).readline())
+b = json.loads(open(sys.argv[2]).readline())
+calls = b["device_calls"]
+assert b["oom"] is None, "out of memory with --streams 32"
+assert calls["stream_waits"] > 0, "no stream waits at all: were the streams registered? %r" % calls
+assert calls["stream_waits"] <= b["allocs"], "%d stream waits for %d allocations" % (calls["stream_waits"], b["allocs"])
+assert calls["cpu_waits"] == 0 and calls["synchronizes"] == 0, "the CPU waited: %r" % calls
+assert b["ratio"] <= a["ratio"] * 1.15, "ratio %.4f with 32 idle streams, %.4f stream-ordered" % (b["ratio"], a["ratio"])
+PY
+); then
+    ok "--streams 32: take-backs bounded (waits <= allocations) and memory within 15% of stream-ordered"
+else
+    not_ok "--streams 32 on gpt2" "status $rc ${msg:-}"
+fi
+for args in "--streams 3" "--cudafree 0 --streams -1" "--cudafree 0 --streams x"; do
+    # shellcheck disable=SC2086
+    run bad_streams $args "$gpt2"
+    if [ "$rc" -eq 2 ] && grep -q -- "--streams" "$TMP/bad_streams.err"; then
+        ok "'$args' exits 2 and names --streams"
+    else
+        not_ok "'$args' exits 2" "status $rc: $(cat "$TMP/bad_streams.err")"
+    fi
+done
+
 finish test_replay_cli

@@ -38,6 +38,7 @@ typedef struct options_s {
     size_t capacity;
     size_t external;          /* --external: bytes used on the device outside cuheap */
     long cudafree_lag;        /* --cudafree LAG: -1 off, else events between GPU catch-ups */
+    long streams;             /* --streams N: idle streams the program has created */
     cuh_config_t cfg;
     int json;
     int min_capacity;
@@ -55,6 +56,7 @@ typedef struct run_s {
     cuh_oom_info_t oom_info;
     cuheap_stats_t stats;
     uint64_t elapsed_ns;      /* the replay loop only */
+    cuh_sim_counters_t device; /* the simulated device's calls */
 } run_t;
 
 static void usage(FILE *f)
@@ -77,6 +79,10 @@ static void usage(FILE *f)
             "                     allocation a cudaMalloc and every free a cudaFree\n"
             "                     (device-wide), with the GPU finishing its work only\n"
             "                     every LAG events (0: at once)\n"
+            "  --streams N        with --cudafree: the program has also created N\n"
+            "                     streams that stay idle (PyTorch creates 32 the\n"
+            "                     first time it takes a stream from its pool);\n"
+            "                     cuheap must cover them at every cudaFree\n"
             "  --report PATH      write the heap's report at the first out-of-memory, or\n"
             "                     at the end: JSON if PATH ends in .json, HTML if in\n"
             "                     .html, else text;\n"
@@ -167,6 +173,7 @@ static void parse_options(int argc, char **argv, options_t *o)
         int takes_value = (name_len == 10 && strncmp(a, "--capacity", 10) == 0) ||
                           (name_len == 10 && strncmp(a, "--external", 10) == 0) ||
                           (name_len == 10 && strncmp(a, "--cudafree", 10) == 0) ||
+                          (name_len == 9 && strncmp(a, "--streams", 9) == 0) ||
                           (name_len == 6 && strncmp(a, "--conf", 6) == 0) ||
                           (name_len == 8 && strncmp(a, "--report", 8) == 0);
         if (takes_value && !value) {
@@ -202,6 +209,12 @@ static void parse_options(int argc, char **argv, options_t *o)
             if (!*value || *end || lag < 0)
                 usage_error("bad --cudafree value '%s' (expected a number of events, 0 or more)", value);
             o->cudafree_lag = lag;
+        } else if (name_len == 9 && strncmp(a, "--streams", 9) == 0) {
+            char *end = NULL;
+            long n = strtol(value, &end, 10);
+            if (!*value || *end || n < 0 || n > 4096)
+                usage_error("bad --streams value '%s' (expected a number of streams, 0 to 4096)", value);
+            o->streams = n;
         } else if (name_len == 8 && strncmp(a, "--report", 8) == 0) {
             if (!*value)
                 usage_error("--report needs a file name");
@@ -222,6 +235,8 @@ static void parse_options(int argc, char **argv, options_t *o)
     }
     if (o->num_traces == 0)
         usage_error("no trace given");
+    if (o->streams && o->cudafree_lag < 0)
+        usage_error("--streams needs --cudafree (idle streams matter only to device-wide frees)");
     if (o->report && o->num_traces > 1 && !strstr(o->report, "%t"))
         usage_error("--report with several traces needs %%t in the file name (replaced by each trace's name)");
 }
@@ -242,6 +257,7 @@ static void short_name(const char *path, char *out, size_t len);
 
 static size_t g_external;   /* --external, for every replay */
 static long g_cudafree_lag = -1;   /* --cudafree, for every replay */
+static long g_streams;             /* --streams, for every replay */
 
 static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t *cfg,
                        uintptr_t *addrs, run_t *run, const char *report)
@@ -270,6 +286,17 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
     const long lag = g_cudafree_lag;
     if (lag > 0)
         cuh_sim_hold_events(dev, 1);
+    for (long k = 0; k < g_streams && st == CUHEAP_OK; k++) {
+        cuh_stream_t idle = (cuh_stream_t)(0x10000 + (uintptr_t)k * 0x100);
+        cuh_sim_stream_idle(dev, idle);
+        st = cuh_heap_register_stream(heap, idle);
+    }
+    if (st != CUHEAP_OK) {
+        fprintf(stderr, PROG ": %s: cannot register %ld streams: %s\n", t->path, g_streams, cuheap_last_error());
+        cuh_heap_destroy(heap);
+        dev->ops->destroy(dev);
+        return -1;
+    }
     for (i = 0; i < n; i++) {
         if (lag >= 0) {
             /* cudaMalloc and cudaFree: any stream may use the block. */
@@ -320,6 +347,7 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
     }
     if (rc == 0)
         cuh_heap_stats(heap, &run->stats);
+    cuh_sim_counters(dev, &run->device);
     if (rc == 0 && report && write_report(heap, report, t->path) != 0)
         rc = -1;
     cuh_heap_destroy(heap);
@@ -433,6 +461,11 @@ static void print_json(const result_t *r)
     fprintf(f, ",\"ns_per_op\":%.1f", run->replayed ? (double)run->elapsed_ns / (double)run->replayed : 0.0);
     fprintf(f, ",\"segments\":%" PRIu64 ",\"cache_hits\":%" PRIu64, run->stats.num_segment_allocs,
             run->stats.num_cache_hits);
+    fprintf(f,
+            ",\"device_calls\":{\"event_records\":%" PRIu64 ",\"event_queries\":%" PRIu64
+            ",\"stream_waits\":%" PRIu64 ",\"cpu_waits\":%" PRIu64 ",\"synchronizes\":%" PRIu64 "}",
+            run->device.events_recorded, run->device.event_queries, run->device.stream_waits,
+            run->device.event_waits, run->device.synchronizes);
     if (t->pytorch_peak_reserved) {
         fprintf(f, ",\"pytorch_peak_reserved\":%" PRIu64, t->pytorch_peak_reserved);
         if (t->peak_live)
@@ -534,6 +567,15 @@ static void print_row(const result_t *r, int name_width)
     } else {
         printf("none\n");
     }
+    if (g_cudafree_lag >= 0) {
+        /* What device-wide frees cost the GPU's command queues. */
+        double per = run->replayed ? 1000.0 / (double)run->replayed : 0.0;
+        printf("%-*s   per 1000 events: %.1f event records, %.1f event queries, %.1f stream waits, "
+               "%.1f CPU waits, %.1f synchronizes\n",
+               name_width, "", (double)run->device.events_recorded * per, (double)run->device.event_queries * per,
+               (double)run->device.stream_waits * per, (double)run->device.event_waits * per,
+               (double)run->device.synchronizes * per);
+    }
     fflush(stdout);
 }
 
@@ -610,6 +652,7 @@ int main(int argc, char **argv)
     parse_options(argc, argv, &o);
     g_external = o.external;
     g_cudafree_lag = o.cudafree_lag;
+    g_streams = o.streams;
 
     int name_width = 5;
     for (int i = 0; i < o.num_traces; i++) {
