@@ -178,6 +178,7 @@ struct cuh_heap_s {
     size_t num_holds, cap_holds;
     size_t held_bytes;
     int took_back;               /* a batch came back early: new streams must wait (stream_joins_locked) */
+    uint64_t allocs_at_take_back; /* num_allocs at the last take-back (take_back_all_locked) */
     size_t held_requested;
     free_batch_t *open_batch;    /* device-wide frees no event covers yet */
     free_batch_t *closed_batches;
@@ -310,7 +311,7 @@ static int next_live_stream(const cuh_heap_t *h, uint32_t *i, cuh_stream_t *hand
 }
 
 /* A stream the heap hears of for the first time, after cudaFree'd blocks
- * were taken back with GPU-side waits (take_oldest_batch_locked): those
+ * were taken back with GPU-side waits (take_back_all_locked): those
  * waits were enqueued on the streams known then, so this one must also start
  * after everything issued so far on them, or it could touch a reused block
  * while older work still uses it. If that cannot be enqueued, the device is
@@ -1012,23 +1013,6 @@ static cuh_extent_t *take_locked(cuh_heap_t *h, cuh_extent_t *free_ext, size_t s
 
 static int events_done_locked(cuh_heap_t *h, cuh_event_t *events, size_t *num_events, int wait);
 
-/* Every known stream and the default stream wait for `batch` on the GPU,
- * each for the events of the other streams: a stream's own later work
- * already runs after its own earlier work. With only the default stream
- * known (PyTorch's usual case) that is no call at all; blocking streams are
- * covered through the default stream, whose event waited for them. */
-static int streams_wait_locked(cuh_heap_t *h, const free_batch_t *batch)
-{
-    for (size_t e = 0; e < batch->num_events; e++) {
-        cuh_stream_t waiter;
-        for (uint32_t i = 0; next_live_stream(h, &i, &waiter);)
-            if (waiter != batch->event_streams[e] &&
-                h->dev->ops->stream_wait(h->dev, waiter, batch->events[e]) != CUH_DEV_OK)
-                return 0;
-    }
-    return 1;
-}
-
 /* 1 if the heap knows a live stream besides the default stream. */
 static int other_streams_locked(const cuh_heap_t *h)
 {
@@ -1041,33 +1025,65 @@ static int other_streams_locked(const cuh_heap_t *h)
  * GPU has passed them. A program that frees and allocates as it goes -
  * PyTorch without its cache: a cudaFree per tensor - would otherwise make
  * the heap grow by everything the CPU has freed ahead of the GPU. So the
- * oldest batch can be taken back at once, and the GPU, not the CPU, waits:
- * every stream cuheap knows, and the legacy default stream (which every
- * blocking stream waits for), gets a wait on the batch's events, so no work
- * issued from now on - the only work that can touch a block handed out now -
- * runs before the work issued before the frees has finished. Only when a
- * wait cannot be enqueued does the CPU wait. Returns 1 when a batch came
- * back (try again), 0 when there is none to take (or wait_before_grow:0). */
-static int take_oldest_batch_locked(cuh_heap_t *h)
+ * batches can be taken back at once, all together, and the GPU, not the CPU,
+ * waits: every stream cuheap knows, and the legacy default stream (which
+ * every blocking stream waits for), gets a wait on the newest event still
+ * running on each other stream - a later event on a stream stands for the
+ * earlier ones - so no work issued from now on (the only work that can touch
+ * a block handed out now) runs before the work issued before the frees has
+ * finished. Idle streams cost one event query each and no wait. Only when a
+ * wait cannot be enqueued does the CPU wait. Returns 1 when memory came back
+ * (try again), 0 when there was none to take (or wait_before_grow:0). */
+#ifndef TAKE_BACK_EVERY
+#define TAKE_BACK_EVERY 1
+#endif
+static int take_back_all_locked(cuh_heap_t *h)
 {
-    if (!h->cfg.wait_before_grow || h->captures)
+    if (!h->cfg.wait_before_grow || h->captures || (!h->open_batch && !h->closed_batches))
         return 0;
-    if (!h->closed_batches) {
-        if (!h->open_batch)
-            return 0;
-        batch_close_locked(h);
-        if (!h->closed_batches)
-            return 1;   /* finished at once */
+    batch_close_locked(h);   /* may finish it at once */
+    if (h->closed_batches && other_streams_locked(h)) {
+        /* The newest running event of each stream, newest batch first. */
+        size_t cap = h->num_streams + 1, n = 0;
+        cuh_event_t *running = malloc(cap * sizeof *running);
+        cuh_stream_t *where = malloc(cap * sizeof *where);
+        size_t num_batches = 0;
+        for (free_batch_t *b = h->closed_batches; b; b = b->next)
+            num_batches++;
+        int waited = running && where;
+        for (size_t k = num_batches; waited && k-- > 0;) {
+            free_batch_t *b = h->closed_batches;
+            for (size_t j = 0; j < k; j++)
+                b = b->next;
+            for (size_t e = 0; e < b->num_events; e++) {
+                size_t seen = 0;
+                while (seen < n && where[seen] != b->event_streams[e])
+                    seen++;
+                if (seen == n && n < cap) {   /* complete: none older on its stream runs */
+                    where[n] = b->event_streams[e];
+                    running[n++] = h->dev->ops->event_query(h->dev, b->events[e]) != CUH_DEV_OK ? b->events[e] : NULL;
+                }
+            }
+        }
+        for (size_t e = 0; waited && e < n; e++) {
+            cuh_stream_t waiter;
+            for (uint32_t i = 0; waited && running[e] && next_live_stream(h, &i, &waiter);)
+                if (waiter != where[e] && h->dev->ops->stream_wait(h->dev, waiter, running[e]) != CUH_DEV_OK)
+                    waited = 0;
+        }
+        if (!waited)   /* the CPU waits instead */
+            for (free_batch_t *b = h->closed_batches; b; b = b->next)
+                events_done_locked(h, b->events, &b->num_events, 1);
+        free(running);
+        free(where);
     }
-    /* With other streams, events already complete need no wait (one query
-     * each); with the default stream alone there is nothing to wait for. */
-    free_batch_t *oldest = h->closed_batches;
-    if (other_streams_locked(h) && !events_done_locked(h, oldest->events, &oldest->num_events, 0) &&
-        !streams_wait_locked(h, oldest))
-        events_done_locked(h, oldest->events, &oldest->num_events, 1);
-    h->closed_batches = oldest->next;
-    batch_finish_locked(h, oldest);
+    while (h->closed_batches) {
+        free_batch_t *oldest = h->closed_batches;
+        h->closed_batches = oldest->next;
+        batch_finish_locked(h, oldest);
+    }
     h->took_back = 1;
+    h->allocs_at_take_back = h->num_allocs;
     return 1;
 }
 
@@ -1096,17 +1112,24 @@ static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
      * holes stop matching the requests that follow (cuheap-replay
      * --cudafree 100: GPT-2 reserved 34 GiB instead of 28). While the
      * default stream is the only one known, all of it: a take-back then
-     * costs one event record. With other streams each would make streams
-     * wait for one another on the GPU: only the batches the GPU has passed
-     * (one event query each), the rest only before growing. */
+     * costs one event record. With other streams, first what the GPU has
+     * passed (a query per event); a take-back of the rest costs an event
+     * record, a query and a wait per stream (about 1 us each on an H200,
+     * bench/gpu/sync_costs.cu), so at most one per TAKE_BACK_EVERY
+     * allocations per known stream, and always before growing. PyTorch
+     * creates 32 streams for its pool, used or not. */
+    cuh_extent_t *e;
     if (h->held_bytes >= size) {
-        if (!other_streams_locked(h))
-            while (take_oldest_batch_locked(h))
-                ;
-        else
-            batches_poll_locked(h, 0);   /* at least those the GPU has passed */
+        if (!other_streams_locked(h)) {
+            take_back_all_locked(h);
+        } else {
+            batches_poll_locked(h, 0);   /* those the GPU has passed: no wait */
+            if (h->held_bytes >= size &&
+                h->num_allocs - h->allocs_at_take_back >= (uint64_t)TAKE_BACK_EVERY * (h->num_streams + 1))
+                take_back_all_locked(h);
+        }
     }
-    cuh_extent_t *e = find_fit_locked(h, size, align, st->tag);
+    e = find_fit_locked(h, size, align, st->tag);
     if (cuh_likely(e != NULL))
         goto hit;
     if (poll_all_locked(h, 0) && (e = find_fit_locked(h, size, align, st->tag)))
@@ -1115,9 +1138,8 @@ static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
         (e = find_fit_locked(h, size, align, st->tag)))
         goto hit;
 
-    while (take_oldest_batch_locked(h))
-        if ((e = find_fit_locked(h, size, align, st->tag)))
-            goto hit;
+    if (take_back_all_locked(h) && (e = find_fit_locked(h, size, align, st->tag)))
+        goto hit;
 
     grow_result_t why = grow_locked(h, size, align);
     if (why == GROW_ERROR) {
