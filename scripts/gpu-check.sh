@@ -16,7 +16,7 @@
 #
 # The LD_PRELOAD part builds tests/gpu/preload_stress.cu twice (nvcc's static
 # runtime and -cudart shared), runs both under LD_PRELOAD=libcuheap.so (and
-# under compute-sanitizer with PRELOAD_MEMCHECK=1: it does not attach yet),
+# under compute-sanitizer's memcheck; PRELOAD_MEMCHECK=0 skips that),
 # and runs the training jobs with PyTorch's caching off (every tensor a
 # cudaMalloc served by cuheap) and on, beside the native allocator.
 #
@@ -146,16 +146,27 @@ if part preload; then
             --ops "$PRELOAD_OPS" --expect-cuheap
         row "LD_PRELOAD preload_stress, $rt runtime, $PRELOAD_OPS ops" "$RUN_RC" "$RUN_SECS" "$(verdict "$log" "$RUN_RC")"
     done
-    # compute-sanitizer does not attach to a program under this preload yet
-    # ("No attachable process found"): opt in with PRELOAD_MEMCHECK=1.
-    if [[ -n "$SANITIZER" && "${PRELOAD_MEMCHECK:-0}" == 1 ]]; then
+    # What cudaFree's bookkeeping costs per call (events, queries, waits):
+    # the figures behind the take-back policy in heap.c.
+    section "event and stream-wait costs (bench/gpu/sync_costs.cu)"
+    if "$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 bench/gpu/sync_costs.cu -o "$BUILD"/sync_costs; then
+        run_logged "$BUILD/sync_costs.log" timeout 60 "$BUILD"/sync_costs
+        row "sync_costs (ns per event record, query, stream wait)" "$RUN_RC" "$RUN_SECS" "table above"
+    else
+        row "sync_costs" 1 - "build failed"
+    fi
+    # The same under compute-sanitizer's memcheck (PRELOAD_MEMCHECK=0 skips
+    # it), without the deliberate double free: memcheck rightly reports its
+    # error return as an API error.
+    if [[ -n "$SANITIZER" && "${PRELOAD_MEMCHECK:-1}" == 1 ]]; then
         for rt in static shared; do
             section "preload_stress ($rt runtime) under LD_PRELOAD and compute-sanitizer memcheck"
             log="$BUILD/preload_stress.$rt.memcheck.log"
             # The preload goes to the program only (through env), not to
             # the sanitizer's own launcher.
             run_logged "$log" timeout 150 "$SANITIZER" --tool memcheck --error-exitcode 99 \
-                env LD_PRELOAD="$PRELOAD" "$BUILD/preload_stress_$rt" --ops "$SANITIZER_OPS" --expect-cuheap
+                env LD_PRELOAD="$PRELOAD" "$BUILD/preload_stress_$rt" --ops "$SANITIZER_OPS" --expect-cuheap \
+                --no-double-free
             row "memcheck LD_PRELOAD preload_stress, $rt runtime" "$RUN_RC" "$RUN_SECS" "$(verdict "$log" "$RUN_RC"); $(san_summary "$log")"
         done
     fi
@@ -183,7 +194,7 @@ if [[ "${GPU_TORCH:-1}" != 0 ]] && python3 -c 'import torch, sys; sys.exit(0 if 
         section "PyTorch training jobs under LD_PRELOAD (caching off and on) beside native"
         run_logged "$BUILD/torch_preload.log" timeout 420 python3 bench/torch/run_modes.py \
             --jobs "${PRELOAD_JOBS:-resnet50,gpt2,bert_varlen,sidestream}" \
-            --modes "${PRELOAD_MODES:-native,preload,preload-caching}" \
+            --modes "${PRELOAD_MODES:-native,native-again,preload,preload-caching}" \
             --steps "$TORCH_STEPS" --out "$BUILD/torch_preload.json"
         row "PyTorch jobs (LD_PRELOAD)" "$RUN_RC" "$RUN_SECS" "table above"
     fi
