@@ -179,6 +179,7 @@ struct cuh_heap_s {
     size_t held_bytes;
     int took_back;               /* a batch came back early: new streams must wait (stream_joins_locked) */
     uint64_t allocs_at_take_back; /* num_allocs at the last take-back (take_back_all_locked) */
+    uint64_t allocs_at_close;    /* num_allocs when the last batch closed (batches_poll_locked) */
     size_t held_requested;
     free_batch_t *open_batch;    /* device-wide frees no event covers yet */
     free_batch_t *closed_batches;
@@ -1013,6 +1014,17 @@ static cuh_extent_t *take_locked(cuh_heap_t *h, cuh_extent_t *free_ext, size_t s
 
 static int events_done_locked(cuh_heap_t *h, cuh_event_t *events, size_t *num_events, int wait);
 
+/* How many streams a batch's events and a take-back's waits cover: the live
+ * streams the heap knows and the default stream. */
+static uint64_t covered_streams_locked(const cuh_heap_t *h)
+{
+    uint64_t n = 0;
+    cuh_stream_t handle;
+    for (uint32_t i = 0; next_live_stream(h, &i, &handle);)
+        n++;
+    return n;
+}
+
 /* 1 if the heap knows a live stream besides the default stream. */
 static int other_streams_locked(const cuh_heap_t *h)
 {
@@ -1035,7 +1047,7 @@ static int other_streams_locked(const cuh_heap_t *h)
  * wait cannot be enqueued does the CPU wait. Returns 1 when memory came back
  * (try again), 0 when there was none to take (or wait_before_grow:0). */
 #ifndef TAKE_BACK_EVERY
-#define TAKE_BACK_EVERY 1
+#define TAKE_BACK_EVERY 1u
 #endif
 static int take_back_all_locked(cuh_heap_t *h)
 {
@@ -1125,7 +1137,7 @@ static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
         } else {
             batches_poll_locked(h, 0);   /* those the GPU has passed: no wait */
             if (h->held_bytes >= size &&
-                h->num_allocs - h->allocs_at_take_back >= (uint64_t)TAKE_BACK_EVERY * (h->num_streams + 1))
+                h->num_allocs - h->allocs_at_take_back >= TAKE_BACK_EVERY * covered_streams_locked(h))
                 take_back_all_locked(h);
         }
     }
@@ -1790,6 +1802,7 @@ static void batch_close_locked(cuh_heap_t *h)
     if (!batch || h->captures)
         return;
     h->open_batch = NULL;
+    h->allocs_at_close = h->num_allocs;
     batch->events = malloc((h->num_streams + 1) * sizeof *batch->events);
     batch->event_streams = malloc((h->num_streams + 1) * sizeof *batch->event_streams);
     int synced = !batch->events || !batch->event_streams;
@@ -1818,7 +1831,8 @@ static void batch_close_locked(cuh_heap_t *h)
 
 /* Finishes every closed batch whose events have completed (wait: waits for
  * them); then, if none is left in flight, closes the open one so the next
- * frees are already on their way. Returns 1 if any batch finished. */
+ * frees are already on their way (rationed with other streams known).
+ * Returns 1 if any batch finished. */
 static int batches_poll_locked(cuh_heap_t *h, int wait)
 {
     int any = 0;
@@ -1834,7 +1848,12 @@ static int batches_poll_locked(cuh_heap_t *h, int wait)
         batch_finish_locked(h, batch);
         any = 1;
     }
-    if (!h->closed_batches && h->open_batch)
+    /* A close records an event on every known stream: with other streams
+     * than the default one, at most once per N allocations with N streams
+     * known, or a program whose GPU keeps up would pay one per cudaFree
+     * (33 event records with PyTorch's stream pool). */
+    if (!h->closed_batches && h->open_batch &&
+        (wait || !other_streams_locked(h) || h->num_allocs - h->allocs_at_close >= covered_streams_locked(h)))
         batch_close_locked(h);
     return any;
 }

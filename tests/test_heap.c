@@ -10,6 +10,7 @@
  */
 #include "test_util.h"
 
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -232,6 +233,9 @@ static void test_device_wide_free_waits_for_every_stream_without_blocking(void *
     cuh_sim_hold_events(t.dev, 1);
     /* S3 never allocates: the program only launches kernels on it. */
     assert_int_equal(cuh_heap_register_stream(t.heap, S3), CUHEAP_OK);
+    /* Three allocations with three streams known: a batch may close (the
+     * heap closes at most one per N allocations with N streams known). */
+    must_free(t.heap, must_alloc(t.heap, 100, S1), S1);
     uintptr_t big = must_alloc(t.heap, 8 * MiB, S1);
     uintptr_t small = must_alloc(t.heap, 2000, S1);
     cuh_sim_counters_t c0, c1;
@@ -264,12 +268,15 @@ static void test_device_wide_free_waits_for_every_stream_without_blocking(void *
     assert_false(overlaps(big, 8 * MiB, b3, 8 * MiB));
     heap_ok(t.heap);
 
-    /* S3 finishes: the first batch is done and the second goes out. */
+    /* S3 finishes: the first batch is done and the second goes out (with
+     * enough allocations since the first closed: x is the fourth). */
+    uintptr_t x = must_alloc(t.heap, 100, S1);
     cuh_sim_complete_stream(t.dev, S3);
     must_free(t.heap, b3, 0);
     cuh_heap_stats(t.heap, &st);
     assert_true(st.pending.current < 8 * MiB);
     cuh_sim_complete_all(t.dev);
+    must_free(t.heap, x, S1);
     must_free(t.heap, b2, S1);
     cuh_heap_stats(t.heap, &st);
     assert_int_equal(st.pending.current, 0);
@@ -452,6 +459,38 @@ static void test_device_wide_malloc_waits_for_a_batch_rather_than_grow(void **st
     }
 }
 
+/* With many streams known (PyTorch's pool: 32, idle) and a GPU that keeps up
+ * (events complete at once), a cudaFree must not cost an event on every
+ * stream: while free memory lasts (here a 256 MiB workspace), batches close
+ * at most once per N allocations with N streams known, so records stay
+ * within a few per allocation, not 33 per free. (Before the heap would grow
+ * a batch closes at once: a take-back is cheaper than a new segment.) */
+static void test_device_wide_frees_with_many_streams_ration_batch_closes(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, "workspace:256M");
+    for (uintptr_t i = 0; i < 32; i++)
+        assert_int_equal(cuh_heap_register_stream(t.heap, (cuh_stream_t)(0x10000 + i * 0x100)), CUHEAP_OK);
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    const int rounds = 330;
+    for (int i = 0; i < rounds; i++) {
+        uintptr_t p;
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, (size_t)(1 + i % 7) * MiB, &p), CUHEAP_OK);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, p), CUHEAP_OK);
+    }
+    cuh_sim_counters(t.dev, &c1);
+    const uint64_t records = c1.events_recorded - c0.events_recorded;
+    print_message("%d cudaMalloc+cudaFree pairs with 33 streams: %" PRIu64 " event records\n", rounds, records);
+    assert_true(records <= 2 * (uint64_t)rounds);   /* one close per 33 allocations: 33 records each */
+    assert_int_equal(c1.event_waits, c0.event_waits);
+    cuheap_stats_t st;
+    cuh_heap_stats(t.heap, &st);
+    assert_int_equal(st.reserved.peak, 256 * MiB);   /* and the memory came back all the same */
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
 /* cudaFree'd memory comes back before other free memory is cut: the exact
  * hole the program left, not a cut of another block. With the default stream
  * alone that costs no wait. With other streams, what the GPU has passed
@@ -480,6 +519,10 @@ static void test_cudafree_batches_come_back_before_other_free_memory(void **stat
             assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 32 * MiB, &d), CUHEAP_OK);
         assert_int_equal(cuh_heap_free_device_wide(t.heap, c), CUHEAP_OK);
         cuh_sim_complete_all(t.dev);
+        uintptr_t x[2] = {0, 0};
+        if (k == PASSED)   /* two allocations since c's batch closed: a's may close at its free */
+            for (int i = 0; i < 2; i++)
+                assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 1000, &x[i]), CUHEAP_OK);
         assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);   /* c is ready now, a held */
         if (k == PASSED)
             cuh_sim_complete_all(t.dev);
@@ -504,6 +547,8 @@ static void test_cudafree_batches_come_back_before_other_free_memory(void **stat
             assert_int_equal(cuh_heap_free_device_wide(t.heap, e), CUHEAP_OK);
         }
         assert_int_equal(cuh_heap_free_device_wide(t.heap, b), CUHEAP_OK);
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(cuh_heap_free_device_wide(t.heap, x[i]), CUHEAP_OK);
         heap_ok(t.heap);
         cuh_sim_complete_all(t.dev);
         test_heap_free(&t);
@@ -1311,6 +1356,7 @@ int main(void)
         cmocka_unit_test(test_device_wide_malloc_waits_for_a_batch_rather_than_grow),
         cmocka_unit_test(test_ipc_safe_blocks_start_their_own_segments),
         cmocka_unit_test(test_cudafree_batches_come_back_before_other_free_memory),
+        cmocka_unit_test(test_device_wide_frees_with_many_streams_ration_batch_closes),
         cmocka_unit_test(test_concurrent_threads_never_share_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
