@@ -188,11 +188,17 @@ test-san: deps-test $(TESTS:%=$(BUILD)/san/tests/%) $(BUILD)/san/cuheap-replay $
 demo: all
 	@scripts/demo.sh $(BUILD)
 
-bench: all $(BUILD)/bench_heap
+bench: all $(BUILD)/bench_heap $(BUILD)/bench_preload $(FAKE_CUDA) $(FAKE_CUDART)
 	@scripts/bench.sh $(BUILD)
 
 $(BUILD)/bench_heap: bench/bench_heap.c $(BUILD)/libcuheap.a
 	$(CC) $(CFLAGS_BASE) -O2 -g -Wno-missing-prototypes -o $@ $< $(BUILD)/libcuheap.a -ldl -lm
+
+# cudaMalloc/cudaFree through the fake runtime, alone or under the preload.
+# It links no cuheap code: under LD_PRELOAD it finds cuheap by name.
+$(BUILD)/bench_preload: bench/bench_preload.c $(TOOL_OBJS) $(FAKE_CUDART) $(FAKE_DEV_LINKS)
+	$(CC) $(CFLAGS_BASE) -O2 -g -Wno-missing-prototypes -Itests/fake -o $@ $< $(TOOL_OBJS) \
+	    -L$(BUILD)/fake -lcudart -lz -ldl $(FAKE_RPATH)
 
 gpu-check:
 	@scripts/gpu-check.sh $(BUILD)
