@@ -2096,6 +2096,12 @@ void cuh_heap_poll(cuh_heap_t *h)
 {
     pthread_mutex_lock(&h->lock);
     poll_all_locked(h, 0);
+    /* Whoever polls wants to see freed memory come back (cudaMemGetInfo
+     * counts it as free): the open batch goes out now, rationed or not, or
+     * a program that frees and then waits for free memory would wait for
+     * ever. */
+    if (!h->closed_batches && h->open_batch)
+        batch_close_locked(h);
     refresh_stats_locked(h);
     pthread_mutex_unlock(&h->lock);
 }

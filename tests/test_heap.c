@@ -491,6 +491,36 @@ static void test_device_wide_frees_with_many_streams_ration_batch_closes(void **
     test_heap_free(&t);
 }
 
+/* Rationed closes never strand memory: a poll (what cudaMemGetInfo does
+ * under LD_PRELOAD) sends the open batch out, and a later poll, once the GPU
+ * has passed it, makes it ready. */
+static void test_poll_sends_a_rationed_batch_out(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    cuh_sim_hold_events(t.dev, 1);
+    assert_int_equal(cuh_heap_register_stream(t.heap, S3), CUHEAP_OK);
+    uintptr_t a, b;
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 8 * MiB, &a), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 8 * MiB, &b), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);   /* closes: two allocations */
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, b), CUHEAP_OK);   /* waits in the open batch */
+    cuh_sim_complete_all(t.dev);
+    cuh_heap_poll(t.heap);   /* a's batch is done; b's goes out */
+    cuheap_stats_t st;
+    cuh_heap_stats(t.heap, &st);
+    assert_int_equal(st.pending.current, 8 * MiB);
+    cuh_heap_poll(t.heap);   /* the GPU has not passed b's events yet */
+    cuh_heap_stats(t.heap, &st);
+    assert_int_equal(st.pending.current, 8 * MiB);
+    cuh_sim_complete_all(t.dev);
+    cuh_heap_poll(t.heap);
+    cuh_heap_stats(t.heap, &st);
+    assert_int_equal(st.pending.current, 0);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
 /* cudaFree'd memory comes back before other free memory is cut: the exact
  * hole the program left, not a cut of another block. With the default stream
  * alone that costs no wait. With other streams, what the GPU has passed
@@ -1357,6 +1387,7 @@ int main(void)
         cmocka_unit_test(test_ipc_safe_blocks_start_their_own_segments),
         cmocka_unit_test(test_cudafree_batches_come_back_before_other_free_memory),
         cmocka_unit_test(test_device_wide_frees_with_many_streams_ration_batch_closes),
+        cmocka_unit_test(test_poll_sends_a_rationed_batch_out),
         cmocka_unit_test(test_concurrent_threads_never_share_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
