@@ -180,6 +180,7 @@ struct cuh_heap_s {
     int took_back;               /* a batch came back early: new streams must wait (stream_joins_locked) */
     uint64_t allocs_at_take_back; /* num_allocs at the last take-back (take_back_all_locked) */
     uint64_t allocs_at_close;    /* num_allocs when the last batch closed (batches_poll_locked) */
+    double closed_at;            /* seconds_since(born) when the last batch closed (cuh_heap_poll) */
     size_t held_requested;
     free_batch_t *open_batch;    /* device-wide frees no event covers yet */
     free_batch_t *closed_batches;
@@ -1046,6 +1047,7 @@ static int other_streams_locked(const cuh_heap_t *h)
  * finished. Idle streams cost one event query each and no wait. Only when a
  * wait cannot be enqueued does the CPU wait. Returns 1 when memory came back
  * (try again), 0 when there was none to take (or wait_before_grow:0). */
+#define POLL_CLOSE_SECONDS 0.001
 #ifndef TAKE_BACK_EVERY
 #define TAKE_BACK_EVERY 1u
 #endif
@@ -1803,6 +1805,7 @@ static void batch_close_locked(cuh_heap_t *h)
         return;
     h->open_batch = NULL;
     h->allocs_at_close = h->num_allocs;
+    h->closed_at = seconds_since(&h->born);
     batch->events = malloc((h->num_streams + 1) * sizeof *batch->events);
     batch->event_streams = malloc((h->num_streams + 1) * sizeof *batch->event_streams);
     int synced = !batch->events || !batch->event_streams;
@@ -2097,10 +2100,10 @@ void cuh_heap_poll(cuh_heap_t *h)
     pthread_mutex_lock(&h->lock);
     poll_all_locked(h, 0);
     /* Whoever polls wants to see freed memory come back (cudaMemGetInfo
-     * counts it as free): the open batch goes out now, rationed or not, or
-     * a program that frees and then waits for free memory would wait for
-     * ever. */
-    if (!h->closed_batches && h->open_batch)
+     * counts it as free): the open batch goes out, at most once a
+     * millisecond (libraries may ask for memory info often), or a program
+     * that frees and then waits for free memory would wait for ever. */
+    if (!h->closed_batches && h->open_batch && seconds_since(&h->born) - h->closed_at >= POLL_CLOSE_SECONDS)
         batch_close_locked(h);
     refresh_stats_locked(h);
     pthread_mutex_unlock(&h->lock);
