@@ -5,6 +5,7 @@
 #   make test       every unit test, then again under AddressSanitizer + UBSan
 #   make bench      heap and replay benchmarks on the simulated device (no GPU)
 #   make gpu-check  on a machine with a GPU: build the real device and test it
+#   make gpu-bench  on a machine with a GPU: allocation latency, event costs, training jobs
 #   make clean
 
 CC      ?= gcc
@@ -34,7 +35,7 @@ SAN_LIB_OBJS  := $(LIB_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
 SAN_HOOK_OBJS := $(HOOK_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
 SAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
 
-.PHONY: all lib tools demo test test-plain test-san preload-tests bench gpu-check deps deps-test clean
+.PHONY: all lib tools demo test test-plain test-san preload-tests bench gpu-check gpu-bench deps deps-test clean
 all: lib tools
 
 lib: $(BUILD)/libcuheap.so $(BUILD)/libcuheap.a
@@ -202,6 +203,9 @@ $(BUILD)/bench_preload: bench/bench_preload.c $(TOOL_OBJS) $(FAKE_CUDART) $(FAKE
 
 gpu-check:
 	@scripts/gpu-check.sh $(BUILD)
+
+gpu-bench:
+	@scripts/gpu-bench.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

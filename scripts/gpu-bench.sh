@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# gpu-bench.sh - what `make gpu-bench` runs on a machine with an NVIDIA GPU:
+# the benchmark tables of bench/README.md, in one run.
+#
+#  1. bench/gpu/alloc_latency.cu: ns per malloc+free, cuheap against
+#     cudaMalloc/cudaFree and cudaMallocAsync/cudaFreeAsync, by size and
+#     mixed, 1 and 16 threads (ALLOC_PAIRS pairs per thread, default 20000);
+#  2. bench/gpu/sync_costs.cu: what an event record, query and stream wait
+#     cost (the figures behind cuheap's cudaFree bookkeeping);
+#  3. where PyTorch is installed, bench/torch/run_modes.py: the training jobs
+#     (BENCH_JOBS, default resnet50,gpt2,bert_varlen,sidestream) under
+#     BENCH_MODES (default native,native-again,expandable,async,cuheap,
+#     cuheap-vmm,preload,preload-caching), side by side.
+# Argument 1 is the build directory (default build). Exit status 0 only if
+# every part ran.
+set -euo pipefail
+BUILD="${1:-build}"
+GPU_ARCH="${GPU_ARCH:-sm_90}"
+NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
+cd "$(dirname "$0")/.."
+rc=0
+section() { printf '\n== %s\n' "$*"; }
+
+section "GPU"
+nvidia-smi -L 2>/dev/null || echo "nvidia-smi not found"
+echo "driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | sort -u | paste -sd ' ')"
+echo "nvcc: $("$NVCC" --version | tail -n 1)"
+
+section "build"
+make lib BUILD="$BUILD"
+"$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 -Iinclude bench/gpu/alloc_latency.cu "$BUILD"/libcuheap.a \
+    -ldl -lpthread -o "$BUILD"/alloc_latency
+"$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 bench/gpu/sync_costs.cu -o "$BUILD"/sync_costs
+
+section "allocation latency (bench/gpu/alloc_latency.cu)"
+timeout 300 "$BUILD"/alloc_latency --pairs "${ALLOC_PAIRS:-20000}" || rc=1
+
+section "event and stream-wait costs (bench/gpu/sync_costs.cu)"
+timeout 60 "$BUILD"/sync_costs || rc=1
+
+if [[ "${GPU_TORCH:-1}" != 0 ]] && python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    section "training jobs (bench/torch/run_modes.py)"
+    timeout 1200 python3 bench/torch/run_modes.py \
+        --jobs "${BENCH_JOBS:-resnet50,gpt2,bert_varlen,sidestream}" \
+        --modes "${BENCH_MODES:-native,native-again,expandable,async,cuheap,cuheap-vmm,preload,preload-caching}" \
+        --steps "${TORCH_STEPS:-20}" --out "$BUILD/gpu_bench_jobs.json" || rc=1
+else
+    echo "PyTorch with CUDA not found: training jobs skipped"
+fi
+exit $rc
