@@ -8,9 +8,10 @@
 #  2. bench/gpu/sync_costs.cu: what an event record, query and stream wait
 #     cost (the figures behind cuheap's cudaFree bookkeeping);
 #  3. where PyTorch is installed, bench/torch/run_modes.py: the training jobs
-#     (BENCH_JOBS, default resnet50,gpt2,bert_varlen,sidestream) under
-#     BENCH_MODES (default native,native-again,expandable,async,cuheap,
-#     cuheap-vmm,preload,preload-caching), side by side.
+#     (BENCH_JOBS, default resnet50,gpt2,bert_varlen,llama_ckpt,kv_generate)
+#     under BENCH_MODES (default native,expandable,async,cuheap,preload),
+#     side by side. 25 job runs take 10-15 minutes: on a machine that limits
+#     one command's time, run the jobs in two calls (BENCH_JOBS=...).
 # Argument 1 is the build directory (default build). Exit status 0 only if
 # every part ran.
 set -euo pipefail
@@ -41,8 +42,8 @@ timeout 60 "$BUILD"/sync_costs || rc=1
 if [[ "${GPU_TORCH:-1}" != 0 ]] && python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     section "training jobs (bench/torch/run_modes.py)"
     timeout 1200 python3 bench/torch/run_modes.py \
-        --jobs "${BENCH_JOBS:-resnet50,gpt2,bert_varlen,sidestream}" \
-        --modes "${BENCH_MODES:-native,native-again,expandable,async,cuheap,cuheap-vmm,preload,preload-caching}" \
+        --jobs "${BENCH_JOBS:-resnet50,gpt2,bert_varlen,llama_ckpt,kv_generate}" \
+        --modes "${BENCH_MODES:-native,expandable,async,cuheap,preload}" \
         --steps "${TORCH_STEPS:-20}" --out "$BUILD/gpu_bench_jobs.json" || rc=1
 else
     echo "PyTorch with CUDA not found: training jobs skipped"

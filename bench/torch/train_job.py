@@ -18,6 +18,11 @@ Jobs (random data, fixed seeds, bf16 autocast as in bench/traces):
                with non_blocking=True and record_stream, as prefetching loaders do
   graph        a captured CUDA graph replayed on fresh inputs, checked against
                eager results computed the same way
+  llama_ckpt   a Llama-style decoder (12 layers, width 1024) with gradient
+               checkpointing, batch 8, sequence 256-2048 varying each step, AdamW
+  kv_generate  GPT-2 small generating 128 tokens greedily with a growing KV
+               cache, batch 8, prompt 64-512 tokens varying each step; the
+               "loss" is the mean of the last logits
 Prints: job, mode, step times (median of the steps after 3 warm-up steps),
 losses (as float.hex, so runs compare bitwise), peak reserved and peak live.
 """
@@ -213,8 +218,51 @@ def make_graph(seed):
     return step
 
 
+def make_llama_ckpt(seed):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(seed)
+    config = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,
+                         num_key_value_heads=16, vocab_size=32000, max_position_embeddings=2048)
+    model = LlamaForCausalLM(config).cuda()
+    model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    shapes = torch.Generator().manual_seed(seed)
+
+    def step(i):
+        seq = int(torch.randint(256, 2049, (1,), generator=shapes))
+        g = torch.Generator(device="cuda").manual_seed(seed * 1000 + i)
+        ids = torch.randint(0, 32000, (8, seq), device="cuda", generator=g)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        return optimize(opt, loss)
+    return step
+
+
+def make_kv_generate(seed):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(GPT2Config(n_positions=1024)).cuda().eval()
+    shapes = torch.Generator().manual_seed(seed)
+
+    def step(i):
+        prompt = int(torch.randint(64, 513, (1,), generator=shapes))
+        g = torch.Generator(device="cuda").manual_seed(seed * 1000 + i)
+        ids = torch.randint(0, 50257, (8, prompt), device="cuda", generator=g)
+        past = None
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            for _ in range(128):   # the cache grows by one token per step
+                out = model(input_ids=ids, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                ids = out.logits[:, -1:].argmax(-1)
+        return out.logits[:, -1].float().mean()
+    return step
+
+
 JOBS = {"resnet50": make_resnet50, "gpt2": make_gpt2, "bert_varlen": make_bert_varlen,
-        "sidestream": make_sidestream, "graph": make_graph}
+        "sidestream": make_sidestream, "graph": make_graph, "llama_ckpt": make_llama_ckpt,
+        "kv_generate": make_kv_generate}
 
 
 def main():
