@@ -10,7 +10,7 @@
 # memory passed through; double frees and inner pointers refused; zero sizes
 # and alignment; out of memory; fork; IPC handles; cudaFree's ordering against
 # pretend kernels on a non-blocking stream; stream destruction; cudaMemGetInfo;
-# cudaDeviceReset; programs that use no CUDA.
+# cudaDeviceReset; two devices; programs that use no CUDA.
 #
 # The sanitized run (BUILD_DIR build/san) preloads libasan and the sanitized
 # library, build/san/libcuheap-asan.so (whose dlsym runs inside ASan's own
@@ -136,6 +136,10 @@ for runtime in shared static; do
 
     preload $p-reset $p device-reset
     expect_pass $p-reset device-reset "$r: cudaDeviceReset drops the heap; cudaMalloc works after it"
+
+    preload $p-two $p two-devices FAKE_CUDA_DEVICES=2
+    expect_pass $p-two two-devices \
+        "$r: two devices: cudaMalloc on the current one, cudaFree to the owner's heap, meminfo and reset per device"
 done
 
 # The ordering check can fail: a non-blocking stream cuheap never heard of

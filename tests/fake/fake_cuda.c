@@ -3,13 +3,17 @@
  * It implements the driver functions cuheap's device_cuda.c loads and those a
  * CUDA runtime (fake_cudart.c) uses, with host memory standing in for device
  * memory, so the real driver path and the LD_PRELOAD hooks run in CI:
- *   contexts        one device, one primary context (its handle is the
- *                   address of a static byte); a per-thread stack of current
- *                   contexts that is empty (cuCtxGetCurrent gives NULL) until
- *                   cuCtxSetCurrent or cuCtxPushCurrent_v2 puts one there;
- *                   the primary context is active while retained;
+ *   contexts        FAKE_CUDA_DEVICES devices (default 1, at most 4), one
+ *                   primary context each (its handle is the address of a
+ *                   static byte); a per-thread stack of current contexts that
+ *                   is empty (cuCtxGetCurrent gives NULL) until
+ *                   cuCtxSetCurrent or cuCtxPushCurrent_v2 puts one there; a
+ *                   primary context is active while retained; any other
+ *                   context counts as device 0's;
  *   cuMemAlloc      aligned host memory, counted against FAKE_CUDA_CAPACITY
- *                   (bytes, default 256 MiB), remembered in a table so that
+ *                   per device (bytes, default 256 MiB) on the current
+ *                   context's device (virtual memory pages count on device
+ *                   0), remembered in a table so that
  *                   freeing an address that starts no allocation is refused
  *                   (CUDA_ERROR_INVALID_VALUE); allocating or freeing needs a
  *                   current context (else CUDA_ERROR_INVALID_CONTEXT). Frees
@@ -87,13 +91,16 @@ enum {
 #define SYMBOL_FOUND 0
 #define SYMBOL_NOT_FOUND 1
 #define MAX_CONTEXT_DEPTH 32
+#define MAX_DEVICES 4
 
 /* One lock guards every table below (allocations, streams, events, work). */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static size_t capacity, used;
+static size_t capacity;              /* per device */
+static size_t used[MAX_DEVICES];     /* device allocations; virtual memory pages count on device 0 */
+static int num_devices = 1;          /* FAKE_CUDA_DEVICES, 1 to MAX_DEVICES */
 static int initialized;
-static char primary_context;   /* its address is the context handle */
-static int primary_retains;
+static char primary_contexts[MAX_DEVICES];   /* their addresses are the context handles */
+static int primary_retains[MAX_DEVICES];
 static unsigned long maps, unmaps, creates, releases, set_access;
 static fake_cuda_calls_t calls;
 
@@ -105,6 +112,18 @@ static _Thread_local int context_depth;
 static CUcontext current_context(void)
 {
     return context_depth ? context_stack[context_depth - 1] : NULL;
+}
+
+/* The device of a context: its primary context's device, 0 for any other. */
+static int context_device(CUcontext ctx)
+{
+    const char *c = ctx;
+    return c >= primary_contexts && c < primary_contexts + MAX_DEVICES ? (int)(c - primary_contexts) : 0;
+}
+
+static int current_device(void)
+{
+    return context_device(current_context());
 }
 
 API void fake_cuda_counters(unsigned long out[5]);
@@ -130,6 +149,10 @@ API CUresult cuInit(unsigned flags)
     if (!initialized) {
         const char *c = getenv("FAKE_CUDA_CAPACITY");
         capacity = c ? strtoull(c, NULL, 0) : (size_t)256 << 20;
+        const char *n = getenv("FAKE_CUDA_DEVICES");
+        num_devices = n ? atoi(n) : 1;
+        if (num_devices < 1 || num_devices > MAX_DEVICES)
+            num_devices = 1;
         initialized = 1;
     }
     pthread_mutex_unlock(&lock);
@@ -137,43 +160,43 @@ API CUresult cuInit(unsigned flags)
 }
 API CUresult cuDeviceGetCount(int *n)
 {
-    *n = 1;
+    *n = num_devices;
     return initialized ? OK : NOT_INITIALIZED;
 }
 API CUresult cuDeviceGet(CUdevice *dev, int ordinal)
 {
-    if (ordinal != 0)
+    if (ordinal < 0 || ordinal >= num_devices)
         return INVALID_DEVICE;
-    *dev = 0;
+    *dev = ordinal;
     return OK;
 }
 API CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 {
-    if (dev != 0)
+    if (dev < 0 || dev >= num_devices)
         return INVALID_DEVICE;
     pthread_mutex_lock(&lock);
-    primary_retains++;
+    primary_retains[dev]++;
     pthread_mutex_unlock(&lock);
-    *ctx = &primary_context;
+    *ctx = &primary_contexts[dev];
     return OK;
 }
 API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
-    if (dev != 0)
+    if (dev < 0 || dev >= num_devices)
         return INVALID_DEVICE;
     pthread_mutex_lock(&lock);
-    if (primary_retains > 0)
-        primary_retains--;
+    if (primary_retains[dev] > 0)
+        primary_retains[dev]--;
     pthread_mutex_unlock(&lock);
     return OK;
 }
 API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned *flags, int *active)
 {
-    if (dev != 0)
+    if (dev < 0 || dev >= num_devices)
         return INVALID_DEVICE;
     pthread_mutex_lock(&lock);
     *flags = 0;
-    *active = primary_retains > 0;
+    *active = primary_retains[dev] > 0;
     pthread_mutex_unlock(&lock);
     return OK;
 }
@@ -196,7 +219,7 @@ API CUresult cuCtxSetCurrent(CUcontext ctx)
 }
 API CUresult cuCtxGetDevice(CUdevice *dev)
 {
-    *dev = 0;
+    *dev = current_device();
     return current_context() ? OK : INVALID_CONTEXT;
 }
 API CUresult cuCtxPushCurrent_v2(CUcontext ctx)
@@ -550,24 +573,25 @@ typedef struct allocation_s {
     uintptr_t base;
     size_t size;
     int managed;
+    int device;
     struct allocation_s *next;
 } allocation_t;
 
 static allocation_t *allocations;
 
-static int take(size_t size)
+static int take(int device, size_t size)
 {
     pthread_mutex_lock(&lock);
-    int ok = size <= capacity - used;
+    int ok = size <= capacity - used[device];
     if (ok)
-        used += size;
+        used[device] += size;
     pthread_mutex_unlock(&lock);
     return ok;
 }
-static void give(size_t size)
+static void give(int device, size_t size)
 {
     pthread_mutex_lock(&lock);
-    used -= size;
+    used[device] -= size;
     pthread_mutex_unlock(&lock);
 }
 
@@ -577,7 +601,8 @@ static CUresult allocate(CUdeviceptr *p, size_t size, int managed)
         return INVALID_VALUE;
     if (!current_context())
         return INVALID_CONTEXT;
-    if (!managed && !take(size))
+    const int device = current_device();
+    if (!managed && !take(device, size))
         return OUT_OF_MEMORY;
     size_t rounded = (size + ALLOCATION_ALIGNMENT - 1) & ~(ALLOCATION_ALIGNMENT - 1);
     allocation_t *a = malloc(sizeof *a);
@@ -585,10 +610,10 @@ static CUresult allocate(CUdeviceptr *p, size_t size, int managed)
     if (!m) {
         free(a);
         if (!managed)
-            give(size);
+            give(device, size);
         return OUT_OF_MEMORY;
     }
-    *a = (allocation_t){(uintptr_t)m, size, managed, NULL};
+    *a = (allocation_t){(uintptr_t)m, size, managed, device, NULL};
     pthread_mutex_lock(&lock);
     a->next = allocations;
     allocations = a;
@@ -615,7 +640,7 @@ static CUresult release(CUdeviceptr p)
     if (a) {
         *link = a->next;
         if (!a->managed)
-            used -= a->size;
+            used[a->device] -= a->size;
         calls.mem_frees++;
     } else {
         calls.refused_frees++;
@@ -683,7 +708,7 @@ API CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t width, siz
 API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 {
     pthread_mutex_lock(&lock);
-    *free_bytes = capacity - used;
+    *free_bytes = capacity - used[current_device()];
     *total = capacity;
     pthread_mutex_unlock(&lock);
     return OK;
@@ -704,16 +729,26 @@ API CUresult cuIpcGetMemHandle(void *handle, CUdeviceptr p)
     memcpy(handle, &p, sizeof p);
     return OK;
 }
-/* Destroys every allocation of the primary context (after its work ran). */
+/* Destroys every allocation of the device's primary context (after its work
+ * ran). */
 API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
-    if (dev != 0)
+    if (dev < 0 || dev >= num_devices)
         return INVALID_DEVICE;
     pthread_mutex_lock(&lock);
     run_all_locked();
-    allocation_t *gone = allocations;
-    allocations = NULL;
-    used = 0;
+    allocation_t *gone = NULL;
+    for (allocation_t **link = &allocations; *link;) {
+        allocation_t *a = *link;
+        if (a->device == dev) {
+            *link = a->next;
+            a->next = gone;
+            gone = a;
+        } else {
+            link = &a->next;
+        }
+    }
+    used[dev] = 0;
     calls.primary_resets++;
     pthread_mutex_unlock(&lock);
     while (gone) {
@@ -729,7 +764,9 @@ API void fake_cuda_calls(fake_cuda_calls_t *out)
 {
     pthread_mutex_lock(&lock);
     *out = calls;
-    out->used = used;
+    out->used = 0;
+    for (int d = 0; d < MAX_DEVICES; d++)
+        out->used += used[d];
     out->capacity = capacity;
     pthread_mutex_unlock(&lock);
 }
@@ -762,11 +799,11 @@ API CUresult cuMemCreate(unsigned long long *handle, size_t size, const void *pr
     (void)prop, (void)f;
     if (size % PAGE)
         return INVALID_VALUE;
-    if (!take(size))
+    if (!take(0, size))
         return OUT_OF_MEMORY;
     int fd = memfd_create("fake-cuda-page", MFD_CLOEXEC);
     if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
-        give(size);
+        give(0, size);
         return OUT_OF_MEMORY;
     }
     *handle = (unsigned long long)fd + 1;
@@ -778,7 +815,7 @@ API CUresult cuMemRelease(unsigned long long handle)
     int fd = (int)handle - 1;
     off_t size = lseek(fd, 0, SEEK_END);
     close(fd);
-    give((size_t)size);
+    give(0, (size_t)size);
     __atomic_fetch_add(&releases, 1, __ATOMIC_RELAXED);
     return OK;
 }

@@ -51,6 +51,7 @@ static struct {
     CUresult (*cuDevicePrimaryCtxReset)(CUdevice);
     CUresult (*cuCtxGetCurrent)(CUcontext *);
     CUresult (*cuCtxSetCurrent)(CUcontext);
+    CUresult (*cuCtxGetDevice)(CUdevice *);
     CUresult (*cuCtxSynchronize)(void);
     CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
     CUresult (*cuMemAllocManaged)(CUdeviceptr *, size_t, unsigned);
@@ -96,6 +97,7 @@ static void load_driver(void)
              resolve(&driver.cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 0) &&
              resolve(&driver.cuCtxGetCurrent, "cuCtxGetCurrent", 0) &&
              resolve(&driver.cuCtxSetCurrent, "cuCtxSetCurrent", 0) &&
+             resolve(&driver.cuCtxGetDevice, "cuCtxGetDevice", 0) &&
              resolve(&driver.cuCtxSynchronize, "cuCtxSynchronize", 0) &&
              resolve(&driver.cuMemAlloc, "cuMemAlloc", 0) &&
              resolve(&driver.cuMemAllocManaged, "cuMemAllocManaged", 0) &&
@@ -142,6 +144,29 @@ static cudaError_t runtime_code(CUresult r)
         if (ready() != 0)                       \
             return CUDA_ERROR_UNKNOWN_RUNTIME;  \
     } while (0)
+
+/* The device's primary context becomes this thread's current context. */
+RUNTIME_API cudaError_t cudaSetDevice(int device)
+{
+    READY_OR_FAIL();
+    CUdevice dev;
+    CUcontext ctx;
+    if (driver.cuDeviceGet(&dev, device) != 0)
+        return cudaErrorInvalidDevice;
+    if (driver.cuDevicePrimaryCtxRetain(&ctx, dev) != 0)
+        return CUDA_ERROR_UNKNOWN_RUNTIME;
+    return runtime_code(driver.cuCtxSetCurrent(ctx));
+}
+
+RUNTIME_API cudaError_t cudaGetDevice(int *device)
+{
+    READY_OR_FAIL();
+    CUdevice dev;
+    if (!device || driver.cuCtxGetDevice(&dev) != 0)
+        return cudaErrorInvalidValue;
+    *device = dev;
+    return cudaSuccess;
+}
 
 RUNTIME_API cudaError_t cudaMalloc(void **ptr, size_t size)
 {
@@ -239,10 +264,14 @@ RUNTIME_API cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *pt
     return runtime_code(driver.cuIpcGetMemHandle(handle, (CUdeviceptr)(uintptr_t)ptr));
 }
 
+/* Resets the current device, as the real runtime does. */
 RUNTIME_API cudaError_t cudaDeviceReset(void)
 {
     READY_OR_FAIL();
-    return runtime_code(driver.cuDevicePrimaryCtxReset(0));
+    CUdevice dev = 0;
+    if (driver.cuCtxGetDevice(&dev) != 0)
+        dev = 0;
+    return runtime_code(driver.cuDevicePrimaryCtxReset(dev));
 }
 
 RUNTIME_API cudaError_t cudaMallocManaged(void **ptr, size_t size, unsigned int flags)

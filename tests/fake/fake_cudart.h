@@ -10,7 +10,7 @@
 typedef int cudaError_t;
 typedef void *cudaStream_t;
 
-enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2 };
+enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorInvalidDevice = 101 };
 #define cudaStreamNonBlocking 0x1u
 #define cudaEnablePerThreadDefaultStream 0x2ull
 #define CUDA_IPC_HANDLE_SIZE 64
@@ -19,6 +19,8 @@ typedef struct cudaIpcMemHandle_st {
     char reserved[CUDA_IPC_HANDLE_SIZE];
 } cudaIpcMemHandle_t;
 
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDevice(int *device);
 cudaError_t cudaMalloc(void **ptr, size_t size);
 cudaError_t cudaFree(void *ptr);
 cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream);

@@ -537,6 +537,73 @@ static void check_device_reset(void)
     cudaFree(r);
 }
 
+/* ---- two devices (FAKE_CUDA_DEVICES=2) ---------------------------------------
+ * Each cudaMalloc goes to the current device's heap; a cudaFree to the heap
+ * that owns the block, whichever device is current; cudaMemGetInfo answers
+ * for the current device; cudaDeviceReset drops only the current device's
+ * heap. */
+
+/* What cudaMemGetInfo must say on `device` under the preload: the device's
+ * free bytes plus cuheap's ready cache, i.e. its total less what the program
+ * holds there. */
+static void expect_meminfo(int device)
+{
+    size_t free_bytes = 0, total = 0;
+    cuheap_stats_t st;
+    expect(cudaMemGetInfo(&free_bytes, &total) == cudaSuccess, "cudaMemGetInfo on device %d failed", device);
+    heap_stats_of(device, &st);
+    expect(free_bytes == total - st.allocated.current,
+           "cudaMemGetInfo on device %d: %zu free of %zu, expected the total less the %llu bytes allocated there",
+           device, free_bytes, total, (unsigned long long)st.allocated.current);
+}
+
+static void check_two_devices(void)
+{
+    start_runtime();
+    int device = -1;
+    void *a = NULL, *b = NULL, *c = NULL;
+    expect(cudaSetDevice(1) == cudaSuccess && cudaGetDevice(&device) == cudaSuccess && device == 1,
+           "cudaSetDevice(1) did not make device 1 current (device %d)", device);
+    expect(cudaMalloc(&a, 3 * MiB) == cudaSuccess && a, "cudaMalloc on device 1 failed");
+    if (a)
+        pattern_fill(a, 3 * MiB, 21);
+    expect_meminfo(1);
+    expect(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice(0) failed");
+    expect(cudaMalloc(&b, 5 * MiB) == cudaSuccess && b, "cudaMalloc on device 0 failed");
+    expect_meminfo(0);
+    cuheap_stats_t s0, s1;
+    heap_stats_of(0, &s0);
+    heap_stats_of(1, &s1);
+    expect(s0.num_allocs == 1 && s0.requested.current == 5 * MiB,
+           "device 0's heap: %llu allocations, %llu bytes requested; expected b alone",
+           (unsigned long long)s0.num_allocs, (unsigned long long)s0.requested.current);
+    expect(s1.num_allocs == 1 && s1.requested.current == 3 * MiB,
+           "device 1's heap: %llu allocations, %llu bytes requested; expected a alone",
+           (unsigned long long)s1.num_allocs, (unsigned long long)s1.requested.current);
+    /* a belongs to device 1: freed while device 0 is current, it goes back to
+     * device 1's heap, and device 0 never hands it out. */
+    if (a)
+        expect(pattern_intact(a, 3 * MiB, 21), "a's data changed");
+    expect(cudaFree(a) == cudaSuccess, "cudaFree of device 1's block while device 0 is current failed");
+    heap_stats_of(1, &s1);
+    expect(s1.num_frees == 1 && s1.requested.current == 0, "device 1's heap did not take a back (frees %llu)",
+           (unsigned long long)s1.num_frees);
+    expect(cudaFree(a) == cudaErrorInvalidValue, "a second cudaFree of a was not refused");
+    expect(cudaMalloc(&c, 3 * MiB) == cudaSuccess && c && c != a, "device 0 handed out device 1's memory");
+    heap_stats_of(0, &s0);
+    expect(s0.num_allocs == 2, "device 0's heap counts %llu allocations, not 2", (unsigned long long)s0.num_allocs);
+    /* A reset of device 1 leaves device 0's heap alone. */
+    expect(cudaSetDevice(1) == cudaSuccess && cudaDeviceReset() == cudaSuccess, "cudaDeviceReset on device 1 failed");
+    heap_stats_of(0, &s0);
+    heap_stats_of(1, &s1);
+    expect(s1.num_allocs == 0 && s1.reserved.current == 0, "device 1's heap survived its reset");
+    expect(s0.num_allocs == 2 && s0.requested.current == 8 * MiB, "device 1's reset touched device 0's heap");
+    expect(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice(0) failed");
+    if (b)
+        pattern_fill(b, 5 * MiB, 22), expect(pattern_intact(b, 5 * MiB, 22), "b unusable after device 1's reset");
+    expect(cudaFree(b) == cudaSuccess && cudaFree(c) == cudaSuccess, "cudaFree on device 0 failed");
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "";
@@ -575,6 +642,8 @@ int main(int argc, char **argv)
         check_meminfo(1, 0);
     else if (!strcmp(mode, "meminfo-uncached"))
         check_meminfo(0, 1);
+    else if (!strcmp(mode, "two-devices"))
+        check_two_devices();
     else if (!strcmp(mode, "device-reset"))
         check_device_reset();
     else {

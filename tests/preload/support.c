@@ -26,14 +26,19 @@ int expect(int ok, const char *fmt, ...)
     return 0;
 }
 
-void heap_stats(cuheap_stats_t *out)
+void heap_stats_of(int device, cuheap_stats_t *out)
 {
     memset(out, 0, sizeof *out);
     void *sym = dlsym(RTLD_DEFAULT, "cuheap_get_stats");
     cuheap_status_t (*get_stats)(int, cuheap_stats_t *);
     memcpy(&get_stats, &sym, sizeof sym);
     if (expect(get_stats != NULL, "cuheap_get_stats is not in the process (libcuheap.so not preloaded)"))
-        expect(get_stats(0, out) == CUHEAP_OK, "cuheap_get_stats(0) failed");
+        expect(get_stats(device, out) == CUHEAP_OK, "cuheap_get_stats(%d) failed", device);
+}
+
+void heap_stats(cuheap_stats_t *out)
+{
+    heap_stats_of(0, out);
 }
 
 #define LOAD(field, name)                                                    \

@@ -20,6 +20,8 @@ int expect(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* cuheap's statistics of device 0; zeros and a failure when libcuheap.so is
  * not in the process. */
 void heap_stats(cuheap_stats_t *out);
+/* The same for any device. */
+void heap_stats_of(int device, cuheap_stats_t *out);
 
 /* The fake driver's test helpers, each looked up by name with `lookup`. */
 typedef struct fake_helpers_s {
