@@ -8,7 +8,8 @@
 # replay but for the header's pid and time, which are the JSON's own. The
 # HTML page refers to nothing outside itself and names the cause; --compare
 # names both causes and shows the ratio of the reserved peaks; devices
-# present in one report only are listed as such. Broken inputs: a truncated
+# present in one report only are listed as such; --merge sets three reports
+# in one table with exact sums and names the out-of-memory. Broken inputs: a truncated
 # file, bad JSON, a wrong schema or version, a missing or mistyped field
 # (status 1, with file:line:column or the field's JSON path); usage errors
 # (status 2). Run from the repository root:
@@ -226,6 +227,43 @@ else
     not_ok "--compare with devices in one report only" "status $rc: $(cat "$TMP/cmp_one.out" "$TMP/cmp_one.err")"
 fi
 
+# ---- --merge: one report per rank ------------------------------------------------
+# Three "ranks": the out-of-memory report, the clean one, and the clean one
+# as device 1 (a rank on another GPU).
+run merge_text --merge "$TMP/oom.json" "$TMP/ok.json" "$TMP/dev1.json"
+run merge_json --merge --json "$TMP/oom.json" "$TMP/ok.json" "$TMP/dev1.json"
+if [ "$rc" -eq 0 ] && msg=$(python3 - "$TMP/merge_json.out" "$TMP/merge_text.out" "$TMP/oom.json" "$TMP/ok.json" "$TMP/dev1.json" <<'PY' 2>&1
+import json, sys
+m = json.load(open(sys.argv[1]))
+text = open(sys.argv[2]).read()
+reports = [json.load(open(f)) for f in sys.argv[3:]]
+assert m["schema"] == "cuheap-report-merge", m.get("schema")
+rows = [(r["origin"]["file"], d) for r in m["reports"] for d in r["devices"]]
+assert [d["device"] for _, d in rows] == [0, 0, 1], rows
+want = [rep["devices"][0]["stats"] for rep in reports]
+for (_, d), st in zip(rows, want):
+    assert d["peak_reserved"] == st["reserved"]["peak"] and d["peak_live"] == st["requested"]["peak"], d
+t = m["total"]
+assert t["devices"] == 3, t
+assert t["peak_reserved_sum"] == sum(st["reserved"]["peak"] for st in want), t
+assert t["peak_live_sum"] == sum(st["requested"]["peak"] for st in want), t
+assert t["num_ooms"] == 1 and rows[0][1]["oom"]["cause"] == "fragmentation", (t, rows[0])
+assert "all (sums)" in text and "largest peak reserved:" in text, text
+assert "out of memory: %s, device 0: fragmentation" % sys.argv[3] in text, text
+assert text.count("\n  /") == 3, text
+PY
+); then
+    ok "--merge: a row per report and device, exact sums, the largest and the out-of-memory named (text and JSON)"
+else
+    not_ok "--merge" "status $rc: $(cat "$TMP/merge_text.err" "$TMP/merge_json.err") ${msg:-}"
+fi
+run merge_clean --merge "$TMP/ok.json" "$TMP/dev1.json"
+if [ "$rc" -eq 0 ] && grep -q "^no out-of-memory in any report.$" "$TMP/merge_clean.out"; then
+    ok "--merge of clean reports says no out-of-memory"
+else
+    not_ok "--merge of clean reports" "status $rc: $(cat "$TMP/merge_clean.out" "$TMP/merge_clean.err")"
+fi
+
 # ---- broken inputs: status 1 with the place -------------------------------------
 head -c 1000 "$TMP/oom.json" >"$TMP/trunc.json"
 run trunc "$TMP/trunc.json"
@@ -323,7 +361,8 @@ else
     not_ok "an unknown option exits 2" "status $rc: $(cat "$TMP/unknown.err")"
 fi
 for args in "" "--text --html $TMP/oom.json" "--compare $TMP/oom.json" "--compare --html $TMP/oom.json $TMP/ok.json" \
-    "$TMP/oom.json $TMP/ok.json" "$TMP/oom.json -o"; do
+    "$TMP/oom.json $TMP/ok.json" "$TMP/oom.json -o" "--merge $TMP/oom.json" "--merge --html $TMP/oom.json $TMP/ok.json" \
+    "--merge --compare $TMP/oom.json $TMP/ok.json" "--merge - -"; do
     # shellcheck disable=SC2086
     run usage $args
     if [ "$rc" -eq 2 ]; then

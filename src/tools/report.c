@@ -1,4 +1,5 @@
-/* report.c - cuheap-report: renders a JSON report again, or compares two.
+/* report.c - cuheap-report: renders a JSON report again, compares two, or
+ * merges many (one per rank of a distributed job).
  *
  * A JSON report (include/cuheap_report.schema.json, version 1) carries every
  * field of the heap snapshots it was rendered from. cuheap-report reads one
@@ -9,6 +10,11 @@
  * sets them side by side per device (matched by device number): the byte
  * statistics, the counters, the fragmentation figures and the cause of any
  * out-of-memory, with the difference and the ratio B/A, as text or JSON.
+ * --merge reads any number of reports (report:/tmp/r-%p.json under torchrun:
+ * one per rank) and sets every (report, device) in one table: peak live,
+ * peak reserved and their ratio, reserved now, out-of-memory count and
+ * cause, with the sums, the rank that reserved most and every
+ * out-of-memory named.
  *
  * Every field the schema requires must be there with the right type: a
  * missing or wrong one is named by its JSON path
@@ -45,8 +51,9 @@ typedef struct options_s {
     format_t format;
     const char *format_option;    /* the option that chose it; NULL for the default */
     int compare;
+    int merge;
     const char *output;           /* -o; NULL = standard output */
-    const char *files[2];
+    const char **files;           /* room for argc names */
     int num_files;
 } options_t;
 
@@ -66,6 +73,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: " PROG " [--text|--html|--json] REPORT.json [-o OUT]\n"
             "       " PROG " --compare [--json] A.json B.json [-o OUT]\n"
+            "       " PROG " --merge [--json] R1.json R2.json... [-o OUT]\n"
             "\n"
             "Reads a cuheap JSON report (report:PATH.json, cuheap_dump_report with\n"
             "CUHEAP_REPORT_JSON, cuheap-replay --report PATH.json) and renders it again\n"
@@ -80,6 +88,8 @@ static void usage(FILE *f)
             "  --html             one HTML page: no network, no other file\n"
             "  --json             JSON (with --compare: the comparison as one object)\n"
             "  --compare          compare two reports, A then B\n"
+            "  --merge            one table of many reports (one per rank or\n"
+            "                     process): peaks, ratio, out-of-memory, sums\n"
             "  -o, --output OUT   write to OUT instead of standard output\n"
             "  -h, --help         this text\n"
             "\n"
@@ -101,12 +111,15 @@ static void parse_options(int argc, char **argv, options_t *o)
 {
     memset(o, 0, sizeof *o);
     o->format = FORMAT_TEXT;
+    o->files = calloc((size_t)argc, sizeof *o->files);
+    if (!o->files) {
+        fprintf(stderr, PROG ": out of memory\n");
+        exit(1);
+    }
     int only_files = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (only_files || a[0] != '-' || a[1] == '\0') {
-            if (o->num_files == 2)
-                usage_error("too many reports: '%s' (one report, or two with --compare)", a);
             o->files[o->num_files++] = a;
             continue;
         }
@@ -120,6 +133,8 @@ static void parse_options(int argc, char **argv, options_t *o)
             set_format(o, FORMAT_JSON, "--json");
         } else if (strcmp(a, "--compare") == 0) {
             o->compare = 1;
+        } else if (strcmp(a, "--merge") == 0) {
+            o->merge = 1;
         } else if (strcmp(a, "-o") == 0 || strcmp(a, "--output") == 0) {
             if (i + 1 >= argc)
                 usage_error("option '%s' needs a value (a file name)", a);
@@ -135,7 +150,7 @@ static void parse_options(int argc, char **argv, options_t *o)
             const char *eq = strchr(a, '=');
             if (eq && a[1] == '-') {
                 size_t n = (size_t)(eq - a);
-                static const char *const flags[] = {"--text", "--html", "--json", "--compare", "--help"};
+                static const char *const flags[] = {"--text", "--html", "--json", "--compare", "--merge", "--help"};
                 for (size_t k = 0; k < sizeof flags / sizeof flags[0]; k++)
                     if (strlen(flags[k]) == n && strncmp(a, flags[k], n) == 0)
                         usage_error("option '%s' takes no value", flags[k]);
@@ -145,7 +160,19 @@ static void parse_options(int argc, char **argv, options_t *o)
     }
     if (o->output && !o->output[0])
         usage_error("-o needs a file name");
-    if (o->compare) {
+    if (o->compare && o->merge)
+        usage_error("--compare and --merge: one or the other");
+    if (o->merge) {
+        if (o->format == FORMAT_HTML)
+            usage_error("--merge writes text, or JSON with --json: not --html");
+        if (o->num_files < 2)
+            usage_error("--merge needs two reports or more (%d given)", o->num_files);
+        int stdin_files = 0;
+        for (int i = 0; i < o->num_files; i++)
+            stdin_files += strcmp(o->files[i], "-") == 0;
+        if (stdin_files > 1)
+            usage_error("only one of the reports can be standard input");
+    } else if (o->compare) {
         if (o->format == FORMAT_HTML)
             usage_error("--compare writes text, or JSON with --json: not --html");
         if (o->num_files != 2)
@@ -154,7 +181,8 @@ static void parse_options(int argc, char **argv, options_t *o)
         if (o->num_files == 0)
             usage_error("no report given");
         if (o->num_files > 1)
-            usage_error("one report at a time ('%s' and '%s'); --compare compares two", o->files[0], o->files[1]);
+            usage_error("one report at a time ('%s' and '%s'); --compare compares two, --merge many", o->files[0],
+                        o->files[1]);
     }
 }
 
@@ -1151,6 +1179,112 @@ static void compare_json(FILE *out, const report_t *a, const report_t *b, const 
     fputs("]}\n", out);
 }
 
+/* ---- --merge ------------------------------------------------------------------ */
+
+/* Sums over every (report, device). The sum of peaks bounds what the
+ * processes held at once from above (their peaks need not coincide). */
+typedef struct merge_total_s {
+    uint64_t peak_live, peak_reserved, reserved, ooms;
+    size_t rows;
+    const report_t *largest_rep;        /* the largest peak reserved */
+    const cuh_heap_snapshot_t *largest;
+    const cuh_heap_snapshot_t *smallest;
+} merge_total_t;
+
+static merge_total_t merge_totals(const report_t *reps, int n)
+{
+    merge_total_t t;
+    memset(&t, 0, sizeof t);
+    for (int i = 0; i < n; i++)
+        for (size_t k = 0; k < reps[i].num_snaps; k++) {
+            const cuh_heap_snapshot_t *s = reps[i].snaps[k];
+            t.peak_live += s->stats.requested.peak;
+            t.peak_reserved += s->stats.reserved.peak;
+            t.reserved += s->stats.reserved.current;
+            t.ooms += s->stats.num_ooms;
+            t.rows++;
+            if (!t.largest || s->stats.reserved.peak > t.largest->stats.reserved.peak)
+                t.largest = s, t.largest_rep = &reps[i];
+            if (!t.smallest || s->stats.reserved.peak < t.smallest->stats.reserved.peak)
+                t.smallest = s;
+        }
+    return t;
+}
+
+static void merge_text(FILE *out, const report_t *reps, int n)
+{
+    char a[32], b[32], c[32], r[32];
+    merge_total_t t = merge_totals(reps, n);
+    fprintf(out, "cuheap merged view: %d reports, %zu devices in all\n\n", n, t.rows);
+    fprintf(out, "  %-28s %8s %6s %12s %14s %9s %13s %5s  %s\n", "report", "pid", "device", "peak live",
+            "peak reserved", "rsvd/live", "reserved now", "OOMs", "out-of-memory");
+    for (int i = 0; i < n; i++)
+        for (size_t k = 0; k < reps[i].num_snaps; k++) {
+            const cuh_heap_snapshot_t *s = reps[i].snaps[k];
+            snprintf(r, sizeof r, "%.3f", overhead(&s->stats));
+            char why[96] = "-";
+            if (s->has_oom) {
+                char req[32];
+                cuh_format_bytes(req, sizeof req, s->oom.request);
+                snprintf(why, sizeof why, "%s (%s request)", oom_cause(s), req);
+            }
+            fprintf(out, "  %-28s %8d %6d %12s %14s %9s %13s %5" PRIu64 "  %s\n", reps[i].file, reps[i].origin.pid,
+                    s->device, cuh_format_bytes(a, sizeof a, s->stats.requested.peak),
+                    cuh_format_bytes(b, sizeof b, s->stats.reserved.peak), s->stats.requested.peak ? r : "-",
+                    cuh_format_bytes(c, sizeof c, s->stats.reserved.current), s->stats.num_ooms, why);
+        }
+    snprintf(r, sizeof r, "%.3f", t.peak_live ? (double)t.peak_reserved / (double)t.peak_live : 0.0);
+    fprintf(out, "  %-28s %8s %6s %12s %14s %9s %13s %5" PRIu64 "\n", "all (sums)", "", "",
+            cuh_format_bytes(a, sizeof a, t.peak_live), cuh_format_bytes(b, sizeof b, t.peak_reserved),
+            t.peak_live ? r : "-", cuh_format_bytes(c, sizeof c, t.reserved), t.ooms);
+    fputc('\n', out);
+    if (t.largest) {
+        fprintf(out, "largest peak reserved: %s, device %d: %s", t.largest_rep->file, t.largest->device,
+                cuh_format_bytes(a, sizeof a, t.largest->stats.reserved.peak));
+        if (t.smallest->stats.reserved.peak)
+            fprintf(out, " (%.3fx the smallest, %s)", (double)t.largest->stats.reserved.peak /
+                    (double)t.smallest->stats.reserved.peak,
+                    cuh_format_bytes(b, sizeof b, t.smallest->stats.reserved.peak));
+        fputc('\n', out);
+    }
+    fprintf(out, "sums of peaks are upper bounds: the processes need not have peaked at once.\n");
+    if (!t.ooms)
+        fprintf(out, "no out-of-memory in any report.\n");
+    for (int i = 0; i < n; i++)
+        for (size_t k = 0; k < reps[i].num_snaps; k++)
+            if (reps[i].snaps[k]->has_oom)
+                fprintf(out, "out of memory: %s, device %d: %s; render that report for the proof "
+                        "(" PROG " %s)\n", reps[i].file, reps[i].snaps[k]->device, oom_cause(reps[i].snaps[k]),
+                        reps[i].file);
+}
+
+static void merge_json(FILE *out, const report_t *reps, int n)
+{
+    merge_total_t t = merge_totals(reps, n);
+    fputs("{\"schema\":\"cuheap-report-merge\",\"version\":1,\"reports\":[", out);
+    for (int i = 0; i < n; i++) {
+        fputs(i ? ",{\"origin\":" : "{\"origin\":", out);
+        json_origin(out, &reps[i]);
+        fputs(",\"devices\":[", out);
+        for (size_t k = 0; k < reps[i].num_snaps; k++) {
+            const cuh_heap_snapshot_t *s = reps[i].snaps[k];
+            fprintf(out, "%s{\"device\":%d,\"kind\":", k ? "," : "", s->device);
+            cuh_json_write_string(out, s->device_kind);
+            fprintf(out,
+                    ",\"peak_live\":%" PRIu64 ",\"peak_reserved\":%" PRIu64 ",\"reserved\":%" PRIu64
+                    ",\"num_ooms\":%" PRIu64 ",\"oom\":",
+                    s->stats.requested.peak, s->stats.reserved.peak, s->stats.reserved.current, s->stats.num_ooms);
+            json_oom(out, s);
+            fputc('}', out);
+        }
+        fputs("]}", out);
+    }
+    fprintf(out,
+            "],\"total\":{\"devices\":%zu,\"peak_live_sum\":%" PRIu64 ",\"peak_reserved_sum\":%" PRIu64
+            ",\"reserved_sum\":%" PRIu64 ",\"num_ooms\":%" PRIu64 "}}\n",
+            t.rows, t.peak_live, t.peak_reserved, t.reserved, t.ooms);
+}
+
 int main(int argc, char **argv)
 {
     options_t o;
@@ -1158,7 +1292,11 @@ int main(int argc, char **argv)
     if (o.compare && strcmp(o.files[0], "-") == 0 && strcmp(o.files[1], "-") == 0)
         usage_error("only one of the two reports can be standard input");
 
-    report_t reps[2];
+    report_t *reps = calloc((size_t)(o.num_files ? o.num_files : 1), sizeof *reps);
+    if (!reps) {
+        fprintf(stderr, PROG ": out of memory\n");
+        return 1;
+    }
     int loaded = 0, rc = 0;
     for (int i = 0; i < o.num_files && rc == 0; i++) {
         if (report_load(o.files[i], &reps[i]) != 0)
@@ -1177,7 +1315,11 @@ int main(int argc, char **argv)
     if (rc == 0 && !out)
         rc = 1;
     if (out) {
-        if (o.compare && o.format == FORMAT_JSON)
+        if (o.merge && o.format == FORMAT_JSON)
+            merge_json(out, reps, o.num_files);
+        else if (o.merge)
+            merge_text(out, reps, o.num_files);
+        else if (o.compare && o.format == FORMAT_JSON)
             compare_json(out, &reps[0], &reps[1], devices, num_devices);
         else if (o.compare)
             compare_text(out, &reps[0], &reps[1], devices, num_devices);
@@ -1193,5 +1335,7 @@ int main(int argc, char **argv)
     free(devices);
     for (int i = 0; i < loaded; i++)
         report_free(&reps[i]);
+    free(reps);
+    free(o.files);
     return rc;
 }
