@@ -36,6 +36,7 @@ static struct {
     size_t sim_capacity;          /* nonzero: simulated devices */
     cuh_heap_t *_Atomic heaps[CUH_MAX_DEVICES];
     cuh_device_t *devices[CUH_MAX_DEVICES];
+    uint64_t peers[CUH_MAX_DEVICES];   /* bit p of peers[d]: device p may access device d's memory */
 } rt;
 
 /* ---- runtime ---------------------------------------------------------------- */
@@ -148,6 +149,11 @@ cuheap_status_t cuh_runtime_heap(int device, cuh_heap_t **out)
             cuh_set_error("device %d: %s", d, err);
             status = CUHEAP_ERR_CONFIG;
         } else {
+            /* Peer access enabled before this heap existed (before it is
+             * published: nobody else holds its lock yet). */
+            for (int p = 0; p < CUH_MAX_DEVICES; p++)
+                if (rt.peers[d] >> p & 1 && cuh_heap_allow_peer(h, p) != CUHEAP_OK)
+                    cuh_log("%s", cuh_get_error());
             rt.devices[d] = dev;
             rt.heaps[d] = h;
             if (rt.cfg.report[0] && !rt.reports_armed)
@@ -298,11 +304,26 @@ void cuh_runtime_drop_heap(int device)
     cuh_device_t *dev = rt.devices[device];
     rt.heaps[device] = NULL;
     rt.devices[device] = NULL;
+    rt.peers[device] = 0;   /* a reset ends the peers' access to it */
     pthread_mutex_unlock(&runtime_lock);
     if (h)
         cuh_heap_destroy(h);
     if (dev)
         dev->ops->destroy(dev);
+}
+
+cuheap_status_t cuh_runtime_allow_peer(int owner, int peer)
+{
+    if (owner < 0 || owner >= CUH_MAX_DEVICES || peer < 0 || peer >= CUH_MAX_DEVICES || owner == peer) {
+        cuh_set_error("peer access from device %d to device %d: out of range", peer, owner);
+        return CUHEAP_ERR_INVALID_ARGUMENT;
+    }
+    pthread_mutex_lock(&runtime_lock);
+    int fresh = !(rt.peers[owner] >> peer & 1);
+    rt.peers[owner] |= 1ull << peer;
+    cuh_heap_t *h = rt.heaps[owner];
+    pthread_mutex_unlock(&runtime_lock);
+    return fresh && h ? cuh_heap_allow_peer(h, peer) : CUHEAP_OK;
 }
 
 const cuh_config_t *cuh_runtime_config(void)

@@ -68,6 +68,11 @@ typedef struct cuh_device_ops_s {
      * that no work issued before may still touch the range. */
     cuh_dev_status_t (*vm_map)(cuh_device_t *dev, uintptr_t va, size_t size, uint64_t handle);
     cuh_dev_status_t (*vm_unmap)(cuh_device_t *dev, uintptr_t va, size_t size);
+    /* Peer access (cudaDeviceEnablePeerAccess) to virtual memory: device
+     * `peer` may read and write [va, va + size), which is mapped, and every
+     * range vm_map maps from now on. Plain segments need nothing: CUDA
+     * grants peers those itself. */
+    cuh_dev_status_t (*vm_allow_peer)(cuh_device_t *dev, int peer, uintptr_t va, size_t size);
 } cuh_device_ops_t;
 
 /* Every implementation embeds this as its first member. */
@@ -105,6 +110,8 @@ typedef struct cuh_sim_counters_s {
     size_t vm_mapped;          /* bytes mapped now */
     uint64_t mem_allocs, mem_frees, mem_refusals;
     uint64_t events_recorded, event_queries, event_waits, stream_waits, synchronizes;
+    uint64_t vm_peer_grants;   /* (range, peer) pairs made accessible, by vm_allow_peer and vm_map */
+    uint64_t vm_peers;         /* bit d: device d was allowed */
     uint64_t live_events;
 } cuh_sim_counters_t;
 void cuh_sim_counters(cuh_device_t *dev, cuh_sim_counters_t *out);
@@ -139,6 +146,8 @@ enum { CUH_CTX_ERROR = -1, CUH_CTX_NONE = 0, CUH_CTX_PRIMARY = 1, CUH_CTX_OTHER 
 int cuh_cuda_current_context(int *device);
 /* The ordinal of a CUdevice handle, or -1. */
 int cuh_cuda_device_ordinal(int cudev);
+/* The device ordinal of any context (made current for a moment), or -1. */
+int cuh_cuda_context_device(void *ctx);
 /* 1 when `stream` is being captured into a CUDA graph. */
 int cuh_cuda_stream_capturing(const void *stream);
 /* 1 when the program has loaded libcuda.so.1 (cuheap loads nothing). */

@@ -347,6 +347,7 @@ typedef struct cuh_cuda_device_s {
     cuh_device_t base;            /* first member: cuh_device_t * casts to this */
     CUdevice cudev;
     CUcontext ctx;                /* the retained primary context */
+    uint64_t peers;               /* bit d: device d may access our virtual memory (vm_allow_peer) */
 } cuh_cuda_device_t;
 
 static cuh_cuda_device_t *cuda_dev(cuh_device_t *dev)
@@ -676,21 +677,59 @@ static void cuda_vm_release(cuh_device_t *dev, uint64_t handle)
     (void)r;
 }
 
-static cuh_dev_status_t cuda_vm_map(cuh_device_t *dev, uintptr_t va, size_t size, uint64_t handle)
+/* Read-write access for the device and its peers: up to 65 descriptors. */
+static size_t cuda_access_list(const cuh_cuda_device_t *d, cuh_CUmemAccessDesc *out)
+{
+    size_t n = 0;
+    for (int id = -1; id < 64; id++) {
+        if (id >= 0 && !(d->peers >> id & 1))
+            continue;
+        memset(&out[n], 0, sizeof out[n]);
+        out[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        out[n].location.id = id < 0 ? d->base.ordinal : id;
+        out[n].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        n++;
+    }
+    return n;
+}
+
+static cuh_dev_status_t cuda_vm_allow_peer(cuh_device_t *dev, int peer, uintptr_t va, size_t size)
 {
     cuh_cuda_device_t *d = cuda_dev(dev);
+    if (peer < 0 || peer >= 64 || peer == dev->ordinal) {
+        snprintf(dev->last_error, sizeof dev->last_error, "device %d: peer %d out of range", dev->ordinal, peer);
+        return CUH_DEV_ERROR;
+    }
+    d->peers |= 1ull << peer;
+    if (!size)
+        return CUH_DEV_OK;
     cuh_CUmemAccessDesc access;
     memset(&access, 0, sizeof access);
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = dev->ordinal;
+    access.location.id = peer;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CUresult r;
+    CUDA_VM_CALL(d, r, g_cu.cuMemSetAccess((CUdeviceptr)va, size, &access, 1));
+    if (r != CUDA_SUCCESS) {
+        cuda_dev_error(dev, r, "cuMemSetAccess(0x%llx, %zu bytes) for peer device %d", (unsigned long long)va, size,
+                       peer);
+        return CUH_DEV_ERROR;
+    }
+    return CUH_DEV_OK;
+}
+
+static cuh_dev_status_t cuda_vm_map(cuh_device_t *dev, uintptr_t va, size_t size, uint64_t handle)
+{
+    cuh_cuda_device_t *d = cuda_dev(dev);
+    cuh_CUmemAccessDesc access[65];
+    const size_t num_access = cuda_access_list(d, access);
     CUresult r;
     CUDA_VM_CALL(d, r, g_cu.cuMemMap((CUdeviceptr)va, size, 0, (CUmemGenericAllocationHandle)handle, 0));
     if (r != CUDA_SUCCESS) {
         cuda_dev_error(dev, r, "cuMemMap(0x%llx, %zu bytes)", (unsigned long long)va, size);
         return CUH_DEV_ERROR;
     }
-    CUDA_VM_CALL(d, r, g_cu.cuMemSetAccess((CUdeviceptr)va, size, &access, 1));
+    CUDA_VM_CALL(d, r, g_cu.cuMemSetAccess((CUdeviceptr)va, size, access, num_access));
     if (r != CUDA_SUCCESS) {
         cuda_dev_error(dev, r, "cuMemSetAccess(0x%llx, %zu bytes)", (unsigned long long)va, size);
         CUresult u;
@@ -743,6 +782,7 @@ static const cuh_device_ops_t cuda_ops = {
     .vm_create = cuda_vm_create,
     .vm_release = cuda_vm_release,
     .vm_map = cuda_vm_map,
+    .vm_allow_peer = cuda_vm_allow_peer,
     .vm_unmap = cuda_vm_unmap,
 };
 
@@ -951,6 +991,20 @@ int cuh_cuda_current_context(int *device)
         pthread_mutex_unlock(&g_cu.primary_lock);
     }
     return ctx == primary ? CUH_CTX_PRIMARY : CUH_CTX_OTHER;
+}
+
+int cuh_cuda_context_device(void *ctx)
+{
+    char err[400];
+    if (!ctx || cuda_ready(err, sizeof err) != 0)
+        return -1;
+    if (g_cu.cuCtxPushCurrent_v2((CUcontext)ctx) != CUDA_SUCCESS)
+        return -1;
+    CUdevice cudev;
+    int ordinal = g_cu.cuCtxGetDevice(&cudev) == CUDA_SUCCESS ? cuda_ordinal_of(cudev) : -1;
+    CUcontext popped;
+    (void)g_cu.cuCtxPopCurrent_v2(&popped);
+    return ordinal;
 }
 
 int cuh_cuda_device_ordinal(int cudev)

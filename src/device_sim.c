@@ -335,6 +335,25 @@ static cuh_dev_status_t sim_vm_map(cuh_device_t *dev, uintptr_t va, size_t size,
     } else {
         s->counters.vm_maps++;
         s->counters.vm_mapped += size;
+        s->counters.vm_peer_grants += (uint64_t)__builtin_popcountll(s->counters.vm_peers);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+/* Books the peer; a range must be mapped to be granted. */
+static cuh_dev_status_t sim_vm_allow_peer(cuh_device_t *dev, int peer, uintptr_t va, size_t size)
+{
+    sim_device_t *s = sim_of(dev);
+    cuh_dev_status_t rc = CUH_DEV_OK;
+    pthread_mutex_lock(&s->lock);
+    if (peer < 0 || peer >= 64 || peer == dev->ordinal || (size && !cuh_ptrmap_get(&s->mappings, va))) {
+        snprintf(dev->last_error, sizeof dev->last_error, "sim: peer %d for [0x%llx, +%zu) refused", peer,
+                 (unsigned long long)va, size);
+        rc = CUH_DEV_ERROR;
+    } else {
+        s->counters.vm_peers |= 1ull << peer;
+        s->counters.vm_peer_grants += size != 0;
     }
     pthread_mutex_unlock(&s->lock);
     return rc;
@@ -389,6 +408,7 @@ static const cuh_device_ops_t sim_ops = {
     .vm_release = sim_vm_release,
     .vm_map = sim_vm_map,
     .vm_unmap = sim_vm_unmap,
+    .vm_allow_peer = sim_vm_allow_peer,
 };
 
 cuh_device_t *cuh_sim_create(const cuh_sim_params_t *params)

@@ -2095,6 +2095,34 @@ void cuh_heap_retire_stream(cuh_heap_t *h, cuh_stream_t stream)
     pthread_mutex_unlock(&h->lock);
 }
 
+cuheap_status_t cuh_heap_allow_peer(cuh_heap_t *h, int peer)
+{
+    pthread_mutex_lock(&h->lock);
+    cuheap_status_t status = CUHEAP_OK;
+    if (h->cfg.vmm) {   /* the reservation may come later: the device remembers the peer */
+        const cuh_device_ops_t *ops = h->dev->ops;
+        int ok = ops->vm_allow_peer(h->dev, peer, 0, 0) == CUH_DEV_OK;
+        /* The mapped pages, a run of neighbours at a time. */
+        for (size_t p = 0; ok && p < h->pages_high;) {
+            if (!h->page_handle[p]) {
+                p++;
+                continue;
+            }
+            size_t end = p;
+            while (end < h->pages_high && h->page_handle[end])
+                end++;
+            ok = ops->vm_allow_peer(h->dev, peer, page_va(h, p), (end - p) * h->vm_page) == CUH_DEV_OK;
+            p = end;
+        }
+        if (!ok) {
+            cuh_set_error("device %d: peer access for device %d: %s", h->dev->ordinal, peer, h->dev->last_error);
+            status = CUHEAP_ERR_DEVICE;
+        }
+    }
+    pthread_mutex_unlock(&h->lock);
+    return status;
+}
+
 void cuh_heap_poll(cuh_heap_t *h)
 {
     pthread_mutex_lock(&h->lock);

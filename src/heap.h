@@ -119,6 +119,11 @@ size_t cuh_heap_block_size(cuh_heap_t *heap, uintptr_t addr);
 void cuh_heap_stats(cuh_heap_t *heap, cuheap_stats_t *out);
 /* Takes in the frees whose GPU work has finished, without waiting. */
 void cuh_heap_poll(cuh_heap_t *heap);
+
+/* Device `peer` may access this heap's memory from now on (peer access was
+ * enabled from it): under vmm:1 every mapped page and every page mapped
+ * later is made accessible to it; plain segments need nothing. */
+cuheap_status_t cuh_heap_allow_peer(cuh_heap_t *heap, int peer);
 void cuh_heap_reset_peaks(cuh_heap_t *heap);
 cuheap_status_t cuh_heap_release_cached(cuh_heap_t *heap);
 /* 1 and *out filled if an allocation has failed since creation (the last one). */

@@ -203,3 +203,14 @@ void cuh_hook_device_reset(int device)
 {
     cuh_runtime_drop_heap(device);
 }
+
+void cuh_hook_peer_enabled(int owner)
+{
+    int accessor = -1;
+    int ctx = cuh_cuda_current_context(&accessor);
+    if ((ctx != CUH_CTX_PRIMARY && ctx != CUH_CTX_OTHER) || accessor < 0 || owner < 0 || accessor == owner)
+        return;
+    if (cuh_runtime_allow_peer(owner, accessor) != CUHEAP_OK)
+        cuh_log("peer access from device %d to device %d: %s (kernels on device %d may fault on cuheap's "
+                "virtual memory of device %d)", accessor, owner, cuh_get_error(), accessor, owner);
+}

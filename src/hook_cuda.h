@@ -87,6 +87,10 @@ void cuh_hook_stream_destroying(const void *stream);
 
 /* The device's primary context is about to be reset: drop its heap. */
 void cuh_hook_device_reset(int device);
+/* Peer access was enabled from the current context's device to `owner`'s
+ * memory (cudaDeviceEnablePeerAccess, cuCtxEnablePeerAccess succeeded):
+ * cuheap's virtual memory on `owner` is made accessible to it. */
+void cuh_hook_peer_enabled(int owner);
 
 /* A CUDA function pointer from the void * dlsym gives. */
 #define CUH_FN(dst, sym) memcpy(&(dst), &(void *){(sym)}, sizeof(dst))

@@ -15,7 +15,8 @@
  * Served: cuMemAlloc_v2, cuMemFree_v2, cuMemAllocAsync, cuMemFreeAsync (and
  * _ptsz), cuMemAllocPitch_v2. Watched and passed on: cuMemGetInfo_v2,
  * cuStreamCreate, cuStreamCreateWithPriority, cuStreamDestroy_v2,
- * cuIpcGetMemHandle, cuDevicePrimaryCtxReset_v2. What the driver refuses
+ * cuIpcGetMemHandle, cuDevicePrimaryCtxReset_v2, cuCtxEnablePeerAccess (the
+ * peer gets access to cuheap's virtual memory). What the driver refuses
  * without cuheap (no current context, a zero size) it still refuses.
  *
  * dlsym(RTLD_NEXT, ...) keeps glibc's meaning (relative to its caller): it
@@ -183,6 +184,16 @@ CUresult cuIpcGetMemHandle(void *handle, CUdeviceptr ptr)
     return fn(handle, ptr);
 }
 
+CUH_HOOK CUresult cuCtxEnablePeerAccess(void *peer_context, unsigned int flags);
+CUresult cuCtxEnablePeerAccess(void *peer_context, unsigned int flags)
+{
+    REAL(CUresult (*)(void *, unsigned int), "cuCtxEnablePeerAccess");
+    CUresult code = fn(peer_context, flags);
+    if (code == CUH_CUDA_SUCCESS)
+        cuh_hook_peer_enabled(cuh_cuda_context_device(peer_context));
+    return code;
+}
+
 CUH_HOOK CUresult cuDevicePrimaryCtxReset_v2(CUdevice device);
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice device)
 {
@@ -217,6 +228,7 @@ static const struct {
     HOOK_ENTRY(cuStreamDestroy_v2),
     HOOK_ENTRY(cuIpcGetMemHandle),
     HOOK_ENTRY(cuDevicePrimaryCtxReset_v2),
+    HOOK_ENTRY(cuCtxEnablePeerAccess),
     HOOK_ENTRY(cuGetProcAddress),
     HOOK_ENTRY(cuGetProcAddress_v2),
 };

@@ -6,7 +6,9 @@
  * (and the per-thread-default-stream _ptsz forms), cudaMallocPitch. Watched
  * and passed on: cudaStreamCreateWithFlags/WithPriority and cudaStreamDestroy (the streams
  * cudaFree's promise must cover), cudaIpcGetMemHandle (never a handle to the
- * wrong memory), cudaDeviceReset (drops the device's heap). Everything else,
+ * wrong memory), cudaDeviceReset (drops the device's heap),
+ * cudaDeviceEnablePeerAccess (the peer gets access to cuheap's virtual
+ * memory). Everything else,
  * and every pointer cuheap did not hand out, goes to the real runtime
  * untouched. A program with a static runtime never calls these; its runtime
  * reaches the driver, where hook_driver.c serves it. cudaMemGetInfo is left
@@ -147,6 +149,16 @@ cudaError_t cudaIpcGetMemHandle(void *handle, void *ptr)
         return code;
     REAL(cudaError_t (*)(void *, void *), "cudaIpcGetMemHandle", CUH_CUDA_UNKNOWN);
     return fn(handle, ptr);
+}
+
+CUH_HOOK cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags);
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags)
+{
+    REAL(cudaError_t (*)(int, unsigned int), "cudaDeviceEnablePeerAccess", CUH_CUDA_UNKNOWN);
+    cudaError_t code = fn(peer, flags);
+    if (code == CUH_CUDA_SUCCESS)
+        cuh_hook_peer_enabled(peer);
+    return code;
 }
 
 CUH_HOOK cudaError_t cudaDeviceReset(void);

@@ -44,6 +44,10 @@ int cuh_runtime_owner(uintptr_t addr);
 void cuh_runtime_retire_stream(cuh_stream_t stream);
 /* The device was reset: its heap and every block in it are gone. */
 void cuh_runtime_drop_heap(int device);
+/* Peer access was enabled: device `peer` may now access device `owner`'s
+ * memory (see cuh_heap_allow_peer); remembered for a heap made later, once
+ * per pair. */
+cuheap_status_t cuh_runtime_allow_peer(int owner, int peer);
 /* The settings (CUHEAP_CONF read if not yet). */
 const cuh_config_t *cuh_runtime_config(void);
 

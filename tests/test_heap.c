@@ -460,6 +460,41 @@ static void test_device_wide_malloc_waits_for_a_batch_rather_than_grow(void **st
     }
 }
 
+/* Peer access under vmm:1: the pages mapped when it is enabled and every page
+ * mapped later are made accessible to the peer; a heap without virtual memory
+ * needs nothing (CUDA grants peers plain allocations itself). */
+static void test_allow_peer_grants_mapped_and_later_pages(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, "vmm:1");
+    uintptr_t a = must_alloc(t.heap, 8 * MiB, S1);
+    cuh_sim_counters_t c0, c1, c2;
+    cuh_sim_counters(t.dev, &c0);
+    assert_int_equal(c0.vm_peer_grants, 0);
+    assert_int_equal(cuh_heap_allow_peer(t.heap, 1), CUHEAP_OK);
+    cuh_sim_counters(t.dev, &c1);
+    assert_true(c1.vm_peers & 2);
+    assert_true(c1.vm_peer_grants > 0);   /* a's pages, in runs of neighbours */
+    uintptr_t b = must_alloc(t.heap, 64 * MiB, S1);
+    cuh_sim_counters(t.dev, &c2);
+    assert_true(c2.vm_maps > c1.vm_maps);
+    assert_int_equal(c2.vm_peer_grants - c1.vm_peer_grants, c2.vm_maps - c1.vm_maps);   /* one per new mapping */
+    assert_int_equal(cuh_heap_allow_peer(t.heap, 0), CUHEAP_ERR_DEVICE);   /* itself: refused, named */
+    assert_non_null(strstr(cuheap_last_error(), "peer access for device 0"));
+    must_free(t.heap, a, S1);
+    must_free(t.heap, b, S1);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+
+    t = test_heap_new(GiB, NULL);
+    must_free(t.heap, must_alloc(t.heap, 8 * MiB, S1), S1);
+    assert_int_equal(cuh_heap_allow_peer(t.heap, 1), CUHEAP_OK);
+    cuh_sim_counters(t.dev, &c0);
+    assert_int_equal(c0.vm_peers, 0);
+    assert_int_equal(c0.vm_peer_grants, 0);
+    test_heap_free(&t);
+}
+
 /* With many streams known (PyTorch's pool: 32, idle) and a GPU that keeps up
  * (events complete at once), a cudaFree must not cost an event on every
  * stream: while free memory lasts (here a 256 MiB workspace), batches close
@@ -1390,6 +1425,7 @@ int main(void)
         cmocka_unit_test(test_cudafree_batches_come_back_before_other_free_memory),
         cmocka_unit_test(test_device_wide_frees_with_many_streams_ration_batch_closes),
         cmocka_unit_test(test_poll_sends_a_rationed_batch_out),
+        cmocka_unit_test(test_allow_peer_grants_mapped_and_later_pages),
         cmocka_unit_test(test_concurrent_threads_never_share_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -10,7 +10,8 @@
 # memory passed through; double frees and inner pointers refused; zero sizes
 # and alignment; out of memory; fork; IPC handles; cudaFree's ordering against
 # pretend kernels on a non-blocking stream; stream destruction; cudaMemGetInfo;
-# cudaDeviceReset; two devices; programs that use no CUDA.
+# cudaDeviceReset; two devices; peer access to virtual memory; programs that
+# use no CUDA.
 #
 # The sanitized run (BUILD_DIR build/san) preloads libasan and the sanitized
 # library, build/san/libcuheap-asan.so (whose dlsym runs inside ASan's own
@@ -136,6 +137,10 @@ for runtime in shared static; do
 
     preload $p-reset $p device-reset
     expect_pass $p-reset device-reset "$r: cudaDeviceReset drops the heap; cudaMalloc works after it"
+
+    preload $p-peer $p peer-access FAKE_CUDA_DEVICES=2 CUHEAP_CONF=vmm:1
+    expect_pass $p-peer peer-access \
+        "$r: vmm:1 and cudaDeviceEnablePeerAccess: the peer gets the owner's mapped pages and those mapped later, one way"
 
     preload $p-two $p two-devices FAKE_CUDA_DEVICES=2
     expect_pass $p-two two-devices \

@@ -217,6 +217,18 @@ API CUresult cuCtxSetCurrent(CUcontext ctx)
     }
     return OK;
 }
+/* The current context's device may access the peer context's memory. */
+API CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags)
+{
+    if (flags || !peer || !current_context())
+        return INVALID_VALUE;
+    if (context_device(peer) == current_device())
+        return INVALID_DEVICE;
+    pthread_mutex_lock(&lock);
+    calls.peer_enables++;
+    pthread_mutex_unlock(&lock);
+    return OK;
+}
 API CUresult cuCtxGetDevice(CUdevice *dev)
 {
     *dev = current_device();
@@ -830,7 +842,13 @@ API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, unsigned long l
 }
 API CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const void *desc, size_t count)
 {
-    (void)desc, (void)count;
+    /* CUmemAccessDesc: {location {type, id}, flags}, three ints. */
+    const int (*d)[3] = desc;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; d && i < count; i++)
+        if (d[i][1] >= 0 && d[i][1] < 4)
+            calls.access_grants[d[i][1]]++;
+    pthread_mutex_unlock(&lock);
     __atomic_fetch_add(&set_access, 1, __ATOMIC_RELAXED);
     return mprotect((void *)(uintptr_t)p, size, PROT_READ | PROT_WRITE) == 0 ? OK : INVALID_VALUE;
 }
@@ -877,7 +895,7 @@ static const struct {
     SAME(cuGetErrorName), SAME(cuGetErrorString), SAME(cuInit), SAME(cuDeviceGetCount), SAME(cuDeviceGet),
     SAME(cuDevicePrimaryCtxRetain), SAME(cuDevicePrimaryCtxRelease_v2), SAME(cuDevicePrimaryCtxGetState),
     SAME(cuDevicePrimaryCtxReset_v2), SAME(cuCtxGetCurrent), SAME(cuCtxSetCurrent), SAME(cuCtxGetDevice),
-    SAME(cuCtxPushCurrent_v2), SAME(cuCtxPopCurrent_v2), SAME(cuCtxSynchronize),
+    SAME(cuCtxPushCurrent_v2), SAME(cuCtxPopCurrent_v2), SAME(cuCtxSynchronize), SAME(cuCtxEnablePeerAccess),
     SAME(cuThreadExchangeStreamCaptureMode), SAME(cuStreamCreate), SAME(cuStreamCreateWithPriority),
     SAME(cuStreamDestroy_v2), SAME(cuStreamSynchronize), SAME(cuEventCreate), SAME(cuEventDestroy_v2),
     SAME(cuEventRecord), SAME(cuEventQuery), SAME(cuEventSynchronize), SAME(cuMemAlloc_v2),

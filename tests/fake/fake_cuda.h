@@ -27,6 +27,8 @@ typedef struct fake_cuda_calls_s {
     unsigned long stream_waits;    /* cuStreamWaitEvent calls */
     size_t used;                   /* device bytes allocated now (managed not counted) */
     size_t capacity;
+    unsigned long access_grants[4]; /* cuMemSetAccess descriptors naming device d (d < 4) */
+    unsigned long peer_enables;    /* cuCtxEnablePeerAccess calls that succeeded */
 } fake_cuda_calls_t;
 
 typedef void (*fake_cuda_calls_fn)(fake_cuda_calls_t *out);

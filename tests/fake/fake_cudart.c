@@ -52,6 +52,7 @@ static struct {
     CUresult (*cuCtxGetCurrent)(CUcontext *);
     CUresult (*cuCtxSetCurrent)(CUcontext);
     CUresult (*cuCtxGetDevice)(CUdevice *);
+    CUresult (*cuCtxEnablePeerAccess)(CUcontext, unsigned);
     CUresult (*cuCtxSynchronize)(void);
     CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
     CUresult (*cuMemAllocManaged)(CUdeviceptr *, size_t, unsigned);
@@ -98,6 +99,7 @@ static void load_driver(void)
              resolve(&driver.cuCtxGetCurrent, "cuCtxGetCurrent", 0) &&
              resolve(&driver.cuCtxSetCurrent, "cuCtxSetCurrent", 0) &&
              resolve(&driver.cuCtxGetDevice, "cuCtxGetDevice", 0) &&
+             resolve(&driver.cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess", 0) &&
              resolve(&driver.cuCtxSynchronize, "cuCtxSynchronize", 0) &&
              resolve(&driver.cuMemAlloc, "cuMemAlloc", 0) &&
              resolve(&driver.cuMemAllocManaged, "cuMemAllocManaged", 0) &&
@@ -156,6 +158,21 @@ RUNTIME_API cudaError_t cudaSetDevice(int device)
     if (driver.cuDevicePrimaryCtxRetain(&ctx, dev) != 0)
         return CUDA_ERROR_UNKNOWN_RUNTIME;
     return runtime_code(driver.cuCtxSetCurrent(ctx));
+}
+
+/* The current device may access `peer`'s memory: the driver's
+ * cuCtxEnablePeerAccess with the peer's primary context, as the real
+ * runtime does. */
+RUNTIME_API cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags)
+{
+    READY_OR_FAIL();
+    CUdevice dev;
+    CUcontext ctx;
+    if (driver.cuDeviceGet(&dev, peer) != 0)
+        return cudaErrorInvalidDevice;
+    if (driver.cuDevicePrimaryCtxRetain(&ctx, dev) != 0)
+        return CUDA_ERROR_UNKNOWN_RUNTIME;
+    return runtime_code(driver.cuCtxEnablePeerAccess(ctx, flags));
 }
 
 RUNTIME_API cudaError_t cudaGetDevice(int *device)

@@ -21,6 +21,7 @@ typedef struct cudaIpcMemHandle_st {
 
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int *device);
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags);
 cudaError_t cudaMalloc(void **ptr, size_t size);
 cudaError_t cudaFree(void *ptr);
 cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream);

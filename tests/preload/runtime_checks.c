@@ -604,6 +604,38 @@ static void check_two_devices(void)
     expect(cudaFree(b) == cudaSuccess && cudaFree(c) == cudaSuccess, "cudaFree on device 0 failed");
 }
 
+/* ---- peer access to virtual memory (FAKE_CUDA_DEVICES=2, vmm:1) -----------------
+ * cuheap maps its own pages under vmm:1, and a mapping is accessible only to
+ * the devices cuMemSetAccess names: once device 0 may access device 1
+ * (cudaDeviceEnablePeerAccess(1) on device 0), device 1's mapped pages, and
+ * every page mapped there later, must name device 0 too; device 0's own pages
+ * are not granted to device 1 (peer access is one-way). */
+static void check_peer_access(void)
+{
+    start_runtime();
+    void *a = NULL, *b = NULL, *c = NULL;
+    expect(cudaSetDevice(1) == cudaSuccess, "cudaSetDevice(1) failed");
+    expect(cudaMalloc(&a, 8 * MiB) == cudaSuccess && a, "cudaMalloc on device 1 failed");
+    fake_cuda_calls_t c0 = fake_calls(&fake);
+    expect(c0.access_grants[1] > 0, "device 1's pages were never made accessible to device 1 (is vmm:1 on?)");
+    expect(c0.access_grants[0] == 0, "device 1's pages were granted to device 0 before peer access");
+    expect(cudaSetDevice(0) == cudaSuccess && cudaDeviceEnablePeerAccess(1, 0) == cudaSuccess,
+           "cudaDeviceEnablePeerAccess(1) on device 0 failed");
+    fake_cuda_calls_t c1 = fake_calls(&fake);
+    expect(c1.peer_enables == 1, "the driver saw %lu peer enables, not 1", c1.peer_enables);
+    expect(c1.access_grants[0] > 0, "enabling peer access did not grant device 0 device 1's mapped pages");
+    expect(cudaSetDevice(1) == cudaSuccess && cudaMalloc(&b, 64 * MiB) == cudaSuccess && b,
+           "cudaMalloc of 64 MiB on device 1 failed");
+    fake_cuda_calls_t c2 = fake_calls(&fake);
+    expect(c2.access_grants[0] > c1.access_grants[0], "pages mapped on device 1 later were not granted to device 0");
+    expect(cudaSetDevice(0) == cudaSuccess && cudaMalloc(&c, 8 * MiB) == cudaSuccess && c,
+           "cudaMalloc on device 0 failed");
+    fake_cuda_calls_t c3 = fake_calls(&fake);
+    expect(c3.access_grants[0] > c2.access_grants[0], "device 0's own pages were not made accessible to it");
+    expect(c3.access_grants[1] == c2.access_grants[1], "device 0's pages were granted to device 1, which never asked");
+    expect(cudaFree(a) == cudaSuccess && cudaFree(b) == cudaSuccess && cudaFree(c) == cudaSuccess, "cudaFree failed");
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "";
@@ -642,6 +674,8 @@ int main(int argc, char **argv)
         check_meminfo(1, 0);
     else if (!strcmp(mode, "meminfo-uncached"))
         check_meminfo(0, 1);
+    else if (!strcmp(mode, "peer-access"))
+        check_peer_access();
     else if (!strcmp(mode, "two-devices"))
         check_two_devices();
     else if (!strcmp(mode, "device-reset"))
