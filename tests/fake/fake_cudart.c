@@ -147,17 +147,22 @@ static cudaError_t runtime_code(CUresult r)
             return CUDA_ERROR_UNKNOWN_RUNTIME;  \
     } while (0)
 
+/* Device `device`'s primary context (retained); a runtime error code. */
+static cudaError_t primary_context(int device, CUcontext *ctx)
+{
+    CUdevice dev;
+    if (driver.cuDeviceGet(&dev, device) != 0)
+        return cudaErrorInvalidDevice;
+    return driver.cuDevicePrimaryCtxRetain(ctx, dev) != 0 ? CUDA_ERROR_UNKNOWN_RUNTIME : cudaSuccess;
+}
+
 /* The device's primary context becomes this thread's current context. */
 RUNTIME_API cudaError_t cudaSetDevice(int device)
 {
     READY_OR_FAIL();
-    CUdevice dev;
     CUcontext ctx;
-    if (driver.cuDeviceGet(&dev, device) != 0)
-        return cudaErrorInvalidDevice;
-    if (driver.cuDevicePrimaryCtxRetain(&ctx, dev) != 0)
-        return CUDA_ERROR_UNKNOWN_RUNTIME;
-    return runtime_code(driver.cuCtxSetCurrent(ctx));
+    cudaError_t e = primary_context(device, &ctx);
+    return e != cudaSuccess ? e : runtime_code(driver.cuCtxSetCurrent(ctx));
 }
 
 /* The current device may access `peer`'s memory: the driver's
@@ -166,13 +171,9 @@ RUNTIME_API cudaError_t cudaSetDevice(int device)
 RUNTIME_API cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags)
 {
     READY_OR_FAIL();
-    CUdevice dev;
     CUcontext ctx;
-    if (driver.cuDeviceGet(&dev, peer) != 0)
-        return cudaErrorInvalidDevice;
-    if (driver.cuDevicePrimaryCtxRetain(&ctx, dev) != 0)
-        return CUDA_ERROR_UNKNOWN_RUNTIME;
-    return runtime_code(driver.cuCtxEnablePeerAccess(ctx, flags));
+    cudaError_t e = primary_context(peer, &ctx);
+    return e != cudaSuccess ? e : runtime_code(driver.cuCtxEnablePeerAccess(ctx, flags));
 }
 
 RUNTIME_API cudaError_t cudaGetDevice(int *device)
