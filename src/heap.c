@@ -179,6 +179,11 @@ struct cuh_heap_s {
     size_t held_bytes;
     int took_back;               /* a batch came back early: new streams must wait (stream_joins_locked) */
     uint64_t allocs_at_take_back; /* num_allocs at the last take-back (take_back_all_locked) */
+    /* Under vmm:1, the events a take-back left running: its blocks are
+     * global for stream-ordered use, but their pages may not be unmapped
+     * (steal_pages_locked) before these complete. */
+    cuh_event_t *unsettled;
+    size_t num_unsettled, cap_unsettled;
     uint64_t allocs_at_close;    /* num_allocs when the last batch closed (batches_poll_locked) */
     double closed_at;            /* seconds_since(born) when the last batch closed (cuh_heap_poll) */
     size_t held_requested;
@@ -737,10 +742,25 @@ static size_t release_free_segments_locked(cuh_heap_t *h)
 
 static uintptr_t page_va(const cuh_heap_t *h, size_t p) { return h->vm->base + (uintptr_t)p * h->vm_page; }
 
+/* Waits (the CPU) for the work that blocks a take-back returned may still
+ * see: unmapping is not stream-ordered, so no page of theirs may move before
+ * it is done. Rare: pages move only when the heap holds more than it may. */
+static void settle_unsettled_locked(cuh_heap_t *h)
+{
+    for (size_t i = 0; i < h->num_unsettled; i++) {
+        if (h->dev->ops->event_query(h->dev, h->unsettled[i]) != CUH_DEV_OK)
+            h->dev->ops->event_wait(h->dev, h->unsettled[i]);
+        event_put_locked(h, h->unsettled[i]);
+    }
+    h->num_unsettled = 0;
+}
+
 /* Unmaps up to `want` pages lying wholly inside global free extents of the
  * reservation; their physical pages go to out[]. Returns how many. */
 static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want)
 {
+    if (h->num_unsettled)
+        settle_unsettled_locked(h);
     size_t got = 0, page = h->vm_page;
     /* Oldest free memory first: the newest is the likeliest to be reused soon,
      * and taking its pages would only move them back again. */
@@ -1047,6 +1067,24 @@ static int other_streams_locked(const cuh_heap_t *h)
  * finished. Idle streams cost one event query each and no wait. Only when a
  * wait cannot be enqueued does the CPU wait. Returns 1 when memory came back
  * (try again), 0 when there was none to take (or wait_before_grow:0). */
+/* Keeps `e` until it completes (settle_unsettled_locked); if there is no
+ * room to keep it, waits for it now. */
+static void unsettled_add_locked(cuh_heap_t *h, cuh_event_t e)
+{
+    if (h->num_unsettled == h->cap_unsettled) {
+        size_t cap = h->cap_unsettled ? 2 * h->cap_unsettled : 8;
+        cuh_event_t *grown = realloc(h->unsettled, cap * sizeof *grown);
+        if (!grown) {
+            h->dev->ops->event_wait(h->dev, e);
+            event_put_locked(h, e);
+            return;
+        }
+        h->unsettled = grown;
+        h->cap_unsettled = cap;
+    }
+    h->unsettled[h->num_unsettled++] = e;
+}
+
 #define POLL_CLOSE_SECONDS 0.001
 #ifndef TAKE_BACK_EVERY
 #define TAKE_BACK_EVERY 1u
@@ -1056,10 +1094,11 @@ static int take_back_all_locked(cuh_heap_t *h)
     if (!h->cfg.wait_before_grow || h->captures || (!h->open_batch && !h->closed_batches))
         return 0;
     batch_close_locked(h);   /* may finish it at once */
-    if (h->closed_batches && other_streams_locked(h)) {
+    const int others = other_streams_locked(h);
+    if (h->closed_batches && (others || h->vm)) {
         /* The newest running event of each stream, newest batch first. */
         size_t cap = h->num_streams + 1, n = 0;
-        cuh_event_t *running = malloc(cap * sizeof *running);
+        cuh_event_t **running = malloc(cap * sizeof *running);   /* its slot in its batch; NULL: complete */
         cuh_stream_t *where = malloc(cap * sizeof *where);
         size_t num_batches = 0;
         for (free_batch_t *b = h->closed_batches; b; b = b->next)
@@ -1075,19 +1114,28 @@ static int take_back_all_locked(cuh_heap_t *h)
                     seen++;
                 if (seen == n && n < cap) {   /* complete: none older on its stream runs */
                     where[n] = b->event_streams[e];
-                    running[n++] = h->dev->ops->event_query(h->dev, b->events[e]) != CUH_DEV_OK ? b->events[e] : NULL;
+                    running[n++] = h->dev->ops->event_query(h->dev, b->events[e]) != CUH_DEV_OK ? &b->events[e] : NULL;
                 }
             }
         }
-        for (size_t e = 0; waited && e < n; e++) {
+        for (size_t e = 0; others && waited && e < n; e++) {
             cuh_stream_t waiter;
             for (uint32_t i = 0; waited && running[e] && next_live_stream(h, &i, &waiter);)
-                if (waiter != where[e] && h->dev->ops->stream_wait(h->dev, waiter, running[e]) != CUH_DEV_OK)
+                if (waiter != where[e] && h->dev->ops->stream_wait(h->dev, waiter, *running[e]) != CUH_DEV_OK)
                     waited = 0;
         }
-        if (!waited)   /* the CPU waits instead */
+        if (!waited) {   /* the CPU waits instead */
             for (free_batch_t *b = h->closed_batches; b; b = b->next)
                 events_done_locked(h, b->events, &b->num_events, 1);
+        } else if (h->vm) {
+            /* Keep the running events until they complete: no page of these
+             * blocks may be unmapped before. */
+            for (size_t e = 0; e < n; e++)
+                if (running[e]) {
+                    unsettled_add_locked(h, *running[e]);
+                    *running[e] = NULL;
+                }
+        }
         free(running);
         free(where);
     }
@@ -1432,6 +1480,9 @@ void cuh_heap_destroy(cuh_heap_t *h)
     cuh_pagemap_destroy(&h->pages);
     free(h->streams);
     free(h->spare_events);
+    for (size_t i = 0; i < h->num_unsettled; i++)
+        h->dev->ops->event_destroy(h->dev, h->unsettled[i]);
+    free(h->unsettled);
     pthread_mutex_destroy(&h->lock);
     free(h);
 }
@@ -1787,7 +1838,8 @@ static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch)
             release_block_global_locked(h, &b, x->addr);
     }
     for (size_t i = 0; i < batch->num_events; i++)
-        event_put_locked(h, batch->events[i]);
+        if (batch->events[i])   /* NULL: kept by a take-back (unsettled) */
+            event_put_locked(h, batch->events[i]);
     free(batch->events);
     free(batch->event_streams);
     free(batch->entries);

@@ -460,6 +460,44 @@ static void test_device_wide_malloc_waits_for_a_batch_rather_than_grow(void **st
     }
 }
 
+/* vmm:1 and cudaFree: a take-back makes blocks reusable in stream order while
+ * the GPU may still run work issued before their frees, but unmapping a page
+ * is not stream-ordered. Before a page of such memory moves, the CPU waits
+ * for that work (once per stream's running event); without it a kernel could
+ * see its memory unmapped under it. */
+static void test_vmm_pages_of_taken_back_memory_move_only_after_their_work(void **state)
+{
+    (void)state;
+    for (int others = 0; others <= 1; others++) {
+        test_heap_t t = test_heap_new(GiB, "vmm:1,vmm_margin:0,small_max:0");
+        cuh_sim_hold_events(t.dev, 1);
+        if (others)
+            assert_int_equal(cuh_heap_register_stream(t.heap, S3), CUHEAP_OK);
+        uintptr_t a, b, x, y;
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &a), CUHEAP_OK);
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &b), CUHEAP_OK);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);
+        /* Taken back at once (the GPU has not passed a's free): x is cut
+         * from a's hole, the other 32 MiB of it stay free with their pages. */
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 32 * MiB, &x), CUHEAP_OK);
+        assert_true(x >= a && x < a + 64 * MiB);
+        cuh_sim_counters_t c0, c1;
+        cuh_sim_counters(t.dev, &c0);
+        /* y needs 32 pages and the heap may hold no more than it has had
+         * live: a's free pages move behind y, after a's work is done. */
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &y), CUHEAP_OK);
+        cuh_sim_counters(t.dev, &c1);
+        assert_true(c1.vm_unmaps > c0.vm_unmaps);   /* pages did move */
+        assert_int_equal(c1.event_waits - c0.event_waits, others ? 2 : 1);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, b), CUHEAP_OK);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, x), CUHEAP_OK);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, y), CUHEAP_OK);
+        heap_ok(t.heap);
+        cuh_sim_complete_all(t.dev);
+        test_heap_free(&t);
+    }
+}
+
 /* Peer access under vmm:1: the pages mapped when it is enabled and every page
  * mapped later are made accessible to the peer; a heap without virtual memory
  * needs nothing (CUDA grants peers plain allocations itself). */
@@ -1426,6 +1464,7 @@ int main(void)
         cmocka_unit_test(test_device_wide_frees_with_many_streams_ration_batch_closes),
         cmocka_unit_test(test_poll_sends_a_rationed_batch_out),
         cmocka_unit_test(test_allow_peer_grants_mapped_and_later_pages),
+        cmocka_unit_test(test_vmm_pages_of_taken_back_memory_move_only_after_their_work),
         cmocka_unit_test(test_concurrent_threads_never_share_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
