@@ -182,7 +182,8 @@ struct cuh_heap_s {
     /* Under vmm:1, the events a take-back left running: its blocks are
      * global for stream-ordered use, but their pages may not be unmapped
      * (steal_pages_locked) before these complete. */
-    cuh_event_t *unsettled;
+    cuh_event_t *unsettled;      /* the newest per stream: it stands for the older ones */
+    cuh_stream_t *unsettled_streams;
     size_t num_unsettled, cap_unsettled;
     uint64_t allocs_at_close;    /* num_allocs when the last batch closed (batches_poll_locked) */
     double closed_at;            /* seconds_since(born) when the last batch closed (cuh_heap_poll) */
@@ -1067,21 +1068,33 @@ static int other_streams_locked(const cuh_heap_t *h)
  * finished. Idle streams cost one event query each and no wait. Only when a
  * wait cannot be enqueued does the CPU wait. Returns 1 when memory came back
  * (try again), 0 when there was none to take (or wait_before_grow:0). */
-/* Keeps `e` until it completes (settle_unsettled_locked); if there is no
- * room to keep it, waits for it now. */
-static void unsettled_add_locked(cuh_heap_t *h, cuh_event_t e)
+/* Keeps `e`, recorded on `stream`, until it completes
+ * (settle_unsettled_locked): one per stream, the newest, since work on a
+ * stream completes in order; if there is no room to keep it, waits for it
+ * now. */
+static void unsettled_add_locked(cuh_heap_t *h, cuh_event_t e, cuh_stream_t stream)
 {
+    for (size_t i = 0; i < h->num_unsettled; i++)
+        if (h->unsettled_streams[i] == stream) {
+            event_put_locked(h, h->unsettled[i]);
+            h->unsettled[i] = e;
+            return;
+        }
     if (h->num_unsettled == h->cap_unsettled) {
         size_t cap = h->cap_unsettled ? 2 * h->cap_unsettled : 8;
         cuh_event_t *grown = realloc(h->unsettled, cap * sizeof *grown);
-        if (!grown) {
+        if (grown)
+            h->unsettled = grown;
+        cuh_stream_t *grown_streams = grown ? realloc(h->unsettled_streams, cap * sizeof *grown_streams) : NULL;
+        if (!grown_streams) {
             h->dev->ops->event_wait(h->dev, e);
             event_put_locked(h, e);
             return;
         }
-        h->unsettled = grown;
+        h->unsettled_streams = grown_streams;
         h->cap_unsettled = cap;
     }
+    h->unsettled_streams[h->num_unsettled] = stream;
     h->unsettled[h->num_unsettled++] = e;
 }
 
@@ -1132,7 +1145,7 @@ static int take_back_all_locked(cuh_heap_t *h)
              * blocks may be unmapped before. */
             for (size_t e = 0; e < n; e++)
                 if (running[e]) {
-                    unsettled_add_locked(h, *running[e]);
+                    unsettled_add_locked(h, *running[e], where[e]);
                     *running[e] = NULL;
                 }
         }
@@ -1483,6 +1496,7 @@ void cuh_heap_destroy(cuh_heap_t *h)
     for (size_t i = 0; i < h->num_unsettled; i++)
         h->dev->ops->event_destroy(h->dev, h->unsettled[i]);
     free(h->unsettled);
+    free(h->unsettled_streams);
     pthread_mutex_destroy(&h->lock);
     free(h);
 }
