@@ -743,25 +743,37 @@ static size_t release_free_segments_locked(cuh_heap_t *h)
 
 static uintptr_t page_va(const cuh_heap_t *h, size_t p) { return h->vm->base + (uintptr_t)p * h->vm_page; }
 
-/* Waits (the CPU) for the work that blocks a take-back returned may still
- * see: unmapping is not stream-ordered, so no page of theirs may move before
- * it is done. Rare: pages move only when the heap holds more than it may. */
-static void settle_unsettled_locked(cuh_heap_t *h)
+/* The work that blocks a take-back returned may still see: unmapping is not
+ * stream-ordered, so no page of theirs may move before it is done. Drops
+ * the events that have completed; with `wait`, the CPU waits for the rest.
+ * 1 when none is left. */
+static int settle_unsettled_locked(cuh_heap_t *h, int wait)
 {
+    size_t kept = 0;
     for (size_t i = 0; i < h->num_unsettled; i++) {
-        if (h->dev->ops->event_query(h->dev, h->unsettled[i]) != CUH_DEV_OK)
-            h->dev->ops->event_wait(h->dev, h->unsettled[i]);
-        event_put_locked(h, h->unsettled[i]);
+        cuh_event_t e = h->unsettled[i];
+        if (h->dev->ops->event_query(h->dev, e) != CUH_DEV_OK && !wait) {
+            h->unsettled_streams[kept] = h->unsettled_streams[i];
+            h->unsettled[kept++] = e;
+            continue;
+        }
+        if (wait)
+            h->dev->ops->event_wait(h->dev, e);
+        event_put_locked(h, e);
     }
-    h->num_unsettled = 0;
+    h->num_unsettled = kept;
+    return kept == 0;
 }
 
 /* Unmaps up to `want` pages lying wholly inside global free extents of the
- * reservation; their physical pages go to out[]. Returns how many. */
-static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want)
+ * reservation; their physical pages go to out[]. Returns how many. While work
+ * a take-back left running may still see some of that memory, none unless
+ * `may_wait` (then the CPU waits for that work first): the caller gets new
+ * pages instead. */
+static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want, int may_wait)
 {
-    if (h->num_unsettled)
-        settle_unsettled_locked(h);
+    if (h->num_unsettled && !settle_unsettled_locked(h, may_wait))
+        return 0;
     size_t got = 0, page = h->vm_page;
     /* Oldest free memory first: the newest is the likeliest to be reused soon,
      * and taking its pages would only move them back again. */
@@ -811,7 +823,7 @@ static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, grow_res
      * device; above it, move free pages (each move is an unmap and a map). */
     size_t live_peak = cuh_max_size(h->allocated.peak, h->allocated.current + size);
     int move_first = (double)(reserved_bytes(h) + need * page) > (double)live_peak * (1.0 + h->cfg.vmm_margin);
-    size_t got = move_first ? steal_pages_locked(h, handles, need) : 0;
+    size_t got = move_first ? steal_pages_locked(h, handles, need, 0) : 0;
     if (got < need && move_first && !h->captures) {
         /* Memory freed on streams becomes stealable once their work is done:
          * fence them all (our own too: unmapping is not stream-ordered). */
@@ -819,12 +831,12 @@ static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, grow_res
             if (!h->streams[i]->num_fences)
                 stream_fence_locked(h, h->streams[i]);
         if (poll_all_locked(h, 0))
-            got += steal_pages_locked(h, handles + got, need - got);
+            got += steal_pages_locked(h, handles + got, need - got, 0);
     }
     while (got < need) {
         if (!move_first && got == 0 && h->limit && reserved_bytes(h) + need * page > h->limit) {
             /* The limit would refuse: move free pages after all. */
-            got = steal_pages_locked(h, handles, need);
+            got = steal_pages_locked(h, handles, need, 1);
             move_first = 1;
             continue;
         }
@@ -846,7 +858,7 @@ static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, grow_res
     }
     if (got < need && *why != GROW_ERROR && !h->captures) {
         settle_all_locked(h);
-        got += steal_pages_locked(h, handles + got, need - got);
+        got += steal_pages_locked(h, handles + got, need - got, 1);
     }
     /* Map what there is. On a shortfall the caller frees the block: the pages
      * mapped behind it stay there, cached, not lost. */
@@ -874,6 +886,18 @@ static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, grow_res
     return ok;
 }
 
+/* 1 if a block at [addr, addr + size) of the reservation lacks a page. */
+static int needs_pages_locked(const cuh_heap_t *h, uintptr_t addr, size_t size)
+{
+    size_t page = h->vm_page;
+    size_t first = (size_t)(addr - h->vm->base) / page;
+    size_t end = (size_t)(addr + size - h->vm->base + page - 1) / page;
+    for (size_t p = first; p < end; p++)
+        if (p >= h->pages_high || !h->page_handle[p])
+            return 1;
+    return 0;
+}
+
 /* Returns to the device every page lying wholly inside global free memory
  * of the reservation; the count. */
 static size_t release_free_pages_locked(cuh_heap_t *h)
@@ -882,7 +906,7 @@ static size_t release_free_pages_locked(cuh_heap_t *h)
         return 0;
     uint64_t batch[256];
     size_t released = 0, n;
-    while ((n = steal_pages_locked(h, batch, 256)) > 0) {
+    while ((n = steal_pages_locked(h, batch, 256, 1)) > 0) {
         for (size_t i = 0; i < n; i++)
             h->dev->ops->vm_release(h->dev, batch[i]);
         h->physical_pages -= n;
@@ -1194,6 +1218,7 @@ static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
      * allocations per known stream, and always before growing. PyTorch
      * creates 32 streams for its pool, used or not. */
     cuh_extent_t *e;
+    int tried_vm_take_back = 0;
     if (h->held_bytes >= size) {
         if (!other_streams_locked(h)) {
             take_back_all_locked(h);
@@ -1207,6 +1232,7 @@ static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
     e = find_fit_locked(h, size, align, st->tag);
     if (cuh_likely(e != NULL))
         goto hit;
+retry_after_take_back:
     if (poll_all_locked(h, 0) && (e = find_fit_locked(h, size, align, st->tag)))
         goto hit;
     if (fence_others_locked(h, st, size) && poll_all_locked(h, 0) &&
@@ -1254,6 +1280,16 @@ grown:
         goto host_oom;
     return e;
 hit:
+    /* Under vmm:1 a fit in unmapped address space is growth too: memory
+     * cudaFree gave back comes first there as well. */
+    if (cuh_unlikely(e->segment->virtual_space) && h->held_bytes >= size && !tried_vm_take_back &&
+        needs_pages_locked(h, e->addr, size)) {
+        tried_vm_take_back = 1;
+        if (take_back_all_locked(h) && (e = find_fit_locked(h, size, align, st->tag)))
+            goto hit;
+        if (!(e = find_fit_locked(h, size, align, st->tag)))
+            goto retry_after_take_back;
+    }
     e = take_locked(h, e, size, align, state, st);
     if (!e)
         goto host_oom;

@@ -460,10 +460,37 @@ static void test_device_wide_malloc_waits_for_a_batch_rather_than_grow(void **st
     }
 }
 
+/* Under vmm:1 a fit in address space without pages is growth: cudaFree'd
+ * memory waiting for the GPU is taken back first, even when take-backs are
+ * rationed (other streams known), and the block reuses its pages. */
+static void test_vmm_takes_cudafree_memory_back_before_new_pages(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, "vmm:1,small_max:0");
+    cuh_sim_hold_events(t.dev, 1);
+    assert_int_equal(cuh_heap_register_stream(t.heap, S3), CUHEAP_OK);
+    uintptr_t a, b;
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &a), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &b), CUHEAP_OK);
+    cuh_sim_counters(t.dev, &c1);
+    assert_int_equal(b, a);
+    assert_int_equal(c1.vm_creates, c0.vm_creates);   /* no new pages */
+    assert_true(c1.stream_waits > c0.stream_waits);   /* the GPU, not the CPU, waits */
+    assert_int_equal(c1.event_waits, c0.event_waits);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, b), CUHEAP_OK);
+    heap_ok(t.heap);
+    cuh_sim_complete_all(t.dev);
+    test_heap_free(&t);
+}
+
 /* vmm:1 and cudaFree: a take-back makes blocks reusable in stream order while
  * the GPU may still run work issued before their frees, but unmapping a page
- * is not stream-ordered. Before a page of such memory moves, the CPU waits
- * for that work (once per stream's running event); without it a kernel could
+ * is not stream-ordered. While that work runs, the heap takes new pages
+ * rather than move such memory's pages (and never makes the CPU wait for
+ * it); once the work is done, the pages move. Without this a kernel could
  * see its memory unmapped under it. */
 static void test_vmm_pages_of_taken_back_memory_move_only_after_their_work(void **state)
 {
@@ -473,7 +500,7 @@ static void test_vmm_pages_of_taken_back_memory_move_only_after_their_work(void 
         cuh_sim_hold_events(t.dev, 1);
         if (others)
             assert_int_equal(cuh_heap_register_stream(t.heap, S3), CUHEAP_OK);
-        uintptr_t a, b, x, y;
+        uintptr_t a, b, x, y, w;
         assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &a), CUHEAP_OK);
         assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &b), CUHEAP_OK);
         assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);
@@ -484,11 +511,21 @@ static void test_vmm_pages_of_taken_back_memory_move_only_after_their_work(void 
         cuh_sim_counters_t c0, c1;
         cuh_sim_counters(t.dev, &c0);
         /* y needs 32 pages and the heap may hold no more than it has had
-         * live: a's free pages move behind y, after a's work is done. */
+         * live, but a's free pages may still be in use: new ones. */
         assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &y), CUHEAP_OK);
         cuh_sim_counters(t.dev, &c1);
-        assert_true(c1.vm_unmaps > c0.vm_unmaps);   /* pages did move */
-        assert_int_equal(c1.event_waits - c0.event_waits, others ? 2 : 1);
+        assert_int_equal(c1.vm_unmaps, c0.vm_unmaps);
+        assert_true(c1.vm_creates > c0.vm_creates);
+        assert_int_equal(c1.event_waits, c0.event_waits);
+        /* The GPU passes the frees: now a's free pages move behind w (too
+         * large for a's 32 MiB hole). */
+        cuh_sim_complete_all(t.dev);
+        cuh_sim_counters(t.dev, &c0);
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 48 * MiB, &w), CUHEAP_OK);
+        cuh_sim_counters(t.dev, &c1);
+        assert_true(c1.vm_unmaps > c0.vm_unmaps);
+        assert_int_equal(c1.event_waits, c0.event_waits);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, w), CUHEAP_OK);
         /* Many take-backs and no page moves: the events kept stay one per
          * stream, the newest, not one per take-back. */
         for (int i = 0; i < 100; i++) {
@@ -1475,6 +1512,7 @@ int main(void)
         cmocka_unit_test(test_poll_sends_a_rationed_batch_out),
         cmocka_unit_test(test_allow_peer_grants_mapped_and_later_pages),
         cmocka_unit_test(test_vmm_pages_of_taken_back_memory_move_only_after_their_work),
+        cmocka_unit_test(test_vmm_takes_cudafree_memory_back_before_new_pages),
         cmocka_unit_test(test_concurrent_threads_never_share_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
