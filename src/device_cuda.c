@@ -677,19 +677,23 @@ static void cuda_vm_release(cuh_device_t *dev, uint64_t handle)
     (void)r;
 }
 
+/* Read-write access for device `id`. */
+static void cuda_access_desc(cuh_CUmemAccessDesc *out, int id)
+{
+    memset(out, 0, sizeof *out);
+    out->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    out->location.id = id;
+    out->flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+}
+
 /* Read-write access for the device and its peers: up to 65 descriptors. */
 static size_t cuda_access_list(const cuh_cuda_device_t *d, cuh_CUmemAccessDesc *out)
 {
     size_t n = 0;
-    for (int id = -1; id < 64; id++) {
-        if (id >= 0 && !(d->peers >> id & 1))
-            continue;
-        memset(&out[n], 0, sizeof out[n]);
-        out[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        out[n].location.id = id < 0 ? d->base.ordinal : id;
-        out[n].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        n++;
-    }
+    cuda_access_desc(&out[n++], d->base.ordinal);
+    for (int id = 0; id < 64; id++)
+        if (d->peers >> id & 1)
+            cuda_access_desc(&out[n++], id);
     return n;
 }
 
@@ -704,10 +708,7 @@ static cuh_dev_status_t cuda_vm_allow_peer(cuh_device_t *dev, int peer, uintptr_
     if (!size)
         return CUH_DEV_OK;
     cuh_CUmemAccessDesc access;
-    memset(&access, 0, sizeof access);
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = peer;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    cuda_access_desc(&access, peer);
     CUresult r;
     CUDA_VM_CALL(d, r, g_cu.cuMemSetAccess((CUdeviceptr)va, size, &access, 1));
     if (r != CUDA_SUCCESS) {

@@ -267,6 +267,13 @@ static inline void refresh_stats_locked(cuh_heap_t *h)
 
 /* ---- events and streams ------------------------------------------------------ */
 
+/* With streams besides the default one known, a take-back (and a batch
+ * close) costs calls on every stream: at most one per TAKE_BACK_EVERY
+ * allocations per known stream. A poll closes a batch at most once per
+ * POLL_CLOSE_SECONDS. */
+#define TAKE_BACK_EVERY 1u
+#define POLL_CLOSE_SECONDS 0.001
+
 static cuh_event_t event_get_locked(cuh_heap_t *h)
 {
     if (h->num_spare_events)
@@ -1079,19 +1086,6 @@ static int other_streams_locked(const cuh_heap_t *h)
     return next_live_stream(h, &i, &first) && first != 0;
 }
 
-/* Device-wide frees (cudaFree under LD_PRELOAD) wait in batches until the
- * GPU has passed them. A program that frees and allocates as it goes -
- * PyTorch without its cache: a cudaFree per tensor - would otherwise make
- * the heap grow by everything the CPU has freed ahead of the GPU. So the
- * batches can be taken back at once, all together, and the GPU, not the CPU,
- * waits: every stream cuheap knows, and the legacy default stream (which
- * every blocking stream waits for), gets a wait on the newest event still
- * running on each other stream - a later event on a stream stands for the
- * earlier ones - so no work issued from now on (the only work that can touch
- * a block handed out now) runs before the work issued before the frees has
- * finished. Idle streams cost one event query each and no wait. Only when a
- * wait cannot be enqueued does the CPU wait. Returns 1 when memory came back
- * (try again), 0 when there was none to take (or wait_before_grow:0). */
 /* Keeps `e`, recorded on `stream`, until it completes
  * (settle_unsettled_locked): one per stream, the newest, since work on a
  * stream completes in order; if there is no room to keep it, waits for it
@@ -1122,10 +1116,19 @@ static void unsettled_add_locked(cuh_heap_t *h, cuh_event_t e, cuh_stream_t stre
     h->unsettled[h->num_unsettled++] = e;
 }
 
-#define POLL_CLOSE_SECONDS 0.001
-#ifndef TAKE_BACK_EVERY
-#define TAKE_BACK_EVERY 1u
-#endif
+/* Device-wide frees (cudaFree under LD_PRELOAD) wait in batches until the
+ * GPU has passed them. A program that frees and allocates as it goes -
+ * PyTorch without its cache: a cudaFree per tensor - would otherwise make
+ * the heap grow by everything the CPU has freed ahead of the GPU. So the
+ * batches can be taken back at once, all together, and the GPU, not the CPU,
+ * waits: every stream cuheap knows, and the legacy default stream (which
+ * every blocking stream waits for), gets a wait on the newest event still
+ * running on each other stream - a later event on a stream stands for the
+ * earlier ones - so no work issued from now on (the only work that can touch
+ * a block handed out now) runs before the work issued before the frees has
+ * finished. Idle streams cost one event query each and no wait. Only when a
+ * wait cannot be enqueued does the CPU wait. Returns 1 when memory came back
+ * (try again), 0 when there was none to take (or wait_before_grow:0). */
 static int take_back_all_locked(cuh_heap_t *h)
 {
     if (!h->cfg.wait_before_grow || h->captures || (!h->open_batch && !h->closed_batches))
@@ -1133,28 +1136,26 @@ static int take_back_all_locked(cuh_heap_t *h)
     batch_close_locked(h);   /* may finish it at once */
     const int others = other_streams_locked(h);
     if (h->closed_batches && (others || h->vm)) {
-        /* The newest running event of each stream, newest batch first. */
+        /* The newest event of each stream (batches are oldest first, so a
+         * later one takes its stream's place); NULL once it has completed. */
         size_t cap = h->num_streams + 1, n = 0;
-        cuh_event_t **running = malloc(cap * sizeof *running);   /* its slot in its batch; NULL: complete */
+        cuh_event_t **running = malloc(cap * sizeof *running);   /* its slot in its batch */
         cuh_stream_t *where = malloc(cap * sizeof *where);
-        size_t num_batches = 0;
-        for (free_batch_t *b = h->closed_batches; b; b = b->next)
-            num_batches++;
         int waited = running && where;
-        for (size_t k = num_batches; waited && k-- > 0;) {
-            free_batch_t *b = h->closed_batches;
-            for (size_t j = 0; j < k; j++)
-                b = b->next;
+        for (free_batch_t *b = h->closed_batches; waited && b; b = b->next)
             for (size_t e = 0; e < b->num_events; e++) {
-                size_t seen = 0;
-                while (seen < n && where[seen] != b->event_streams[e])
-                    seen++;
-                if (seen == n && n < cap) {   /* complete: none older on its stream runs */
-                    where[n] = b->event_streams[e];
-                    running[n++] = h->dev->ops->event_query(h->dev, b->events[e]) != CUH_DEV_OK ? &b->events[e] : NULL;
-                }
+                size_t k = 0;
+                while (k < n && where[k] != b->event_streams[e])
+                    k++;
+                if (k == cap)
+                    continue;
+                if (k == n)
+                    where[n++] = b->event_streams[e];
+                running[k] = &b->events[e];
             }
-        }
+        for (size_t e = 0; waited && e < n; e++)
+            if (h->dev->ops->event_query(h->dev, *running[e]) == CUH_DEV_OK)
+                running[e] = NULL;   /* complete: none older on its stream runs */
         for (size_t e = 0; others && waited && e < n; e++) {
             cuh_stream_t waiter;
             for (uint32_t i = 0; waited && running[e] && next_live_stream(h, &i, &waiter);)
@@ -1285,9 +1286,8 @@ hit:
     if (cuh_unlikely(e->segment->virtual_space) && h->held_bytes >= size && !tried_vm_take_back &&
         needs_pages_locked(h, e->addr, size)) {
         tried_vm_take_back = 1;
-        if (take_back_all_locked(h) && (e = find_fit_locked(h, size, align, st->tag)))
-            goto hit;
-        if (!(e = find_fit_locked(h, size, align, st->tag)))
+        /* The extents may have merged: find the fit again. */
+        if (take_back_all_locked(h) && !(e = find_fit_locked(h, size, align, st->tag)))
             goto retry_after_take_back;
     }
     e = take_locked(h, e, size, align, state, st);
