@@ -7,6 +7,8 @@
 #     mixed, 1 and 16 threads (ALLOC_PAIRS pairs per thread, default 20000);
 #  2. bench/gpu/sync_costs.cu: what an event record, query and stream wait
 #     cost (the figures behind cuheap's cudaFree bookkeeping);
+#     bench/gpu/vm_costs.cu: what mapping, granting access to and unmapping a
+#     page of virtual memory cost (the price of a page moved under vmm:1);
 #  3. where PyTorch is installed, bench/torch/run_modes.py: the training jobs
 #     (BENCH_JOBS, default resnet50,gpt2,bert_varlen,llama_ckpt,kv_generate)
 #     under BENCH_MODES (default native,expandable,async,cuheap,preload),
@@ -32,12 +34,16 @@ make lib BUILD="$BUILD"
 "$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 -Iinclude bench/gpu/alloc_latency.cu "$BUILD"/libcuheap.a \
     -ldl -lpthread -o "$BUILD"/alloc_latency
 "$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 bench/gpu/sync_costs.cu -o "$BUILD"/sync_costs
+"$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 bench/gpu/vm_costs.cu -lcuda -o "$BUILD"/vm_costs
 
 section "allocation latency (bench/gpu/alloc_latency.cu)"
 timeout 300 "$BUILD"/alloc_latency --pairs "${ALLOC_PAIRS:-20000}" || rc=1
 
 section "event and stream-wait costs (bench/gpu/sync_costs.cu)"
 timeout 60 "$BUILD"/sync_costs || rc=1
+
+section "virtual-memory page costs (bench/gpu/vm_costs.cu)"
+timeout 120 "$BUILD"/vm_costs || rc=1
 
 if [[ "${GPU_TORCH:-1}" != 0 ]] && python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     section "training jobs (bench/torch/run_modes.py)"

@@ -463,9 +463,10 @@ static void print_json(const result_t *r)
             run->stats.num_cache_hits);
     fprintf(f,
             ",\"device_calls\":{\"event_records\":%" PRIu64 ",\"event_queries\":%" PRIu64
-            ",\"stream_waits\":%" PRIu64 ",\"cpu_waits\":%" PRIu64 ",\"synchronizes\":%" PRIu64 "}",
+            ",\"stream_waits\":%" PRIu64 ",\"cpu_waits\":%" PRIu64 ",\"synchronizes\":%" PRIu64
+            ",\"page_maps\":%" PRIu64 ",\"page_unmaps\":%" PRIu64 "}",
             run->device.events_recorded, run->device.event_queries, run->device.stream_waits,
-            run->device.event_waits, run->device.synchronizes);
+            run->device.event_waits, run->device.synchronizes, run->device.vm_maps, run->device.vm_unmaps);
     if (t->pytorch_peak_reserved) {
         fprintf(f, ",\"pytorch_peak_reserved\":%" PRIu64, t->pytorch_peak_reserved);
         if (t->peak_live)

@@ -1,0 +1,97 @@
+// vm_costs.cu - what moving a page of CUDA virtual memory costs on a real GPU.
+//
+// Under vmm:1 cuheap moves free physical pages to where a block needs them:
+// an unmap at the old address, a map and an access grant at the new one (see
+// heap.c, map_range_locked). This measures each driver call per page of the
+// device's granularity, and what granting access once over a run of pages
+// costs instead of once per page, while the GPU is idle and while a kernel
+// runs on another stream (the driver may serialize with running work).
+// Prints microseconds per page (median of 5 rounds over 512 pages).
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#define CHECK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { const char *s_ = "?"; \
+    cuGetErrorString(r_, &s_); fprintf(stderr, "%s: %s\n", #x, s_); return 1; } } while (0)
+
+__global__ void spin(long long cycles) { long long t = clock64(); while (clock64() - t < cycles) {} }
+
+static double now_us()
+{
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+static double median(std::vector<double> v)
+{
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+int main()
+{
+    const int PAGES = 512, ROUNDS = 5;
+    cudaFree(0);   // the primary context
+    CUdevice dev;
+    CHECK(cuCtxGetDevice(&dev));
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = (int)dev;
+    size_t page = 0;
+    CHECK(cuMemGetAllocationGranularity(&page, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    CUmemAccessDesc access = {};
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    std::vector<CUmemGenericAllocationHandle> h(PAGES);
+    for (auto &x : h) CHECK(cuMemCreate(&x, page, &prop, 0));
+    CUdeviceptr va;
+    CHECK(cuMemAddressReserve(&va, page * PAGES, 0, 0, 0));
+    cudaStream_t busy;
+    cudaStreamCreateWithFlags(&busy, cudaStreamNonBlocking);
+
+    printf("page %zu KiB, %d pages per round, median of %d rounds\n\n", page >> 10, PAGES, ROUNDS);
+    printf("| call, per page | GPU idle (us) | kernel running (us) |\n|---|---|---|\n");
+    double res[4][2];
+    for (int busy_gpu = 0; busy_gpu < 2; busy_gpu++) {
+        std::vector<double> map, grant_each, grant_run, unmap;
+        for (int round = 0; round < ROUNDS; round++) {
+            if (busy_gpu) spin<<<1, 1, 0, busy>>>(2000000000LL);   // about 1 s
+            // map + access per page (cuheap's vm_map today)
+            double t0 = now_us();
+            for (int i = 0; i < PAGES; i++) CHECK(cuMemMap(va + i * page, page, 0, h[i], 0));
+            double t1 = now_us();
+            for (int i = 0; i < PAGES; i++) CHECK(cuMemSetAccess(va + i * page, page, &access, 1));
+            double t2 = now_us();
+            for (int i = 0; i < PAGES; i++) CHECK(cuMemUnmap(va + i * page, page));
+            double t3 = now_us();
+            // map every page, then one grant over the whole run
+            for (int i = 0; i < PAGES; i++) CHECK(cuMemMap(va + i * page, page, 0, h[i], 0));
+            double t4 = now_us();
+            CHECK(cuMemSetAccess(va, page * PAGES, &access, 1));
+            double t5 = now_us();
+            for (int i = 0; i < PAGES; i++) CHECK(cuMemUnmap(va + i * page, page));
+            map.push_back((t1 - t0) / PAGES);
+            grant_each.push_back((t2 - t1) / PAGES);
+            unmap.push_back((t3 - t2) / PAGES);
+            grant_run.push_back((t5 - t4) / PAGES);
+            if (busy_gpu) cudaStreamSynchronize(busy);
+        }
+        res[0][busy_gpu] = median(map);
+        res[1][busy_gpu] = median(grant_each);
+        res[2][busy_gpu] = median(grant_run);
+        res[3][busy_gpu] = median(unmap);
+    }
+    const char *names[4] = {"cuMemMap", "cuMemSetAccess, one call per page",
+                            "cuMemSetAccess, one call over the run", "cuMemUnmap"};
+    for (int k = 0; k < 4; k++) printf("| %s | %.2f | %.2f |\n", names[k], res[k][0], res[k][1]);
+    printf("| a page moved today (unmap + map + access per page) | %.2f | %.2f |\n",
+           res[3][0] + res[0][0] + res[1][0], res[3][1] + res[0][1] + res[1][1]);
+    printf("| a page moved, access granted over the run | %.2f | %.2f |\n",
+           res[3][0] + res[0][0] + res[2][0], res[3][1] + res[0][1] + res[2][1]);
+    for (auto &x : h) cuMemRelease(x);
+    cuMemAddressFree(va, page * PAGES);
+    return 0;
+}
