@@ -1290,6 +1290,36 @@ static void test_vmm_moves_a_page_only_after_the_work_on_it_finished(void **stat
     test_heap_free(&t);
 }
 
+static void test_vmm_prefers_a_fit_on_mapped_pages_to_moving_pages(void **state)
+{
+    (void)state;
+    /* Room for ten pages. A and C (4 pages each) are freed; E (8 pages)
+     * takes their pages, leaving two 4-page holes without pages. When E is
+     * freed its pages stay behind it. A 4-page request must then land on
+     * E's mapped pages, not in the best-fitting hole, which would move four
+     * pages (an unmap, a map and an access grant each). */
+    test_heap_t t = test_heap_new(GiB, "vmm:1,small_max:0,vmm_margin:0,limit:20M");
+    uintptr_t a = must_alloc(t.heap, 8 * MiB, S1);
+    uintptr_t b = must_alloc(t.heap, 2 * MiB, S1);
+    uintptr_t c = must_alloc(t.heap, 8 * MiB, S1);
+    must_free(t.heap, a, S1);
+    must_free(t.heap, c, S1);
+    uintptr_t e = must_alloc(t.heap, 16 * MiB, S1);
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    assert_int_equal(c0.vm_unmaps, 8);   /* A's and C's pages moved behind E */
+    must_free(t.heap, e, S1);
+    uintptr_t f = must_alloc(t.heap, 8 * MiB, S1);
+    cuh_sim_counters(t.dev, &c1);
+    assert_int_equal(c1.vm_unmaps, c0.vm_unmaps);
+    assert_int_equal(c1.vm_maps, c0.vm_maps);
+    assert_true(f >= e && f + 8 * MiB <= e + 16 * MiB);
+    heap_ok(t.heap);
+    must_free(t.heap, f, S1);
+    must_free(t.heap, b, S1);
+    test_heap_free(&t);
+}
+
 static void test_vmm_release_cached_returns_free_pages(void **state)
 {
     (void)state;
@@ -1498,6 +1528,7 @@ int main(void)
         cmocka_unit_test(test_vmm_checkerboard_then_larger_blocks_fit_in_live_plus_two_pages),
         cmocka_unit_test(test_vmm_moves_a_page_only_after_the_work_on_it_finished),
         cmocka_unit_test(test_vmm_release_cached_returns_free_pages),
+        cmocka_unit_test(test_vmm_prefers_a_fit_on_mapped_pages_to_moving_pages),
         cmocka_unit_test(test_vmm_random_operations_keep_pages_behind_every_block),
         cmocka_unit_test(test_random_operations_on_three_streams_keep_the_books),
         cmocka_unit_test(test_device_wide_free_waits_for_every_stream_without_blocking),
