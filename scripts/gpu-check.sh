@@ -9,8 +9,11 @@
 # is installed); then, where PyTorch with CUDA is installed,
 # tests/gpu/torch_checks.py and the training jobs of bench/torch (cuheap as
 # PyTorch's pluggable allocator beside its native, expandable_segments and
-# cudaMallocAsync modes). It ends with a table. Every step is bounded; the
-# whole takes about 9 minutes on an H200 (GPU_PARTS runs parts of it).
+# cudaMallocAsync modes), and cuheap with vmm:1 under a memory limit of
+# 1.05x the job's peak live bytes beside the native allocator at that limit.
+# It ends with a table. Every step is bounded; the whole takes about 12
+# minutes on an H200 (GPU_PARTS runs parts of it; GPU_PARTS=api,preload with
+# GPU_TORCH=0 about 30 seconds).
 #
 # Exit status: 0 only if every part passed.
 #
@@ -187,6 +190,14 @@ if [[ "${GPU_TORCH:-1}" != 0 ]] && python3 -c 'import torch, sys; sys.exit(0 if 
         run_logged "$BUILD/torch_jobs.log" timeout 420 python3 bench/torch/run_modes.py --jobs resnet50,gpt2,bert_varlen \
             --modes native,expandable,async,cuheap,cuheap-vmm --steps "$TORCH_STEPS" --out "$BUILD/torch_jobs.json"
         row "PyTorch jobs (plugin)" "$RUN_RC" "$RUN_SECS" "table above"
+        # vmm:1 under a memory limit of 1.05x the native run's peak live
+        # bytes, beside PyTorch's native allocator at the same limit
+        # (set_per_process_memory_fraction): an OOM there is a result.
+        section "PyTorch training jobs under a memory limit (1.05x live): cuheap vmm:1 beside native"
+        run_logged "$BUILD/torch_limit.log" timeout 420 python3 bench/torch/run_modes.py --jobs resnet50,gpt2,bert_varlen \
+            --modes native,cuheap,cuheap-vmm-limit,native-limit --limit-live 1.05 --steps "$TORCH_STEPS" \
+            --out "$BUILD/torch_limit.json"
+        row "PyTorch jobs under a 1.05x-live limit" "$RUN_RC" "$RUN_SECS" "table above"
         section "PyTorch side-stream prefetch and CUDA graph jobs"
         run_logged "$BUILD/torch_jobs2.log" timeout 150 python3 bench/torch/run_modes.py --jobs sidestream,graph \
             --modes native,cuheap,cuheap-vmm --steps "$TORCH_STEPS" --out "$BUILD/torch_jobs2.json"

@@ -17,6 +17,14 @@ runs), expandable (expandable_segments:True), async
 same with CUHEAP_CONF=vmm:1), preload (LD_PRELOAD=build/libcuheap.so with
 PYTORCH_NO_CUDA_MEMORY_CACHING=1: every tensor is a cudaMalloc served by
 cuheap), preload-caching (LD_PRELOAD with PyTorch's caching left on).
+
+Any mode with "-limit" appended (native-limit, expandable-limit,
+cuheap-limit, cuheap-vmm-limit, ...) runs under a memory limit of
+--limit-live times the peak live bytes of the job's native run in the same
+invocation (so native must come first): PyTorch's own modes through
+set_per_process_memory_fraction, cuheap's through CUHEAP_CONF limit:BYTES.
+An out-of-memory there is a result (the step it happened at), and the
+allocator's cache-release retries are shown beside it.
 """
 
 import argparse
@@ -29,9 +37,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
-def environment(mode):
+def environment(mode, limit=None):
+    """The environment of `mode`; a *-limit mode needs `limit` (bytes)."""
+    if mode.endswith("-limit"):
+        if limit is None:
+            raise SystemExit("mode %s needs a limit: run native first, with --limit-live" % mode)
+        env = environment(mode[:-len("-limit")])
+        env["CUHEAP_BENCH_LIMIT"] = str(int(limit))
+        if "CUHEAP_TORCH" in env or "LD_PRELOAD" in env:
+            conf = env.get("CUHEAP_CONF")
+            env["CUHEAP_CONF"] = (conf + "," if conf else "") + "limit:%d" % int(limit)
+        return env
     env = dict(os.environ)
-    for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING", "CUHEAP_TORCH", "CUHEAP_CONF", "LD_PRELOAD"):
+    for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING", "CUHEAP_TORCH", "CUHEAP_CONF", "LD_PRELOAD",
+              "CUHEAP_BENCH_LIMIT"):
         env.pop(k, None)
     env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"   # deterministic cuBLAS
     env["PYTHONUNBUFFERED"] = "1"
@@ -55,10 +74,13 @@ def environment(mode):
     return env
 
 
-def run(job, mode, steps, seed, timeout):
+def run(job, mode, steps, seed, timeout, limit=None):
     cmd = [sys.executable, os.path.join(HERE, "train_job.py"), "--job", job, "--steps", str(steps),
            "--seed", str(seed)]
-    p = subprocess.run(cmd, env=environment(mode), capture_output=True, text=True, timeout=timeout)
+    if mode.endswith("-limit") and limit is None:
+        return {"job": job, "mode": mode, "error": "no limit: the job's native run (first, with --limit-live) failed "
+                "or did not run", "returncode": None}
+    p = subprocess.run(cmd, env=environment(mode, limit), capture_output=True, text=True, timeout=timeout)
     lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
     if p.returncode != 0 or not lines:
         return {"job": job, "mode": mode, "error": (p.stderr or p.stdout)[-2000:], "returncode": p.returncode}
@@ -102,14 +124,21 @@ def table(results):
             rows.append("| %s | %s | failed | | | | | %s |" % (r["job"], r["mode"], r["error"].strip().splitlines()[-1][:120]))
             continue
         n = native.get(r["job"])
-        ratio = "%.3f" % (r["step_ms"] / n["step_ms"]) if n else "-"
-        same = "-" if not n or r is n else losses_vs_native(r, n, again.get(r["job"]))
+        ratio = "%.3f" % (r["step_ms"] / n["step_ms"]) if n and r.get("step_ms") else "-"
+        same = "-" if not n or r is n or r.get("oom") else losses_vs_native(r, n, again.get(r["job"]))
         frag = "%.3f" % (r["peak_reserved"] / r["peak_live"]) if r["peak_reserved"] and r["peak_live"] else "-"
-        notes = ""
+        notes = []
         if "mismatches" in r:
-            notes = "graph replay mismatches: %d" % r["mismatches"]
-        rows.append("| %s | %s | %.1f | %s | %s | %s | %s | %s |" % (
-            r["job"], r["mode"], r["step_ms"], ratio, gib(r["peak_reserved"]), frag, same, notes))
+            notes.append("graph replay mismatches: %d" % r["mismatches"])
+        if r.get("limit"):
+            notes.append("limit %s GiB" % gib(r["limit"]))
+        if r.get("oom"):
+            notes.append("OUT OF MEMORY at step %d: %s" % (r["oom"]["step"], r["oom"]["error"][:80]))
+        if r.get("retries"):
+            notes.append("%d cache-release retries" % r["retries"])
+        step = "%.1f" % r["step_ms"] if r.get("step_ms") else "-"
+        rows.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            r["job"], r["mode"], step, ratio, gib(r["peak_reserved"]), frag, same, "; ".join(notes)))
     return "\n".join(rows)
 
 
@@ -120,12 +149,17 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--limit-live", type=float, default=1.05,
+                    help="*-limit modes: the limit as a multiple of the native run's peak live bytes")
     ap.add_argument("--out", help="write every result as JSON here")
     args = ap.parse_args()
     results = []
     for job in args.jobs.split(","):
+        limit = None
         for mode in args.modes.split(","):
-            r = run(job, mode, args.steps, args.seed, args.timeout)
+            r = run(job, mode, args.steps, args.seed, args.timeout, limit)
+            if mode == "native" and "error" not in r and r.get("peak_live"):
+                limit = args.limit_live * r["peak_live"]
             print(json.dumps(r), file=sys.stderr, flush=True)
             results.append(r)
     if args.out:

@@ -24,7 +24,14 @@ Jobs (random data, fixed seeds, bf16 autocast as in bench/traces):
                cache, batch 8, prompt 64-512 tokens varying each step; the
                "loss" is the mean of the last logits
 Prints: job, mode, step times (median of the steps after 3 warm-up steps),
-losses (as float.hex, so runs compare bitwise), peak reserved and peak live.
+losses (as float.hex, so runs compare bitwise), peak reserved and peak live,
+the allocator's cache-release retries, and an out-of-memory as a result
+("oom": the step and PyTorch's message) rather than a crash.
+
+With CUHEAP_BENCH_LIMIT=BYTES (run_modes.py's *-limit modes) the job runs
+under a memory limit: PyTorch's own modes through
+set_per_process_memory_fraction, cuheap's through CUHEAP_CONF limit:BYTES
+(set by run_modes.py); the mode's name gets "-limit".
 """
 
 import argparse
@@ -65,7 +72,18 @@ def preload_stats():
     return st
 
 
+def memory_limit():
+    """The byte limit run_modes.py set for a *-limit mode (CUHEAP_BENCH_LIMIT), or None."""
+    v = os.environ.get("CUHEAP_BENCH_LIMIT")
+    return int(v) if v else None
+
+
 def mode_name():
+    name = base_mode_name()
+    return name + "-limit" if memory_limit() is not None else name
+
+
+def base_mode_name():
     if preloaded_cuheap() is not None:
         if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
             return "preload"
@@ -93,9 +111,28 @@ def peaks():
     if mode_name().startswith("cuheap"):
         stats = sys.modules["cuheap_torch"].memory_stats()
         return stats["reserved_bytes.all.peak"], stats["requested_bytes.all.peak"]
-    if mode_name() == "nocache":
+    if base_mode_name() == "nocache":
         return None, torch.cuda.max_memory_allocated()
     return torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()
+
+
+def retries():
+    """Times this process's allocator released its cache to retry an allocation."""
+    if mode_name().startswith("preload") or base_mode_name() == "nocache":
+        return None
+    if mode_name().startswith("cuheap"):
+        return sys.modules["cuheap_torch"].memory_stats()["num_alloc_retries"]
+    return torch.cuda.memory_stats().get("num_alloc_retries")
+
+
+def apply_limit():
+    """PyTorch's own modes under a *-limit mode: the same byte limit through
+    set_per_process_memory_fraction (cuheap modes get it through CUHEAP_CONF)."""
+    limit = memory_limit()
+    if limit is None or mode_name().startswith(("cuheap", "preload")):
+        return
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    torch.cuda.set_per_process_memory_fraction(limit / total)
 
 
 def optimize(opt, loss):
@@ -274,22 +311,36 @@ def main():
     torch.manual_seed(args.seed)
     torch.backends.cudnn.benchmark = False
     torch.use_deterministic_algorithms(True, warn_only=True)
+    apply_limit()
     step = JOBS[args.job](args.seed)
     losses, times = [], []
+    oom = None
     for i in range(args.steps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        loss = step(i)
-        torch.cuda.synchronize()
+        try:
+            loss = step(i)
+            torch.cuda.synchronize()
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            # Under a memory limit an OOM is a result, not a crash; any other
+            # error is re-raised.
+            text = str(e)
+            if not isinstance(e, torch.OutOfMemoryError) and "out of memory" not in text.lower() and \
+                    not (mode_name().startswith("cuheap") and
+                         sys.modules["cuheap_torch"].memory_stats()["num_ooms"] > 0):
+                raise
+            oom = {"step": i, "error": text.strip().splitlines()[0][:200]}
+            break
         times.append((time.perf_counter() - t0) * 1e3)
         losses.append(float(loss))
     reserved, live = peaks()
+    timed = times[3:] if len(times) > 3 else times
     result = {
         "job": args.job, "mode": mode_name(), "steps": args.steps,
-        "step_ms": statistics.median(times[3:]) if len(times) > 3 else statistics.median(times),
-        "losses": [x.hex() for x in losses], "last_loss": losses[-1],
-        "peak_reserved": reserved, "peak_live": live,
-        "torch": torch.__version__,
+        "step_ms": statistics.median(timed) if timed else None,
+        "losses": [x.hex() for x in losses], "last_loss": losses[-1] if losses else None,
+        "peak_reserved": reserved, "peak_live": live, "limit": memory_limit(), "retries": retries(),
+        "oom": oom, "torch": torch.__version__,
     }
     if hasattr(step, "state"):
         result.update(step.state)
