@@ -27,14 +27,15 @@
 # /usr/local/cuda/bin/nvcc), GPU_ARCH (default sm_90), GPU_CHECK_OPS
 # (default 1000000), SANITIZER_OPS (default 20000), PRELOAD_OPS (default
 # 200000), GPU_TORCH=0 (skip the PyTorch parts), TORCH_STEPS (default 20),
-# GPU_PARTS (default "api,preload,torch": which parts to run), PRELOAD_JOBS
+# GPU_PARTS (default "api,preload,torch,ddp": which parts to run; ddp needs
+# two GPUs and is skipped on one), DDP_MODES (run_ddp.py modes), PRELOAD_JOBS
 # (default resnet50,gpt2,bert_varlen) and PRELOAD_MODES (default
 # native,preload,preload-caching; add native-again to judge losses that are
 # not bitwise reproducible against two native runs), run_modes.py names.
 set -euo pipefail
 
 BUILD="${1:-build}"
-GPU_PARTS="${GPU_PARTS:-api,preload,torch}"
+GPU_PARTS="${GPU_PARTS:-api,preload,torch,ddp}"
 PRELOAD_OPS="${PRELOAD_OPS:-200000}"
 part() { [[ ",$GPU_PARTS," == *",$1,"* ]]; }
 GPU_ARCH="${GPU_ARCH:-sm_90}"
@@ -202,6 +203,19 @@ if [[ "${GPU_TORCH:-1}" != 0 ]] && python3 -c 'import torch, sys; sys.exit(0 if 
         run_logged "$BUILD/torch_jobs2.log" timeout 150 python3 bench/torch/run_modes.py --jobs sidestream,graph \
             --modes native,cuheap,cuheap-vmm --steps "$TORCH_STEPS" --out "$BUILD/torch_jobs2.json"
         row "PyTorch side-stream and graph jobs" "$RUN_RC" "$RUN_SECS" "table above"
+    fi
+    if part ddp; then
+        # torchrun with DistributedDataParallel over NCCL, one process per
+        # GPU: needs two GPUs (the nvidia-h200-x2 machine).
+        if (( $(nvidia-smi -L 2>/dev/null | grep -c '^GPU') >= 2 )); then
+            section "DDP over two GPUs (torchrun, NCCL; NVLink multicast off)"
+            run_logged "$BUILD/torch_ddp.log" timeout 400 python3 bench/torch/run_ddp.py --jobs resnet50,gpt2 \
+                --modes "${DDP_MODES:-native,native-again,cuheap,preload-caching,preload}" --nproc 2 \
+                --steps "$TORCH_STEPS" --out "$BUILD/torch_ddp.json"
+            row "DDP, 2 GPUs" "$RUN_RC" "$RUN_SECS" "table above"
+        else
+            row "DDP, 2 GPUs" - - "skipped: fewer than two GPUs"
+        fi
     fi
     if part preload; then
         section "PyTorch training jobs under LD_PRELOAD (caching off and on) beside native"
