@@ -20,7 +20,7 @@ Jobs (random data, fixed seeds, bf16 autocast as in bench/traces):
                eager results computed the same way
   llama_ckpt   a Llama-style decoder (12 layers, width 1024) with gradient
                checkpointing, batch 8, sequence 256-2048 varying each step, AdamW
-  kv_generate  GPT-2 small generating 128 tokens greedily with a growing KV
+  kv_generate  GPT-2 small generating 48 tokens greedily with a growing KV
                cache, batch 8, prompt 64-512 tokens varying each step; the
                "loss" is the mean of the last logits
 Prints: job, mode, step times (median of the steps after 3 warm-up steps),
@@ -289,7 +289,7 @@ def make_kv_generate(seed):
         ids = torch.randint(0, 50257, (8, prompt), device="cuda", generator=g)
         past = None
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-            for _ in range(128):   # the cache grows by one token per step
+            for _ in range(48):   # the cache grows by one token per step
                 out = model(input_ids=ids, past_key_values=past, use_cache=True)
                 past = out.past_key_values
                 ids = out.logits[:, -1:].argmax(-1)
