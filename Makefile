@@ -126,7 +126,7 @@ FAKE_CUDART := $(BUILD)/fake/libcudart.so.13
 FAKE_DEV_LINKS := $(BUILD)/fake/libcudart.so $(BUILD)/fake/libcuda.so
 PRELOAD_DIR := $(BUILD)/tests/preload
 PRELOAD_PROGRAMS := $(PRELOAD_DIR)/runtime_shared $(PRELOAD_DIR)/runtime_static $(PRELOAD_DIR)/driver_checks \
-                    $(PRELOAD_DIR)/no_cuda $(PRELOAD_DIR)/rtld_next
+                    $(PRELOAD_DIR)/no_cuda $(PRELOAD_DIR)/rtld_next $(PRELOAD_DIR)/libnccl_fake.so
 PRELOAD_CFLAGS := -std=c11 -O1 -g -Wall -Wextra -Werror -Iinclude -Itests/fake -Itests/preload -pthread
 PRELOAD_SUPPORT := tests/preload/support.c tests/preload/support.h tests/fake/fake_cuda.h include/cuheap.h
 
@@ -151,6 +151,11 @@ $(PRELOAD_DIR)/runtime_static: tests/preload/runtime_checks.c tests/fake/fake_cu
 	@mkdir -p $(dir $@)
 	$(CC) $(PRELOAD_CFLAGS) -fvisibility=hidden -DFAKE_CUDART_STATIC -o $@ $< tests/preload/support.c \
 	    tests/fake/fake_cudart.c -ldl $(FAKE_RPATH)
+
+# A library with the runtime compiled in, as NCCL has it (see nccl_fake.c).
+$(PRELOAD_DIR)/libnccl_fake.so: tests/preload/nccl_fake.c tests/fake/fake_cudart.c tests/fake/fake_cudart.h
+	@mkdir -p $(dir $@)
+	$(CC) $(PRELOAD_CFLAGS) -shared -fPIC -fvisibility=hidden -DFAKE_CUDART_STATIC -o $@ $< tests/fake/fake_cudart.c -ldl
 
 $(PRELOAD_DIR)/driver_checks: tests/preload/driver_checks.c $(PRELOAD_SUPPORT) $(FAKE_CUDA) $(FAKE_DEV_LINKS)
 	@mkdir -p $(dir $@)

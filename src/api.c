@@ -195,9 +195,10 @@ cuheap_status_t cuheap_configure(const char *conf)
 }
 
 /* Allocates for `stream`, or device-wide (traces have no "every stream":
- * device-wide blocks are recorded on stream 0). */
+ * device-wide blocks are recorded on stream 0); a shareable block is
+ * device-wide and starts a segment of its own. */
 static cuheap_status_t alloc_block(const char *fn, void **ptr, size_t size, int device, int device_wide,
-                                   cuheap_stream_t stream)
+                                   int shareable, cuheap_stream_t stream)
 {
     if (!ptr) {
         cuh_set_error("%s: ptr is NULL", fn);
@@ -209,8 +210,12 @@ static cuheap_status_t alloc_block(const char *fn, void **ptr, size_t size, int 
     if (status != CUHEAP_OK)
         return status;
     uintptr_t addr = 0;
-    status = device_wide ? cuh_heap_malloc_device_wide(h, size, &addr)
-                         : cuh_heap_malloc(h, size, (cuh_stream_t)stream, &addr);
+    if (!device_wide)
+        status = cuh_heap_malloc(h, size, (cuh_stream_t)stream, &addr);
+    else if (shareable)
+        status = cuh_heap_malloc_shareable(h, size, &addr);
+    else
+        status = cuh_heap_malloc_device_wide(h, size, &addr);
     *ptr = (void *)addr;
     if (cuh_unlikely(status == CUHEAP_ERR_OUT_OF_MEMORY))
         explain_oom();
@@ -222,12 +227,12 @@ static cuheap_status_t alloc_block(const char *fn, void **ptr, size_t size, int 
 
 cuheap_status_t cuheap_malloc(void **ptr, size_t size, int device, cuheap_stream_t stream)
 {
-    return alloc_block("cuheap_malloc", ptr, size, device, 0, stream);
+    return alloc_block("cuheap_malloc", ptr, size, device, 0, 0, stream);
 }
 
 cuheap_status_t cuheap_malloc_device_wide(void **ptr, size_t size, int device)
 {
-    return alloc_block("cuheap_malloc_device_wide", ptr, size, device, 1, NULL);
+    return alloc_block("cuheap_malloc_device_wide", ptr, size, device, 1, 0, NULL);
 }
 
 /* Frees on `stream`, or device-wide; names the heap that owns a foreign
@@ -271,9 +276,9 @@ cuheap_status_t cuh_runtime_free_owned(const char *fn, void *ptr, int device_wid
 }
 
 cuheap_status_t cuh_runtime_malloc(const char *fn, void **ptr, size_t size, int device, int device_wide,
-                                   cuh_stream_t stream)
+                                   int shareable, cuh_stream_t stream)
 {
-    return alloc_block(fn, ptr, size, device, device_wide, (cuheap_stream_t)stream);
+    return alloc_block(fn, ptr, size, device, device_wide, shareable, (cuheap_stream_t)stream);
 }
 
 int cuh_runtime_owner(uintptr_t addr)

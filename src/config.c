@@ -68,6 +68,14 @@ static const option_t options[] = {
      "device allocation per new block size and up to 2 MiB of rounding per block. Not with vmm:1 "
      "or a workspace. 0: blocks share segments; IPC handles are refused for blocks that do not "
      "start theirs."},
+    {"ipc_callers", KIND_PATH, offsetof(cuh_config_t, ipc_callers), "libnccl",
+     "Under LD_PRELOAD: a cudaMalloc or cuMemAlloc called from a shared library whose file "
+     "name contains this text gets a segment of its own that it starts, as with ipc_safe:1, "
+     "so that the library can share the block with other processes through "
+     "cudaIpcGetMemHandle. NCCL does so with its buffers when they come from cudaMalloc "
+     "(NCCL_CUMEM_ENABLE=0, and NCCL versions that do not use cuMem by default); refused, it "
+     "falls back to a slower transport. none: no library. Not with vmm:1 (legacy IPC cannot "
+     "share virtual memory)."},
     {"meminfo_cached", KIND_BOOL, offsetof(cuh_config_t, meminfo_cached), "1",
      "Under LD_PRELOAD: 1 makes cudaMemGetInfo and cuMemGetInfo count cuheap's cached bytes "
      "that are ready for reuse as free, so programs that size themselves from free memory "
@@ -92,6 +100,7 @@ void cuh_config_defaults(cuh_config_t *cfg)
     cfg->vmm_margin = 0.1;
     cfg->meminfo_cached = 1;
     cfg->wait_before_grow = 1;
+    snprintf(cfg->ipc_callers, sizeof cfg->ipc_callers, "libnccl");
 }
 
 static void list_keys(char *buf, size_t len)
@@ -138,9 +147,9 @@ static int set_value(const option_t *opt, const char *value, cuh_config_t *cfg, 
     size_t bytes;
     if (opt->kind == KIND_PATH) {
         char *dst = (char *)cfg + opt->offset;
-        /* Every path field is char[512], like report. */
+        /* Every text field is char[512], like report. */
         if (strlen(value) >= sizeof cfg->report) {
-            snprintf(err, errlen, "%s: the path is longer than %zu characters", opt->name, sizeof cfg->report - 1);
+            snprintf(err, errlen, "%s: the value is longer than %zu characters", opt->name, sizeof cfg->report - 1);
             return -1;
         }
         snprintf(dst, sizeof cfg->report, "%s", strcmp(value, "none") ? value : "");
@@ -330,9 +339,10 @@ void cuh_config_format(const cuh_config_t *cfg, char *buf, size_t len)
     else
         snprintf(limit, sizeof limit, "none");
     int n = snprintf(buf, len, "workspace:%zu,limit:%s,small_max:%zu,segment_min:%zu,grow_fraction:%g,vmm:%zu,vmm_margin:%g,"
-                     "wait_before_grow:%zu,ipc_safe:%zu,meminfo_cached:%zu",
+                     "wait_before_grow:%zu,ipc_safe:%zu,ipc_callers:%s,meminfo_cached:%zu",
                      cfg->workspace, limit, cfg->small_max, cfg->segment_min, cfg->grow_fraction, cfg->vmm, cfg->vmm_margin,
-                     cfg->wait_before_grow, cfg->ipc_safe, cfg->meminfo_cached);
+                     cfg->wait_before_grow, cfg->ipc_safe, cfg->ipc_callers[0] ? cfg->ipc_callers : "none",
+                     cfg->meminfo_cached);
     if (cfg->report[0] && n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, ",report:%s", cfg->report);
     if (cfg->trace[0] && n > 0 && (size_t)n < len)

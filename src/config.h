@@ -25,6 +25,8 @@ typedef struct cuh_config_s {
     size_t meminfo_cached;   /* 1: hooked cudaMemGetInfo counts ready cached bytes as free */
     char report[512];        /* report path ("%p" = process id), "" = none */
     char trace[512];         /* event trace path ("%p" = process id), "" = none */
+    char ipc_callers[512];   /* a device-wide malloc from a library whose file name contains this
+                                gets a segment of its own ("" = none) */
 } cuh_config_t;
 
 void cuh_config_defaults(cuh_config_t *cfg);

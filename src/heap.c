@@ -203,6 +203,7 @@ struct cuh_heap_s {
     size_t pages_high;           /* no page at or above this index was ever mapped */
     uint64_t num_page_maps, num_page_steals;
     int captures;                /* graph captures underway on this device */
+    int shareable_call;          /* the allocation underway must start a segment of its own */
 
     /* Timeline for reports: a sample every sample_every operations and at
      * every change of reserved bytes; when full, every other sample goes and
@@ -226,6 +227,14 @@ static inline void stat_set(stat_t *s, size_t value)
 
 /* Device memory the heap holds: its segments, and under virtual memory the
  * pages mapped in the reservation (the reservation itself is address space). */
+/* A block that must start a segment of its own: every block with ipc_safe:1,
+ * and the one being allocated by cuh_heap_malloc_shareable. Not under
+ * virtual memory, which legacy IPC cannot share anyway. */
+static inline int own_segment_locked(const cuh_heap_t *h)
+{
+    return h->cfg.ipc_safe || (h->shareable_call && !h->vm);
+}
+
 static size_t reserved_bytes(const cuh_heap_t *h)
 {
     if (!h->vm)
@@ -667,7 +676,7 @@ static void settle_all_locked(cuh_heap_t *h)
  * cap and the fraction bound the memory a fresh segment can leave idle. */
 static size_t segment_size_for(const cuh_heap_t *h, size_t needed)
 {
-    if (h->cfg.ipc_safe)
+    if (own_segment_locked(h))
         return needed;   /* a segment per block */
     size_t seg = cuh_max_size(needed, h->cfg.segment_min);
     size_t geometric = (size_t)((double)reserved_bytes(h) * h->cfg.grow_fraction);
@@ -1060,7 +1069,7 @@ static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
 static cuh_extent_t *take_locked(cuh_heap_t *h, cuh_extent_t *free_ext, size_t size, size_t align,
                                  cuh_extent_state_t state, stream_state_t *st)
 {
-    if (cuh_unlikely(h->cfg.ipc_safe))
+    if (cuh_unlikely(own_segment_locked(h)))
         size = free_ext->size;   /* the whole segment (find_fit_locked) */
     return cuh_arena_take(&h->arena, free_ext, size, align, state, st->tag);
 }
@@ -1187,10 +1196,6 @@ static int take_back_all_locked(cuh_heap_t *h)
     return 1;
 }
 
-/* The best free extent for `size`. With ipc_safe:1 only a whole segment no
- * more than a quarter larger than a new one would be will do: the block takes
- * it whole, so that it starts its segment (an IPC handle names exactly it)
- * and no other block ever shares the segment. */
 /* Under vmm:1: the smallest free extent of the reservation, global or the
  * stream's own, whose first `size` bytes are all mapped, or NULL. Best fit
  * by size alone may pick an extent that reaches into unmapped address space
@@ -1212,14 +1217,33 @@ static cuh_extent_t *mapped_fit_locked(cuh_heap_t *h, size_t size, size_t align,
     return best;
 }
 
+/* The best free extent for `size`. For a block that must start its own
+ * segment (own_segment_locked) only a whole segment no
+ * more than a quarter larger than a new one would be will do: the block takes
+ * it whole, so that it starts its segment (an IPC handle names exactly it)
+ * and no other block ever shares the segment. */
+static int whole_segment_fits(const cuh_extent_t *e, size_t size)
+{
+    return e->addr == e->segment->base && e->size == e->segment->size && e->size >= size &&
+           e->size <= cuh_align_up(size, CUH_SEGMENT_GRAIN) + size / 4;
+}
+
 static cuh_extent_t *find_fit_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag)
 {
     cuh_extent_t *e = cuh_arena_find(&h->arena, size, align, tag);
-    if (cuh_unlikely(h->cfg.ipc_safe) && e &&
-        (e->addr != e->segment->base || e->size != e->segment->size ||
-         e->size > cuh_align_up(size, CUH_SEGMENT_GRAIN) + size / 4))
-        return NULL;
-    return e;
+    if (cuh_likely(!own_segment_locked(h)) || !e || whole_segment_fits(e, size))
+        return e;
+    /* Best fit found a piece of a segment: look for the smallest whole free
+     * segment that fits (a walk of the free lists; with ipc_safe:1 every
+     * free extent is a whole segment, so the first fit above nearly always
+     * is one). */
+    cuh_extent_t *best = NULL;
+    const uint32_t tags[2] = {CUH_TAG_GLOBAL, tag};
+    for (int k = 0; k < (tag == CUH_TAG_GLOBAL ? 1 : 2); k++)
+        for (cuh_extent_t *x = h->arena.tags[tags[k]].list; x; x = x->tag_next)
+            if (whole_segment_fits(x, size) && x->addr % align == 0 && (!best || x->size < best->size))
+                best = x;
+    return best;
 }
 
 /* An extent of `size` bytes aligned to `align` for stream st, or NULL after
@@ -1359,7 +1383,7 @@ static cuheap_status_t large_alloc_locked(cuh_heap_t *h, stream_state_t *st, siz
     }
     e->requested = size;
     stat_set(&h->requested, h->requested.current + size);
-    stat_set(&h->allocated, h->allocated.current + e->size);   /* > block only with ipc_safe */
+    stat_set(&h->allocated, h->allocated.current + e->size);   /* > block only for an own segment */
     *addr = e->addr;
     return CUHEAP_OK;
 }
@@ -1627,7 +1651,8 @@ static void start_locked(cuh_heap_t *h)
 }
 
 /* Allocates for stream `stream`, or for every stream at once (device_wide). */
-static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, cuh_stream_t stream, uintptr_t *addr)
+static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, int shareable, cuh_stream_t stream,
+                                   uintptr_t *addr)
 {
     *addr = 0;
     if (size == 0)
@@ -1641,14 +1666,16 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
         start_locked(h);
     cuheap_status_t status;
     stream_state_t *st = device_wide ? &h->device_wide : stream_get_locked(h, stream);
+    h->shareable_call = shareable;
     if (!st) {
         cuh_set_error("out of host memory for stream records");
         status = CUHEAP_ERR_OUT_OF_MEMORY;
-    } else if (size <= h->cfg.small_max && !h->cfg.ipc_safe) {
+    } else if (size <= h->cfg.small_max && !own_segment_locked(h)) {
         status = small_alloc_locked(h, st, size, addr);
     } else {
         status = large_alloc_locked(h, st, size, addr);
     }
+    h->shareable_call = 0;
     if (status == CUHEAP_OK) {
         h->num_allocs++;
         /* A block allocated during a capture belongs to the graph's pool: its
@@ -1666,12 +1693,17 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
 
 cuheap_status_t cuh_heap_malloc(cuh_heap_t *h, size_t size, cuh_stream_t stream, uintptr_t *addr)
 {
-    return heap_malloc(h, size, 0, stream, addr);
+    return heap_malloc(h, size, 0, 0, stream, addr);
 }
 
 cuheap_status_t cuh_heap_malloc_device_wide(cuh_heap_t *h, size_t size, uintptr_t *addr)
 {
-    return heap_malloc(h, size, 1, 0, addr);
+    return heap_malloc(h, size, 1, 0, 0, addr);
+}
+
+cuheap_status_t cuh_heap_malloc_shareable(cuh_heap_t *h, size_t size, uintptr_t *addr)
+{
+    return heap_malloc(h, size, 1, 1, 0, addr);
 }
 
 /* Explains an address that is neither a live block nor a slab object. */

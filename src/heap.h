@@ -79,6 +79,11 @@ cuheap_status_t cuh_heap_free(cuh_heap_t *heap, uintptr_t addr, cuh_stream_t str
 /* Allocates for no stream in particular (cudaMalloc's promise: any stream
  * may use the block at once): only memory no stream's work can still touch. */
 cuheap_status_t cuh_heap_malloc_device_wide(cuh_heap_t *heap, size_t size, uintptr_t *addr);
+/* The same, and the block starts a segment of its own (a free one at most a
+ * quarter larger, or a new one sized to it), so that an IPC handle of it names
+ * exactly it: what ipc_safe:1 does for every block, for this one. Under vmm:1
+ * an ordinary device-wide allocation. */
+cuheap_status_t cuh_heap_malloc_shareable(cuh_heap_t *heap, size_t size, uintptr_t *addr);
 /* Frees the block at addr with cudaFree's promise: nobody gets it again
  * before all work issued so far has finished, on every stream the heap
  * knows (see cuh_heap_register_stream) and the default stream. It never

@@ -12,8 +12,10 @@
 #include "common.h"
 #include "runtime.h"
 
+#include <dlfcn.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <string.h>
 
 /* The stream handles CUDA reserves (cudaStreamLegacy, cudaStreamPerThread;
  * CU_STREAM_LEGACY, CU_STREAM_PER_THREAD). */
@@ -92,9 +94,38 @@ static int cuda_code(cuheap_status_t status)
     }
 }
 
-int cuh_hook_malloc(const char *fn, void **ptr, size_t size, int device, cuh_hook_stream_t stream)
+/* 1 when `caller` lies in a shared library whose file name contains the
+ * ipc_callers text. dladdr walks the loaded objects, so each thread keeps
+ * its last answers: allocations come from few call sites. */
+static int caller_shares_blocks(const void *caller)
 {
-    cuheap_status_t status = cuh_runtime_malloc(fn, ptr, size, device, stream.device_wide, stream.stream);
+    enum { REMEMBERED = 8 };
+    static _Thread_local const void *seen[REMEMBERED];
+    static _Thread_local unsigned char answer[REMEMBERED];
+    static _Thread_local unsigned next;
+    const char *text = cuh_runtime_config()->ipc_callers;
+    if (!caller || !text[0])
+        return 0;
+    for (unsigned i = 0; i < REMEMBERED; i++)
+        if (seen[i] == caller)
+            return answer[i];
+    Dl_info info;
+    int shares = 0;
+    if (dladdr(caller, &info) && info.dli_fname) {
+        const char *name = strrchr(info.dli_fname, '/');
+        shares = strstr(name ? name + 1 : info.dli_fname, text) != NULL;
+    }
+    seen[next % REMEMBERED] = caller;
+    answer[next % REMEMBERED] = (unsigned char)shares;
+    next++;
+    return shares;
+}
+
+int cuh_hook_malloc(const char *fn, void **ptr, size_t size, int device, cuh_hook_stream_t stream,
+                    const void *caller)
+{
+    int shareable = stream.device_wide && caller_shares_blocks(caller);
+    cuheap_status_t status = cuh_runtime_malloc(fn, ptr, size, device, stream.device_wide, shareable, stream.stream);
     /* Out of memory was explained already; anything else is unexpected (at
      * most a line a second: a program may retry in a loop). */
     if (status != CUHEAP_OK && status != CUHEAP_ERR_OUT_OF_MEMORY) {
@@ -105,12 +136,13 @@ int cuh_hook_malloc(const char *fn, void **ptr, size_t size, int device, cuh_hoo
     return cuda_code(status);
 }
 
-int cuh_hook_malloc_pitch(const char *fn, void **ptr, size_t *pitch, size_t width, size_t height, int device)
+int cuh_hook_malloc_pitch(const char *fn, void **ptr, size_t *pitch, size_t width, size_t height, int device,
+                          const void *caller)
 {
     size_t row = (width + CUH_ALIGN - 1) / CUH_ALIGN * CUH_ALIGN;
     if (row < width || height > SIZE_MAX / row)
         return CUH_CUDA_OUT_OF_MEMORY;
-    int code = cuh_hook_malloc(fn, ptr, row * height, device, CUH_HOOK_ANY_STREAM);
+    int code = cuh_hook_malloc(fn, ptr, row * height, device, CUH_HOOK_ANY_STREAM, caller);
     if (code == CUH_CUDA_SUCCESS)
         *pitch = row;
     return code;
@@ -174,7 +206,8 @@ int cuh_hook_ipc_check(const char *fn, const void *ptr)
     if (cuh_heap_segment_of(h, (uintptr_t)ptr, &base, &size) && base == (uintptr_t)ptr)
         return 0;   /* the handle names the segment, which starts at the block */
     cuh_log("%s(%p) refused: the block starts %llu bytes into a cuheap segment, so a handle would name "
-            "other memory; set CUHEAP_CONF=ipc_safe:1 to give every block a segment of its own",
+            "other memory; set CUHEAP_CONF=ipc_safe:1 to give every block a segment of its own, or name the "
+            "library that shares it in ipc_callers",
             fn, ptr, (unsigned long long)((uintptr_t)ptr - base));
     return CUH_CUDA_INVALID_VALUE;
 }

@@ -58,13 +58,19 @@ int cuh_hook_keep_captured_free(const char *fn, void *ptr);
 int cuh_hook_device(int runtime_api);
 
 /* Serves an allocation on `device`; returns the CUDA code. Out of memory
- * prints cuheap's explanation; size 0 gives NULL and success. */
-int cuh_hook_malloc(const char *fn, void **ptr, size_t size, int device, cuh_hook_stream_t stream);
+ * prints cuheap's explanation; size 0 gives NULL and success. `caller` is
+ * the hooked function's return address (__builtin_return_address(0)), or
+ * NULL: a device-wide allocation called from a library named by the
+ * ipc_callers setting gets a segment of its own, so that the library can
+ * share it through an IPC handle. */
+int cuh_hook_malloc(const char *fn, void **ptr, size_t size, int device, cuh_hook_stream_t stream,
+                    const void *caller);
 
 /* cudaMallocPitch and cuMemAllocPitch_v2 once their arguments are valid:
  * rows of `width` bytes rounded up to 512 (every block's alignment), the
  * pitch set on success; the CUDA code. */
-int cuh_hook_malloc_pitch(const char *fn, void **ptr, size_t *pitch, size_t width, size_t height, int device);
+int cuh_hook_malloc_pitch(const char *fn, void **ptr, size_t *pitch, size_t width, size_t height, int device,
+                          const void *caller);
 
 /* Frees a cuheap block: 1 with *code set when the pointer is cuheap's
  * (CUDA's invalid-value code, and a message on stderr, for a double free or

@@ -40,7 +40,8 @@ typedef int CUdevice;
 #define REAL(type, name) CUH_REAL(cuh_cuda_driver_function, type, name, CUH_CUDA_NOT_SUPPORTED)
 
 /* -1: not served (pass on); else the code. */
-static CUresult serve_malloc(const char *name, CUdeviceptr *dptr, size_t size, cuh_hook_stream_t stream)
+static CUresult serve_malloc(const char *name, CUdeviceptr *dptr, size_t size, cuh_hook_stream_t stream,
+                             const void *caller)
 {
     int device = dptr ? cuh_hook_device(0) : -1;
     if (device < 0)
@@ -48,7 +49,7 @@ static CUresult serve_malloc(const char *name, CUdeviceptr *dptr, size_t size, c
     if (size == 0)
         return CUH_CUDA_INVALID_VALUE;   /* as the driver */
     void *p = NULL;
-    CUresult code = cuh_hook_malloc(name, &p, size, device, stream);
+    CUresult code = cuh_hook_malloc(name, &p, size, device, stream, caller);
     *dptr = (CUdeviceptr)(uintptr_t)p;
     return code;
 }
@@ -56,7 +57,7 @@ static CUresult serve_malloc(const char *name, CUdeviceptr *dptr, size_t size, c
 CUH_HOOK CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size);
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 {
-    CUresult code = serve_malloc("cuMemAlloc_v2", dptr, size, CUH_HOOK_ANY_STREAM);
+    CUresult code = serve_malloc("cuMemAlloc_v2", dptr, size, CUH_HOOK_ANY_STREAM, __builtin_return_address(0));
     if (code >= 0)
         return code;
     REAL(CUresult (*)(CUdeviceptr *, size_t), "cuMemAlloc_v2");
@@ -77,7 +78,7 @@ CUH_HOOK CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream strea
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stream)
 {
     CUresult code = cuh_hook_capturing(stream, 0) ? -1
-                                                          : serve_malloc("cuMemAllocAsync", dptr, size, cuh_hook_stream(stream, 0));
+                                                          : serve_malloc("cuMemAllocAsync", dptr, size, cuh_hook_stream(stream, 0), NULL);
     if (code >= 0)
         return code;
     REAL(CUresult (*)(CUdeviceptr *, size_t, CUstream), "cuMemAllocAsync");
@@ -88,7 +89,7 @@ CUH_HOOK CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream 
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream stream)
 {
     CUresult code = cuh_hook_capturing(stream, 1) ? -1
-                                                          : serve_malloc("cuMemAllocAsync_ptsz", dptr, size, cuh_hook_stream(stream, 1));
+                                                          : serve_malloc("cuMemAllocAsync_ptsz", dptr, size, cuh_hook_stream(stream, 1), NULL);
     if (code >= 0)
         return code;
     REAL(CUresult (*)(CUdeviceptr *, size_t, CUstream), "cuMemAllocAsync_ptsz");
@@ -128,7 +129,8 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size
         if (!width || !height || (element_size != 4 && element_size != 8 && element_size != 16))
             return CUH_CUDA_INVALID_VALUE;   /* as the driver */
         void *p = (void *)(uintptr_t)*dptr;   /* left as it was if the size overflows */
-        CUresult code = cuh_hook_malloc_pitch("cuMemAllocPitch_v2", &p, pitch, width, height, device);
+        CUresult code = cuh_hook_malloc_pitch("cuMemAllocPitch_v2", &p, pitch, width, height, device,
+                                              __builtin_return_address(0));
         *dptr = (CUdeviceptr)(uintptr_t)p;
         return code;
     }

@@ -25,16 +25,17 @@ typedef void *cudaStream_t;
 #define REAL(type, name, missing) CUH_REAL(cuh_cuda_runtime_function, type, name, missing)
 
 /* -1: not served (pass on); else the code. */
-static cudaError_t serve_malloc(const char *fn, void **ptr, size_t size, cuh_hook_stream_t stream)
+static cudaError_t serve_malloc(const char *fn, void **ptr, size_t size, cuh_hook_stream_t stream,
+                                const void *caller)
 {
     int device = ptr ? cuh_hook_device(1) : -1;
-    return device >= 0 ? cuh_hook_malloc(fn, ptr, size, device, stream) : -1;
+    return device >= 0 ? cuh_hook_malloc(fn, ptr, size, device, stream, caller) : -1;
 }
 
 CUH_HOOK cudaError_t cudaMalloc(void **ptr, size_t size);
 cudaError_t cudaMalloc(void **ptr, size_t size)
 {
-    cudaError_t code = serve_malloc("cudaMalloc", ptr, size, CUH_HOOK_ANY_STREAM);
+    cudaError_t code = serve_malloc("cudaMalloc", ptr, size, CUH_HOOK_ANY_STREAM, __builtin_return_address(0));
     if (code >= 0)
         return code;
     REAL(cudaError_t (*)(void **, size_t), "cudaMalloc", CUH_CUDA_UNKNOWN);
@@ -56,7 +57,7 @@ static cudaError_t malloc_async(const char *name, void **ptr, size_t size, cudaS
 {
     if (cuh_hook_capturing(stream, ptds))
         return -1;   /* the graph's own memory node */
-    return serve_malloc(name, ptr, size, cuh_hook_stream(stream, ptds));
+    return serve_malloc(name, ptr, size, cuh_hook_stream(stream, ptds), NULL);
 }
 
 CUH_HOOK cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream);
@@ -108,7 +109,8 @@ cudaError_t cudaMallocPitch(void **ptr, size_t *pitch, size_t width, size_t heig
 {
     int device = cuh_hook_device(1);
     if (ptr && pitch && width && height && device >= 0)
-        return cuh_hook_malloc_pitch("cudaMallocPitch", ptr, pitch, width, height, device);
+        return cuh_hook_malloc_pitch("cudaMallocPitch", ptr, pitch, width, height, device,
+                                     __builtin_return_address(0));
     REAL(cudaError_t (*)(void **, size_t *, size_t, size_t), "cudaMallocPitch", CUH_CUDA_UNKNOWN);
     return fn(ptr, pitch, width, height);
 }

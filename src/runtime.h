@@ -31,9 +31,10 @@ cuh_device_t *cuh_runtime_device(int device);
 /* ---- for the CUDA hooks (hook_*.c) ---------------------------------- */
 
 /* Allocates on `device` (CUHEAP_CURRENT_DEVICE: the thread's) for `stream`,
- * or device-wide; as cuheap_malloc, with `fn` naming the caller. */
+ * or device-wide, then with `shareable` starting a segment of its own (see
+ * cuh_heap_malloc_shareable); as cuheap_malloc, with `fn` naming the caller. */
 cuheap_status_t cuh_runtime_malloc(const char *fn, void **ptr, size_t size, int device, int device_wide,
-                                   cuh_stream_t stream);
+                                   int shareable, cuh_stream_t stream);
 /* Frees `ptr` in whichever heap owns it. CUHEAP_ERR_NOT_OWNED when none
  * does (the hooks pass such pointers to CUDA); a double free or a pointer
  * inside a block is an error with its message set. */

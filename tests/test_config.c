@@ -364,12 +364,20 @@ static void test_format_writes_every_value(void **state)
     cuh_config_defaults(&c);
     cuh_config_format(&c, buf, sizeof buf);
     assert_string_equal(buf, "workspace:0,limit:none,small_max:65536,segment_min:2097152,grow_fraction:0.0625,"
-                             "vmm:0,vmm_margin:0.1,wait_before_grow:1,ipc_safe:0,meminfo_cached:1");
+                             "vmm:0,vmm_margin:0.1,wait_before_grow:1,ipc_safe:0,ipc_callers:libnccl,meminfo_cached:1");
 
     c = parse_ok("workspace:1G,limit:40G,small_max:4K,segment_min:3M,grow_fraction:0.5,vmm:1,vmm_margin:0.25");
     cuh_config_format(&c, buf, sizeof buf);
     assert_string_equal(buf, "workspace:1073741824,limit:42949672960,small_max:4096,segment_min:4194304,"
-                             "grow_fraction:0.5,vmm:1,vmm_margin:0.25,wait_before_grow:1,ipc_safe:0,meminfo_cached:1");
+                             "grow_fraction:0.5,vmm:1,vmm_margin:0.25,wait_before_grow:1,ipc_safe:0,ipc_callers:libnccl,"
+                             "meminfo_cached:1");
+
+    c = parse_ok("ipc_callers:none");
+    assert_string_equal(c.ipc_callers, "");
+    cuh_config_format(&c, buf, sizeof buf);
+    assert_contains(buf, ",ipc_callers:none,");
+    c = parse_ok("ipc_callers:libmpi");
+    assert_string_equal(c.ipc_callers, "libmpi");
     parse_fails("vmm:2", "vmm");
     parse_fails("vmm:yes please", "vmm");
     parse_fails("vmm_margin:1.5", "vmm_margin");
@@ -381,7 +389,7 @@ static void test_format_writes_every_value(void **state)
 
     /* What format writes parses back to the same config. */
     const char *confs[] = {"", "workspace:1.5G,limit:0.9", "limit:40G,small_max:0,grow_fraction:0",
-                           "segment_min:1G,grow_fraction:1,limit:25%"};
+                           "segment_min:1G,grow_fraction:1,limit:25%", "ipc_callers:none", "ipc_callers:libucc"};
     for (size_t i = 0; i < sizeof confs / sizeof confs[0]; i++) {
         cuh_config_t a = parse_ok(confs[i]);
         cuh_config_format(&a, buf, sizeof buf);

@@ -765,6 +765,53 @@ static void test_ipc_safe_blocks_start_their_own_segments(void **state)
     dev->ops->destroy(dev);
 }
 
+/* cuh_heap_malloc_shareable (what the hooks use for a library named in
+ * ipc_callers): that one block starts a segment of its own, even where a
+ * hole inside a segment would fit it, and a freed whole segment is reused
+ * whole; every other block still shares segments. Under vmm:1 it is an
+ * ordinary allocation. */
+static void test_a_shareable_block_starts_its_own_segment(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, "small_max:0");
+    uintptr_t a, b, c, d, base = 0;
+    size_t size = 0;
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, MiB, &a), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, MiB, &b), CUHEAP_OK);
+    assert_true(cuh_heap_segment_of(t.heap, b, &base, &size) && base != b);   /* b shares a's segment */
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, b), CUHEAP_OK);
+    cuh_sim_complete_all(t.dev);
+    cuh_heap_poll(t.heap);
+    assert_int_equal(cuh_heap_malloc_shareable(t.heap, MiB, &c), CUHEAP_OK);
+    assert_true(c != b);
+    assert_true(cuh_heap_segment_of(t.heap, c, &base, &size) && base == c && size == 2 * MiB);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, c), CUHEAP_OK);
+    cuh_sim_complete_all(t.dev);
+    cuh_heap_poll(t.heap);
+    cuheap_stats_t st0, st1;
+    cuh_heap_stats(t.heap, &st0);
+    assert_int_equal(cuh_heap_malloc_shareable(t.heap, MiB + 1000, &d), CUHEAP_OK);
+    cuh_heap_stats(t.heap, &st1);
+    assert_int_equal(d, c);   /* the free segment, reused whole */
+    assert_int_equal(st1.num_segment_allocs, st0.num_segment_allocs);
+    /* Ordinary blocks go on sharing: b's hole is still used. */
+    uintptr_t e;
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, MiB, &e), CUHEAP_OK);
+    assert_true(cuh_heap_segment_of(t.heap, e, &base, &size) && base != e);
+    heap_ok(t.heap);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, d), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, e), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);
+    test_heap_free(&t);
+
+    test_heap_t v = test_heap_new(GiB, "vmm:1");
+    assert_int_equal(cuh_heap_malloc_shareable(v.heap, MiB, &a), CUHEAP_OK);
+    assert_true(a != 0);
+    heap_ok(v.heap);
+    assert_int_equal(cuh_heap_free_device_wide(v.heap, a), CUHEAP_OK);
+    test_heap_free(&v);
+}
+
 /* A model of cudaFree's promise checked over random operations: a block
  * freed device-wide is unsafe until every stream, the registered-only S3
  * included, has finished the work issued before the free. */
@@ -1538,6 +1585,7 @@ int main(void)
         cmocka_unit_test(test_random_device_wide_frees_are_never_reused_early),
         cmocka_unit_test(test_device_wide_malloc_waits_for_a_batch_rather_than_grow),
         cmocka_unit_test(test_ipc_safe_blocks_start_their_own_segments),
+        cmocka_unit_test(test_a_shareable_block_starts_its_own_segment),
         cmocka_unit_test(test_cudafree_batches_come_back_before_other_free_memory),
         cmocka_unit_test(test_device_wide_frees_with_many_streams_ration_batch_closes),
         cmocka_unit_test(test_poll_sends_a_rationed_batch_out),

@@ -113,6 +113,12 @@ for runtime in shared static; do
     check "$r: a cuheap block freed in a capture is reported on stderr" 'grep -q "graph capture" "$TMP/$p-capture.err"'
     preload $p-ipc-safe $p ipc-safe CUHEAP_CONF=ipc_safe:1
     expect_pass $p-ipc-safe ipc-safe "$r: with ipc_safe:1 every block, small ones too, gets a handle that names it"
+    preload $p-ipc-callers $p ipc-callers NCCL_FAKE_LIB="$programs/libnccl_fake.so"
+    expect_pass $p-ipc-callers ipc-callers \
+        "$r: a library named libnccl* (its runtime compiled in) gets IPC handles for its blocks, the program not"
+    preload $p-ipc-callers-off $p ipc-callers NCCL_FAKE_LIB="$programs/libnccl_fake.so" CUHEAP_CONF=ipc_callers:none
+    check "$r: with ipc_callers:none the library's block is refused, naming ipc_callers" \
+        'grep -q "ipc_callers" "$TMP/$p-ipc-callers-off.err" && ! grep -qx "ok ipc-callers" "$TMP/$p-ipc-callers-off.out"'
     preload $p-ipc-safe-off $p ipc-safe
     check "$r: without ipc_safe:1 the same small blocks are refused" \
         'grep -q "ipc_safe" "$TMP/$p-ipc-safe-off.err" && ! grep -qx "ok ipc-safe" "$TMP/$p-ipc-safe-off.out"'

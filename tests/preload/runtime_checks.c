@@ -327,6 +327,44 @@ static void check_ipc_safe(void)
         cudaFree(blocks[i]);
 }
 
+/* A library that shares its cudaMalloc'd buffers through IPC handles (NCCL
+ * with NCCL_CUMEM_ENABLE=0): with cuheap's default ipc_callers, its blocks
+ * start segments of their own, even where a hole inside a segment would fit;
+ * the program's own blocks do not. The library is tests' libnccl_fake.so
+ * (path in NCCL_FAKE_LIB); with CUHEAP_CONF=ipc_callers:none its block is
+ * refused like the program's (the test script checks that run fails). */
+static void check_ipc_callers(void)
+{
+    start_runtime();
+    const char *path = getenv("NCCL_FAKE_LIB");
+    void *lib = path ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : NULL;
+    expect(lib != NULL, "cannot load NCCL_FAKE_LIB=%s: %s", path ? path : "(unset)", dlerror());
+    void *(*lib_alloc)(size_t) = NULL;
+    int (*lib_free)(void *) = NULL;
+    *(void **)&lib_alloc = dlsym(lib, "nccl_fake_alloc");
+    *(void **)&lib_free = dlsym(lib, "nccl_fake_free");
+    expect(lib_alloc && lib_free, "libnccl_fake.so lacks its functions");
+    void *a = NULL, *b = NULL;
+    expect(cudaMalloc(&a, MiB) == cudaSuccess && a, "cudaMalloc(1 MiB) failed");
+    expect(cudaMalloc(&b, MiB) == cudaSuccess && b, "cudaMalloc(1 MiB) failed");
+    cudaIpcMemHandle_t handle;
+    memset(&handle, 0, sizeof handle);
+    expect(cudaIpcGetMemHandle(&handle, b) != cudaSuccess, "the program's block inside a segment got a handle");
+    cudaFree(b);   /* a 1 MiB hole inside a's segment */
+    void *blocks[2] = {lib_alloc(MiB), lib_alloc(1000)};
+    for (int i = 0; i < 2; i++) {
+        expect(blocks[i] != NULL, "the library's cudaMalloc %d failed", i);
+        memset(&handle, 0, sizeof handle);
+        int rc = cudaIpcGetMemHandle(&handle, blocks[i]);
+        void *named = NULL;
+        memcpy(&named, handle.reserved, sizeof named);
+        expect(rc == cudaSuccess && named == blocks[i], "the library's block %d: cudaIpcGetMemHandle returned %d naming "
+               "%p, not %p", i, rc, named, blocks[i]);
+    }
+    expect(lib_free(blocks[0]) == cudaSuccess && lib_free(blocks[1]) == cudaSuccess, "the library's cudaFree failed");
+    cudaFree(a);
+}
+
 /* ---- l, n: cudaFree's promise ------------------------------------------------- */
 
 /* Frees block A while a kernel on `stream` still reads it, then hands out
@@ -662,6 +700,8 @@ int main(int argc, char **argv)
         check_capture();
     else if (!strcmp(mode, "ipc-safe"))
         check_ipc_safe();
+    else if (!strcmp(mode, "ipc-callers"))
+        check_ipc_callers();
     else if (!strcmp(mode, "free-ordering"))
         check_free_ordering(1);
     else if (!strcmp(mode, "free-ordering-unseen-stream"))
@@ -682,7 +722,7 @@ int main(int argc, char **argv)
         check_device_reset();
     else {
         fprintf(stderr, "usage: %s threads|entry-point|pass-through|double-free|zero-and-alignment|"
-                        "out-of-memory|fork|ipc|ipc-safe|capture|new-stream-after-reuse|free-ordering|free-ordering-unseen-stream|stream-destroy|"
+                        "out-of-memory|fork|ipc|ipc-safe|ipc-callers|capture|new-stream-after-reuse|free-ordering|free-ordering-unseen-stream|stream-destroy|"
                         "meminfo|meminfo-right-after-free|meminfo-uncached|device-reset\n", argv[0]);
         return 2;
     }
