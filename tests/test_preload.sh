@@ -8,7 +8,8 @@
 # way in (runtime symbols, static runtime through dlsym + cuGetProcAddress,
 # driver symbols, dlsym, cuGetProcAddress, cudaGetDriverEntryPoint); foreign
 # memory passed through; double frees and inner pointers refused; zero sizes
-# and alignment; out of memory; fork; IPC handles; cudaFree's ordering against
+# and alignment; out of memory; fork; IPC handles (a library named in
+# ipc_callers gets them for its blocks); cudaFree's ordering against
 # pretend kernels on a non-blocking stream; stream destruction; cudaMemGetInfo;
 # cudaDeviceReset; two devices; peer access to virtual memory; programs that
 # use no CUDA.
