@@ -2546,6 +2546,11 @@ cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h, int ask_device)
         ss->workspace = seg->region == CUH_REGION_WORKSPACE;
         ss->virtual_space = seg->virtual_space;
         ss->mapped = seg->virtual_space ? (uint64_t)h->mapped_pages * h->vm_page : seg->size;
+        if (seg->virtual_space) {
+            ss->page_size = h->vm_page;
+            ss->page_maps = h->num_page_maps;
+            ss->page_moves = h->num_page_steals;
+        }
         ss->first_extent = snap->num_extents;
         for (const cuh_extent_t *e = seg->first; e; e = e->next) {
             cuh_snap_extent_t *x = &snap->extents[snap->num_extents++];

@@ -158,6 +158,9 @@ typedef struct cuh_snap_segment_s {
     int workspace;
     int virtual_space;        /* a vmm:1 reservation: only `mapped` bytes are memory */
     uint64_t mapped;
+    uint64_t page_size;       /* virtual: the device's granularity */
+    uint64_t page_maps;       /* virtual: pages mapped since the heap began (new ones and moved ones) */
+    uint64_t page_moves;      /* virtual: pages unmapped from free memory to be mapped elsewhere */
     size_t first_extent, num_extents;
 } cuh_snap_segment_t;
 

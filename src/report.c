@@ -82,6 +82,11 @@ static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
                 g->base, cuh_format_bytes(a, sizeof a, g->size), g->workspace ? " workspace" : "",
                 cuh_format_bytes(b, sizeof b, used), blocks, slabs, cuh_format_bytes(c, sizeof c, free_bytes), frees,
                 cuh_format_bytes(d, sizeof d, largest));
+        if (g->virtual_space)
+            fprintf(out, "      virtual memory: %s mapped in pages of %s; %" PRIu64 " pages mapped since start, %" PRIu64
+                         " of them moved from free memory (an unmap and a map each)\n",
+                    cuh_format_bytes(a, sizeof a, g->mapped), cuh_format_bytes(b, sizeof b, g->page_size), g->page_maps,
+                    g->page_moves);
     }
     int any_class = 0;
     for (unsigned i = 0; i < s->num_classes; i++) {
@@ -185,9 +190,13 @@ static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
     fprintf(out, "\"device_memory\":{\"free\":%zu,\"total\":%zu},\"segments\":[", s->device_free, s->device_total);
     for (size_t i = 0; i < s->num_segments; i++) {
         const cuh_snap_segment_t *g = &s->segments[i];
-        fprintf(out, "%s{\"base\":%" PRIu64 ",\"size\":%" PRIu64 ",\"workspace\":%s,\"virtual\":%s,\"mapped\":%" PRIu64
-                ",\"extents\":[", i ? "," : "", g->base, g->size, g->workspace ? "true" : "false",
-                g->virtual_space ? "true" : "false", g->mapped);
+        fprintf(out, "%s{\"base\":%" PRIu64 ",\"size\":%" PRIu64 ",\"workspace\":%s,\"virtual\":%s,\"mapped\":%" PRIu64,
+                i ? "," : "", g->base, g->size, g->workspace ? "true" : "false", g->virtual_space ? "true" : "false",
+                g->mapped);
+        if (g->virtual_space)
+            fprintf(out, ",\"page_size\":%" PRIu64 ",\"page_maps\":%" PRIu64 ",\"page_moves\":%" PRIu64, g->page_size,
+                    g->page_maps, g->page_moves);
+        fputs(",\"extents\":[", out);
         for (size_t k = 0; k < g->num_extents; k++) {
             const cuh_snap_extent_t *x = &s->extents[g->first_extent + k];
             fprintf(out, "%s{\"addr\":%" PRIu64 ",\"size\":%" PRIu64 ",\"kind\":\"%s\"", k ? "," : "", x->addr, x->size,

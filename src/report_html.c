@@ -182,7 +182,8 @@ static void segment_map(FILE *out, const cuh_heap_snapshot_t *s)
         fprintf(out, "<div class=seg><span class=seglabel>0x%012" PRIx64 " %s%s%s</span>\n", g->base, bytes(a, g->size),
                 g->workspace ? " workspace" : "", g->virtual_space ? " virtual" : "");
         if (g->virtual_space)
-            fprintf(out, "<span class=seglabel>(%s mapped)</span>", bytes(b, g->mapped));
+            fprintf(out, "<span class=seglabel>(%s mapped; %" PRIu64 " pages mapped, %" PRIu64 " moved)</span>",
+                    bytes(b, g->mapped), g->page_maps, g->page_moves);
         fprintf(out, "<svg width=\"%.0f\" height=\"16\">", width);
         for (size_t k = 0; k < g->num_extents; k++) {
             const cuh_snap_extent_t *x = &s->extents[g->first_extent + k];

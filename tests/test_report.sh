@@ -95,6 +95,13 @@ proof=$(python3 -c "
 import json; o=json.load(open('$tmp/frag.json'))['devices'][0]['oom']
 print(o['largest_free'] < o['request'] <= o['cached'] + o['device_free'])")
 check "fragmentation's proof: largest free < request <= cached + device free" '[ "$proof" = True ]'
+"$replay" --conf vmm:1 --capacity 27G --report "$tmp/vmm.txt" bench/traces/gpt2.trace.gz >/dev/null
+moves=$(python3 -c "
+import json
+g = [g for g in json.load(open('$tmp/vmm.json'))['devices'][0]['segments'] if g['virtual']][0]
+print(g['page_size'] == 2 << 20 and g['page_maps'] >= g['page_moves'] > 0 and g['mapped'] <= g['page_maps'] * g['page_size'])")
+check "vmm:1 at 27 GiB: the report counts the pages mapped and moved (the device calls the replay made)" \
+    '[ "$moves" = True ] && grep -q "of them moved from free memory" $tmp/vmm.txt'
 check "the text report names the cause and what would help" 'grep -q "cause fragmentation" $tmp/frag.txt && grep -q "what would help" $tmp/frag.txt'
 check "the HTML page loads nothing from outside" '! grep -Eqi "(src|href)=|https?:|<script|@import|url\(" $tmp/frag.html'
 

@@ -599,6 +599,9 @@ static void read_segments(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t 
         g->workspace = get_bool(r, o, "workspace");
         g->virtual_space = get_bool(r, o, "virtual");
         g->mapped = get_u64(r, o, "mapped", UINT64_MAX);
+        g->page_size = opt_u64(r, o, "page_size", UINT64_MAX, 0);
+        g->page_maps = opt_u64(r, o, "page_maps", UINT64_MAX, 0);
+        g->page_moves = opt_u64(r, o, "page_moves", UINT64_MAX, 0);
         g->first_extent = s->num_extents;
         const cuh_json_t *e = get_node(r, o, "extents", CUH_JSON_ARRAY, &sub);
         for (size_t k = 0; e && k < e->v.array.n && !r->failed; k++) {
