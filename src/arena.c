@@ -220,8 +220,9 @@ cuh_extent_t *cuh_arena_find(cuh_arena_t *a, size_t size, size_t align, uint32_t
     if (!a->num_tags)
         return NULL;
     for (int region = 0; region < CUH_NUM_REGIONS; region++) {
-        cuh_binnode_t *best = cuh_freebins_find(&a->tags[CUH_TAG_GLOBAL].bins[region], size, align);
-        if (tag != CUH_TAG_GLOBAL && tag < a->num_tags) {
+        const cuh_freebins_t *global = &a->tags[CUH_TAG_GLOBAL].bins[region];
+        cuh_binnode_t *best = global->count ? cuh_freebins_find(global, size, align) : NULL;
+        if (tag != CUH_TAG_GLOBAL && tag < a->num_tags && a->tags[tag].bins[region].count) {
             cuh_binnode_t *own = cuh_freebins_find(&a->tags[tag].bins[region], size, align);
             /* Prefer the stream's own memory on a tie: global memory is worth
              * more, since every stream can use it. */
