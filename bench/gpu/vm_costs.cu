@@ -5,7 +5,8 @@
 // heap.c, map_range_locked). This measures each driver call per page of the
 // device's granularity, and what granting access once over a run of pages
 // costs instead of once per page, while the GPU is idle and while a kernel
-// runs on another stream (the driver may serialize with running work).
+// runs on another stream (the driver may serialize with running work); then
+// whether one larger physical allocation costs per call or per page.
 // Prints microseconds per page (median of 5 rounds over 512 pages).
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -91,6 +92,31 @@ int main()
            res[3][0] + res[0][0] + res[1][0], res[3][1] + res[0][1] + res[1][1]);
     printf("| a page moved, access granted over the run | %.2f | %.2f |\n",
            res[3][0] + res[0][0] + res[2][0], res[3][1] + res[0][1] + res[2][1]);
+
+    // Larger physical allocations: is the cost per call or per page? One
+    // handle of N pages mapped, granted and unmapped as one piece.
+    printf("\n| one handle of | map + access + unmap (us) | per 2 MiB page (us) |\n|---|---|---|\n");
+    for (size_t pages_per = 1; pages_per <= 256; pages_per *= 4) {
+        const size_t bytes = pages_per * page, n = 8;
+        std::vector<CUmemGenericAllocationHandle> big(n);
+        for (auto &x : big) CHECK(cuMemCreate(&x, bytes, &prop, 0));
+        CUdeviceptr bva;
+        CHECK(cuMemAddressReserve(&bva, bytes * n, 0, 0, 0));
+        std::vector<double> per_call;
+        for (int round = 0; round < ROUNDS; round++) {
+            double t0 = now_us();
+            for (size_t i = 0; i < n; i++) {
+                CHECK(cuMemMap(bva + i * bytes, bytes, 0, big[i], 0));
+                CHECK(cuMemSetAccess(bva + i * bytes, bytes, &access, 1));
+            }
+            for (size_t i = 0; i < n; i++) CHECK(cuMemUnmap(bva + i * bytes, bytes));
+            per_call.push_back((now_us() - t0) / n);
+        }
+        double us = median(per_call);
+        printf("| %zu MiB | %.1f | %.2f |\n", bytes >> 20, us, us / (double)pages_per);
+        for (auto &x : big) cuMemRelease(x);
+        cuMemAddressFree(bva, bytes * n);
+    }
     for (auto &x : h) cuMemRelease(x);
     cuMemAddressFree(va, page * PAGES);
     return 0;
