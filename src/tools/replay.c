@@ -38,6 +38,7 @@ typedef struct options_s {
     size_t capacity;
     size_t external;          /* --external: bytes used on the device outside cuheap */
     long cudafree_lag;        /* --cudafree LAG: -1 off, else events between GPU catch-ups */
+    long lag;                 /* --lag N: stream-ordered replay, events between GPU catch-ups */
     long streams;             /* --streams N: idle streams the program has created */
     cuh_config_t cfg;
     int json;
@@ -79,6 +80,11 @@ static void usage(FILE *f)
             "                     allocation a cudaMalloc and every free a cudaFree\n"
             "                     (device-wide), with the GPU finishing its work only\n"
             "                     every LAG events (0: at once)\n"
+            "  --lag N            the GPU finishes its work only every N events (0,\n"
+            "                     the default: at once), for a stream-ordered replay:\n"
+            "                     memory freed on a stream is pending for other\n"
+            "                     streams, and under vmm:1 its pages cannot move, until\n"
+            "                     the GPU has passed the free (as on a busy GPU)\n"
             "  --streams N        with --cudafree: the program has also created N\n"
             "                     streams that stay idle (PyTorch creates 32 the\n"
             "                     first time it takes a stream from its pool);\n"
@@ -174,6 +180,7 @@ static void parse_options(int argc, char **argv, options_t *o)
                           (name_len == 10 && strncmp(a, "--external", 10) == 0) ||
                           (name_len == 10 && strncmp(a, "--cudafree", 10) == 0) ||
                           (name_len == 9 && strncmp(a, "--streams", 9) == 0) ||
+                          (name_len == 5 && strncmp(a, "--lag", 5) == 0) ||
                           (name_len == 6 && strncmp(a, "--conf", 6) == 0) ||
                           (name_len == 8 && strncmp(a, "--report", 8) == 0);
         if (takes_value && !value) {
@@ -209,6 +216,12 @@ static void parse_options(int argc, char **argv, options_t *o)
             if (!*value || *end || lag < 0)
                 usage_error("bad --cudafree value '%s' (expected a number of events, 0 or more)", value);
             o->cudafree_lag = lag;
+        } else if (name_len == 5 && strncmp(a, "--lag", 5) == 0) {
+            char *end;
+            long lag = strtol(value, &end, 10);
+            if (!*value || *end || lag < 0)
+                usage_error("bad --lag value '%s' (expected a number of events, 0 or more)", value);
+            o->lag = lag;
         } else if (name_len == 9 && strncmp(a, "--streams", 9) == 0) {
             char *end = NULL;
             long n = strtol(value, &end, 10);
@@ -235,6 +248,8 @@ static void parse_options(int argc, char **argv, options_t *o)
     }
     if (o->num_traces == 0)
         usage_error("no trace given");
+    if (o->lag && o->cudafree_lag >= 0)
+        usage_error("--lag is for stream-ordered replays; --cudafree takes its own lag");
     if (o->streams && o->cudafree_lag < 0)
         usage_error("--streams needs --cudafree (idle streams matter only to device-wide frees)");
     if (o->report && o->num_traces > 1 && !strstr(o->report, "%t"))
@@ -257,6 +272,7 @@ static void short_name(const char *path, char *out, size_t len);
 
 static size_t g_external;   /* --external, for every replay */
 static long g_cudafree_lag = -1;   /* --cudafree, for every replay */
+static long g_lag;                 /* --lag, for every replay */
 static long g_streams;             /* --streams, for every replay */
 
 static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t *cfg,
@@ -283,7 +299,7 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
     cuheap_status_t st = CUHEAP_OK;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    const long lag = g_cudafree_lag;
+    const long lag = g_cudafree_lag >= 0 ? g_cudafree_lag : g_lag;
     if (lag > 0)
         cuh_sim_hold_events(dev, 1);
     for (long k = 0; k < g_streams && st == CUHEAP_OK; k++) {
@@ -298,19 +314,19 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
         return -1;
     }
     for (i = 0; i < n; i++) {
-        if (lag >= 0) {
+        if (g_cudafree_lag >= 0) {
             /* cudaMalloc and cudaFree: any stream may use the block. */
             if (ev[i].kind == CUH_TRACE_ALLOC)
                 st = cuh_heap_malloc_device_wide(heap, (size_t)ev[i].size, &addrs[i]);
             else
                 st = cuh_heap_free_device_wide(heap, addrs[ev[i].match]);
-            if (lag > 0 && i % (size_t)lag == 0)
-                cuh_sim_complete_all(dev);
         } else if (ev[i].kind == CUH_TRACE_ALLOC) {
             st = cuh_heap_malloc(heap, (size_t)ev[i].size, (cuh_stream_t)ev[i].stream, &addrs[i]);
         } else {
             st = cuh_heap_free(heap, addrs[ev[i].match], (cuh_stream_t)ev[i].stream);
         }
+        if (lag > 0 && i % (size_t)lag == 0)
+            cuh_sim_complete_all(dev);
         if (cuh_unlikely(st != CUHEAP_OK))
             break;
     }
@@ -653,6 +669,7 @@ int main(int argc, char **argv)
     parse_options(argc, argv, &o);
     g_external = o.external;
     g_cudafree_lag = o.cudafree_lag;
+    g_lag = o.lag;
     g_streams = o.streams;
 
     int name_width = 5;
