@@ -1196,34 +1196,43 @@ static int take_back_all_locked(cuh_heap_t *h)
     return 1;
 }
 
-/* Under vmm:1: the smallest free extent of the reservation, global or the
- * stream's own, whose first `size` bytes are all mapped, or NULL. Best fit
- * by size alone may pick an extent that reaches into unmapped address space
- * while another, larger one lies on mapped pages; each page moved there
- * costs an unmap, a map and an access grant (about 55 us on an H200,
- * bench/gpu/vm_costs.cu), so the fit that needs no page wins. A walk of the
- * free lists: taken only when the first fit would need pages. */
-static cuh_extent_t *mapped_fit_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag)
+/* The smallest free extent, global or the stream's own, that holds `size`
+ * bytes at an `align`-aligned start and that `accept` takes, or NULL. A walk
+ * of the free lists, for the rare fits that the size-indexed search cannot
+ * judge (first among equals wins). */
+typedef int (*extent_test_t)(const cuh_heap_t *h, const cuh_extent_t *e, size_t size);
+
+static cuh_extent_t *smallest_free_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag, extent_test_t accept)
 {
     cuh_extent_t *best = NULL;
     const uint32_t tags[2] = {CUH_TAG_GLOBAL, tag};
     for (int k = 0; k < (tag == CUH_TAG_GLOBAL ? 1 : 2); k++)
-        for (cuh_extent_t *e = h->arena.tags[tags[k]].list; e; e = e->tag_next) {
-            if (e->segment != h->vm || e->size < size || (best && e->size >= best->size) || e->addr % align)
-                continue;
-            if (!needs_pages_locked(h, e->addr, size))
+        for (cuh_extent_t *e = h->arena.tags[tags[k]].list; e; e = e->tag_next)
+            if (e->size >= size && (!best || e->size < best->size) && e->addr % align == 0 && accept(h, e, size))
                 best = e;
-        }
     return best;
 }
 
-/* The best free extent for `size`. For a block that must start its own
- * segment (own_segment_locked) only a whole segment no
- * more than a quarter larger than a new one would be will do: the block takes
- * it whole, so that it starts its segment (an IPC handle names exactly it)
- * and no other block ever shares the segment. */
-static int whole_segment_fits(const cuh_extent_t *e, size_t size)
+/* Under vmm:1: whether the first `size` bytes of free extent e lie on mapped
+ * pages of the reservation. Best fit by size alone may pick an extent that
+ * reaches into unmapped address space while another, larger one lies on
+ * mapped pages; each page moved there costs an unmap, a map and an access
+ * grant (about 55 us on an H200, bench/gpu/vm_costs.cu), so the fit that
+ * needs no page wins (smallest_free_locked, taken only when the first fit
+ * would need pages). */
+static int mapped_fits(const cuh_heap_t *h, const cuh_extent_t *e, size_t size)
 {
+    return e->segment == h->vm && !needs_pages_locked(h, e->addr, size);
+}
+
+/* The best free extent for `size`. For a block that must start its own
+ * segment (own_segment_locked) only a whole segment no more than a quarter
+ * larger than a new one would be will do: the block takes it whole, so that
+ * it starts its segment (an IPC handle names exactly it) and no other block
+ * ever shares the segment. */
+static int whole_segment_fits(const cuh_heap_t *h, const cuh_extent_t *e, size_t size)
+{
+    (void)h;
     return e->addr == e->segment->base && e->size == e->segment->size && e->size >= size &&
            e->size <= cuh_align_up(size, CUH_SEGMENT_GRAIN) + size / 4;
 }
@@ -1231,19 +1240,12 @@ static int whole_segment_fits(const cuh_extent_t *e, size_t size)
 static cuh_extent_t *find_fit_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag)
 {
     cuh_extent_t *e = cuh_arena_find(&h->arena, size, align, tag);
-    if (cuh_likely(!own_segment_locked(h)) || !e || whole_segment_fits(e, size))
+    if (cuh_likely(!own_segment_locked(h)) || !e || whole_segment_fits(h, e, size))
         return e;
-    /* Best fit found a piece of a segment: look for the smallest whole free
-     * segment that fits (a walk of the free lists; with ipc_safe:1 every
-     * free extent is a whole segment, so the first fit above nearly always
-     * is one). */
-    cuh_extent_t *best = NULL;
-    const uint32_t tags[2] = {CUH_TAG_GLOBAL, tag};
-    for (int k = 0; k < (tag == CUH_TAG_GLOBAL ? 1 : 2); k++)
-        for (cuh_extent_t *x = h->arena.tags[tags[k]].list; x; x = x->tag_next)
-            if (whole_segment_fits(x, size) && x->addr % align == 0 && (!best || x->size < best->size))
-                best = x;
-    return best;
+    /* Best fit found a piece of a segment: the smallest whole free segment
+     * that fits (with ipc_safe:1 every free extent is a whole segment, so
+     * the first fit above nearly always is one). */
+    return smallest_free_locked(h, size, align, tag, whole_segment_fits);
 }
 
 /* An extent of `size` bytes aligned to `align` for stream st, or NULL after
@@ -1327,7 +1329,7 @@ grown:
     return e;
 hit:
     if (cuh_unlikely(e->segment->virtual_space) && needs_pages_locked(h, e->addr, size)) {
-        cuh_extent_t *mapped = mapped_fit_locked(h, size, align, st->tag);
+        cuh_extent_t *mapped = smallest_free_locked(h, size, align, st->tag, mapped_fits);
         if (mapped)
             e = mapped;
     }
