@@ -278,14 +278,21 @@ PY
 else
     not_ok "--cudafree 100 on gpt2 reserves no more than the stream-ordered replay" "status $rc ${msg:-}"
 fi
-for value in -1 x ""; do
-    run bad_cudafree --cudafree "$value" "$gpt2"
-    if [ "$rc" -eq 2 ] && grep -q -- "--cudafree" "$TMP/bad_cudafree.err"; then
-        ok "--cudafree '$value' exits 2 and names the option"
-    else
-        not_ok "--cudafree '$value' exits 2" "status $rc: $(cat "$TMP/bad_cudafree.err")"
-    fi
-done
+# rejects_values OPTION VALUE...: each value makes the replay exit 2 with a
+# message that names OPTION.
+rejects_values() {
+    local option=$1 value
+    shift
+    for value in "$@"; do
+        run bad_value "$option" "$value" "$gpt2"
+        if [ "$rc" -eq 2 ] && grep -q -- "$option" "$TMP/bad_value.err"; then
+            ok "$option '$value' exits 2 and names the option"
+        else
+            not_ok "$option '$value' exits 2" "status $rc: $(cat "$TMP/bad_value.err")"
+        fi
+    done
+}
+rejects_values --cudafree -1 x ""
 
 # ---- --lag: a stream-ordered replay on a busy GPU -----------------------------
 # The GPU passes frees only every 1000 events: under vmm:1 the pages of memory
@@ -310,14 +317,7 @@ PY
 else
     not_ok "--lag 1000 models a busy GPU" "status $rc ${msg:-}"
 fi
-for value in -1 x ""; do
-    run bad_lag --lag "$value" "$gpt2"
-    if [ "$rc" -eq 2 ] && grep -q -- "--lag" "$TMP/bad_lag.err"; then
-        ok "--lag '$value' exits 2 and names the option"
-    else
-        not_ok "--lag '$value' exits 2" "status $rc: $(cat "$TMP/bad_lag.err")"
-    fi
-done
+rejects_values --lag -1 x ""
 run lag_cudafree --lag 10 --cudafree 10 "$gpt2"
 if [ "$rc" -eq 2 ] && grep -q -- "--lag" "$TMP/lag_cudafree.err"; then
     ok "--lag with --cudafree exits 2: --cudafree takes its own lag"
