@@ -27,7 +27,6 @@ memory that cuheap serves and counts. A rank that fails prints its traceback
 and exits non-zero; torchrun then stops the others.
 """
 
-import argparse
 import json
 import os
 import statistics
@@ -129,11 +128,7 @@ def summary(args, ranks):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--job", choices=sorted(JOBS), required=True)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = train_job.job_arguments(__doc__, JOBS)
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -142,9 +137,7 @@ def main():
         dist.init_process_group("nccl")
         if dist.get_world_size() != world:
             raise RuntimeError("WORLD_SIZE is %d, the process group has %d ranks" % (world, dist.get_world_size()))
-        torch.manual_seed(args.seed)        # the same initial weights on every rank
-        torch.backends.cudnn.benchmark = False
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        train_job.deterministic(args.seed)  # the same initial weights on every rank
         train_job.apply_limit()
         mine = train(args, rank, local_rank)
         ranks = [None] * world

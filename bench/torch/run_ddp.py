@@ -125,14 +125,7 @@ def max_rank_diff(a, b):
 
 def losses_vs_native(r, n, again):
     """bitwise on every rank, or the largest difference beside the native spread."""
-    if r["losses_all_ranks"] == n["losses_all_ranks"]:
-        return "bitwise"
-    d = max_rank_diff(r, n)
-    if not again:
-        return "differ by up to %.3g" % d
-    spread = max_rank_diff(again, n)
-    return "%s: differ by up to %.3g, two native runs by %.3g" % (
-        "within native spread" if d <= spread else "OUTSIDE native spread", d, spread)
+    return run_modes.losses_vs_native(r, n, again, key="losses_all_ranks", diff=max_rank_diff)
 
 
 def table(results):

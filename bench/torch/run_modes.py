@@ -102,14 +102,15 @@ def max_loss_diff(a, b):
     return max(abs(x - y) for x, y in zip(xs, ys)) if len(xs) == len(ys) else float("inf")
 
 
-def losses_vs_native(r, n, again):
-    """bitwise, or the largest step-wise difference beside the native spread."""
-    if r["losses"] == n["losses"]:
+def losses_vs_native(r, n, again, key="losses", diff=max_loss_diff):
+    """bitwise, or the largest step-wise difference beside the native spread
+    (`key` names the losses to compare, `diff` measures their difference)."""
+    if r[key] == n[key]:
         return "bitwise"
-    d = max_loss_diff(r, n)
+    d = diff(r, n)
     if not again:
         return "differ by up to %.3g" % d
-    spread = max_loss_diff(again, n)
+    spread = diff(again, n)
     return "%s: differ by up to %.3g, two native runs by %.3g" % (
         "within native spread" if d <= spread else "OUTSIDE native spread", d, spread)
 

@@ -135,6 +135,11 @@ def apply_limit():
     torch.cuda.set_per_process_memory_fraction(limit / total)
 
 
+def step_generator(seed, i):
+    """The CUDA generator of step i's random data: the same in every mode and run."""
+    return torch.Generator(device="cuda").manual_seed(seed * 1000 + i)
+
+
 def optimize(opt, loss):
     """One training update from `loss` (gradients reset, backward, step); returns the loss."""
     opt.zero_grad(set_to_none=True)
@@ -150,7 +155,7 @@ def make_resnet50(seed):
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def step(i):
-        g = torch.Generator(device="cuda").manual_seed(seed * 1000 + i)
+        g = step_generator(seed, i)
         x = torch.randn(128, 3, 224, 224, device="cuda", generator=g)
         y = torch.randint(0, 1000, (128,), device="cuda", generator=g)
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -165,7 +170,7 @@ def make_gpt2(seed):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step(i):
-        g = torch.Generator(device="cuda").manual_seed(seed * 1000 + i)
+        g = step_generator(seed, i)
         ids = torch.randint(0, 50257, (16, 1024), device="cuda", generator=g)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=ids).loss
@@ -182,7 +187,7 @@ def make_bert_varlen(seed):
     def step(i):
         batch = int(torch.randint(16, 49, (1,), generator=shapes))
         seq = int(torch.randint(64, 513, (1,), generator=shapes))
-        g = torch.Generator(device="cuda").manual_seed(seed * 1000 + i)
+        g = step_generator(seed, i)
         ids = torch.randint(0, 30522, (batch, seq), device="cuda", generator=g)
         labels = torch.where(torch.rand(batch, seq, device="cuda", generator=g) < 0.15, ids,
                              torch.full_like(ids, -100))
@@ -237,7 +242,7 @@ def make_graph(seed):
     state = {"mismatches": 0}
 
     def step(i):
-        g = torch.Generator(device="cuda").manual_seed(seed * 1000 + i)
+        g = step_generator(seed, i)
         x = torch.randn(256, 1024, device="cuda", generator=g)
         static_in.copy_(x)
         graph.replay()
@@ -269,7 +274,7 @@ def make_llama_ckpt(seed):
 
     def step(i):
         seq = int(torch.randint(256, 2049, (1,), generator=shapes))
-        g = torch.Generator(device="cuda").manual_seed(seed * 1000 + i)
+        g = step_generator(seed, i)
         ids = torch.randint(0, 32000, (8, seq), device="cuda", generator=g)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=ids).loss
@@ -285,7 +290,7 @@ def make_kv_generate(seed):
 
     def step(i):
         prompt = int(torch.randint(64, 513, (1,), generator=shapes))
-        g = torch.Generator(device="cuda").manual_seed(seed * 1000 + i)
+        g = step_generator(seed, i)
         ids = torch.randint(0, 50257, (8, prompt), device="cuda", generator=g)
         past = None
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
@@ -302,15 +307,25 @@ JOBS = {"resnet50": make_resnet50, "gpt2": make_gpt2, "bert_varlen": make_bert_v
         "kv_generate": make_kv_generate}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--job", choices=sorted(JOBS), required=True)
+def job_arguments(doc, jobs):
+    """--job (one of `jobs`), --steps and --seed, as every job script takes them."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--job", choices=sorted(jobs), required=True)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    torch.manual_seed(args.seed)
+    return ap.parse_args()
+
+
+def deterministic(seed):
+    """The same initial weights and, where PyTorch can, bitwise-repeatable kernels."""
+    torch.manual_seed(seed)
     torch.backends.cudnn.benchmark = False
     torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def main():
+    args = job_arguments(__doc__, JOBS)
+    deterministic(args.seed)
     apply_limit()
     step = JOBS[args.job](args.seed)
     losses, times = [], []
