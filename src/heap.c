@@ -159,6 +159,8 @@ struct cuh_heap_s {
      * handle, and is never fenced or listed. */
     stream_state_t device_wide;
     uint32_t num_streams, cap_streams;
+    uint32_t live_other_streams; /* streams neither retired nor the default one (what next_live_stream
+                                    walks, kept: every device-wide malloc and poll asks) */
     stream_state_t *last_stream;
 
     cuh_event_t *spare_events;
@@ -225,8 +227,6 @@ static inline void stat_set(stat_t *s, size_t value)
         s->peak = value;
 }
 
-/* Device memory the heap holds: its segments, and under virtual memory the
- * pages mapped in the reservation (the reservation itself is address space). */
 /* A block that must start a segment of its own: every block with ipc_safe:1,
  * and the one being allocated by cuh_heap_malloc_shareable. Not under
  * virtual memory, which legacy IPC cannot share anyway. */
@@ -235,6 +235,8 @@ static inline int own_segment_locked(const cuh_heap_t *h)
     return h->cfg.ipc_safe || (h->shareable_call && !h->vm);
 }
 
+/* Device memory the heap holds: its segments, and under virtual memory the
+ * pages mapped in the reservation (the reservation itself is address space). */
 static size_t reserved_bytes(const cuh_heap_t *h)
 {
     if (!h->vm)
@@ -377,6 +379,7 @@ static stream_state_t *stream_find_locked(cuh_heap_t *h, cuh_stream_t handle)
          * serve the new stream (its fence counter only ever grows). */
         reusable->handle = handle;
         reusable->retired = 0;
+        h->live_other_streams += handle != 0;
         stream_joins_locked(h, reusable);
         return h->last_stream = reusable;
     }
@@ -396,6 +399,7 @@ static stream_state_t *stream_find_locked(cuh_heap_t *h, cuh_stream_t handle)
     st->handle = handle;
     st->tag = h->num_streams + 1;
     h->streams[h->num_streams++] = st;
+    h->live_other_streams += handle != 0;
     stream_joins_locked(h, st);
     return h->last_stream = st;
 }
@@ -1078,22 +1082,10 @@ static int events_done_locked(cuh_heap_t *h, cuh_event_t *events, size_t *num_ev
 
 /* How many streams a batch's events and a take-back's waits cover: the live
  * streams the heap knows and the default stream. */
-static uint64_t covered_streams_locked(const cuh_heap_t *h)
-{
-    uint64_t n = 0;
-    cuh_stream_t handle;
-    for (uint32_t i = 0; next_live_stream(h, &i, &handle);)
-        n++;
-    return n;
-}
+static uint64_t covered_streams_locked(const cuh_heap_t *h) { return (uint64_t)h->live_other_streams + 1; }
 
 /* 1 if the heap knows a live stream besides the default stream. */
-static int other_streams_locked(const cuh_heap_t *h)
-{
-    uint32_t i = 0;
-    cuh_stream_t first;
-    return next_live_stream(h, &i, &first) && first != 0;
-}
+static int other_streams_locked(const cuh_heap_t *h) { return h->live_other_streams != 0; }
 
 /* Keeps `e`, recorded on `stream`, until it completes
  * (settle_unsettled_locked): one per stream, the newest, since work on a
@@ -1225,11 +1217,10 @@ static int mapped_fits(const cuh_heap_t *h, const cuh_extent_t *e, size_t size)
     return e->segment == h->vm && !needs_pages_locked(h, e->addr, size);
 }
 
-/* The best free extent for `size`. For a block that must start its own
- * segment (own_segment_locked) only a whole segment no more than a quarter
- * larger than a new one would be will do: the block takes it whole, so that
- * it starts its segment (an IPC handle names exactly it) and no other block
- * ever shares the segment. */
+/* For a block that must start its own segment (own_segment_locked) only a
+ * whole free segment no more than a quarter larger than a new one would be
+ * will do: the block takes it whole, so that it starts its segment (an IPC
+ * handle names exactly it) and no other block ever shares the segment. */
 static int whole_segment_fits(const cuh_heap_t *h, const cuh_extent_t *e, size_t size)
 {
     (void)h;
@@ -1237,6 +1228,8 @@ static int whole_segment_fits(const cuh_heap_t *h, const cuh_extent_t *e, size_t
            e->size <= cuh_align_up(size, CUH_SEGMENT_GRAIN) + size / 4;
 }
 
+/* The best free extent for `size` (see whole_segment_fits for blocks that
+ * must start their own segment). */
 static cuh_extent_t *find_fit_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag)
 {
     cuh_extent_t *e = cuh_arena_find(&h->arena, size, align, tag);
@@ -1330,17 +1323,16 @@ grown:
 hit:
     if (cuh_unlikely(e->segment->virtual_space) && needs_pages_locked(h, e->addr, size)) {
         cuh_extent_t *mapped = smallest_free_locked(h, size, align, st->tag, mapped_fits);
-        if (mapped)
+        if (mapped) {
             e = mapped;
-    }
-    /* Under vmm:1 a fit in unmapped address space is growth too: memory
-     * cudaFree gave back comes first there as well. */
-    if (cuh_unlikely(e->segment->virtual_space) && h->held_bytes >= size && !tried_vm_take_back &&
-        needs_pages_locked(h, e->addr, size)) {
-        tried_vm_take_back = 1;
-        /* The extents may have merged: find the fit again. */
-        if (take_back_all_locked(h) && !(e = find_fit_locked(h, size, align, st->tag)))
-            goto retry_after_take_back;
+        } else if (h->held_bytes >= size && !tried_vm_take_back) {
+            /* Under vmm:1 a fit in unmapped address space is growth too:
+             * memory cudaFree gave back comes first there as well. */
+            tried_vm_take_back = 1;
+            /* The extents may have merged: find the fit again. */
+            if (take_back_all_locked(h) && !(e = find_fit_locked(h, size, align, st->tag)))
+                goto retry_after_take_back;
+        }
     }
     e = take_locked(h, e, size, align, state, st);
     if (!e)
@@ -2250,6 +2242,7 @@ void cuh_heap_retire_stream(cuh_heap_t *h, cuh_stream_t stream)
         stream_fence_locked(h, st);
         stream_poll_locked(h, st, 0);
         st->retired = 1;
+        h->live_other_streams -= st->handle != 0;
         if (h->last_stream == st)
             h->last_stream = NULL;
     }
@@ -2427,6 +2420,17 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
                 slab_spare += s->num_objs - s->num_live - s->num_avail;
             }
         }
+    if (!rc) {
+        uint32_t live_others = 0;
+        cuh_stream_t handle;
+        for (uint32_t i = 0; next_live_stream(h, &i, &handle);)
+            live_others += handle != 0;
+        if (live_others != h->live_other_streams) {
+            snprintf(msg, len, "%u live streams besides the default one, books say %u", live_others,
+                     h->live_other_streams);
+            rc = -1;
+        }
+    }
     if (!rc && h->vm) {
         /* Every page under a used extent is mapped; the counts agree. */
         size_t mapped = 0;
