@@ -95,23 +95,25 @@ static int cuda_code(cuheap_status_t status)
 }
 
 /* 1 when `caller` lies in a shared library whose file name contains the
- * ipc_callers text. dladdr walks the loaded objects, so each thread keeps
- * its last answers: allocations come from few call sites. */
+ * ipc_callers text. dladdr walks the loaded objects and reading the settings
+ * takes the runtime's lock, so each thread keeps its last answers (the
+ * settings no longer change once a heap serves allocations): allocations
+ * come from few call sites. */
 static int caller_shares_blocks(const void *caller)
 {
     enum { REMEMBERED = 8 };
     static _Thread_local const void *seen[REMEMBERED];
     static _Thread_local unsigned char answer[REMEMBERED];
     static _Thread_local unsigned next;
-    const char *text = cuh_runtime_config()->ipc_callers;
-    if (!caller || !text[0])
+    if (!caller)
         return 0;
     for (unsigned i = 0; i < REMEMBERED; i++)
         if (seen[i] == caller)
             return answer[i];
+    const char *text = cuh_runtime_config()->ipc_callers;
     Dl_info info;
     int shares = 0;
-    if (dladdr(caller, &info) && info.dli_fname) {
+    if (text[0] && dladdr(caller, &info) && info.dli_fname) {
         const char *name = strrchr(info.dli_fname, '/');
         shares = strstr(name ? name + 1 : info.dli_fname, text) != NULL;
     }
