@@ -23,6 +23,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,6 +151,17 @@ static int parse_bytes(const char *s, size_t *out)
     return 0;
 }
 
+/* A count option's value: a whole number from 0 to max, else a usage error
+ * naming the option and what it counts. */
+static long count_value(const char *option, const char *value, long max, const char *expected)
+{
+    char *end;
+    long n = strtol(value, &end, 10);
+    if (!*value || *end || n < 0 || n > max)
+        usage_error("bad %s value '%s' (expected %s)", option, value, expected);
+    return n;
+}
+
 static void parse_options(int argc, char **argv, options_t *o)
 {
     memset(o, 0, sizeof *o);
@@ -211,23 +223,11 @@ static void parse_options(int argc, char **argv, options_t *o)
             if (parse_bytes(value, &o->external) != 0)
                 usage_error("bad --external value '%s' (expected a number of bytes, e.g. 4G)", value);
         } else if (name_len == 10 && strncmp(a, "--cudafree", 10) == 0) {
-            char *end = NULL;
-            long lag = strtol(value, &end, 10);
-            if (!*value || *end || lag < 0)
-                usage_error("bad --cudafree value '%s' (expected a number of events, 0 or more)", value);
-            o->cudafree_lag = lag;
+            o->cudafree_lag = count_value("--cudafree", value, LONG_MAX, "a number of events, 0 or more");
         } else if (name_len == 5 && strncmp(a, "--lag", 5) == 0) {
-            char *end;
-            long lag = strtol(value, &end, 10);
-            if (!*value || *end || lag < 0)
-                usage_error("bad --lag value '%s' (expected a number of events, 0 or more)", value);
-            o->lag = lag;
+            o->lag = count_value("--lag", value, LONG_MAX, "a number of events, 0 or more");
         } else if (name_len == 9 && strncmp(a, "--streams", 9) == 0) {
-            char *end = NULL;
-            long n = strtol(value, &end, 10);
-            if (!*value || *end || n < 0 || n > 4096)
-                usage_error("bad --streams value '%s' (expected a number of streams, 0 to 4096)", value);
-            o->streams = n;
+            o->streams = count_value("--streams", value, 4096, "a number of streams, 0 to 4096");
         } else if (name_len == 8 && strncmp(a, "--report", 8) == 0) {
             if (!*value)
                 usage_error("--report needs a file name");
