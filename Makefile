@@ -18,13 +18,20 @@ SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-re
 # The library proper: what libcuheap.so is made of. No CUDA library and no
 # zlib are linked; the driver is loaded with dlopen at run time.
 LIB_SRCS := src/log.c src/config.c src/sizeclass.c src/freebins.c src/ptrmap.c \
-            src/arena.c src/slab.c src/heap.c src/report.c src/report_html.c src/device_sim.c \
+            src/arena.c src/slab.c src/heap.c src/pinned.c src/report.c src/report_html.c src/device_sim.c \
             src/device_cuda.c src/api.c src/hook_torch.c src/trace_write.c
 # The CUDA entry points for LD_PRELOAD: in libcuheap.so only. A program that
 # links libcuheap.a keeps its own CUDA runtime.
 HOOK_SRCS := src/hook_cuda.c src/hook_runtime.c src/hook_driver.c
 # Tool-side code (reads gzip traces, so it links zlib); never in the .so.
 TOOL_SRCS := src/trace_read.c src/json_read.c
+
+# jemalloc, for the pinned host memory cache: Debian's 5.3.0 source built by
+# scripts/build-jemalloc.sh with its symbols renamed (cuh_je_*) and
+# global-dynamic TLS, so that it loads by dlopen. Built once per build folder
+# (no prerequisites: a GPU machine without network uses a carried copy).
+JEMALLOC := $(BUILD)/jemalloc-5.3.0
+JE_LIB   := $(JEMALLOC)/lib/libjemalloc_pic.a
 
 TESTS := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
 
@@ -47,6 +54,12 @@ deps:
 deps-test:
 	@scripts/install-deps.sh test
 
+$(JE_LIB): | deps
+	@scripts/build-jemalloc.sh $(JEMALLOC)
+
+$(BUILD)/obj/pinned.o $(BUILD)/san/obj/pinned.o: | $(JE_LIB)
+$(BUILD)/obj/pinned.o $(BUILD)/san/obj/pinned.o: CFLAGS_BASE += -isystem $(JEMALLOC)/include
+
 $(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) include/cuheap.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(OPT) -c $< -o $@
@@ -55,23 +68,29 @@ $(BUILD)/san/obj/%.o: src/%.c $(wildcard src/*.h) include/cuheap.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -c $< -o $@
 
-$(BUILD)/libcuheap.so: $(LIB_OBJS) $(HOOK_OBJS) src/exports.map
-	$(CC) -shared -Wl,--version-script=src/exports.map -Wl,-z,defs -pthread \
-	    -o $@ $(LIB_OBJS) $(HOOK_OBJS) -ldl
+$(BUILD)/libcuheap.so: $(LIB_OBJS) $(HOOK_OBJS) src/exports.map $(JE_LIB)
+	$(CC) -shared -Wl,--version-script=src/exports.map -Wl,--exclude-libs,ALL -Wl,-z,defs -pthread \
+	    -o $@ $(LIB_OBJS) $(HOOK_OBJS) $(JE_LIB) -ldl
 
-$(BUILD)/libcuheap.a: $(LIB_OBJS)
+# The static library carries jemalloc's objects too: linking it needs nothing else.
+define static_library
 	@rm -f $@
-	ar rcs $@ $^
+	@{ echo "create $@"; echo "addlib $(JE_LIB)"; for o in $^; do case $$o in *.o) echo "addmod $$o";; esac; done; \
+	   echo save; echo end; } | ar -M
+	ranlib $@
+endef
+
+$(BUILD)/libcuheap.a: $(LIB_OBJS) $(JE_LIB)
+	$(static_library)
 
 # The sanitized shared object, preloaded (after libasan) by the sanitized
 # run of tests/test_preload.sh; named apart so that no other test loads it.
-$(BUILD)/san/libcuheap-asan.so: $(SAN_LIB_OBJS) $(SAN_HOOK_OBJS) src/exports.map
-	$(CC) -shared -Wl,--version-script=src/exports.map -pthread $(SAN) \
-	    -o $@ $(SAN_LIB_OBJS) $(SAN_HOOK_OBJS) -ldl
+$(BUILD)/san/libcuheap-asan.so: $(SAN_LIB_OBJS) $(SAN_HOOK_OBJS) src/exports.map $(JE_LIB)
+	$(CC) -shared -Wl,--version-script=src/exports.map -Wl,--exclude-libs,ALL -pthread $(SAN) \
+	    -o $@ $(SAN_LIB_OBJS) $(SAN_HOOK_OBJS) $(JE_LIB) -ldl
 
-$(BUILD)/san/libcuheap.a: $(SAN_LIB_OBJS)
-	@rm -f $@
-	ar rcs $@ $^
+$(BUILD)/san/libcuheap.a: $(SAN_LIB_OBJS) $(JE_LIB)
+	$(static_library)
 
 $(BUILD)/cuheap-replay: src/tools/replay.c src/tools/cli.h $(TOOL_OBJS) $(BUILD)/libcuheap.a
 	$(CC) $(CFLAGS_BASE) $(OPT) -o $@ $< $(TOOL_OBJS) $(BUILD)/libcuheap.a -lz -ldl -lm

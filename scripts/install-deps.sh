@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # install-deps.sh [test] - installs the Debian packages cuheap's build needs, if
 # they are missing: a C compiler, make, zlib and cmocka (headers and
-# libraries), python3; with `test`, also g++ (one test builds a C++ probe) and
+# libraries), python3, and curl and bzip2 (scripts/build-jemalloc.sh fetches
+# and unpacks Debian's jemalloc source); with `test`, also g++ (one test builds a C++ probe) and
 # chromium (the HTML report is rendered headless). Silent when all is there.
 set -euo pipefail
 
@@ -17,6 +18,8 @@ have_header zlib.h || missing+=(zlib1g-dev)
 printf '#include <stdarg.h>\n#include <stddef.h>\n#include <stdint.h>\n#include <setjmp.h>\n#include <cmocka.h>\n' |
     ${CC:-gcc} -E -x c - >/dev/null 2>&1 || missing+=(libcmocka-dev)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
+command -v curl >/dev/null 2>&1 || missing+=(curl)
+command -v bzip2 >/dev/null 2>&1 || missing+=(bzip2)
 
 [ ${#missing[@]} -eq 0 ] && exit 0
 
