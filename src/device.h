@@ -73,6 +73,13 @@ typedef struct cuh_device_ops_s {
      * range vm_map maps from now on. Plain segments need nothing: CUDA
      * grants peers those itself. */
     cuh_dev_status_t (*vm_allow_peer)(cuh_device_t *dev, int peer, uintptr_t va, size_t size);
+
+    /* Page-locked host memory (cuMemHostAlloc in the device's primary
+     * context): `size` bytes with cudaHostAlloc's `flags` (1 portable,
+     * 2 mapped, 4 write-combined); CUH_DEV_OOM when the host has no more
+     * to lock. The memory is host memory: the host reads and writes it. */
+    cuh_dev_status_t (*host_alloc)(cuh_device_t *dev, size_t size, unsigned flags, void **ptr);
+    void (*host_free)(cuh_device_t *dev, void *ptr, size_t size);
 } cuh_device_ops_t;
 
 /* Every implementation embeds this as its first member. */
@@ -113,8 +120,16 @@ typedef struct cuh_sim_counters_s {
     uint64_t vm_peer_grants;   /* (range, peer) pairs made accessible, by vm_allow_peer and vm_map */
     uint64_t vm_peers;         /* bit d: device d was allowed */
     uint64_t live_events;
+    uint64_t host_allocs, host_frees;   /* page-locked host chunks (anonymous memory here) */
+    size_t host_bytes;                  /* held now */
 } cuh_sim_counters_t;
 void cuh_sim_counters(cuh_device_t *dev, cuh_sim_counters_t *out);
+/* The flags the page-locked host chunk holding ptr was allocated with (on
+ * this device), with its base and size when not NULL; -1 when no chunk of
+ * this device holds ptr. */
+int cuh_sim_host_chunk(cuh_device_t *dev, const void *ptr, uintptr_t *base, size_t *size);
+/* At most `bytes` of page-locked host memory at once (0: unlimited). */
+void cuh_sim_set_host_capacity(cuh_device_t *dev, size_t bytes);
 
 /* ---- CUDA device (device_cuda.c) ------------------------------------- */
 
@@ -150,6 +165,9 @@ int cuh_cuda_device_ordinal(int cudev);
 int cuh_cuda_context_device(void *ctx);
 /* 1 when `stream` is being captured into a CUDA graph. */
 int cuh_cuda_stream_capturing(const void *stream);
+/* Bit d set for every device whose primary context is active (the program
+ * has used the device); 0 when the driver is not loaded. */
+uint64_t cuh_cuda_active_devices(void);
 /* 1 when the program has loaded libcuda.so.1 (cuheap loads nothing). */
 int cuh_cuda_driver_loaded(void);
 

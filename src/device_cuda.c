@@ -127,6 +127,9 @@ static struct {
     CUresult (*cuMemUnmap)(CUdeviceptr ptr, size_t size);
     CUresult (*cuMemSetAccess)(CUdeviceptr ptr, size_t size, const cuh_CUmemAccessDesc *desc, size_t count);
     CUresult (*cuStreamIsCapturing)(CUstream stream, int *status);
+    /* Page-locked host memory (optional). */
+    CUresult (*cuMemHostAlloc)(void **pp, size_t bytes, unsigned int flags);
+    CUresult (*cuMemFreeHost)(void *p);
 } g_cu = { .once = PTHREAD_ONCE_INIT, .lib_once = PTHREAD_ONCE_INIT, .dlsym_once = PTHREAD_ONCE_INIT, .primary_lock = PTHREAD_MUTEX_INITIALIZER };
 
 /* Our own copy of dlsym. A later feature of cuheap defines a `dlsym` of its
@@ -292,6 +295,8 @@ static void cuda_load(void)
     CU_OPTIONAL(cuMemUnmap);
     CU_OPTIONAL(cuMemSetAccess);
     CU_OPTIONAL(cuStreamIsCapturing);
+    CU_OPTIONAL(cuMemHostAlloc);
+    CU_OPTIONAL(cuMemFreeHost);
 #undef CU_OPTIONAL
 
     r = g_cu.cuInit(0);
@@ -753,6 +758,44 @@ static cuh_dev_status_t cuda_vm_unmap(cuh_device_t *dev, uintptr_t va, size_t si
     return CUH_DEV_OK;
 }
 
+static cuh_dev_status_t cuda_host_alloc(cuh_device_t *dev, size_t size, unsigned flags, void **ptr)
+{
+    cuh_cuda_device_t *d = cuda_dev(dev);
+    int pushed;
+    if (!g_cu.cuMemHostAlloc || !g_cu.cuMemFreeHost) {
+        snprintf(dev->last_error, sizeof dev->last_error, "the CUDA driver has no cuMemHostAlloc/cuMemFreeHost");
+        return CUH_DEV_ERROR;
+    }
+    CUDA_ENTER(d, pushed, "cuMemHostAlloc");
+    int mode = CU_STREAM_CAPTURE_MODE_RELAXED;   /* see cuda_mem_alloc */
+    (void)g_cu.cuThreadExchangeStreamCaptureMode(&mode);
+    void *p = NULL;
+    CUresult r = g_cu.cuMemHostAlloc(&p, size, flags);
+    (void)g_cu.cuThreadExchangeStreamCaptureMode(&mode);
+    cuda_ctx_leave(pushed);
+    if (r != CUDA_SUCCESS) {
+        cuda_dev_error(dev, r, "cuMemHostAlloc(%zu bytes, flags 0x%x)", size, flags);
+        return r == CUDA_ERROR_OUT_OF_MEMORY ? CUH_DEV_OOM : CUH_DEV_ERROR;
+    }
+    *ptr = p;
+    return CUH_DEV_OK;
+}
+
+static void cuda_host_free(cuh_device_t *dev, void *ptr, size_t size)
+{
+    cuh_cuda_device_t *d = cuda_dev(dev);
+    int pushed;
+    if (!g_cu.cuMemFreeHost || cuda_ctx_enter(d, &pushed) != CUDA_SUCCESS)
+        return;   /* at exit the driver may be gone, and the memory with the process */
+    int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    (void)g_cu.cuThreadExchangeStreamCaptureMode(&mode);
+    CUresult r = g_cu.cuMemFreeHost(ptr);
+    (void)g_cu.cuThreadExchangeStreamCaptureMode(&mode);
+    cuda_ctx_leave(pushed);
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED)
+        cuda_dev_error(dev, r, "cuMemFreeHost(%p, %zu bytes)", ptr, size);
+}
+
 static void cuda_destroy(cuh_device_t *dev)
 {
     cuh_cuda_device_t *d = cuda_dev(dev);
@@ -785,6 +828,8 @@ static const cuh_device_ops_t cuda_ops = {
     .vm_map = cuda_vm_map,
     .vm_allow_peer = cuda_vm_allow_peer,
     .vm_unmap = cuda_vm_unmap,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
 };
 
 /* ---- entry points (device.h) -------------------------------------------- */
@@ -1036,4 +1081,18 @@ int cuh_cuda_stream_capturing(const void *stream)
     if (g_cu.cuStreamIsCapturing((CUstream)(uintptr_t)stream, &status) != CUDA_SUCCESS)
         return 0;
     return status != 0;   /* ACTIVE, or INVALIDATED: either way the stream is in a capture */
+}
+
+uint64_t cuh_cuda_active_devices(void)
+{
+    if (!cuh_cuda_driver_loaded() || cuda_ready(NULL, 0) != 0)
+        return 0;
+    uint64_t mask = 0;
+    for (int i = 0; i < g_cu.device_count && i < CUH_CUDA_MAX_DEVICES && i < 64; i++) {
+        unsigned flags = 0;
+        int active = 0;
+        if (g_cu.cuDevicePrimaryCtxGetState(g_cu.devices[i], &flags, &active) == CUDA_SUCCESS && active)
+            mask |= 1ull << i;
+    }
+    return mask;
 }

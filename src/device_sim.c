@@ -19,6 +19,7 @@
 
 #include <pthread.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,6 +57,13 @@ typedef struct sim_device_s {
     cuh_ptrmap_t physical;       /* handle -> size */
     cuh_ptrmap_t mappings;       /* va -> handle, one entry per mapped allocation */
     uint64_t next_handle;
+    struct sim_host_chunk_s {
+        uintptr_t base;
+        size_t size;
+        unsigned flags;
+    } *host_chunks;              /* page-locked host memory handed out, unordered */
+    size_t num_host_chunks, cap_host_chunks;
+    size_t host_capacity;        /* 0: unlimited */
     cuh_sim_counters_t counters;
 } sim_device_t;
 
@@ -377,9 +385,93 @@ static cuh_dev_status_t sim_vm_unmap(cuh_device_t *dev, uintptr_t va, size_t siz
     return rc;
 }
 
+/* Page-locked host memory is plain anonymous memory here: tests write and
+ * read it as programs would. */
+static cuh_dev_status_t sim_host_alloc(cuh_device_t *dev, size_t size, unsigned flags, void **ptr)
+{
+    sim_device_t *s = sim_of(dev);
+    cuh_dev_status_t rc = CUH_DEV_OK;
+    pthread_mutex_lock(&s->lock);
+    if (size == 0 || (flags & ~7u)) {
+        snprintf(dev->last_error, sizeof dev->last_error, "sim: host_alloc(%zu bytes, flags 0x%x) refused", size,
+                 flags);
+        rc = CUH_DEV_ERROR;
+    } else if (s->host_capacity && size > s->host_capacity - s->counters.host_bytes) {
+        snprintf(dev->last_error, sizeof dev->last_error, "sim: host_alloc(%zu bytes): %zu of %zu bytes locked",
+                 size, s->counters.host_bytes, s->host_capacity);
+        rc = CUH_DEV_OOM;
+    } else if (s->num_host_chunks == s->cap_host_chunks) {
+        size_t cap = s->cap_host_chunks ? 2 * s->cap_host_chunks : 16;
+        struct sim_host_chunk_s *grown = realloc(s->host_chunks, cap * sizeof *grown);
+        if (grown) {
+            s->host_chunks = grown;
+            s->cap_host_chunks = cap;
+        } else {
+            rc = CUH_DEV_OOM;
+        }
+    }
+    void *p = MAP_FAILED;
+    if (rc == CUH_DEV_OK && (p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)) ==
+                                MAP_FAILED) {
+        snprintf(dev->last_error, sizeof dev->last_error, "sim: host_alloc(%zu bytes): mmap failed", size);
+        rc = CUH_DEV_OOM;
+    }
+    if (rc == CUH_DEV_OK) {
+        s->host_chunks[s->num_host_chunks++] = (struct sim_host_chunk_s){(uintptr_t)p, size, flags};
+        s->counters.host_allocs++;
+        s->counters.host_bytes += size;
+        *ptr = p;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+static void sim_host_free(cuh_device_t *dev, void *ptr, size_t size)
+{
+    sim_device_t *s = sim_of(dev);
+    pthread_mutex_lock(&s->lock);
+    for (size_t i = 0; i < s->num_host_chunks; i++)
+        if (s->host_chunks[i].base == (uintptr_t)ptr && s->host_chunks[i].size == size) {
+            munmap(ptr, size);
+            s->host_chunks[i] = s->host_chunks[--s->num_host_chunks];
+            s->counters.host_frees++;
+            s->counters.host_bytes -= size;
+            break;
+        }
+    pthread_mutex_unlock(&s->lock);
+}
+
+int cuh_sim_host_chunk(cuh_device_t *dev, const void *ptr, uintptr_t *base, size_t *size)
+{
+    sim_device_t *s = sim_of(dev);
+    int flags = -1;
+    pthread_mutex_lock(&s->lock);
+    for (size_t i = 0; i < s->num_host_chunks; i++)
+        if ((uintptr_t)ptr - s->host_chunks[i].base < s->host_chunks[i].size) {
+            flags = (int)s->host_chunks[i].flags;
+            if (base)
+                *base = s->host_chunks[i].base;
+            if (size)
+                *size = s->host_chunks[i].size;
+        }
+    pthread_mutex_unlock(&s->lock);
+    return flags;
+}
+
+void cuh_sim_set_host_capacity(cuh_device_t *dev, size_t bytes)
+{
+    sim_device_t *s = sim_of(dev);
+    pthread_mutex_lock(&s->lock);
+    s->host_capacity = bytes;
+    pthread_mutex_unlock(&s->lock);
+}
+
 static void sim_destroy(cuh_device_t *dev)
 {
     sim_device_t *s = sim_of(dev);
+    for (size_t i = 0; i < s->num_host_chunks; i++)
+        munmap((void *)s->host_chunks[i].base, s->host_chunks[i].size);
+    free(s->host_chunks);
     cuh_ptrmap_destroy(&s->segments);
     cuh_ptrmap_destroy(&s->reservations);
     cuh_ptrmap_destroy(&s->physical);
@@ -409,6 +501,8 @@ static const cuh_device_ops_t sim_ops = {
     .vm_map = sim_vm_map,
     .vm_unmap = sim_vm_unmap,
     .vm_allow_peer = sim_vm_allow_peer,
+    .host_alloc = sim_host_alloc,
+    .host_free = sim_host_free,
 };
 
 cuh_device_t *cuh_sim_create(const cuh_sim_params_t *params)

@@ -123,6 +123,15 @@ typedef struct free_batch_s {
     cuh_stream_t *event_streams;  /* the stream each event was recorded on */
 } free_batch_t;
 
+/* A fence for memory outside the heap (cuh_heap_fence): like a closed
+ * batch's events, without blocks. */
+struct cuh_heap_fence_s {
+    cuh_heap_fence_t *prev, *next;   /* the heap's outstanding fences */
+    int recorded;                    /* 0: made during a graph capture, events still to record */
+    size_t num_events, cap;
+    cuh_event_t events[];
+};
+
 typedef struct use_list_s {
     size_t count, capacity;
     cuh_stream_t streams[];
@@ -192,6 +201,7 @@ struct cuh_heap_s {
     size_t held_requested;
     free_batch_t *open_batch;    /* device-wide frees no event covers yet */
     free_batch_t *closed_batches;
+    cuh_heap_fence_t *fences;    /* outstanding fences for memory outside the heap (cuh_heap_fence) */
     cuh_ptrmap_t uses;           /* address -> use_list_t: streams from record_stream */
     cuh_ptrmap_t graph;          /* address -> graph pool id, for blocks allocated in a capture */
     /* Virtual memory (vmm:1): the general region is one reservation whose
@@ -1577,8 +1587,99 @@ void cuh_heap_destroy(cuh_heap_t *h)
         h->dev->ops->event_destroy(h->dev, h->unsettled[i]);
     free(h->unsettled);
     free(h->unsettled_streams);
+    for (cuh_heap_fence_t *f = h->fences, *next; f; f = next) {
+        next = f->next;
+        for (size_t i = 0; i < f->num_events; i++)
+            h->dev->ops->event_destroy(h->dev, f->events[i]);
+        free(f);
+    }
     pthread_mutex_destroy(&h->lock);
     free(h);
+}
+
+/* ---- fences for memory outside the heap ------------------------------------ *
+ * Pinned host memory obeys cudaFree's rule too (the real cudaFreeHost
+ * synchronizes): a freed buffer waits until all work issued before the free
+ * has finished. A fence is what a device-wide batch waits for - an event on
+ * the default stream and on every live stream the heap knows - kept apart
+ * from the batches, whose take-backs let the GPU, not the host, wait: host
+ * memory is written by the host. The fence's type is defined with the
+ * batches (cuh_heap_fence_s). */
+
+/* Records the fence's events; on any failure synchronizes the device
+ * instead (slow, never wrong), leaving no event to wait for. */
+static void fence_record_locked(cuh_heap_t *h, cuh_heap_fence_t *f, size_t cap)
+{
+    cuh_stream_t handle;
+    f->recorded = 1;
+    for (uint32_t i = 0; next_live_stream(h, &i, &handle);) {
+        cuh_event_t ev = f->num_events < cap ? event_get_locked(h) : NULL;
+        if (!ev || h->dev->ops->event_record(h->dev, ev, handle) != CUH_DEV_OK) {
+            if (ev)
+                event_put_locked(h, ev);
+            while (f->num_events)
+                event_put_locked(h, f->events[--f->num_events]);
+            h->dev->ops->synchronize(h->dev);
+            return;
+        }
+        f->events[f->num_events++] = ev;
+    }
+}
+
+cuh_heap_fence_t *cuh_heap_fence(cuh_heap_t *h)
+{
+    pthread_mutex_lock(&h->lock);
+    size_t cap = (size_t)covered_streams_locked(h);
+    cuh_heap_fence_t *f = calloc(1, sizeof *f + cap * sizeof f->events[0]);
+    if (!f) {
+        h->dev->ops->synchronize(h->dev);   /* no room to remember: wait now */
+        pthread_mutex_unlock(&h->lock);
+        return NULL;
+    }
+    f->cap = cap;
+    if (!h->captures)
+        fence_record_locked(h, f, cap);
+    f->next = h->fences;
+    if (h->fences)
+        h->fences->prev = f;
+    h->fences = f;
+    pthread_mutex_unlock(&h->lock);
+    return f;
+}
+
+int cuh_heap_fence_passed(cuh_heap_t *h, cuh_heap_fence_t *f, int wait)
+{
+    if (!f)
+        return 1;
+    pthread_mutex_lock(&h->lock);
+    int passed = 0;
+    /* Made during a capture: work issued before the free was issued before
+     * now too, so events recorded now cover it (with more streams known
+     * than there is room for, fence_record_locked synchronizes instead). */
+    if (!f->recorded && !h->captures)
+        fence_record_locked(h, f, f->cap);
+    /* Still capturing: no event may be recorded and no wait made now. */
+    if (f->recorded)
+        passed = events_done_locked(h, f->events, &f->num_events, wait);
+    pthread_mutex_unlock(&h->lock);
+    return passed;
+}
+
+void cuh_heap_fence_free(cuh_heap_t *h, cuh_heap_fence_t *f)
+{
+    if (!f)
+        return;
+    pthread_mutex_lock(&h->lock);
+    while (f->num_events)
+        event_put_locked(h, f->events[--f->num_events]);
+    if (f->prev)
+        f->prev->next = f->next;
+    else
+        h->fences = f->next;
+    if (f->next)
+        f->next->prev = f->prev;
+    pthread_mutex_unlock(&h->lock);
+    free(f);
 }
 
 /* Takes the workspace at first use. A workspace the device cannot give is

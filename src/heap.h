@@ -121,6 +121,20 @@ int cuh_heap_owns(cuh_heap_t *heap, uintptr_t addr);
 /* Size of the live block at addr (its request), 0 if none. */
 size_t cuh_heap_block_size(cuh_heap_t *heap, uintptr_t addr);
 
+/* Fences for memory outside the heap that keeps cudaFree's rule (pinned host
+ * memory: the real cudaFreeHost synchronizes). A fence covers all work
+ * issued so far on the device: an event on the default stream and on every
+ * live stream the heap knows. It never waits; NULL when the device had to
+ * be synchronized instead (nothing left to wait for). During a graph
+ * capture its events are recorded at the first query after the capture.
+ * cuh_heap_fence_passed: 1 when that work has finished; wait: waits for it
+ * first (not possible during a capture: 0). Fences still outstanding when
+ * the heap is destroyed go with it. */
+typedef struct cuh_heap_fence_s cuh_heap_fence_t;
+cuh_heap_fence_t *cuh_heap_fence(cuh_heap_t *heap);
+int cuh_heap_fence_passed(cuh_heap_t *heap, cuh_heap_fence_t *fence, int wait);
+void cuh_heap_fence_free(cuh_heap_t *heap, cuh_heap_fence_t *fence);
+
 void cuh_heap_stats(cuh_heap_t *heap, cuheap_stats_t *out);
 /* Takes in the frees whose GPU work has finished, without waiting. */
 void cuh_heap_poll(cuh_heap_t *heap);
@@ -222,10 +236,16 @@ typedef struct cuh_report_origin_s {
 } cuh_report_origin_t;
 cuh_report_origin_t cuh_report_origin_now(void);
 
-/* report.c, report_html.c: render snapshots (several devices make one report). */
-void cuh_report_text(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n);
-void cuh_report_json(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n);
-void cuh_report_html(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n);
+/* report.c, report_html.c: render snapshots (several devices make one report)
+ * and the pinned host memory cache's statistics after them. pinned is NULL
+ * when the process never used pinned memory: the report then has no such
+ * section (and its JSON no "pinned_host"). */
+void cuh_report_text(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n,
+                     const cuheap_host_stats_t *pinned);
+void cuh_report_json(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n,
+                     const cuheap_host_stats_t *pinned);
+void cuh_report_html(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n,
+                     const cuheap_host_stats_t *pinned);
 /* Writes s as a JSON string (quoted and escaped); the one escaping every JSON
  * that cuheap and its tools write uses. */
 void cuh_json_write_string(FILE *out, const char *s);
