@@ -81,6 +81,24 @@ typedef struct cuheap_stats_s {
     uint64_t device_total;     /* the device's memory, 0 until first use */
 } cuheap_stats_t;
 
+/* Pinned (page-locked) host memory: the cache that serves cudaHostAlloc under
+ * LD_PRELOAD, and cuheap_host_alloc. Words as above; in addition
+ *   reserved   page-locked bytes held in chunks taken from CUDA
+ *   pending    freed, not reused before GPU work issued before the free ends */
+typedef struct cuheap_host_stats_s {
+    cuheap_stat_t requested;
+    cuheap_stat_t allocated;   /* requests rounded up to jemalloc's size classes */
+    cuheap_stat_t reserved;
+    cuheap_stat_t pending;
+    uint64_t num_allocs;
+    uint64_t num_frees;
+    uint64_t num_chunks;       /* chunks held now */
+    uint64_t num_chunk_allocs; /* chunks ever asked of CUDA */
+    uint64_t num_waits;        /* allocations that waited for GPU work to release pending memory */
+    uint64_t num_ooms;
+    uint64_t chunk_size;       /* the pinned_chunk setting */
+} cuheap_host_stats_t;
+
 typedef enum cuheap_report_format_e {
     CUHEAP_REPORT_TEXT = 0,
     CUHEAP_REPORT_JSON = 1,   /* schema: include/cuheap_report.schema.json */
@@ -131,6 +149,24 @@ CUHEAP_API cuheap_status_t cuheap_release_cached(int device);
 
 /* Resets the peaks of `device` to the current values. */
 CUHEAP_API cuheap_status_t cuheap_reset_peaks(int device);
+
+/* Page-locked host memory, as cudaHostAlloc(ptr, size, flags) gives it:
+ * flags 0, or cudaHostAllocPortable (1) and/or cudaHostAllocMapped (2); the
+ * calling thread's current device's context is the one it is pinned for
+ * unless portable. Served from jemalloc arenas over large pinned chunks
+ * (CUHEAP_CONF pinned_chunk); aligned to 4 KiB from 4 KiB up, to 256 bytes
+ * below. size 0 gives NULL. Write-combined memory (4) is not served:
+ * CUHEAP_ERR_INVALID_ARGUMENT. */
+#define CUHEAP_HOST_PORTABLE 0x1u
+#define CUHEAP_HOST_MAPPED 0x2u
+CUHEAP_API cuheap_status_t cuheap_host_alloc(void **ptr, size_t size, unsigned int flags);
+/* cudaFreeHost's promise without its wait: the buffer is not handed out
+ * again before all GPU work issued before this call has finished, on every
+ * device. NULL is a no-op; a pointer not from cuheap_host_alloc is
+ * CUHEAP_ERR_NOT_OWNED. */
+CUHEAP_API cuheap_status_t cuheap_host_free(void *ptr);
+/* Zeros until the first pinned allocation. */
+CUHEAP_API cuheap_status_t cuheap_get_host_stats(cuheap_host_stats_t *stats);
 
 /* Writes a report of every used device to `path` ("-" is stdout). */
 CUHEAP_API cuheap_status_t cuheap_dump_report(const char *path, cuheap_report_format_t format);

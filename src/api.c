@@ -6,6 +6,7 @@
  * key: a job must not run on settings it did not ask for.
  */
 #include "common.h"
+#include "pinned.h"
 #include "runtime.h"
 #include "trace_write.h"
 
@@ -37,6 +38,11 @@ static struct {
     cuh_heap_t *_Atomic heaps[CUH_MAX_DEVICES];
     cuh_device_t *devices[CUH_MAX_DEVICES];
     uint64_t peers[CUH_MAX_DEVICES];   /* bit p of peers[d]: device p may access device d's memory */
+    _Atomic uint64_t heap_generation[CUH_MAX_DEVICES];   /* bumped when a heap is dropped */
+    cuh_pinned_t *_Atomic pinned;      /* the pinned host memory cache, made at first use */
+    cuh_pinned_t *retired_pinned[8];   /* caches a device reset ended (their frees still come) */
+    size_t num_retired_pinned;
+    int pinned_off;                    /* too many resets: pinned memory is left to CUDA */
 } rt;
 
 /* ---- runtime ---------------------------------------------------------------- */
@@ -71,6 +77,13 @@ int cuh_runtime_use_sim(size_t capacity)
 void cuh_runtime_reset(void)
 {
     pthread_mutex_lock(&runtime_lock);
+    cuh_pinned_t *pinned = atomic_exchange(&rt.pinned, NULL);
+    pthread_mutex_unlock(&runtime_lock);
+    cuh_pinned_destroy(pinned);   /* before the devices its chunks come from */
+    pthread_mutex_lock(&runtime_lock);
+    for (size_t i = 0; i < rt.num_retired_pinned; i++)
+        cuh_pinned_destroy(rt.retired_pinned[i]);
+    rt.num_retired_pinned = 0;
     for (int i = 0; i < CUH_MAX_DEVICES; i++) {
         if (rt.heaps[i])
             cuh_heap_destroy(rt.heaps[i]);
@@ -300,6 +313,36 @@ void cuh_runtime_retire_stream(cuh_stream_t stream)
     }
 }
 
+/* The reset of `device` frees the page-locked memory allocated in its
+ * context: a pinned cache with chunks from it serves no more (its frees
+ * still come), and a new one takes over. Called with no lock held: the
+ * cache's locks come before the runtime's (a chunk is allocated, and a
+ * fence made, with them held). */
+static void retire_pinned_of(int device)
+{
+    cuh_pinned_t *pinned = rt.pinned;
+    if (!pinned || !cuh_pinned_uses_device(pinned, device))
+        return;
+    pthread_mutex_lock(&runtime_lock);
+    int retired = 0;
+    if (rt.pinned == pinned) {
+        if (rt.num_retired_pinned < sizeof rt.retired_pinned / sizeof rt.retired_pinned[0]) {
+            rt.retired_pinned[rt.num_retired_pinned++] = pinned;
+            rt.pinned = NULL;
+            retired = 1;
+        } else {
+            rt.pinned_off = 1;   /* kept as rt.pinned for its frees, serving nothing */
+        }
+    }
+    pthread_mutex_unlock(&runtime_lock);
+    cuh_pinned_abandon(pinned);
+    if (retired)
+        cuh_log("device %d was reset: the pinned host memory CUDA allocated in its context is gone; cuheap "
+                "starts a new pinned cache", device);
+    else
+        cuh_log("device %d was reset again: pinned host memory is no longer served by cuheap", device);
+}
+
 void cuh_runtime_drop_heap(int device)
 {
     if (device < 0 || device >= CUH_MAX_DEVICES)
@@ -310,7 +353,9 @@ void cuh_runtime_drop_heap(int device)
     rt.heaps[device] = NULL;
     rt.devices[device] = NULL;
     rt.peers[device] = 0;   /* a reset ends the peers' access to it */
+    atomic_fetch_add(&rt.heap_generation[device], 1);
     pthread_mutex_unlock(&runtime_lock);
+    retire_pinned_of(device);
     if (h)
         cuh_heap_destroy(h);
     if (dev)
@@ -391,6 +436,236 @@ cuheap_status_t cuheap_reset_peaks(int device)
     return CUHEAP_OK;
 }
 
+/* ---- pinned host memory ------------------------------------------------------ *
+ * One pinned cache for the process (pinned.c). Its chunks come from the
+ * device interface of the requesting thread's device; its fences cover
+ * every device with a heap and every device whose primary context is
+ * active (a program may copy on a device where cuheap serves no device
+ * memory). */
+
+typedef struct runtime_fence_s {
+    size_t n;
+    struct {
+        int device;
+        uint64_t generation;
+        cuh_heap_t *heap;
+        cuh_heap_fence_t *fence;
+    } part[];
+} runtime_fence_t;
+
+static cuheap_status_t pinned_chunk_alloc(void *ctx, int device, unsigned flags, size_t size, void **ptr)
+{
+    (void)ctx;
+    cuh_heap_t *h;
+    cuheap_status_t status = cuh_runtime_heap(device, &h);
+    if (status != CUHEAP_OK)
+        return status;
+    cuh_device_t *dev = cuh_heap_device(h);
+    switch (dev->ops->host_alloc(dev, size, flags, ptr)) {
+    case CUH_DEV_OK:
+        return CUHEAP_OK;
+    case CUH_DEV_OOM:
+        cuh_set_error("%s", dev->last_error);
+        return CUHEAP_ERR_OUT_OF_MEMORY;
+    default:
+        cuh_set_error("%s", dev->last_error);
+        return CUHEAP_ERR_DEVICE;
+    }
+}
+
+static void pinned_chunk_free(void *ctx, int device, void *ptr, size_t size)
+{
+    (void)ctx;
+    cuh_heap_t *h = device >= 0 && device < CUH_MAX_DEVICES ? rt.heaps[device] : NULL;
+    if (h)
+        cuh_heap_device(h)->ops->host_free(cuh_heap_device(h), ptr, size);
+}
+
+static void *pinned_fence(void *ctx)
+{
+    (void)ctx;
+    uint64_t active = rt.sim_capacity ? 0 : cuh_cuda_active_devices();
+    for (int d = 0; d < 64 && d < CUH_MAX_DEVICES; d++)
+        if (active >> d & 1 && !rt.heaps[d]) {
+            cuh_heap_t *h;
+            (void)cuh_runtime_heap(d, &h);
+        }
+    size_t n = 0;
+    for (int d = 0; d < CUH_MAX_DEVICES; d++)
+        n += rt.heaps[d] != NULL;
+    runtime_fence_t *f = n ? calloc(1, sizeof *f + n * sizeof f->part[0]) : NULL;
+    if (!f) {
+        for (int d = 0; d < CUH_MAX_DEVICES; d++)   /* nothing to remember it in: wait now */
+            if (rt.heaps[d])
+                cuh_heap_device(rt.heaps[d])->ops->synchronize(cuh_heap_device(rt.heaps[d]));
+        return NULL;
+    }
+    for (int d = 0; d < CUH_MAX_DEVICES && f->n < n; d++) {
+        cuh_heap_t *h = rt.heaps[d];
+        if (!h)
+            continue;
+        f->part[f->n].device = d;
+        f->part[f->n].generation = atomic_load(&rt.heap_generation[d]);
+        f->part[f->n].heap = h;
+        f->part[f->n].fence = cuh_heap_fence(h);
+        f->n++;
+    }
+    return f;
+}
+
+/* A part whose heap was dropped (a device reset, which waits for the
+ * device) has passed, and its fence went with the heap. */
+static int fence_part_alive(const runtime_fence_t *f, size_t i)
+{
+    int d = f->part[i].device;
+    return rt.heaps[d] == f->part[i].heap && atomic_load(&rt.heap_generation[d]) == f->part[i].generation;
+}
+
+static int pinned_fence_passed(void *ctx, void *fence, int wait)
+{
+    (void)ctx;
+    runtime_fence_t *f = fence;
+    if (!f)
+        return 1;
+    for (size_t i = 0; i < f->n; i++)
+        if (fence_part_alive(f, i) && !cuh_heap_fence_passed(f->part[i].heap, f->part[i].fence, wait))
+            return 0;
+    return 1;
+}
+
+static void pinned_fence_free(void *ctx, void *fence)
+{
+    (void)ctx;
+    runtime_fence_t *f = fence;
+    if (!f)
+        return;
+    for (size_t i = 0; i < f->n; i++)
+        if (fence_part_alive(f, i))
+            cuh_heap_fence_free(f->part[i].heap, f->part[i].fence);
+    free(f);
+}
+
+/* The pinned cache, made at first use; NULL with a status when none may be. */
+static cuh_pinned_t *pinned_cache(cuheap_status_t *status)
+{
+    cuh_pinned_t *p = rt.pinned;
+    *status = CUHEAP_OK;
+    if (cuh_likely(p != NULL && !rt.pinned_off))
+        return p;
+    pthread_mutex_lock(&runtime_lock);
+    configure_from_env_locked();
+    if (rt.pinned_off) {
+        cuh_set_error("pinned host memory is no longer served by cuheap (devices were reset too often)");
+        *status = CUHEAP_ERR_NOT_OWNED;
+    } else if (!(p = rt.pinned)) {
+        static const cuh_pinned_source_t source = {
+            .chunk_alloc = pinned_chunk_alloc,
+            .chunk_free = pinned_chunk_free,
+            .fence = pinned_fence,
+            .fence_passed = pinned_fence_passed,
+            .fence_free = pinned_fence_free,
+        };
+        char err[256];
+        if (!(p = cuh_pinned_create(&source, rt.cfg.pinned_chunk, err, sizeof err))) {
+            cuh_set_error("%s", err);
+            *status = CUHEAP_ERR_OUT_OF_MEMORY;
+        } else {
+            rt.pinned = p;
+        }
+    }
+    pthread_mutex_unlock(&runtime_lock);
+    return *status == CUHEAP_OK ? p : NULL;
+}
+
+static cuheap_status_t host_alloc(const char *fn, void **ptr, size_t size, unsigned flags, int device)
+{
+    if (!ptr) {
+        cuh_set_error("%s: ptr is NULL", fn);
+        return CUHEAP_ERR_INVALID_ARGUMENT;
+    }
+    *ptr = NULL;
+    int d = resolve_device(device);
+    if (d < 0)
+        return CUHEAP_ERR_DEVICE;
+    cuheap_status_t status;
+    cuh_pinned_t *p = pinned_cache(&status);
+    if (!p)
+        return status;
+    status = cuh_pinned_alloc(p, size, flags, d, ptr);
+    if (status != CUHEAP_OK) {
+        char why[448];
+        snprintf(why, sizeof why, "%s", cuh_get_error());
+        cuh_set_error("%s(%zu bytes, flags 0x%x): %s", fn, size, flags, why);
+    }
+    return status;
+}
+
+static cuheap_status_t host_free(const char *fn, void *ptr)
+{
+    if (!ptr)
+        return CUHEAP_OK;
+    cuheap_status_t status = CUHEAP_ERR_NOT_OWNED;
+    cuh_pinned_t *p = rt.pinned;
+    if (p)
+        status = cuh_pinned_free(p, ptr);
+    if (status != CUHEAP_OK && rt.num_retired_pinned) {
+        /* A buffer from before a device reset (the new cache's chunks may
+         * even lie where the old ones were). Retired caches are never freed
+         * while the process runs: the list is copied, then used unlocked. */
+        cuh_pinned_t *retired[sizeof rt.retired_pinned / sizeof rt.retired_pinned[0]];
+        pthread_mutex_lock(&runtime_lock);
+        size_t n = rt.num_retired_pinned;
+        memcpy(retired, rt.retired_pinned, n * sizeof retired[0]);
+        pthread_mutex_unlock(&runtime_lock);
+        for (size_t i = 0; i < n && status != CUHEAP_OK; i++)
+            if (cuh_pinned_free(retired[i], ptr) == CUHEAP_OK)
+                status = CUHEAP_OK;
+    }
+    if (status == CUHEAP_ERR_NOT_OWNED)
+        cuh_set_error("%s: %p was not allocated by cuheap's pinned cache", fn, ptr);
+    else if (status != CUHEAP_OK) {
+        char why[448];
+        snprintf(why, sizeof why, "%s", cuh_get_error());
+        cuh_set_error("%s: %s", fn, why);
+    }
+    return status;
+}
+
+cuheap_status_t cuheap_host_alloc(void **ptr, size_t size, unsigned int flags)
+{
+    return host_alloc("cuheap_host_alloc", ptr, size, flags, CUHEAP_CURRENT_DEVICE);
+}
+
+cuheap_status_t cuheap_host_free(void *ptr)
+{
+    return host_free("cuheap_host_free", ptr);
+}
+
+cuheap_status_t cuheap_get_host_stats(cuheap_host_stats_t *stats)
+{
+    if (!stats) {
+        cuh_set_error("cuheap_get_host_stats: stats is NULL");
+        return CUHEAP_ERR_INVALID_ARGUMENT;
+    }
+    memset(stats, 0, sizeof *stats);
+    cuh_pinned_t *p = rt.pinned;
+    if (p) {
+        cuh_pinned_poll(p);
+        cuh_pinned_stats(p, stats);
+    }
+    return CUHEAP_OK;
+}
+
+cuheap_status_t cuh_runtime_host_alloc(const char *fn, void **ptr, size_t size, unsigned flags, int device)
+{
+    return host_alloc(fn, ptr, size, flags, device);
+}
+
+cuheap_status_t cuh_runtime_host_free(const char *fn, void *ptr)
+{
+    return host_free(fn, ptr);
+}
+
 /* Expands %p in a report path to the process id. */
 static void expand_path(const char *path, char *out, size_t len)
 {
@@ -408,8 +683,10 @@ static void expand_path(const char *path, char *out, size_t len)
 
 static pthread_mutex_t report_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Writes every heap's report to path (%p expanded). ask_device 0 makes no
- * device call: at exit the driver may be gone. */
+/* Writes every heap's report to path (%p expanded), with the pinned host
+ * memory cache's statistics when the process ever used it (a job that never
+ * did gets no such section). ask_device 0 makes no device call: at exit the
+ * driver may be gone. */
 static cuheap_status_t dump_all(const char *path, cuheap_report_format_t format, int ask_device)
 {
     cuh_heap_snapshot_t *snaps[CUH_MAX_DEVICES];
@@ -417,6 +694,13 @@ static cuheap_status_t dump_all(const char *path, cuheap_report_format_t format,
     for (int d = 0; d < CUH_MAX_DEVICES; d++)
         if (rt.heaps[d] && (snaps[n] = cuh_heap_snapshot(rt.heaps[d], ask_device)))
             n++;
+    cuheap_host_stats_t host = {0};
+    cuh_pinned_t *cache = rt.pinned;
+    if (ask_device)
+        cuheap_get_host_stats(&host);   /* takes back finished frees first: pending is as of now */
+    else if (cache)
+        cuh_pinned_stats(cache, &host);   /* no poll: it queries events, and the driver may be gone */
+    const cuheap_host_stats_t *pinned = host.num_allocs || host.reserved.peak ? &host : NULL;
     char file[4096];
     expand_path(path, file, sizeof file);
     int to_stdout = strcmp(file, "-") == 0;
@@ -428,11 +712,11 @@ static cuheap_status_t dump_all(const char *path, cuheap_report_format_t format,
         status = CUHEAP_ERR_IO;
     } else {
         if (format == CUHEAP_REPORT_JSON)
-            cuh_report_json(out, cuh_report_origin_now(), snaps, n);
+            cuh_report_json(out, cuh_report_origin_now(), snaps, n, pinned);
         else if (format == CUHEAP_REPORT_HTML)
-            cuh_report_html(out, cuh_report_origin_now(), snaps, n);
+            cuh_report_html(out, cuh_report_origin_now(), snaps, n, pinned);
         else
-            cuh_report_text(out, cuh_report_origin_now(), snaps, n);
+            cuh_report_text(out, cuh_report_origin_now(), snaps, n, pinned);
         if (to_stdout ? fflush(out) != 0 : fclose(out) != 0) {
             cuh_set_error("writing the report %s failed: %s", file, strerror(errno));
             status = CUHEAP_ERR_IO;

@@ -80,6 +80,15 @@ static const option_t options[] = {
      "Under LD_PRELOAD: 1 makes cudaMemGetInfo and cuMemGetInfo count cuheap's cached bytes "
      "that are ready for reuse as free, so programs that size themselves from free memory "
      "see what they can still allocate. 0 reports what the device says."},
+    {"pinned", KIND_BOOL, offsetof(cuh_config_t, pinned), "1",
+     "Under LD_PRELOAD: 1 serves cudaHostAlloc, cudaMallocHost, cuMemHostAlloc and "
+     "cuMemAllocHost from cuheap's pinned cache (jemalloc arenas over page-locked chunks, see "
+     "pinned_chunk), and their frees without cudaFreeHost's wait; write-combined requests go "
+     "to CUDA. 0: all pinned memory comes from CUDA."},
+    {"pinned_chunk", KIND_SIZE, offsetof(cuh_config_t, pinned_chunk), "32M",
+     "Page-locked memory is taken from CUDA in chunks of this size (a larger request gets a "
+     "chunk of its own), once, and kept until the process exits. Between 2M and 1G, rounded "
+     "up to 2 MiB."},
     {"report", KIND_PATH, offsetof(cuh_config_t, report), "none",
      "Write a report here at every out-of-memory (at most one a second), at exit, and on "
      "SIGUSR1: JSON if the name ends in .json, HTML if in .html, else text. %p becomes the "
@@ -100,6 +109,8 @@ void cuh_config_defaults(cuh_config_t *cfg)
     cfg->vmm_margin = 0.1;
     cfg->meminfo_cached = 1;
     cfg->wait_before_grow = 1;
+    cfg->pinned = 1;
+    cfg->pinned_chunk = 32 * CUH_MiB;
     snprintf(cfg->ipc_callers, sizeof cfg->ipc_callers, "libnccl");
 }
 
@@ -236,6 +247,13 @@ static int set_value(const option_t *opt, const char *value, cuh_config_t *cfg, 
         }
         bytes = cuh_align_up(bytes, CUH_SEGMENT_GRAIN);
     }
+    if (strcmp(opt->name, "pinned_chunk") == 0) {
+        if (bytes == 0 || bytes > CUH_GiB) {
+            snprintf(err, errlen, "pinned_chunk:%s must be between 2M and 1G", value);
+            return -1;
+        }
+        bytes = cuh_align_up(bytes, CUH_SEGMENT_GRAIN);
+    }
     if (strcmp(opt->name, "workspace") == 0)
         bytes = cuh_align_up(bytes, CUH_SEGMENT_GRAIN);
     *(size_t *)(void *)((char *)cfg + opt->offset) = bytes;
@@ -339,10 +357,10 @@ void cuh_config_format(const cuh_config_t *cfg, char *buf, size_t len)
     else
         snprintf(limit, sizeof limit, "none");
     int n = snprintf(buf, len, "workspace:%zu,limit:%s,small_max:%zu,segment_min:%zu,grow_fraction:%g,vmm:%zu,vmm_margin:%g,"
-                     "wait_before_grow:%zu,ipc_safe:%zu,ipc_callers:%s,meminfo_cached:%zu",
+                     "wait_before_grow:%zu,ipc_safe:%zu,ipc_callers:%s,meminfo_cached:%zu,pinned:%zu,pinned_chunk:%zu",
                      cfg->workspace, limit, cfg->small_max, cfg->segment_min, cfg->grow_fraction, cfg->vmm, cfg->vmm_margin,
                      cfg->wait_before_grow, cfg->ipc_safe, cfg->ipc_callers[0] ? cfg->ipc_callers : "none",
-                     cfg->meminfo_cached);
+                     cfg->meminfo_cached, cfg->pinned, cfg->pinned_chunk);
     if (cfg->report[0] && n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, ",report:%s", cfg->report);
     if (cfg->trace[0] && n > 0 && (size_t)n < len)

@@ -23,6 +23,8 @@ typedef struct cuh_config_s {
     size_t wait_before_grow; /* 1: a device-wide malloc waits for cudaFree batches before growing */
     size_t ipc_safe;         /* 1: every block starts a segment of its own */
     size_t meminfo_cached;   /* 1: hooked cudaMemGetInfo counts ready cached bytes as free */
+    size_t pinned;           /* 1: hooked cudaHostAlloc & co. are served from the pinned cache */
+    size_t pinned_chunk;     /* bytes of page-locked memory taken from CUDA at a time */
     char report[512];        /* report path ("%p" = process id), "" = none */
     char trace[512];         /* event trace path ("%p" = process id), "" = none */
     char ipc_callers[512];   /* a device-wide malloc from a library whose file name contains this

@@ -10,6 +10,7 @@
 #include "hook_cuda.h"
 
 #include "common.h"
+#include "pinned.h"
 #include "runtime.h"
 
 #include <dlfcn.h>
@@ -166,6 +167,39 @@ int cuh_hook_keep_captured_free(const char *fn, void *ptr)
 int cuh_hook_free(const char *fn, void *ptr, cuh_hook_stream_t stream, int *code)
 {
     cuheap_status_t status = cuh_runtime_free_owned(fn, ptr, stream.device_wide, stream.stream);
+    if (status == CUHEAP_ERR_NOT_OWNED)
+        return 0;
+    if (status != CUHEAP_OK)
+        print_program_error(fn, ptr);
+    *code = cuda_code(status);
+    return 1;
+}
+
+int cuh_hook_host_alloc(const char *fn, void **ptr, size_t size, unsigned flags, int runtime_api, int *code)
+{
+    /* The setting, read once (settings do not change once CUDA calls come). */
+    static atomic_int serve = -1;
+    int on = atomic_load_explicit(&serve, memory_order_relaxed);
+    if (on < 0)
+        atomic_store_explicit(&serve, on = cuh_runtime_config()->pinned != 0, memory_order_relaxed);
+    if (!on || !ptr || size == 0 || (flags & ~CUH_PINNED_SERVED_FLAGS))
+        return 0;
+    int device = cuh_hook_device(runtime_api);
+    if (device < 0)
+        return 0;
+    cuheap_status_t status = cuh_runtime_host_alloc(fn, ptr, size, flags, device);
+    if (status == CUHEAP_ERR_NOT_OWNED)
+        return 0;   /* the cache no longer serves (devices reset too often) */
+    if (status != CUHEAP_OK)
+        cuh_log_error_rate_limited(status == CUHEAP_ERR_OUT_OF_MEMORY ? "out of pinned host memory"
+                                                                        : "pinned host memory");
+    *code = cuda_code(status);
+    return 1;
+}
+
+int cuh_hook_host_free(const char *fn, void *ptr, int *code)
+{
+    cuheap_status_t status = cuh_runtime_host_free(fn, ptr);
     if (status == CUHEAP_ERR_NOT_OWNED)
         return 0;
     if (status != CUHEAP_OK)

@@ -77,6 +77,18 @@ int cuh_hook_malloc_pitch(const char *fn, void **ptr, size_t *pitch, size_t widt
  * a pointer inside a block); 0 when it is not (pass it to CUDA). */
 int cuh_hook_free(const char *fn, void *ptr, cuh_hook_stream_t stream, int *code);
 
+/* Pinned host memory (cudaHostAlloc, cudaMallocHost, cuMemHostAlloc,
+ * cuMemAllocHost_v2): 1 with *code set when cuheap's pinned cache served
+ * the call; 0 to pass it to CUDA: setting pinned:0, size 0, flags cuheap
+ * leaves to CUDA (write-combined, unknown bits), or no primary context
+ * (the driver API without a current context). Out of memory prints
+ * cuheap's explanation. */
+int cuh_hook_host_alloc(const char *fn, void **ptr, size_t size, unsigned flags, int runtime_api, int *code);
+/* cudaFreeHost, cuMemFreeHost: 1 with *code when the pointer is the
+ * cache's (an error code and a message for a double free or a pointer
+ * inside a buffer); 0 when it is not (pass it to CUDA). */
+int cuh_hook_host_free(const char *fn, void *ptr, int *code);
+
 /* cudaMemGetInfo and cuMemGetInfo: adds cuheap's cached bytes that are ready
  * for reuse to the device's free bytes (setting meminfo_cached). */
 void cuh_hook_meminfo(size_t *free_bytes, size_t *total_bytes);

@@ -13,7 +13,8 @@
  * cuMemAllocAsync with the per-thread flag is cuMemAllocAsync_ptsz).
  *
  * Served: cuMemAlloc_v2, cuMemFree_v2, cuMemAllocAsync, cuMemFreeAsync (and
- * _ptsz), cuMemAllocPitch_v2. Watched and passed on: cuMemGetInfo_v2,
+ * _ptsz), cuMemAllocPitch_v2; pinned host memory: cuMemHostAlloc,
+ * cuMemAllocHost_v2, cuMemFreeHost. Watched and passed on: cuMemGetInfo_v2,
  * cuStreamCreate, cuStreamCreateWithPriority, cuStreamDestroy_v2,
  * cuIpcGetMemHandle, cuDevicePrimaryCtxReset_v2, cuCtxEnablePeerAccess (the
  * peer gets access to cuheap's virtual memory). What the driver refuses
@@ -206,6 +207,36 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice device)
     return fn(device);
 }
 
+CUH_HOOK CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags);
+CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags)
+{
+    int code;
+    if (cuh_hook_host_alloc("cuMemHostAlloc", pp, bytesize, flags, 0, &code))
+        return code;
+    REAL(CUresult (*)(void **, size_t, unsigned int), "cuMemHostAlloc");
+    return fn(pp, bytesize, flags);
+}
+
+CUH_HOOK CUresult cuMemAllocHost_v2(void **pp, size_t bytesize);
+CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
+{
+    int code;
+    if (cuh_hook_host_alloc("cuMemAllocHost_v2", pp, bytesize, 0, 0, &code))
+        return code;
+    REAL(CUresult (*)(void **, size_t), "cuMemAllocHost_v2");
+    return fn(pp, bytesize);
+}
+
+CUH_HOOK CUresult cuMemFreeHost(void *p);
+CUresult cuMemFreeHost(void *p)
+{
+    int code;
+    if (p && cuh_hook_host_free("cuMemFreeHost", p, &code))
+        return code;
+    REAL(CUresult (*)(void *), "cuMemFreeHost");
+    return fn(p);
+}
+
 /* ---- recognizing the driver's functions wherever they are handed out ---- */
 
 CUH_HOOK CUresult cuGetProcAddress(const char *symbol, void **pfn, int cuda_version, unsigned long long flags);
@@ -231,6 +262,9 @@ static const struct {
     HOOK_ENTRY(cuIpcGetMemHandle),
     HOOK_ENTRY(cuDevicePrimaryCtxReset_v2),
     HOOK_ENTRY(cuCtxEnablePeerAccess),
+    HOOK_ENTRY(cuMemHostAlloc),
+    HOOK_ENTRY(cuMemAllocHost_v2),
+    HOOK_ENTRY(cuMemFreeHost),
     HOOK_ENTRY(cuGetProcAddress),
     HOOK_ENTRY(cuGetProcAddress_v2),
 };

@@ -3,7 +3,8 @@
  * does): the program binds to these before the runtime's own.
  *
  * Served by cuheap: cudaMalloc, cudaFree, cudaMallocAsync, cudaFreeAsync
- * (and the per-thread-default-stream _ptsz forms), cudaMallocPitch. Watched
+ * (and the per-thread-default-stream _ptsz forms), cudaMallocPitch; and
+ * pinned host memory: cudaHostAlloc, cudaMallocHost, cudaFreeHost. Watched
  * and passed on: cudaStreamCreateWithFlags/WithPriority and cudaStreamDestroy (the streams
  * cudaFree's promise must cover), cudaIpcGetMemHandle (never a handle to the
  * wrong memory), cudaDeviceReset (drops the device's heap),
@@ -171,4 +172,34 @@ cudaError_t cudaDeviceReset(void)
     if (device >= 0)
         cuh_hook_device_reset(device);
     return fn();
+}
+
+CUH_HOOK cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int flags);
+cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int flags)
+{
+    int code;
+    if (cuh_hook_host_alloc("cudaHostAlloc", ptr, size, flags, 1, &code))
+        return code;
+    REAL(cudaError_t (*)(void **, size_t, unsigned int), "cudaHostAlloc", CUH_CUDA_UNKNOWN);
+    return fn(ptr, size, flags);
+}
+
+CUH_HOOK cudaError_t cudaMallocHost(void **ptr, size_t size);
+cudaError_t cudaMallocHost(void **ptr, size_t size)
+{
+    int code;
+    if (cuh_hook_host_alloc("cudaMallocHost", ptr, size, 0, 1, &code))
+        return code;
+    REAL(cudaError_t (*)(void **, size_t), "cudaMallocHost", CUH_CUDA_UNKNOWN);
+    return fn(ptr, size);
+}
+
+CUH_HOOK cudaError_t cudaFreeHost(void *ptr);
+cudaError_t cudaFreeHost(void *ptr)
+{
+    int code;
+    if (ptr && cuh_hook_host_free("cudaFreeHost", ptr, &code))
+        return code;
+    REAL(cudaError_t (*)(void *), "cudaFreeHost", CUH_CUDA_UNKNOWN);
+    return fn(ptr);
 }

@@ -49,6 +49,12 @@ void cuh_runtime_drop_heap(int device);
  * memory (see cuh_heap_allow_peer); remembered for a heap made later, once
  * per pair. */
 cuheap_status_t cuh_runtime_allow_peer(int owner, int peer);
+/* Pinned host memory (cudaHostAlloc & co.) from the pinned cache, for a
+ * thread whose device is `device`; as cuheap_host_alloc, `fn` naming the
+ * caller. Frees: CUHEAP_ERR_NOT_OWNED for a pointer the cache did not hand
+ * out (the hooks pass it to CUDA). */
+cuheap_status_t cuh_runtime_host_alloc(const char *fn, void **ptr, size_t size, unsigned flags, int device);
+cuheap_status_t cuh_runtime_host_free(const char *fn, void *ptr);
 /* The settings (CUHEAP_CONF read if not yet). */
 const cuh_config_t *cuh_runtime_config(void);
 
