@@ -4,6 +4,9 @@
  * disagree. The text form reads like torch.cuda.memory_summary() with the
  * fragmentation figures added; the JSON form is versioned ("schema":
  * "cuheap-report", "version": 1, schema in include/cuheap_report.schema.json).
+ * The pinned host memory cache is one per process, not per device: its
+ * statistics follow the devices ("pinned_host" in JSON), and only when the
+ * process used it, so that reports of device-only jobs stay as they were.
  */
 #include "common.h"
 #include "heap.h"
@@ -25,6 +28,14 @@ static double fragmentation(const cuheap_stats_t *s)
     return s->cached.current ? 1.0 - (double)s->largest_free_extent / (double)s->cached.current : 0.0;
 }
 
+/* One "label  current  peak" row of a statistics table. */
+static void text_stat_row(FILE *out, const char *label, const cuheap_stat_t *stat)
+{
+    char a[32], b[32];
+    fprintf(out, "  %-22s %14s %14s\n", label, cuh_format_bytes(a, sizeof a, stat->current),
+            cuh_format_bytes(b, sizeof b, stat->peak));
+}
+
 static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
 {
     char a[32], b[32], c[32];
@@ -34,15 +45,11 @@ static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
     fprintf(out, "== device %d (%s) ==\n", s->device, s->device_kind);
     fprintf(out, "settings: %s\n\n", conf);
     fprintf(out, "  %-22s %14s %14s\n", "", "current", "peak");
-#define ROW(label, field)                                                                        \
-    fprintf(out, "  %-22s %14s %14s\n", label, cuh_format_bytes(a, sizeof a, st->field.current), \
-            cuh_format_bytes(b, sizeof b, st->field.peak))
-    ROW("requested (live)", requested);
-    ROW("allocated", allocated);
-    ROW("reserved", reserved);
-    ROW("cached", cached);
-    ROW("pending", pending);
-#undef ROW
+    text_stat_row(out, "requested (live)", &st->requested);
+    text_stat_row(out, "allocated", &st->allocated);
+    text_stat_row(out, "reserved", &st->reserved);
+    text_stat_row(out, "cached", &st->cached);
+    text_stat_row(out, "pending", &st->pending);
     fprintf(out, "\n  allocations %" PRIu64 ", frees %" PRIu64 ", cache hits %" PRIu64 ", segments allocated %" PRIu64
                  ", released %" PRIu64 ", retries %" PRIu64 ", OOMs %" PRIu64 "\n",
             st->num_allocs, st->num_frees, st->num_cache_hits, st->num_segment_allocs, st->num_segment_frees,
@@ -122,12 +129,31 @@ static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
     fprintf(out, "\n");
 }
 
+/* Laid out like a device's section: what memory is held (page-locked chunks
+ * taken from CUDA once and kept; a request larger than a chunk gets one of
+ * its own, hence "or more"), the byte table, then the counters. */
+static void text_pinned(FILE *out, const cuheap_host_stats_t *p)
+{
+    char a[32];
+    fprintf(out, "== pinned host memory ==\n");
+    fprintf(out, "reserved in %" PRIu64 " chunks of %s or more; %" PRIu64 " taken from CUDA in all\n\n", p->num_chunks,
+            cuh_format_bytes(a, sizeof a, p->chunk_size), p->num_chunk_allocs);
+    fprintf(out, "  %-22s %14s %14s\n", "", "current", "peak");
+    text_stat_row(out, "requested (live)", &p->requested);
+    text_stat_row(out, "allocated", &p->allocated);
+    text_stat_row(out, "reserved", &p->reserved);
+    text_stat_row(out, "pending", &p->pending);
+    fprintf(out, "\n  allocations %" PRIu64 ", frees %" PRIu64 ", waits for GPU work %" PRIu64 ", OOMs %" PRIu64 "\n\n",
+            p->num_allocs, p->num_frees, p->num_waits, p->num_ooms);
+}
+
 cuh_report_origin_t cuh_report_origin_now(void)
 {
     return (cuh_report_origin_t){.pid = (int)getpid(), .time = (long long)time(NULL), .version = CUHEAP_VERSION};
 }
 
-void cuh_report_text(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n)
+void cuh_report_text(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n,
+                     const cuheap_host_stats_t *pinned)
 {
     char when[64];
     time_t at = (time_t)origin.time;
@@ -138,6 +164,8 @@ void cuh_report_text(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t 
         fprintf(out, "no device has been used.\n");
     for (size_t i = 0; i < n; i++)
         text_one(out, snaps[i]);
+    if (pinned)
+        text_pinned(out, pinned);
 }
 
 static void json_stat(FILE *out, const char *name, const cuheap_stat_t *s, int comma)
@@ -249,7 +277,22 @@ static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
     fprintf(out, "]}}");
 }
 
-void cuh_report_json(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n)
+/* ,"pinned_host":{...}: the byte statistics as the devices' are written. */
+static void json_pinned(FILE *out, const cuheap_host_stats_t *p)
+{
+    fputs(",\"pinned_host\":{", out);
+    json_stat(out, "requested", &p->requested, 1);
+    json_stat(out, "allocated", &p->allocated, 1);
+    json_stat(out, "reserved", &p->reserved, 1);
+    json_stat(out, "pending", &p->pending, 1);
+    fprintf(out,
+            "\"num_allocs\":%" PRIu64 ",\"num_frees\":%" PRIu64 ",\"num_chunks\":%" PRIu64 ",\"num_chunk_allocs\":%" PRIu64
+            ",\"num_waits\":%" PRIu64 ",\"num_ooms\":%" PRIu64 ",\"chunk_size\":%" PRIu64 "}",
+            p->num_allocs, p->num_frees, p->num_chunks, p->num_chunk_allocs, p->num_waits, p->num_ooms, p->chunk_size);
+}
+
+void cuh_report_json(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n,
+                     const cuheap_host_stats_t *pinned)
 {
     fprintf(out, "{\"schema\":\"cuheap-report\",\"version\":1,\"cuheap\":\"%s\",\"pid\":%d,\"time\":%lld,\"devices\":[",
             origin.version, origin.pid, origin.time);
@@ -258,5 +301,8 @@ void cuh_report_json(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t 
             fputc(',', out);
         json_one(out, snaps[i]);
     }
-    fprintf(out, "]}\n");
+    fputc(']', out);
+    if (pinned)
+        json_pinned(out, pinned);
+    fputs("}\n", out);
 }

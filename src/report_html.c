@@ -5,7 +5,9 @@
  * same in a headless browser. From the same data model as the text and JSON
  * forms (cuh_heap_snapshot_t): an out-of-memory panel with the cause and its
  * proof, a timeline of live / reserved / cached bytes, a map of every
- * segment and its blocks, size-class occupancy, and the streams.
+ * segment and its blocks, size-class occupancy, and the streams; after the
+ * devices, when the process used it, a card for the pinned host memory cache
+ * (one per process, not per device).
  */
 #include "common.h"
 #include "heap.h"
@@ -30,19 +32,23 @@ static void html_text(FILE *out, const char *s)
 
 static const char *bytes(char *buf, uint64_t n) { return cuh_format_bytes(buf, 32, n); }
 
+/* One "label, current, peak" row of a statistics table. */
+static void stat_row(FILE *out, const char *label, const cuheap_stat_t *stat)
+{
+    char a[32], b[32];
+    fprintf(out, "<tr><td>%s</td><td>%s</td><td>%s</td></tr>\n", label, bytes(a, stat->current), bytes(b, stat->peak));
+}
+
 static void stats_table(FILE *out, const cuh_heap_snapshot_t *s)
 {
     char a[32], b[32];
     const cuheap_stats_t *st = &s->stats;
     fprintf(out, "<table class=stats><tr><th></th><th>current</th><th>peak</th></tr>\n");
-#define ROW(label, f) \
-    fprintf(out, "<tr><td>%s</td><td>%s</td><td>%s</td></tr>\n", label, bytes(a, st->f.current), bytes(b, st->f.peak))
-    ROW("requested (live)", requested);
-    ROW("allocated", allocated);
-    ROW("reserved", reserved);
-    ROW("cached", cached);
-    ROW("pending", pending);
-#undef ROW
+    stat_row(out, "requested (live)", &st->requested);
+    stat_row(out, "allocated", &st->allocated);
+    stat_row(out, "reserved", &st->reserved);
+    stat_row(out, "cached", &st->cached);
+    stat_row(out, "pending", &st->pending);
     fprintf(out, "</table>\n<p class=counts>allocations %" PRIu64 " &middot; frees %" PRIu64 " &middot; cache hits %" PRIu64
                  " &middot; device allocations %" PRIu64 ", returned %" PRIu64 " &middot; retries %" PRIu64
                  " &middot; out-of-memory %" PRIu64 "</p>\n",
@@ -234,7 +240,26 @@ static void streams_table(FILE *out, const cuh_heap_snapshot_t *s)
     fprintf(out, "</table>\n");
 }
 
-void cuh_report_html(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n)
+/* The pinned host memory cache as a card: the chunks it holds, the byte
+ * table and the counters, like a device's. */
+static void pinned_card(FILE *out, const cuheap_host_stats_t *p)
+{
+    char a[32];
+    fprintf(out, "<section class=card id=pinned><h2>Pinned host memory</h2>\n<p class=counts>reserved in %" PRIu64
+                 " chunks of %s or more; %" PRIu64 " taken from CUDA in all</p>\n",
+            p->num_chunks, bytes(a, p->chunk_size), p->num_chunk_allocs);
+    fprintf(out, "<table class=stats><tr><th></th><th>current</th><th>peak</th></tr>\n");
+    stat_row(out, "requested (live)", &p->requested);
+    stat_row(out, "allocated", &p->allocated);
+    stat_row(out, "reserved", &p->reserved);
+    stat_row(out, "pending", &p->pending);
+    fprintf(out, "</table>\n<p class=counts>allocations %" PRIu64 " &middot; frees %" PRIu64
+                 " &middot; waits for GPU work %" PRIu64 " &middot; out-of-memory %" PRIu64 "</p></section>\n",
+            p->num_allocs, p->num_frees, p->num_waits, p->num_ooms);
+}
+
+void cuh_report_html(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n,
+                     const cuheap_host_stats_t *pinned)
 {
     char when[64];
     time_t at = (time_t)origin.time;
@@ -246,6 +271,7 @@ void cuh_report_html(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t 
             "h1{font-size:20px}h2{font-size:16px;margin-top:28px}table{border-collapse:collapse}\n"
             "td,th{padding:3px 10px;border-bottom:1px solid #eee;text-align:right}td:first-child,th:first-child{text-align:left}\n"
             ".oom{border:2px solid #c0392b;background:#fdf2f0;padding:8px 16px;margin:16px 0}\n"
+            ".card{border:1px solid #ddd;background:#fafafa;padding:0 16px 4px;margin:28px 0 16px}.card h2{margin-top:14px}\n"
             ".cause{color:#c0392b}.action{font-size:15px}.counts{color:#555;overflow-wrap:anywhere}\n"
             ".axis{font-size:10px;fill:#666}.legend{font-size:12px}\n"
             ".seg{margin:3px 0}.seglabel{font:11px monospace;color:#555;margin-right:8px}\n"
@@ -275,5 +301,7 @@ void cuh_report_html(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t 
         classes_table(out, s);
         streams_table(out, s);
     }
+    if (pinned)
+        pinned_card(out, pinned);
     fprintf(out, "</body></html>\n");
 }

@@ -2,11 +2,14 @@
  * configuration errors, allocation and free per device, the errors a caller
  * can make (wrong device, foreign pointer, double free, NULL out-pointer),
  * device-wide allocation and free (cudaMalloc's and cudaFree's promises),
- * statistics, release, reports in both formats, and a bad CUHEAP_CONF
- * stopping the program with a message that names the key.
+ * statistics, release, reports in every format (with the pinned host memory
+ * section exactly when pinned memory was used, and read back by
+ * cuheap-report), and a bad CUHEAP_CONF stopping the program with a message
+ * that names the key.
  */
 #include "test_util.h"
 
+#include "common.h"
 #include "runtime.h"
 
 #include <stdio.h>
@@ -191,7 +194,8 @@ static void test_reports_in_text_and_valid_json(void **state)
              "assert r[\"schema\"]==\"cuheap-report\" and r[\"version\"]==1; "
              "assert d[\"stats\"][\"requested\"][\"current\"]==5*2**20+1000; "
              "assert d[\"oom\"][\"cause\"]==\"capacity\"; "
-             "assert sum(len(s[\"extents\"]) for s in d[\"segments\"])>=2' %s",
+             "assert sum(len(s[\"extents\"]) for s in d[\"segments\"])>=2; "
+             "assert \"pinned_host\" not in r' %s",
              path);
     assert_int_equal(system(cmd), 0);
     snprintf(path, sizeof path, "%s/report.txt", dir);
@@ -201,10 +205,132 @@ static void test_reports_in_text_and_valid_json(void **state)
     assert_non_null(strstr(text, "fragmentation"));
     assert_non_null(strstr(text, "last out-of-memory"));
     assert_non_null(strstr(text, "cause capacity"));
+    assert_null(strstr(text, "pinned host memory"));   /* no pinned memory used: no section */
+    snprintf(path, sizeof path, "%s/report.html", dir);
+    assert_int_equal(cuheap_dump_report(path, CUHEAP_REPORT_HTML), CUHEAP_OK);
+    const char *page = slurp(path);
+    assert_non_null(strstr(page, "</html>"));
+    assert_null(strstr(page, "Pinned host memory"));
     assert_int_equal(cuheap_dump_report("/nonexistent-dir/r.json", CUHEAP_REPORT_JSON), CUHEAP_ERR_IO);
     assert_non_null(strstr(cuheap_last_error(), "/nonexistent-dir/r.json"));
     cuheap_free(a, 0, NULL);
     cuheap_free(b, 0, (cuheap_stream_t)0x77);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* "  label  current  peak", as the text report writes a row. */
+static void stat_row(char *buf, size_t len, const char *label, const cuheap_stat_t *s)
+{
+    char a[32], b[32];
+    snprintf(buf, len, "  %-22s %14s %14s\n", label, cuh_format_bytes(a, sizeof a, s->current),
+             cuh_format_bytes(b, sizeof b, s->peak));
+}
+
+/* The text section holds the figures of cuheap_get_host_stats, in order. */
+static void assert_text_has_pinned_section(const char *text, const cuheap_host_stats_t *st)
+{
+    const char *section = strstr(text, "\n== pinned host memory ==\n");
+    assert_non_null(section);
+    char want[256], size[32];
+    snprintf(want, sizeof want, "reserved in %llu chunks of %s or more; %llu taken from CUDA in all\n",
+             (unsigned long long)st->num_chunks, cuh_format_bytes(size, sizeof size, st->chunk_size),
+             (unsigned long long)st->num_chunk_allocs);
+    assert_non_null(strstr(section, want));
+    const char *labels[] = {"requested (live)", "allocated", "reserved", "pending"};
+    const cuheap_stat_t *stats[] = {&st->requested, &st->allocated, &st->reserved, &st->pending};
+    for (size_t i = 0; i < 4; i++) {
+        stat_row(want, sizeof want, labels[i], stats[i]);
+        const char *row = strstr(section, want);
+        if (!row)
+            fail_msg("no row \"%s\" in:\n%s", want, section);
+        section = row;
+    }
+    snprintf(want, sizeof want, "  allocations %llu, frees %llu, waits for GPU work %llu, OOMs %llu\n",
+             (unsigned long long)st->num_allocs, (unsigned long long)st->num_frees, (unsigned long long)st->num_waits,
+             (unsigned long long)st->num_ooms);
+    assert_non_null(strstr(section, want));
+}
+
+/* The JSON's "pinned_host" equals cuheap_get_host_stats, key by key, and
+ * has exactly the keys the schema describes. */
+static void assert_json_has_pinned_host(const char *path, const cuheap_host_stats_t *st)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))[\"pinned_host\"]; "
+             "s=lambda c,k: {\"current\":c,\"peak\":k}; "
+             "want={\"requested\":s(%llu,%llu),\"allocated\":s(%llu,%llu),\"reserved\":s(%llu,%llu),"
+             "\"pending\":s(%llu,%llu),\"num_allocs\":%llu,\"num_frees\":%llu,\"num_chunks\":%llu,"
+             "\"num_chunk_allocs\":%llu,\"num_waits\":%llu,\"num_ooms\":%llu,\"chunk_size\":%llu}; "
+             "assert p==want, (p, want); "
+             "k=json.load(open(\"include/cuheap_report.schema.json\"))[\"properties\"][\"pinned_host\"][\"properties\"]; "
+             "assert set(p)==set(k), set(p)^set(k)' %s",
+             (unsigned long long)st->requested.current, (unsigned long long)st->requested.peak,
+             (unsigned long long)st->allocated.current, (unsigned long long)st->allocated.peak,
+             (unsigned long long)st->reserved.current, (unsigned long long)st->reserved.peak,
+             (unsigned long long)st->pending.current, (unsigned long long)st->pending.peak,
+             (unsigned long long)st->num_allocs, (unsigned long long)st->num_frees,
+             (unsigned long long)st->num_chunks, (unsigned long long)st->num_chunk_allocs,
+             (unsigned long long)st->num_waits, (unsigned long long)st->num_ooms,
+             (unsigned long long)st->chunk_size, path);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_reports_show_pinned_host_memory_and_round_trip(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/cuheap-pinned-report-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    void *dev, *host[3];
+    static const size_t sizes[] = {5000, 1 * MiB, 3 * MiB};
+    assert_int_equal(cuheap_malloc(&dev, 1 * MiB, 0, NULL), CUHEAP_OK);
+    for (size_t i = 0; i < 3; i++)
+        assert_int_equal(cuheap_host_alloc(&host[i], sizes[i], 0), CUHEAP_OK);
+    /* The GPU never finishes the work issued before the free: the freed
+     * buffer stays pending, and every report below sees the same figures. */
+    cuh_sim_hold_events(cuh_runtime_device(0), 1);
+    assert_int_equal(cuheap_host_free(host[0]), CUHEAP_OK);
+    cuheap_host_stats_t st;
+    assert_int_equal(cuheap_get_host_stats(&st), CUHEAP_OK);
+    assert_true(st.pending.current >= sizes[0]);
+    assert_int_equal(st.num_allocs, 3);
+    assert_int_equal(st.num_frees, 1);
+    assert_true(st.reserved.current >= st.chunk_size && st.requested.current == 4 * MiB);
+
+    char json[256], txt[256], html[256], cmd[2048];
+    snprintf(json, sizeof json, "%s/r.json", dir);
+    snprintf(txt, sizeof txt, "%s/r.txt", dir);
+    snprintf(html, sizeof html, "%s/r.html", dir);
+    assert_int_equal(cuheap_dump_report(json, CUHEAP_REPORT_JSON), CUHEAP_OK);
+    assert_int_equal(cuheap_dump_report(txt, CUHEAP_REPORT_TEXT), CUHEAP_OK);
+    assert_int_equal(cuheap_dump_report(html, CUHEAP_REPORT_HTML), CUHEAP_OK);
+    assert_json_has_pinned_host(json, &st);
+    const char *text = slurp(txt);
+    assert_non_null(strstr(text, "== device 0 (sim) =="));
+    assert_true(strstr(text, "== device 0 (sim) ==") < strstr(text, "== pinned host memory =="));
+    assert_text_has_pinned_section(text, &st);
+    const char *page = slurp(html);
+    const char *card = strstr(page, "<section class=card id=pinned><h2>Pinned host memory</h2>");
+    assert_non_null(card);
+    assert_true(strstr(page, "<h2>Device 0 (sim)</h2>") < card);
+    char row[256], a[32], b[32];
+    snprintf(row, sizeof row, "<tr><td>reserved</td><td>%s</td><td>%s</td></tr>",
+             cuh_format_bytes(a, sizeof a, st.reserved.current), cuh_format_bytes(b, sizeof b, st.reserved.peak));
+    assert_non_null(strstr(card, row));
+
+    /* cuheap-report reads it back: the same JSON byte for byte, the same text
+     * but for the header (the JSON's pid and time), the same pinned card. */
+    snprintf(cmd, sizeof cmd,
+             "cd %s && R=$OLDPWD/build/cuheap-report && $R --json r.json | cmp - r.json && "
+             "$R --text r.json -o again.txt && tail -n +2 again.txt >a && tail -n +2 r.txt >b && cmp a b && "
+             "$R --html r.json -o again.html && sed -n \"/id=pinned/,/<\\/section>/p\" again.html >a && "
+             "sed -n \"/id=pinned/,/<\\/section>/p\" r.html >b && [ -s a ] && cmp a b",
+             dir);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(cuheap_host_free(host[1]), CUHEAP_OK);
+    assert_int_equal(cuheap_host_free(host[2]), CUHEAP_OK);
+    assert_int_equal(cuheap_free(dev, 0, NULL), CUHEAP_OK);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);
 }
@@ -357,6 +483,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_device_wide_malloc_and_free_keep_cudas_promises, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stats_release_and_peaks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reports_in_text_and_valid_json, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reports_show_pinned_host_memory_and_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_cuheap_conf_stops_the_program_naming_the_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_report_path_writes_on_oom_on_sigusr1_and_at_exit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_report_key_takes_a_path_and_none, setup, teardown),

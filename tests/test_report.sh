@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # test_report.sh BUILD_DIR - the three report forms, from cuheap-replay runs
 # that end without and with an out-of-memory: the JSON validates against
-# include/cuheap_report.schema.json; the text names the cause; the HTML page
+# include/cuheap_report.schema.json, with its optional pinned_host too; a
+# replay uses no pinned host memory, so no form has that section; the text
+# names the cause; the HTML page
 # refers to nothing outside itself and, rendered by headless Chromium, is not
 # blank and shows the out-of-memory panel exactly when there was one.
 set -uo pipefail
@@ -76,6 +78,37 @@ done
 bad=$(python3 "$tmp/validate.py" include/cuheap_report.schema.json <(python3 -c "
 import json,sys; r=json.load(open('$tmp/frag.json')); r['devices'][0]['oom']['cause']='bogus'; print(json.dumps(r))"))
 check "the validator rejects a report with an unknown cause" '[ "$bad" != valid ]'
+
+# pinned_host: absent from a job that used no pinned memory, in every form;
+# when present (as the library writes it: tests/test_api.c checks real ones),
+# every field is described and typed by the schema.
+check "a replay's reports have no pinned host memory section (JSON, text, HTML)" \
+    '! grep -q "\"pinned_host\"" $tmp/ok.json $tmp/frag.json && ! grep -q "pinned host memory" $tmp/frag.txt &&
+     ! grep -q "id=pinned" $tmp/frag.html $tmp/ok.html'
+cat > "$tmp/pinned.py" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+stat = lambda c, p: {"current": c, "peak": p}
+r["pinned_host"] = {"requested": stat(5000, 1053576), "allocated": stat(8192, 1056768),
+                    "reserved": stat(1 << 26, 1 << 26), "pending": stat(0, 8192), "num_allocs": 7, "num_frees": 6,
+                    "num_chunks": 2, "num_chunk_allocs": 2, "num_waits": 0, "num_ooms": 0, "chunk_size": 1 << 25}
+if len(sys.argv) > 2:
+    exec(sys.argv[2])
+print(json.dumps(r))
+PY
+out=$(python3 "$tmp/validate.py" include/cuheap_report.schema.json <(python3 "$tmp/pinned.py" "$tmp/ok.json"))
+check "a report with pinned_host validates against the schema ($out)" '[ "$out" = valid ]'
+for broken in 'r["pinned_host"]["num_waits"] = "4"' 'del r["pinned_host"]["chunk_size"]' \
+    'r["pinned_host"]["reserved"] = 5' 'r["pinned_host"] = []'; do
+    out=$(python3 "$tmp/validate.py" include/cuheap_report.schema.json <(python3 "$tmp/pinned.py" "$tmp/ok.json" "$broken"))
+    check "the schema rejects a malformed pinned_host ($broken: $out)" '[ "$out" != valid ]'
+done
+described=$(python3 -c "
+import json
+s = json.load(open('include/cuheap_report.schema.json'))
+p = s['properties']['pinned_host']
+print(sorted(p['required']) == sorted(p['properties']) and 'description' in p and 'pinned_host' not in s['required'])")
+check "the schema's pinned_host is optional and requires every field it describes" '[ "$described" = True ]'
 cause() { python3 -c "import json,sys; o=json.load(open(sys.argv[1]))['devices'][0]['oom']; print(o['cause'] if o else 'none')" "$1"; }
 check "no OOM: oom is null" '[ "$(cause $tmp/ok.json)" = none ]'
 check "gpt2 at 27 GiB: fragmentation" '[ "$(cause $tmp/frag.json)" = fragmentation ]'

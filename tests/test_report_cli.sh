@@ -9,9 +9,13 @@
 # HTML page refers to nothing outside itself and names the cause; --compare
 # names both causes and shows the ratio of the reserved peaks; devices
 # present in one report only are listed as such; --merge sets three reports
-# in one table with exact sums and names the out-of-memory. Broken inputs: a truncated
-# file, bad JSON, a wrong schema or version, a missing or mistyped field
-# (status 1, with file:line:column or the field's JSON path); usage errors
+# in one table with exact sums and names the out-of-memory. The pinned host
+# memory section ("pinned_host", added to a replay's report as the library
+# writes it) round-trips and is rendered after the devices in text and HTML;
+# a report without it gets none. Broken inputs: a truncated
+# file, bad JSON, a wrong schema or version, a missing or mistyped field,
+# pinned_host included (status 1, with file:line:column or the field's JSON
+# path); usage errors
 # (status 2). Run from the repository root:
 #     tests/test_report_cli.sh BUILD_DIR
 # BUILD_DIR/cuheap-report is tested (the sanitized one for build/san); the
@@ -157,6 +161,73 @@ if diff <(grep -v -e '<h1>' -e 'class="axis">[0-9.]* m\?s<' -e '<polyline' -e 's
     ok "oom: --html equals the replay's page but for pid, time and timings"
 else
     not_ok "oom: --html equals the replay's page but for pid, time and timings" "$(cat "$TMP/diff")"
+fi
+
+# ---- pinned host memory ----------------------------------------------------------
+# No replay uses pinned memory: none of its forms has the section.
+if ! grep -q '"pinned_host"' "$TMP/ok.json" "$TMP/ok.json.out" && ! grep -q 'pinned host memory' "$TMP/ok.txt.out" &&
+    ! grep -q 'id=pinned' "$TMP/ok.html.out"; then
+    ok "a report without pinned memory has no pinned section (JSON, text, HTML)"
+else
+    not_ok "a report without pinned memory has no pinned section" "$(grep -l 'pinned' "$TMP"/ok.*)"
+fi
+# The object as the library writes it, after the devices (tests/test_api.c
+# checks a report of real pinned allocations).
+pinned='"pinned_host":{"requested":{"current":5000,"peak":1053576},"allocated":{"current":8192,"peak":1056768},'
+pinned+='"reserved":{"current":67108864,"peak":67108864},"pending":{"current":1048576,"peak":1048576},"num_allocs":7,'
+pinned+='"num_frees":6,"num_chunks":2,"num_chunk_allocs":3,"num_waits":4,"num_ooms":1,"chunk_size":33554432}'
+sed '$ s/}$/,'"$pinned"'}/' "$TMP/ok.json" >"$TMP/pinned.json"
+run pinned_json --json "$TMP/pinned.json"
+if [ "$rc" -eq 0 ] && cmp -s "$TMP/pinned_json.out" "$TMP/pinned.json" && grep -q "$pinned}\$" "$TMP/pinned.json"; then
+    ok "pinned: --json reproduces a report with pinned_host byte for byte"
+else
+    not_ok "pinned: --json reproduces pinned_host" "status $rc: $(cat "$TMP/pinned_json.err")
+$(cmp "$TMP/pinned_json.out" "$TMP/pinned.json" 2>&1)"
+fi
+row() { printf '  %-22s %14s %14s\n' "$@"; }
+{
+    echo "== pinned host memory =="
+    echo "reserved in 2 chunks of 32.00 MiB or more; 3 taken from CUDA in all"
+    echo
+    row "" current peak
+    row "requested (live)" "4.88 KiB" "1.00 MiB"
+    row allocated "8.00 KiB" "1.01 MiB"
+    row reserved "64.00 MiB" "64.00 MiB"
+    row pending "1.00 MiB" "1.00 MiB"
+    echo
+    echo "  allocations 7, frees 6, waits for GPU work 4, OOMs 1"
+    echo
+} >"$TMP/pinned.want"
+run pinned_text --text "$TMP/pinned.json"
+if [ "$rc" -ne 0 ]; then
+    not_ok "pinned: --text exits 0" "status $rc: $(cat "$TMP/pinned_text.err")"
+elif ! diff <(cat "$TMP/ok.txt.out" "$TMP/pinned.want") "$TMP/pinned_text.out" >"$TMP/diff" 2>&1; then
+    not_ok "pinned: --text is the report's text, then the pinned section" "$(cat "$TMP/diff")"
+else
+    ok "pinned: --text is the report's text, then the pinned section with every figure"
+fi
+run pinned_html --html "$TMP/pinned.json"
+card=$(sed -n '/<section class=card id=pinned>/,/<\/section>/p' "$TMP/pinned_html.out")
+if [ "$rc" -eq 0 ] && grep -q '<h2>Pinned host memory</h2>' <<<"$card" &&
+    grep -q 'reserved in 2 chunks of 32.00 MiB or more; 3 taken from CUDA in all' <<<"$card" &&
+    grep -q '<tr><td>reserved</td><td>64.00 MiB</td><td>64.00 MiB</td></tr>' <<<"$card" &&
+    grep -q '<tr><td>pending</td><td>1.00 MiB</td><td>1.00 MiB</td></tr>' <<<"$card" &&
+    grep -q 'waits for GPU work 4 &middot; out-of-memory 1' <<<"$card" &&
+    [ "$(grep -n 'id=pinned' "$TMP/pinned_html.out" | cut -d: -f1)" -gt "$(grep -n '<h2>Streams</h2>' "$TMP/pinned_html.out" | cut -d: -f1)" ] &&
+    diff <(grep -v 'id=pinned' "$TMP/ok.html.out") <(sed '/<section class=card id=pinned>/,/<\/section>/d' "$TMP/pinned_html.out") >/dev/null; then
+    ok "pinned: --html adds the pinned card after the devices, and nothing else"
+else
+    not_ok "pinned: --html shows the pinned card after the devices" "status $rc: $(cat "$TMP/pinned_html.err")
+$card"
+fi
+run pinned_merge --merge "$TMP/pinned.json" "$TMP/oom.json"
+merge_rc=$rc
+run pinned_cmp --compare "$TMP/pinned.json" "$TMP/ok.json"
+if [ "$merge_rc" -eq 0 ] && [ "$rc" -eq 0 ]; then
+    ok "pinned: --merge and --compare read a report with pinned_host"
+else
+    not_ok "pinned: --merge and --compare read a report with pinned_host" \
+        "$(cat "$TMP/pinned_merge.err" "$TMP/pinned_cmp.err")"
 fi
 
 # ---- --compare ---------------------------------------------------------------------
@@ -345,6 +416,32 @@ if [ "$rc" -eq 1 ] && grep -q 'devices\[0\]\.oom\.pending_by_stream\[0\]\.pendin
 else
     not_ok "a negative byte count exits 1" "status $rc: $(cat "$TMP/negative.err")"
 fi
+
+# A malformed pinned_host is named like any other field.
+python3 - "$TMP/pinned.json" "$TMP" <<'PY'
+import json, sys
+src, tmp = sys.argv[1], sys.argv[2]
+def write(name, change):
+    d = json.load(open(src))
+    change(d)
+    json.dump(d, open(tmp + "/" + name + ".json", "w"), indent=1)
+write("pinned_string", lambda d: d["pinned_host"].update(num_waits="many"))
+write("pinned_missing", lambda d: d["pinned_host"]["reserved"].pop("peak"))
+write("pinned_nokey", lambda d: d["pinned_host"].pop("chunk_size"))
+write("pinned_array", lambda d: d.update(pinned_host=[1, 2]))
+PY
+for case in "pinned_string:pinned_host\.num_waits: expected an unsigned integer, found a string" \
+    "pinned_missing:pinned_host\.reserved\.peak: missing" \
+    "pinned_nokey:pinned_host\.chunk_size: missing" \
+    "pinned_array:pinned_host: expected an object, found an array"; do
+    name=${case%%:*}
+    run "$name" "$TMP/$name.json"
+    if [ "$rc" -eq 1 ] && grep -q "$name.json[:0-9]*: ${case#*:}" "$TMP/$name.err"; then
+        ok "a malformed pinned_host exits 1 naming the key: $(cat "$TMP/$name.err")"
+    else
+        not_ok "a malformed pinned_host ($name) exits 1 naming the key" "status $rc: $(cat "$TMP/$name.err")"
+    fi
+done
 
 run nofile "$TMP/no-such-report.json"
 if [ "$rc" -eq 1 ] && grep -q "no-such-report.json" "$TMP/nofile.err"; then

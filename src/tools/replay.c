@@ -395,11 +395,11 @@ static int write_report(cuh_heap_t *heap, const char *pattern, const char *trace
     }
     size_t n = strlen(path);
     if (n > 5 && strcmp(path + n - 5, ".json") == 0)
-        cuh_report_json(f, cuh_report_origin_now(), &snap, 1);
+        cuh_report_json(f, cuh_report_origin_now(), &snap, 1, NULL);
     else if (n > 5 && strcmp(path + n - 5, ".html") == 0)
-        cuh_report_html(f, cuh_report_origin_now(), &snap, 1);
+        cuh_report_html(f, cuh_report_origin_now(), &snap, 1, NULL);
     else
-        cuh_report_text(f, cuh_report_origin_now(), &snap, 1);
+        cuh_report_text(f, cuh_report_origin_now(), &snap, 1, NULL);
     cuh_heap_snapshot_free(snap);
     if (fclose(f) != 0) {
         fprintf(stderr, PROG ": writing the report %s failed: %s\n", path, strerror(errno));

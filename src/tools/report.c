@@ -16,6 +16,10 @@
  * cause, with the sums, the rank that reserved most and every
  * out-of-memory named.
  *
+ * The optional "pinned_host" (the pinned host memory cache's statistics,
+ * present when the process used it) is read back too and rendered after
+ * the devices; --compare and --merge look at the devices only.
+ *
  * Every field the schema requires must be there with the right type: a
  * missing or wrong one is named by its JSON path
  * ("devices[0].stats.reserved.peak: missing").
@@ -66,6 +70,8 @@ typedef struct report_s {
     cuh_heap_snapshot_t **snaps;
     size_t num_snaps;
     const cuh_json_t **device_nodes;   /* devices[i], for messages */
+    int has_pinned;                    /* "pinned_host" was there */
+    cuheap_host_stats_t pinned;
 } report_t;
 
 static void usage(FILE *f)
@@ -750,6 +756,34 @@ static cuh_heap_snapshot_t *read_device(reader_t *r, const cuh_json_t *d)
     return s;
 }
 
+/* The optional top-level "pinned_host": when present, an object with every
+ * field of cuheap_host_stats_t. */
+static void read_pinned(reader_t *r, const cuh_json_t *root, report_t *rep)
+{
+    size_t saved;
+    const cuh_json_t *o = member(r, root, "pinned_host", 0, &saved);
+    if (o && o->type != CUH_JSON_OBJECT) {
+        fail(r, o, "expected an object, found %s", cuh_json_describe(o));
+        o = NULL;
+    }
+    if (o) {
+        cuheap_host_stats_t *p = &rep->pinned;
+        get_stat(r, o, "requested", &p->requested);
+        get_stat(r, o, "allocated", &p->allocated);
+        get_stat(r, o, "reserved", &p->reserved);
+        get_stat(r, o, "pending", &p->pending);
+        p->num_allocs = get_u64(r, o, "num_allocs", UINT64_MAX);
+        p->num_frees = get_u64(r, o, "num_frees", UINT64_MAX);
+        p->num_chunks = get_u64(r, o, "num_chunks", UINT64_MAX);
+        p->num_chunk_allocs = get_u64(r, o, "num_chunk_allocs", UINT64_MAX);
+        p->num_waits = get_u64(r, o, "num_waits", UINT64_MAX);
+        p->num_ooms = get_u64(r, o, "num_ooms", UINT64_MAX);
+        p->chunk_size = get_u64(r, o, "chunk_size", UINT64_MAX);
+        rep->has_pinned = 1;
+    }
+    path_pop(r, saved);
+}
+
 static void report_free(report_t *rep)
 {
     for (size_t i = 0; i < rep->num_snaps; i++)
@@ -836,6 +870,8 @@ static int report_load(const char *file, report_t *rep)
         }
     }
     path_pop(&r, saved);
+    if (!r.failed)
+        read_pinned(&r, root, rep);
     if (r.failed)
         return -1;
     rep->origin.version = rep->version;
@@ -843,6 +879,13 @@ static int report_load(const char *file, report_t *rep)
 }
 
 /* ---- output ---------------------------------------------------------------- */
+
+/* What the renderers take: NULL for a report without "pinned_host", so that
+ * one without it is rendered again without it. */
+static const cuheap_host_stats_t *report_pinned(const report_t *rep)
+{
+    return rep->has_pinned ? &rep->pinned : NULL;
+}
 
 static FILE *open_output(const char *path)
 {
@@ -1327,11 +1370,11 @@ int main(int argc, char **argv)
         else if (o.compare)
             compare_text(out, &reps[0], &reps[1], devices, num_devices);
         else if (o.format == FORMAT_JSON)
-            cuh_report_json(out, reps[0].origin, reps[0].snaps, reps[0].num_snaps);
+            cuh_report_json(out, reps[0].origin, reps[0].snaps, reps[0].num_snaps, report_pinned(&reps[0]));
         else if (o.format == FORMAT_HTML)
-            cuh_report_html(out, reps[0].origin, reps[0].snaps, reps[0].num_snaps);
+            cuh_report_html(out, reps[0].origin, reps[0].snaps, reps[0].num_snaps, report_pinned(&reps[0]));
         else
-            cuh_report_text(out, reps[0].origin, reps[0].snaps, reps[0].num_snaps);
+            cuh_report_text(out, reps[0].origin, reps[0].snaps, reps[0].num_snaps, report_pinned(&reps[0]));
         if (close_output(out, o.output) != 0)
             rc = 1;
     }
