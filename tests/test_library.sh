@@ -39,4 +39,46 @@ check "loads and answers without a GPU (got: $out)" 'echo "$out" | head -1 | gre
 if ! ls /usr/lib/x86_64-linux-gnu/libcuda.so.1 /usr/lib64/libcuda.so.1 >/dev/null 2>&1; then
     check "no driver: cuheap_malloc says libcuda.so.1 is missing" 'echo "$out" | tail -1 | grep -q "^7 .*libcuda.so.1"'
 fi
+
+# ---- the jemalloc inside (pinned host memory cache) -------------------------
+check "jemalloc is linked in, under its cuh_je_ names" '[ "$(nm "$lib" | grep -c " cuh_je_")" -gt 100 ]'
+check "nothing of jemalloc is exported (malloc, free, mallocx, cuh_je_*)" \
+    '! echo "$exports" | grep -Eqx "malloc|free|calloc|realloc|mallocx|dallocx|mallctl|cuh_je_.*"'
+flags=$(readelf -d "$lib" | grep -E "FLAGS" | tr -s ' ')
+check "no initial-exec TLS: loadable by dlopen after start-up (flags: $flags)" '! echo "$flags" | grep -q STATIC_TLS'
+fake=$(realpath build/fake 2>/dev/null || true)
+if [ -e "$fake/libcuda.so.1" ]; then
+    out=$(LD_LIBRARY_PATH="$fake" python3 - "$lib" <<'PY' 2>&1
+import ctypes, sys, threading, time
+stop = threading.Event()
+workers = [threading.Thread(target=stop.wait) for _ in range(4)]
+for w in workers:
+    w.start()
+libc = ctypes.CDLL("libc.so.6")
+before = ctypes.cast(ctypes.CDLL(None).malloc, ctypes.c_void_p).value
+lib = ctypes.CDLL(sys.argv[1])   # dlopen after start-up, threads running
+after = ctypes.cast(ctypes.CDLL(None).malloc, ctypes.c_void_p).value
+glibc = ctypes.cast(libc.malloc, ctypes.c_void_p).value
+lib.cuheap_last_error.restype = ctypes.c_char_p
+p = ctypes.c_void_p()
+rc = lib.cuheap_host_alloc(ctypes.byref(p), ctypes.c_size_t(1 << 20), 0)
+if rc == 0:
+    ctypes.memset(p, 0x5A, 1 << 20)
+    ok = ctypes.string_at(p.value + 12345, 1) == b"\x5a"
+    rc = lib.cuheap_host_free(p)
+else:
+    ok = False
+stop.set()
+print("malloc", "glibc" if before == after == glibc else "replaced", "pinned", rc, ok, lib.cuheap_last_error().decode())
+PY
+)
+    check "dlopen'ed into python3 with threads running, pinned memory is served (got: $out)" \
+        'echo "$out" | grep -q "pinned 0 True"'
+    check "the process's malloc stays glibc's after loading it (got: $out)" 'echo "$out" | grep -q "malloc glibc"'
+    out=$(LD_PRELOAD="$(realpath "$lib")" LD_LIBRARY_PATH="$fake" python3 -c '
+import ctypes
+print("glibc" if ctypes.cast(ctypes.CDLL(None).malloc, ctypes.c_void_p).value ==
+      ctypes.cast(ctypes.CDLL("libc.so.6").malloc, ctypes.c_void_p).value else "replaced")' 2>&1)
+    check "under LD_PRELOAD the program's malloc stays glibc's (got: $out)" '[ "$out" = glibc ]'
+fi
 finish test_library

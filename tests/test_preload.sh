@@ -11,8 +11,9 @@
 # and alignment; out of memory; fork; IPC handles (a library named in
 # ipc_callers gets them for its blocks); cudaFree's ordering against
 # pretend kernels on a non-blocking stream; stream destruction; cudaMemGetInfo;
-# cudaDeviceReset; two devices; peer access to virtual memory; programs that
-# use no CUDA.
+# cudaDeviceReset; two devices; peer access to virtual memory; pinned host
+# memory (cudaHostAlloc & co. from cuheap's cache: flags, pass-through,
+# cudaFreeHost's ordering, pinned:0); programs that use no CUDA.
 #
 # The sanitized run (BUILD_DIR build/san) preloads libasan and the sanitized
 # library, build/san/libcuheap-asan.so (whose dlsym runs inside ASan's own
@@ -124,6 +125,18 @@ for runtime in shared static; do
     check "$r: without ipc_safe:1 the same small blocks are refused" \
         'grep -q "ipc_safe" "$TMP/$p-ipc-safe-off.err" && ! grep -qx "ok ipc-safe" "$TMP/$p-ipc-safe-off.out"'
 
+    preload $p-pinned $p pinned
+    expect_pass $p-pinned pinned \
+        "$r: cudaHostAlloc/cudaMallocHost (flags 0-3) served from cuheap's pinned cache, flags reach CUDA, write-combined and foreign pointers go to CUDA"
+    preload $p-pinned-double $p pinned-double-free
+    expect_pass $p-pinned-double pinned-double-free "$r: a double cudaFreeHost and an inner pointer return 1"
+    check "$r: the pinned double free is named on stderr" 'grep -q "freed already" "$TMP/$p-pinned-double.err"'
+    preload $p-pinned-order $p pinned-ordering
+    expect_pass $p-pinned-order pinned-ordering \
+        "$r: cudaFreeHost under a queued copy returns at once and the buffer is not handed out before the copy ran"
+    preload $p-pinned-off $p pinned-off CUHEAP_CONF=pinned:0
+    expect_pass $p-pinned-off pinned-off "$r: with pinned:0 every pinned allocation and free is CUDA's"
+
     preload $p-order $p free-ordering
     expect_pass $p-order free-ordering \
         "$r: cudaFree under a running kernel on a non-blocking stream: the block waits for it, then comes back"
@@ -182,6 +195,9 @@ expect_pass drv-zero zero-size "driver: cuMemAlloc_v2(&d, 0) returns 1 (CUDA_ERR
 preload drv-oom driver_checks out-of-memory FAKE_CUDA_CAPACITY=$((64 << 20))
 expect_pass drv-oom out-of-memory "driver: a request beyond the device returns 2 (CUDA_ERROR_OUT_OF_MEMORY)"
 check "driver: cuheap explains the out-of-memory on stderr" 'grep -q "cuheap: CUDA out of memory" "$TMP/drv-oom.err"'
+preload drv-pinned driver_checks pinned
+expect_pass drv-pinned pinned \
+    "driver: cuMemHostAlloc/cuMemAllocHost_v2/cuMemFreeHost by symbol served by cuheap, flags intact; no context: 201"
 
 # ---- processes that never touch CUDA -------------------------------------
 env LD_PRELOAD="$preload_list" "${san_env[@]}" LD_LIBRARY_PATH="$fake" /bin/true >"$TMP/true.out" 2>&1

@@ -46,7 +46,12 @@
  *                   read-write (so a missing SetAccess faults, as on a GPU);
  *                   cuMemUnmap puts the inaccessible mapping back. Data
  *                   written through one mapping of a page is read back
- *                   through any other.
+ *                   through any other;
+ *   pinned memory   cuMemHostAlloc and cuMemAllocHost_v2 give anonymous
+ *                   host memory with its flags remembered; only DEVICEMAP
+ *                   memory has a device pointer (stricter than the real
+ *                   driver, to show the flags arrived); cuMemFreeHost runs
+ *                   all queued work first, as the real one synchronizes.
  * It is linked with -Bsymbolic: its own references (the cuGetProcAddress
  * table, calls between its functions) name its own definitions, as in the
  * real driver, never those of a preloaded library. Everything is thread-safe.
@@ -665,6 +670,117 @@ static CUresult release(CUdeviceptr p)
     return OK;
 }
 
+/* ---- page-locked host memory ---------------------------------------------- *
+ * Host memory from mmap, with the flags it was asked with. Stricter than a
+ * real driver with unified addressing: only memory allocated with
+ * CU_MEMHOSTALLOC_DEVICEMAP has a device pointer, so a test sees whether the
+ * flags reached the driver. cuMemFreeHost runs all queued work first (the
+ * real one synchronizes). */
+#define HOST_FLAGS_KNOWN 0x7u
+#define HOST_DEVICEMAP 0x2u
+
+typedef struct host_allocation_s {
+    uintptr_t base;
+    size_t size;
+    unsigned flags;
+    struct host_allocation_s *next;
+} host_allocation_t;
+
+static host_allocation_t *host_allocations;
+
+static CUresult host_allocate(void **pp, size_t size, unsigned flags)
+{
+    if (!pp || size == 0 || (flags & ~HOST_FLAGS_KNOWN))
+        return INVALID_VALUE;
+    if (!current_context())
+        return INVALID_CONTEXT;
+    host_allocation_t *a = malloc(sizeof *a);
+    void *m = a ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) : MAP_FAILED;
+    if (m == MAP_FAILED) {
+        free(a);
+        return OUT_OF_MEMORY;
+    }
+    *a = (host_allocation_t){(uintptr_t)m, size, flags, NULL};
+    pthread_mutex_lock(&lock);
+    a->next = host_allocations;
+    host_allocations = a;
+    calls.host_allocs++;
+    calls.host_bytes += size;
+    pthread_mutex_unlock(&lock);
+    *pp = m;
+    return OK;
+}
+
+/* The allocation holding p (interior pointers too). Caller holds lock. */
+static host_allocation_t *host_find_locked(const void *p)
+{
+    for (host_allocation_t *a = host_allocations; a; a = a->next)
+        if ((uintptr_t)p - a->base < a->size)
+            return a;
+    return NULL;
+}
+
+API CUresult cuMemHostAlloc(void **pp, size_t size, unsigned flags)
+{
+    return host_allocate(pp, size, flags);
+}
+
+API CUresult cuMemAllocHost_v2(void **pp, size_t size)
+{
+    return host_allocate(pp, size, 0);
+}
+
+API CUresult cuMemFreeHost(void *p)
+{
+    if (!current_context())
+        return INVALID_CONTEXT;
+    pthread_mutex_lock(&lock);
+    run_all_locked();
+    host_allocation_t **link = &host_allocations;
+    while (*link && (*link)->base != (uintptr_t)p)
+        link = &(*link)->next;
+    host_allocation_t *a = *link;
+    if (a) {
+        *link = a->next;
+        calls.host_frees++;
+        calls.host_bytes -= a->size;
+    } else {
+        calls.refused_frees++;
+    }
+    pthread_mutex_unlock(&lock);
+    if (!a)
+        return INVALID_VALUE;
+    munmap((void *)a->base, a->size);
+    free(a);
+    return OK;
+}
+
+API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flags)
+{
+    if (!d || flags)
+        return INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    host_allocation_t *a = host_find_locked(p);
+    int mapped = a && (a->flags & HOST_DEVICEMAP);
+    pthread_mutex_unlock(&lock);
+    if (!mapped)
+        return INVALID_VALUE;
+    *d = (CUdeviceptr)(uintptr_t)p;
+    return OK;
+}
+
+API CUresult cuMemHostGetFlags(unsigned *flags, void *p)
+{
+    if (!flags)
+        return INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    host_allocation_t *a = host_find_locked(p);
+    if (a)
+        *flags = a->flags;
+    pthread_mutex_unlock(&lock);
+    return a ? OK : INVALID_VALUE;
+}
+
 API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size)
 {
     return allocate(p, size, 0);
@@ -884,6 +1000,8 @@ static const struct {
     VERSIONED("cuCtxPopCurrent", cuCtxPopCurrent_v2),
     VERSIONED("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2),
     VERSIONED("cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset_v2),
+    VERSIONED("cuMemAllocHost", cuMemAllocHost_v2),
+    VERSIONED("cuMemHostGetDevicePointer", cuMemHostGetDevicePointer_v2),
 }, per_thread[] = {
     VERSIONED("cuMemAllocAsync", cuMemAllocAsync_ptsz),
     VERSIONED("cuMemFreeAsync", cuMemFreeAsync_ptsz),
@@ -904,6 +1022,8 @@ static const struct {
     SAME(cuIpcGetMemHandle), SAME(cuMemGetAllocationGranularity), SAME(cuMemAddressReserve),
     SAME(cuMemAddressFree), SAME(cuMemCreate), SAME(cuMemRelease), SAME(cuMemMap), SAME(cuMemSetAccess),
     SAME(cuMemUnmap), SAME(cuGetProcAddress), SAME(cuGetProcAddress_v2),
+    SAME(cuMemHostAlloc), SAME(cuMemAllocHost_v2), SAME(cuMemFreeHost), SAME(cuMemHostGetDevicePointer_v2),
+    SAME(cuMemHostGetFlags),
 };
 
 #define COUNT(table) (sizeof(table) / sizeof(table)[0])

@@ -29,6 +29,9 @@ typedef struct fake_cuda_calls_s {
     size_t capacity;
     unsigned long access_grants[4]; /* cuMemSetAccess descriptors naming device d (d < 4) */
     unsigned long peer_enables;    /* cuCtxEnablePeerAccess calls that succeeded */
+    unsigned long host_allocs;     /* page-locked host allocations made (cuMemHostAlloc, cuMemAllocHost_v2) */
+    unsigned long host_frees;      /* and freed (cuMemFreeHost) */
+    size_t host_bytes;             /* page-locked bytes held now */
 } fake_cuda_calls_t;
 
 typedef void (*fake_cuda_calls_fn)(fake_cuda_calls_t *out);

@@ -66,6 +66,11 @@ static struct {
     CUresult (*cuStreamCreate)(cudaStream_t *, unsigned);
     CUresult (*cuStreamDestroy)(cudaStream_t);
     CUresult (*cuIpcGetMemHandle)(void *, CUdeviceptr);
+    CUresult (*cuMemHostAlloc)(void **, size_t, unsigned);
+    CUresult (*cuMemAllocHost)(void **, size_t);
+    CUresult (*cuMemFreeHost)(void *);
+    CUresult (*cuMemHostGetDevicePointer)(CUdeviceptr *, void *, unsigned);
+    CUresult (*cuMemHostGetFlags)(unsigned *, void *);
 } driver = {.once = PTHREAD_ONCE_INIT};
 
 static _Thread_local int context_made_current;
@@ -112,7 +117,12 @@ static void load_driver(void)
              resolve(&driver.cuMemGetInfo, "cuMemGetInfo", 0) &&
              resolve(&driver.cuStreamCreate, "cuStreamCreate", 0) &&
              resolve(&driver.cuStreamDestroy, "cuStreamDestroy", 0) &&
-             resolve(&driver.cuIpcGetMemHandle, "cuIpcGetMemHandle", 0);
+             resolve(&driver.cuIpcGetMemHandle, "cuIpcGetMemHandle", 0) &&
+             resolve(&driver.cuMemHostAlloc, "cuMemHostAlloc", 0) &&
+             resolve(&driver.cuMemAllocHost, "cuMemAllocHost", 0) &&
+             resolve(&driver.cuMemFreeHost, "cuMemFreeHost", 0) &&
+             resolve(&driver.cuMemHostGetDevicePointer, "cuMemHostGetDevicePointer", 0) &&
+             resolve(&driver.cuMemHostGetFlags, "cuMemHostGetFlags", 0);
     CUdevice device;
     if (!ok || driver.cuInit(0) != 0 || driver.cuDeviceGet(&device, 0) != 0 ||
         driver.cuDevicePrimaryCtxRetain(&driver.primary, device) != 0)
@@ -320,4 +330,48 @@ RUNTIME_API cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **fn, u
 RUNTIME_API void *fakeCudartDriverFunction(const char *name)
 {
     return ready() == 0 ? driver_function(name, 0) : NULL;
+}
+
+/* Pinned host memory: cudaHostAlloc takes the driver's cuMemHostAlloc,
+ * cudaMallocHost its cuMemAllocHost; size 0 gives NULL. cudaFreeHost does
+ * not wait itself: the driver's cuMemFreeHost does. */
+RUNTIME_API cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int flags)
+{
+    READY_OR_FAIL();
+    if (!ptr)
+        return cudaErrorInvalidValue;
+    *ptr = NULL;
+    return size ? runtime_code(driver.cuMemHostAlloc(ptr, size, flags)) : cudaSuccess;
+}
+
+RUNTIME_API cudaError_t cudaMallocHost(void **ptr, size_t size)
+{
+    READY_OR_FAIL();
+    if (!ptr)
+        return cudaErrorInvalidValue;
+    *ptr = NULL;
+    return size ? runtime_code(driver.cuMemAllocHost(ptr, size)) : cudaSuccess;
+}
+
+RUNTIME_API cudaError_t cudaFreeHost(void *ptr)
+{
+    READY_OR_FAIL();
+    return ptr ? runtime_code(driver.cuMemFreeHost(ptr)) : cudaSuccess;
+}
+
+RUNTIME_API cudaError_t cudaHostGetDevicePointer(void **device_ptr, void *host_ptr, unsigned int flags)
+{
+    READY_OR_FAIL();
+    if (!device_ptr)
+        return cudaErrorInvalidValue;
+    CUdeviceptr d = 0;
+    CUresult r = driver.cuMemHostGetDevicePointer(&d, host_ptr, flags);
+    *device_ptr = (void *)(uintptr_t)d;
+    return runtime_code(r);
+}
+
+RUNTIME_API cudaError_t cudaHostGetFlags(unsigned int *flags, void *host_ptr)
+{
+    READY_OR_FAIL();
+    return runtime_code(driver.cuMemHostGetFlags(flags, host_ptr));
 }

@@ -36,6 +36,15 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *ptr);
 cudaError_t cudaDeviceReset(void);
 cudaError_t cudaMallocManaged(void **ptr, size_t size, unsigned int flags);
 cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int flags);
+cudaError_t cudaMallocHost(void **ptr, size_t size);
+cudaError_t cudaFreeHost(void *ptr);
+cudaError_t cudaHostGetDevicePointer(void **device_ptr, void *host_ptr, unsigned int flags);
+cudaError_t cudaHostGetFlags(unsigned int *flags, void *host_ptr);
+#define cudaHostAllocDefault 0x0u
+#define cudaHostAllocPortable 0x1u
+#define cudaHostAllocMapped 0x2u
+#define cudaHostAllocWriteCombined 0x4u
 cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **fn, unsigned long long flags, int *status);
 
 /* Not CUDA: the driver's function `name` (its test helpers included, see

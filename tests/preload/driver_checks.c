@@ -25,6 +25,10 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, int device);
 CUresult cuCtxSetCurrent(CUcontext ctx);
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size);
 CUresult cuMemFree_v2(CUdeviceptr dptr);
+CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags);
+CUresult cuMemAllocHost_v2(void **pp, size_t size);
+CUresult cuMemFreeHost(void *p);
+CUresult cuMemHostGetFlags(unsigned int *flags, void *p);
 
 #define CUDA_ERROR_INVALID_CONTEXT 201
 #define DRIVER_VERSION 13000
@@ -192,6 +196,42 @@ static void check_out_of_memory(void)
     heap_stats(&st);
     expect(st.num_ooms >= 1, "cuheap counted no out-of-memory");
 }
+/* Pinned host memory by symbol: cuMemHostAlloc and cuMemAllocHost_v2 served
+ * by cuheap's cache with the flags reaching the driver; with no current
+ * context the driver's own answer (CUDA_ERROR_INVALID_CONTEXT). */
+static void check_pinned(void)
+{
+    void *p = NULL;
+    CUresult r = cuMemHostAlloc(&p, 4096, 0);
+    expect(r == CUDA_ERROR_INVALID_CONTEXT, "cuMemHostAlloc with no context returned %d, not 201", r);
+    cuheap_host_stats_t st;
+    host_stats(&st);
+    expect(st.num_allocs == 0, "cuheap served pinned memory with no context current");
+    make_primary_current();
+    fake_cuda_calls_t c0 = fake_calls(&fake);
+    void *ptrs[BLOCKS];
+    for (int i = 0; i < BLOCKS; i++) {
+        unsigned flags = (unsigned)i % 4, got = 99;
+        size_t size = 1 + (size_t)i * 1021;
+        r = i % 5 == 0 ? cuMemAllocHost_v2(&ptrs[i], size) : cuMemHostAlloc(&ptrs[i], size, flags);
+        if (i % 5 == 0)
+            flags = 0;
+        expect(r == 0 && ptrs[i], "pinned allocation %d failed (%d)", i, r);
+        pattern_fill(ptrs[i], size, (unsigned)i);
+        expect(cuMemHostGetFlags(&got, ptrs[i]) == 0 && got == flags, "flags %u came back as %u", flags, got);
+    }
+    for (int i = 0; i < BLOCKS; i++) {
+        expect(pattern_intact(ptrs[i], 1 + (size_t)i * 1021, (unsigned)i), "pinned data damaged");
+        expect(cuMemFreeHost(ptrs[i]) == 0, "cuMemFreeHost failed");
+    }
+    fake_cuda_calls_t c1 = fake_calls(&fake);
+    host_stats(&st);
+    expect(st.num_allocs == BLOCKS && st.num_frees == BLOCKS, "cuheap served %llu and freed %llu of %d",
+           (unsigned long long)st.num_allocs, (unsigned long long)st.num_frees, BLOCKS);
+    expect(c1.host_allocs - c0.host_allocs <= 8, "%lu page-locked allocations reached the driver",
+           c1.host_allocs - c0.host_allocs);
+    expect(c1.host_frees == c0.host_frees, "frees of cuheap's buffers reached the driver");
+}
 
 int main(int argc, char **argv)
 {
@@ -213,8 +253,11 @@ int main(int argc, char **argv)
         check_zero_size();
     else if (!strcmp(mode, "out-of-memory"))
         check_out_of_memory();
+    else if (!strcmp(mode, "pinned"))
+        check_pinned();
     else {
-        fprintf(stderr, "usage: %s no-context|symbol|dlsym|get-proc-address|zero-size|out-of-memory\n", argv[0]);
+        fprintf(stderr, "usage: %s no-context|symbol|dlsym|get-proc-address|zero-size|out-of-memory|pinned\n",
+                argv[0]);
         return 2;
     }
     return finish(mode);

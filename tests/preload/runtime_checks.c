@@ -674,6 +674,140 @@ static void check_peer_access(void)
     expect(cudaFree(a) == cudaSuccess && cudaFree(b) == cudaSuccess && cudaFree(c) == cudaSuccess, "cudaFree failed");
 }
 
+/* ---- pinned host memory: cudaHostAlloc, cudaMallocHost, cudaFreeHost ---------- */
+
+/* Served by cuheap's cache (few real page-locked allocations for many
+ * requests), with the flags asked for reaching CUDA: cudaHostGetFlags and
+ * cudaHostGetDevicePointer answer for the cache's buffers as for CUDA's.
+ * Write-combined memory and foreign pointers go to CUDA. */
+static void check_pinned(void)
+{
+    start_runtime();
+    fake_cuda_calls_t c0 = fake_calls(&fake);
+    void *ptrs[4][50];
+    for (unsigned flags = 0; flags < 4; flags++)
+        for (int i = 0; i < 50; i++) {
+            size_t size = 1 + (size_t)((i * 7919 + (int)flags * 104729) % (512 * 1024));
+            void *p = NULL;
+            cudaError_t rc = flags == 0 && i % 2 ? cudaMallocHost(&p, size) : cudaHostAlloc(&p, size, flags);
+            ptrs[flags][i] = p;
+            if (!expect(rc == cudaSuccess && p, "pinned allocation of %zu bytes, flags %u: %d", size, flags, rc))
+                continue;
+            pattern_fill(p, size, flags * 100 + (unsigned)i);
+            unsigned got = 99;
+            expect(cudaHostGetFlags(&got, p) == cudaSuccess && got == flags,
+                   "cudaHostGetFlags on a buffer asked with flags %u says %u", flags, got);
+            void *d = NULL;
+            cudaError_t drc = cudaHostGetDevicePointer(&d, p, 0);
+            if (flags & cudaHostAllocMapped)
+                expect(drc == cudaSuccess && d == p, "no device pointer for mapped pinned memory (%d)", drc);
+            else
+                expect(drc != cudaSuccess, "a device pointer for pinned memory that was not asked to be mapped");
+        }
+    fake_cuda_calls_t c1 = fake_calls(&fake);
+    expect(c1.host_allocs - c0.host_allocs <= 8, "the driver made %lu page-locked allocations for 200 requests",
+           c1.host_allocs - c0.host_allocs);
+    cuheap_host_stats_t st;
+    host_stats(&st);
+    expect(st.num_allocs == 200, "cuheap's pinned cache served %llu of 200 allocations",
+           (unsigned long long)st.num_allocs);
+    for (unsigned flags = 0; flags < 4; flags++)
+        for (int i = 0; i < 50; i++) {
+            size_t size = 1 + (size_t)((i * 7919 + (int)flags * 104729) % (512 * 1024));
+            if (!ptrs[flags][i])
+                continue;
+            expect(pattern_intact(ptrs[flags][i], size, flags * 100 + (unsigned)i), "pinned data damaged");
+            expect(cudaFreeHost(ptrs[flags][i]) == cudaSuccess, "cudaFreeHost failed");
+        }
+    expect(fake_calls(&fake).host_frees == c1.host_frees, "cudaFreeHost of the cache's buffers reached CUDA");
+
+    /* write-combined: CUDA's own */
+    void *wc = NULL;
+    expect(cudaHostAlloc(&wc, 4096, cudaHostAllocWriteCombined) == cudaSuccess && wc, "write-combined alloc failed");
+    fake_cuda_calls_t c2 = fake_calls(&fake);
+    expect(c2.host_allocs == c1.host_allocs + 1, "write-combined memory did not come from CUDA");
+    unsigned got = 0;
+    expect(cudaHostGetFlags(&got, wc) == cudaSuccess && got == cudaHostAllocWriteCombined, "write-combined flags lost");
+    expect(cudaFreeHost(wc) == cudaSuccess, "cudaFreeHost of CUDA's write-combined buffer failed");
+    expect(fake_calls(&fake).host_frees == c2.host_frees + 1, "CUDA's buffer was not freed by CUDA");
+
+    /* a pointer nobody allocated: CUDA's answer */
+    char *plain = malloc(64);
+    expect(cudaFreeHost(plain) == cudaErrorInvalidValue, "cudaFreeHost of a malloc'd pointer did not fail as CUDA's");
+    free(plain);
+    host_stats(&st);
+    expect(st.num_frees == 200 && st.requested.current == 0, "pinned books: %llu frees, %llu bytes live",
+           (unsigned long long)st.num_frees, (unsigned long long)st.requested.current);
+}
+
+/* A double free and a pointer inside a buffer: invalid value, named on
+ * stderr, and nothing else changes. */
+static void check_pinned_double_free(void)
+{
+    start_runtime();
+    void *va = NULL, *vb = NULL;
+    expect(cudaHostAlloc(&va, 10000, 0) == cudaSuccess && cudaHostAlloc(&vb, 10000, 0) == cudaSuccess,
+           "cudaHostAlloc failed");
+    char *a = va, *b = vb;
+    pattern_fill(b, 10000, 9);
+    int rc = cudaFreeHost(a + 100);
+    expect(rc == cudaErrorInvalidValue, "a pointer inside a pinned buffer returned %d, not 1", rc);
+    expect(cudaFreeHost(a) == cudaSuccess, "cudaFreeHost failed");
+    rc = cudaFreeHost(a);
+    expect(rc == cudaErrorInvalidValue, "a double cudaFreeHost returned %d, not 1", rc);
+    expect(pattern_intact(b, 10000, 9), "the other buffer was damaged");
+    expect(cudaFreeHost(b) == cudaSuccess, "cudaFreeHost failed");
+}
+
+/* cudaFreeHost's promise without its wait: a buffer freed while a copy
+ * (a pretend kernel reading it) is queued is not handed out before the copy
+ * ran, and the free does not wait for it. */
+static void check_pinned_ordering(void)
+{
+    start_runtime();
+    cudaStream_t s = NULL;
+    expect(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "stream creation failed");
+    fake.hold(1);
+    void *a = NULL;
+    expect(cudaHostAlloc(&a, MiB, 0) == cudaSuccess && a, "cudaHostAlloc failed");
+    memset(a, 0xab, MiB);
+    expect(fake.enqueue_check(s, a, MiB, 0xab) == 0, "enqueue failed");
+    unsigned long ran = fake_calls(&fake).kernels_run;
+    expect(cudaFreeHost(a) == cudaSuccess, "cudaFreeHost failed");
+    expect(fake_calls(&fake).kernels_run == ran, "cudaFreeHost waited for the copy");
+    int again = 0;
+    void *later[200];
+    for (int i = 0; i < 200; i++) {
+        expect(cudaHostAlloc(&later[i], MiB, 0) == cudaSuccess && later[i], "cudaHostAlloc failed");
+        again |= later[i] == a;
+        memset(later[i], 0xcd, MiB);   /* the program writes its next batch */
+        if (i % 2)
+            expect(cudaFreeHost(later[i]) == cudaSuccess, "cudaFreeHost failed");
+    }
+    fake.complete_all();
+    expect(fake.corrupt_bytes() == 0, "corrupt bytes: the copy read %lu bytes the program wrote after the free",
+           fake.corrupt_bytes());
+    (void)again;
+    fake.hold(0);
+    for (int i = 0; i < 200; i += 2)
+        expect(cudaFreeHost(later[i]) == cudaSuccess, "cudaFreeHost failed");
+    expect(cudaStreamDestroy(s) == cudaSuccess, "cudaStreamDestroy failed");
+}
+
+/* pinned:0: every pinned allocation is CUDA's. */
+static void check_pinned_off(void)
+{
+    start_runtime();
+    fake_cuda_calls_t c0 = fake_calls(&fake);
+    void *p[10];
+    for (int i = 0; i < 10; i++)
+        expect(cudaHostAlloc(&p[i], 4096, 0) == cudaSuccess, "cudaHostAlloc failed");
+    expect(fake_calls(&fake).host_allocs == c0.host_allocs + 10, "with pinned:0, cuheap served pinned memory");
+    for (int i = 0; i < 10; i++)
+        expect(cudaFreeHost(p[i]) == cudaSuccess, "cudaFreeHost failed");
+    expect(fake_calls(&fake).host_frees == c0.host_frees + 10, "with pinned:0, frees did not reach CUDA");
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "";
@@ -720,10 +854,19 @@ int main(int argc, char **argv)
         check_two_devices();
     else if (!strcmp(mode, "device-reset"))
         check_device_reset();
+    else if (!strcmp(mode, "pinned"))
+        check_pinned();
+    else if (!strcmp(mode, "pinned-double-free"))
+        check_pinned_double_free();
+    else if (!strcmp(mode, "pinned-ordering"))
+        check_pinned_ordering();
+    else if (!strcmp(mode, "pinned-off"))
+        check_pinned_off();
     else {
         fprintf(stderr, "usage: %s threads|entry-point|pass-through|double-free|zero-and-alignment|"
                         "out-of-memory|fork|ipc|ipc-safe|ipc-callers|capture|new-stream-after-reuse|free-ordering|free-ordering-unseen-stream|stream-destroy|"
-                        "meminfo|meminfo-right-after-free|meminfo-uncached|device-reset\n", argv[0]);
+                        "meminfo|meminfo-right-after-free|meminfo-uncached|device-reset|pinned|pinned-double-free|"
+                        "pinned-ordering|pinned-off\n", argv[0]);
         return 2;
     }
     return finish(mode);

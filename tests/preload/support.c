@@ -41,6 +41,16 @@ void heap_stats(cuheap_stats_t *out)
     heap_stats_of(0, out);
 }
 
+void host_stats(cuheap_host_stats_t *out)
+{
+    memset(out, 0, sizeof *out);
+    void *sym = dlsym(RTLD_DEFAULT, "cuheap_get_host_stats");
+    cuheap_status_t (*get_stats)(cuheap_host_stats_t *);
+    memcpy(&get_stats, &sym, sizeof sym);
+    if (expect(get_stats != NULL, "cuheap_get_host_stats is not in the process (libcuheap.so not preloaded)"))
+        expect(get_stats(out) == CUHEAP_OK, "cuheap_get_host_stats failed");
+}
+
 #define LOAD(field, name)                                                    \
     do {                                                                     \
         void *sym_ = lookup(name);                                           \

@@ -22,6 +22,8 @@ int expect(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void heap_stats(cuheap_stats_t *out);
 /* The same for any device. */
 void heap_stats_of(int device, cuheap_stats_t *out);
+/* cuheap's pinned host memory statistics, the same way. */
+void host_stats(cuheap_host_stats_t *out);
 
 /* The fake driver's test helpers, each looked up by name with `lookup`. */
 typedef struct fake_helpers_s {
