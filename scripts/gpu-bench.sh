@@ -9,11 +9,14 @@
 #     cost (the figures behind cuheap's cudaFree bookkeeping);
 #     bench/gpu/vm_costs.cu: what mapping, granting access to and unmapping a
 #     page of virtual memory cost (the price of a page moved under vmm:1);
+#     bench/gpu/pinned_costs.cu: cudaHostAlloc+cudaFreeHost against cuheap's
+#     pinned cache, and host-to-device copy bandwidth from each;
 #  3. where PyTorch is installed, bench/torch/run_modes.py: the training jobs
 #     (BENCH_JOBS, default resnet50,gpt2,bert_varlen,llama_ckpt,kv_generate)
 #     under BENCH_MODES (default native,expandable,async,cuheap,preload),
 #     side by side. 25 job runs take 10-15 minutes: on a machine that limits
 #     one command's time, run the jobs in two calls (BENCH_JOBS=...).
+# BENCH_PARTS picks parts (default latency,sync,vm,pinned,jobs).
 # Argument 1 is the build directory (default build). Exit status 0 only if
 # every part ran.
 set -euo pipefail
@@ -23,6 +26,8 @@ NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
 cd "$(dirname "$0")/.."
 rc=0
 section() { printf '\n== %s\n' "$*"; }
+parts=",${BENCH_PARTS:-latency,sync,vm,pinned,jobs},"
+want() { [[ "$parts" == *",$1,"* ]]; }
 
 section "GPU"
 nvidia-smi -L 2>/dev/null || echo "nvidia-smi not found"
@@ -35,17 +40,30 @@ make lib BUILD="$BUILD"
     -ldl -lpthread -o "$BUILD"/alloc_latency
 "$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 bench/gpu/sync_costs.cu -o "$BUILD"/sync_costs
 "$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 bench/gpu/vm_costs.cu -lcuda -o "$BUILD"/vm_costs
+"$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 -Iinclude bench/gpu/pinned_costs.cu "$BUILD"/libcuheap.a \
+    -ldl -lpthread -o "$BUILD"/pinned_costs
 
-section "allocation latency (bench/gpu/alloc_latency.cu)"
-timeout 300 "$BUILD"/alloc_latency --pairs "${ALLOC_PAIRS:-20000}" || rc=1
+if want latency; then
+    section "allocation latency (bench/gpu/alloc_latency.cu)"
+    timeout 300 "$BUILD"/alloc_latency --pairs "${ALLOC_PAIRS:-20000}" || rc=1
+fi
 
-section "event and stream-wait costs (bench/gpu/sync_costs.cu)"
-timeout 60 "$BUILD"/sync_costs || rc=1
+if want sync; then
+    section "event and stream-wait costs (bench/gpu/sync_costs.cu)"
+    timeout 60 "$BUILD"/sync_costs || rc=1
+fi
 
-section "virtual-memory page costs (bench/gpu/vm_costs.cu)"
-timeout 120 "$BUILD"/vm_costs || rc=1
+if want vm; then
+    section "virtual-memory page costs (bench/gpu/vm_costs.cu)"
+    timeout 120 "$BUILD"/vm_costs || rc=1
+fi
 
-if [[ "${GPU_TORCH:-1}" != 0 ]] && python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+if want pinned; then
+    section "pinned host memory (bench/gpu/pinned_costs.cu)"
+    timeout 300 "$BUILD"/pinned_costs || rc=1
+fi
+
+if want jobs && [[ "${GPU_TORCH:-1}" != 0 ]] && python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     section "training jobs (bench/torch/run_modes.py)"
     timeout 1200 python3 bench/torch/run_modes.py \
         --jobs "${BENCH_JOBS:-resnet50,gpt2,bert_varlen,llama_ckpt,kv_generate}" \

@@ -18,6 +18,14 @@
  *   d. served   under --expect-cuheap, cuheap's statistics (found with
  *               dlsym, as the program does not link cuheap) count at least
  *               every allocation this program made
+ *   e. pinned   cudaHostAlloc (flags 0-3) and cudaMallocHost: the flags come
+ *               back from cudaHostGetFlags, mapped memory is written by a
+ *               kernel through cudaHostGetDevicePointer; cudaFreeHost's
+ *               promise: a buffer freed while an asynchronous copy behind a
+ *               slow kernel still reads it is not handed out again and
+ *               overwritten before the copy ran, and the free does not wait;
+ *               under --expect-cuheap, cuheap's pinned statistics count the
+ *               allocations
  * Prints "preload_stress: all checks passed" or "preload_stress: FAILED"; exit
  * status 0 only if every check passed.
  * Options: --ops N (stress operations, default 200000), --expect-cuheap.
@@ -313,6 +321,111 @@ static void check_served(int expect)
     report("served", st.num_allocs >= program_allocs && st.num_segment_allocs < st.num_allocs, detail);
 }
 
+/* ---- e. pinned host memory --------------------------------------------- */
+
+__global__ void write_through(unsigned char *p, size_t n, unsigned char v)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = v;
+}
+
+__global__ void spin(long long cycles)
+{
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+}
+
+typedef struct {
+    stat_t requested, allocated, reserved, pending;
+    unsigned long long num_allocs, num_frees, num_chunks, num_chunk_allocs, num_waits, num_ooms, chunk_size;
+} cuheap_host_stats_t;
+
+static void check_pinned(int expect)
+{
+    char detail[320];
+    int ok = 1, flag_errors = 0, mapped_errors = 0;
+    unsigned long long allocs = 0;
+    /* flags, and zero-copy writes through mapped memory */
+    for (unsigned flags = 0; flags < 4; flags++)
+        for (int i = 0; i < 50; i++) {
+            size_t n = 1 + (size_t)(i * 104729 % (4 << 20));
+            unsigned char *p = NULL;
+            cudaError_t e = flags == 0 && i % 2 ? cudaMallocHost((void **)&p, n) : cudaHostAlloc((void **)&p, n, flags);
+            allocs++;
+            if (e != cudaSuccess || !p) {
+                ok = 0;
+                continue;
+            }
+            unsigned got = 0;
+            flag_errors += cudaHostGetFlags(&got, p) != cudaSuccess || (got & flags) != flags;
+            if (flags & cudaHostAllocMapped) {
+                unsigned char *d = NULL;
+                if (cudaHostGetDevicePointer((void **)&d, p, 0) != cudaSuccess) {
+                    mapped_errors++;
+                } else {
+                    write_through<<<blocks_for(n), 256>>>(d, n, (unsigned char)(i + 1));
+                    cudaDeviceSynchronize();
+                    for (size_t b = 0; b < n; b += 997)
+                        mapped_errors += p[b] != (unsigned char)(i + 1);
+                }
+            }
+            ok &= cudaFreeHost(p) == cudaSuccess;
+        }
+    /* cudaFreeHost's promise */
+    const size_t n = 64 * MiB;
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    int clock_khz = 0;
+    cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
+    unsigned char *a = NULL, *dev = NULL, *back = (unsigned char *)malloc(n);
+    cudaMalloc((void **)&dev, n);
+    counted(1);
+    ok &= cudaHostAlloc((void **)&a, n, 0) == cudaSuccess;
+    allocs++;
+    memset(a, 0xAB, n);
+    spin<<<1, 1, 0, s>>>((long long)clock_khz * 300);   /* about 300 ms */
+    cudaMemcpyAsync(dev, a, n, cudaMemcpyHostToDevice, s);
+    double t0 = now_ms();
+    ok &= cudaFreeHost(a) == cudaSuccess;
+    double free_ms = now_ms() - t0;
+    unsigned char *later[8];
+    int reused = 0;
+    for (int i = 0; i < 8; i++) {
+        ok &= cudaHostAlloc((void **)&later[i], n, 0) == cudaSuccess;
+        allocs++;
+        reused += later[i] == a;
+        memset(later[i], 0xCD, n);   /* the program's next batch */
+    }
+    double loop_ms = now_ms() - t0;
+    cudaError_t e = cudaStreamSynchronize(s);
+    cudaMemcpy(back, dev, n, cudaMemcpyDeviceToHost);
+    unsigned long long bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += back[i] != 0xAB;
+    for (int i = 0; i < 8; i++)
+        cudaFreeHost(later[i]);
+    cudaFree(dev);
+    free(back);
+    cudaStreamDestroy(s);
+    int (*get_host_stats)(cuheap_host_stats_t *);
+    void *sym = dlsym(RTLD_DEFAULT, "cuheap_get_host_stats");
+    memcpy(&get_host_stats, &sym, sizeof get_host_stats);
+    cuheap_host_stats_t st;
+    memset(&st, 0, sizeof st);
+    if (get_host_stats)
+        get_host_stats(&st);
+    snprintf(detail, sizeof detail,
+             "flag errors %d, mapped errors %d; cudaFreeHost under a queued copy took %.3f ms, 8 x 64 MiB "
+             "allocated and written in %.1f ms, freed buffer handed out again %d times, corrupted bytes %llu; "
+             "cuheap served %llu of %llu from %llu chunks",
+             flag_errors, mapped_errors, free_ms, loop_ms, reused, bad, st.num_allocs, allocs, st.num_chunk_allocs);
+    ok &= e == cudaSuccess && bad == 0 && flag_errors == 0 && mapped_errors == 0;
+    if (expect)
+        ok &= st.num_allocs >= allocs && free_ms < 5.0;
+    report("pinned", ok, detail);
+}
+
 int main(int argc, char **argv)
 {
     long ops = 200000;
@@ -341,6 +454,7 @@ int main(int argc, char **argv)
     check_stress(ops);
     check_promise();
     check_served(expect);
+    check_pinned(expect);
     cudaFree(d_errors);
     printf("preload_stress: %s\n", failures ? "FAILED" : "all checks passed");
     return failures ? 1 : 0;
