@@ -54,7 +54,8 @@ deps:
 deps-test:
 	@scripts/install-deps.sh test
 
-$(JE_LIB): | deps
+$(JE_LIB):
+	@scripts/install-deps.sh
 	@scripts/build-jemalloc.sh $(JEMALLOC)
 
 $(BUILD)/obj/pinned.o $(BUILD)/san/obj/pinned.o: | $(JE_LIB)
