@@ -27,15 +27,15 @@
 # /usr/local/cuda/bin/nvcc), GPU_ARCH (default sm_90), GPU_CHECK_OPS
 # (default 1000000), SANITIZER_OPS (default 20000), PRELOAD_OPS (default
 # 200000), GPU_TORCH=0 (skip the PyTorch parts), TORCH_STEPS (default 20),
-# GPU_PARTS (default "api,preload,torch,ddp": which parts to run; ddp needs
-# two GPUs and is skipped on one), DDP_MODES (run_ddp.py modes), PRELOAD_JOBS
+# GPU_PARTS (default "api,preload,twogpu,torch,ddp": which parts to run;
+# twogpu and ddp need two GPUs and are skipped on one), DDP_MODES (run_ddp.py modes), PRELOAD_JOBS
 # (default resnet50,gpt2,bert_varlen) and PRELOAD_MODES (default
 # native,preload,preload-caching; add native-again to judge losses that are
 # not bitwise reproducible against two native runs), run_modes.py names.
 set -euo pipefail
 
 BUILD="${1:-build}"
-GPU_PARTS="${GPU_PARTS:-api,preload,torch,ddp}"
+GPU_PARTS="${GPU_PARTS:-api,preload,twogpu,torch,ddp}"
 PRELOAD_OPS="${PRELOAD_OPS:-200000}"
 part() { [[ ",$GPU_PARTS," == *",$1,"* ]]; }
 GPU_ARCH="${GPU_ARCH:-sm_90}"
@@ -77,6 +77,7 @@ make lib BUILD="$BUILD"
     -o "$BUILD"/preload_stress_static
 "$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 -cudart shared tests/gpu/preload_stress.cu -ldl -lpthread \
     -o "$BUILD"/preload_stress_shared
+"$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 tests/gpu/two_gpus.cu -ldl -o "$BUILD"/two_gpus
 echo "built $BUILD/gpu_check, $BUILD/preload_stress_static, $BUILD/preload_stress_shared"
 PRELOAD="$(pwd)/$BUILD/libcuheap.so"
 
@@ -175,6 +176,23 @@ if part preload; then
                 --no-double-free
             row "memcheck LD_PRELOAD preload_stress, $rt runtime" "$RUN_RC" "$RUN_SECS" "$(verdict "$log" "$RUN_RC"); $(san_summary "$log")"
         done
+    fi
+fi
+
+# One process, two GPUs, under the preload: a heap per device, frees from
+# the other device, peer access (vmm:1: cuheap grants its pages), pinned
+# memory copied to both. Needs two GPUs (the nvidia-h200-x2 machine).
+if part twogpu; then
+    if (( $(nvidia-smi -L 2>/dev/null | grep -c '^GPU') >= 2 )); then
+        for vmm in 0 1; do
+            section "two_gpus under LD_PRELOAD, vmm:$vmm"
+            log="$BUILD/two_gpus.vmm$vmm.log"
+            run_logged "$log" env LD_PRELOAD="$PRELOAD" CUHEAP_CONF="vmm:$vmm" timeout 120 "$BUILD/two_gpus"
+            row "LD_PRELOAD two_gpus (one process, 2 GPUs, peer access), vmm:$vmm" "$RUN_RC" "$RUN_SECS" \
+                "$(grep -E '^two_gpus: ' "$log" | tail -n 1 | sed 's/^two_gpus: //')"
+        done
+    else
+        row "two_gpus (one process, 2 GPUs)" - - "skipped: fewer than two GPUs"
     fi
 fi
 

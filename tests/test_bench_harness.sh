@@ -30,6 +30,12 @@ expect(env.get("CUHEAP_CONF") == "limit:3000000000" and env.get("PYTORCH_NO_CUDA
        "preload-limit: the preload's heap gets the limit")
 env = run_modes.environment("native")
 expect("CUHEAP_BENCH_LIMIT" not in env and "CUHEAP_CONF" not in env, "native: no limit, no cuheap settings")
+os.environ["CUHEAP_BENCH_CONF"] = "wait_before_grow:0"
+env = run_modes.environment("cuheap-vmm-limit", 1e9)
+expect(env.get("CUHEAP_CONF") == "vmm:1,wait_before_grow:0,limit:1000000000",
+       "CUHEAP_BENCH_CONF joins a cuheap mode's settings")
+expect("CUHEAP_CONF" not in run_modes.environment("native"), "CUHEAP_BENCH_CONF stays out of native modes")
+del os.environ["CUHEAP_BENCH_CONF"]
 try:
     run_modes.environment("native-limit")
     expect(False, "a *-limit mode without a limit is refused")

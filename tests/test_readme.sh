@@ -18,4 +18,7 @@ done
 check "the first commands in README are make demo and make test" \
     '[ "$(grep -m2 -oE "^make (demo|test)" README.md | tr "\n" " ")" = "make demo make test " ]'
 check ".ci/run runs make test" 'grep -q "^make test" .ci/run'
+repeated=$(grep -E "^#{2,3} " README.md | sort | uniq -d)
+check "every heading of README appears once (repeated: $repeated)" '[ -z "$repeated" ]'
+check "README carries one settings table" '[ "$(grep -c "^| key | default | meaning |" README.md)" = 1 ]'
 finish test_readme

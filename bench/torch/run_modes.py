@@ -25,6 +25,10 @@ invocation (so native must come first): PyTorch's own modes through
 set_per_process_memory_fraction, cuheap's through CUHEAP_CONF limit:BYTES.
 An out-of-memory there is a result (the step it happened at), and the
 allocator's cache-release retries are shown beside it.
+
+CUHEAP_BENCH_CONF=key:value,... adds settings to cuheap's modes (an
+experiment: --modes preload with CUHEAP_BENCH_CONF=wait_before_grow:0); the
+caller's own CUHEAP_CONF never reaches a mode.
 """
 
 import argparse
@@ -71,6 +75,9 @@ def environment(mode, limit=None):
             env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
     elif mode not in ("native", "native-again"):
         raise SystemExit("unknown mode %s" % mode)
+    extra = os.environ.get("CUHEAP_BENCH_CONF")
+    if extra and ("CUHEAP_TORCH" in env or "LD_PRELOAD" in env):
+        env["CUHEAP_CONF"] = (env["CUHEAP_CONF"] + "," if "CUHEAP_CONF" in env else "") + extra
     return env
 
 
