@@ -405,8 +405,10 @@ void cuh_pinned_destroy(cuh_pinned_t *p)
         free(p);
         return;
     }
+    /* Buffers still waiting go with their arenas. */
     pthread_mutex_lock(&p->lock);
-    close_locked(p);
+    if (p->open)
+        batch_free(p->open);
     while (p->closed) {
         batch_t *b = p->closed;
         p->closed = b->next;

@@ -64,7 +64,7 @@ cuh_pinned_t *cuh_pinned_create(const cuh_pinned_source_t *source, size_t chunk_
 void cuh_pinned_destroy(cuh_pinned_t *pinned);
 
 /* `size` bytes (> 0) with `flags` (within CUH_PINNED_SERVED_FLAGS) for a
- * thread whose device is `device`; aligned to 64 bytes at least, to the page
+ * thread whose device is `device`; aligned to 256 bytes, to the page (4 KiB)
  * from 4 KiB up. CUHEAP_ERR_OUT_OF_MEMORY with a message when no chunk can be
  * had. */
 cuheap_status_t cuh_pinned_alloc(cuh_pinned_t *pinned, size_t size, unsigned flags, int device, void **ptr);
