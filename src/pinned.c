@@ -456,6 +456,13 @@ cuheap_status_t cuh_pinned_alloc(cuh_pinned_t *p, size_t size, unsigned flags, i
     }
     if (size == 0)
         return CUHEAP_OK;
+    pthread_mutex_lock(&p->lock);
+    int abandoned = p->abandoned;
+    pthread_mutex_unlock(&p->lock);
+    if (abandoned) {
+        cuh_set_error("this pinned cache was retired by a device reset");
+        return CUHEAP_ERR_NOT_OWNED;
+    }
     pinned_arena_t *a = arena_get(p, flags, device);
     if (!a)
         return CUHEAP_ERR_OUT_OF_MEMORY;

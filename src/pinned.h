@@ -66,7 +66,7 @@ void cuh_pinned_destroy(cuh_pinned_t *pinned);
 /* `size` bytes (> 0) with `flags` (within CUH_PINNED_SERVED_FLAGS) for a
  * thread whose device is `device`; aligned to 256 bytes, to the page (4 KiB)
  * from 4 KiB up. CUHEAP_ERR_OUT_OF_MEMORY with a message when no chunk can be
- * had. */
+ * had; CUHEAP_ERR_NOT_OWNED from a cache a device reset retired. */
 cuheap_status_t cuh_pinned_alloc(cuh_pinned_t *pinned, size_t size, unsigned flags, int device, void **ptr);
 /* CUHEAP_ERR_NOT_OWNED for a pointer outside every chunk; an error with a
  * message for a double free or a pointer inside an allocation. */
