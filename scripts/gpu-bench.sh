@@ -16,7 +16,9 @@
 #     under BENCH_MODES (default native,expandable,async,cuheap,preload),
 #     side by side. 25 job runs take 10-15 minutes: on a machine that limits
 #     one command's time, run the jobs in two calls (BENCH_JOBS=...).
-# BENCH_PARTS picks parts (default latency,sync,vm,pinned,jobs).
+#  4. where PyTorch is installed, bench/torch/alloc_latency_torch.cpp: the same
+#     latency loop as 1. against PyTorch's caching allocator (part torchlat).
+# BENCH_PARTS picks parts (default latency,sync,vm,pinned,torchlat,jobs).
 # Argument 1 is the build directory (default build). Exit status 0 only if
 # every part ran.
 set -euo pipefail
@@ -26,7 +28,7 @@ NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
 cd "$(dirname "$0")/.."
 rc=0
 section() { printf '\n== %s\n' "$*"; }
-parts=",${BENCH_PARTS:-latency,sync,vm,pinned,jobs},"
+parts=",${BENCH_PARTS:-latency,sync,vm,pinned,torchlat,jobs},"
 want() { [[ "$parts" == *",$1,"* ]]; }
 
 section "GPU"
@@ -61,6 +63,24 @@ fi
 if want pinned; then
     section "pinned host memory (bench/gpu/pinned_costs.cu)"
     timeout 300 "$BUILD"/pinned_costs || rc=1
+fi
+
+if want torchlat; then
+    section "allocation latency against PyTorch's caching allocator (bench/torch/alloc_latency_torch.cpp)"
+    torch_dir=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null || true)
+    if [[ -n "$torch_dir" ]]; then
+        abi=$(python3 -c 'import torch; print(int(torch.compiled_with_cxx11_abi()))')
+        if "$NVCC" -O2 -std=c++17 -cudart shared -Xcompiler -D_GLIBCXX_USE_CXX11_ABI="$abi" \
+            -I"$torch_dir/include" bench/torch/alloc_latency_torch.cpp -L"$torch_dir/lib" -lc10_cuda -lc10 \
+            -ldl -lpthread -Xlinker -rpath -Xlinker "$torch_dir/lib" -o "$BUILD"/alloc_latency_torch; then
+            timeout 300 "$BUILD"/alloc_latency_torch "$(pwd)/$BUILD/libcuheap.so" "${ALLOC_PAIRS:-20000}" || rc=1
+        else
+            echo "alloc_latency_torch: build failed"
+            rc=1
+        fi
+    else
+        echo "PyTorch not found: skipped"
+    fi
 fi
 
 if want jobs && [[ "${GPU_TORCH:-1}" != 0 ]] && python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
