@@ -84,7 +84,13 @@ def train(args, rank, local_rank):
     net = DistributedDataParallel(model, device_ids=[local_rank])
     opt = make_opt(net.parameters())
     times, losses = [], []
+    profile_to = os.environ.get("CUHEAP_BENCH_PROFILE")
+    prof = None
     for i in range(args.steps):
+        if profile_to and i == args.steps - 2:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                      torch.profiler.ProfilerActivity.CUDA])
+            prof.__enter__()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -93,11 +99,28 @@ def train(args, rank, local_rank):
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
         losses.append(float(loss))
+    if prof:
+        prof.__exit__(None, None, None)
+        write_profile(prof, profile_to % rank if "%d" in profile_to else profile_to, times[-2:])
     reserved, live = train_job.peaks()
     timed = times[WARMUP:] if len(times) > WARMUP else times
     return {"rank": rank, "local_rank": local_rank, "mode": train_job.mode_name(),
             "step_ms": statistics.median(timed) if timed else None, "losses": [x.hex() for x in losses],
             "peak_reserved": reserved, "peak_live": live, "retries": train_job.retries()}
+
+
+def write_profile(prof, path, step_ms):
+    """CUHEAP_BENCH_PROFILE=PATH (%d: the rank): the last two steps under
+    torch.profiler, summed per step: the GPU's busy time, the CPU operations
+    and CUDA calls that took the most time, as one JSON object."""
+    events = prof.key_averages()
+    per = lambda us: round(us / 2 / 1e3, 2)
+    cpu = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)
+    gpu = sorted(events, key=lambda e: e.self_device_time_total, reverse=True)
+    with open(path, "w") as f:
+        json.dump({"step_ms": step_ms, "gpu_busy_ms": per(sum(e.self_device_time_total for e in events)),
+                   "top_cpu": [[e.key, per(e.self_cpu_time_total), e.count // 2] for e in cpu[:15]],
+                   "top_gpu": [[e.key, per(e.self_device_time_total), e.count // 2] for e in gpu[:10]]}, f)
 
 
 def largest(ranks, key):
