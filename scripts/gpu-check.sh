@@ -73,11 +73,11 @@ section "build"
 make lib BUILD="$BUILD"
 "$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 -Iinclude tests/gpu/gpu_check.cu \
     "$BUILD"/libcuheap.a -ldl -lpthread -o "$BUILD"/gpu_check
-"$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 tests/gpu/preload_stress.cu -ldl -lpthread \
+"$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 -Iinclude tests/gpu/preload_stress.cu -ldl -lpthread \
     -o "$BUILD"/preload_stress_static
-"$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 -cudart shared tests/gpu/preload_stress.cu -ldl -lpthread \
+"$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 -cudart shared -Iinclude tests/gpu/preload_stress.cu -ldl -lpthread \
     -o "$BUILD"/preload_stress_shared
-"$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 tests/gpu/two_gpus.cu -ldl -o "$BUILD"/two_gpus
+"$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 -Iinclude tests/gpu/two_gpus.cu -ldl -o "$BUILD"/two_gpus
 echo "built $BUILD/gpu_check, $BUILD/preload_stress_static, $BUILD/preload_stress_shared"
 PRELOAD="$(pwd)/$BUILD/libcuheap.so"
 

@@ -32,6 +32,8 @@
  */
 #include <cuda_runtime.h>
 #include <dlfcn.h>
+
+#include "cuheap.h"   /* types only: the program reaches cuheap through dlsym */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -291,16 +293,9 @@ static void check_promise(void)
 
 /* ---- d. served by cuheap ------------------------------------------------ */
 
-typedef struct { unsigned long long current, peak; } stat_t;
-typedef struct {
-    stat_t requested, allocated, reserved, cached, pending;
-    unsigned long long num_allocs, num_frees, num_segment_allocs, num_segment_frees, num_cache_hits,
-        num_retries, num_ooms, largest_free_extent, num_free_extents, limit, workspace, device_total;
-} cuheap_stats_t;
-
 static void check_served(int expect)
 {
-    int (*get_stats)(int, cuheap_stats_t *);
+    cuheap_status_t (*get_stats)(int, cuheap_stats_t *);
     void *sym = dlsym(RTLD_DEFAULT, "cuheap_get_stats");
     memcpy(&get_stats, &sym, sizeof get_stats);
     char detail[240];
@@ -316,7 +311,8 @@ static void check_served(int expect)
     snprintf(detail, sizeof detail,
              "program allocations %llu, cuheap allocations %llu, frees %llu, device segments %llu, "
              "peak reserved %.1f MiB, peak live %.1f MiB",
-             program_allocs, st.num_allocs, st.num_frees, st.num_segment_allocs, st.reserved.peak / 1048576.0,
+             program_allocs, (unsigned long long)st.num_allocs, (unsigned long long)st.num_frees,
+             (unsigned long long)st.num_segment_allocs, st.reserved.peak / 1048576.0,
              st.requested.peak / 1048576.0);
     report("served", st.num_allocs >= program_allocs && st.num_segment_allocs < st.num_allocs, detail);
 }
@@ -335,11 +331,6 @@ __global__ void spin(long long cycles)
     while (clock64() - t0 < cycles) {
     }
 }
-
-typedef struct {
-    stat_t requested, allocated, reserved, pending;
-    unsigned long long num_allocs, num_frees, num_chunks, num_chunk_allocs, num_waits, num_ooms, chunk_size;
-} cuheap_host_stats_t;
 
 static void check_pinned(int expect)
 {
@@ -408,7 +399,7 @@ static void check_pinned(int expect)
     cudaFree(dev);
     free(back);
     cudaStreamDestroy(s);
-    int (*get_host_stats)(cuheap_host_stats_t *);
+    cuheap_status_t (*get_host_stats)(cuheap_host_stats_t *);
     void *sym = dlsym(RTLD_DEFAULT, "cuheap_get_host_stats");
     memcpy(&get_host_stats, &sym, sizeof get_host_stats);
     cuheap_host_stats_t st;
@@ -419,7 +410,8 @@ static void check_pinned(int expect)
              "flag errors %d, mapped errors %d; cudaFreeHost under a queued copy took %.3f ms, 8 x 64 MiB "
              "allocated and written in %.1f ms, freed buffer handed out again %d times, corrupted bytes %llu; "
              "cuheap served %llu of %llu from %llu chunks",
-             flag_errors, mapped_errors, free_ms, loop_ms, reused, bad, st.num_allocs, allocs, st.num_chunk_allocs);
+             flag_errors, mapped_errors, free_ms, loop_ms, reused, bad, (unsigned long long)st.num_allocs, allocs,
+             (unsigned long long)st.num_chunk_allocs);
     ok &= e == cudaSuccess && bad == 0 && flag_errors == 0 && mapped_errors == 0;
     if (expect)
         ok &= st.num_allocs >= allocs && free_ms < 5.0;

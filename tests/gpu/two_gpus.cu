@@ -19,6 +19,8 @@
  */
 #include <cuda_runtime.h>
 #include <dlfcn.h>
+
+#include "cuheap.h"   /* types only: the program reaches cuheap through dlsym */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,18 +37,11 @@ static void report(const char *name, int ok, const char *detail)
         failures++;
 }
 
-typedef struct { unsigned long long current, peak; } stat_t;
-typedef struct {
-    stat_t requested, allocated, reserved, cached, pending;
-    unsigned long long num_allocs, num_frees, num_segment_allocs, num_segment_frees, num_cache_hits,
-        num_retries, num_ooms, largest_free_extent, num_free_extents, limit, workspace, device_total;
-} cuheap_stats_t;
-
 static cuheap_stats_t stats(int device)
 {
     cuheap_stats_t st;
     memset(&st, 0, sizeof st);
-    int (*get)(int, cuheap_stats_t *);
+    cuheap_status_t (*get)(int, cuheap_stats_t *);
     void *sym = dlsym(RTLD_DEFAULT, "cuheap_get_stats");
     memcpy(&get, &sym, sizeof get);
     if (get)
@@ -114,7 +109,8 @@ int main(void)
     }
     cuheap_stats_t s0 = stats(0), s1 = stats(1);
     snprintf(detail, sizeof detail, "device 0's heap +%llu allocations, device 1's +%llu",
-             s0.num_allocs - before[0].num_allocs, s1.num_allocs - before[1].num_allocs);
+             (unsigned long long)(s0.num_allocs - before[0].num_allocs),
+             (unsigned long long)(s1.num_allocs - before[1].num_allocs));
     report("heaps", ok && s0.num_allocs > before[0].num_allocs && s1.num_allocs > before[1].num_allocs, detail);
 
     /* b. a block of device 1 freed from device 0 */
@@ -124,8 +120,8 @@ int main(void)
     cudaSetDevice(0);
     unsigned long long frees1 = stats(1).num_frees, frees0 = stats(0).num_frees;
     ok &= cudaFree(tmp) == cudaSuccess;
-    snprintf(detail, sizeof detail, "device 1's heap +%llu frees, device 0's +%llu", stats(1).num_frees - frees1,
-             stats(0).num_frees - frees0);
+    snprintf(detail, sizeof detail, "device 1's heap +%llu frees, device 0's +%llu",
+             (unsigned long long)(stats(1).num_frees - frees1), (unsigned long long)(stats(0).num_frees - frees0));
     report("cross", ok && stats(1).num_frees == frees1 + 1 && stats(0).num_frees == frees0, detail);
 
     /* c. peer access, blocks from before and after enabling it */
