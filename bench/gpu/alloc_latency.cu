@@ -19,42 +19,19 @@
 //        build/libcuheap.a -ldl -lpthread -o build/alloc_latency
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #include "cuheap.h"
+#include "latency_loop.h"
 
 #define CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
     fprintf(stderr, "alloc_latency: %s: %s\n", #x, cudaGetErrorString(e_)); exit(1); } } while (0)
 
 enum Allocator { CUHEAP, CUDA_MALLOC, CUDA_ASYNC, NUM_ALLOCATORS };
-
-struct Pattern {
-    const char *name;
-    size_t fixed;   // 0: mixed
-};
-
-static uint64_t next_random(uint64_t *s)
-{
-    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
-    return *s;
-}
-
-static size_t pick_size(const Pattern &p, uint64_t *rng)
-{
-    if (p.fixed)
-        return p.fixed;
-    uint64_t r = next_random(rng);
-    if (r % 10 < 8)
-        return 512 + (size_t)(r >> 8) % (64 * 1024 - 512);
-    return ((size_t)1 << 20) + (size_t)(r >> 8) % ((size_t)63 << 20);
-}
 
 static void *do_malloc(Allocator a, size_t size, cudaStream_t s)
 {
@@ -88,53 +65,6 @@ static void do_free(Allocator a, void *p, cudaStream_t s)
     }
 }
 
-// One thread's loop: `pairs` malloc+free pairs, keeping up to 64 blocks live
-// for the mixed pattern (a ring: the oldest goes first), one at a time for a
-// fixed size. Returns ns per pair.
-static double run_thread(Allocator a, const Pattern &p, long pairs, cudaStream_t s, uint64_t seed)
-{
-    const int live = p.fixed ? 1 : 64;
-    std::vector<void *> ring(live, nullptr);
-    uint64_t rng = seed | 1;
-    auto t0 = std::chrono::steady_clock::now();
-    for (long i = 0; i < pairs; i++) {
-        void *&slot = ring[i % live];
-        if (slot)
-            do_free(a, slot, s);
-        slot = do_malloc(a, pick_size(p, &rng), s);
-    }
-    auto t1 = std::chrono::steady_clock::now();
-    for (void *q : ring)
-        if (q)
-            do_free(a, q, s);
-    return std::chrono::duration<double, std::nano>(t1 - t0).count() / (double)pairs;
-}
-
-// Median over 3 rounds of the mean per-thread ns per pair.
-static double measure(Allocator a, const Pattern &p, int threads, long pairs, std::vector<cudaStream_t> &streams)
-{
-    std::vector<double> rounds;
-    for (int round = 0; round < 4; round++) {   // round 0 warms up
-        std::vector<double> per(threads);
-        std::vector<std::thread> th;
-        for (int t = 0; t < threads; t++)
-            th.emplace_back([&, t] {
-                CHECK(cudaSetDevice(0));
-                per[t] = run_thread(a, p, pairs, streams[t], 0x9e3779b97f4a7c15ull * (uint64_t)(t + 1));
-            });
-        for (auto &x : th)
-            x.join();
-        CHECK(cudaDeviceSynchronize());
-        double sum = 0;
-        for (double v : per)
-            sum += v;
-        if (round > 0)
-            rounds.push_back(sum / threads);
-    }
-    std::sort(rounds.begin(), rounds.end());
-    return rounds[1];
-}
-
 int main(int argc, char **argv)
 {
     long pairs = 20000;
@@ -154,18 +84,18 @@ int main(int argc, char **argv)
     std::vector<cudaStream_t> streams(16);
     for (auto &s : streams)
         CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    const Pattern patterns[] = {{"512 B", 512},          {"4 KiB", 4096},           {"64 KiB", 65536},
-                                {"1 MiB", (size_t)1 << 20}, {"16 MiB", (size_t)16 << 20}, {"256 MiB", (size_t)256 << 20},
-                                {"mixed", 0}};
     printf("| pattern | threads | cuheap ns | cudaMalloc ns | async ns | cudaMalloc / cuheap | async / cuheap |\n");
     printf("|---|---|---|---|---|---|---|\n");
-    for (const Pattern &p : patterns) {
+    for (const LatencyPattern &p : kLatencyPatterns) {
         for (int threads : {1, 16}) {
             double ns[NUM_ALLOCATORS];
             for (int a = 0; a < NUM_ALLOCATORS; a++) {
                 // cudaMalloc synchronizes on every free: fewer pairs keep it short.
                 long n = a == CUDA_MALLOC ? std::max(200L, pairs / 20) : pairs;
-                ns[a] = measure((Allocator)a, p, threads, n, streams);
+                Allocator which = (Allocator)a;
+                ns[a] = latency_measure([which](size_t size, cudaStream_t s) { return do_malloc(which, size, s); },
+                                        [which](void *q, cudaStream_t s) { do_free(which, q, s); }, p, threads, n,
+                                        streams);
             }
             printf("| %s | %d | %.0f | %.0f | %.0f | %.1fx | %.1fx |\n", p.name, threads, ns[CUHEAP], ns[CUDA_MALLOC],
                    ns[CUDA_ASYNC], ns[CUDA_MALLOC] / ns[CUHEAP], ns[CUDA_ASYNC] / ns[CUHEAP]);
