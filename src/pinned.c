@@ -456,20 +456,14 @@ cuheap_status_t cuh_pinned_alloc(cuh_pinned_t *p, size_t size, unsigned flags, i
     }
     if (size == 0)
         return CUHEAP_OK;
-    pthread_mutex_lock(&p->lock);
-    int abandoned = p->abandoned;
-    pthread_mutex_unlock(&p->lock);
-    if (abandoned) {
-        cuh_set_error("this pinned cache was retired by a device reset");
-        return CUHEAP_ERR_NOT_OWNED;
-    }
-    pinned_arena_t *a = arena_get(p, flags, device);
-    if (!a)
-        return CUHEAP_ERR_OUT_OF_MEMORY;
-
     /* Take back what the GPU has passed, now and then; wait when memory
      * held for it outgrows both the chunk size and the live allocations. */
     pthread_mutex_lock(&p->lock);
+    if (p->abandoned) {
+        pthread_mutex_unlock(&p->lock);
+        cuh_set_error("this pinned cache was retired by a device reset");
+        return CUHEAP_ERR_NOT_OWNED;
+    }
     if ((p->closed || p->open) &&
         (++p->ops_since_poll >= RATION_OPS || p->pending.current >= p->chunk_size >> RATION_BYTES_SHIFT))
         poll_locked(p, 0);
@@ -478,6 +472,9 @@ cuheap_status_t cuh_pinned_alloc(cuh_pinned_t *p, size_t size, unsigned flags, i
         drain_locked(p);
     }
     pthread_mutex_unlock(&p->lock);
+    pinned_arena_t *a = arena_get(p, flags, device);
+    if (!a)
+        return CUHEAP_ERR_OUT_OF_MEMORY;
 
     int align_flag = size >= PAGE ? MALLOCX_ALIGN(PAGE) : MALLOCX_ALIGN(SMALL_ALIGN);
     int je_flags = MALLOCX_ARENA(a->index) | MALLOCX_TCACHE_NONE | align_flag;
