@@ -74,6 +74,31 @@ n, again, same = ranks([1, 2], [1, 2]), ranks([1, 2.01], [1, 2]), ranks([1, 2], 
 expect(run_ddp.losses_vs_native(same, n, again).startswith("OUTSIDE"),
        "DDP: a difference on any rank beyond the native spread is named")
 expect(run_ddp.losses_vs_native(ranks([1, 2], [1, 2]), n, again) == "bitwise", "DDP: bitwise on every rank")
+env = run_ddp.environment("preload@CUHEAP_CONF=wait_before_grow:0@X=1", "default")
+expect(env.get("CUHEAP_CONF") == "wait_before_grow:0" and env.get("X") == "1"
+       and env.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1", "DDP: a mode's variant sets its variables")
+try:
+    run_ddp.split_mode("preload@novalue")
+    expect(False, "DDP: a variant without NAME=VALUE is refused")
+except SystemExit as e:
+    expect("@NAME=VALUE" in str(e), "DDP: a variant without NAME=VALUE is refused")
+def ddp(mode, step, losses=(1, 2), err=None):
+    r = {"job": "gpt2", "mode": mode, "step_ms": step, "peak_reserved": 2 << 30, "peak_live": 1 << 30,
+         "ranks": [{"retries": 0}], "losses_all_ranks": [hexes(losses)]}
+    if err:
+        r["error"] = err
+    return r
+rounds = [ddp("native", 100), ddp("preload", 130), ddp("native", 90), ddp("preload", 99),
+          ddp("native", 110), ddp("preload", 100)]
+c = run_ddp.combine(rounds)
+expect([r["mode"] for r in c] == ["native", "preload"] and c[0]["step_ms"] == 100 and c[1]["step_ms"] == 100,
+       "DDP --repeat: one row per mode, step time the median of the rounds")
+t = run_ddp.table(c)
+rows = {line.split("|")[2].strip(): line for line in t.splitlines()[2:]}
+expect("median of 3 rounds" in t and "100.0 (99.0-130.0)" in rows["preload"] and "| 1.000 |" in rows["preload"],
+       "DDP --repeat: the range of the rounds is shown and the ratio is of medians")
+c = run_ddp.combine([ddp("native", 100), ddp("preload", 100), ddp("native", 100), ddp("preload", None, err="boom")])
+expect("failed" in run_ddp.table(c).splitlines()[3], "DDP --repeat: a round that failed fails the row")
 PY
 )
 while IFS= read -r line; do

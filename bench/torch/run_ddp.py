@@ -37,8 +37,23 @@ import run_modes  # noqa: E402
 MODES = "native,native-again,cuheap,preload-caching,preload"
 
 
+def split_mode(mode):
+    """A mode and the variables of its variant: "preload@CUHEAP_CONF=wait_before_grow:0"
+    is the preload mode with CUHEAP_CONF set so (several: "@A=1@B=2")."""
+    base, *assignments = mode.split("@")
+    extra = {}
+    for a in assignments:
+        name, eq, value = a.partition("=")
+        if not name or not eq:
+            raise SystemExit("mode %s: a variant is @NAME=VALUE, not @%s" % (mode, a))
+        extra[name] = value
+    return base, extra
+
+
 def environment(mode, nccl_cumem):
-    env = run_modes.environment(mode)
+    base, extra = split_mode(mode)
+    env = run_modes.environment(base)
+    env.update(extra)
     env["NCCL_NVLS_ENABLE"] = "0"
     if nccl_cumem == "0":
         env["NCCL_CUMEM_ENABLE"] = "0"
@@ -106,12 +121,14 @@ def run(job, mode, args):
     if p.returncode != 0 or not lines:
         return failure(job, mode, err or out, p.returncode)
     r = json.loads(lines[-1])
-    if mode == "native-again" and r["mode"] == "native":
-        r["mode"] = mode
-    if r["mode"] != mode:
-        r["error"] = "asked for mode %s, the job ran in %s" % (mode, r["mode"])
+    base = split_mode(mode)[0]
+    if base == "native-again" and r["mode"] == "native":
+        r["mode"] = base
+    if r["mode"] != base:
+        r["error"] = "asked for mode %s, the job ran in %s" % (base, r["mode"])
     elif r["world_size"] != args.nproc:
         r["error"] = "asked for %d ranks, the job ran on %d" % (args.nproc, r["world_size"])
+    r["mode"] = mode
     return r
 
 
@@ -128,9 +145,39 @@ def losses_vs_native(r, n, again):
     return run_modes.losses_vs_native(r, n, again, key="losses_all_ranks", diff=max_rank_diff)
 
 
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def combine(results):
+    """One result per (job, mode) from the rounds of --repeat: the first round's
+    run (its losses and peaks) with step_ms the median over the rounds that ran
+    and step_ms_rounds every round's; a round that failed makes the row failed."""
+    combined, order = {}, []
+    for r in results:
+        key = (r["job"], r["mode"])
+        if key not in combined:
+            order.append(key)
+            combined[key] = dict(r, step_ms_rounds=[])
+        c = combined[key]
+        if "error" in r and "error" not in c:
+            combined[key] = c = dict(r, step_ms_rounds=c["step_ms_rounds"])
+        if "error" not in r and r.get("step_ms"):
+            c["step_ms_rounds"].append(r["step_ms"])
+    for key in order:
+        c = combined[key]
+        if c["step_ms_rounds"] and "error" not in c:
+            c["step_ms"] = median(c["step_ms_rounds"])
+    return [combined[k] for k in order]
+
+
 def table(results):
-    rows = ["| job | mode | step ms | vs native | peak reserved GiB (max rank) | reserved / live | losses vs native "
-            "| notes |", "|---|---|---|---|---|---|---|---|"]
+    rounds = max((len(r.get("step_ms_rounds", [])) for r in results), default=1)
+    rows = ["| job | mode | step ms%s | vs native | peak reserved GiB (max rank) | reserved / live | losses vs native "
+            "| notes |" % (" (median of %d rounds; range)" % rounds if rounds > 1 else ""),
+            "|---|---|---|---|---|---|---|---|"]
     native = {r["job"]: r for r in results if r["mode"] == "native" and "error" not in r}
     again = {r["job"]: r for r in results if r["mode"] == "native-again" and "error" not in r}
     for r in results:
@@ -145,6 +192,8 @@ def table(results):
         notes = ["%d cache-release retries" % sum(x["retries"] for x in r["ranks"])] \
             if any(x.get("retries") for x in r["ranks"]) else []
         step = "%.1f" % r["step_ms"] if r.get("step_ms") else "-"
+        if len(r.get("step_ms_rounds", [])) > 1:
+            step += " (%.1f-%.1f)" % (min(r["step_ms_rounds"]), max(r["step_ms_rounds"]))
         rows.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
             r["job"], r["mode"], step, ratio, run_modes.gib(r["peak_reserved"]), frag, same, "; ".join(notes)))
     return "\n".join(rows)
@@ -160,20 +209,29 @@ def main():
     ap.add_argument("--timeout", type=int, default=300, help="seconds per torchrun")
     ap.add_argument("--nccl-cumem", choices=("default", "0"), default="default",
                     help="0: NCCL_CUMEM_ENABLE=0 (NCCL's buffers from cudaMalloc)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="rounds: every (job, mode) runs once a round, in order, and the table shows the median "
+                         "step time (the machine's noise between launches is several percent)")
     ap.add_argument("--out", help="write every result as JSON here")
     args = ap.parse_args()
     modes = args.modes.split(",")
     if any(m.endswith("-limit") for m in modes):
         ap.error("*-limit modes are not supported here (run_modes.py has them)")
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
+    for m in modes:
+        split_mode(m)
     results = []
-    for job in args.jobs.split(","):
-        for mode in modes:
-            r = run(job, mode, args)
-            print(json.dumps(r), file=sys.stderr, flush=True)
-            results.append(r)
+    for _ in range(args.repeat):
+        for job in args.jobs.split(","):
+            for mode in modes:
+                r = run(job, mode, args)
+                print(json.dumps(r), file=sys.stderr, flush=True)
+                results.append(r)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
+    results = combine(results)
     print("%d ranks per job; NCCL_NVLS_ENABLE=0, NCCL_CUMEM_ENABLE=%s" % (
         args.nproc, "0" if args.nccl_cumem == "0" else os.environ.get("NCCL_CUMEM_ENABLE", "NCCL's default")))
     print(table(results))
