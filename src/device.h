@@ -110,6 +110,14 @@ void cuh_sim_complete_all(cuh_device_t *dev);
 /* `stream` runs no work: events recorded on it complete at once, even while
  * events are held (a stream a program created and left idle). */
 void cuh_sim_stream_idle(cuh_device_t *dev, cuh_stream_t stream);
+/* Enqueues a piece of work on `stream` (a kernel, as far as ordering goes);
+ * returns its position there, which completes like an event recorded now. */
+uint64_t cuh_sim_enqueue_work(cuh_device_t *dev, cuh_stream_t stream);
+/* 1 if work enqueued on `stream` from now on would start only after the work
+ * at position `pos` of stream `on` (and all before it there): it has
+ * completed, or it is `stream`'s own earlier work, or stream waits on events
+ * (directly or through other streams' events) order it so. */
+int cuh_sim_stream_waits_for(cuh_device_t *dev, cuh_stream_t stream, cuh_stream_t on, uint64_t pos);
 /* Counters a test can read. */
 typedef struct cuh_sim_counters_s {
     size_t used;               /* bytes in live segments and physical pages */

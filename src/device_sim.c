@@ -33,6 +33,11 @@ typedef struct sim_stream_s {
     uint64_t recorded;
     uint64_t completed;
     int idle;                    /* no work: its events complete at once, held or not */
+    /* What work enqueued on it from now on starts after: dep[j] is the
+     * position on stream j (index in sim_device_t.streams) it waits for,
+     * through stream waits on events (a vector clock). */
+    uint64_t *dep;
+    size_t num_dep;
 } sim_stream_t;
 
 struct cuh_event_s {
@@ -40,6 +45,8 @@ struct cuh_event_s {
     int recorded;
     cuh_stream_t stream;
     uint64_t seq;
+    uint64_t *clock;             /* the recording stream's dep at the record, its own position included */
+    size_t num_clock;
 };
 
 typedef struct sim_device_s {
@@ -86,7 +93,25 @@ static sim_stream_t *stream_state(sim_device_t *s, cuh_stream_t handle)
     st->handle = handle;
     st->recorded = st->completed = 0;
     st->idle = 0;
+    st->dep = NULL;
+    st->num_dep = 0;
     return st;
+}
+
+/* Raises clock[j] to at least pos, growing the clock; 0 out of memory. */
+static int clock_raise(uint64_t **clock, size_t *num, size_t j, uint64_t pos)
+{
+    if (j >= *num) {
+        uint64_t *grown = realloc(*clock, (j + 1) * sizeof *grown);
+        if (!grown)
+            return 0;
+        memset(grown + *num, 0, (j + 1 - *num) * sizeof *grown);
+        *clock = grown;
+        *num = j + 1;
+    }
+    if ((*clock)[j] < pos)
+        (*clock)[j] = pos;
+    return 1;
 }
 
 static cuh_dev_status_t sim_mem_alloc(cuh_device_t *dev, size_t size, uintptr_t *addr)
@@ -174,6 +199,7 @@ static void sim_event_destroy(cuh_device_t *dev, cuh_event_t event)
     if (!event || event->magic != EVENT_MAGIC)
         return;
     event->magic = 0;
+    free(event->clock);
     free(event);
     pthread_mutex_lock(&s->lock);
     s->counters.live_events--;
@@ -197,6 +223,18 @@ static cuh_dev_status_t sim_event_record(cuh_device_t *dev, cuh_event_t event, c
         event->stream = stream;
         event->seq = st->recorded;
         s->counters.events_recorded++;
+        /* The event stands for its stream's work so far and for all the work
+         * that work waited for. */
+        size_t self = (size_t)(st - s->streams);
+        int ok = 1;
+        if (event->num_clock)
+            memset(event->clock, 0, event->num_clock * sizeof *event->clock);
+        for (size_t j = 0; ok && j < st->num_dep; j++)
+            ok = clock_raise(&event->clock, &event->num_clock, j, st->dep[j]);
+        if (!ok || !clock_raise(&event->clock, &event->num_clock, self, st->recorded)) {
+            snprintf(dev->last_error, sizeof dev->last_error, "sim: out of host memory");
+            rc = CUH_DEV_ERROR;
+        }
     }
     pthread_mutex_unlock(&s->lock);
     return rc;
@@ -231,15 +269,25 @@ static cuh_dev_status_t sim_event_wait(cuh_device_t *dev, cuh_event_t event)
     return CUH_DEV_OK;
 }
 
-/* Simulated streams carry no data: a GPU-side wait is only counted. */
+/* Simulated streams carry no data: a GPU-side wait is counted, and the
+ * stream's work from now on is ordered after the event's (its clock), which
+ * cuh_sim_stream_waits_for answers. */
 static cuh_dev_status_t sim_stream_wait(cuh_device_t *dev, cuh_stream_t stream, cuh_event_t event)
 {
-    (void)stream, (void)event;
     sim_device_t *s = sim_of(dev);
+    cuh_dev_status_t rc = CUH_DEV_OK;
     pthread_mutex_lock(&s->lock);
     s->counters.stream_waits++;
+    sim_stream_t *st = stream_state(s, stream);
+    int ok = st && event && event->magic == EVENT_MAGIC;
+    for (size_t j = 0; ok && event->recorded && j < event->num_clock; j++)
+        ok = clock_raise(&st->dep, &st->num_dep, j, event->clock[j]);
+    if (!ok) {
+        snprintf(dev->last_error, sizeof dev->last_error, "sim: bad event or out of memory");
+        rc = CUH_DEV_ERROR;
+    }
     pthread_mutex_unlock(&s->lock);
-    return CUH_DEV_OK;
+    return rc;
 }
 
 static void complete_all_locked(sim_device_t *s)
@@ -476,6 +524,8 @@ static void sim_destroy(cuh_device_t *dev)
     cuh_ptrmap_destroy(&s->reservations);
     cuh_ptrmap_destroy(&s->physical);
     cuh_ptrmap_destroy(&s->mappings);
+    for (size_t i = 0; i < s->num_streams; i++)
+        free(s->streams[i].dep);
     free(s->streams);
     pthread_mutex_destroy(&s->lock);
     free(s);
@@ -560,6 +610,38 @@ void cuh_sim_complete_stream(cuh_device_t *dev, cuh_stream_t stream)
     if (st)
         st->completed = st->recorded;
     pthread_mutex_unlock(&s->lock);
+}
+
+uint64_t cuh_sim_enqueue_work(cuh_device_t *dev, cuh_stream_t stream)
+{
+    sim_device_t *s = sim_of(dev);
+    uint64_t pos = 0;
+    pthread_mutex_lock(&s->lock);
+    sim_stream_t *st = stream_state(s, stream);
+    if (st) {
+        pos = ++st->recorded;
+        if (!s->hold || st->idle)
+            st->completed = st->recorded;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return pos;
+}
+
+int cuh_sim_stream_waits_for(cuh_device_t *dev, cuh_stream_t stream, cuh_stream_t on, uint64_t pos)
+{
+    sim_device_t *s = sim_of(dev);
+    int after = 0;
+    pthread_mutex_lock(&s->lock);
+    sim_stream_t *st = stream_state(s, stream);
+    size_t i = st ? (size_t)(st - s->streams) : 0;
+    sim_stream_t *other = st ? stream_state(s, on) : NULL;
+    if (st && other) {
+        st = &s->streams[i];   /* stream_state may have moved the array */
+        size_t j = (size_t)(other - s->streams);
+        after = other->completed >= pos || st == other || (j < st->num_dep && st->dep[j] >= pos);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return after;
 }
 
 void cuh_sim_stream_idle(cuh_device_t *dev, cuh_stream_t stream)

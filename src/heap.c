@@ -1140,6 +1140,55 @@ static void unsettled_add_locked(cuh_heap_t *h, cuh_event_t e, cuh_stream_t stre
  * finished. Idle streams cost one event query each and no wait. Only when a
  * wait cannot be enqueued does the CPU wait. Returns 1 when memory came back
  * (try again), 0 when there was none to take (or wait_before_grow:0). */
+/* Orders the work every live stream (and the default stream) is given from
+ * now on after the running events: running[k], recorded on where[k], or NULL
+ * once complete. The GPU waits, not the CPU. A wait by every other stream on
+ * every running event would cost streams x events calls: with PyTorch's
+ * stream pool and NCCL's streams under DDP, about 165 streams and 50 running
+ * events, 8,000 waits and 1.7 ms of CPU per take-back. So when it is cheaper,
+ * the events are first joined on the default stream: it waits for the other
+ * streams' events and records one event, and every other stream waits for
+ * that one (streams + events calls; ordering is transitive). 0 if a wait or
+ * a record could not be enqueued (the caller makes the CPU wait instead). */
+static int order_streams_after_locked(cuh_heap_t *h, cuh_event_t **running, const cuh_stream_t *where, size_t n)
+{
+    size_t num_running = 0, num_streams = 0;
+    int default_running = 0;
+    for (size_t k = 0; k < n; k++)
+        if (running[k]) {
+            num_running++;
+            default_running |= where[k] == 0;
+        }
+    if (!num_running)
+        return 1;
+    cuh_stream_t waiter;
+    for (uint32_t i = 0; next_live_stream(h, &i, &waiter);)
+        num_streams++;
+    const size_t direct = num_running * (num_streams - 1);
+    const size_t joined = (num_running - (size_t)default_running) + 1 + (num_streams - 1);
+    if (direct <= joined) {
+        for (size_t k = 0; k < n; k++)
+            for (uint32_t i = 0; running[k] && next_live_stream(h, &i, &waiter);)
+                if (waiter != where[k] && h->dev->ops->stream_wait(h->dev, waiter, *running[k]) != CUH_DEV_OK)
+                    return 0;
+        return 1;
+    }
+    cuh_event_t join = event_get_locked(h);
+    int ok = join != NULL;
+    for (size_t k = 0; ok && k < n; k++)
+        if (running[k] && where[k] != 0)
+            ok = h->dev->ops->stream_wait(h->dev, 0, *running[k]) == CUH_DEV_OK;
+    ok = ok && h->dev->ops->event_record(h->dev, join, 0) == CUH_DEV_OK;
+    for (uint32_t i = 0; ok && next_live_stream(h, &i, &waiter);)
+        if (waiter != 0)
+            ok = h->dev->ops->stream_wait(h->dev, waiter, join) == CUH_DEV_OK;
+    /* A wait holds the record it was enqueued behind: the event may be
+     * recorded again for something else at once. */
+    if (join)
+        event_put_locked(h, join);
+    return ok;
+}
+
 static int take_back_all_locked(cuh_heap_t *h)
 {
     if (!h->cfg.wait_before_grow || h->captures || (!h->open_batch && !h->closed_batches))
@@ -1167,12 +1216,8 @@ static int take_back_all_locked(cuh_heap_t *h)
         for (size_t e = 0; waited && e < n; e++)
             if (h->dev->ops->event_query(h->dev, *running[e]) == CUH_DEV_OK)
                 running[e] = NULL;   /* complete: none older on its stream runs */
-        for (size_t e = 0; others && waited && e < n; e++) {
-            cuh_stream_t waiter;
-            for (uint32_t i = 0; waited && running[e] && next_live_stream(h, &i, &waiter);)
-                if (waiter != where[e] && h->dev->ops->stream_wait(h->dev, waiter, *running[e]) != CUH_DEV_OK)
-                    waited = 0;
-        }
+        if (others && waited)
+            waited = order_streams_after_locked(h, running, where, n);
         if (!waited) {   /* the CPU waits instead */
             for (free_batch_t *b = h->closed_batches; b; b = b->next)
                 events_done_locked(h, b->events, &b->num_events, 1);

@@ -358,4 +358,32 @@ for args in "--streams 3" "--cudafree 0 --streams -1" "--cudafree 0 --streams x"
     fi
 done
 
+# ---- --busy-streams: other streams running work (NCCL's under DDP) ----------------
+# A take-back must order every stream after every running event; a wait per
+# (stream, event) pair would grow as streams x busy streams (the old policy:
+# 517,616 waits on this trace with 160 idle and 16 busy streams). Joined on
+# the default stream it stays about one wait per stream per take-back: no
+# more than twice the waits with none busy.
+run busy0 --json --cudafree 100 --streams 64 "$gpt2"
+run busy16 --json --cudafree 100 --streams 64 --busy-streams 16 "$gpt2"
+if [ "$rc" -eq 0 ] && msg=$(python3 - "$TMP/busy0.out" "$TMP/busy16.out" <<'PY' 2>&1
+import json, sys
+a = json.loads(open(sys.argv[1]).readline())["device_calls"]
+b = json.loads(open(sys.argv[2]).readline())["device_calls"]
+assert b["stream_waits"] > 0 and b["cpu_waits"] == 0, "%r" % b
+assert b["stream_waits"] <= 2 * a["stream_waits"], "%d stream waits with 16 busy streams, %d with none" % (
+    b["stream_waits"], a["stream_waits"])
+PY
+); then
+    ok "--busy-streams 16: stream waits grow with the streams, not with streams x busy streams"
+else
+    not_ok "--busy-streams 16 on gpt2" "status $rc ${msg:-}"
+fi
+run bad_busy --busy-streams 2 "$gpt2"
+if [ "$rc" -eq 2 ] && grep -q -- "--busy-streams needs --cudafree" "$TMP/bad_busy.err"; then
+    ok "'--busy-streams 2' without --cudafree exits 2 and says why"
+else
+    not_ok "'--busy-streams 2' without --cudafree exits 2" "status $rc: $(cat "$TMP/bad_busy.err")"
+fi
+
 finish test_replay_cli

@@ -41,6 +41,7 @@ typedef struct options_s {
     long cudafree_lag;        /* --cudafree LAG: -1 off, else events between GPU catch-ups */
     long lag;                 /* --lag N: stream-ordered replay, events between GPU catch-ups */
     long streams;             /* --streams N: idle streams the program has created */
+    long busy_streams;        /* --busy-streams N: streams whose work runs as long as the default stream's */
     cuh_config_t cfg;
     int json;
     int min_capacity;
@@ -90,6 +91,9 @@ static void usage(FILE *f)
             "                     streams that stay idle (PyTorch creates 32 the\n"
             "                     first time it takes a stream from its pool);\n"
             "                     cuheap must cover them at every cudaFree\n"
+            "  --busy-streams N   with --cudafree: N more streams that run work, done\n"
+            "                     as late as the default stream's (NCCL's streams\n"
+            "                     under DDP): device calls grow with busy streams\n"
             "  --report PATH      write the heap's report at the first out-of-memory, or\n"
             "                     at the end: JSON if PATH ends in .json, HTML if in\n"
             "                     .html, else text;\n"
@@ -192,6 +196,7 @@ static void parse_options(int argc, char **argv, options_t *o)
                           (name_len == 10 && strncmp(a, "--external", 10) == 0) ||
                           (name_len == 10 && strncmp(a, "--cudafree", 10) == 0) ||
                           (name_len == 9 && strncmp(a, "--streams", 9) == 0) ||
+                          (name_len == 14 && strncmp(a, "--busy-streams", 14) == 0) ||
                           (name_len == 5 && strncmp(a, "--lag", 5) == 0) ||
                           (name_len == 6 && strncmp(a, "--conf", 6) == 0) ||
                           (name_len == 8 && strncmp(a, "--report", 8) == 0);
@@ -228,6 +233,8 @@ static void parse_options(int argc, char **argv, options_t *o)
             o->lag = count_value("--lag", value, LONG_MAX, "a number of events, 0 or more");
         } else if (name_len == 9 && strncmp(a, "--streams", 9) == 0) {
             o->streams = count_value("--streams", value, 4096, "a number of streams, 0 to 4096");
+        } else if (name_len == 14 && strncmp(a, "--busy-streams", 14) == 0) {
+            o->busy_streams = count_value("--busy-streams", value, 4096, "a number of streams, 0 to 4096");
         } else if (name_len == 8 && strncmp(a, "--report", 8) == 0) {
             if (!*value)
                 usage_error("--report needs a file name");
@@ -252,6 +259,8 @@ static void parse_options(int argc, char **argv, options_t *o)
         usage_error("--lag is for stream-ordered replays; --cudafree takes its own lag");
     if (o->streams && o->cudafree_lag < 0)
         usage_error("--streams needs --cudafree (idle streams matter only to device-wide frees)");
+    if (o->busy_streams && o->cudafree_lag < 0)
+        usage_error("--busy-streams needs --cudafree (other streams' work matters only to device-wide frees)");
     if (o->report && o->num_traces > 1 && !strstr(o->report, "%t"))
         usage_error("--report with several traces needs %%t in the file name (replaced by each trace's name)");
 }
@@ -274,6 +283,7 @@ static size_t g_external;   /* --external, for every replay */
 static long g_cudafree_lag = -1;   /* --cudafree, for every replay */
 static long g_lag;                 /* --lag, for every replay */
 static long g_streams;             /* --streams, for every replay */
+static long g_busy_streams;        /* --busy-streams */
 
 static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t *cfg,
                        uintptr_t *addrs, run_t *run, const char *report)
@@ -307,8 +317,11 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
         cuh_sim_stream_idle(dev, idle);
         st = cuh_heap_register_stream(heap, idle);
     }
+    for (long k = 0; k < g_busy_streams && st == CUHEAP_OK; k++)
+        st = cuh_heap_register_stream(heap, (cuh_stream_t)(0x20000000 + (uintptr_t)k * 0x100));
     if (st != CUHEAP_OK) {
-        fprintf(stderr, PROG ": %s: cannot register %ld streams: %s\n", t->path, g_streams, cuheap_last_error());
+        fprintf(stderr, PROG ": %s: cannot register %ld streams: %s\n", t->path, g_streams + g_busy_streams,
+                cuheap_last_error());
         cuh_heap_destroy(heap);
         dev->ops->destroy(dev);
         return -1;
@@ -671,6 +684,7 @@ int main(int argc, char **argv)
     g_cudafree_lag = o.cudafree_lag;
     g_lag = o.lag;
     g_streams = o.streams;
+    g_busy_streams = o.busy_streams;
 
     int name_width = 5;
     for (int i = 0; i < o.num_traces; i++) {
