@@ -116,7 +116,9 @@ uint64_t cuh_sim_enqueue_work(cuh_device_t *dev, cuh_stream_t stream);
 /* 1 if work enqueued on `stream` from now on would start only after the work
  * at position `pos` of stream `on` (and all before it there): it has
  * completed, or it is `stream`'s own earlier work, or stream waits on events
- * (directly or through other streams' events) order it so. */
+ * (directly or through other streams' events) order it so. A stream's work
+ * completes when the test completes that stream (or a host wait on one of its
+ * events does); completion does not wait for what the work waited on. */
 int cuh_sim_stream_waits_for(cuh_device_t *dev, cuh_stream_t stream, cuh_stream_t on, uint64_t pos);
 /* Counters a test can read. */
 typedef struct cuh_sim_counters_s {

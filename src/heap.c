@@ -1127,19 +1127,6 @@ static void unsettled_add_locked(cuh_heap_t *h, cuh_event_t e, cuh_stream_t stre
     h->unsettled[h->num_unsettled++] = e;
 }
 
-/* Device-wide frees (cudaFree under LD_PRELOAD) wait in batches until the
- * GPU has passed them. A program that frees and allocates as it goes -
- * PyTorch without its cache: a cudaFree per tensor - would otherwise make
- * the heap grow by everything the CPU has freed ahead of the GPU. So the
- * batches can be taken back at once, all together, and the GPU, not the CPU,
- * waits: every stream cuheap knows, and the legacy default stream (which
- * every blocking stream waits for), gets a wait on the newest event still
- * running on each other stream - a later event on a stream stands for the
- * earlier ones - so no work issued from now on (the only work that can touch
- * a block handed out now) runs before the work issued before the frees has
- * finished. Idle streams cost one event query each and no wait. Only when a
- * wait cannot be enqueued does the CPU wait. Returns 1 when memory came back
- * (try again), 0 when there was none to take (or wait_before_grow:0). */
 /* Orders the work every live stream (and the default stream) is given from
  * now on after the running events: running[k], recorded on where[k], or NULL
  * once complete. The GPU waits, not the CPU. A wait by every other stream on
@@ -1189,6 +1176,20 @@ static int order_streams_after_locked(cuh_heap_t *h, cuh_event_t **running, cons
     return ok;
 }
 
+/* Device-wide frees (cudaFree under LD_PRELOAD) wait in batches until the
+ * GPU has passed them. A program that frees and allocates as it goes -
+ * PyTorch without its cache: a cudaFree per tensor - would otherwise make
+ * the heap grow by everything the CPU has freed ahead of the GPU. So the
+ * batches can be taken back at once, all together, and the GPU, not the CPU,
+ * waits: every stream cuheap knows, and the legacy default stream (which
+ * every blocking stream waits for), gets a wait on the newest event still
+ * running on each other stream (a later event on a stream stands for the
+ * earlier ones; with several running, they are joined on the default stream
+ * first: order_streams_after_locked), so no work issued from now on (the
+ * only work that can touch a block handed out now) runs before the work
+ * issued before the frees has finished. Idle streams cost one event query each and no wait. Only when a
+ * wait cannot be enqueued does the CPU wait. Returns 1 when memory came back
+ * (try again), 0 when there was none to take (or wait_before_grow:0). */
 static int take_back_all_locked(cuh_heap_t *h)
 {
     if (!h->cfg.wait_before_grow || h->captures || (!h->open_batch && !h->closed_batches))
