@@ -1139,7 +1139,8 @@ static void unsettled_add_locked(cuh_heap_t *h, cuh_event_t e, cuh_stream_t stre
  * a record could not be enqueued (the caller makes the CPU wait instead). */
 static int order_streams_after_locked(cuh_heap_t *h, cuh_event_t **running, const cuh_stream_t *where, size_t n)
 {
-    size_t num_running = 0, num_streams = 0;
+    const size_t num_streams = covered_streams_locked(h);
+    size_t num_running = 0;
     int default_running = 0;
     for (size_t k = 0; k < n; k++)
         if (running[k]) {
@@ -1149,8 +1150,6 @@ static int order_streams_after_locked(cuh_heap_t *h, cuh_event_t **running, cons
     if (!num_running)
         return 1;
     cuh_stream_t waiter;
-    for (uint32_t i = 0; next_live_stream(h, &i, &waiter);)
-        num_streams++;
     const size_t direct = num_running * (num_streams - 1);
     const size_t joined = (num_running - (size_t)default_running) + 1 + (num_streams - 1);
     if (direct <= joined) {
