@@ -698,6 +698,48 @@ static size_t segment_size_for(const cuh_heap_t *h, size_t needed)
     return cuh_max_size(seg, geometric);
 }
 
+static void return_segment_locked(cuh_heap_t *h, cuh_segment_t *s);
+
+/* The state of the stream that owns private memory tagged `tag`. */
+static stream_state_t *stream_of_tag(const cuh_heap_t *h, uint32_t tag) { return h->streams[tag - 1]; }
+
+/* Before the heap grows for `needed` bytes it gives back the segments that
+ * hold no block and are too small to serve the request: kept, they would
+ * count in the peak beside the new segment. BERT with varying sequence
+ * length grows a larger segment for each new longest sequence and would
+ * keep every smaller one; GPT-2's logits leave a segment idle while the
+ * next step's gradient needs a larger one. A segment's private free memory
+ * is fenced first; only memory the GPU has already passed goes back, so the
+ * CPU never waits for work here (returning memory to the driver may still
+ * wait for the device: growing is rare, and the cost is the same as
+ * PyTorch's when it frees its cache). Returns how many segments went back. */
+static size_t release_idle_segments_locked(cuh_heap_t *h, size_t needed)
+{
+    if (h->captures)
+        return 0;
+    int candidates = 0;
+    for (cuh_segment_t *s = h->arena.segments; s; s = s->next) {
+        if (s->region != CUH_REGION_GENERAL || s->virtual_space || s->used_bytes || s->size >= needed)
+            continue;
+        candidates = 1;
+        for (cuh_extent_t *e = s->first; e; e = e->next)
+            if (e->tag != CUH_TAG_GLOBAL)
+                stream_fence_locked(h, stream_of_tag(h, e->tag));
+    }
+    if (!candidates)
+        return 0;
+    poll_all_locked(h, 0);
+    size_t released = 0;
+    for (cuh_segment_t *s = h->arena.segments, *next; s; s = next) {
+        next = s->next;
+        if (s->region == CUH_REGION_GENERAL && !s->virtual_space && s->size < needed && cuh_arena_segment_is_free(s)) {
+            return_segment_locked(h, s);
+            released++;
+        }
+    }
+    return released;
+}
+
 static grow_result_t grow_locked(cuh_heap_t *h, size_t size, size_t align)
 {
     if (h->vm) {
@@ -708,6 +750,7 @@ static grow_result_t grow_locked(cuh_heap_t *h, size_t size, size_t align)
         return GROW_DEVICE;
     }
     size_t needed = cuh_align_up(size + (align > CUH_ALIGN ? align : 0), CUH_SEGMENT_GRAIN);
+    release_idle_segments_locked(h, needed);
     size_t seg = segment_size_for(h, needed);
     if (h->limit && reserved_bytes(h) + seg > h->limit) {
         seg = needed;
@@ -738,6 +781,17 @@ static grow_result_t grow_locked(cuh_heap_t *h, size_t size, size_t align)
 
 static size_t release_free_pages_locked(cuh_heap_t *h);
 
+/* Gives a general segment that is one global free extent back to the device. */
+static void return_segment_locked(cuh_heap_t *h, cuh_segment_t *s)
+{
+    uintptr_t base = s->base;
+    size_t size = s->size;
+    cuh_arena_remove_segment(&h->arena, s);
+    if (h->dev->ops->mem_free(h->dev, base, size) != CUH_DEV_OK)
+        cuh_log("device %d: returning a segment of %zu bytes failed: %s", h->dev->ordinal, size, h->dev->last_error);
+    h->num_segment_frees++;
+}
+
 /* Returns every general segment that is one global free extent, and under
  * virtual memory every page wholly inside global free memory; the count. */
 static size_t release_free_segments_locked(cuh_heap_t *h)
@@ -747,13 +801,7 @@ static size_t release_free_segments_locked(cuh_heap_t *h)
     while (s) {
         cuh_segment_t *next = s->next;
         if (s->region == CUH_REGION_GENERAL && !s->virtual_space && cuh_arena_segment_is_free(s)) {
-            uintptr_t base = s->base;
-            size_t size = s->size;
-            cuh_arena_remove_segment(&h->arena, s);
-            if (h->dev->ops->mem_free(h->dev, base, size) != CUH_DEV_OK)
-                cuh_log("device %d: returning a segment of %zu bytes failed: %s", h->dev->ordinal, size,
-                        h->dev->last_error);
-            h->num_segment_frees++;
+            return_segment_locked(h, s);
             released++;
         }
         s = next;

@@ -1103,6 +1103,9 @@ static void test_release_and_retry_before_out_of_memory(void **state)
 {
     (void)state;
     test_heap_t t = test_heap_new(64 * MiB, "grow_fraction:0");
+    /* The GPU is behind: the segments are not idle before the CPU waits (see
+     * test_growing_returns_idle_segments_too_small_for_the_request). */
+    cuh_sim_hold_events(t.dev, 1);
     uintptr_t a = must_alloc(t.heap, 32 * MiB, 0);
     uintptr_t b = must_alloc(t.heap, 32 * MiB, 0);
     must_free(t.heap, a, 0);
@@ -1117,6 +1120,70 @@ static void test_release_and_retry_before_out_of_memory(void **state)
     assert_int_equal(s.reserved.current, 48 * MiB);
     heap_ok(t.heap);
     must_free(t.heap, c, 0);
+    test_heap_free(&t);
+}
+
+/* Growing first gives back the segments that hold no block and are too small
+ * for the request, so they do not count in the peak beside the new one; but
+ * only once the GPU has passed their frees (no CPU wait), never the
+ * workspace, never a segment with a live block, never during a capture. */
+static void test_growing_returns_idle_segments_too_small_for_the_request(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, "grow_fraction:0,workspace:16M");
+    cuheap_stats_t s;
+    uintptr_t ws = must_alloc(t.heap, 16 * MiB, 0);   /* the workspace */
+    must_free(t.heap, ws, 0);
+    uintptr_t keep = must_alloc(t.heap, 24 * MiB, 0);   /* a segment with a live block */
+    uintptr_t a = must_alloc(t.heap, 32 * MiB, 0);
+    must_free(t.heap, a, 0);
+    uintptr_t b = must_alloc(t.heap, 64 * MiB, 0);     /* a's segment cannot serve it */
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.num_segment_frees, 1);
+    assert_int_equal(s.reserved.current, (16 + 24 + 64) * MiB);
+    assert_int_equal(s.reserved.peak, (16 + 24 + 64) * MiB);   /* not 136: a's went first */
+    heap_ok(t.heap);
+
+    /* Freed on S1 while the GPU is behind: not idle yet, and the CPU does not wait. */
+    cuh_sim_hold_events(t.dev, 1);
+    uintptr_t c = must_alloc(t.heap, 40 * MiB, S1);
+    must_free(t.heap, c, S1);
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    uintptr_t d = must_alloc(t.heap, 48 * MiB, S2);
+    cuh_sim_counters(t.dev, &c1);
+    assert_int_equal(c1.event_waits, c0.event_waits);
+    assert_int_equal(c1.synchronizes, c0.synchronizes);
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.num_segment_frees, 1);
+    assert_int_equal(s.reserved.current, (16 + 24 + 64 + 40 + 48) * MiB);
+    heap_ok(t.heap);
+
+    /* During a graph capture nothing goes back (it would invalidate the
+     * capture), even with c's segment idle. */
+    cuh_sim_complete_all(t.dev);
+    cuh_heap_poll(t.heap);
+    cuh_heap_capture_begin(t.heap, 3);
+    uintptr_t e = must_alloc(t.heap, 96 * MiB, S2);
+    cuh_heap_capture_end(t.heap);
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.num_segment_frees, 1);
+    heap_ok(t.heap);
+
+    /* After it, the next growth returns c's 40 MiB segment: d, e and keep
+     * live, the workspace kept. */
+    cuh_heap_release_pool(t.heap, 3);
+    cuh_sim_complete_all(t.dev);
+    uintptr_t f = must_alloc(t.heap, 128 * MiB, S2);
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.num_segment_frees, 2);
+    assert_int_equal(s.reserved.current, (16 + 24 + 64 + 48 + 96 + 128) * MiB);
+    heap_ok(t.heap);
+    must_free(t.heap, f, S2);
+    must_free(t.heap, e, S2);
+    must_free(t.heap, d, S2);
+    must_free(t.heap, b, 0);
+    must_free(t.heap, keep, 0);
     test_heap_free(&t);
 }
 
@@ -1609,6 +1676,7 @@ int main(void)
         cmocka_unit_test(test_limit_as_fraction_of_device),
         cmocka_unit_test(test_release_and_retry_before_out_of_memory),
         cmocka_unit_test(test_release_and_retry_settles_other_streams_first),
+        cmocka_unit_test(test_growing_returns_idle_segments_too_small_for_the_request),
         cmocka_unit_test(test_out_of_memory_only_after_retry_and_heap_survives),
         cmocka_unit_test(test_oom_cause_external),
         cmocka_unit_test(test_oom_cause_fragmentation_with_its_proof),

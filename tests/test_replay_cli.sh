@@ -35,7 +35,7 @@ for n, line in enumerate(open(sys.argv[1]).read().splitlines(), 1):
         sys.exit("line %d is not JSON (%s): %r" % (n, e, line))
 args = sys.argv[2:]
 INT_FIELDS = ["events", "allocs", "frees", "capacity", "peak_live", "peak_reserved",
-              "segments", "cache_hits"]
+              "segments", "segment_frees", "cache_hits"]
 OOM_FIELDS = ["event", "request", "cause", "live", "allocated", "reserved", "cached",
               "pending", "largest_free", "num_free_extents", "device_free", "device_total",
               "external", "limit", "action"]
@@ -298,8 +298,9 @@ rejects_values --cudafree -1 x ""
 # The GPU passes frees only every 1000 events: under vmm:1 the pages of memory
 # freed since cannot move yet, so the heap takes new ones (what the H200
 # showed: GPT-2 reserved 1.16x live as plugin, with no page moved) instead of
-# moving thousands; on plain segments one stream reuses its own frees at once
-# and nothing changes.
+# moving thousands; on plain segments one stream reuses its own frees at once,
+# and only segments left idle go back later (once the GPU has passed their
+# frees), so the peak can only rise, and by little.
 run vmm_now --json --conf vmm:1 "$gpt2"
 run vmm_lag --json --conf vmm:1 --lag 1000 "$gpt2"
 run plain_lag --json --lag 1000 "$gpt2"
@@ -310,10 +311,11 @@ assert now["device_calls"]["page_unmaps"] > 5000, "at once: %d pages moved" % no
 assert lag["device_calls"]["page_unmaps"] < now["device_calls"]["page_unmaps"] / 10, \
     "lag 1000: %d pages moved" % lag["device_calls"]["page_unmaps"]
 assert lag["ratio"] > now["ratio"], "ratio %.4f with --lag, %.4f without" % (lag["ratio"], now["ratio"])
-assert plain_lag["ratio"] == plain["ratio"], "plain segments: %.4f with --lag, %.4f without" % (plain_lag["ratio"], plain["ratio"])
+assert plain["ratio"] <= plain_lag["ratio"] <= plain["ratio"] * 1.02, \
+    "plain segments: %.4f with --lag, %.4f without" % (plain_lag["ratio"], plain["ratio"])
 PY
 ); then
-    ok "--lag 1000: vmm:1 on gpt2 moves few pages and takes new ones; plain segments unchanged"
+    ok "--lag 1000: vmm:1 on gpt2 moves few pages and takes new ones; plain segments nearly unchanged"
 else
     not_ok "--lag 1000 models a busy GPU" "status $rc ${msg:-}"
 fi

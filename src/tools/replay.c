@@ -488,8 +488,8 @@ static void print_json(const result_t *r)
     else
         fputs(",\"ratio\":null", f);
     fprintf(f, ",\"ns_per_op\":%.1f", run->replayed ? (double)run->elapsed_ns / (double)run->replayed : 0.0);
-    fprintf(f, ",\"segments\":%" PRIu64 ",\"cache_hits\":%" PRIu64, run->stats.num_segment_allocs,
-            run->stats.num_cache_hits);
+    fprintf(f, ",\"segments\":%" PRIu64 ",\"segment_frees\":%" PRIu64 ",\"cache_hits\":%" PRIu64,
+            run->stats.num_segment_allocs, run->stats.num_segment_frees, run->stats.num_cache_hits);
     fprintf(f,
             ",\"device_calls\":{\"event_records\":%" PRIu64 ",\"event_queries\":%" PRIu64
             ",\"stream_waits\":%" PRIu64 ",\"cpu_waits\":%" PRIu64 ",\"synchronizes\":%" PRIu64
