@@ -1958,8 +1958,15 @@ static cuheap_status_t find_live_locked(cuh_heap_t *h, uintptr_t addr, live_bloc
 static void release_block_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr, stream_state_t *st)
 {
     if (b->ext) {
+        cuh_segment_t *seg = b->ext->segment;
         cuh_ptrmap_remove(&h->blocks, addr);
         cuh_arena_release(&h->arena, b->ext, st->tag);
+        /* A segment left idle can go back to the device when the heap next
+         * grows (release_idle_segments_locked), but only once the GPU has
+         * passed this free: a fence now (unless one is in flight already) is
+         * likely complete by then, where one recorded then would not be. */
+        if (!seg->used_bytes && !st->num_fences && seg->region == CUH_REGION_GENERAL && !seg->virtual_space)
+            stream_fence_locked(h, st);
         return;
     }
     cuh_slab_t *s = b->slab;

@@ -215,8 +215,14 @@ static void test_record_stream_holds_the_block_until_every_user_finished(void **
     uintptr_t again = must_alloc(t.heap, 8 * MiB, S1);
     assert_true(again == big || again == b2);
     cuh_heap_stats(t.heap, &st);
-    assert_int_equal(st.pending.current, 0);
+    /* Nothing held: at most the other block, fenced on S1 when its free left
+     * its segment idle, waits for S1's work. */
+    assert_true(st.pending.current <= 8 * MiB);
     heap_ok(t.heap);
+    cuh_sim_complete_all(t.dev);
+    cuh_heap_poll(t.heap);
+    cuh_heap_stats(t.heap, &st);
+    assert_int_equal(st.pending.current, 0);
     must_free(t.heap, again, S1);
     assert_int_equal(cuh_heap_record_stream(t.heap, 0x1234000, S2), CUHEAP_ERR_NOT_OWNED);
     test_heap_free(&t);
@@ -275,10 +281,14 @@ static void test_device_wide_free_waits_for_every_stream_without_blocking(void *
     cuh_sim_complete_stream(t.dev, S3);
     must_free(t.heap, b3, 0);
     cuh_heap_stats(t.heap, &st);
-    assert_true(st.pending.current < 8 * MiB);
+    /* b3's 8 MiB waits too: its free left its segment idle, so it was fenced
+     * on the default stream, whose work is not done. */
+    assert_true(st.pending.current < 16 * MiB);
     cuh_sim_complete_all(t.dev);
     must_free(t.heap, x, S1);
     must_free(t.heap, b2, S1);
+    cuh_sim_complete_all(t.dev);   /* b2's segment went idle: fenced */
+    cuh_heap_poll(t.heap);
     cuh_heap_stats(t.heap, &st);
     assert_int_equal(st.pending.current, 0);
     assert_int_equal(st.allocated.current, 0);
@@ -1187,6 +1197,34 @@ static void test_growing_returns_idle_segments_too_small_for_the_request(void **
     test_heap_free(&t);
 }
 
+/* A segment left idle by a free is fenced at that free: when the heap grows
+ * later, after the GPU has passed it, the segment goes back without a wait,
+ * where a fence recorded only then would still be running. */
+static void test_a_segment_left_idle_goes_back_once_the_gpu_passed_its_free(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, "grow_fraction:0");
+    cuh_sim_hold_events(t.dev, 1);
+    uintptr_t a = must_alloc(t.heap, 32 * MiB, S1);
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    must_free(t.heap, a, S1);
+    cuh_sim_counters(t.dev, &c1);
+    assert_int_equal(c1.events_recorded, c0.events_recorded + 1);
+    cuh_sim_complete_stream(t.dev, S1);   /* the GPU passes the free */
+    /* A fence recorded now would not be complete: held events stay so. */
+    uintptr_t b = must_alloc(t.heap, 64 * MiB, S1);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.num_segment_frees, 1);
+    assert_int_equal(s.reserved.current, 64 * MiB);
+    assert_int_equal(s.reserved.peak, 64 * MiB);
+    heap_ok(t.heap);
+    must_free(t.heap, b, S1);
+    cuh_sim_complete_all(t.dev);
+    test_heap_free(&t);
+}
+
 static void test_release_and_retry_settles_other_streams_first(void **state)
 {
     (void)state;
@@ -1677,6 +1715,7 @@ int main(void)
         cmocka_unit_test(test_release_and_retry_before_out_of_memory),
         cmocka_unit_test(test_release_and_retry_settles_other_streams_first),
         cmocka_unit_test(test_growing_returns_idle_segments_too_small_for_the_request),
+        cmocka_unit_test(test_a_segment_left_idle_goes_back_once_the_gpu_passed_its_free),
         cmocka_unit_test(test_out_of_memory_only_after_retry_and_heap_survives),
         cmocka_unit_test(test_oom_cause_external),
         cmocka_unit_test(test_oom_cause_fragmentation_with_its_proof),
