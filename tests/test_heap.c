@@ -1225,6 +1225,31 @@ static void test_a_segment_left_idle_goes_back_once_the_gpu_passed_its_free(void
     test_heap_free(&t);
 }
 
+/* Below its peak the heap keeps idle segments when it grows: returning them
+ * would not lower the peak, and the heap would only ask for them again. */
+static void test_growing_below_the_peak_keeps_idle_segments(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, "grow_fraction:0");
+    must_free(t.heap, must_alloc(t.heap, 300 * MiB, 0), 0);
+    assert_int_equal(cuh_heap_release_cached(t.heap), CUHEAP_OK);   /* peak 300, reserved 0 */
+    must_free(t.heap, must_alloc(t.heap, 50 * MiB, 0), 0);
+    uintptr_t f = must_alloc(t.heap, 100 * MiB, 0);   /* 150 in all: below the peak */
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.num_segment_frees, 1);   /* the release_cached one */
+    assert_int_equal(s.reserved.current, 150 * MiB);
+    uintptr_t g = must_alloc(t.heap, 200 * MiB, 0);   /* 350 would be a new peak */
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.num_segment_frees, 2);
+    assert_int_equal(s.reserved.current, 300 * MiB);
+    assert_int_equal(s.reserved.peak, 300 * MiB);
+    heap_ok(t.heap);
+    must_free(t.heap, g, 0);
+    must_free(t.heap, f, 0);
+    test_heap_free(&t);
+}
+
 static void test_release_and_retry_settles_other_streams_first(void **state)
 {
     (void)state;
@@ -1716,6 +1741,7 @@ int main(void)
         cmocka_unit_test(test_release_and_retry_settles_other_streams_first),
         cmocka_unit_test(test_growing_returns_idle_segments_too_small_for_the_request),
         cmocka_unit_test(test_a_segment_left_idle_goes_back_once_the_gpu_passed_its_free),
+        cmocka_unit_test(test_growing_below_the_peak_keeps_idle_segments),
         cmocka_unit_test(test_out_of_memory_only_after_retry_and_heap_survives),
         cmocka_unit_test(test_oom_cause_external),
         cmocka_unit_test(test_oom_cause_fragmentation_with_its_proof),
