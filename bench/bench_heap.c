@@ -246,7 +246,20 @@ static double measure_device_wide(int device_wide, long lag, long ops, double *e
 
 int main(int argc, char **argv)
 {
-    long ops = argc > 1 ? atol(argv[1]) : 400000;
+    long ops = 400000;
+    if (argc > 2 || (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")))) {
+        fprintf(argc > 2 ? stderr : stdout, "usage: %s [OPS]  (operations per thread and measurement, default 400000)\n",
+                argv[0]);
+        return argc > 2 ? 2 : 0;
+    }
+    if (argc == 2) {
+        char *end;
+        ops = strtol(argv[1], &end, 10);
+        if (*argv[1] == '\0' || *end != '\0' || ops < 1000) {
+            fprintf(stderr, "%s: OPS must be a whole number of at least 1000, not '%s'\n", argv[0], argv[1]);
+            return 2;
+        }
+    }
     static const int thread_counts[] = {1, 2, 4, 8, 16};
     printf("ns per malloc+free (one thread's wall time / its operations); throughput vs 1 thread in ()\n\n");
     printf("| mix | 1 thread | 2 | 4 | 8 | 16 |\n|---|---|---|---|---|---|\n");
