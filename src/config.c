@@ -55,6 +55,12 @@ static const option_t options[] = {
      "times the most bytes the program has had live; beyond that, or when the device or the "
      "limit refuses, free pages are moved instead (an unmap and a map each). 0 holds the least "
      "memory, larger values move pages less often. Between 0 and 1."},
+    {"vmm_page", KIND_SIZE, offsetof(cuh_config_t, vmm_page), "2M",
+     "With vmm:1: the unit of physical memory that is created, mapped and moved (rounded up "
+     "to a multiple of the device's granularity, 2 MiB on an H200). A move costs about the "
+     "same whatever the page's size, so larger pages move memory in fewer calls, but a page "
+     "moves only when it is wholly free: memory can then stay stranded in partly used pages. "
+     "Between 2M and 1G."},
     {"wait_before_grow", KIND_BOOL, offsetof(cuh_config_t, wait_before_grow), "1",
      "1: blocks freed by cudaFree that still wait for the GPU are taken back for a cudaMalloc "
      "(device-wide allocation) instead of reserving more: every stream waits on the GPU "
@@ -107,6 +113,7 @@ void cuh_config_defaults(cuh_config_t *cfg)
     cfg->segment_min = 2 * CUH_MiB;
     cfg->grow_fraction = 0.0625;
     cfg->vmm_margin = 0.1;
+    cfg->vmm_page = 2 * CUH_MiB;
     cfg->meminfo_cached = 1;
     cfg->wait_before_grow = 1;
     cfg->pinned = 1;
@@ -247,6 +254,13 @@ static int set_value(const option_t *opt, const char *value, cuh_config_t *cfg, 
         }
         bytes = cuh_align_up(bytes, CUH_SEGMENT_GRAIN);
     }
+    if (strcmp(opt->name, "vmm_page") == 0) {
+        if (bytes == 0 || bytes > CUH_GiB) {
+            snprintf(err, errlen, "vmm_page:%s must be between 2M and 1G", value);
+            return -1;
+        }
+        bytes = cuh_align_up(bytes, CUH_SEGMENT_GRAIN);
+    }
     if (strcmp(opt->name, "pinned_chunk") == 0) {
         if (bytes == 0 || bytes > CUH_GiB) {
             snprintf(err, errlen, "pinned_chunk:%s must be between 2M and 1G", value);
@@ -357,9 +371,9 @@ void cuh_config_format(const cuh_config_t *cfg, char *buf, size_t len)
     else
         snprintf(limit, sizeof limit, "none");
     int n = snprintf(buf, len, "workspace:%zu,limit:%s,small_max:%zu,segment_min:%zu,grow_fraction:%g,vmm:%zu,vmm_margin:%g,"
-                     "wait_before_grow:%zu,ipc_safe:%zu,ipc_callers:%s,meminfo_cached:%zu,pinned:%zu,pinned_chunk:%zu",
+                     "vmm_page:%zu,wait_before_grow:%zu,ipc_safe:%zu,ipc_callers:%s,meminfo_cached:%zu,pinned:%zu,pinned_chunk:%zu",
                      cfg->workspace, limit, cfg->small_max, cfg->segment_min, cfg->grow_fraction, cfg->vmm, cfg->vmm_margin,
-                     cfg->wait_before_grow, cfg->ipc_safe, cfg->ipc_callers[0] ? cfg->ipc_callers : "none",
+                     cfg->vmm_page, cfg->wait_before_grow, cfg->ipc_safe, cfg->ipc_callers[0] ? cfg->ipc_callers : "none",
                      cfg->meminfo_cached, cfg->pinned, cfg->pinned_chunk);
     if (cfg->report[0] && n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, ",report:%s", cfg->report);

@@ -1788,12 +1788,15 @@ void cuh_heap_fence_free(cuh_heap_t *h, cuh_heap_fence_t *f)
  * management keeps plain segments, and says so. */
 static void start_vm_locked(cuh_heap_t *h)
 {
-    size_t page = h->dev->ops->vm_granularity ? h->dev->ops->vm_granularity(h->dev) : 0;
-    if (!page) {
+    size_t granularity = h->dev->ops->vm_granularity ? h->dev->ops->vm_granularity(h->dev) : 0;
+    if (!granularity) {
         cuh_log("device %d: no CUDA virtual memory management; vmm:1 cannot apply, using plain segments",
                 h->dev->ordinal);
         return;
     }
+    /* A page is vmm_page bytes, a whole number of the device's granules:
+     * created, mapped, granted and moved as one piece. */
+    size_t page = cuh_align_up(cuh_max_size(h->cfg.vmm_page, granularity), granularity);
     size_t size = cuh_align_up(4 * h->device_total, page);
     uintptr_t va = 0;
     if (h->dev->ops->vm_reserve(h->dev, size, &va) != CUH_DEV_OK) {
@@ -2650,10 +2653,12 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
         for (cuh_extent_t *e = h->vm->first; !rc && e; e = e->next) {
             if (e->state == CUH_EXTENT_FREE)
                 continue;
-            for (uintptr_t a = e->addr & ~((uintptr_t)h->vm_page - 1); a < e->addr + e->size; a += h->vm_page)
-                if (!h->page_handle[(a - h->vm->base) / h->vm_page]) {
+            size_t first = (size_t)(e->addr - h->vm->base) / h->vm_page;
+            size_t end = (size_t)(e->addr + e->size - h->vm->base + h->vm_page - 1) / h->vm_page;
+            for (size_t p = first; p < end; p++)
+                if (!h->page_handle[p]) {
                     snprintf(msg, len, "vmm: block at 0x%llx has an unmapped page at 0x%llx",
-                             (unsigned long long)e->addr, (unsigned long long)a);
+                             (unsigned long long)e->addr, (unsigned long long)page_va(h, p));
                     rc = -1;
                     break;
                 }

@@ -364,15 +364,15 @@ static void test_format_writes_every_value(void **state)
     cuh_config_defaults(&c);
     cuh_config_format(&c, buf, sizeof buf);
     assert_string_equal(buf, "workspace:0,limit:none,small_max:65536,segment_min:2097152,grow_fraction:0.0625,"
-                             "vmm:0,vmm_margin:0.1,wait_before_grow:1,ipc_safe:0,ipc_callers:libnccl,meminfo_cached:1,"
-                             "pinned:1,pinned_chunk:33554432");
+                             "vmm:0,vmm_margin:0.1,vmm_page:2097152,wait_before_grow:1,ipc_safe:0,ipc_callers:libnccl,"
+                             "meminfo_cached:1,pinned:1,pinned_chunk:33554432");
 
     c = parse_ok("workspace:1G,limit:40G,small_max:4K,segment_min:3M,grow_fraction:0.5,vmm:1,vmm_margin:0.25,"
-                 "pinned:0,pinned_chunk:5M");
+                 "vmm_page:16M,pinned:0,pinned_chunk:5M");
     cuh_config_format(&c, buf, sizeof buf);
     assert_string_equal(buf, "workspace:1073741824,limit:42949672960,small_max:4096,segment_min:4194304,"
-                             "grow_fraction:0.5,vmm:1,vmm_margin:0.25,wait_before_grow:1,ipc_safe:0,ipc_callers:libnccl,"
-                             "meminfo_cached:1,pinned:0,pinned_chunk:6291456");
+                             "grow_fraction:0.5,vmm:1,vmm_margin:0.25,vmm_page:16777216,wait_before_grow:1,ipc_safe:0,"
+                             "ipc_callers:libnccl,meminfo_cached:1,pinned:0,pinned_chunk:6291456");
 
     c = parse_ok("ipc_callers:none");
     assert_string_equal(c.ipc_callers, "");
@@ -383,6 +383,13 @@ static void test_format_writes_every_value(void **state)
     parse_fails("vmm:2", "vmm");
     parse_fails("vmm:yes please", "vmm");
     parse_fails("vmm_margin:1.5", "vmm_margin");
+    assert_int_equal(parse_ok("").vmm_page, (size_t)2 << 20);
+    assert_int_equal(parse_ok("vmm_page:8M").vmm_page, (size_t)8 << 20);
+    assert_int_equal(parse_ok("vmm_page:3M").vmm_page, (size_t)4 << 20);
+    assert_int_equal(parse_ok("vmm_page:1G").vmm_page, (size_t)1 << 30);
+    parse_fails("vmm_page:0", "vmm_page:0 must be between 2M and 1G");
+    parse_fails("vmm_page:2G", "vmm_page");
+    parse_fails("vmm_page:big", "vmm_page");
 
     c = parse_ok("limit:90%");
     cuh_config_format(&c, buf, sizeof buf);
@@ -425,6 +432,7 @@ static void test_print_table_lists_every_key(void **state)
     assert_contains(text, "| `small_max` | 64K |");
     assert_contains(text, "| `segment_min` | 2M |");
     assert_contains(text, "| `grow_fraction` | 0.0625 |");
+    assert_contains(text, "| `vmm_page` | 2M |");
     free(text);
 }
 

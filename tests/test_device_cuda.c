@@ -81,26 +81,29 @@ static void test_driver_path_serves_blocks_that_hold_data(void **state)
     assert_int_equal(s.reserved.current, 0);
 }
 
-static void test_vmm_moves_pages_and_every_block_keeps_its_data(void **state)
+/* 64 MiB of `hole`-byte blocks, every other one freed: 32 MiB free in
+ * holes, 8 MiB of device left. Four 8 MiB blocks fit only if free pages move
+ * behind them, and every block must keep its data through the moves. */
+static void moves_pages_and_keeps_data(const char *conf, size_t hole)
 {
-    (void)state;
-    assert_int_equal(cuheap_configure("vmm:1,vmm_margin:0,small_max:0"), CUHEAP_OK);
+    assert_int_equal(cuheap_configure(conf), CUHEAP_OK);
     unsigned long before[5], after[5];
-    void *a[32];
-    for (unsigned i = 0; i < 32; i++) {
-        assert_int_equal(cuheap_malloc(&a[i], 2 * MiB, 0, NULL), CUHEAP_OK);
-        fill(a[i], 2 * MiB, 100 + i);
+    enum { MOST = 32 };
+    unsigned n = (unsigned)(64 * MiB / hole);
+    assert_true(n <= MOST);
+    void *a[MOST];
+    for (unsigned i = 0; i < n; i++) {
+        assert_int_equal(cuheap_malloc(&a[i], hole, 0, NULL), CUHEAP_OK);
+        fill(a[i], hole, 100 + i);
     }
-    for (unsigned i = 0; i < 32; i += 2)
+    for (unsigned i = 0; i < n; i += 2)
         assert_int_equal(cuheap_free(a[i], 0, NULL), CUHEAP_OK);
     fake_counters(before);
-    /* 32 MiB free in 2 MiB holes, 8 MiB of device left: four 8 MiB blocks
-     * fit only if free pages move behind them. */
     void *b[4];
     for (unsigned i = 0; i < 4; i++) {
         cuheap_status_t st = cuheap_malloc(&b[i], 8 * MiB, 0, NULL);
         if (st != CUHEAP_OK)
-            fail_msg("8 MiB block %u: %s", i, cuheap_last_error());
+            fail_msg("%s: 8 MiB block %u: %s", conf, i, cuheap_last_error());
         fill(b[i], 8 * MiB, 200 + i);
     }
     fake_counters(after);
@@ -108,20 +111,34 @@ static void test_vmm_moves_pages_and_every_block_keeps_its_data(void **state)
     assert_true(after[4] > before[4]);   /* and mapped again read-write */
     for (unsigned i = 0; i < 4; i++)
         assert_true(intact(b[i], 8 * MiB, 200 + i));
-    for (unsigned i = 1; i < 32; i += 2)
-        assert_true(intact(a[i], 2 * MiB, 100 + i));
+    for (unsigned i = 1; i < n; i += 2)
+        assert_true(intact(a[i], hole, 100 + i));
     cuheap_stats_t s;
     cuheap_get_stats(0, &s);
     assert_true(s.reserved.peak <= FAKE_CAPACITY);
     for (unsigned i = 0; i < 4; i++)
         assert_int_equal(cuheap_free(b[i], 0, NULL), CUHEAP_OK);
-    for (unsigned i = 1; i < 32; i += 2)
+    for (unsigned i = 1; i < n; i += 2)
         assert_int_equal(cuheap_free(a[i], 0, NULL), CUHEAP_OK);
     assert_int_equal(cuheap_release_cached(0), CUHEAP_OK);
     cuheap_get_stats(0, &s);
     assert_int_equal(s.reserved.current, 0);
     fake_counters(after);
     assert_int_equal(after[2], after[3]);   /* every physical page went back */
+}
+
+static void test_vmm_moves_pages_and_every_block_keeps_its_data(void **state)
+{
+    (void)state;
+    moves_pages_and_keeps_data("vmm:1,vmm_margin:0,small_max:0", 2 * MiB);
+}
+
+/* The same with 4 MiB pages: each page is one physical allocation of two
+ * granules, created, mapped and moved as one piece. */
+static void test_vmm_pages_of_two_granules_move_whole_and_keep_data(void **state)
+{
+    (void)state;
+    moves_pages_and_keeps_data("vmm:1,vmm_margin:0,small_max:0,vmm_page:4M", 4 * MiB);
 }
 
 int main(void)
@@ -133,6 +150,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_driver_path_serves_blocks_that_hold_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_vmm_moves_pages_and_every_block_keeps_its_data, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_vmm_pages_of_two_granules_move_whole_and_keep_data, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

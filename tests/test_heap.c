@@ -1491,6 +1491,39 @@ static void test_vmm_checkerboard_then_larger_blocks_fit_in_live_plus_two_pages(
     test_heap_free(&t);
 }
 
+/* vmm_page:8M: pages are 8 MiB pieces, created, mapped and moved whole. A
+ * checkerboard of 8 MiB blocks still makes room for 32 MiB blocks at the
+ * live peak plus two pages, and each move is one call per 8 MiB. */
+static void test_vmm_larger_pages_move_in_fewer_calls(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new((256 + 16) * MiB, "vmm:1,vmm_page:8M,small_max:0,vmm_margin:0");
+    uintptr_t a[32];
+    for (int i = 0; i < 32; i++)
+        a[i] = must_alloc(t.heap, 8 * MiB, 0);
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    assert_int_equal(c0.vm_creates, 32);   /* a page per block, not four */
+    for (int i = 0; i < 32; i += 2)
+        must_free(t.heap, a[i], 0);
+    uintptr_t big[4];
+    for (int i = 0; i < 4; i++)
+        big[i] = must_alloc(t.heap, 32 * MiB, 0);
+    heap_ok(t.heap);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_true(s.reserved.peak <= (256 + 16) * MiB);
+    assert_int_equal(s.num_ooms, 0);
+    cuh_sim_counters(t.dev, &c1);
+    assert_true(c1.vm_unmaps - c0.vm_unmaps >= 14);     /* moved, not created ... */
+    assert_true(c1.vm_unmaps - c0.vm_unmaps <= 16);     /* ... an 8 MiB page per call */
+    for (int i = 0; i < 4; i++)
+        must_free(t.heap, big[i], 0);
+    for (int i = 1; i < 32; i += 2)
+        must_free(t.heap, a[i], 0);
+    test_heap_free(&t);
+}
+
 static void test_vmm_moves_a_page_only_after_the_work_on_it_finished(void **state)
 {
     (void)state;
@@ -1620,6 +1653,9 @@ static void test_vmm_random_operations_keep_pages_behind_every_block(void **stat
     (void)state;
     /* heap_ok also checks that every page under a live block is mapped. */
     random_operations("vmm:1,vmm_margin:0", 4 * GiB, 8000, 24 * MiB, 53, 99);
+    /* Pages larger than a granule: blocks share pages, and a page may only
+     * move when no block lies on it. */
+    random_operations("vmm:1,vmm_margin:0,vmm_page:6M", 4 * GiB, 8000, 24 * MiB, 53, 99);
 }
 
 typedef struct interval_set_s {
@@ -1751,6 +1787,7 @@ int main(void)
         cmocka_unit_test(test_statistics_are_exact),
         cmocka_unit_test(test_release_cached_returns_every_free_segment),
         cmocka_unit_test(test_vmm_checkerboard_then_larger_blocks_fit_in_live_plus_two_pages),
+        cmocka_unit_test(test_vmm_larger_pages_move_in_fewer_calls),
         cmocka_unit_test(test_vmm_moves_a_page_only_after_the_work_on_it_finished),
         cmocka_unit_test(test_vmm_release_cached_returns_free_pages),
         cmocka_unit_test(test_vmm_prefers_a_fit_on_mapped_pages_to_moving_pages),
