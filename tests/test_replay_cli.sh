@@ -320,6 +320,25 @@ else
     not_ok "--lag 1000 models a busy GPU" "status $rc ${msg:-}"
 fi
 rejects_values --lag -1 x ""
+
+# ---- vmm_page: larger pages move the same memory in fewer calls ---------------
+# GPT-2 at 1.05x its live peak (28,378,064,005 bytes) moves pages every step;
+# with 8 MiB pages it must move at least three times fewer, and still fit.
+run page2 --json --conf vmm:1,limit:28378064005 "$gpt2"
+run page8 --json --conf vmm:1,vmm_page:8M,limit:28378064005 "$gpt2"
+if msg=$(python3 - "$TMP/page2.out" "$TMP/page8.out" <<'PY' 2>&1
+import json, sys
+two, eight = (json.loads(open(p).readline()) for p in sys.argv[1:3])
+assert two["oom"] is None and eight["oom"] is None, "out of memory: %r / %r" % (two["oom"], eight["oom"])
+u2, u8 = two["device_calls"]["page_unmaps"], eight["device_calls"]["page_unmaps"]
+assert u2 > 5000, "2 MiB pages: only %d moves" % u2
+assert u8 * 3 < u2, "8 MiB pages: %d moves against %d" % (u8, u2)
+PY
+); then
+    ok "vmm_page:8M moves gpt2's pages at a 1.05x limit in under a third of the calls, without OOM"
+else
+    not_ok "vmm_page:8M moves pages in fewer calls" "${msg:-}"
+fi
 run lag_cudafree --lag 10 --cudafree 10 "$gpt2"
 if [ "$rc" -eq 2 ] && grep -q -- "--lag" "$TMP/lag_cudafree.err"; then
     ok "--lag with --cudafree exits 2: --cudafree takes its own lag"
