@@ -19,21 +19,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int setup(void **state)
-{
-    (void)state;
-    cuh_runtime_reset();
-    unsetenv("CUHEAP_CONF");
-    return cuh_runtime_use_sim(4 * GiB);
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    cuh_runtime_reset();
-    return 0;
-}
-
 static void test_configure_rejects_unknown_keys_and_lists_valid_ones(void **state)
 {
     (void)state;
@@ -477,17 +462,17 @@ static void test_report_key_takes_a_path_and_none(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_configure_rejects_unknown_keys_and_lists_valid_ones, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_malloc_and_free_on_two_devices, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_caller_errors_are_reported, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_device_wide_malloc_and_free_keep_cudas_promises, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_stats_release_and_peaks, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_reports_in_text_and_valid_json, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_reports_show_pinned_host_memory_and_round_trip, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_bad_cuheap_conf_stops_the_program_naming_the_key, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_report_path_writes_on_oom_on_sigusr1_and_at_exit, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_report_key_takes_a_path_and_none, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_trace_records_a_job_that_cuheap_replay_replays, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_configure_rejects_unknown_keys_and_lists_valid_ones, runtime_on_sim_setup, runtime_teardown),
+        cmocka_unit_test_setup_teardown(test_malloc_and_free_on_two_devices, runtime_on_sim_setup, runtime_teardown),
+        cmocka_unit_test_setup_teardown(test_caller_errors_are_reported, runtime_on_sim_setup, runtime_teardown),
+        cmocka_unit_test_setup_teardown(test_device_wide_malloc_and_free_keep_cudas_promises, runtime_on_sim_setup, runtime_teardown),
+        cmocka_unit_test_setup_teardown(test_stats_release_and_peaks, runtime_on_sim_setup, runtime_teardown),
+        cmocka_unit_test_setup_teardown(test_reports_in_text_and_valid_json, runtime_on_sim_setup, runtime_teardown),
+        cmocka_unit_test_setup_teardown(test_reports_show_pinned_host_memory_and_round_trip, runtime_on_sim_setup, runtime_teardown),
+        cmocka_unit_test_setup_teardown(test_bad_cuheap_conf_stops_the_program_naming_the_key, runtime_on_sim_setup, runtime_teardown),
+        cmocka_unit_test_setup_teardown(test_report_path_writes_on_oom_on_sigusr1_and_at_exit, runtime_on_sim_setup, runtime_teardown),
+        cmocka_unit_test_setup_teardown(test_report_key_takes_a_path_and_none, runtime_on_sim_setup, runtime_teardown),
+        cmocka_unit_test_setup_teardown(test_trace_records_a_job_that_cuheap_replay_replays, runtime_on_sim_setup, runtime_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,21 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int setup(void **state)
-{
-    (void)state;
-    cuh_runtime_reset();
-    unsetenv("CUHEAP_CONF");
-    return cuh_runtime_use_sim(4 * GiB);
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    cuh_runtime_reset();
-    return 0;
-}
-
 /* The simulated device behind `device`'s heap, made if needed. */
 static cuh_device_t *sim_device(int device)
 {
@@ -382,18 +367,18 @@ static void test_settings_are_validated(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_allocations_are_aligned_writable_and_counted, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_flags_are_honoured_one_arena_per_flag_set_and_device, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_a_freed_buffer_waits_for_the_gpu_work_issued_before_the_free, setup,
-                                        teardown),
-        cmocka_unit_test_setup_teardown(test_the_fence_covers_every_device, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_pending_memory_is_bounded_by_waiting, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_double_free_interior_and_foreign_pointers_are_errors, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_large_requests_and_no_allocation_across_chunks, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_out_of_pinned_memory_is_reported, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_a_device_reset_retires_the_cache, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_threads_allocate_and_free_concurrently, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_settings_are_validated, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_allocations_are_aligned_writable_and_counted, runtime_on_sim_setup, runtime_teardown),
+        cmocka_unit_test_setup_teardown(test_flags_are_honoured_one_arena_per_flag_set_and_device, runtime_on_sim_setup, runtime_teardown),
+        cmocka_unit_test_setup_teardown(test_a_freed_buffer_waits_for_the_gpu_work_issued_before_the_free, runtime_on_sim_setup,
+                                        runtime_teardown),
+        cmocka_unit_test_setup_teardown(test_the_fence_covers_every_device, runtime_on_sim_setup, runtime_teardown),
+        cmocka_unit_test_setup_teardown(test_pending_memory_is_bounded_by_waiting, runtime_on_sim_setup, runtime_teardown),
+        cmocka_unit_test_setup_teardown(test_double_free_interior_and_foreign_pointers_are_errors, runtime_on_sim_setup, runtime_teardown),
+        cmocka_unit_test_setup_teardown(test_large_requests_and_no_allocation_across_chunks, runtime_on_sim_setup, runtime_teardown),
+        cmocka_unit_test_setup_teardown(test_out_of_pinned_memory_is_reported, runtime_on_sim_setup, runtime_teardown),
+        cmocka_unit_test_setup_teardown(test_a_device_reset_retires_the_cache, runtime_on_sim_setup, runtime_teardown),
+        cmocka_unit_test_setup_teardown(test_threads_allocate_and_free_concurrently, runtime_on_sim_setup, runtime_teardown),
+        cmocka_unit_test_setup_teardown(test_settings_are_validated, runtime_on_sim_setup, runtime_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

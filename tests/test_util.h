@@ -11,10 +11,12 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <cmocka.h>
 
 #include "device.h"
 #include "heap.h"
+#include "runtime.h"
 
 #define GiB ((size_t)1 << 30)
 #define MiB ((size_t)1 << 20)
@@ -87,6 +89,23 @@ static inline uint64_t test_rand(uint64_t *state)
     x ^= x >> 27;
     *state = x;
     return x * 0x2545F4914F6CDD1Dull;
+}
+
+/* Setup and teardown for tests of the public API: the process-wide runtime,
+ * reset, on a 4 GiB simulated device, with no CUHEAP_CONF from outside. */
+static inline int runtime_on_sim_setup(void **state)
+{
+    (void)state;
+    cuh_runtime_reset();
+    unsetenv("CUHEAP_CONF");
+    return cuh_runtime_use_sim(4 * GiB);
+}
+
+static inline int runtime_teardown(void **state)
+{
+    (void)state;
+    cuh_runtime_reset();
+    return 0;
 }
 
 #endif /* CUH_TEST_UTIL_H */
