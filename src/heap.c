@@ -6,7 +6,8 @@
  * once, since its own work is ordered. Other streams may not until an event
  * recorded on s after the free has completed. cuheap records such events
  * (fences) lazily: only when another stream would otherwise have to grow the
- * heap, or when memory runs short. A fence covers every private byte freed on
+ * heap, when memory runs short, or when a free leaves a segment with no block
+ * (so that it can go back to the device). A fence covers every private byte freed on
  * s before it; when it completes those bytes become global. A busy stream's
  * fence completes later, so until then it keeps using its own memory and
  * nobody waits: the CPU blocks only on the out-of-memory path.
@@ -19,7 +20,8 @@
  *   1. best fit in global memory and the stream's own;
  *   2. poll outstanding fences (a query each), retry;
  *   3. fence other streams that hold private memory, poll, retry;
- *   4. grow: a new segment from the device, within the limit;
+ *   4. grow: a new segment from the device, within the limit (if that
+ *      sets a new peak, first return idle segments too small for the request);
  *   5. refused: wait for every fence (host blocks), retry;
  *   6. release fully free segments to the device and grow again;
  *   7. out of memory, with the state recorded as its proof.
