@@ -247,23 +247,12 @@ static int set_value(const option_t *opt, const char *value, cuh_config_t *cfg, 
         snprintf(err, errlen, "small_max:%s is above the largest size class, 1M", value);
         return -1;
     }
-    if (strcmp(opt->name, "segment_min") == 0) {
+    /* Sizes of device or pinned memory taken at a time: whole 2 MiB grains,
+     * at most 1 GiB. */
+    if (strcmp(opt->name, "segment_min") == 0 || strcmp(opt->name, "vmm_page") == 0 ||
+        strcmp(opt->name, "pinned_chunk") == 0) {
         if (bytes == 0 || bytes > CUH_GiB) {
-            snprintf(err, errlen, "segment_min:%s must be between 2M and 1G", value);
-            return -1;
-        }
-        bytes = cuh_align_up(bytes, CUH_SEGMENT_GRAIN);
-    }
-    if (strcmp(opt->name, "vmm_page") == 0) {
-        if (bytes == 0 || bytes > CUH_GiB) {
-            snprintf(err, errlen, "vmm_page:%s must be between 2M and 1G", value);
-            return -1;
-        }
-        bytes = cuh_align_up(bytes, CUH_SEGMENT_GRAIN);
-    }
-    if (strcmp(opt->name, "pinned_chunk") == 0) {
-        if (bytes == 0 || bytes > CUH_GiB) {
-            snprintf(err, errlen, "pinned_chunk:%s must be between 2M and 1G", value);
+            snprintf(err, errlen, "%s:%s must be between 2M and 1G", opt->name, value);
             return -1;
         }
         bytes = cuh_align_up(bytes, CUH_SEGMENT_GRAIN);
