@@ -702,6 +702,10 @@ static size_t segment_size_for(const cuh_heap_t *h, size_t needed)
 
 static void return_segment_locked(cuh_heap_t *h, cuh_segment_t *s);
 
+/* A segment that may go back to the device when nothing is left in it: a
+ * plain general segment (not the workspace, not the vmm:1 reservation). */
+static int returnable_segment(const cuh_segment_t *s) { return s->region == CUH_REGION_GENERAL && !s->virtual_space; }
+
 /* The state of the stream that owns private memory tagged `tag`. */
 static stream_state_t *stream_of_tag(const cuh_heap_t *h, uint32_t tag) { return h->streams[tag - 1]; }
 
@@ -721,7 +725,7 @@ static size_t release_idle_segments_locked(cuh_heap_t *h, size_t needed)
         return 0;
     int candidates = 0;
     for (cuh_segment_t *s = h->arena.segments; s; s = s->next) {
-        if (s->region != CUH_REGION_GENERAL || s->virtual_space || s->used_bytes || s->size >= needed)
+        if (!returnable_segment(s) || s->used_bytes || s->size >= needed)
             continue;
         candidates = 1;
         for (cuh_extent_t *e = s->first; e; e = e->next)
@@ -734,7 +738,7 @@ static size_t release_idle_segments_locked(cuh_heap_t *h, size_t needed)
     size_t released = 0;
     for (cuh_segment_t *s = h->arena.segments, *next; s; s = next) {
         next = s->next;
-        if (s->region == CUH_REGION_GENERAL && !s->virtual_space && s->size < needed && cuh_arena_segment_is_free(s)) {
+        if (returnable_segment(s) && s->size < needed && cuh_arena_segment_is_free(s)) {
             return_segment_locked(h, s);
             released++;
         }
@@ -807,7 +811,7 @@ static size_t release_free_segments_locked(cuh_heap_t *h)
     cuh_segment_t *s = h->arena.segments;
     while (s) {
         cuh_segment_t *next = s->next;
-        if (s->region == CUH_REGION_GENERAL && !s->virtual_space && cuh_arena_segment_is_free(s)) {
+        if (returnable_segment(s) && cuh_arena_segment_is_free(s)) {
             return_segment_locked(h, s);
             released++;
         }
@@ -1975,7 +1979,7 @@ static void release_block_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t
          * grows (release_idle_segments_locked), but only once the GPU has
          * passed this free: a fence now (unless one is in flight already) is
          * likely complete by then, where one recorded then would not be. */
-        if (!seg->used_bytes && !st->num_fences && seg->region == CUH_REGION_GENERAL && !seg->virtual_space)
+        if (!seg->used_bytes && !st->num_fences && returnable_segment(seg))
             stream_fence_locked(h, st);
         return;
     }
