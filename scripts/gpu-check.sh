@@ -140,6 +140,12 @@ if part api; then
         run_logged "$log" timeout "$SAN_TIMEOUT" "$SANITIZER" --tool memcheck \
             --error-exitcode 99 "$BUILD"/gpu_check --ops "$SANITIZER_OPS"
         row "memcheck gpu_check --ops $SANITIZER_OPS" "$RUN_RC" "$RUN_SECS" "$(verdict "$log" "$RUN_RC"); $(san_summary "$log")"
+        # vmm:1 too: a page unmapped while queued work still reads it is an
+        # invalid access memcheck names (check g moves pages under such work).
+        log="$BUILD/gpu_check.vmm.memcheck.log"
+        run_logged "$log" env CUHEAP_CONF=vmm:1 timeout "$SAN_TIMEOUT" "$SANITIZER" --tool memcheck \
+            --error-exitcode 99 "$BUILD"/gpu_check --ops "$SANITIZER_OPS"
+        row "memcheck gpu_check --ops $SANITIZER_OPS, vmm:1" "$RUN_RC" "$RUN_SECS" "$(verdict "$log" "$RUN_RC"); $(san_summary "$log")"
     else
         row "memcheck" - - "skipped: compute-sanitizer not installed"
     fi

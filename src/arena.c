@@ -257,7 +257,12 @@ static void unlink_extent(cuh_extent_t *e)
 cuh_extent_t *cuh_arena_take(cuh_arena_t *a, cuh_extent_t *ext, size_t size, size_t align,
                              cuh_extent_state_t state, uint32_t tag)
 {
-    uintptr_t start = cuh_addr_align_up(ext->addr, align);
+    return cuh_arena_take_at(a, ext, cuh_addr_align_up(ext->addr, align), size, state, tag);
+}
+
+cuh_extent_t *cuh_arena_take_at(cuh_arena_t *a, cuh_extent_t *ext, uintptr_t start, size_t size,
+                                cuh_extent_state_t state, uint32_t tag)
+{
     size_t pad = (size_t)(start - ext->addr);
     size_t tail = ext->size - pad - size;
     cuh_extent_t *front = NULL, *back = NULL;

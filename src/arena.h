@@ -38,7 +38,10 @@
 #define CUH_TAG_GLOBAL 0u
 
 typedef enum { CUH_REGION_WORKSPACE = 0, CUH_REGION_GENERAL = 1, CUH_NUM_REGIONS = 2 } cuh_region_t;
-typedef enum { CUH_EXTENT_FREE = 0, CUH_EXTENT_BLOCK = 1, CUH_EXTENT_SLAB = 2 } cuh_extent_state_t;
+/* DRAIN: under virtual memory, address space whose pages moved to a new
+ * block before the GPU passed their free; nothing may be placed there until
+ * the old mappings are gone (heap.c, lend_own_pages_locked). */
+typedef enum { CUH_EXTENT_FREE = 0, CUH_EXTENT_BLOCK = 1, CUH_EXTENT_SLAB = 2, CUH_EXTENT_DRAIN = 3 } cuh_extent_state_t;
 
 typedef struct cuh_segment_s cuh_segment_t;
 typedef struct cuh_extent_s cuh_extent_t;
@@ -116,6 +119,10 @@ cuh_extent_t *cuh_arena_find(cuh_arena_t *arena, size_t size, size_t align, uint
  * state and tag set, or NULL if out of host memory (nothing changed). */
 cuh_extent_t *cuh_arena_take(cuh_arena_t *arena, cuh_extent_t *ext, size_t size, size_t align,
                              cuh_extent_state_t state, uint32_t tag);
+/* Carves exactly [start, start + size) out of free extent `ext`, which must
+ * contain it; otherwise as cuh_arena_take. */
+cuh_extent_t *cuh_arena_take_at(cuh_arena_t *arena, cuh_extent_t *ext, uintptr_t start, size_t size,
+                                cuh_extent_state_t state, uint32_t tag);
 /* Frees a used extent into `tag` with the tag's current epoch, merging with
  * the neighbours it may absorb. */
 void cuh_arena_release(cuh_arena_t *arena, cuh_extent_t *ext, uint32_t tag);

@@ -89,6 +89,17 @@ typedef struct stat_s {
 
 typedef enum { GROW_OK, GROW_LIMIT, GROW_DEVICE, GROW_ERROR } grow_result_t;
 
+/* Old mappings of pages that moved before the GPU passed their frees, as
+ * DRAIN extents: they are unmapped, and the extents freed, once `event`
+ * (recorded on the freeing stream after the move) has completed
+ * (drains_poll_locked). */
+typedef struct vm_drain_s {
+    struct vm_drain_s *next;
+    cuh_event_t event;
+    size_t num_extents;
+    cuh_extent_t *extents[];
+} vm_drain_t;
+
 /* A freed block held back: until every event in it has completed (streams
  * that used the block, from record_stream), or until its graph pool is
  * released (blocks a CUDA graph captured: replays still write them). Then it
@@ -216,6 +227,12 @@ struct cuh_heap_s {
     size_t physical_pages;       /* held: mapped, or in hand while moving */
     size_t pages_high;           /* no page at or above this index was ever mapped */
     uint64_t num_page_maps, num_page_steals;
+    /* Pages a stream's own recent frees lent to its next block before the
+     * GPU passed those frees (lend_own_pages_locked): each physical page is
+     * mapped at its new place and still at its old one, whose address range
+     * is a DRAIN extent until the stream's work up to the move is done. */
+    vm_drain_t *drains;          /* oldest first */
+    uint64_t num_page_drains;
     int captures;                /* graph captures underway on this device */
     int shareable_call;          /* the allocation underway must start a segment of its own */
 
@@ -854,15 +871,130 @@ static int settle_unsettled_locked(cuh_heap_t *h, int wait)
     return kept == 0;
 }
 
+/* Takes the page behind page index p out of its place for a new use. */
+static void page_leave_locked(cuh_heap_t *h, size_t p, uint64_t *out)
+{
+    *out = h->page_handle[p];
+    h->page_handle[p] = 0;
+    h->mapped_pages--;   /* still held: physical_pages unchanged */
+    h->num_page_steals++;
+}
+
+/* Unmaps the old mappings of every drain whose event has completed (with
+ * `wait`: of every drain, the CPU waiting for their events). 1 when none is
+ * left. */
+static int drains_poll_locked(cuh_heap_t *h, int wait)
+{
+    vm_drain_t **link = &h->drains;
+    while (*link) {
+        vm_drain_t *d = *link;
+        if (d->event && h->dev->ops->event_query(h->dev, d->event) != CUH_DEV_OK) {
+            if (!wait) {
+                link = &d->next;
+                continue;
+            }
+            h->dev->ops->event_wait(h->dev, d->event);
+        }
+        for (size_t i = 0; i < d->num_extents; i++) {
+            cuh_extent_t *x = d->extents[i];
+            for (uintptr_t va = x->addr; va < x->addr + x->size; va += h->vm_page)
+                if (h->dev->ops->vm_unmap(h->dev, va, h->vm_page) != CUH_DEV_OK)
+                    cuh_log("device %d: %s", h->dev->ordinal, h->dev->last_error);
+            cuh_arena_release(&h->arena, x, CUH_TAG_GLOBAL);   /* the GPU passed the frees */
+        }
+        if (d->event)
+            event_put_locked(h, d->event);
+        *link = d->next;
+        free(d);
+    }
+    return h->drains == NULL;
+}
+
+/* Lends up to `want` pages lying wholly inside free extents private to
+ * stream `own` to a new block of `own`: memory the stream freed whose work
+ * the GPU may not have passed yet. The new block's work runs after that
+ * work (one stream), so a page may serve it at once; only the old mapping
+ * must stay until that work is done, for unmapping is not stream-ordered.
+ * So the page is mapped at its new place beside its old one, whose address
+ * range becomes a DRAIN extent (nothing is placed there) until an event
+ * recorded on `own` now has completed. Without this a busy GPU leaves a
+ * stream's recent frees unmovable: the CPU waits for them, or the heap
+ * takes new pages. Returns how many. */
+static size_t lend_own_pages_locked(cuh_heap_t *h, stream_state_t *own, uint64_t *out, size_t want)
+{
+    if (!own || own->tag == CUH_TAG_GLOBAL || own->retired || h->captures || !want)
+        return 0;
+    vm_drain_t *d = NULL;
+    size_t got = 0, page = h->vm_page;
+    for (cuh_extent_t *e = h->arena.tags[own->tag].oldest, *older; e && got < want; e = older) {
+        older = e->tag_prev;
+        if (e->segment != h->vm)
+            continue;
+        size_t p = (size_t)(e->addr - h->vm->base + page - 1) / page;
+        size_t end = cuh_min_size((size_t)(e->addr + e->size - h->vm->base) / page, h->pages_high);
+        cuh_extent_t *rest = e;   /* the free part still after the runs carved */
+        while (p < end && got < want) {
+            if (!h->page_handle[p]) {
+                p++;
+                continue;
+            }
+            size_t run = p;
+            while (run < end && run - p < want - got && h->page_handle[run])
+                run++;
+            if (!d) {
+                d = malloc(sizeof *d + want * sizeof d->extents[0]);
+                cuh_event_t ev = d ? event_get_locked(h) : NULL;
+                if (!ev) {
+                    free(d);
+                    return 0;
+                }
+                *d = (vm_drain_t){.event = ev};
+            }
+            cuh_extent_t *x = cuh_arena_take_at(&h->arena, rest, page_va(h, p), (run - p) * page, CUH_EXTENT_DRAIN,
+                                                own->tag);
+            if (!x)
+                break;   /* out of host memory for records: lend what there is */
+            d->extents[d->num_extents++] = x;
+            for (; p < run; p++)
+                page_leave_locked(h, p, &out[got++]);
+            rest = x->next && x->next->state == CUH_EXTENT_FREE ? x->next : NULL;
+            if (!rest)
+                break;
+        }
+    }
+    if (!d)
+        return 0;
+    if (!d->num_extents) {
+        event_put_locked(h, d->event);
+        free(d);
+        return 0;
+    }
+    if (h->dev->ops->event_record(h->dev, d->event, own->handle) != CUH_DEV_OK) {
+        /* No event: wait for the whole device, and unmap the old mappings now. */
+        event_put_locked(h, d->event);
+        d->event = NULL;
+        h->dev->ops->synchronize(h->dev);
+    }
+    vm_drain_t **link = &h->drains;
+    while (*link)
+        link = &(*link)->next;
+    *link = d;
+    h->num_page_drains += got;
+    if (!d->event)
+        drains_poll_locked(h, 0);
+    return got;
+}
+
 /* Unmaps up to `want` pages lying wholly inside global free extents of the
- * reservation; their physical pages go to out[]. Returns how many. While work
- * a take-back left running may still see some of that memory, none unless
- * `may_wait` (then the CPU waits for that work first): the caller gets new
- * pages instead. */
-static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want, int may_wait)
+ * reservation; their physical pages go to out[]. Then, for a block of
+ * stream `own`, pages its own recent frees lend (lend_own_pages_locked).
+ * Returns how many. While work a take-back left running may still see some
+ * of the global memory, none of it unless `may_wait` (then the CPU waits
+ * for that work first): the caller gets new pages instead. */
+static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want, int may_wait, stream_state_t *own)
 {
     if (h->num_unsettled && !settle_unsettled_locked(h, may_wait))
-        return 0;
+        return lend_own_pages_locked(h, own, out, want);
     size_t got = 0, page = h->vm_page;
     /* Oldest free memory first: the newest is the likeliest to be reused soon,
      * and taking its pages would only move them back again. */
@@ -878,19 +1010,16 @@ static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want, int 
                 cuh_log("device %d: %s", h->dev->ordinal, h->dev->last_error);
                 continue;
             }
-            out[got++] = h->page_handle[p];
-            h->page_handle[p] = 0;
-            h->mapped_pages--;   /* still held: physical_pages unchanged */
-            h->num_page_steals++;
+            page_leave_locked(h, p, &out[got++]);
         }
     }
-    return got;
+    return got + lend_own_pages_locked(h, own, out + got, want - got);
 }
 
 /* Maps every unmapped page of [addr, addr+size) in the reservation: pages
  * taken from free memory first, then new ones from the device. 1 when all
  * are mapped; 0 with *why (the device or the limit refused, or an error). */
-static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, grow_result_t *why)
+static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_state_t *st, grow_result_t *why)
 {
     size_t page = h->vm_page;
     size_t first = (size_t)(addr - h->vm->base) / page;
@@ -912,7 +1041,9 @@ static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, grow_res
      * device; above it, move free pages (each move is an unmap and a map). */
     size_t live_peak = cuh_max_size(h->allocated.peak, h->allocated.current + size);
     int move_first = (double)(reserved_bytes(h) + need * page) > (double)live_peak * (1.0 + h->cfg.vmm_margin);
-    size_t got = move_first ? steal_pages_locked(h, handles, need, 0) : 0;
+    if (h->drains)
+        drains_poll_locked(h, 0);
+    size_t got = move_first ? steal_pages_locked(h, handles, need, 0, st) : 0;
     if (got < need && move_first && !h->captures) {
         /* Memory freed on streams becomes stealable once their work is done:
          * fence them all (our own too: unmapping is not stream-ordered). */
@@ -920,12 +1051,12 @@ static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, grow_res
             if (!h->streams[i]->num_fences)
                 stream_fence_locked(h, h->streams[i]);
         if (poll_all_locked(h, 0))
-            got += steal_pages_locked(h, handles + got, need - got, 0);
+            got += steal_pages_locked(h, handles + got, need - got, 0, st);
     }
     while (got < need) {
         if (!move_first && got == 0 && h->limit && reserved_bytes(h) + need * page > h->limit) {
             /* The limit would refuse: move free pages after all. */
-            got = steal_pages_locked(h, handles, need, 1);
+            got = steal_pages_locked(h, handles, need, 1, st);
             move_first = 1;
             continue;
         }
@@ -947,7 +1078,7 @@ static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, grow_res
     }
     if (got < need && *why != GROW_ERROR && !h->captures) {
         settle_all_locked(h);
-        got += steal_pages_locked(h, handles + got, need - got, 1);
+        got += steal_pages_locked(h, handles + got, need - got, 1, NULL);
     }
     /* Map what there is. On a shortfall the caller frees the block: the pages
      * mapped behind it stay there, cached, not lost. */
@@ -995,7 +1126,10 @@ static size_t release_free_pages_locked(cuh_heap_t *h)
         return 0;
     uint64_t batch[256];
     size_t released = 0, n;
-    while ((n = steal_pages_locked(h, batch, 256, 1)) > 0) {
+    /* A page released while an old mapping of it remains would stay
+     * allocated on the device: the old mappings go first. */
+    drains_poll_locked(h, 1);
+    while ((n = steal_pages_locked(h, batch, 256, 1, NULL)) > 0) {
         for (size_t i = 0; i < n; i++)
             h->dev->ops->vm_release(h->dev, batch[i]);
         h->physical_pages -= n;
@@ -1453,7 +1587,7 @@ hit:
         goto host_oom;
     if (e->segment->virtual_space) {
         grow_result_t mapped_why;
-        if (!map_range_locked(h, e->addr, e->size, &mapped_why)) {
+        if (!map_range_locked(h, e->addr, e->size, st, &mapped_why)) {
             cuh_arena_release(&h->arena, e, st->tag);
             if (mapped_why == GROW_ERROR) {
                 *status = CUHEAP_ERR_DEVICE;
@@ -1671,6 +1805,17 @@ void cuh_heap_destroy(cuh_heap_t *h)
             if (e->state == CUH_EXTENT_SLAB)
                 cuh_slab_destroy(e->owner);
         if (s->virtual_space) {
+            for (vm_drain_t *d = h->drains, *next; d; d = next) {
+                next = d->next;
+                for (size_t i = 0; i < d->num_extents; i++)
+                    for (uintptr_t va = d->extents[i]->addr; va < d->extents[i]->addr + d->extents[i]->size;
+                         va += h->vm_page)
+                        h->dev->ops->vm_unmap(h->dev, va, h->vm_page);
+                if (d->event)
+                    h->dev->ops->event_destroy(h->dev, d->event);
+                free(d);
+            }
+            h->drains = NULL;
             for (size_t p = 0; p < h->pages_high; p++)
                 if (h->page_handle[p]) {
                     h->dev->ops->vm_unmap(h->dev, page_va(h, p), h->vm_page);
@@ -2497,6 +2642,8 @@ void cuh_heap_poll(cuh_heap_t *h)
 {
     pthread_mutex_lock(&h->lock);
     poll_all_locked(h, 0);
+    if (h->drains)
+        drains_poll_locked(h, 0);
     /* Whoever polls wants to see freed memory come back (cudaMemGetInfo
      * counts it as free): the open batch goes out, at most once a
      * millisecond (libraries may ask for memory info often), or a program
@@ -2656,8 +2803,27 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
                      h->physical_pages);
             rc = -1;
         }
+        /* DRAIN extents are whole unmapped pages, each in one drain. */
+        size_t draining = 0, listed = 0;
+        for (cuh_extent_t *e = h->vm->first; !rc && e; e = e->next)
+            if (e->state == CUH_EXTENT_DRAIN) {
+                draining++;
+                if ((e->addr - h->vm->base) % h->vm_page || e->size % h->vm_page)
+                    rc = -1;
+                for (uintptr_t va = e->addr; !rc && va < e->addr + e->size; va += h->vm_page)
+                    rc = h->page_handle[(va - h->vm->base) / h->vm_page] ? -1 : 0;
+                if (rc)
+                    snprintf(msg, len, "vmm: draining range at 0x%llx is not whole unmapped pages",
+                             (unsigned long long)e->addr);
+            }
+        for (const vm_drain_t *d = h->drains; !rc && d; d = d->next)
+            listed += d->num_extents;
+        if (!rc && draining != listed) {
+            snprintf(msg, len, "vmm: %zu draining ranges, drains list %zu", draining, listed);
+            rc = -1;
+        }
         for (cuh_extent_t *e = h->vm->first; !rc && e; e = e->next) {
-            if (e->state == CUH_EXTENT_FREE)
+            if (e->state == CUH_EXTENT_FREE || e->state == CUH_EXTENT_DRAIN)
                 continue;
             size_t first = (size_t)(e->addr - h->vm->base) / h->vm_page;
             size_t end = (size_t)(e->addr + e->size - h->vm->base + h->vm_page - 1) / h->vm_page;
@@ -2783,6 +2949,10 @@ cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h, int ask_device)
                 x->kind = CUH_SNAP_FREE;
                 x->stream_tag = e->tag;
                 x->pending = e->tag != CUH_TAG_GLOBAL && e->epoch < h->arena.tags[e->tag].fences_recorded;
+            } else if (e->state == CUH_EXTENT_DRAIN) {   /* address space only: its pages moved */
+                x->kind = CUH_SNAP_FREE;
+                x->stream_tag = e->tag;
+                x->pending = 1;
             } else if (e->state == CUH_EXTENT_BLOCK) {
                 x->kind = CUH_SNAP_BLOCK;
                 x->requested = e->requested;

@@ -9,6 +9,7 @@
 #include "test_util.h"
 
 #include "runtime.h"
+#include "fake/fake_cuda.h"
 
 #include <dlfcn.h>
 #include <stdlib.h>
@@ -141,6 +142,85 @@ static void test_vmm_pages_of_two_granules_move_whole_and_keep_data(void **state
     moves_pages_and_keeps_data("vmm:1,vmm_margin:0,small_max:0,vmm_page:4M", 4 * MiB);
 }
 
+static void *fake_symbol(const char *name)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    assert_non_null(lib);
+    void *f = dlsym(lib, name);
+    assert_non_null(f);
+    dlclose(lib);   /* still loaded: cuheap holds it */
+    return f;
+}
+
+/* A stream frees two pages while kernels that read them are still queued,
+ * then needs a block of two pages under a limit of four. The pages move at
+ * once (the CPU does not wait: no queued kernel runs), and the queued
+ * kernels still read the old data through the old mappings, which stay
+ * until they have run (unmapped, they would fault here as on a GPU). The
+ * new block's kernels, queued after them on the same stream, see the new
+ * block's data: one physical page, two mappings, the stream's order. */
+static void test_vmm_lent_pages_keep_old_mappings_until_queued_work_ran(void **state)
+{
+    (void)state;
+    fake_cuda_hold_fn hold = (fake_cuda_hold_fn)fake_symbol("fake_cuda_hold");
+    fake_cuda_enqueue_check_fn check = (fake_cuda_enqueue_check_fn)fake_symbol("fake_cuda_enqueue_check");
+    fake_cuda_enqueue_fill_fn enqueue_fill = (fake_cuda_enqueue_fill_fn)fake_symbol("fake_cuda_enqueue_fill");
+    fake_cuda_complete_all_fn complete_all = (fake_cuda_complete_all_fn)fake_symbol("fake_cuda_complete_all");
+    fake_cuda_corrupt_bytes_fn corrupt = (fake_cuda_corrupt_bytes_fn)fake_symbol("fake_cuda_corrupt_bytes");
+    fake_cuda_calls_fn calls = (fake_cuda_calls_fn)fake_symbol("fake_cuda_calls");
+    int (*stream_create)(void **, unsigned) = (int (*)(void **, unsigned))fake_symbol("cuStreamCreate");
+    assert_int_equal(cuheap_configure("vmm:1,vmm_margin:0,small_max:0,limit:8M"), CUHEAP_OK);
+    void *s = NULL;
+    assert_int_equal(stream_create(&s, 1), 0);
+    void *a[4];
+    for (unsigned i = 0; i < 4; i++) {
+        assert_int_equal(cuheap_malloc(&a[i], 2 * MiB, 0, s), CUHEAP_OK);
+        memset(a[i], 0x10 + (int)i, 2 * MiB);
+    }
+    hold(1);
+    for (unsigned i = 0; i < 4; i += 2)
+        assert_int_equal(check(s, a[i], 2 * MiB, (unsigned char)(0x10 + i)), 0);
+    for (unsigned i = 0; i < 4; i += 2)
+        assert_int_equal(cuheap_free(a[i], 0, s), CUHEAP_OK);
+    unsigned long before[5], after[5];
+    fake_cuda_calls_t c0, c;
+    calls(&c0);
+    fake_counters(before);
+    void *b = NULL;
+    assert_int_equal(cuheap_malloc(&b, 4 * MiB, 0, s), CUHEAP_OK);
+    fake_counters(after);
+    calls(&c);
+    assert_int_equal(c.kernels_run, c0.kernels_run);   /* nobody waited for the queued kernels */
+    assert_int_equal(after[2], before[2]);       /* no new page: two moved */
+    assert_int_equal(after[0] - before[0], 2);
+    assert_int_equal(after[1], before[1]);       /* the old mappings stay */
+    assert_int_equal(enqueue_fill(s, b, 4 * MiB, 0x55), 0);
+    assert_int_equal(check(s, b, 4 * MiB, 0x55), 0);
+    complete_all();
+    calls(&c);
+    assert_int_equal(c.kernels_run - c0.kernels_run, 3);
+    assert_int_equal(corrupt(), 0);
+    const unsigned char *live1 = a[1], *live3 = a[3];
+    assert_true(live1[0] == 0x11 && live1[2 * MiB - 1] == 0x11 && live3[0] == 0x13 && live3[2 * MiB - 1] == 0x13);
+    hold(0);
+    /* The next allocation that maps pages first unmaps what has drained. */
+    void *d = NULL;
+    assert_int_equal(cuheap_free(a[1], 0, s), CUHEAP_OK);
+    assert_int_equal(cuheap_free(a[3], 0, s), CUHEAP_OK);
+    assert_int_equal(cuheap_malloc(&d, 4 * MiB, 0, s), CUHEAP_OK);
+    fake_counters(after);
+    assert_true(after[1] - before[1] >= 2);
+    memset(d, 0x66, 4 * MiB);
+    const unsigned char *bb = b;
+    assert_true(bb[0] == 0x55 && bb[4 * MiB - 1] == 0x55);
+    assert_int_equal(cuheap_free(d, 0, s), CUHEAP_OK);
+    assert_int_equal(cuheap_free(b, 0, s), CUHEAP_OK);
+    assert_int_equal(cuheap_stream_retire(0, s), CUHEAP_OK);
+    assert_int_equal(cuheap_release_cached(0), CUHEAP_OK);
+    fake_counters(after);
+    assert_int_equal(after[2], after[3]);   /* every physical page went back */
+}
+
 int main(void)
 {
     char capacity[32];
@@ -151,6 +231,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_driver_path_serves_blocks_that_hold_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_vmm_moves_pages_and_every_block_keeps_its_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_vmm_pages_of_two_granules_move_whole_and_keep_data, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_vmm_lent_pages_keep_old_mappings_until_queued_work_ran, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

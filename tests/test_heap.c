@@ -1470,6 +1470,7 @@ static void test_vmm_checkerboard_then_larger_blocks_fit_in_live_plus_two_pages(
     cuh_heap_stats(t.heap, &s);
     assert_true(s.reserved.peak <= 68 * MiB);
     assert_int_equal(s.num_ooms, 0);
+    cuh_heap_poll(t.heap);   /* old mappings of pages lent before the GPU passed their frees go now */
     cuh_sim_counters_t c;
     cuh_sim_counters(t.dev, &c);
     assert_true(c.vm_unmaps >= 14);   /* pages were moved, not created */
@@ -1514,6 +1515,7 @@ static void test_vmm_larger_pages_move_in_fewer_calls(void **state)
     cuh_heap_stats(t.heap, &s);
     assert_true(s.reserved.peak <= (256 + 16) * MiB);
     assert_int_equal(s.num_ooms, 0);
+    cuh_heap_poll(t.heap);
     cuh_sim_counters(t.dev, &c1);
     assert_true(c1.vm_unmaps - c0.vm_unmaps >= 14);     /* moved, not created ... */
     assert_true(c1.vm_unmaps - c0.vm_unmaps <= 16);     /* ... an 8 MiB page per call */
@@ -1545,6 +1547,54 @@ static void test_vmm_moves_a_page_only_after_the_work_on_it_finished(void **stat
     test_heap_free(&t);
 }
 
+static void test_vmm_a_streams_own_frees_move_before_the_gpu_passed_them(void **state)
+{
+    (void)state;
+    /* Room for four pages, all S1's. S1 frees two of them, not adjacent,
+     * while its work is still running, then needs a block of two pages. The
+     * new block's work runs after the old (one stream), so the pages move at
+     * once, without the CPU waiting; their old mappings stay, and nothing
+     * else is placed there, until the GPU has passed S1's work. */
+    test_heap_t t = test_heap_new(GiB, "vmm:1,small_max:0,vmm_margin:0,limit:8M");
+    cuh_sim_hold_events(t.dev, 1);
+    uintptr_t a[4];
+    for (int i = 0; i < 4; i++)
+        a[i] = must_alloc(t.heap, 2 * MiB, S1);
+    must_free(t.heap, a[0], S1);
+    must_free(t.heap, a[2], S1);
+    cuh_sim_counters_t c0, c1, c2;
+    cuh_sim_counters(t.dev, &c0);
+    uintptr_t b = must_alloc(t.heap, 4 * MiB, S1);
+    cuh_sim_counters(t.dev, &c1);
+    assert_int_equal(c1.event_waits, c0.event_waits);   /* the CPU did not wait */
+    assert_int_equal(c1.vm_creates, c0.vm_creates);     /* no new page */
+    assert_int_equal(c1.vm_maps - c0.vm_maps, 2);       /* the two pages, mapped behind b */
+    assert_int_equal(c1.vm_unmaps, c0.vm_unmaps);       /* their old mappings stay */
+    assert_int_equal(c1.vm_mapped - c0.vm_mapped, 4 * MiB);
+    heap_ok(t.heap);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.reserved.peak, 8 * MiB);
+    /* Another stream gets none of S1's memory before the GPU passed S1's
+     * work: S2 waits for it. */
+    must_free(t.heap, a[1], S1);
+    uintptr_t c = must_alloc(t.heap, 2 * MiB, S2);
+    cuh_sim_counters(t.dev, &c2);
+    assert_true(c2.event_waits > c1.event_waits);
+    heap_ok(t.heap);
+    must_free(t.heap, c, S2);
+    /* The GPU passes S1's work: the old mappings go. */
+    cuh_sim_complete_all(t.dev);
+    cuh_heap_poll(t.heap);
+    cuh_sim_counters(t.dev, &c2);
+    assert_int_equal(c2.vm_mapped, 8 * MiB);
+    heap_ok(t.heap);
+    must_free(t.heap, b, S1);
+    must_free(t.heap, a[3], S1);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
 static void test_vmm_prefers_a_fit_on_mapped_pages_to_moving_pages(void **state)
 {
     (void)state;
@@ -1560,11 +1610,13 @@ static void test_vmm_prefers_a_fit_on_mapped_pages_to_moving_pages(void **state)
     must_free(t.heap, a, S1);
     must_free(t.heap, c, S1);
     uintptr_t e = must_alloc(t.heap, 16 * MiB, S1);
+    cuh_heap_poll(t.heap);
     cuh_sim_counters_t c0, c1;
     cuh_sim_counters(t.dev, &c0);
     assert_int_equal(c0.vm_unmaps, 8);   /* A's and C's pages moved behind E */
     must_free(t.heap, e, S1);
     uintptr_t f = must_alloc(t.heap, 8 * MiB, S1);
+    cuh_heap_poll(t.heap);
     cuh_sim_counters(t.dev, &c1);
     assert_int_equal(c1.vm_unmaps, c0.vm_unmaps);
     assert_int_equal(c1.vm_maps, c0.vm_maps);
@@ -1789,6 +1841,7 @@ int main(void)
         cmocka_unit_test(test_vmm_checkerboard_then_larger_blocks_fit_in_live_plus_two_pages),
         cmocka_unit_test(test_vmm_larger_pages_move_in_fewer_calls),
         cmocka_unit_test(test_vmm_moves_a_page_only_after_the_work_on_it_finished),
+        cmocka_unit_test(test_vmm_a_streams_own_frees_move_before_the_gpu_passed_them),
         cmocka_unit_test(test_vmm_release_cached_returns_free_pages),
         cmocka_unit_test(test_vmm_prefers_a_fit_on_mapped_pages_to_moving_pages),
         cmocka_unit_test(test_vmm_random_operations_keep_pages_behind_every_block),

@@ -295,12 +295,14 @@ rejects_values() {
 rejects_values --cudafree -1 x ""
 
 # ---- --lag: a stream-ordered replay on a busy GPU -----------------------------
-# The GPU passes frees only every 1000 events: under vmm:1 the pages of memory
-# freed since cannot move yet, so the heap takes new ones (what the H200
-# showed: GPT-2 reserved 1.16x live as plugin, with no page moved) instead of
-# moving thousands; on plain segments one stream reuses its own frees at once,
-# and only segments left idle go back later (once the GPU has passed their
-# frees), so the peak can only rise, and by little.
+# The GPU passes frees only every 1000 events. Under vmm:1 the pages of memory
+# a stream freed since still move behind that stream's next blocks (their old
+# mappings stay until the GPU passes the frees), so a busy GPU costs neither
+# memory nor a CPU wait: the ratio is the one of a GPU that finishes at once
+# (before, the heap took new pages instead: 1.21x live against 1.09x). On
+# plain segments one stream reuses its own frees at once, and only segments
+# left idle go back later (once the GPU has passed their frees), so the peak
+# can only rise, and by little.
 run vmm_now --json --conf vmm:1 "$gpt2"
 run vmm_lag --json --conf vmm:1 --lag 1000 "$gpt2"
 run plain_lag --json --lag 1000 "$gpt2"
@@ -308,14 +310,14 @@ if [ "$rc" -eq 0 ] && msg=$(python3 - "$TMP/vmm_now.out" "$TMP/vmm_lag.out" "$TM
 import json, sys
 now, lag, plain, plain_lag = (json.loads(open(p).readline()) for p in sys.argv[1:5])
 assert now["device_calls"]["page_unmaps"] > 5000, "at once: %d pages moved" % now["device_calls"]["page_unmaps"]
-assert lag["device_calls"]["page_unmaps"] < now["device_calls"]["page_unmaps"] / 10, \
-    "lag 1000: %d pages moved" % lag["device_calls"]["page_unmaps"]
-assert lag["ratio"] > now["ratio"], "ratio %.4f with --lag, %.4f without" % (lag["ratio"], now["ratio"])
+assert lag["device_calls"]["page_unmaps"] > 5000, "lag 1000: %d pages moved" % lag["device_calls"]["page_unmaps"]
+assert lag["ratio"] <= now["ratio"] * 1.01, "ratio %.4f with --lag, %.4f without" % (lag["ratio"], now["ratio"])
+assert lag["device_calls"]["cpu_waits"] == 0, "lag 1000: the CPU waited %d times" % lag["device_calls"]["cpu_waits"]
 assert plain["ratio"] <= plain_lag["ratio"] <= plain["ratio"] * 1.02, \
     "plain segments: %.4f with --lag, %.4f without" % (plain_lag["ratio"], plain["ratio"])
 PY
 ); then
-    ok "--lag 1000: vmm:1 on gpt2 moves few pages and takes new ones; plain segments nearly unchanged"
+    ok "--lag 1000: vmm:1 on gpt2 moves its own stream's freed pages, no new ones, no CPU wait; plain segments nearly unchanged"
 else
     not_ok "--lag 1000 models a busy GPU" "status $rc ${msg:-}"
 fi

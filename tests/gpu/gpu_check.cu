@@ -2,7 +2,7 @@
  *
  * The unit tests run the heap against a simulated device; this program runs
  * the real thing: libcuheap.a opens libcuda itself (dlopen) and hands out
- * device memory that kernels here write and read back. Six checks, each
+ * device memory that kernels here write and read back. Seven checks, each
  * printing PASS or FAIL:
  *   a. basic     sizes 1 B .. 256 MiB: aligned, writable, disjoint, size 0, free(NULL)
  *   b. errors    not-owned pointer, double free, interior pointer; heap still works
@@ -16,6 +16,11 @@
  *                a kernel on another non-blocking stream still writes it is
  *                not handed out again before that kernel is done, and the
  *                free does not wait for it
+ *   g. same-stream page move  under vmm:1, pages a stream freed while its
+ *                kernels still read them move behind its next block at once
+ *                (no new pages, no CPU wait); the queued kernels still read
+ *                the old data through the old mappings, and the new block's
+ *                kernels, queued after them, see the new block's data
  * Exit status 0 only if every check passed. Written in C style (compiled as
  * CUDA C++ by nvcc):
  *   nvcc -O2 -arch=sm_90 -std=c++17 -Iinclude tests/gpu/gpu_check.cu \
@@ -48,11 +53,12 @@
 #define CTR_STRESS 20             /* + thread */
 #define CTR_CROSS 32
 #define CTR_WIDE 33
+#define CTR_MOVE 34
 #define CTR_COUNT 64
 
 /* ---- results ------------------------------------------------------------ */
 
-enum { CK_BASIC, CK_ERRORS, CK_STRESS, CK_CROSS, CK_STATS, CK_WIDE, CK_N };
+enum { CK_BASIC, CK_ERRORS, CK_STRESS, CK_CROSS, CK_STATS, CK_WIDE, CK_MOVE, CK_N };
 
 typedef struct result_s {
     const char *name;
@@ -68,6 +74,7 @@ static result_t g_res[CK_N] = {
     { "d. cross-stream reuse", 0, 0, "" },
     { "e. stats", 0, 0, "" },
     { "f. device-wide free", 0, 0, "" },
+    { "g. same-stream page move", 0, 0, "" },
 };
 
 static unsigned long long *g_dctr;    /* device: CTR_COUNT error counters */
@@ -251,6 +258,16 @@ __global__ void k_slow_fill(unsigned char *p, size_t n, unsigned long long id,
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         p[i] = pat8(id, i);
+}
+
+/* Spins for `ns` nanoseconds (bounded by clock64 too): work that keeps a
+ * stream busy. */
+__global__ void k_spin(unsigned long long ns)
+{
+    unsigned long long t0 = globaltimer_ns();
+    long long c0 = clock64();
+    while (globaltimer_ns() - t0 < ns && clock64() - c0 < 4000000000ll) {
+    }
 }
 
 static unsigned int grid_for(size_t n)
@@ -849,6 +866,102 @@ static void check_reuse(int ck, int device_wide)
             (int)ROUNDS, errs[slot], same, (int)ROUNDS, overlapped, (int)ROUNDS, slowest_free * 1e6);
 }
 
+/* ---- g. same-stream page move -------------------------------------------- */
+
+/* 64 blocks of 2 MiB on one stream; behind a 100 ms kernel, kernels that
+ * read every other block; those blocks are freed at once, and a 32 MiB
+ * block is allocated on the same stream while all that still runs. Under
+ * vmm:1 the heap holds more than its margin above the live peak, so the
+ * new block gets the freed pages: they move at once (the stream's next work
+ * runs after its earlier work) and their old mappings stay until that work
+ * has run. A wrong unmap shows as an illegal address in the queued
+ * readers; a wrong reuse as bytes that differ; a wait as a slow malloc. */
+static void check_same_stream_move(void)
+{
+    enum { N = 64 };
+    const size_t n = 2 * MiB, big = 32 * MiB;
+    const int ck = CK_MOVE;
+    const char *conf = getenv("CUHEAP_CONF");
+    const int vmm = conf && strstr(conf, "vmm:1");
+    cudaStream_t s = NULL;
+    void *p[N] = { 0 }, *q = NULL;
+    unsigned long long errs[CTR_COUNT];
+    cuheap_stats_t st0, st1;
+
+    g_res[ck].ran = 1;
+    CU(ck, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cuheap_reset_peaks(0);
+    for (int i = 0; i < N; i++) {
+        cuheap_status_t r = cuheap_malloc(&p[i], n, 0, s);
+        if (r != CUHEAP_OK) {
+            fail(ck, "malloc(2 MiB) #%d = %s: %s", i, st_name(r), cuheap_last_error());
+            return;
+        }
+        g_allocs++;
+        k_fill<<<grid_for(n), 256, 0, s>>>((unsigned char *)p[i], n, 700000 + i);
+        LAUNCHED(ck);
+    }
+    CU(ck, cudaStreamSynchronize(s));
+    cuheap_get_stats(0, &st0);
+    k_spin<<<1, 1, 0, s>>>(100000000ull);
+    LAUNCHED(ck);
+    for (int i = 0; i < N; i += 2) {
+        k_check<<<grid_for(n), 256, 0, s>>>((const unsigned char *)p[i], n, 700000 + i, g_dctr + CTR_MOVE);
+        LAUNCHED(ck);
+    }
+    for (int i = 0; i < N; i += 2) {
+        if (cuheap_free(p[i], 0, s) != CUHEAP_OK)
+            fail(ck, "free #%d: %s", i, cuheap_last_error());
+        g_frees++;
+        p[i] = NULL;
+    }
+    double t0 = now_s();
+    cuheap_status_t r = cuheap_malloc(&q, big, 0, s);
+    double took = now_s() - t0;
+    if (r != CUHEAP_OK) {
+        fail(ck, "malloc(32 MiB) = %s: %s", st_name(r), cuheap_last_error());
+        return;
+    }
+    g_allocs++;
+    cuheap_get_stats(0, &st1);
+    cudaError_t busy = cudaStreamQuery(s);
+    int still_running = busy == cudaErrorNotReady;
+    if (still_running)
+        (void)cudaGetLastError();
+    else
+        CU(ck, busy);
+    k_fill<<<grid_for(big), 256, 0, s>>>((unsigned char *)q, big, 800000);
+    LAUNCHED(ck);
+    k_check<<<grid_for(big), 256, 0, s>>>((const unsigned char *)q, big, 800000, g_dctr + CTR_MOVE);
+    LAUNCHED(ck);
+    for (int i = 1; i < N; i += 2) {
+        k_check<<<grid_for(n), 256, 0, s>>>((const unsigned char *)p[i], n, 700000 + i, g_dctr + CTR_MOVE);
+        LAUNCHED(ck);
+    }
+    CU(ck, cudaStreamSynchronize(s));
+    if (read_counters(ck, errs) != 0)
+        return;
+    unsigned long long new_pages = st1.num_segment_allocs - st0.num_segment_allocs;
+    if (errs[CTR_MOVE] != 0)
+        fail(ck, "%llu bytes differ (a page reused or unmapped before its work was done)", errs[CTR_MOVE]);
+    if (vmm && new_pages != 0)
+        fail(ck, "%llu new pages for the 32 MiB block: the freed pages did not move", new_pages);
+    if (vmm && (!still_running || took > 0.05))
+        fail(ck, "the 32 MiB malloc took %.1f ms%s: it waited for the GPU", took * 1e3,
+             still_running ? "" : " and the stream had finished");
+    for (int i = 1; i < N; i += 2) {
+        cuheap_free(p[i], 0, s);
+        g_frees++;
+    }
+    cuheap_free(q, 0, s);
+    g_frees++;
+    CU(ck, cudaStreamSynchronize(s));
+    cuheap_stream_retire(0, s);
+    CU(ck, cudaStreamDestroy(s));
+    figures(ck, "vmm:%d; 32 MiB malloc on the busy stream took %.0f us, new pages %llu%s; corrupted bytes %llu",
+            vmm, took * 1e6, new_pages, vmm ? "" : " (vmm:0: a new segment, nothing moves)", errs[CTR_MOVE]);
+}
+
 /* ---- main ---------------------------------------------------------------- */
 
 static void usage(const char *prog)
@@ -909,6 +1022,8 @@ int main(int argc, char **argv)
     report(CK_STRESS);
     check_stats_release();
     report(CK_STATS);
+    check_same_stream_move();
+    report(CK_MOVE);
 
     check_reuse(CK_CROSS, 0);
     report(CK_CROSS);
