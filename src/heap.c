@@ -232,7 +232,6 @@ struct cuh_heap_s {
      * mapped at its new place and still at its old one, whose address range
      * is a DRAIN extent until the stream's work up to the move is done. */
     vm_drain_t *drains;          /* oldest first */
-    uint64_t num_page_drains;
     int captures;                /* graph captures underway on this device */
     int shareable_call;          /* the allocation underway must start a segment of its own */
 
@@ -979,7 +978,6 @@ static size_t lend_own_pages_locked(cuh_heap_t *h, stream_state_t *own, uint64_t
     while (*link)
         link = &(*link)->next;
     *link = d;
-    h->num_page_drains += got;
     if (!d->event)
         drains_poll_locked(h, 0);
     return got;
