@@ -6,7 +6,8 @@
 // device's granularity, and what granting access once over a run of pages
 // costs instead of once per page, while the GPU is idle and while a kernel
 // runs on another stream (the driver may serialize with running work); then
-// whether one larger physical allocation costs per call or per page.
+// whether one larger physical allocation costs per call or per page, and
+// whether its pages, mapped one by one, are granted per handle or per page.
 // Prints microseconds per page (median of 5 rounds over 512 pages).
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -116,6 +117,48 @@ int main()
         printf("| %zu MiB | %.1f | %.2f |\n", bytes >> 20, us, us / (double)pages_per);
         for (auto &x : big) cuMemRelease(x);
         cuMemAddressFree(bva, bytes * n);
+    }
+    // Pieces of one handle: a chunk of 256 pages created once, each page
+    // mapped by a cuMemMap of its own (an offset into the chunk), so that any
+    // page can still move alone (cuMemUnmap takes whole mappings only). Does
+    // a grant over the run cost per handle, as for one piece, or per mapping,
+    // as for separate handles? And what does one page of it cost to move?
+    {
+        const size_t pieces = 256, bytes = pieces * page, moved = 7;
+        CUmemGenericAllocationHandle chunk;
+        CHECK(cuMemCreate(&chunk, bytes, &prop, 0));
+        CUdeviceptr cva;
+        CHECK(cuMemAddressReserve(&cva, bytes * 2, 0, 0, 0));
+        std::vector<double> map_all, grant_all, move_one, unmap_each;
+        for (int round = 0; round < ROUNDS; round++) {
+            double t0 = now_us();
+            for (size_t i = 0; i < pieces; i++) CHECK(cuMemMap(cva + i * page, page, i * page, chunk, 0));
+            double t1 = now_us();
+            CHECK(cuMemSetAccess(cva, bytes, &access, 1));
+            double t2 = now_us();
+            // One page moves to the second half of the reservation.
+            CHECK(cuMemUnmap(cva + moved * page, page));
+            CHECK(cuMemMap(cva + bytes + moved * page, page, moved * page, chunk, 0));
+            CHECK(cuMemSetAccess(cva + bytes + moved * page, page, &access, 1));
+            double t3 = now_us();
+            CHECK(cuMemUnmap(cva + bytes + moved * page, page));
+            double t4 = now_us();
+            for (size_t i = 0; i < pieces; i++)
+                if (i != moved) CHECK(cuMemUnmap(cva + i * page, page));
+            double t5 = now_us();
+            map_all.push_back(t1 - t0);
+            grant_all.push_back(t2 - t1);
+            move_one.push_back(t3 - t2);
+            unmap_each.push_back((t5 - t4) / (double)(pieces - 1));
+        }
+        printf("\n| one %zu MiB handle mapped as %zu pieces of %zu MiB | us |\n|---|---|\n", bytes >> 20, pieces,
+               page >> 20);
+        printf("| cuMemMap of every piece, in all | %.1f |\n", median(map_all));
+        printf("| one cuMemSetAccess over all the pieces | %.1f |\n", median(grant_all));
+        printf("| one piece moved (unmap + map + access) | %.1f |\n", median(move_one));
+        printf("| cuMemUnmap, per piece | %.2f |\n", median(unmap_each));
+        cuMemRelease(chunk);
+        cuMemAddressFree(cva, bytes * 2);
     }
     for (auto &x : h) cuMemRelease(x);
     cuMemAddressFree(va, page * PAGES);
