@@ -16,6 +16,13 @@
  * may still use the block) wait in batches fenced on every known stream;
  * see free_batch_t.
  *
+ * Virtual memory (vmm:1): the general region is one address reservation and
+ * pages move to where blocks need them (map_range_locked). Unmapping is not
+ * stream-ordered, so a page moves to another stream only once a fence shows
+ * the GPU passed its free; to the freeing stream's own next block it moves at
+ * once, its old mapping kept until the stream's work up to then is done
+ * (lend_own_pages_locked, DRAIN extents).
+ *
  * The allocation ladder, cheapest step first:
  *   1. best fit in global memory and the stream's own;
  *   2. poll outstanding fences (a query each), retry;
