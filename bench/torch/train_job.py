@@ -23,7 +23,8 @@ Jobs (random data, fixed seeds, bf16 autocast as in bench/traces):
   kv_generate  GPT-2 small generating 48 tokens greedily with a growing KV
                cache, batch 8, prompt 64-512 tokens varying each step; the
                "loss" is the mean of the last logits
-Prints: job, mode, step times (median of the steps after 3 warm-up steps),
+Prints: job, mode, step times (median of the steps after 3 warm-up steps, and every
+step's in step_ms_each),
 losses (as float.hex, so runs compare bitwise), peak reserved and peak live,
 the allocator's cache-release retries, and an out-of-memory as a result
 ("oom": the step and PyTorch's message) rather than a crash.
@@ -353,6 +354,7 @@ def main():
     result = {
         "job": args.job, "mode": mode_name(), "steps": args.steps,
         "step_ms": statistics.median(timed) if timed else None,
+        "step_ms_each": [round(t, 1) for t in times],
         "losses": [x.hex() for x in losses], "last_loss": losses[-1] if losses else None,
         "peak_reserved": reserved, "peak_live": live, "limit": memory_limit(), "retries": retries(),
         "oom": oom, "torch": torch.__version__,
