@@ -890,6 +890,9 @@ static void check_same_stream_move(void)
 
     g_res[ck].ran = 1;
     CU(ck, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    /* No cached page anywhere else: the 32 MiB block can only get the pages
+     * its own stream freed (or new ones), and the peak starts from here. */
+    cuheap_release_cached(0);
     cuheap_reset_peaks(0);
     for (int i = 0; i < N; i++) {
         cuheap_status_t r = cuheap_malloc(&p[i], n, 0, s);
