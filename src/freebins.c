@@ -108,6 +108,28 @@ cuh_binnode_t *cuh_freebins_find(const cuh_freebins_t *b, size_t size, size_t al
     }
 }
 
+unsigned cuh_freebins_bin(size_t size)
+{
+    unsigned f, s;
+    bin_of(size, &f, &s);
+    return f * CUH_BINS_SECOND + s;
+}
+
+unsigned cuh_freebins_next(const cuh_freebins_t *b, unsigned from)
+{
+    if (from >= CUH_BINS_NONE)
+        return CUH_BINS_NONE;
+    unsigned f = from / CUH_BINS_SECOND, s = from % CUH_BINS_SECOND;
+    uint64_t here = b->second_map[f] & (~(uint64_t)0 << s);
+    if (here)
+        return f * CUH_BINS_SECOND + (unsigned)__builtin_ctzll(here);
+    uint64_t firsts = f + 1 < CUH_BINS_FIRST ? b->first_map & (~(uint64_t)0 << (f + 1)) : 0;
+    if (!firsts)
+        return CUH_BINS_NONE;
+    f = (unsigned)__builtin_ctzll(firsts);
+    return f * CUH_BINS_SECOND + (unsigned)__builtin_ctzll(b->second_map[f]);
+}
+
 cuh_binnode_t *cuh_freebins_largest(const cuh_freebins_t *b)
 {
     if (!b->first_map)

@@ -38,6 +38,16 @@ void cuh_freebins_remove(cuh_freebins_t *bins, cuh_binnode_t *node);
 /* A free node of at least `size` bytes that can hold `size` bytes starting at
  * an `align`-aligned address, chosen as described above; NULL if none. */
 cuh_binnode_t *cuh_freebins_find(const cuh_freebins_t *bins, size_t size, size_t align);
+/* Walking the bins in size order: every bin is a number, larger for larger
+ * sizes. The bin `size` falls in; the lowest bin at or above `from` that
+ * holds a node (CUH_BINS_NONE if none); the first node of bin `bin`. */
+#define CUH_BINS_NONE (CUH_BINS_FIRST * CUH_BINS_SECOND)
+unsigned cuh_freebins_bin(size_t size);
+unsigned cuh_freebins_next(const cuh_freebins_t *bins, unsigned from);
+static inline cuh_binnode_t *cuh_freebins_head(const cuh_freebins_t *bins, unsigned bin)
+{
+    return bins->head[bin / CUH_BINS_SECOND][bin % CUH_BINS_SECOND];
+}
 /* The largest node, or NULL. */
 cuh_binnode_t *cuh_freebins_largest(const cuh_freebins_t *bins);
 /* Checks that every node sits in its bin, links, bitmaps, count and bytes

@@ -5,7 +5,9 @@
  * largest node is the model's maximum, and a search finds a node exactly when
  * the model has one that fits (aligned or not), never a node that does not
  * fit, and one no more than two bins (1/32) above the exact best fit; below
- * 64 KiB, where every bin holds one size, the exact best fit itself.
+ * 64 KiB, where every bin holds one size, the exact best fit itself; and a
+ * walk over the bins in size order visits exactly the model's nodes of at
+ * least a size's bin, in rising sizes.
  */
 #include "test_util.h"
 
@@ -75,6 +77,32 @@ static size_t random_size(uint64_t *seed)
     return cuh_align_up(size, 512);
 }
 
+/* Walking the bins in order from the bin of `size` visits every node the
+ * model holds of at least that bin, each once, bin numbers rising and every
+ * node's size no smaller than any node of an earlier bin. */
+static void check_walk(const cuh_freebins_t *b, size_t size)
+{
+    unsigned first = cuh_freebins_bin(size), last = first;
+    size_t seen = 0, prev_max = 0;
+    for (unsigned bin = cuh_freebins_next(b, first); bin != CUH_BINS_NONE; bin = cuh_freebins_next(b, bin + 1)) {
+        assert_true(bin >= last);
+        last = bin;
+        size_t bin_min = SIZE_MAX, bin_max = 0;
+        for (cuh_binnode_t *n = cuh_freebins_head(b, bin); n; n = n->next) {
+            assert_int_equal(cuh_freebins_bin(n->size), bin);
+            bin_min = n->size < bin_min ? n->size : bin_min;
+            bin_max = n->size > bin_max ? n->size : bin_max;
+            seen++;
+        }
+        assert_true(seen > 0 && bin_min >= prev_max);
+        prev_max = bin_max;
+    }
+    size_t model = 0;
+    for (int k = 0; k < POOL; k++)
+        model += pool[k].in && cuh_freebins_bin(pool[k].size) >= first;
+    assert_int_equal(seen, model);
+}
+
 static void run_model(uint64_t seed, int ops)
 {
     static cuh_freebins_t bins;
@@ -114,6 +142,7 @@ static void run_model(uint64_t seed, int ops)
             size_t want = random_size(&seed);
             check_find(&bins, want, 512);
             check_find(&bins, want, 64 * KiB);
+            check_walk(&bins, want);
             if (e->in)
                 check_find(&bins, e->size, 512);   /* an exact size that is present */
         }
