@@ -36,6 +36,22 @@ static inline uintptr_t cuh_addr_align_up(uintptr_t x, size_t a)
 static inline size_t cuh_min_size(size_t a, size_t b) { return a < b ? a : b; }
 static inline size_t cuh_max_size(size_t a, size_t b) { return a > b ? a : b; }
 
+/* 1 if bits [first, last] of the bitmap are all set: two masked words at the
+ * ends, whole words between (the heap's mapped-page test, vmm:1). */
+static inline int cuh_bits_all_set(const uint64_t *bits, size_t first, size_t last)
+{
+    uint64_t head = ~(uint64_t)0 << (first & 63), tail = ~(uint64_t)0 >> (63 - (last & 63));
+    size_t w = first >> 6, last_w = last >> 6;
+    if (w == last_w)
+        return (bits[w] & head & tail) == (head & tail);
+    if ((bits[w] & head) != head)
+        return 0;
+    while (++w < last_w)
+        if (bits[w] != ~(uint64_t)0)
+            return 0;
+    return (bits[last_w] & tail) == tail;
+}
+
 /* Formats bytes as "1.50 GiB" into buf (at least 32 bytes); returns buf. */
 char *cuh_format_bytes(char *buf, size_t len, uint64_t bytes);
 

@@ -1122,17 +1122,7 @@ static int needs_pages_locked(const cuh_heap_t *h, uintptr_t addr, size_t size)
     size_t page = h->vm_page;
     size_t first = (size_t)(addr - h->vm->base) / page;
     size_t last = (size_t)(addr + size - h->vm->base + page - 1) / page - 1;   /* size > 0 */
-    const uint64_t *bits = h->page_mapped;
-    uint64_t head = ~(uint64_t)0 << (first & 63), tail = ~(uint64_t)0 >> (63 - (last & 63));
-    size_t w = first >> 6, last_w = last >> 6;
-    if (w == last_w)
-        return (bits[w] & head & tail) != (head & tail);
-    if ((bits[w] & head) != head)
-        return 1;
-    while (++w < last_w)
-        if (bits[w] != ~(uint64_t)0)
-            return 1;
-    return (bits[last_w] & tail) != tail;
+    return !cuh_bits_all_set(h->page_mapped, first, last);
 }
 
 /* Returns to the device every page lying wholly inside global free memory

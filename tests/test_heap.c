@@ -9,6 +9,7 @@
  *   finished the work issued before the free, and no such free waits. Every test ends by checking the heap's books (heap_ok).
  */
 #include "test_util.h"
+#include "common.h"
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -1547,6 +1548,30 @@ static void test_vmm_moves_a_page_only_after_the_work_on_it_finished(void **stat
     test_heap_free(&t);
 }
 
+static void test_bits_all_set_agrees_with_a_bit_by_bit_model(void **state)
+{
+    (void)state;
+    /* The mapped-page test of vmm:1 (needs_pages_locked): random bitmaps of
+     * four words, mostly set, against every range that starts and ends
+     * anywhere in them. */
+    uint64_t seed = 42, bits[4];
+    for (int round = 0; round < 200; round++) {
+        for (int w = 0; w < 4; w++) {
+            bits[w] = ~(uint64_t)0;
+            for (int k = (int)(test_rand(&seed) % 3); k > 0; k--)
+                bits[w] &= ~((uint64_t)1 << (test_rand(&seed) % 64));
+        }
+        for (size_t first = 0; first < 256; first += 1 + test_rand(&seed) % 7)
+            for (size_t last = first; last < 256; last += 1 + test_rand(&seed) % 5) {
+                int model = 1;
+                for (size_t p = first; p <= last; p++)
+                    model &= (int)((bits[p >> 6] >> (p & 63)) & 1);
+                if (cuh_bits_all_set(bits, first, last) != model)
+                    fail_msg("bits [%zu, %zu]: %d, the model says %d", first, last, !model, model);
+            }
+    }
+}
+
 static void test_vmm_a_streams_own_frees_move_before_the_gpu_passed_them(void **state)
 {
     (void)state;
@@ -1841,6 +1866,7 @@ int main(void)
         cmocka_unit_test(test_vmm_checkerboard_then_larger_blocks_fit_in_live_plus_two_pages),
         cmocka_unit_test(test_vmm_larger_pages_move_in_fewer_calls),
         cmocka_unit_test(test_vmm_moves_a_page_only_after_the_work_on_it_finished),
+        cmocka_unit_test(test_bits_all_set_agrees_with_a_bit_by_bit_model),
         cmocka_unit_test(test_vmm_a_streams_own_frees_move_before_the_gpu_passed_them),
         cmocka_unit_test(test_vmm_release_cached_returns_free_pages),
         cmocka_unit_test(test_vmm_prefers_a_fit_on_mapped_pages_to_moving_pages),
