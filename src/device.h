@@ -120,6 +120,9 @@ uint64_t cuh_sim_enqueue_work(cuh_device_t *dev, cuh_stream_t stream);
  * completes when the test completes that stream (or a host wait on one of its
  * events does); completion does not wait for what the work waited on. */
 int cuh_sim_stream_waits_for(cuh_device_t *dev, cuh_stream_t stream, cuh_stream_t on, uint64_t pos);
+/* The physical allocation mapped at `va` (the start of a mapping made by
+ * vm_map), 0 if none: lets a test follow a page that moved. */
+uint64_t cuh_sim_handle_at(cuh_device_t *dev, uintptr_t va);
 /* Counters a test can read. */
 typedef struct cuh_sim_counters_s {
     size_t used;               /* bytes in live segments and physical pages */

@@ -664,6 +664,15 @@ void cuh_sim_complete_all(cuh_device_t *dev)
     pthread_mutex_unlock(&s->lock);
 }
 
+uint64_t cuh_sim_handle_at(cuh_device_t *dev, uintptr_t va)
+{
+    sim_device_t *s = sim_of(dev);
+    pthread_mutex_lock(&s->lock);
+    uint64_t handle = (uint64_t)(uintptr_t)cuh_ptrmap_get(&s->mappings, va);
+    pthread_mutex_unlock(&s->lock);
+    return handle;
+}
+
 void cuh_sim_counters(cuh_device_t *dev, cuh_sim_counters_t *out)
 {
     sim_device_t *s = sim_of(dev);

@@ -994,14 +994,20 @@ static size_t lend_own_pages_locked(cuh_heap_t *h, stream_state_t *own, uint64_t
 
 /* Unmaps up to `want` pages lying wholly inside global free extents of the
  * reservation; their physical pages go to out[]. Then, for a block of
- * stream `own`, pages its own recent frees lend (lend_own_pages_locked).
- * Returns how many. While work a take-back left running may still see some
- * of the global memory, none of it unless `may_wait` (then the CPU waits
- * for that work first): the caller gets new pages instead. */
-static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want, int may_wait, stream_state_t *own)
+ * stream `own`, up to `lend_max` pages its own recent frees lend
+ * (lend_own_pages_locked), after the others in out[], their count added to
+ * *lent. Returns how many in all. While work a take-back left running may
+ * still see some of the global memory, none of it unless `may_wait` (then
+ * the CPU waits for that work first): the caller gets new pages instead. */
+static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want, int may_wait, stream_state_t *own,
+                                 size_t lend_max, size_t *lent)
 {
-    if (h->num_unsettled && !settle_unsettled_locked(h, may_wait))
-        return lend_own_pages_locked(h, own, out, want);
+    size_t n;
+    if (h->num_unsettled && !settle_unsettled_locked(h, may_wait)) {
+        n = lend_own_pages_locked(h, own, out, cuh_min_size(want, lend_max));
+        *lent += n;
+        return n;
+    }
     size_t got = 0, page = h->vm_page;
     /* Oldest free memory first: the newest is the likeliest to be reused soon,
      * and taking its pages would only move them back again. */
@@ -1020,7 +1026,15 @@ static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want, int 
             page_leave_locked(h, p, &out[got++]);
         }
     }
-    return got + lend_own_pages_locked(h, own, out + got, want - got);
+    n = lend_own_pages_locked(h, own, out + got, cuh_min_size(want - got, lend_max));
+    *lent += n;
+    return got + n;
+}
+
+/* 1 if page p of the reservation lies wholly inside [addr, addr + size). */
+static int page_inside(const cuh_heap_t *h, size_t p, uintptr_t addr, size_t size)
+{
+    return page_va(h, p) >= addr && page_va(h, p) + h->vm_page <= addr + size;
 }
 
 /* Maps every unmapped page of [addr, addr+size) in the reservation: pages
@@ -1031,14 +1045,24 @@ static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_s
     size_t page = h->vm_page;
     size_t first = (size_t)(addr - h->vm->base) / page;
     size_t end = (size_t)(addr + size - h->vm->base + page - 1) / page;
-    size_t need = 0;
+    size_t need = 0, whole = 0;
     *why = GROW_OK;
     for (size_t p = first; p < end; p++)
-        need += !h->page_handle[p];
+        if (!h->page_handle[p]) {
+            need++;
+            whole += (size_t)page_inside(h, p, addr, size);
+        }
     if (!need)
         return 1;
+    /* A lent page is safe only for this stream until the GPU has passed its
+     * old work: it may back only pages the block covers whole, never one
+     * whose rest is free memory another stream could take. handles[i] was
+     * lent when lent_flag[i]. */
     uint64_t *handles = malloc(need * sizeof *handles);
-    if (!handles) {
+    uint8_t *lent_flag = handles ? calloc(need, 1) : NULL;
+    size_t lent = 0;
+    if (!lent_flag) {
+        free(handles);
         cuh_set_error("out of host memory for page handles");
         *why = GROW_ERROR;
         return 0;
@@ -1050,7 +1074,16 @@ static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_s
     int move_first = (double)(reserved_bytes(h) + need * page) > (double)live_peak * (1.0 + h->cfg.vmm_margin);
     if (h->drains)
         drains_poll_locked(h, 0);
-    size_t got = move_first ? steal_pages_locked(h, handles, need, 0, st) : 0;
+    size_t got = 0;
+#define STEAL(may_wait, own)                                                                              \
+    do {                                                                                                  \
+        size_t before = lent, n = steal_pages_locked(h, handles + got, need - got, may_wait, own,         \
+                                                     whole - lent, &lent);                                \
+        memset(lent_flag + got + n - (lent - before), 1, lent - before);                                  \
+        got += n;                                                                                         \
+    } while (0)
+    if (move_first)
+        STEAL(0, st);
     if (got < need && move_first && !h->captures) {
         /* Memory freed on streams becomes stealable once their work is done:
          * fence them all (our own too: unmapping is not stream-ordered). */
@@ -1058,12 +1091,12 @@ static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_s
             if (!h->streams[i]->num_fences)
                 stream_fence_locked(h, h->streams[i]);
         if (poll_all_locked(h, 0))
-            got += steal_pages_locked(h, handles + got, need - got, 0, st);
+            STEAL(0, st);
     }
     while (got < need) {
         if (!move_first && got == 0 && h->limit && reserved_bytes(h) + need * page > h->limit) {
             /* The limit would refuse: move free pages after all. */
-            got = steal_pages_locked(h, handles, need, 1, st);
+            STEAL(1, st);
             move_first = 1;
             continue;
         }
@@ -1085,25 +1118,36 @@ static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_s
     }
     if (got < need && *why != GROW_ERROR && !h->captures) {
         settle_all_locked(h);
-        got += steal_pages_locked(h, handles + got, need - got, 1, NULL);
+        STEAL(1, NULL);
     }
-    /* Map what there is. On a shortfall the caller frees the block: the pages
-     * mapped behind it stay there, cached, not lost. */
+#undef STEAL
+    /* Map what there is, lent pages where the block covers the page whole.
+     * On a shortfall the caller frees the block: the pages mapped behind it
+     * stay there, cached, not lost. */
     int ok = got == need;
-    size_t k = 0;
-    for (size_t p = first; p < end && k < got; p++) {
+    size_t next_lent = 0, next_other = 0;
+    for (size_t p = first; p < end; p++) {
         if (h->page_handle[p])
             continue;
+        while (next_lent < got && !lent_flag[next_lent])
+            next_lent++;
+        while (next_other < got && lent_flag[next_other])
+            next_other++;
+        size_t k = page_inside(h, p, addr, size) && next_lent < got ? next_lent++ : next_other++;
+        if (k >= got) {
+            ok = 0;   /* no page may go here (a shortfall) */
+            continue;
+        }
         if (h->dev->ops->vm_map(h->dev, page_va(h, p), page, handles[k]) != CUH_DEV_OK) {
             cuh_set_error("device %d: %s", h->dev->ordinal, h->dev->last_error);
-            h->dev->ops->vm_release(h->dev, handles[k++]);
+            h->dev->ops->vm_release(h->dev, handles[k]);
             h->physical_pages--;
             h->num_segment_frees++;
             *why = GROW_ERROR;
             ok = 0;
             continue;
         }
-        h->page_handle[p] = handles[k++];
+        h->page_handle[p] = handles[k];
         h->page_mapped[p >> 6] |= (uint64_t)1 << (p & 63);
         h->mapped_pages++;
         h->num_page_maps++;
@@ -1111,6 +1155,7 @@ static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_s
             h->pages_high = p + 1;
     }
     free(handles);
+    free(lent_flag);
     return ok;
 }
 
@@ -1136,7 +1181,8 @@ static size_t release_free_pages_locked(cuh_heap_t *h)
     /* A page released while an old mapping of it remains would stay
      * allocated on the device: the old mappings go first. */
     drains_poll_locked(h, 1);
-    while ((n = steal_pages_locked(h, batch, 256, 1, NULL)) > 0) {
+    size_t none = 0;
+    while ((n = steal_pages_locked(h, batch, 256, 1, NULL, 0, &none)) > 0) {
         for (size_t i = 0; i < n; i++)
             h->dev->ops->vm_release(h->dev, batch[i]);
         h->physical_pages -= n;

@@ -1725,6 +1725,114 @@ static void test_random_operations_on_three_streams_keep_the_books(void **state)
     random_operations(NULL, 8 * GiB, 20000, 40 * MiB, 97, 7);
 }
 
+/* What a block freed on stream `s` leaves behind: its bytes, by address and,
+ * page by page, by physical page and offset, unsafe for any other stream
+ * until the work at `pos` on `s` (the block's last kernel) is done. */
+typedef struct freed_piece_s {
+    uintptr_t va;          /* the page's address when freed */
+    uint64_t handle;       /* the physical page mapped there */
+    size_t lo, hi;         /* the block's bytes within that page */
+    cuh_stream_t stream;
+    uint64_t pos;
+} freed_piece_t;
+
+/* A model of the page rule of vmm:1 over random operations on three streams
+ * whose work finishes late, under a tight limit (pages move all the time):
+ *   - a new block of stream t may use bytes, by address or by physical page,
+ *     that a block freed on stream s used only if t is s or s's work up to
+ *     the free is done;
+ *   - a page's old mapping stays until that work is done (unmapping is not
+ *     stream-ordered: an unmap under running work would fault it).
+ * The simulated device answers "done" exactly (cuh_sim_stream_waits_for, on a
+ * stream that runs nothing), host waits included, and tells which physical
+ * page is mapped where (cuh_sim_handle_at). */
+static void test_vmm_random_operations_never_reuse_or_unmap_a_page_before_its_work(void **state)
+{
+    (void)state;
+    const size_t page = 2 * MiB;
+    test_heap_t t = test_heap_new(GiB, "vmm:1,vmm_margin:0,small_max:0,limit:160M");
+    cuh_sim_hold_events(t.dev, 1);
+    enum { SLOTS = 64, OPS = 6000, MAX_PIECES = 20000 };
+    const cuh_stream_t streams[3] = {0, S1, S2};
+    uintptr_t addr[SLOTS] = {0};
+    size_t size[SLOTS];
+    cuh_stream_t stream[SLOTS];
+    freed_piece_t *pieces = malloc(MAX_PIECES * sizeof *pieces);
+    assert_non_null(pieces);
+    size_t num = 0, own_reuse = 0;
+    uint64_t seed = 4242;
+    for (int op = 0; op < OPS; op++) {
+        uint64_t r = test_rand(&seed);
+        int i = (int)(r % SLOTS);
+        if (addr[i]) {
+            /* The block's last kernel, then its free. */
+            uint64_t pos = cuh_sim_enqueue_work(t.dev, stream[i]);
+            for (uintptr_t pva = addr[i] & ~(uintptr_t)(page - 1); pva < addr[i] + size[i]; pva += page) {
+                assert_true(num < MAX_PIECES);
+                uintptr_t lo = cuh_max_size(addr[i], pva), hi = cuh_min_size(addr[i] + size[i], pva + page);
+                pieces[num++] = (freed_piece_t){pva, cuh_sim_handle_at(t.dev, pva), lo - pva, hi - pva, stream[i], pos};
+            }
+            must_free(t.heap, addr[i], stream[i]);
+            addr[i] = 0;
+        } else {
+            size[i] = (r >> 40) % 3 ? 1 + (size_t)(r >> 16) % (3 * MiB) : 1 + (size_t)(r >> 16) % (24 * MiB);
+            stream[i] = streams[(r >> 8) % 3];
+            cuheap_status_t st = cuh_heap_malloc(t.heap, size[i], stream[i], &addr[i]);
+            if (st == CUHEAP_ERR_OUT_OF_MEMORY) {
+                addr[i] = 0;   /* the limit: live blocks fill it */
+                continue;
+            }
+            assert_int_equal(st, CUHEAP_OK);
+            for (uintptr_t pva = addr[i] & ~(uintptr_t)(page - 1); pva < addr[i] + size[i]; pva += page) {
+                uint64_t h = cuh_sim_handle_at(t.dev, pva);
+                uintptr_t lo = cuh_max_size(addr[i], pva) - pva, hi = cuh_min_size(addr[i] + size[i], pva + page) - pva;
+                assert_true(h != 0);
+                for (size_t k = 0; k < num; k++) {
+                    const freed_piece_t *f = &pieces[k];
+                    int same_bytes = (f->va == pva && f->lo < hi && lo < f->hi) ||
+                                     (f->handle == h && f->lo < hi && lo < f->hi);
+                    if (!same_bytes)
+                        continue;
+                    if (f->stream == stream[i]) {
+                        own_reuse += f->handle == h && f->va != pva;
+                        continue;
+                    }
+                    if (!cuh_sim_stream_waits_for(t.dev, stream[i], f->stream, f->pos))
+                        fail_msg("op %d: a block of stream %p at 0x%lx+%zu uses bytes freed on stream %p before its work ran (%s: freed at va 0x%lx handle %lu [%zu,%zu), now va 0x%lx handle %lu [%zu,%zu))",
+                                 op, (void *)stream[i], (unsigned long)addr[i], size[i], (void *)f->stream,
+                                 f->va == pva ? "same address" : "same page moved", (unsigned long)f->va,
+                                 (unsigned long)f->handle, f->lo, f->hi, (unsigned long)pva, (unsigned long)h, (size_t)lo, (size_t)hi);
+                }
+            }
+        }
+        /* Work done: forget it. Not done: its page must still be mapped
+         * where it was. */
+        if (op % 37 == 0)
+            cuh_sim_complete_stream(t.dev, streams[(r >> 4) % 3]);
+        size_t kept = 0;
+        for (size_t k = 0; k < num; k++) {
+            if (cuh_sim_stream_waits_for(t.dev, S3, pieces[k].stream, pieces[k].pos))
+                continue;
+            if (cuh_sim_handle_at(t.dev, pieces[k].va) != pieces[k].handle)
+                fail_msg("op %d: the page at 0x%lx was unmapped while work on it could still run", op,
+                         (unsigned long)pieces[k].va);
+            pieces[kept++] = pieces[k];
+        }
+        num = kept;
+        if (op % 500 == 0)
+            heap_ok(t.heap);
+    }
+    /* Pages moved from a stream's own recent frees to its next blocks. */
+    assert_true(own_reuse > 0);
+    for (int i = 0; i < SLOTS; i++)
+        if (addr[i])
+            must_free(t.heap, addr[i], stream[i]);
+    cuh_sim_complete_all(t.dev);
+    heap_ok(t.heap);
+    free(pieces);
+    test_heap_free(&t);
+}
+
 static void test_vmm_random_operations_keep_pages_behind_every_block(void **state)
 {
     (void)state;
@@ -1871,6 +1979,7 @@ int main(void)
         cmocka_unit_test(test_vmm_release_cached_returns_free_pages),
         cmocka_unit_test(test_vmm_prefers_a_fit_on_mapped_pages_to_moving_pages),
         cmocka_unit_test(test_vmm_random_operations_keep_pages_behind_every_block),
+        cmocka_unit_test(test_vmm_random_operations_never_reuse_or_unmap_a_page_before_its_work),
         cmocka_unit_test(test_random_operations_on_three_streams_keep_the_books),
         cmocka_unit_test(test_device_wide_free_waits_for_every_stream_without_blocking),
         cmocka_unit_test(test_device_wide_frees_cost_events_per_batch_not_per_free),

@@ -309,8 +309,8 @@ run plain_lag --json --lag 1000 "$gpt2"
 if [ "$rc" -eq 0 ] && msg=$(python3 - "$TMP/vmm_now.out" "$TMP/vmm_lag.out" "$TMP/ordered.out" "$TMP/plain_lag.out" <<'PY' 2>&1
 import json, sys
 now, lag, plain, plain_lag = (json.loads(open(p).readline()) for p in sys.argv[1:5])
-assert now["device_calls"]["page_unmaps"] > 5000, "at once: %d pages moved" % now["device_calls"]["page_unmaps"]
-assert lag["device_calls"]["page_unmaps"] > 5000, "lag 1000: %d pages moved" % lag["device_calls"]["page_unmaps"]
+assert now["device_calls"]["page_unmaps"] > 1000, "at once: %d pages moved" % now["device_calls"]["page_unmaps"]
+assert lag["device_calls"]["page_unmaps"] > 1000, "lag 1000: %d pages moved" % lag["device_calls"]["page_unmaps"]
 assert lag["ratio"] <= now["ratio"] * 1.01, "ratio %.4f with --lag, %.4f without" % (lag["ratio"], now["ratio"])
 assert lag["device_calls"]["cpu_waits"] == 0, "lag 1000: the CPU waited %d times" % lag["device_calls"]["cpu_waits"]
 assert plain["ratio"] <= plain_lag["ratio"] <= plain["ratio"] * 1.02, \
