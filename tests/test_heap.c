@@ -1740,44 +1740,63 @@ typedef struct freed_piece_s {
  * whose work finishes late, under a tight limit (pages move all the time):
  *   - a new block of stream t may use bytes, by address or by physical page,
  *     that a block freed on stream s used only if t is s or s's work up to
- *     the free is done;
+ *     the free is done; a block freed device-wide (cudaFree) counts as used
+ *     by every stream, and one allocated device-wide (cudaMalloc) may be used
+ *     by every stream at once;
  *   - a page's old mapping stays until that work is done (unmapping is not
  *     stream-ordered: an unmap under running work would fault it).
  * The simulated device answers "done" exactly (cuh_sim_stream_waits_for, on a
  * stream that runs nothing), host waits included, and tells which physical
- * page is mapped where (cuh_sim_handle_at). */
-static void test_vmm_random_operations_never_reuse_or_unmap_a_page_before_its_work(void **state)
+ * page is mapped where (cuh_sim_handle_at). `wide` percent of the
+ * operations are device-wide. Without vmm:1 only addresses are checked. Returns how often a page of a stream's own
+ * recent frees served its next block at another address. */
+static size_t page_rule_model(const char *conf, size_t page, unsigned wide, uint64_t seed)
 {
-    (void)state;
-    const size_t page = 2 * MiB;
-    test_heap_t t = test_heap_new(GiB, "vmm:1,vmm_margin:0,small_max:0,limit:160M");
+    test_heap_t t = test_heap_new(GiB, conf);
     cuh_sim_hold_events(t.dev, 1);
-    enum { SLOTS = 64, OPS = 6000, MAX_PIECES = 20000 };
+    enum { SLOTS = 64, OPS = 6000, MAX_PIECES = 40000 };
     const cuh_stream_t streams[3] = {0, S1, S2};
+    /* A device-wide free covers the streams the heap knows (the hooks
+     * register them as the program creates them). */
+    assert_int_equal(cuh_heap_register_stream(t.heap, S1), CUHEAP_OK);
+    assert_int_equal(cuh_heap_register_stream(t.heap, S2), CUHEAP_OK);
     uintptr_t addr[SLOTS] = {0};
     size_t size[SLOTS];
     cuh_stream_t stream[SLOTS];
+    int device_wide[SLOTS];
+    const int vmm = strstr(conf, "vmm:1") != NULL;   /* plain segments: addresses only */
     freed_piece_t *pieces = malloc(MAX_PIECES * sizeof *pieces);
     assert_non_null(pieces);
     size_t num = 0, own_reuse = 0;
-    uint64_t seed = 4242;
     for (int op = 0; op < OPS; op++) {
         uint64_t r = test_rand(&seed);
         int i = (int)(r % SLOTS);
         if (addr[i]) {
-            /* The block's last kernel, then its free. */
-            uint64_t pos = cuh_sim_enqueue_work(t.dev, stream[i]);
-            for (uintptr_t pva = addr[i] & ~(uintptr_t)(page - 1); pva < addr[i] + size[i]; pva += page) {
-                assert_true(num < MAX_PIECES);
-                uintptr_t lo = cuh_max_size(addr[i], pva), hi = cuh_min_size(addr[i] + size[i], pva + page);
-                pieces[num++] = (freed_piece_t){pva, cuh_sim_handle_at(t.dev, pva), lo - pva, hi - pva, stream[i], pos};
+            /* The block's last kernels (on every stream for a device-wide
+             * free), then its free. */
+            int wide_free = device_wide[i] || (r >> 50) % 100 < wide;
+            for (int k = 0; k < 3; k++) {
+                if (!wide_free && streams[k] != stream[i])
+                    continue;
+                uint64_t pos = cuh_sim_enqueue_work(t.dev, streams[k]);
+                for (uintptr_t pva = addr[i] & ~(uintptr_t)(page - 1); pva < addr[i] + size[i]; pva += page) {
+                    assert_true(num < MAX_PIECES);
+                    uintptr_t lo = cuh_max_size(addr[i], pva), hi = cuh_min_size(addr[i] + size[i], pva + page);
+                    pieces[num++] = (freed_piece_t){pva, cuh_sim_handle_at(t.dev, pva), lo - pva, hi - pva,
+                                                    streams[k], pos};
+                }
             }
-            must_free(t.heap, addr[i], stream[i]);
+            if (wide_free)
+                assert_int_equal(cuh_heap_free_device_wide(t.heap, addr[i]), CUHEAP_OK);
+            else
+                must_free(t.heap, addr[i], stream[i]);
             addr[i] = 0;
         } else {
             size[i] = (r >> 40) % 3 ? 1 + (size_t)(r >> 16) % (3 * MiB) : 1 + (size_t)(r >> 16) % (24 * MiB);
             stream[i] = streams[(r >> 8) % 3];
-            cuheap_status_t st = cuh_heap_malloc(t.heap, size[i], stream[i], &addr[i]);
+            device_wide[i] = (r >> 44) % 100 < wide;
+            cuheap_status_t st = device_wide[i] ? cuh_heap_malloc_device_wide(t.heap, size[i], &addr[i])
+                                                : cuh_heap_malloc(t.heap, size[i], stream[i], &addr[i]);
             if (st == CUHEAP_ERR_OUT_OF_MEMORY) {
                 addr[i] = 0;   /* the limit: live blocks fill it */
                 continue;
@@ -1786,22 +1805,26 @@ static void test_vmm_random_operations_never_reuse_or_unmap_a_page_before_its_wo
             for (uintptr_t pva = addr[i] & ~(uintptr_t)(page - 1); pva < addr[i] + size[i]; pva += page) {
                 uint64_t h = cuh_sim_handle_at(t.dev, pva);
                 uintptr_t lo = cuh_max_size(addr[i], pva) - pva, hi = cuh_min_size(addr[i] + size[i], pva + page) - pva;
-                assert_true(h != 0);
+                assert_true(h != 0 || !vmm);
                 for (size_t k = 0; k < num; k++) {
                     const freed_piece_t *f = &pieces[k];
                     int same_bytes = (f->va == pva && f->lo < hi && lo < f->hi) ||
-                                     (f->handle == h && f->lo < hi && lo < f->hi);
+                                     (h && f->handle == h && f->lo < hi && lo < f->hi);
                     if (!same_bytes)
                         continue;
-                    if (f->stream == stream[i]) {
-                        own_reuse += f->handle == h && f->va != pva;
-                        continue;
+                    for (int u = 0; u < 3; u++) {
+                        cuh_stream_t user = device_wide[i] ? streams[u] : stream[i];
+                        if (f->stream == user) {
+                            own_reuse += !device_wide[i] && f->handle == h && f->va != pva;
+                        } else if (!cuh_sim_stream_waits_for(t.dev, user, f->stream, f->pos)) {
+                            fail_msg("%s, op %d: a block for stream %p at 0x%lx+%zu uses bytes freed on stream %p "
+                                     "before its work ran (%s)",
+                                     conf, op, (void *)user, (unsigned long)addr[i], size[i], (void *)f->stream,
+                                     f->va == pva ? "same address" : "the same page, moved");
+                        }
+                        if (!device_wide[i])
+                            break;
                     }
-                    if (!cuh_sim_stream_waits_for(t.dev, stream[i], f->stream, f->pos))
-                        fail_msg("op %d: a block of stream %p at 0x%lx+%zu uses bytes freed on stream %p before its work ran (%s: freed at va 0x%lx handle %lu [%zu,%zu), now va 0x%lx handle %lu [%zu,%zu))",
-                                 op, (void *)stream[i], (unsigned long)addr[i], size[i], (void *)f->stream,
-                                 f->va == pva ? "same address" : "same page moved", (unsigned long)f->va,
-                                 (unsigned long)f->handle, f->lo, f->hi, (unsigned long)pva, (unsigned long)h, (size_t)lo, (size_t)hi);
                 }
             }
         }
@@ -1814,7 +1837,7 @@ static void test_vmm_random_operations_never_reuse_or_unmap_a_page_before_its_wo
             if (cuh_sim_stream_waits_for(t.dev, S3, pieces[k].stream, pieces[k].pos))
                 continue;
             if (cuh_sim_handle_at(t.dev, pieces[k].va) != pieces[k].handle)
-                fail_msg("op %d: the page at 0x%lx was unmapped while work on it could still run", op,
+                fail_msg("%s, op %d: the page at 0x%lx was unmapped while work on it could still run", conf, op,
                          (unsigned long)pieces[k].va);
             pieces[kept++] = pieces[k];
         }
@@ -1822,15 +1845,33 @@ static void test_vmm_random_operations_never_reuse_or_unmap_a_page_before_its_wo
         if (op % 500 == 0)
             heap_ok(t.heap);
     }
-    /* Pages moved from a stream's own recent frees to its next blocks. */
-    assert_true(own_reuse > 0);
     for (int i = 0; i < SLOTS; i++)
-        if (addr[i])
-            must_free(t.heap, addr[i], stream[i]);
+        if (addr[i]) {
+            if (device_wide[i])
+                assert_int_equal(cuh_heap_free_device_wide(t.heap, addr[i]), CUHEAP_OK);
+            else
+                must_free(t.heap, addr[i], stream[i]);
+        }
     cuh_sim_complete_all(t.dev);
     heap_ok(t.heap);
     free(pieces);
     test_heap_free(&t);
+    return own_reuse;
+}
+
+static void test_vmm_random_operations_never_reuse_or_unmap_a_page_before_its_work(void **state)
+{
+    (void)state;
+    /* Pages moved from a stream's own recent frees to its next blocks. */
+    assert_true(page_rule_model("vmm:1,vmm_margin:0,small_max:0,limit:160M", 2 * MiB, 0, 4242) > 0);
+    /* Small objects in slabs on the same pages. */
+    assert_true(page_rule_model("vmm:1,vmm_margin:0,limit:160M", 2 * MiB, 0, 77) > 0);
+    /* Pages of two granules. */
+    assert_true(page_rule_model("vmm:1,vmm_margin:0,small_max:0,vmm_page:4M,limit:160M", 4 * MiB, 0, 4242) > 0);
+    /* cudaMalloc and cudaFree mixed in (device-wide blocks lend nothing). */
+    page_rule_model("vmm:1,vmm_margin:0,small_max:0,limit:160M", 2 * MiB, 25, 9);
+    /* The same rule by address on plain segments, small objects included. */
+    page_rule_model("limit:160M", 2 * MiB, 25, 10);
 }
 
 static void test_vmm_random_operations_keep_pages_behind_every_block(void **state)
