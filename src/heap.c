@@ -240,6 +240,7 @@ struct cuh_heap_s {
      * mapped at its new place and still at its old one, whose address range
      * is a DRAIN extent until the stream's work up to the move is done. */
     vm_drain_t *drains;          /* oldest first */
+    uint32_t last_take_tag;      /* the tag of the free extent take_locked cut from last */
     int captures;                /* graph captures underway on this device */
     int shareable_call;          /* the allocation underway must start a segment of its own */
 
@@ -1003,11 +1004,12 @@ static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want, int 
                                  size_t lend_max, size_t *lent)
 {
     size_t n;
-    if (h->num_unsettled && !settle_unsettled_locked(h, may_wait)) {
-        n = lend_own_pages_locked(h, own, out, cuh_min_size(want, lend_max));
-        *lent += n;
-        return n;
-    }
+    /* While work a take-back left running may still touch memory, nothing
+     * is lent either: the stream's own frees may hold such memory (it is
+     * ordered behind the take-back's GPU-side waits, but the heap does not
+     * lean on that). */
+    if (h->num_unsettled && !settle_unsettled_locked(h, may_wait))
+        return 0;
     size_t got = 0, page = h->vm_page;
     /* Oldest free memory first: the newest is the likeliest to be reused soon,
      * and taking its pages would only move them back again. */
@@ -1331,6 +1333,7 @@ static cuh_extent_t *take_locked(cuh_heap_t *h, cuh_extent_t *free_ext, size_t s
 {
     if (cuh_unlikely(own_segment_locked(h)))
         size = free_ext->size;   /* the whole segment (find_fit_locked) */
+    h->last_take_tag = free_ext->tag;
     return cuh_arena_take(&h->arena, free_ext, size, align, state, st->tag);
 }
 
@@ -1725,6 +1728,31 @@ static void small_mark_live_locked(cuh_heap_t *h, cuh_slab_t *s, uintptr_t addr,
 }
 
 /* An object from a slab of class c with avail objects, or 0. */
+/* Moves every avail object of slab s (just cut from stream st's private
+ * memory) into st's cache for class c, fenced by st's next fence. If the
+ * cache cannot grow, st's work is waited for instead and they stay. */
+static void slab_to_own_cache_locked(cuh_heap_t *h, stream_state_t *st, size_class_t *c, cuh_slab_t *s)
+{
+    small_ring_t *r = &st->small[s->size_class];
+    uint64_t epoch = h->arena.tags[st->tag].fences_recorded;
+    while (s->num_avail) {
+        int64_t i = cuh_slab_take(s);
+        if (ring_push(r, s->base + (uintptr_t)i * s->obj_size, epoch) != 0) {
+            cuh_slab_give_back(s, (uint32_t)i);
+            if (!h->captures) {
+                stream_fence_locked(h, st);
+                stream_poll_locked(h, st, 1);
+            } else {
+                h->dev->ops->synchronize(h->dev);
+            }
+            return;
+        }
+        st->small_unfenced += c->size;
+    }
+    if (s->listed)
+        slab_unlist(c, s);
+}
+
 static uintptr_t small_from_slabs_locked(size_class_t *c)
 {
     cuh_slab_t *s = c->partial;
@@ -1766,12 +1794,17 @@ static cuheap_status_t small_alloc_locked(cuh_heap_t *h, stream_state_t *st, siz
                 record_oom_locked(h, st, size, c->slab_bytes, CUH_SLAB_PAGE, why);
             return status;
         }
+        /* Cut from this stream's private memory, whose old work may still
+         * run, the slab's objects are this stream's until a fence shows the
+         * GPU passed that work: they go to its cache (as if it had freed
+         * them now), not to the slab, whose objects are every stream's. */
+        uint32_t from = h->last_take_tag;
         cuh_slab_t *s = cuh_slab_create(e, ci, c->size);
         if (!s || cuh_pagemap_set(&h->pages, e->addr, e->size, s)) {
             if (s)
                 cuh_pagemap_set(&h->pages, e->addr, e->size, NULL);
             slab_forget_locked(h, s);
-            cuh_arena_release(&h->arena, e, CUH_TAG_GLOBAL);
+            cuh_arena_release(&h->arena, e, from);
             cuh_set_error("out of host memory for slab records");
             return CUHEAP_ERR_OUT_OF_MEMORY;
         }
@@ -1779,6 +1812,8 @@ static cuheap_status_t small_alloc_locked(cuh_heap_t *h, stream_state_t *st, siz
         e->requested = e->size;
         slab_list(c, s);
         a = small_from_slabs_locked(c);
+        if (from != CUH_TAG_GLOBAL)
+            slab_to_own_cache_locked(h, st, c, s);
     }
 found:
     small_mark_live_locked(h, slab_of_locked(h, a), a, size);

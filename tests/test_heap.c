@@ -1548,6 +1548,28 @@ static void test_vmm_moves_a_page_only_after_the_work_on_it_finished(void **stat
     test_heap_free(&t);
 }
 
+static void test_a_new_slab_never_comes_from_a_streams_pending_frees(void **state)
+{
+    (void)state;
+    /* S1 frees the heap's only segment while its kernel still uses it, then
+     * asks for a small object: a new slab. Its other objects are free for
+     * every stream at once, so it may not be cut from that memory before the
+     * kernel is done; S2's object of the same class comes from the slab. */
+    test_heap_t t = test_heap_new(GiB, "limit:2M");
+    cuh_sim_hold_events(t.dev, 1);
+    uintptr_t big = must_alloc(t.heap, 2 * MiB, S1);
+    uint64_t pos = cuh_sim_enqueue_work(t.dev, S1);
+    must_free(t.heap, big, S1);
+    uintptr_t a = must_alloc(t.heap, 40 * KiB, S1);
+    uintptr_t b = must_alloc(t.heap, 40 * KiB, S2);
+    if (overlaps(b, 40 * KiB, big, 2 * MiB))
+        assert_true(cuh_sim_stream_waits_for(t.dev, S2, S1, pos));
+    heap_ok(t.heap);
+    must_free(t.heap, a, S1);
+    must_free(t.heap, b, S2);
+    test_heap_free(&t);
+}
+
 static void test_bits_all_set_agrees_with_a_bit_by_bit_model(void **state)
 {
     (void)state;
@@ -1764,7 +1786,6 @@ static size_t page_rule_model(const char *conf, size_t page, unsigned wide, uint
     size_t size[SLOTS];
     cuh_stream_t stream[SLOTS];
     int device_wide[SLOTS];
-    const int vmm = strstr(conf, "vmm:1") != NULL;   /* plain segments: addresses only */
     freed_piece_t *pieces = malloc(MAX_PIECES * sizeof *pieces);
     assert_non_null(pieces);
     size_t num = 0, own_reuse = 0;
@@ -1805,7 +1826,7 @@ static size_t page_rule_model(const char *conf, size_t page, unsigned wide, uint
             for (uintptr_t pva = addr[i] & ~(uintptr_t)(page - 1); pva < addr[i] + size[i]; pva += page) {
                 uint64_t h = cuh_sim_handle_at(t.dev, pva);
                 uintptr_t lo = cuh_max_size(addr[i], pva) - pva, hi = cuh_min_size(addr[i] + size[i], pva + page) - pva;
-                assert_true(h != 0 || !vmm);
+                /* h is 0 on plain segments and in the workspace: addresses only */
                 for (size_t k = 0; k < num; k++) {
                     const freed_piece_t *f = &pieces[k];
                     int same_bytes = (f->va == pva && f->lo < hi && lo < f->hi) ||
@@ -1862,16 +1883,36 @@ static size_t page_rule_model(const char *conf, size_t page, unsigned wide, uint
 static void test_vmm_random_operations_never_reuse_or_unmap_a_page_before_its_work(void **state)
 {
     (void)state;
-    /* Pages moved from a stream's own recent frees to its next blocks. */
-    assert_true(page_rule_model("vmm:1,vmm_margin:0,small_max:0,limit:160M", 2 * MiB, 0, 4242) > 0);
-    /* Small objects in slabs on the same pages. */
-    assert_true(page_rule_model("vmm:1,vmm_margin:0,limit:160M", 2 * MiB, 0, 77) > 0);
-    /* Pages of two granules. */
-    assert_true(page_rule_model("vmm:1,vmm_margin:0,small_max:0,vmm_page:4M,limit:160M", 4 * MiB, 0, 4242) > 0);
-    /* cudaMalloc and cudaFree mixed in (device-wide blocks lend nothing). */
-    page_rule_model("vmm:1,vmm_margin:0,small_max:0,limit:160M", 2 * MiB, 25, 9);
-    /* The same rule by address on plain segments, small objects included. */
-    page_rule_model("limit:160M", 2 * MiB, 25, 10);
+    static const struct {
+        const char *conf;
+        size_t page;
+        unsigned wide;
+        uint64_t seed;
+        int lends;   /* pages of a stream's own frees must move to its next blocks */
+    } runs[] = {
+        {"vmm:1,vmm_margin:0,small_max:0,limit:160M", 2 * MiB, 0, 4242, 1},
+        {"vmm:1,vmm_margin:0,limit:160M", 2 * MiB, 0, 77, 1},   /* slabs on the same pages */
+        {"vmm:1,vmm_margin:0,small_max:0,vmm_page:4M,limit:160M", 4 * MiB, 0, 4242, 1},
+        /* cudaMalloc and cudaFree mixed in: device-wide blocks lend nothing,
+         * and nothing is lent while a take-back's work may run (seed 3010
+         * caught a page lent then) */
+        {"vmm:1,vmm_margin:0,small_max:0,limit:160M", 2 * MiB, 25, 3010, 0},
+        /* by address on plain segments (seed 5049 caught a slab cut from a
+         * stream's pending frees) */
+        {"limit:160M", 2 * MiB, 25, 5049, 0},
+        {"vmm:1,vmm_margin:0,workspace:32M,limit:160M", 2 * MiB, 10, 9001, 0},
+        {"wait_before_grow:0,limit:160M", 2 * MiB, 40, 10001, 0},
+    };
+    /* CUHEAP_TEST_SEEDS=N runs every setting with N seeds more (a longer
+     * search than CI's). */
+    const char *more = getenv("CUHEAP_TEST_SEEDS");
+    uint64_t extra = more ? strtoull(more, NULL, 10) : 0;
+    for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++)
+        for (uint64_t n = 0; n <= extra; n++) {
+            size_t lent = page_rule_model(runs[k].conf, runs[k].page, runs[k].wide, runs[k].seed + n * 100003);
+            if (runs[k].lends && n == 0)
+                assert_true(lent > 0);
+        }
 }
 
 static void test_vmm_random_operations_keep_pages_behind_every_block(void **state)
@@ -2015,6 +2056,7 @@ int main(void)
         cmocka_unit_test(test_vmm_checkerboard_then_larger_blocks_fit_in_live_plus_two_pages),
         cmocka_unit_test(test_vmm_larger_pages_move_in_fewer_calls),
         cmocka_unit_test(test_vmm_moves_a_page_only_after_the_work_on_it_finished),
+        cmocka_unit_test(test_a_new_slab_never_comes_from_a_streams_pending_frees),
         cmocka_unit_test(test_bits_all_set_agrees_with_a_bit_by_bit_model),
         cmocka_unit_test(test_vmm_a_streams_own_frees_move_before_the_gpu_passed_them),
         cmocka_unit_test(test_vmm_release_cached_returns_free_pages),
