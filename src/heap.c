@@ -1674,7 +1674,10 @@ hit:
         goto host_oom;
     if (e->segment->virtual_space) {
         grow_result_t mapped_why;
-        if (!map_range_locked(h, e->addr, e->size, st, &mapped_why)) {
+        /* Pages lent from the stream's own frees are safe for it alone: not
+         * behind a slab, whose objects are every stream's. */
+        stream_state_t *lender = state == CUH_EXTENT_BLOCK ? st : NULL;
+        if (!map_range_locked(h, e->addr, e->size, lender, &mapped_why)) {
             cuh_arena_release(&h->arena, e, st->tag);
             if (mapped_why == GROW_ERROR) {
                 *status = CUHEAP_ERR_DEVICE;

@@ -1789,6 +1789,7 @@ static size_t page_rule_model(const char *conf, size_t page, unsigned wide, uint
     freed_piece_t *pieces = malloc(MAX_PIECES * sizeof *pieces);
     assert_non_null(pieces);
     size_t num = 0, own_reuse = 0;
+    const uint64_t first_seed = seed;
     for (int op = 0; op < OPS; op++) {
         uint64_t r = test_rand(&seed);
         int i = (int)(r % SLOTS);
@@ -1838,9 +1839,9 @@ static size_t page_rule_model(const char *conf, size_t page, unsigned wide, uint
                         if (f->stream == user) {
                             own_reuse += !device_wide[i] && f->handle == h && f->va != pva;
                         } else if (!cuh_sim_stream_waits_for(t.dev, user, f->stream, f->pos)) {
-                            fail_msg("%s, op %d: a block for stream %p at 0x%lx+%zu uses bytes freed on stream %p "
-                                     "before its work ran (%s)",
-                                     conf, op, (void *)user, (unsigned long)addr[i], size[i], (void *)f->stream,
+                            fail_msg("%s, seed %llu, op %d: a block for stream %p at 0x%lx+%zu uses bytes freed on "
+                                     "stream %p before its work ran (%s)",
+                                     conf, (unsigned long long)first_seed, op, (void *)user, (unsigned long)addr[i], size[i], (void *)f->stream,
                                      f->va == pva ? "same address" : "the same page, moved");
                         }
                         if (!device_wide[i])
@@ -1858,7 +1859,8 @@ static size_t page_rule_model(const char *conf, size_t page, unsigned wide, uint
             if (cuh_sim_stream_waits_for(t.dev, S3, pieces[k].stream, pieces[k].pos))
                 continue;
             if (cuh_sim_handle_at(t.dev, pieces[k].va) != pieces[k].handle)
-                fail_msg("%s, op %d: the page at 0x%lx was unmapped while work on it could still run", conf, op,
+                fail_msg("%s, seed %llu, op %d: the page at 0x%lx was unmapped while work on it could still run", conf,
+                         (unsigned long long)first_seed, op,
                          (unsigned long)pieces[k].va);
             pieces[kept++] = pieces[k];
         }
@@ -1902,6 +1904,17 @@ static void test_vmm_random_operations_never_reuse_or_unmap_a_page_before_its_wo
         {"limit:160M", 2 * MiB, 25, 5049, 0},
         {"vmm:1,vmm_margin:0,workspace:32M,limit:160M", 2 * MiB, 10, 9001, 0},
         {"wait_before_grow:0,limit:160M", 2 * MiB, 40, 10001, 0},
+        {"ipc_safe:1,limit:200M", 2 * MiB, 25, 11001, 0},
+        {"small_max:1M,limit:160M", 2 * MiB, 25, 12001, 0},
+        {"grow_fraction:0,segment_min:20M,limit:200M", 2 * MiB, 25, 13001, 0},
+        {"vmm:1,limit:400M", 2 * MiB, 25, 14001, 0},
+        {"vmm:1,vmm_margin:0,vmm_page:4M,limit:200M", 4 * MiB, 25, 15001, 0},
+        /* slabs of whole pages (seed 1816055 caught a page lent behind one) */
+        {"vmm:1,vmm_margin:0,small_max:1M,limit:160M", 2 * MiB, 10, 1816055, 0},
+        {"workspace:100M,limit:220M", 2 * MiB, 25, 17001, 0},
+        {"vmm:1,vmm_margin:0,wait_before_grow:0,limit:160M", 2 * MiB, 40, 18001, 0},
+        {"limit:64M", 2 * MiB, 25, 19001, 0},
+        {"vmm:1,vmm_margin:0,limit:64M", 2 * MiB, 10, 20001, 0},
     };
     /* CUHEAP_TEST_SEEDS=N runs every setting with N seeds more (a longer
      * search than CI's). */
