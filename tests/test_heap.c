@@ -1772,7 +1772,7 @@ typedef struct freed_piece_s {
  * page is mapped where (cuh_sim_handle_at). `wide` percent of the
  * operations are device-wide. Without vmm:1 only addresses are checked. Returns how often a page of a stream's own
  * recent frees served its next block at another address. */
-static size_t page_rule_model(const char *conf, size_t page, unsigned wide, uint64_t seed)
+static size_t page_rule_model(const char *conf, size_t page, unsigned wide, uint64_t seed, int extras)
 {
     test_heap_t t = test_heap_new(GiB, conf);
     cuh_sim_hold_events(t.dev, 1);
@@ -1786,6 +1786,7 @@ static size_t page_rule_model(const char *conf, size_t page, unsigned wide, uint
     size_t size[SLOTS];
     cuh_stream_t stream[SLOTS];
     int device_wide[SLOTS];
+    unsigned users[SLOTS];   /* extras: streams record_stream added */
     freed_piece_t *pieces = malloc(MAX_PIECES * sizeof *pieces);
     assert_non_null(pieces);
     size_t num = 0, own_reuse = 0;
@@ -1798,7 +1799,7 @@ static size_t page_rule_model(const char *conf, size_t page, unsigned wide, uint
              * free), then its free. */
             int wide_free = device_wide[i] || (r >> 50) % 100 < wide;
             for (int k = 0; k < 3; k++) {
-                if (!wide_free && streams[k] != stream[i])
+                if (!wide_free && streams[k] != stream[i] && !(users[i] >> k & 1))
                     continue;
                 uint64_t pos = cuh_sim_enqueue_work(t.dev, streams[k]);
                 for (uintptr_t pva = addr[i] & ~(uintptr_t)(page - 1); pva < addr[i] + size[i]; pva += page) {
@@ -1824,6 +1825,15 @@ static size_t page_rule_model(const char *conf, size_t page, unsigned wide, uint
                 continue;
             }
             assert_int_equal(st, CUHEAP_OK);
+            users[i] = 0;
+            if (extras && !device_wide[i] && (r >> 56) % 10 == 0) {
+                /* tensor.record_stream: the block is used on another stream too */
+                int u = (int)((r >> 60) % 3);
+                if (streams[u] != stream[i]) {
+                    assert_int_equal(cuh_heap_record_stream(t.heap, addr[i], streams[u]), CUHEAP_OK);
+                    users[i] |= 1u << u;
+                }
+            }
             for (uintptr_t pva = addr[i] & ~(uintptr_t)(page - 1); pva < addr[i] + size[i]; pva += page) {
                 uint64_t h = cuh_sim_handle_at(t.dev, pva);
                 uintptr_t lo = cuh_max_size(addr[i], pva) - pva, hi = cuh_min_size(addr[i] + size[i], pva + page) - pva;
@@ -1854,6 +1864,10 @@ static size_t page_rule_model(const char *conf, size_t page, unsigned wide, uint
          * where it was. */
         if (op % 37 == 0)
             cuh_sim_complete_stream(t.dev, streams[(r >> 4) % 3]);
+        if (extras && op % 50 == 0)
+            cuh_heap_poll(t.heap);
+        if (extras && op % 700 == 699)
+            assert_int_equal(cuh_heap_release_cached(t.heap), CUHEAP_OK);
         size_t kept = 0;
         for (size_t k = 0; k < num; k++) {
             if (cuh_sim_stream_waits_for(t.dev, S3, pieces[k].stream, pieces[k].pos))
@@ -1891,30 +1905,35 @@ static void test_vmm_random_operations_never_reuse_or_unmap_a_page_before_its_wo
         unsigned wide;
         uint64_t seed;
         int lends;   /* pages of a stream's own frees must move to its next blocks */
+        int extras;  /* record_stream, polls and cache releases mixed in */
     } runs[] = {
-        {"vmm:1,vmm_margin:0,small_max:0,limit:160M", 2 * MiB, 0, 4242, 1},
-        {"vmm:1,vmm_margin:0,limit:160M", 2 * MiB, 0, 77, 1},   /* slabs on the same pages */
-        {"vmm:1,vmm_margin:0,small_max:0,vmm_page:4M,limit:160M", 4 * MiB, 0, 4242, 1},
+        {"vmm:1,vmm_margin:0,small_max:0,limit:160M", 2 * MiB, 0, 4242, 1, 0},
+        {"vmm:1,vmm_margin:0,limit:160M", 2 * MiB, 0, 77, 1, 0},   /* slabs on the same pages */
+        {"vmm:1,vmm_margin:0,small_max:0,vmm_page:4M,limit:160M", 4 * MiB, 0, 4242, 1, 0},
         /* cudaMalloc and cudaFree mixed in: device-wide blocks lend nothing,
          * and nothing is lent while a take-back's work may run (seed 3010
          * caught a page lent then) */
-        {"vmm:1,vmm_margin:0,small_max:0,limit:160M", 2 * MiB, 25, 3010, 0},
+        {"vmm:1,vmm_margin:0,small_max:0,limit:160M", 2 * MiB, 25, 3010, 0, 0},
         /* by address on plain segments (seed 5049 caught a slab cut from a
          * stream's pending frees) */
-        {"limit:160M", 2 * MiB, 25, 5049, 0},
-        {"vmm:1,vmm_margin:0,workspace:32M,limit:160M", 2 * MiB, 10, 9001, 0},
-        {"wait_before_grow:0,limit:160M", 2 * MiB, 40, 10001, 0},
-        {"ipc_safe:1,limit:200M", 2 * MiB, 25, 11001, 0},
-        {"small_max:1M,limit:160M", 2 * MiB, 25, 12001, 0},
-        {"grow_fraction:0,segment_min:20M,limit:200M", 2 * MiB, 25, 13001, 0},
-        {"vmm:1,limit:400M", 2 * MiB, 25, 14001, 0},
-        {"vmm:1,vmm_margin:0,vmm_page:4M,limit:200M", 4 * MiB, 25, 15001, 0},
+        {"limit:160M", 2 * MiB, 25, 5049, 0, 0},
+        {"vmm:1,vmm_margin:0,workspace:32M,limit:160M", 2 * MiB, 10, 9001, 0, 0},
+        {"wait_before_grow:0,limit:160M", 2 * MiB, 40, 10001, 0, 0},
+        {"ipc_safe:1,limit:200M", 2 * MiB, 25, 11001, 0, 0},
+        {"small_max:1M,limit:160M", 2 * MiB, 25, 12001, 0, 0},
+        {"grow_fraction:0,segment_min:20M,limit:200M", 2 * MiB, 25, 13001, 0, 0},
+        {"vmm:1,limit:400M", 2 * MiB, 25, 14001, 0, 0},
+        {"vmm:1,vmm_margin:0,vmm_page:4M,limit:200M", 4 * MiB, 25, 15001, 0, 0},
         /* slabs of whole pages (seed 1816055 caught a page lent behind one) */
-        {"vmm:1,vmm_margin:0,small_max:1M,limit:160M", 2 * MiB, 10, 1816055, 0},
-        {"workspace:100M,limit:220M", 2 * MiB, 25, 17001, 0},
-        {"vmm:1,vmm_margin:0,wait_before_grow:0,limit:160M", 2 * MiB, 40, 18001, 0},
-        {"limit:64M", 2 * MiB, 25, 19001, 0},
-        {"vmm:1,vmm_margin:0,limit:64M", 2 * MiB, 10, 20001, 0},
+        {"vmm:1,vmm_margin:0,small_max:1M,limit:160M", 2 * MiB, 10, 1816055, 0, 0},
+        {"workspace:100M,limit:220M", 2 * MiB, 25, 17001, 0, 0},
+        {"vmm:1,vmm_margin:0,wait_before_grow:0,limit:160M", 2 * MiB, 40, 18001, 0, 0},
+        {"limit:64M", 2 * MiB, 25, 19001, 0, 0},
+        {"vmm:1,vmm_margin:0,limit:64M", 2 * MiB, 10, 20001, 0, 0},
+        {"vmm:1,vmm_margin:0,small_max:0,limit:160M", 2 * MiB, 10, 21001, 0, 1},
+        {"vmm:1,vmm_margin:0,limit:160M", 2 * MiB, 10, 22001, 0, 1},
+        {"limit:160M", 2 * MiB, 25, 23001, 0, 1},
+        {"vmm:1,limit:300M", 2 * MiB, 10, 24001, 0, 1},
     };
     /* CUHEAP_TEST_SEEDS=N runs every setting with N seeds more (a longer
      * search than CI's). */
@@ -1922,7 +1941,8 @@ static void test_vmm_random_operations_never_reuse_or_unmap_a_page_before_its_wo
     uint64_t extra = more ? strtoull(more, NULL, 10) : 0;
     for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++)
         for (uint64_t n = 0; n <= extra; n++) {
-            size_t lent = page_rule_model(runs[k].conf, runs[k].page, runs[k].wide, runs[k].seed + n * 100003);
+            size_t lent =
+                page_rule_model(runs[k].conf, runs[k].page, runs[k].wide, runs[k].seed + n * 100003, runs[k].extras);
             if (runs[k].lends && n == 0)
                 assert_true(lent > 0);
         }
