@@ -7,7 +7,10 @@
  * Rules it keeps (each has a test in tests/test_heap.c):
  *   - every block is aligned to CUH_ALIGN (512) bytes;
  *   - a block freed on stream s is reusable on s at once and on another stream
- *     only after an event recorded on s after the free has completed;
+ *     only after an event recorded on s after the free has completed; the
+ *     same holds byte for byte for slab objects and, under vmm:1, for the
+ *     physical pages behind them, wherever a page moves, and a page's old
+ *     mapping stays until that work is done (the page-rule model);
  *   - when the device (or the limit) refuses a segment, the heap waits for
  *     pending frees, releases cached segments and retries before it reports
  *     out-of-memory;
