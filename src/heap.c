@@ -879,6 +879,15 @@ static int settle_unsettled_locked(cuh_heap_t *h, int wait)
     return kept == 0;
 }
 
+/* The pages [*first, *end) of the reservation that lie wholly inside free
+ * extent e (none beyond the highest page ever mapped). */
+static void pages_inside_extent(const cuh_heap_t *h, const cuh_extent_t *e, size_t *first, size_t *end)
+{
+    size_t page = h->vm_page;
+    *first = (size_t)(e->addr - h->vm->base + page - 1) / page;
+    *end = cuh_min_size((size_t)(e->addr + e->size - h->vm->base) / page, h->pages_high);
+}
+
 /* Takes the page behind page index p out of its place for a new use. */
 static void page_leave_locked(cuh_heap_t *h, size_t p, uint64_t *out)
 {
@@ -887,6 +896,14 @@ static void page_leave_locked(cuh_heap_t *h, size_t p, uint64_t *out)
     h->page_mapped[p >> 6] &= ~((uint64_t)1 << (p & 63));
     h->mapped_pages--;   /* still held: physical_pages unchanged */
     h->num_page_steals++;
+}
+
+/* Unmaps the old mappings, page by page, in DRAIN extent x. */
+static void unmap_drain_locked(cuh_heap_t *h, const cuh_extent_t *x)
+{
+    for (uintptr_t va = x->addr; va < x->addr + x->size; va += h->vm_page)
+        if (h->dev->ops->vm_unmap(h->dev, va, h->vm_page) != CUH_DEV_OK)
+            cuh_log("device %d: %s", h->dev->ordinal, h->dev->last_error);
 }
 
 /* Unmaps the old mappings of every drain whose event has completed (with
@@ -905,11 +922,8 @@ static int drains_poll_locked(cuh_heap_t *h, int wait)
             h->dev->ops->event_wait(h->dev, d->event);
         }
         for (size_t i = 0; i < d->num_extents; i++) {
-            cuh_extent_t *x = d->extents[i];
-            for (uintptr_t va = x->addr; va < x->addr + x->size; va += h->vm_page)
-                if (h->dev->ops->vm_unmap(h->dev, va, h->vm_page) != CUH_DEV_OK)
-                    cuh_log("device %d: %s", h->dev->ordinal, h->dev->last_error);
-            cuh_arena_release(&h->arena, x, CUH_TAG_GLOBAL);   /* the GPU passed the frees */
+            unmap_drain_locked(h, d->extents[i]);
+            cuh_arena_release(&h->arena, d->extents[i], CUH_TAG_GLOBAL);   /* the GPU passed the frees */
         }
         if (d->event)
             event_put_locked(h, d->event);
@@ -939,8 +953,8 @@ static size_t lend_own_pages_locked(cuh_heap_t *h, stream_state_t *own, uint64_t
         older = e->tag_prev;
         if (e->segment != h->vm)
             continue;
-        size_t p = (size_t)(e->addr - h->vm->base + page - 1) / page;
-        size_t end = cuh_min_size((size_t)(e->addr + e->size - h->vm->base) / page, h->pages_high);
+        size_t p, end;
+        pages_inside_extent(h, e, &p, &end);
         cuh_extent_t *rest = e;   /* the free part still after the runs carved */
         while (p < end && got < want) {
             if (!h->page_handle[p]) {
@@ -1016,8 +1030,8 @@ static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want, int 
     for (cuh_extent_t *e = h->arena.tags[CUH_TAG_GLOBAL].oldest; e && got < want; e = e->tag_prev) {
         if (e->segment != h->vm)
             continue;
-        size_t first = (size_t)(e->addr - h->vm->base + page - 1) / page;
-        size_t end = cuh_min_size((size_t)(e->addr + e->size - h->vm->base) / page, h->pages_high);
+        size_t first, end;
+        pages_inside_extent(h, e, &first, &end);
         for (size_t p = first; p < end && got < want; p++) {
             if (!h->page_handle[p])
                 continue;
@@ -1730,32 +1744,47 @@ static void small_mark_live_locked(cuh_heap_t *h, cuh_slab_t *s, uintptr_t addr,
     stat_set(&h->allocated, h->allocated.current + s->obj_size);
 }
 
-/* An object from a slab of class c with avail objects, or 0. */
+/* Puts object addr of slab s into stream st's cache, covered by st's next
+ * fence (as an object st frees). -1 if the cache cannot grow. */
+static int cache_small_locked(cuh_heap_t *h, stream_state_t *st, const cuh_slab_t *s, uintptr_t addr)
+{
+    if (ring_push(&st->small[s->size_class], addr, h->arena.tags[st->tag].fences_recorded) != 0)
+        return -1;
+    st->small_unfenced += s->obj_size;
+    return 0;
+}
+
+/* Waits until the GPU has passed stream st's work so far (the whole device's
+ * during a capture, where no event may be recorded): what cannot wait in a
+ * cache for a fence is made safe for everyone the slow way. */
+static void wait_for_stream_locked(cuh_heap_t *h, stream_state_t *st)
+{
+    if (!h->captures) {
+        stream_fence_locked(h, st);
+        stream_poll_locked(h, st, 1);
+    } else {
+        h->dev->ops->synchronize(h->dev);
+    }
+}
+
 /* Moves every avail object of slab s (just cut from stream st's private
  * memory) into st's cache for class c, fenced by st's next fence. If the
  * cache cannot grow, st's work is waited for instead and they stay. */
 static void slab_to_own_cache_locked(cuh_heap_t *h, stream_state_t *st, size_class_t *c, cuh_slab_t *s)
 {
-    small_ring_t *r = &st->small[s->size_class];
-    uint64_t epoch = h->arena.tags[st->tag].fences_recorded;
     while (s->num_avail) {
         int64_t i = cuh_slab_take(s);
-        if (ring_push(r, s->base + (uintptr_t)i * s->obj_size, epoch) != 0) {
+        if (cache_small_locked(h, st, s, s->base + (uintptr_t)i * s->obj_size) != 0) {
             cuh_slab_give_back(s, (uint32_t)i);
-            if (!h->captures) {
-                stream_fence_locked(h, st);
-                stream_poll_locked(h, st, 1);
-            } else {
-                h->dev->ops->synchronize(h->dev);
-            }
+            wait_for_stream_locked(h, st);
             return;
         }
-        st->small_unfenced += c->size;
     }
     if (s->listed)
         slab_unlist(c, s);
 }
 
+/* An object from a slab of class c with avail objects, or 0. */
 static uintptr_t small_from_slabs_locked(size_class_t *c)
 {
     cuh_slab_t *s = c->partial;
@@ -1930,9 +1959,7 @@ void cuh_heap_destroy(cuh_heap_t *h)
             for (vm_drain_t *d = h->drains, *next; d; d = next) {
                 next = d->next;
                 for (size_t i = 0; i < d->num_extents; i++)
-                    for (uintptr_t va = d->extents[i]->addr; va < d->extents[i]->addr + d->extents[i]->size;
-                         va += h->vm_page)
-                        h->dev->ops->vm_unmap(h->dev, va, h->vm_page);
+                    unmap_drain_locked(h, d->extents[i]);
                 if (d->event)
                     h->dev->ops->event_destroy(h->dev, d->event);
                 free(d);
@@ -2258,17 +2285,10 @@ static void release_block_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t
     cuh_slab_t *s = b->slab;
     cuh_slab_clear(s->live, b->index);
     s->num_live--;
-    if (ring_push(&st->small[s->size_class], addr, h->arena.tags[st->tag].fences_recorded) == 0) {
-        st->small_unfenced += s->obj_size;
+    if (cache_small_locked(h, st, s, addr) == 0)
         return;
-    }
     /* No room to cache it: make it safe for everyone the slow way. */
-    if (!h->captures) {
-        stream_fence_locked(h, st);
-        stream_poll_locked(h, st, 1);
-    } else {
-        h->dev->ops->synchronize(h->dev);
-    }
+    wait_for_stream_locked(h, st);
     slab_object_home_locked(h, addr);
 }
 
