@@ -36,6 +36,15 @@ expect(env.get("CUHEAP_CONF") == "vmm:1,wait_before_grow:0,limit:1000000000",
        "CUHEAP_BENCH_CONF joins a cuheap mode's settings")
 expect("CUHEAP_CONF" not in run_modes.environment("native"), "CUHEAP_BENCH_CONF stays out of native modes")
 del os.environ["CUHEAP_BENCH_CONF"]
+env = run_modes.environment("cuheap-vmm-limit@vmm_page:8M+vmm_margin:0.2", 1e9)
+expect(env.get("CUHEAP_CONF") == "vmm:1,limit:1000000000,vmm_page:8M,vmm_margin:0.2"
+       and env.get("CUHEAP_BENCH_LIMIT") == "1000000000", "MODE@settings adds settings to that mode only")
+for bad in ("native@vmm_page:8M", "cuheap@"):
+    try:
+        run_modes.environment(bad)
+        expect(False, "%s is refused" % bad)
+    except SystemExit:
+        expect(True, "%s is refused" % bad)
 try:
     run_modes.environment("native-limit")
     expect(False, "a *-limit mode without a limit is refused")

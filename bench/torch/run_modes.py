@@ -28,7 +28,10 @@ allocator's cache-release retries are shown beside it.
 
 CUHEAP_BENCH_CONF=key:value,... adds settings to cuheap's modes (an
 experiment: --modes preload with CUHEAP_BENCH_CONF=wait_before_grow:0); the
-caller's own CUHEAP_CONF never reaches a mode.
+caller's own CUHEAP_CONF never reaches a mode. A variant of one cuheap mode
+runs beside the plain one as MODE@key:value+key:value (for example
+cuheap-vmm@vmm_page:8M or cuheap-vmm-limit@vmm_page:8M): the settings after
+"@" ("+" between them) are added to that mode's CUHEAP_CONF.
 """
 
 import argparse
@@ -41,8 +44,23 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
+def split_variant(mode):
+    """(base mode, extra CUHEAP_CONF settings or None) of MODE@key:value+key:value."""
+    base, sep, extra = mode.partition("@")
+    if not sep:
+        return mode, None
+    if not extra or not (base.startswith("cuheap") or base.startswith("preload")):
+        raise SystemExit("mode %s: settings after '@' need a cuheap or preload mode and at least one key:value" % mode)
+    return base, extra.replace("+", ",")
+
+
 def environment(mode, limit=None):
     """The environment of `mode`; a *-limit mode needs `limit` (bytes)."""
+    mode, variant = split_variant(mode)
+    if variant:
+        env = environment(mode, limit)
+        env["CUHEAP_CONF"] = (env["CUHEAP_CONF"] + "," if "CUHEAP_CONF" in env else "") + variant
+        return env
     if mode.endswith("-limit"):
         if limit is None:
             raise SystemExit("mode %s needs a limit: run native first, with --limit-live" % mode)
@@ -94,8 +112,10 @@ def run(job, mode, steps, seed, timeout, limit=None):
     r = json.loads(lines[-1])
     if mode == "native-again" and r["mode"] == "native":
         r["mode"] = mode
-    if r["mode"] != mode:
-        r["error"] = "asked for mode %s, the job ran in %s" % (mode, r["mode"])
+    base, variant = split_variant(mode)
+    if r["mode"] != base:
+        r["error"] = "asked for mode %s, the job ran in %s" % (base, r["mode"])
+    r["mode"] = mode
     return r
 
 
