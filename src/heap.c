@@ -2081,8 +2081,6 @@ void cuh_heap_fence_free(cuh_heap_t *h, cuh_heap_fence_t *f)
     free(f);
 }
 
-/* Takes the workspace at first use. A workspace the device cannot give is
- * reported on stderr once and the heap runs without it. */
 /* Sets up the virtual-memory reservation (vmm:1): four times the device's
  * memory of address space, so that free address ranges whose pages moved
  * elsewhere never crowd out new blocks. A device without virtual memory
@@ -2124,6 +2122,9 @@ static void start_vm_locked(cuh_heap_t *h)
     h->num_pages = size / page;
 }
 
+/* At first use: the virtual-memory reservation (vmm:1), then the workspace. A
+ * workspace the device cannot give is reported on stderr once and the heap
+ * runs without it. */
 static void start_locked(cuh_heap_t *h)
 {
     h->started = 1;
