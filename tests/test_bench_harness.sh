@@ -52,6 +52,8 @@ except SystemExit:
     expect(True, "a *-limit mode without a limit is refused")
 r = run_modes.run("gpt2", "cuheap-vmm-limit", 1, 0, 1, None)
 expect("error" in r and "native" in r["error"], "a *-limit mode whose native run failed is an error row, not a run")
+r = run_modes.run("gpt2", "cuheap-vmm-limit@vmm_page:8M", 1, 0, 1, None)
+expect("error" in r and "native" in r["error"], "... and so is a variant of one")
 
 hexes = lambda xs: [float(x).hex() for x in xs]
 results = [
@@ -72,6 +74,13 @@ expect("within native spread" in rows["cuheap-vmm-limit"], "losses judged agains
 expect("limit 1.050 GiB" in rows["cuheap-vmm-limit"], "the limit is shown")
 expect("OUT OF MEMORY at step 1" in rows["native-limit"] and "2 cache-release retries" in rows["native-limit"]
        and "| - |" in rows["native-limit"], "an out-of-memory is a result: its step, no step time, the retries")
+
+rounds = [dict(results[0], step_ms=s) for s in (100.0, 110.0, 90.0)] + \
+    [dict(results[2], step_ms=s) for s in (150.0, 200.0, 130.0)]
+t = run_modes.table(run_modes.combine(rounds))
+rows = {line.split("|")[2].strip(): line for line in t.splitlines()[2:]}
+expect("median of 3 rounds" in t.splitlines()[0] and "| 150.0 (130.0-200.0) | 1.500 |" in rows["cuheap-vmm-limit"],
+       "--repeat: the median of the rounds, their range, and the ratio of medians")
 
 env = run_ddp.environment("preload-caching", "0")
 expect(env.get("NCCL_NVLS_ENABLE") == "0" and env.get("NCCL_CUMEM_ENABLE") == "0"
@@ -99,14 +108,14 @@ def ddp(mode, step, losses=(1, 2), err=None):
     return r
 rounds = [ddp("native", 100), ddp("preload", 130), ddp("native", 90), ddp("preload", 99),
           ddp("native", 110), ddp("preload", 100)]
-c = run_ddp.combine(rounds)
+c = run_modes.combine(rounds)
 expect([r["mode"] for r in c] == ["native", "preload"] and c[0]["step_ms"] == 100 and c[1]["step_ms"] == 100,
        "DDP --repeat: one row per mode, step time the median of the rounds")
 t = run_ddp.table(c)
 rows = {line.split("|")[2].strip(): line for line in t.splitlines()[2:]}
 expect("median of 3 rounds" in t and "100.0 (99.0-130.0)" in rows["preload"] and "| 1.000 |" in rows["preload"],
        "DDP --repeat: the range of the rounds is shown and the ratio is of medians")
-c = run_ddp.combine([ddp("native", 100), ddp("preload", 100), ddp("native", 100), ddp("preload", None, err="boom")])
+c = run_modes.combine([ddp("native", 100), ddp("preload", 100), ddp("native", 100), ddp("preload", None, err="boom")])
 expect("failed" in run_ddp.table(c).splitlines()[3], "DDP --repeat: a round that failed fails the row")
 PY
 )

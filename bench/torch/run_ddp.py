@@ -145,34 +145,6 @@ def losses_vs_native(r, n, again):
     return run_modes.losses_vs_native(r, n, again, key="losses_all_ranks", diff=max_rank_diff)
 
 
-def median(xs):
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
-
-
-def combine(results):
-    """One result per (job, mode) from the rounds of --repeat: the first round's
-    run (its losses and peaks) with step_ms the median over the rounds that ran
-    and step_ms_rounds every round's; a round that failed makes the row failed."""
-    combined, order = {}, []
-    for r in results:
-        key = (r["job"], r["mode"])
-        if key not in combined:
-            order.append(key)
-            combined[key] = dict(r, step_ms_rounds=[])
-        c = combined[key]
-        if "error" in r and "error" not in c:
-            combined[key] = c = dict(r, step_ms_rounds=c["step_ms_rounds"])
-        if "error" not in r and r.get("step_ms"):
-            c["step_ms_rounds"].append(r["step_ms"])
-    for key in order:
-        c = combined[key]
-        if c["step_ms_rounds"] and "error" not in c:
-            c["step_ms"] = median(c["step_ms_rounds"])
-    return [combined[k] for k in order]
-
-
 def table(results):
     rounds = max((len(r.get("step_ms_rounds", [])) for r in results), default=1)
     rows = ["| job | mode | step ms%s | vs native | peak reserved GiB (max rank) | reserved / live | losses vs native "
@@ -231,7 +203,7 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
-    results = combine(results)
+    results = run_modes.combine(results)
     print("%d ranks per job; NCCL_NVLS_ENABLE=0, NCCL_CUMEM_ENABLE=%s" % (
         args.nproc, "0" if args.nccl_cumem == "0" else os.environ.get("NCCL_CUMEM_ENABLE", "NCCL's default")))
     print(table(results))

@@ -32,6 +32,11 @@ caller's own CUHEAP_CONF never reaches a mode. A variant of one cuheap mode
 runs beside the plain one as MODE@key:value+key:value (for example
 cuheap-vmm@vmm_page:8M or cuheap-vmm-limit@vmm_page:8M): the settings after
 "@" ("+" between them) are added to that mode's CUHEAP_CONF.
+
+--repeat N runs every (job, mode) N times in rounds (each round all modes
+in order, so drift touches them alike): a row's step time is the median of
+its rounds, with their range beside it; a *-limit mode keeps the limit of
+the first round's native run.
 """
 
 import argparse
@@ -41,6 +46,7 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
@@ -102,7 +108,7 @@ def environment(mode, limit=None):
 def run(job, mode, steps, seed, timeout, limit=None):
     cmd = [sys.executable, os.path.join(HERE, "train_job.py"), "--job", job, "--steps", str(steps),
            "--seed", str(seed)]
-    if mode.endswith("-limit") and limit is None:
+    if split_variant(mode)[0].endswith("-limit") and limit is None:
         return {"job": job, "mode": mode, "error": "no limit: the job's native run (first, with --limit-live) failed "
                 "or did not run", "returncode": None}
     p = subprocess.run(cmd, env=environment(mode, limit), capture_output=True, text=True, timeout=timeout)
@@ -117,6 +123,34 @@ def run(job, mode, steps, seed, timeout, limit=None):
         r["error"] = "asked for mode %s, the job ran in %s" % (base, r["mode"])
     r["mode"] = mode
     return r
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def combine(results):
+    """One result per (job, mode) from the rounds of --repeat (here and in run_ddp.py): the first round's
+    run (its losses and peaks) with step_ms the median over the rounds that ran
+    and step_ms_rounds every round's; a round that failed makes the row failed."""
+    combined, order = {}, []
+    for r in results:
+        key = (r["job"], r["mode"])
+        if key not in combined:
+            order.append(key)
+            combined[key] = dict(r, step_ms_rounds=[])
+        c = combined[key]
+        if "error" in r and "error" not in c:
+            combined[key] = c = dict(r, step_ms_rounds=c["step_ms_rounds"])
+        if "error" not in r and r.get("step_ms"):
+            c["step_ms_rounds"].append(r["step_ms"])
+    for key in order:
+        c = combined[key]
+        if c["step_ms_rounds"] and "error" not in c:
+            c["step_ms"] = median(c["step_ms_rounds"])
+    return [combined[k] for k in order]
 
 
 def gib(n):
@@ -143,7 +177,9 @@ def losses_vs_native(r, n, again, key="losses", diff=max_loss_diff):
 
 
 def table(results):
-    rows = ["| job | mode | step ms | vs native | peak reserved GiB | reserved / live | losses vs native | notes |",
+    rounds = max((len(r.get("step_ms_rounds", [])) for r in results), default=1)
+    rows = ["| job | mode | step ms%s | vs native | peak reserved GiB | reserved / live | losses vs native | notes |" %
+            (" (median of %d rounds; range)" % rounds if rounds > 1 else ""),
             "|---|---|---|---|---|---|---|---|"]
     native = {r["job"]: r for r in results if r["mode"] == "native" and "error" not in r}
     again = {r["job"]: r for r in results if r["mode"] == "native-again" and "error" not in r}
@@ -165,6 +201,8 @@ def table(results):
         if r.get("retries"):
             notes.append("%d cache-release retries" % r["retries"])
         step = "%.1f" % r["step_ms"] if r.get("step_ms") else "-"
+        if len(r.get("step_ms_rounds", [])) > 1:
+            step += " (%.1f-%.1f)" % (min(r["step_ms_rounds"]), max(r["step_ms_rounds"]))
         rows.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
             r["job"], r["mode"], step, ratio, gib(r["peak_reserved"]), frag, same, "; ".join(notes)))
     return "\n".join(rows)
@@ -179,20 +217,30 @@ def main():
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--limit-live", type=float, default=1.05,
                     help="*-limit modes: the limit as a multiple of the native run's peak live bytes")
-    ap.add_argument("--out", help="write every result as JSON here")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="rounds: every (job, mode) runs once a round, in order; the table shows the median of "
+                         "the rounds and their range")
+    ap.add_argument("--out", help="write every result (every round's) as JSON here")
     args = ap.parse_args()
-    results = []
-    for job in args.jobs.split(","):
-        limit = None
-        for mode in args.modes.split(","):
-            r = run(job, mode, args.steps, args.seed, args.timeout, limit)
-            if mode == "native" and "error" not in r and r.get("peak_live"):
-                limit = args.limit_live * r["peak_live"]
-            print(json.dumps(r), file=sys.stderr, flush=True)
-            results.append(r)
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
+    modes = args.modes.split(",")
+    for m in modes:
+        split_variant(m)
+    results, limits = [], {}
+    for _ in range(args.repeat):
+        for job in args.jobs.split(","):
+            for mode in modes:
+                limited = split_variant(mode)[0].endswith("-limit")
+                r = run(job, mode, args.steps, args.seed, args.timeout, limits.get(job) if limited else None)
+                if mode == "native" and job not in limits and "error" not in r and r.get("peak_live"):
+                    limits[job] = args.limit_live * r["peak_live"]
+                print(json.dumps(r), file=sys.stderr, flush=True)
+                results.append(r)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
+    results = combine(results)
     print(table(results))
     return 1 if any("error" in r for r in results) else 0
 
