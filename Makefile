@@ -18,7 +18,7 @@ SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-re
 # The library proper: what libcuheap.so is made of. No CUDA library and no
 # zlib are linked; the driver is loaded with dlopen at run time.
 LIB_SRCS := src/log.c src/config.c src/sizeclass.c src/freebins.c src/ptrmap.c \
-            src/arena.c src/slab.c src/heap.c src/pinned.c src/report.c src/report_html.c src/device_sim.c \
+            src/arena.c src/slab.c src/lock.c src/heap.c src/pinned.c src/report.c src/report_html.c src/device_sim.c \
             src/device_cuda.c src/api.c src/hook_torch.c src/trace_write.c
 # The CUDA entry points for LD_PRELOAD: in libcuheap.so only. A program that
 # links libcuheap.a keeps its own CUDA runtime.

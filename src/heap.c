@@ -40,6 +40,7 @@
 
 #include "arena.h"
 #include "common.h"
+#include "lock.h"
 #include "ptrmap.h"
 #include "sizeclass.h"
 #include "slab.h"
@@ -167,7 +168,7 @@ typedef struct live_block_s {
 } live_block_t;
 
 struct cuh_heap_s {
-    pthread_mutex_t lock;
+    cuh_lock_t lock;
     cuh_device_t *dev;
     cuh_config_t cfg;
     size_t device_total;
@@ -1890,11 +1891,7 @@ cuh_heap_t *cuh_heap_create(cuh_device_t *dev, const cuh_config_t *cfg, char *er
     }
     /* Critical sections are a few hundred nanoseconds: spin briefly before
      * sleeping, rather than paying a futex round trip under contention. */
-    pthread_mutexattr_t attr;
-    pthread_mutexattr_init(&attr);
-    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ADAPTIVE_NP);
-    pthread_mutex_init(&h->lock, &attr);
-    pthread_mutexattr_destroy(&attr);
+    cuh_lock_init(&h->lock);
     h->dev = dev;
     h->cfg = *cfg;
     h->device_wide = (stream_state_t){.tag = CUH_TAG_GLOBAL, .retired = 1};
@@ -1992,7 +1989,6 @@ void cuh_heap_destroy(cuh_heap_t *h)
             h->dev->ops->event_destroy(h->dev, f->events[i]);
         free(f);
     }
-    pthread_mutex_destroy(&h->lock);
     free(h);
 }
 
@@ -2027,12 +2023,12 @@ static void fence_record_locked(cuh_heap_t *h, cuh_heap_fence_t *f, size_t cap)
 
 cuh_heap_fence_t *cuh_heap_fence(cuh_heap_t *h)
 {
-    pthread_mutex_lock(&h->lock);
+    cuh_lock(&h->lock);
     size_t cap = (size_t)covered_streams_locked(h);
     cuh_heap_fence_t *f = calloc(1, sizeof *f + cap * sizeof f->events[0]);
     if (!f) {
         h->dev->ops->synchronize(h->dev);   /* no room to remember: wait now */
-        pthread_mutex_unlock(&h->lock);
+        cuh_unlock(&h->lock);
         return NULL;
     }
     f->cap = cap;
@@ -2042,7 +2038,7 @@ cuh_heap_fence_t *cuh_heap_fence(cuh_heap_t *h)
     if (h->fences)
         h->fences->prev = f;
     h->fences = f;
-    pthread_mutex_unlock(&h->lock);
+    cuh_unlock(&h->lock);
     return f;
 }
 
@@ -2050,7 +2046,7 @@ int cuh_heap_fence_passed(cuh_heap_t *h, cuh_heap_fence_t *f, int wait)
 {
     if (!f)
         return 1;
-    pthread_mutex_lock(&h->lock);
+    cuh_lock(&h->lock);
     int passed = 0;
     /* Made during a capture: work issued before the free was issued before
      * now too, so events recorded now cover it (with more streams known
@@ -2060,7 +2056,7 @@ int cuh_heap_fence_passed(cuh_heap_t *h, cuh_heap_fence_t *f, int wait)
     /* Still capturing: no event may be recorded and no wait made now. */
     if (f->recorded)
         passed = events_done_locked(h, f->events, &f->num_events, wait);
-    pthread_mutex_unlock(&h->lock);
+    cuh_unlock(&h->lock);
     return passed;
 }
 
@@ -2068,7 +2064,7 @@ void cuh_heap_fence_free(cuh_heap_t *h, cuh_heap_fence_t *f)
 {
     if (!f)
         return;
-    pthread_mutex_lock(&h->lock);
+    cuh_lock(&h->lock);
     while (f->num_events)
         event_put_locked(h, f->events[--f->num_events]);
     if (f->prev)
@@ -2077,7 +2073,7 @@ void cuh_heap_fence_free(cuh_heap_t *h, cuh_heap_fence_t *f)
         h->fences = f->next;
     if (f->next)
         f->next->prev = f->prev;
-    pthread_mutex_unlock(&h->lock);
+    cuh_unlock(&h->lock);
     free(f);
 }
 
@@ -2163,7 +2159,7 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
         cuh_set_error("request of %zu bytes is larger than any device", size);
         return CUHEAP_ERR_OUT_OF_MEMORY;
     }
-    pthread_mutex_lock(&h->lock);
+    cuh_lock(&h->lock);
     if (cuh_unlikely(!h->started))
         start_locked(h);
     cuheap_status_t status;
@@ -2189,7 +2185,7 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
         }
     }
     refresh_stats_locked(h);
-    pthread_mutex_unlock(&h->lock);
+    cuh_unlock(&h->lock);
     return status;
 }
 
@@ -2549,7 +2545,7 @@ cuheap_status_t cuh_heap_free_device_wide(cuh_heap_t *h, uintptr_t addr)
 {
     if (!addr)
         return CUHEAP_OK;
-    pthread_mutex_lock(&h->lock);
+    cuh_lock(&h->lock);
     live_block_t b;
     cuheap_status_t status = find_live_locked(h, addr, &b);
     if (status == CUHEAP_OK) {
@@ -2578,19 +2574,19 @@ cuheap_status_t cuh_heap_free_device_wide(cuh_heap_t *h, uintptr_t addr)
             holds_poll_locked(h, 0);
     }
     refresh_stats_locked(h);
-    pthread_mutex_unlock(&h->lock);
+    cuh_unlock(&h->lock);
     return status;
 }
 
 cuheap_status_t cuh_heap_register_stream(cuh_heap_t *h, cuh_stream_t stream)
 {
-    pthread_mutex_lock(&h->lock);
+    cuh_lock(&h->lock);
     cuheap_status_t status = CUHEAP_OK;
     if (!stream_get_locked(h, stream)) {
         cuh_set_error("out of host memory for stream records");
         status = CUHEAP_ERR_OUT_OF_MEMORY;
     }
-    pthread_mutex_unlock(&h->lock);
+    cuh_unlock(&h->lock);
     return status;
 }
 
@@ -2598,7 +2594,7 @@ cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
 {
     if (!addr)
         return CUHEAP_OK;
-    pthread_mutex_lock(&h->lock);
+    cuh_lock(&h->lock);
     cuheap_status_t status;
     live_block_t b;
     stream_state_t *st = stream_get_locked(h, stream);
@@ -2619,13 +2615,13 @@ cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
             batches_poll_locked(h, 0);
     }
     refresh_stats_locked(h);
-    pthread_mutex_unlock(&h->lock);
+    cuh_unlock(&h->lock);
     return status;
 }
 
 cuheap_status_t cuh_heap_record_stream(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream)
 {
-    pthread_mutex_lock(&h->lock);
+    cuh_lock(&h->lock);
     live_block_t b;
     cuheap_status_t status = find_live_locked(h, addr, &b);
     if (status == CUHEAP_OK) {
@@ -2660,29 +2656,29 @@ cuheap_status_t cuh_heap_record_stream(cuh_heap_t *h, uintptr_t addr, cuh_stream
         }
     }
 out:
-    pthread_mutex_unlock(&h->lock);
+    cuh_unlock(&h->lock);
     return status;
 }
 
 void cuh_heap_capture_begin(cuh_heap_t *h, uint64_t pool)
 {
-    pthread_mutex_lock(&h->lock);
+    cuh_lock(&h->lock);
     h->captures++;
     h->capture_pool = pool ? pool : 1;
-    pthread_mutex_unlock(&h->lock);
+    cuh_unlock(&h->lock);
 }
 
 void cuh_heap_capture_end(cuh_heap_t *h)
 {
-    pthread_mutex_lock(&h->lock);
+    cuh_lock(&h->lock);
     if (h->captures)
         h->captures--;
-    pthread_mutex_unlock(&h->lock);
+    cuh_unlock(&h->lock);
 }
 
 void cuh_heap_release_pool(cuh_heap_t *h, uint64_t pool)
 {
-    pthread_mutex_lock(&h->lock);
+    cuh_lock(&h->lock);
     if (!pool)
         pool = 1;
     /* Replays of the graph may still be running: wait for the device once. */
@@ -2709,38 +2705,38 @@ void cuh_heap_release_pool(cuh_heap_t *h, uint64_t pool)
             i--;   /* backward shift may have moved a later entry here */
         }
     refresh_stats_locked(h);
-    pthread_mutex_unlock(&h->lock);
+    cuh_unlock(&h->lock);
 }
 
 void cuh_heap_set_limit(cuh_heap_t *h, size_t limit)
 {
-    pthread_mutex_lock(&h->lock);
+    cuh_lock(&h->lock);
     h->limit = limit;
     if (limit && reserved_bytes(h) > limit && !h->captures) {
         settle_all_locked(h);
         release_free_segments_locked(h);
     }
     refresh_stats_locked(h);
-    pthread_mutex_unlock(&h->lock);
+    cuh_unlock(&h->lock);
 }
 
 size_t cuh_heap_device_total(cuh_heap_t *h) { return h->device_total; }
 
 int cuh_heap_segment_of(cuh_heap_t *h, uintptr_t addr, uintptr_t *base, size_t *size)
 {
-    pthread_mutex_lock(&h->lock);
+    cuh_lock(&h->lock);
     cuh_segment_t *seg = cuh_arena_segment_of(&h->arena, addr);
     if (seg) {
         *base = seg->base;
         *size = seg->size;
     }
-    pthread_mutex_unlock(&h->lock);
+    cuh_unlock(&h->lock);
     return seg != NULL;
 }
 
 void cuh_heap_retire_stream(cuh_heap_t *h, cuh_stream_t stream)
 {
-    pthread_mutex_lock(&h->lock);
+    cuh_lock(&h->lock);
     for (uint32_t i = 0; i < h->num_streams; i++) {
         stream_state_t *st = h->streams[i];
         if (st->retired || st->handle != stream)
@@ -2755,12 +2751,12 @@ void cuh_heap_retire_stream(cuh_heap_t *h, cuh_stream_t stream)
             h->last_stream = NULL;
     }
     refresh_stats_locked(h);
-    pthread_mutex_unlock(&h->lock);
+    cuh_unlock(&h->lock);
 }
 
 cuheap_status_t cuh_heap_allow_peer(cuh_heap_t *h, int peer)
 {
-    pthread_mutex_lock(&h->lock);
+    cuh_lock(&h->lock);
     cuheap_status_t status = CUHEAP_OK;
     if (h->cfg.vmm) {   /* the reservation may come later: the device remembers the peer */
         const cuh_device_ops_t *ops = h->dev->ops;
@@ -2782,13 +2778,13 @@ cuheap_status_t cuh_heap_allow_peer(cuh_heap_t *h, int peer)
             status = CUHEAP_ERR_DEVICE;
         }
     }
-    pthread_mutex_unlock(&h->lock);
+    cuh_unlock(&h->lock);
     return status;
 }
 
 void cuh_heap_poll(cuh_heap_t *h)
 {
-    pthread_mutex_lock(&h->lock);
+    cuh_lock(&h->lock);
     poll_all_locked(h, 0);
     if (h->drains)
         drains_poll_locked(h, 0);
@@ -2799,21 +2795,21 @@ void cuh_heap_poll(cuh_heap_t *h)
     if (!h->closed_batches && h->open_batch && seconds_since(&h->born) - h->closed_at >= POLL_CLOSE_SECONDS)
         batch_close_locked(h);
     refresh_stats_locked(h);
-    pthread_mutex_unlock(&h->lock);
+    cuh_unlock(&h->lock);
 }
 
 int cuh_heap_owns(cuh_heap_t *h, uintptr_t addr)
 {
-    pthread_mutex_lock(&h->lock);
+    cuh_lock(&h->lock);
     int owns = cuh_arena_segment_of(&h->arena, addr) != NULL;
-    pthread_mutex_unlock(&h->lock);
+    cuh_unlock(&h->lock);
     return owns;
 }
 
 size_t cuh_heap_block_size(cuh_heap_t *h, uintptr_t addr)
 {
     size_t size = 0;
-    pthread_mutex_lock(&h->lock);
+    cuh_lock(&h->lock);
     cuh_extent_t *e = cuh_ptrmap_get(&h->blocks, addr);
     cuh_slab_t *s;
     if (e) {
@@ -2823,7 +2819,7 @@ size_t cuh_heap_block_size(cuh_heap_t *h, uintptr_t addr)
         if (i >= 0 && cuh_slab_bit(s->live, (uint32_t)i))
             size = s->requested[i];
     }
-    pthread_mutex_unlock(&h->lock);
+    cuh_unlock(&h->lock);
     return size;
 }
 
@@ -2831,9 +2827,9 @@ static void cuh_heap_stats_locked(cuh_heap_t *h, cuheap_stats_t *out);
 
 void cuh_heap_stats(cuh_heap_t *h, cuheap_stats_t *out)
 {
-    pthread_mutex_lock(&h->lock);
+    cuh_lock(&h->lock);
     cuh_heap_stats_locked(h, out);
-    pthread_mutex_unlock(&h->lock);
+    cuh_unlock(&h->lock);
 }
 
 static void cuh_heap_stats_locked(cuh_heap_t *h, cuheap_stats_t *out)
@@ -2864,32 +2860,32 @@ static void cuh_heap_stats_locked(cuh_heap_t *h, cuheap_stats_t *out)
 
 void cuh_heap_reset_peaks(cuh_heap_t *h)
 {
-    pthread_mutex_lock(&h->lock);
+    cuh_lock(&h->lock);
     h->requested.peak = h->requested.current;
     h->allocated.peak = h->allocated.current;
     h->reserved.peak = h->reserved.current;
     h->cached.peak = h->cached.current;
     h->pending.peak = h->pending.current;
-    pthread_mutex_unlock(&h->lock);
+    cuh_unlock(&h->lock);
 }
 
 cuheap_status_t cuh_heap_release_cached(cuh_heap_t *h)
 {
-    pthread_mutex_lock(&h->lock);
+    cuh_lock(&h->lock);
     settle_all_locked(h);
     release_free_segments_locked(h);
     refresh_stats_locked(h);
-    pthread_mutex_unlock(&h->lock);
+    cuh_unlock(&h->lock);
     return CUHEAP_OK;
 }
 
 int cuh_heap_last_oom(cuh_heap_t *h, cuh_oom_info_t *out)
 {
-    pthread_mutex_lock(&h->lock);
+    cuh_lock(&h->lock);
     int has = h->has_oom;
     if (has)
         *out = h->last_oom;
-    pthread_mutex_unlock(&h->lock);
+    cuh_unlock(&h->lock);
     return has;
 }
 
@@ -2899,7 +2895,7 @@ cuh_device_t *cuh_heap_device(cuh_heap_t *h) { return h->dev; }
 
 int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
 {
-    pthread_mutex_lock(&h->lock);
+    cuh_lock(&h->lock);
     int rc = cuh_arena_check(&h->arena, msg, len);
     size_t allocated = 0, requested = 0, ring_objs = 0, slab_spare = 0;
     for (cuh_segment_t *seg = h->arena.segments; !rc && seg; seg = seg->next)
@@ -3036,7 +3032,7 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
                  num_held, held, h->held.count, h->held_bytes);
         rc = -1;
     }
-    pthread_mutex_unlock(&h->lock);
+    cuh_unlock(&h->lock);
     return rc;
 }
 
@@ -3050,10 +3046,10 @@ cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h, int ask_device)
     /* At exit (ask_device 0) another thread may be inside the heap, or may
      * have died holding its lock: wait a little, then report without it. */
     if (ask_device) {
-        pthread_mutex_lock(&h->lock);
+        cuh_lock(&h->lock);
     } else {
         int tries = 0;
-        while (pthread_mutex_trylock(&h->lock) != 0) {
+        while (!cuh_trylock(&h->lock)) {
             if (++tries > 200) {
                 free(snap);
                 return NULL;
@@ -3077,7 +3073,7 @@ cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h, int ask_device)
     snap->extents = calloc(num_extents + 1, sizeof *snap->extents);
     snap->streams = calloc(h->num_streams + 1, sizeof *snap->streams);
     if (!snap->segments || !snap->extents || !snap->streams) {
-        pthread_mutex_unlock(&h->lock);
+        cuh_unlock(&h->lock);
         cuh_heap_snapshot_free(snap);
         return NULL;
     }
@@ -3148,7 +3144,7 @@ cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h, int ask_device)
         memcpy(snap->timeline, h->timeline, h->num_samples * sizeof *snap->timeline);
         snap->num_samples = h->num_samples;
     }
-    pthread_mutex_unlock(&h->lock);
+    cuh_unlock(&h->lock);
     return snap;
 }
 

@@ -14,6 +14,8 @@
 // figure is each thread's wall time over its pairs (median of 3 rounds), and
 // the last columns are the ratios cudaMalloc/cuheap and async/cuheap. No
 // kernels run: this is the allocator's own cost as the CPU sees it.
+// --cuheap-only times cuheap alone (the other columns read 0), to compare
+// two builds of cuheap side by side.
 //
 //   nvcc -O2 -arch=sm_90 -std=c++17 -Iinclude bench/gpu/alloc_latency.cu \
 //        build/libcuheap.a -ldl -lpthread -o build/alloc_latency
@@ -68,11 +70,14 @@ static void do_free(Allocator a, void *p, cudaStream_t s)
 int main(int argc, char **argv)
 {
     long pairs = 20000;
+    bool cuheap_only = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--pairs") && i + 1 < argc)
             pairs = atol(argv[++i]);
+        else if (!strcmp(argv[i], "--cuheap-only"))
+            cuheap_only = true;
         else {
-            fprintf(stderr, "usage: %s [--pairs N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--pairs N] [--cuheap-only]\n", argv[0]);
             return 2;
         }
     }
@@ -90,6 +95,10 @@ int main(int argc, char **argv)
         for (int threads : {1, 16}) {
             double ns[NUM_ALLOCATORS];
             for (int a = 0; a < NUM_ALLOCATORS; a++) {
+                if (cuheap_only && a != CUHEAP) {
+                    ns[a] = 0;
+                    continue;
+                }
                 // cudaMalloc synchronizes on every free: fewer pairs keep it short.
                 long n = a == CUDA_MALLOC ? std::max(200L, pairs / 20) : pairs;
                 Allocator which = (Allocator)a;
