@@ -132,9 +132,10 @@ def median(xs):
 
 
 def combine(results):
-    """One result per (job, mode) from the rounds of --repeat (here and in run_ddp.py): the first round's
-    run (its losses and peaks) with step_ms the median over the rounds that ran
-    and step_ms_rounds every round's; a round that failed makes the row failed."""
+    """One result per (job, mode) from the rounds of --repeat (here and in
+    run_ddp.py), or from a mode listed more than once: the first run (its
+    losses and peaks) with step_ms the median over the runs that ran and
+    step_ms_rounds every run's; a run that failed makes the row failed."""
     combined, order = {}, []
     for r in results:
         key = (r["job"], r["mode"])
