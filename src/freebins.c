@@ -86,26 +86,14 @@ static cuh_binnode_t *best_in_bin(cuh_binnode_t *n, size_t size, size_t align)
 
 cuh_binnode_t *cuh_freebins_find(const cuh_freebins_t *b, size_t size, size_t align)
 {
-    unsigned f, s;
-    bin_of(size, &f, &s);
-    cuh_binnode_t *best = best_in_bin(b->head[f][s], size, align);
-    if (best)
-        return best;
-    /* Bins above: the rest of this doubling, then the doublings above. */
-    uint64_t above = s + 1 < CUH_BINS_SECOND ? b->second_map[f] & (~(uint64_t)0 << (s + 1)) : 0;
-    for (;;) {
-        if (!above) {
-            uint64_t firsts = f + 1 < CUH_BINS_FIRST ? b->first_map & (~(uint64_t)0 << (f + 1)) : 0;
-            if (!firsts)
-                return NULL;
-            f = (unsigned)__builtin_ctzll(firsts);
-            above = b->second_map[f];
-        }
-        s = (unsigned)__builtin_ctzll(above);
-        if ((best = best_in_bin(b->head[f][s], size, align)))
+    /* The request's own bin, then the bins above that hold a node: only an
+     * aligned request can miss a whole bin. */
+    for (unsigned bin = cuh_freebins_bin(size); bin != CUH_BINS_NONE; bin = cuh_freebins_next(b, bin + 1)) {
+        cuh_binnode_t *best = best_in_bin(cuh_freebins_head(b, bin), size, align);
+        if (best)
             return best;
-        above &= above - 1;   /* only an aligned request can miss a whole bin */
     }
+    return NULL;
 }
 
 unsigned cuh_freebins_bin(size_t size)
