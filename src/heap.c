@@ -45,7 +45,6 @@
 #include "sizeclass.h"
 #include "slab.h"
 
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -1889,9 +1888,7 @@ cuh_heap_t *cuh_heap_create(cuh_device_t *dev, const cuh_config_t *cfg, char *er
         snprintf(err, errlen, "out of host memory");
         return NULL;
     }
-    /* Critical sections are a few hundred nanoseconds: spin briefly before
-     * sleeping, rather than paying a futex round trip under contention. */
-    cuh_lock_init(&h->lock);
+    cuh_lock_init(&h->lock);   /* spins before it sleeps: see lock.h */
     h->dev = dev;
     h->cfg = *cfg;
     h->device_wide = (stream_state_t){.tag = CUH_TAG_GLOBAL, .retired = 1};
