@@ -14,7 +14,7 @@
 // figure is each thread's wall time over its pairs (median of 3 rounds), and
 // the last columns are the ratios cudaMalloc/cuheap and async/cuheap. No
 // kernels run: this is the allocator's own cost as the CPU sees it.
-// --cuheap-only times cuheap alone (the other columns read 0), to compare
+// --cuheap-only times cuheap alone (the other columns read -), to compare
 // two builds of cuheap side by side.
 //
 //   nvcc -O2 -arch=sm_90 -std=c++17 -Iinclude bench/gpu/alloc_latency.cu \
@@ -93,12 +93,10 @@ int main(int argc, char **argv)
     printf("|---|---|---|---|---|---|---|\n");
     for (const LatencyPattern &p : kLatencyPatterns) {
         for (int threads : {1, 16}) {
-            double ns[NUM_ALLOCATORS];
+            double ns[NUM_ALLOCATORS] = {0};
             for (int a = 0; a < NUM_ALLOCATORS; a++) {
-                if (cuheap_only && a != CUHEAP) {
-                    ns[a] = 0;
+                if (cuheap_only && a != CUHEAP)
                     continue;
-                }
                 // cudaMalloc synchronizes on every free: fewer pairs keep it short.
                 long n = a == CUDA_MALLOC ? std::max(200L, pairs / 20) : pairs;
                 Allocator which = (Allocator)a;
@@ -106,8 +104,11 @@ int main(int argc, char **argv)
                                         [which](void *q, cudaStream_t s) { do_free(which, q, s); }, p, threads, n,
                                         streams);
             }
-            printf("| %s | %d | %.0f | %.0f | %.0f | %.1fx | %.1fx |\n", p.name, threads, ns[CUHEAP], ns[CUDA_MALLOC],
-                   ns[CUDA_ASYNC], ns[CUDA_MALLOC] / ns[CUHEAP], ns[CUDA_ASYNC] / ns[CUHEAP]);
+            if (cuheap_only)
+                printf("| %s | %d | %.0f | - | - | - | - |\n", p.name, threads, ns[CUHEAP]);
+            else
+                printf("| %s | %d | %.0f | %.0f | %.0f | %.1fx | %.1fx |\n", p.name, threads, ns[CUHEAP],
+                       ns[CUDA_MALLOC], ns[CUDA_ASYNC], ns[CUDA_MALLOC] / ns[CUHEAP], ns[CUDA_ASYNC] / ns[CUHEAP]);
             fflush(stdout);
         }
     }
