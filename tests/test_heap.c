@@ -1758,6 +1758,14 @@ typedef struct freed_piece_s {
     uint64_t pos;
 } freed_piece_t;
 
+/* The bytes of block [addr, addr + size) that lie in the page at pva, as
+ * offsets [*lo, *hi) into that page. */
+static void bytes_in_page(uintptr_t addr, size_t size, uintptr_t pva, size_t page, size_t *lo, size_t *hi)
+{
+    *lo = cuh_max_size(addr, pva) - pva;
+    *hi = cuh_min_size(addr + size, pva + page) - pva;
+}
+
 /* A model of the page rule of vmm:1 over random operations on three streams
  * whose work finishes late, under a tight limit (pages move all the time):
  *   - a new block of stream t may use bytes, by address or by physical page,
@@ -1770,8 +1778,9 @@ typedef struct freed_piece_s {
  * The simulated device answers "done" exactly (cuh_sim_stream_waits_for, on a
  * stream that runs nothing), host waits included, and tells which physical
  * page is mapped where (cuh_sim_handle_at). `wide` percent of the
- * operations are device-wide. Without vmm:1 only addresses are checked. Returns how often a page of a stream's own
- * recent frees served its next block at another address. */
+ * operations are device-wide. Without vmm:1 only addresses are checked.
+ * Returns how often a page of a stream's own recent frees served its next
+ * block at another address. */
 static size_t page_rule_model(const char *conf, size_t page, unsigned wide, uint64_t seed, int extras)
 {
     test_heap_t t = test_heap_new(GiB, conf);
@@ -1804,9 +1813,9 @@ static size_t page_rule_model(const char *conf, size_t page, unsigned wide, uint
                 uint64_t pos = cuh_sim_enqueue_work(t.dev, streams[k]);
                 for (uintptr_t pva = addr[i] & ~(uintptr_t)(page - 1); pva < addr[i] + size[i]; pva += page) {
                     assert_true(num < MAX_PIECES);
-                    uintptr_t lo = cuh_max_size(addr[i], pva), hi = cuh_min_size(addr[i] + size[i], pva + page);
-                    pieces[num++] = (freed_piece_t){pva, cuh_sim_handle_at(t.dev, pva), lo - pva, hi - pva,
-                                                    streams[k], pos};
+                    size_t lo, hi;
+                    bytes_in_page(addr[i], size[i], pva, page, &lo, &hi);
+                    pieces[num++] = (freed_piece_t){pva, cuh_sim_handle_at(t.dev, pva), lo, hi, streams[k], pos};
                 }
             }
             if (wide_free)
@@ -1836,7 +1845,8 @@ static size_t page_rule_model(const char *conf, size_t page, unsigned wide, uint
             }
             for (uintptr_t pva = addr[i] & ~(uintptr_t)(page - 1); pva < addr[i] + size[i]; pva += page) {
                 uint64_t h = cuh_sim_handle_at(t.dev, pva);
-                uintptr_t lo = cuh_max_size(addr[i], pva) - pva, hi = cuh_min_size(addr[i] + size[i], pva + page) - pva;
+                size_t lo, hi;
+                bytes_in_page(addr[i], size[i], pva, page, &lo, &hi);
                 /* h is 0 on plain segments and in the workspace: addresses only */
                 for (size_t k = 0; k < num; k++) {
                     const freed_piece_t *f = &pieces[k];
