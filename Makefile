@@ -18,7 +18,7 @@ SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-re
 # The library proper: what libcuheap.so is made of. No CUDA library and no
 # zlib are linked; the driver is loaded with dlopen at run time.
 LIB_SRCS := src/log.c src/config.c src/sizeclass.c src/freebins.c src/ptrmap.c \
-            src/arena.c src/slab.c src/lock.c src/heap.c src/pinned.c src/report.c src/report_html.c src/device_sim.c \
+            src/arena.c src/slab.c src/lock.c src/tcache.c src/heap.c src/pinned.c src/report.c src/report_html.c src/device_sim.c \
             src/device_cuda.c src/api.c src/hook_torch.c src/trace_write.c
 # The CUDA entry points for LD_PRELOAD: in libcuheap.so only. A program that
 # links libcuheap.a keeps its own CUDA runtime.
@@ -70,7 +70,7 @@ $(BUILD)/san/obj/%.o: src/%.c $(wildcard src/*.h) include/cuheap.h
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -c $< -o $@
 
 $(BUILD)/libcuheap.so: $(LIB_OBJS) $(HOOK_OBJS) src/exports.map $(JE_LIB)
-	$(CC) -shared -Wl,--version-script=src/exports.map -Wl,--exclude-libs,ALL -Wl,-z,defs -pthread \
+	$(CC) -shared -Wl,--version-script=src/exports.map -Wl,--exclude-libs,ALL -Wl,-z,defs -Wl,-z,nodelete -pthread \
 	    -o $@ $(LIB_OBJS) $(HOOK_OBJS) $(JE_LIB) -ldl
 
 # The static library carries jemalloc's objects too: linking it needs nothing else.

@@ -61,6 +61,14 @@ static const option_t options[] = {
      "same whatever the page's size, so larger pages move memory in fewer calls, but a page "
      "moves only when it is wholly free: memory can then stay stranded in partly used pages. "
      "Between 2M and 1G."},
+    {"thread_cache", KIND_SIZE, offsetof(cuh_config_t, thread_cache), "4M",
+     "Most bytes of small objects (small_max and below) each thread keeps for itself, per "
+     "device: what a thread frees on a stream it allocates again on that stream without "
+     "taking the heap's lock, so threads do not queue behind each other. Peaks of requested "
+     "and allocated bytes may then overstate by up to this much per thread (the heap counts "
+     "what thread caches hold as allocated); current values are exact. Given back on "
+     "empty_cache, before an out-of-memory error and when the thread exits. 0 turns thread "
+     "caches off."},
     {"wait_before_grow", KIND_BOOL, offsetof(cuh_config_t, wait_before_grow), "1",
      "1: blocks freed by cudaFree that still wait for the GPU are taken back for a cudaMalloc "
      "(device-wide allocation) instead of reserving more: every stream waits on the GPU "
@@ -110,6 +118,7 @@ void cuh_config_defaults(cuh_config_t *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     cfg->small_max = 64 * CUH_KiB;
+    cfg->thread_cache = 4 * CUH_MiB;
     cfg->segment_min = 2 * CUH_MiB;
     cfg->grow_fraction = 0.0625;
     cfg->vmm_margin = 0.1;
@@ -360,9 +369,9 @@ void cuh_config_format(const cuh_config_t *cfg, char *buf, size_t len)
     else
         snprintf(limit, sizeof limit, "none");
     int n = snprintf(buf, len, "workspace:%zu,limit:%s,small_max:%zu,segment_min:%zu,grow_fraction:%g,vmm:%zu,vmm_margin:%g,"
-                     "vmm_page:%zu,wait_before_grow:%zu,ipc_safe:%zu,ipc_callers:%s,meminfo_cached:%zu,pinned:%zu,pinned_chunk:%zu",
+                     "vmm_page:%zu,thread_cache:%zu,wait_before_grow:%zu,ipc_safe:%zu,ipc_callers:%s,meminfo_cached:%zu,pinned:%zu,pinned_chunk:%zu",
                      cfg->workspace, limit, cfg->small_max, cfg->segment_min, cfg->grow_fraction, cfg->vmm, cfg->vmm_margin,
-                     cfg->vmm_page, cfg->wait_before_grow, cfg->ipc_safe, cfg->ipc_callers[0] ? cfg->ipc_callers : "none",
+                     cfg->vmm_page, cfg->thread_cache, cfg->wait_before_grow, cfg->ipc_safe, cfg->ipc_callers[0] ? cfg->ipc_callers : "none",
                      cfg->meminfo_cached, cfg->pinned, cfg->pinned_chunk);
     if (cfg->report[0] && n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, ",report:%s", cfg->report);

@@ -23,6 +23,7 @@ typedef struct cuh_config_s {
     size_t vmm_page;         /* vmm: bytes of physical memory per page (rounded to the device's granularity) */
     size_t wait_before_grow; /* 1: a device-wide malloc waits for cudaFree batches before growing */
     size_t ipc_safe;         /* 1: every block starts a segment of its own */
+    size_t thread_cache;     /* most bytes of small objects each thread keeps for itself; 0 = none */
     size_t meminfo_cached;   /* 1: hooked cudaMemGetInfo counts ready cached bytes as free */
     size_t pinned;           /* 1: hooked cudaHostAlloc & co. are served from the pinned cache */
     size_t pinned_chunk;     /* bytes of page-locked memory taken from CUDA at a time */

@@ -34,7 +34,10 @@
  *   7. out of memory, with the state recorded as its proof.
  *
  * Concurrency: one mutex per heap guards everything here. Functions whose
- * names end in _locked expect it held.
+ * names end in _locked expect it held. In front of it, each thread has a
+ * cache of small objects per heap (tcache.h; "thread caches" below) that its
+ * fast paths use without the heap's lock. Lock order: the registry of
+ * thread caches, then a heap, then a thread cache.
  */
 #include "heap.h"
 
@@ -44,7 +47,10 @@
 #include "ptrmap.h"
 #include "sizeclass.h"
 #include "slab.h"
+#include "tcache.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -170,6 +176,11 @@ struct cuh_heap_s {
     cuh_lock_t lock;
     cuh_device_t *dev;
     cuh_config_t cfg;
+    /* Thread caches: read by their fast paths without the lock, so kept
+     * apart from what the lock's holders write. */
+    uint64_t id;                 /* unique among the process's heaps, ever */
+    _Atomic int tcache_closed;   /* a graph capture is underway: fast paths stay shut */
+    cuh_tcache_t *tcaches;       /* every thread's cache of this heap (under the lock) */
     size_t device_total;
     size_t limit;
     int started;
@@ -815,6 +826,7 @@ static grow_result_t grow_locked(cuh_heap_t *h, size_t size, size_t align)
     return GROW_OK;
 }
 
+static void tcache_flush_locked(cuh_heap_t *h);
 static size_t release_free_pages_locked(cuh_heap_t *h);
 
 /* Gives a general segment that is one global free extent back to the device. */
@@ -1640,6 +1652,7 @@ retry_after_take_back:
     if (why == GROW_OK)
         goto grown;
     /* Refused: wait for all freed memory, then give back what is whole. */
+    tcache_flush_locked(h);
     settle_all_locked(h);
     if ((e = find_fit_locked(h, size, align, st->tag)))
         goto hit;
@@ -1853,6 +1866,315 @@ found:
     return CUHEAP_OK;
 }
 
+/* ---- thread caches ------------------------------------------------------------ *
+ * A thread's cache (tcache.h) takes the small objects the thread frees on a
+ * stream, when the free comes through the heap, and hands them out again to
+ * the thread's allocations of their class on that stream, and takes them back
+ * at their next free, all without the heap's lock. The object it holds is
+ * the freeing stream's private memory exactly as in that stream's ring here:
+ * only that stream reuses it. While the cache owns an object (held or handed
+ * out), the slab marks it tcached and the heap counts it as allocated, with
+ * its whole size as requested; statistics correct for the caches'
+ * holdings when read (cuh_heap_stats_locked), and peaks are the heap's, so
+ * they may overstate by what the caches held at the time.
+ *
+ * Every heap path that takes a live block (free, record_stream) first takes
+ * it from the cache that owns it (find_live_locked): a held object freed
+ * again is a double free; one handed out becomes an ordinary live block. The
+ * caches give all they hold back before the heap reports out of memory, on
+ * release_cached and when over a new limit, a stream's objects when the
+ * stream is retired, and everything when their thread exits. The fast paths
+ * stay shut during graph captures, whose allocations must be recorded. */
+
+static _Thread_local cuh_tcache_t *my_tcaches;      /* this thread's, one per heap */
+static pthread_mutex_t tcache_registry = PTHREAD_MUTEX_INITIALIZER;
+static pthread_key_t tcache_exit_key;
+static pthread_once_t tcache_exit_once = PTHREAD_ONCE_INIT;
+static int tcache_exit_key_ok;
+static _Atomic uint64_t next_heap_id = 1;
+
+static void release_block_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr, stream_state_t *st);
+
+static inline cuh_tcache_t *my_tcache(const cuh_heap_t *h)
+{
+    for (cuh_tcache_t *tc = my_tcaches; tc; tc = tc->thread_next)
+        if (tc->heap == h && tc->heap_id == h->id)
+            return tc;
+    return NULL;
+}
+
+static inline int tcache_open(cuh_heap_t *h)
+{
+    return !atomic_load_explicit(&h->tcache_closed, memory_order_acquire);
+}
+
+/* Gives cached object `addr` (its entry e, freed on `stream`, already out of
+ * its bin) back to the heap as that stream's free; the entry goes. */
+static void tcache_return_locked(cuh_heap_t *h, cuh_tcache_t *tc, cuh_tc_entry_t *e)
+{
+    uintptr_t addr = e->addr;
+    size_t size = e->size;
+    cuh_stream_t stream = (cuh_stream_t)e->stream;
+    cuh_tcache_hand_out(tc, e, e->size);
+    cuh_tcache_remove(tc, e);
+    cuh_slab_t *s = slab_of_locked(h, addr);
+    live_block_t b = {.slab = s, .index = (uint32_t)cuh_slab_index(s, addr), .size = size, .requested = size};
+    cuh_slab_clear(s->tcached, b.index);
+    stat_set(&h->requested, h->requested.current - size);
+    stat_set(&h->allocated, h->allocated.current - size);
+    /* The stream was known when the object came in; found, not created. */
+    release_block_locked(h, &b, addr, stream_get_locked(h, stream));
+}
+
+/* Makes an object the cache handed out an ordinary live block of the heap's. */
+static void tcache_disown_live_locked(cuh_heap_t *h, cuh_tcache_t *tc, cuh_tc_entry_t *e)
+{
+    cuh_slab_t *s = slab_of_locked(h, e->addr);
+    uint32_t i = (uint32_t)cuh_slab_index(s, e->addr);
+    s->requested[i] = e->requested;
+    cuh_slab_clear(s->tcached, i);
+    h->requested.current -= e->size - e->requested;
+    tc->requested_adjust -= (int64_t)e->requested - (int64_t)e->size;
+    cuh_tcache_remove(tc, e);
+}
+
+/* Gives back what one cache holds (all streams, or only `stream`'s); with
+ * forget_live, its handed-out objects become the heap's live blocks too. */
+static void tcache_flush_one_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_streams, cuh_stream_t stream,
+                                    int forget_live)
+{
+    cuh_lock(&tc->lock);
+    for (unsigned c = 0; c < CUH_MAX_CLASSES; c++)
+        for (uint32_t i = tc->bins[c].count; i-- > 0;) {
+            if (!all_streams && tc->bins[c].stream[i] != (uintptr_t)stream)
+                continue;
+            uintptr_t addr = tc->bins[c].addr[i];
+            cuh_tcache_unbin(tc, c, i);
+            tcache_return_locked(h, tc, cuh_tcache_find(tc, addr));
+        }
+    if (forget_live)
+        for (size_t i = 0; i <= tc->mask; i++) {
+            cuh_tc_entry_t *e = &tc->slots[i];
+            /* A removal may shift a later entry into slot i: look again. */
+            while (e->addr && e->state == CUH_TC_LIVE && (all_streams || e->stream == (uintptr_t)stream))
+                tcache_disown_live_locked(h, tc, e);
+        }
+    cuh_unlock(&tc->lock);
+}
+
+static void tcache_flush_locked(cuh_heap_t *h)
+{
+    for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next)
+        tcache_flush_one_locked(h, tc, 1, 0, 0);
+}
+
+/* The cache that owns small object i of slab s (tcached) gives it up: a
+ * held one is a double free (error set); one handed out becomes the heap's. */
+static cuheap_status_t tcache_take_locked(cuh_heap_t *h, cuh_slab_t *s, uint32_t i, uintptr_t addr)
+{
+    for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next) {
+        cuh_lock(&tc->lock);
+        cuh_tc_entry_t *e = cuh_tcache_find(tc, addr);
+        if (!e) {
+            cuh_unlock(&tc->lock);
+            continue;
+        }
+        cuheap_status_t status = CUHEAP_OK;
+        if (e->state == CUH_TC_CACHED) {
+            cuh_set_error("double free: 0x%llx (%zu-byte object) on device %d is already free (held in a thread's "
+                          "cache)",
+                          (unsigned long long)addr, s->obj_size, h->dev->ordinal);
+            status = CUHEAP_ERR_DOUBLE_FREE;
+        } else {
+            tcache_disown_live_locked(h, tc, e);
+        }
+        cuh_unlock(&tc->lock);
+        return status;
+    }
+    cuh_set_error("internal error: 0x%llx is marked as in a thread cache that does not hold it",
+                  (unsigned long long)addr);
+    (void)i;
+    return CUHEAP_ERR_INVALID_ARGUMENT;
+}
+
+/* Unlinks a cache from its heap after giving everything back. */
+static void tcache_detach_locked(cuh_heap_t *h, cuh_tcache_t *tc)
+{
+    tcache_flush_one_locked(h, tc, 1, 0, 1);
+    /* Its counts stay in the heap's. */
+    h->num_allocs += tc->num_allocs;
+    h->num_cache_hits += tc->num_allocs;
+    h->num_frees += tc->num_frees;
+    if (tc->heap_prev)
+        tc->heap_prev->heap_next = tc->heap_next;
+    else
+        h->tcaches = tc->heap_next;
+    if (tc->heap_next)
+        tc->heap_next->heap_prev = tc->heap_prev;
+}
+
+/* At thread exit: every cache of the thread gives back what it owns. */
+static void tcache_thread_exit(void *unused)
+{
+    (void)unused;
+    pthread_mutex_lock(&tcache_registry);
+    for (cuh_tcache_t *tc = my_tcaches, *next; tc; tc = next) {
+        next = tc->thread_next;
+        if (!tc->dead) {
+            cuh_heap_t *h = (cuh_heap_t *)(uintptr_t)tc->heap;
+            cuh_lock(&h->lock);
+            tcache_detach_locked(h, tc);
+            cuh_unlock(&h->lock);
+        }
+        cuh_tcache_destroy(tc);
+    }
+    my_tcaches = NULL;
+    pthread_mutex_unlock(&tcache_registry);
+}
+
+static void tcache_exit_key_create(void)
+{
+    tcache_exit_key_ok = pthread_key_create(&tcache_exit_key, tcache_thread_exit) == 0;
+}
+
+/* This thread's cache of heap h, made on first use; NULL if none can be
+ * (out of host memory: the heap then serves the thread without one). */
+static cuh_tcache_t *tcache_mine_locked(cuh_heap_t *h)
+{
+    cuh_tcache_t *tc = my_tcache(h);
+    if (tc)
+        return tc;
+    pthread_once(&tcache_exit_once, tcache_exit_key_create);
+    /* Without the exit hook a cache would keep its objects after its thread. */
+    if (!tcache_exit_key_ok || pthread_setspecific(tcache_exit_key, (void *)1) != 0)
+        return NULL;
+    /* Caches of heaps destroyed since go now. */
+    for (cuh_tcache_t **link = &my_tcaches; *link;) {
+        cuh_tcache_t *old = *link;
+        cuh_lock(&old->lock);
+        int dead = old->dead;
+        cuh_unlock(&old->lock);
+        if (dead) {
+            *link = old->thread_next;
+            cuh_tcache_destroy(old);
+        } else {
+            link = &old->thread_next;
+        }
+    }
+    if (!(tc = cuh_tcache_create()))
+        return NULL;
+    tc->heap = h;
+    tc->heap_id = h->id;
+    tc->heap_next = h->tcaches;
+    if (h->tcaches)
+        h->tcaches->heap_prev = tc;
+    h->tcaches = tc;
+    tc->thread_next = my_tcaches;
+    my_tcaches = tc;
+    return tc;
+}
+
+/* Before a cache takes an object of `size` bytes and class c that it has no
+ * room for, it gives back its oldest objects in one go (so that the next
+ * frees find room without the heap's lock): the older half of c's bin when
+ * that is full; when the bytes are, the older halves of bins from the
+ * largest class down, until a quarter of thread_cache is free. */
+static void tcache_make_room_locked(cuh_heap_t *h, cuh_tcache_t *tc, unsigned c, size_t size)
+{
+    if (tc->bins[c].count == CUH_TC_BIN_MAX)
+        for (uint32_t k = CUH_TC_BIN_MAX / 2; k > 0; k--) {
+            uintptr_t addr = tc->bins[c].addr[0];
+            cuh_tcache_unbin(tc, c, 0);
+            tcache_return_locked(h, tc, cuh_tcache_find(tc, addr));
+        }
+    size_t cap = h->cfg.thread_cache, want = cap - cap / 4;
+    if (tc->cached_bytes + size <= cap)
+        return;
+    for (unsigned k = CUH_MAX_CLASSES; k-- > 0 && tc->cached_bytes + size > want;) {
+        for (uint32_t n = (tc->bins[k].count + 1) / 2; n > 0 && tc->cached_bytes + size > want; n--) {
+            uintptr_t addr = tc->bins[k].addr[0];
+            cuh_tcache_unbin(tc, k, 0);
+            tcache_return_locked(h, tc, cuh_tcache_find(tc, addr));
+        }
+    }
+}
+
+/* A small object the program freed on `stream` through the heap goes to the
+ * freeing thread's cache instead of the stream's ring, if there is room.
+ * The caller has counted the free; 1 if the cache took it. */
+static int tcache_adopt_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr, cuh_stream_t stream)
+{
+    if (!h->cfg.thread_cache || h->captures || b->size > h->cfg.thread_cache)
+        return 0;
+    cuh_tcache_t *tc = tcache_mine_locked(h);
+    if (!tc)
+        return 0;
+    cuh_slab_t *s = b->slab;
+    int took = 0;
+    cuh_lock(&tc->lock);
+    tcache_make_room_locked(h, tc, s->size_class, b->size);
+    if (tc->cached_bytes + b->size <= h->cfg.thread_cache && tc->bins[s->size_class].count < CUH_TC_BIN_MAX) {
+        cuh_tc_entry_t *e = cuh_tcache_insert(tc, addr);
+        if (e) {
+            e->size = (uint32_t)b->size;
+            e->requested = (uint32_t)b->size;
+            e->size_class = (uint16_t)s->size_class;
+            e->state = CUH_TC_LIVE;
+            cuh_tcache_hold(tc, e, (uintptr_t)stream);
+            cuh_tcache_push(tc, s->size_class, addr, (uintptr_t)stream);
+            took = 1;
+        }
+    }
+    cuh_unlock(&tc->lock);
+    if (took) {
+        s->requested[b->index] = (uint32_t)b->size;
+        cuh_slab_set(s->tcached, b->index);
+        stat_set(&h->requested, h->requested.current + b->size);
+        stat_set(&h->allocated, h->allocated.current + b->size);
+    }
+    return took;
+}
+
+/* Fast path of cuh_heap_malloc: an object of size's class this thread
+ * freed on `stream`, from its cache. 0 if there is none. */
+static inline uintptr_t tcache_alloc(cuh_heap_t *h, size_t size, cuh_stream_t stream)
+{
+    cuh_tcache_t *tc = my_tcache(h);
+    if (!tc)
+        return 0;
+    uintptr_t addr = 0;
+    cuh_lock(&tc->lock);
+    if (cuh_likely(!tc->dead && tcache_open(h)) &&
+        (addr = cuh_tcache_pop(tc, cuh_sizeclass_index(size), (uintptr_t)stream))) {
+        cuh_tcache_hand_out(tc, cuh_tcache_find(tc, addr), (uint32_t)size);
+        tc->num_allocs++;
+    }
+    cuh_unlock(&tc->lock);
+    return addr;
+}
+
+/* Fast path of cuh_heap_free: an object this thread's cache handed out,
+ * freed on the stream it was allocated on, goes back to the cache. 0 if the
+ * heap must see the free (not the cache's, another stream, no room). */
+static inline int tcache_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream)
+{
+    cuh_tcache_t *tc = my_tcache(h);
+    if (!tc)
+        return 0;
+    int done = 0;
+    cuh_lock(&tc->lock);
+    cuh_tc_entry_t *e = cuh_tcache_find(tc, addr);
+    if (e && e->state == CUH_TC_LIVE && e->stream == (uintptr_t)stream && cuh_likely(!tc->dead && tcache_open(h)) &&
+        tc->cached_bytes + e->size <= h->cfg.thread_cache &&
+        cuh_tcache_push(tc, e->size_class, addr, (uintptr_t)stream) == 0) {
+        cuh_tcache_hold(tc, e, (uintptr_t)stream);
+        tc->num_frees++;
+        done = 1;
+    }
+    cuh_unlock(&tc->lock);
+    return done;
+}
+
 /* ---- public heap API -------------------------------------------------------------- */
 
 cuh_heap_t *cuh_heap_create(cuh_device_t *dev, const cuh_config_t *cfg, char *err, size_t errlen)
@@ -1891,6 +2213,7 @@ cuh_heap_t *cuh_heap_create(cuh_device_t *dev, const cuh_config_t *cfg, char *er
     cuh_lock_init(&h->lock);   /* spins before it sleeps: see lock.h */
     h->dev = dev;
     h->cfg = *cfg;
+    h->id = atomic_fetch_add(&next_heap_id, 1);
     h->device_wide = (stream_state_t){.tag = CUH_TAG_GLOBAL, .retired = 1};
     clock_gettime(CLOCK_MONOTONIC, &h->born);
     h->sample_every = 64;
@@ -1909,6 +2232,14 @@ void cuh_heap_destroy(cuh_heap_t *h)
 {
     if (!h)
         return;
+    /* Threads free their caches of this heap when they next look or exit. */
+    pthread_mutex_lock(&tcache_registry);
+    for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next) {
+        cuh_lock(&tc->lock);
+        tc->dead = 1;
+        cuh_unlock(&tc->lock);
+    }
+    pthread_mutex_unlock(&tcache_registry);
     for (uint32_t i = 0; i < h->num_streams; i++) {
         stream_state_t *st = h->streams[i];
         for (size_t f = 0; f < st->num_fences; f++)
@@ -2156,6 +2487,8 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
         cuh_set_error("request of %zu bytes is larger than any device", size);
         return CUHEAP_ERR_OUT_OF_MEMORY;
     }
+    if (!device_wide && size <= h->cfg.small_max && (*addr = tcache_alloc(h, size, stream)))
+        return CUHEAP_OK;
     cuh_lock(&h->lock);
     if (cuh_unlikely(!h->started))
         start_locked(h);
@@ -2252,6 +2585,11 @@ static cuheap_status_t find_live_locked(cuh_heap_t *h, uintptr_t addr, live_bloc
         cuh_set_error("double free: 0x%llx (%zu-byte object) on device %d is already free", (unsigned long long)addr,
                       s->obj_size, h->dev->ordinal);
         return CUHEAP_ERR_DOUBLE_FREE;
+    }
+    if (cuh_unlikely(cuh_slab_bit(s->tcached, (uint32_t)idx))) {
+        cuheap_status_t status = tcache_take_locked(h, s, (uint32_t)idx, addr);
+        if (status != CUHEAP_OK)
+            return status;
     }
     b->slab = s;
     b->index = (uint32_t)idx;
@@ -2591,6 +2929,8 @@ cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
 {
     if (!addr)
         return CUHEAP_OK;
+    if (tcache_free(h, addr, stream))
+        return CUHEAP_OK;
     cuh_lock(&h->lock);
     cuheap_status_t status;
     live_block_t b;
@@ -2603,7 +2943,7 @@ cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
         stat_set(&h->allocated, h->allocated.current - b.size);
         int held = cuh_unlikely(h->graph.count || h->captures || h->uses.count) &&
                    maybe_hold_locked(h, addr, b.size, b.requested, st);
-        if (!held)
+        if (!held && !(b.slab && tcache_adopt_locked(h, &b, addr, stream)))
             release_block_locked(h, &b, addr, st);
         h->num_frees++;
         if (cuh_unlikely(h->num_holds))
@@ -2662,6 +3002,7 @@ void cuh_heap_capture_begin(cuh_heap_t *h, uint64_t pool)
     cuh_lock(&h->lock);
     h->captures++;
     h->capture_pool = pool ? pool : 1;
+    atomic_store_explicit(&h->tcache_closed, 1, memory_order_release);
     cuh_unlock(&h->lock);
 }
 
@@ -2670,6 +3011,7 @@ void cuh_heap_capture_end(cuh_heap_t *h)
     cuh_lock(&h->lock);
     if (h->captures)
         h->captures--;
+    atomic_store_explicit(&h->tcache_closed, h->captures != 0, memory_order_release);
     cuh_unlock(&h->lock);
 }
 
@@ -2710,6 +3052,7 @@ void cuh_heap_set_limit(cuh_heap_t *h, size_t limit)
     cuh_lock(&h->lock);
     h->limit = limit;
     if (limit && reserved_bytes(h) > limit && !h->captures) {
+        tcache_flush_locked(h);
         settle_all_locked(h);
         release_free_segments_locked(h);
     }
@@ -2738,6 +3081,10 @@ void cuh_heap_retire_stream(cuh_heap_t *h, cuh_stream_t stream)
         stream_state_t *st = h->streams[i];
         if (st->retired || st->handle != stream)
             continue;
+        /* What thread caches hold for it joins its ring first; what they
+         * handed out on it they forget (a new stream may get its handle). */
+        for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next)
+            tcache_flush_one_locked(h, tc, 0, stream, 1);
         /* The last event ever recorded on it covers all it freed; it stays
          * valid after the stream is destroyed. */
         stream_fence_locked(h, st);
@@ -2815,6 +3162,14 @@ size_t cuh_heap_block_size(cuh_heap_t *h, uintptr_t addr)
         int64_t i = cuh_slab_index(s, addr);
         if (i >= 0 && cuh_slab_bit(s->live, (uint32_t)i))
             size = s->requested[i];
+        /* A thread cache keeps the request of an object it handed out. */
+        for (cuh_tcache_t *tc = h->tcaches; i >= 0 && cuh_slab_bit(s->tcached, (uint32_t)i) && tc; tc = tc->heap_next) {
+            cuh_lock(&tc->lock);
+            const cuh_tc_entry_t *te = cuh_tcache_find(tc, addr);
+            if (te)
+                size = te->state == CUH_TC_LIVE ? te->requested : 0;
+            cuh_unlock(&tc->lock);
+        }
     }
     cuh_unlock(&h->lock);
     return size;
@@ -2841,11 +3196,26 @@ static void cuh_heap_stats_locked(cuh_heap_t *h, cuheap_stats_t *out)
     COPY_STAT(cached);
     COPY_STAT(pending);
 #undef COPY_STAT
-    out->num_allocs = h->num_allocs;
-    out->num_frees = h->num_frees;
+    /* What thread caches hold is free to the program; what they served,
+     * allocations, frees and cache hits. */
+    int64_t allocated_adjust = 0, requested_adjust = 0;
+    uint64_t tc_allocs = 0, tc_frees = 0;
+    for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next) {
+        cuh_lock(&tc->lock);
+        allocated_adjust += tc->allocated_adjust;
+        requested_adjust += tc->requested_adjust;
+        tc_allocs += tc->num_allocs;
+        tc_frees += tc->num_frees;
+        cuh_unlock(&tc->lock);
+    }
+    out->allocated.current = (size_t)((int64_t)h->allocated.current + allocated_adjust);
+    out->requested.current = (size_t)((int64_t)h->requested.current + requested_adjust);
+    out->cached.current = h->cached.current + (size_t)-allocated_adjust;
+    out->num_allocs = h->num_allocs + tc_allocs;
+    out->num_frees = h->num_frees + tc_frees;
     out->num_segment_allocs = h->num_segment_allocs;
     out->num_segment_frees = h->num_segment_frees;
-    out->num_cache_hits = h->num_cache_hits;
+    out->num_cache_hits = h->num_cache_hits + tc_allocs;
     out->num_retries = h->num_retries;
     out->num_ooms = h->num_ooms;
     out->largest_free_extent = largest_free_locked(h);
@@ -2869,6 +3239,7 @@ void cuh_heap_reset_peaks(cuh_heap_t *h)
 cuheap_status_t cuh_heap_release_cached(cuh_heap_t *h)
 {
     cuh_lock(&h->lock);
+    tcache_flush_locked(h);
     settle_all_locked(h);
     release_free_segments_locked(h);
     refresh_stats_locked(h);
@@ -2894,7 +3265,7 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
 {
     cuh_lock(&h->lock);
     int rc = cuh_arena_check(&h->arena, msg, len);
-    size_t allocated = 0, requested = 0, ring_objs = 0, slab_spare = 0;
+    size_t allocated = 0, requested = 0, ring_objs = 0, slab_spare = 0, tcached = 0;
     for (cuh_segment_t *seg = h->arena.segments; !rc && seg; seg = seg->next)
         for (cuh_extent_t *e = seg->first; e; e = e->next) {
             if (e->state == CUH_EXTENT_BLOCK) {
@@ -2912,6 +3283,9 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
                     avail += (uint32_t)cuh_slab_bit(s->avail, i);
                     if (cuh_slab_bit(s->live, i) && cuh_slab_bit(s->avail, i))
                         rc = -1;
+                    if (cuh_slab_bit(s->tcached, i) && !cuh_slab_bit(s->live, i))
+                        rc = -1;
+                    tcached += (size_t)cuh_slab_bit(s->tcached, i);
                     if (cuh_slab_bit(s->live, i))
                         requested += s->requested[i];
                 }
@@ -3010,6 +3384,55 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
                  "%zu (slabs say %zu)",
                  allocated, h->allocated.current, h->held_bytes, requested, h->requested.current, h->held_requested,
                  ring_objs, slab_spare);
+        rc = -1;
+    }
+    /* Every object a slab marks tcached is in exactly one thread cache; the
+     * cached ones are in their bins, and the books agree. */
+    size_t owned = 0;
+    for (cuh_tcache_t *tc = h->tcaches; !rc && tc; tc = tc->heap_next) {
+        cuh_lock(&tc->lock);
+        size_t entries = 0, cached = 0, binned = 0, cached_bytes = 0;
+        int64_t requested_adjust = 0;
+        for (size_t i = 0; i <= tc->mask; i++) {
+            const cuh_tc_entry_t *e = &tc->slots[i];
+            if (!e->addr)
+                continue;
+            entries++;
+            cuh_slab_t *s = slab_of_locked(h, e->addr);
+            int64_t idx = s ? cuh_slab_index(s, e->addr) : -1;
+            if (idx < 0 || !cuh_slab_bit(s->tcached, (uint32_t)idx) || s->obj_size != e->size) {
+                snprintf(msg, len, "thread cache: 0x%llx is not a tcached object of its size",
+                         (unsigned long long)e->addr);
+                rc = -1;
+            }
+            if (e->state == CUH_TC_CACHED) {
+                cached++;
+                cached_bytes += e->size;
+                requested_adjust -= (int64_t)e->size;
+            } else {
+                requested_adjust += (int64_t)e->requested - (int64_t)e->size;
+            }
+        }
+        for (unsigned c = 0; c < CUH_MAX_CLASSES; c++)
+            for (uint32_t k = 0; k < tc->bins[c].count; k++) {
+                const cuh_tc_entry_t *e = cuh_tcache_find(tc, tc->bins[c].addr[k]);
+                binned += e && e->state == CUH_TC_CACHED && e->size_class == c;
+            }
+        if (!rc && (entries != tc->count || binned != cached || cached_bytes != tc->cached_bytes ||
+                    tc->allocated_adjust != -(int64_t)cached_bytes || tc->requested_adjust != requested_adjust)) {
+            snprintf(msg, len,
+                     "thread cache: %zu entries (books %zu), %zu cached (%zu in bins, %zu bytes, books %zu), "
+                     "adjustments %lld / %lld, expected %lld / %lld",
+                     entries, tc->count, cached, binned, cached_bytes, tc->cached_bytes,
+                     (long long)tc->allocated_adjust, (long long)tc->requested_adjust, -(long long)cached_bytes,
+                     (long long)requested_adjust);
+            rc = -1;
+        }
+        owned += entries;
+        cuh_unlock(&tc->lock);
+    }
+    if (!rc && owned != tcached) {
+        snprintf(msg, len, "slabs mark %zu objects tcached, thread caches own %zu", tcached, owned);
         rc = -1;
     }
     /* Every held block is in exactly one hold list or batch, and in the map. */

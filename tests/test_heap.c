@@ -6,7 +6,9 @@
  *   release-and-retry happens before an out-of-memory; the workspace is used
  *   first; statistics are exact; concurrent threads never get overlapping
  *   blocks; a block freed device-wide is reused by nobody before every stream
- *   finished the work issued before the free, and no such free waits. Every test ends by checking the heap's books (heap_ok).
+ *   finished the work issued before the free, and no such free waits; thread
+ *   caches keep every one of these rules. Every test ends by checking the
+ *   heap's books (heap_ok).
  */
 #include "test_util.h"
 #include "common.h"
@@ -2066,6 +2068,316 @@ static void test_concurrent_threads_never_share_memory(void **state)
     test_heap_free(&t);
 }
 
+/* ---- thread caches ---------------------------------------------------------- */
+
+/* Runs fn(arg) on a thread of its own, to its end (its exit hook included). */
+static void on_other_thread(void *(*fn)(void *), void *arg)
+{
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, fn, arg), 0);
+    assert_int_equal(pthread_join(th, NULL), 0);
+}
+
+typedef struct tc_job_s {
+    cuh_heap_t *heap;
+    uintptr_t addr;
+    size_t size;
+    cuh_stream_t stream;
+    cuheap_status_t status;
+} tc_job_t;
+
+static void *tc_alloc_job(void *arg)
+{
+    tc_job_t *j = arg;
+    j->status = cuh_heap_malloc(j->heap, j->size, j->stream, &j->addr);
+    return NULL;
+}
+
+static void *tc_free_job(void *arg)
+{
+    tc_job_t *j = arg;
+    j->status = cuh_heap_free(j->heap, j->addr, j->stream);
+    return NULL;
+}
+
+/* What a thread frees on a stream only that thread gets back, on that stream
+ * (without a thread cache, another thread on the stream would get it). */
+static void test_thread_cache_serves_its_thread_and_stream_only(void **state)
+{
+    (void)state;
+    for (int cached = 0; cached < 2; cached++) {
+        test_heap_t t = test_heap_new(GiB, cached ? NULL : "thread_cache:0");
+        cuh_sim_hold_events(t.dev, 1);
+        uintptr_t a = must_alloc(t.heap, 3000, S1);
+        must_free(t.heap, a, S1);
+        tc_job_t other = {.heap = t.heap, .size = 3000, .stream = S1};
+        on_other_thread(tc_alloc_job, &other);
+        assert_int_equal(other.status, CUHEAP_OK);
+        if (cached)
+            assert_true(other.addr != a);
+        else
+            assert_int_equal(other.addr, a);
+        if (cached) {
+            /* Not to another stream of this thread either, while S1's work may run. */
+            uintptr_t b = must_alloc(t.heap, 3000, S2);
+            assert_true(b != a);
+            assert_int_equal(must_alloc(t.heap, 3000, S1), a);
+            must_free(t.heap, b, S2);
+            must_free(t.heap, a, S1);
+        }
+        heap_ok(t.heap);
+        cuh_sim_complete_all(t.dev);
+        test_heap_free(&t);
+    }
+}
+
+/* The program's figures stay exact while objects pass through a cache. */
+static void test_thread_cache_keeps_current_statistics_exact(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    uintptr_t a = must_alloc(t.heap, 2600, S1);
+    must_free(t.heap, a, S1);                     /* into the cache */
+    assert_int_equal(must_alloc(t.heap, 2900, S1), a);   /* same class, from the cache */
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.requested.current, 2900);
+    assert_int_equal(s.allocated.current, 3072);
+    assert_int_equal(s.num_allocs, 2);
+    assert_int_equal(s.num_frees, 1);
+    assert_int_equal(s.cached.current, s.reserved.current - 3072);
+    assert_int_equal(cuh_heap_block_size(t.heap, a), 2900);
+    must_free(t.heap, a, S1);                     /* back to the cache */
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.requested.current, 0);
+    assert_int_equal(s.allocated.current, 0);
+    assert_int_equal(s.num_frees, 2);
+    assert_int_equal(cuh_heap_block_size(t.heap, a), 0);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+static void test_thread_cache_double_free_is_caught_from_any_thread(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    uintptr_t keep = must_alloc(t.heap, 3000, S1);
+    uintptr_t a = must_alloc(t.heap, 3000, S1);
+    must_free(t.heap, a, S1);                     /* held by this thread's cache */
+    assert_int_equal(cuh_heap_free(t.heap, a, S1), CUHEAP_ERR_DOUBLE_FREE);
+    assert_int_equal(cuh_heap_free(t.heap, a, S2), CUHEAP_ERR_DOUBLE_FREE);
+    tc_job_t other = {.heap = t.heap, .addr = a, .stream = S1};
+    on_other_thread(tc_free_job, &other);
+    assert_int_equal(other.status, CUHEAP_ERR_DOUBLE_FREE);
+    heap_ok(t.heap);
+
+    /* Handed out again, freed by another thread: that free counts, and the
+     * owner's later free of it is the double one. */
+    assert_int_equal(must_alloc(t.heap, 3000, S1), a);
+    on_other_thread(tc_free_job, &other);
+    assert_int_equal(other.status, CUHEAP_OK);
+    assert_int_equal(cuh_heap_free(t.heap, a, S1), CUHEAP_ERR_DOUBLE_FREE);
+    must_free(t.heap, keep, S1);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.allocated.current, 0);
+    assert_int_equal(s.num_allocs, s.num_frees);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+/* A block served from a cache and then used on another stream waits for that
+ * stream's work like any other (record_stream takes it from the cache). */
+static void test_thread_cache_object_used_on_another_stream_waits_for_it(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    cuh_sim_hold_events(t.dev, 1);
+    uintptr_t a = must_alloc(t.heap, 3000, S1);
+    must_free(t.heap, a, S1);
+    assert_int_equal(must_alloc(t.heap, 3000, S1), a);
+    assert_int_equal(cuh_heap_record_stream(t.heap, a, S2), CUHEAP_OK);
+    must_free(t.heap, a, S1);
+    uintptr_t b = must_alloc(t.heap, 3000, S1);
+    assert_true(b != a);                          /* S2 may still use it */
+    heap_ok(t.heap);
+    cuh_sim_complete_all(t.dev);
+    must_free(t.heap, b, S1);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+/* During a graph capture allocations come from the heap, which records them
+ * for the graph: a cache's object would escape the graph's pool. */
+static void test_thread_cache_stays_shut_during_a_capture(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    uintptr_t a = must_alloc(t.heap, 3000, S1);
+    must_free(t.heap, a, S1);                     /* cached */
+    cuh_heap_capture_begin(t.heap, 7);
+    uintptr_t b = must_alloc(t.heap, 3000, S1);
+    cuh_heap_capture_end(t.heap);
+    assert_true(b != a);
+    must_free(t.heap, b, S1);
+    /* Replays of the graph still write b: nobody gets it before the pool goes. */
+    for (int i = 0; i < 4; i++)
+        assert_true(must_alloc(t.heap, 3000, S1) != b);
+    cuh_heap_release_pool(t.heap, 7);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+/* What caches hold goes back on release_cached and before an out-of-memory. */
+static void test_thread_caches_give_back_before_out_of_memory(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, "limit:8M,segment_min:2M,grow_fraction:0");
+    enum { N = 40 };
+    uintptr_t a[N];
+    for (int i = 0; i < N; i++)
+        a[i] = must_alloc(t.heap, 64 * KiB, S1);
+    for (int i = 0; i < N; i++)
+        must_free(t.heap, a[i], S1);
+    /* The slabs' 2.5 MiB and more sit in this thread's cache and S1's ring:
+     * an 8 MiB block needs every byte of the limit. */
+    uintptr_t big = must_alloc(t.heap, 8 * MiB, S2);
+    must_free(t.heap, big, S2);
+    heap_ok(t.heap);
+
+    for (int i = 0; i < N; i++)
+        a[i] = must_alloc(t.heap, 64 * KiB, S1);
+    for (int i = 0; i < N; i++)
+        must_free(t.heap, a[i], S1);
+    assert_int_equal(cuh_heap_release_cached(t.heap), CUHEAP_OK);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.reserved.current, 0);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+static void *tc_churn_job(void *arg)
+{
+    tc_job_t *j = arg;
+    uintptr_t a[50];
+    j->status = CUHEAP_OK;
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < 50; i++)
+            if (cuh_heap_malloc(j->heap, 512 + 700 * (size_t)i, j->stream, &a[i]) != CUHEAP_OK)
+                j->status = CUHEAP_ERR_OUT_OF_MEMORY;
+        for (int i = 0; i < 50; i++)
+            if (cuh_heap_free(j->heap, a[i], j->stream) != CUHEAP_OK)
+                j->status = CUHEAP_ERR_INVALID_ARGUMENT;
+    }
+    j->addr = a[0];   /* a block this thread freed last: held by its cache when it exits */
+    return NULL;
+}
+
+/* A thread that exits gives its cache back: every byte can be released. */
+static void test_thread_exit_gives_its_cache_back(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    tc_job_t job = {.heap = t.heap, .stream = S1};
+    on_other_thread(tc_churn_job, &job);
+    assert_int_equal(job.status, CUHEAP_OK);
+    heap_ok(t.heap);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.allocated.current, 0);
+    assert_int_equal(s.num_allocs, 150);
+    assert_int_equal(s.num_frees, 150);
+    /* Back in S1's ring, not lost: a second free is still a double free. */
+    assert_int_equal(cuh_heap_free(t.heap, job.addr, S1), CUHEAP_ERR_DOUBLE_FREE);
+    assert_int_equal(cuh_heap_release_cached(t.heap), CUHEAP_OK);
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.reserved.current, 0);
+    test_heap_free(&t);
+}
+
+/* A retired stream's handle may come back as a new stream: what caches hold
+ * for the old one waits for its work like the rest of its frees. */
+static void test_retired_stream_takes_its_objects_out_of_thread_caches(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    cuh_sim_hold_events(t.dev, 1);
+    uintptr_t a = must_alloc(t.heap, 3000, S1);
+    must_free(t.heap, a, S1);                     /* cached for S1 */
+    cuh_heap_retire_stream(t.heap, S1);
+    assert_true(must_alloc(t.heap, 3000, S1) != a);   /* the new S1: old work may run */
+    heap_ok(t.heap);
+    cuh_sim_complete_all(t.dev);
+    test_heap_free(&t);
+}
+
+typedef struct tc_relay_s {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    cuh_heap_t *heap;   /* the heap to use next; NULL: done */
+    int step, done_step;
+    cuheap_status_t status;
+} tc_relay_t;
+
+/* Uses each heap it is handed (a cache of it stays behind) until told to stop. */
+static void *tc_relay_job(void *arg)
+{
+    tc_relay_t *r = arg;
+    pthread_mutex_lock(&r->lock);
+    for (int seen = 0;;) {
+        while (r->step == seen)
+            pthread_cond_wait(&r->cond, &r->lock);
+        seen = r->step;
+        if (!r->heap)
+            break;
+        uintptr_t a;
+        for (int i = 0; i < 3; i++) {
+            if (cuh_heap_malloc(r->heap, 3000, S1, &a) != CUHEAP_OK || cuh_heap_free(r->heap, a, S1) != CUHEAP_OK)
+                r->status = CUHEAP_ERR_INVALID_ARGUMENT;
+        }
+        r->done_step = seen;
+        pthread_cond_broadcast(&r->cond);
+    }
+    pthread_mutex_unlock(&r->lock);
+    return NULL;
+}
+
+static void relay_run(tc_relay_t *r, cuh_heap_t *h)
+{
+    pthread_mutex_lock(&r->lock);
+    r->heap = h;
+    int step = ++r->step;
+    pthread_cond_broadcast(&r->cond);
+    while (h && r->done_step != step)
+        pthread_cond_wait(&r->cond, &r->lock);
+    pthread_mutex_unlock(&r->lock);
+}
+
+/* A heap destroyed while a live thread still has a cache of it: the thread
+ * goes on with the next heap (which may sit at the same address) and exits
+ * cleanly (AddressSanitizer watches). */
+static void test_thread_cache_outlives_its_heap_safely(void **state)
+{
+    (void)state;
+    tc_relay_t r = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, tc_relay_job, &r), 0);
+    for (int i = 0; i < 3; i++) {
+        test_heap_t t = test_heap_new(GiB, NULL);
+        relay_run(&r, t.heap);
+        assert_int_equal(r.status, CUHEAP_OK);
+        heap_ok(t.heap);
+        cuheap_stats_t s;
+        cuh_heap_stats(t.heap, &s);
+        assert_int_equal(s.num_allocs, 3);
+        assert_int_equal(s.allocated.current, 0);
+        test_heap_free(&t);
+    }
+    relay_run(&r, NULL);
+    assert_int_equal(pthread_join(th, NULL), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2123,6 +2435,15 @@ int main(void)
         cmocka_unit_test(test_vmm_pages_of_taken_back_memory_move_only_after_their_work),
         cmocka_unit_test(test_vmm_takes_cudafree_memory_back_before_new_pages),
         cmocka_unit_test(test_concurrent_threads_never_share_memory),
+        cmocka_unit_test(test_thread_cache_serves_its_thread_and_stream_only),
+        cmocka_unit_test(test_thread_cache_keeps_current_statistics_exact),
+        cmocka_unit_test(test_thread_cache_double_free_is_caught_from_any_thread),
+        cmocka_unit_test(test_thread_cache_object_used_on_another_stream_waits_for_it),
+        cmocka_unit_test(test_thread_cache_stays_shut_during_a_capture),
+        cmocka_unit_test(test_thread_caches_give_back_before_out_of_memory),
+        cmocka_unit_test(test_thread_exit_gives_its_cache_back),
+        cmocka_unit_test(test_retired_stream_takes_its_objects_out_of_thread_caches),
+        cmocka_unit_test(test_thread_cache_outlives_its_heap_safely),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,117 @@
+/* tcache.c - a thread cache's table and bins (see tcache.h).
+ *
+ * The table is open addressing with linear probing, keyed by address
+ * (Fibonacci hashing spreads the 512-byte-aligned addresses), half full at
+ * most; a removal shifts the following entries of its run back, so lookups
+ * need no tombstones. Bins are small stacks: a pop looks at the newest few
+ * objects for one freed on the asking stream.
+ */
+#include "tcache.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define TC_INITIAL_SLOTS 64u
+/* A pop looks at most this many objects down its bin for the asking stream. */
+#define TC_POP_SCAN 4u
+
+cuh_tcache_t *cuh_tcache_create(void)
+{
+    /* Line-aligned, so that no two threads' caches share a cache line. */
+    cuh_tcache_t *tc = aligned_alloc(64, (sizeof *tc + 63) & ~(size_t)63);
+    if (!tc)
+        return NULL;
+    memset(tc, 0, sizeof *tc);
+    tc->slots = calloc(TC_INITIAL_SLOTS, sizeof *tc->slots);
+    if (!tc->slots) {
+        free(tc);
+        return NULL;
+    }
+    tc->mask = TC_INITIAL_SLOTS - 1;
+    tc->shift = 64 - (unsigned)__builtin_ctzll(TC_INITIAL_SLOTS);
+    cuh_lock_init(&tc->lock);
+    return tc;
+}
+
+void cuh_tcache_destroy(cuh_tcache_t *tc)
+{
+    if (!tc)
+        return;
+    free(tc->slots);
+    free(tc);
+}
+
+static cuh_tc_entry_t *slot_for(cuh_tcache_t *tc, uintptr_t addr)
+{
+    size_t i = (size_t)(((uint64_t)addr * 0x9E3779B97F4A7C15ull) >> tc->shift);
+    while (tc->slots[i].addr)
+        i = (i + 1) & tc->mask;
+    return &tc->slots[i];
+}
+
+static int grow(cuh_tcache_t *tc)
+{
+    size_t old_n = tc->mask + 1, n = 2 * old_n;
+    cuh_tc_entry_t *old = tc->slots, *slots = calloc(n, sizeof *slots);
+    if (!slots)
+        return -1;
+    tc->slots = slots;
+    tc->mask = n - 1;
+    tc->shift--;
+    for (size_t i = 0; i < old_n; i++)
+        if (old[i].addr)
+            *slot_for(tc, old[i].addr) = old[i];
+    free(old);
+    return 0;
+}
+
+cuh_tc_entry_t *cuh_tcache_insert(cuh_tcache_t *tc, uintptr_t addr)
+{
+    if (2 * (tc->count + 1) > tc->mask + 1 && grow(tc) != 0)
+        return NULL;
+    cuh_tc_entry_t *e = slot_for(tc, addr);
+    memset(e, 0, sizeof *e);
+    e->addr = addr;
+    tc->count++;
+    return e;
+}
+
+void cuh_tcache_remove(cuh_tcache_t *tc, cuh_tc_entry_t *e)
+{
+    size_t hole = (size_t)(e - tc->slots);
+    for (size_t i = (hole + 1) & tc->mask; tc->slots[i].addr; i = (i + 1) & tc->mask) {
+        size_t home = (size_t)(((uint64_t)tc->slots[i].addr * 0x9E3779B97F4A7C15ull) >> tc->shift);
+        /* The entry at i may fill the hole if its home is not in (hole, i]. */
+        if (((i - home) & tc->mask) >= ((i - hole) & tc->mask)) {
+            tc->slots[hole] = tc->slots[i];
+            hole = i;
+        }
+    }
+    memset(&tc->slots[hole], 0, sizeof tc->slots[hole]);
+    tc->count--;
+}
+
+void cuh_tcache_unbin(cuh_tcache_t *tc, unsigned size_class, uint32_t i)
+{
+    cuh_tc_bin_t *b = &tc->bins[size_class];
+    uint32_t after = b->count - i - 1;
+    memmove(&b->addr[i], &b->addr[i + 1], after * sizeof b->addr[0]);
+    memmove(&b->stream[i], &b->stream[i + 1], after * sizeof b->stream[0]);
+    b->count--;
+}
+
+uintptr_t cuh_tcache_pop(cuh_tcache_t *tc, unsigned size_class, uintptr_t stream)
+{
+    cuh_tc_bin_t *b = &tc->bins[size_class];
+    uint32_t stop = b->count > TC_POP_SCAN ? b->count - TC_POP_SCAN : 0;
+    for (uint32_t i = b->count; i-- > stop;)
+        if (b->stream[i] == stream) {
+            uintptr_t addr = b->addr[i];
+            if (i == b->count - 1)
+                b->count--;
+            else
+                cuh_tcache_unbin(tc, size_class, i);
+            return addr;
+        }
+    return 0;
+}

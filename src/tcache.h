@@ -1,0 +1,132 @@
+/* tcache.h - a thread's cache of small objects, in front of one heap's lock.
+ *
+ * One lock serializes a heap (lock.h), and with several threads the heap's
+ * state travels between cores with it: threads together then allocate more
+ * slowly than one thread alone. A thread cache keeps small objects its
+ * thread freed, per size class and per stream, under a lock that only its
+ * own thread takes on the fast path (so the lock's cache line stays on that
+ * thread's core); a thread that allocates and frees the same sizes on the
+ * same stream does not touch the heap at all.
+ *
+ * This file holds the data structure only: a table of the objects the cache
+ * owns, both those it holds (CACHED) and those it handed out again (LIVE: a
+ * later free by this thread finds them here, without the heap), and per-class
+ * bins of the cached ones with the stream each was freed on. Which objects
+ * may enter and when they go back to the heap are the heap's rules (heap.c,
+ * "thread caches").
+ */
+#ifndef CUH_TCACHE_H
+#define CUH_TCACHE_H
+
+#include "lock.h"
+#include "sizeclass.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { CUH_TC_LIVE = 1, CUH_TC_CACHED = 2 } cuh_tc_state_t;
+
+typedef struct cuh_tc_entry_s {
+    uintptr_t addr;          /* 0: empty slot */
+    uintptr_t stream;        /* LIVE: allocated on it; CACHED: freed on it */
+    uint32_t size;           /* object bytes (its class's size) */
+    uint32_t requested;      /* LIVE: the program's request */
+    uint16_t size_class;
+    uint8_t state;           /* cuh_tc_state_t */
+} cuh_tc_entry_t;
+
+/* Most objects a bin holds: a free that finds its bin full goes to the heap. */
+#define CUH_TC_BIN_MAX 32
+
+typedef struct cuh_tc_bin_s {
+    uint32_t count;                       /* newest last */
+    uintptr_t addr[CUH_TC_BIN_MAX];
+    uintptr_t stream[CUH_TC_BIN_MAX];
+} cuh_tc_bin_t;
+
+typedef struct cuh_tcache_s {
+    cuh_lock_t lock;
+    /* The heap's list of its caches (under the heap's lock), and the
+     * thread's list of its caches, one per heap (the thread's own). */
+    struct cuh_tcache_s *heap_prev, *heap_next;
+    struct cuh_tcache_s *thread_next;
+    const void *heap;
+    uint64_t heap_id;        /* the heap's, which no later heap at the same address has */
+    int dead;                /* the heap is gone: the thread frees the cache */
+    cuh_tc_entry_t *slots;   /* open addressing, linear probing */
+    size_t mask;
+    unsigned shift;          /* 64 - log2(slots) */
+    size_t count;
+    size_t cached_bytes;     /* bytes in the bins */
+    /* The program's view against the heap's: the heap counts every object
+     * the cache owns as allocated, with its whole size as requested. */
+    int64_t allocated_adjust;    /* minus the bytes cached */
+    int64_t requested_adjust;    /* LIVE: requested - size; CACHED: -size */
+    uint64_t num_allocs, num_frees;   /* served here, without the heap */
+    cuh_tc_bin_t bins[CUH_MAX_CLASSES];
+} cuh_tcache_t;
+
+/* An empty cache; NULL when out of host memory. */
+cuh_tcache_t *cuh_tcache_create(void);
+void cuh_tcache_destroy(cuh_tcache_t *tc);
+
+/* The entry of addr, or NULL. */
+static inline cuh_tc_entry_t *cuh_tcache_find(cuh_tcache_t *tc, uintptr_t addr)
+{
+    size_t i = (size_t)(((uint64_t)addr * 0x9E3779B97F4A7C15ull) >> tc->shift);
+    for (;; i = (i + 1) & tc->mask) {
+        cuh_tc_entry_t *e = &tc->slots[i];
+        if (e->addr == addr)
+            return e;
+        if (!e->addr)
+            return NULL;
+    }
+}
+
+/* A new entry for addr (not in the table), zeroed but for its address; NULL
+ * when out of host memory. Entry pointers change when the table grows. */
+cuh_tc_entry_t *cuh_tcache_insert(cuh_tcache_t *tc, uintptr_t addr);
+/* Removes an entry found by cuh_tcache_find. */
+void cuh_tcache_remove(cuh_tcache_t *tc, cuh_tc_entry_t *e);
+
+/* The two moves of an entry, with the books: a LIVE entry becomes CACHED
+ * (freed on `stream`; its bin is the caller's), a CACHED one is handed out
+ * for a request of `requested` bytes. An object entering the cache is
+ * inserted as LIVE with its whole size requested (as the heap counts it),
+ * then held; one leaving it is handed out for its whole size, then removed. */
+static inline void cuh_tcache_hold(cuh_tcache_t *tc, cuh_tc_entry_t *e, uintptr_t stream)
+{
+    e->state = CUH_TC_CACHED;
+    e->stream = stream;
+    tc->cached_bytes += e->size;
+    tc->allocated_adjust -= (int64_t)e->size;
+    tc->requested_adjust -= (int64_t)e->requested;
+}
+
+static inline void cuh_tcache_hand_out(cuh_tcache_t *tc, cuh_tc_entry_t *e, uint32_t requested)
+{
+    e->state = CUH_TC_LIVE;
+    e->requested = requested;
+    tc->cached_bytes -= e->size;
+    tc->allocated_adjust += (int64_t)e->size;
+    tc->requested_adjust += (int64_t)requested;
+}
+
+/* Puts a cached object on its class's bin; -1 if the bin is full. */
+static inline int cuh_tcache_push(cuh_tcache_t *tc, unsigned size_class, uintptr_t addr, uintptr_t stream)
+{
+    cuh_tc_bin_t *b = &tc->bins[size_class];
+    if (b->count == CUH_TC_BIN_MAX)
+        return -1;
+    b->addr[b->count] = addr;
+    b->stream[b->count++] = stream;
+    return 0;
+}
+
+/* Takes the newest object of a class freed on `stream` (looking at the
+ * newest few only), or returns 0. */
+uintptr_t cuh_tcache_pop(cuh_tcache_t *tc, unsigned size_class, uintptr_t stream);
+/* Takes item i out of a bin, keeping the order of the others. */
+void cuh_tcache_unbin(cuh_tcache_t *tc, unsigned size_class, uint32_t i);
+
+#endif /* CUH_TCACHE_H */
