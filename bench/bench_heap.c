@@ -38,8 +38,10 @@ static const mix_t mixes[] = {
     {"mixed (80% small, 20% 1-8 MiB)", 512, 64 * KiB, MiB, 8 * MiB, 20, 64},
 };
 
+/* One thread's job, a cache line of its own: the timed loop works on locals,
+ * so that threads share nothing but the heap. */
 typedef struct job_s {
-    cuh_heap_t *heap;
+    _Alignas(64) cuh_heap_t *heap;
     const mix_t *mix;
     long ops;
     uint64_t seed;
@@ -73,38 +75,48 @@ static double now(void)
 static void *run(void *arg)
 {
     job_t *j = arg;
-    cuh_stream_t stream = (cuh_stream_t)(uintptr_t)(0x1000 + (j->seed << 4));
+    cuh_heap_t *heap = j->heap;
+    const mix_t *mix = j->mix;
+    uint64_t seed = j->seed;
+    int failures = 0;
+    cuh_stream_t stream = (cuh_stream_t)(uintptr_t)(0x1000 + (seed << 4));
     uintptr_t live[256] = {0};
-    int n = j->mix->live;
+    int n = mix->live;
     /* Warm up: fill the working set and cycle it once. */
     for (int i = 0; i < n; i++)
-        j->failures += cuh_heap_malloc(j->heap, draw(j->mix, &j->seed), stream, &live[i]) != CUHEAP_OK;
+        failures += cuh_heap_malloc(heap, draw(mix, &seed), stream, &live[i]) != CUHEAP_OK;
     double t0 = 0;
     for (long op = -j->ops / 4; op < j->ops; op++) {
         if (op == 0)
             t0 = now();
         if (n) {
-            int i = (int)(next_rand(&j->seed) % (uint64_t)n);
-            j->failures += cuh_heap_free(j->heap, live[i], stream) != CUHEAP_OK;
-            j->failures += cuh_heap_malloc(j->heap, draw(j->mix, &j->seed), stream, &live[i]) != CUHEAP_OK;
+            int i = (int)(next_rand(&seed) % (uint64_t)n);
+            failures += cuh_heap_free(heap, live[i], stream) != CUHEAP_OK;
+            failures += cuh_heap_malloc(heap, draw(mix, &seed), stream, &live[i]) != CUHEAP_OK;
         } else {
             uintptr_t a;
-            j->failures += cuh_heap_malloc(j->heap, j->mix->min, stream, &a) != CUHEAP_OK;
-            j->failures += cuh_heap_free(j->heap, a, stream) != CUHEAP_OK;
+            failures += cuh_heap_malloc(heap, mix->min, stream, &a) != CUHEAP_OK;
+            failures += cuh_heap_free(heap, a, stream) != CUHEAP_OK;
         }
     }
     j->seconds = now() - t0;
     for (int i = 0; i < n; i++)
-        j->failures += cuh_heap_free(j->heap, live[i], stream) != CUHEAP_OK;
+        failures += cuh_heap_free(heap, live[i], stream) != CUHEAP_OK;
+    j->failures = failures;
     return NULL;
 }
 
-/* A heap with default settings on a simulated device of 4 TiB. */
+/* A heap with default settings on a simulated device of 4 TiB; with
+ * thread_cache:0 when no_thread_cache. */
+static int no_thread_cache;
+
 static cuh_heap_t *heap_on_sim(cuh_device_t **dev)
 {
     *dev = cuh_sim_create(&(cuh_sim_params_t){.capacity = (size_t)1 << 42});
     cuh_config_t cfg;
     cuh_config_defaults(&cfg);
+    if (no_thread_cache)
+        cfg.thread_cache = 0;
     char err[256];
     cuh_heap_t *heap = *dev ? cuh_heap_create(*dev, &cfg, err, sizeof err) : NULL;
     if (!heap) {
@@ -263,8 +275,11 @@ int main(int argc, char **argv)
     static const int thread_counts[] = {1, 2, 4, 8, 16};
     printf("ns per malloc+free (one thread's wall time / its operations); throughput vs 1 thread in ()\n\n");
     printf("| mix | 1 thread | 2 | 4 | 8 | 16 |\n|---|---|---|---|---|---|\n");
-    for (size_t m = 0; m < sizeof mixes / sizeof mixes[0]; m++) {
-        printf("| %s |", mixes[m].name);
+    /* Each mix with thread caches (the default) and without, side by side. */
+    for (size_t row = 0; row < 2 * sizeof mixes / sizeof mixes[0]; row++) {
+        size_t m = row / 2;
+        no_thread_cache = (int)(row % 2);
+        printf("| %s%s |", mixes[m].name, no_thread_cache ? ", thread_cache:0" : "");
         double one = 0;
         for (size_t t = 0; t < sizeof thread_counts / sizeof thread_counts[0]; t++) {
             double ns = measure(&mixes[m], thread_counts[t], ops);
@@ -278,6 +293,7 @@ int main(int argc, char **argv)
         }
         printf("\n");
     }
+    no_thread_cache = 0;
     double plain = measure_api(NULL, ops), traced = measure_api("trace:/tmp/cuheap-bench-%p.trace", ops);
     char path[64];
     snprintf(path, sizeof path, "/tmp/cuheap-bench-%d.trace", (int)getpid());
