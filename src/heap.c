@@ -1922,8 +1922,18 @@ static void tcache_return_locked(cuh_heap_t *h, cuh_tcache_t *tc, cuh_tc_entry_t
     cuh_slab_clear(s->tcached, b.index);
     stat_set(&h->requested, h->requested.current - size);
     stat_set(&h->allocated, h->allocated.current - size);
-    /* The stream was known when the object came in; found, not created. */
-    release_block_locked(h, &b, addr, stream_get_locked(h, stream));
+    /* The stream was known when the object came in: found, not created. */
+    stream_state_t *st = stream_get_locked(h, stream);
+    if (cuh_likely(st != NULL)) {
+        release_block_locked(h, &b, addr, st);
+        return;
+    }
+    /* Out of host memory for its record after all: safe for everyone the
+     * slow way. */
+    cuh_slab_clear(s->live, b.index);
+    s->num_live--;
+    h->dev->ops->synchronize(h->dev);
+    slab_object_home_locked(h, addr);
 }
 
 /* Makes an object the cache handed out an ordinary live block of the heap's. */
@@ -3211,6 +3221,8 @@ static void cuh_heap_stats_locked(cuh_heap_t *h, cuheap_stats_t *out)
     out->allocated.current = (size_t)((int64_t)h->allocated.current + allocated_adjust);
     out->requested.current = (size_t)((int64_t)h->requested.current + requested_adjust);
     out->cached.current = h->cached.current + (size_t)-allocated_adjust;
+    if (out->cached.peak < out->cached.current)
+        out->cached.peak = out->cached.current;
     out->num_allocs = h->num_allocs + tc_allocs;
     out->num_frees = h->num_frees + tc_frees;
     out->num_segment_allocs = h->num_segment_allocs;
