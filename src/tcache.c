@@ -100,17 +100,15 @@ void cuh_tcache_unbin(cuh_tcache_t *tc, unsigned size_class, uint32_t i)
     b->count--;
 }
 
-uintptr_t cuh_tcache_pop(cuh_tcache_t *tc, unsigned size_class, uintptr_t stream)
+/* cuh_tcache_pop past the newest object (which it has checked). */
+uintptr_t cuh_tcache_pop_deeper(cuh_tcache_t *tc, unsigned size_class, uintptr_t stream)
 {
     cuh_tc_bin_t *b = &tc->bins[size_class];
     uint32_t stop = b->count > TC_POP_SCAN ? b->count - TC_POP_SCAN : 0;
     for (uint32_t i = b->count; i-- > stop;)
         if (b->stream[i] == stream) {
             uintptr_t addr = b->addr[i];
-            if (i == b->count - 1)
-                b->count--;
-            else
-                cuh_tcache_unbin(tc, size_class, i);
+            cuh_tcache_unbin(tc, size_class, i);
             return addr;
         }
     return 0;

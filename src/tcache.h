@@ -123,9 +123,18 @@ static inline int cuh_tcache_push(cuh_tcache_t *tc, unsigned size_class, uintptr
     return 0;
 }
 
+uintptr_t cuh_tcache_pop_deeper(cuh_tcache_t *tc, unsigned size_class, uintptr_t stream);
+
 /* Takes the newest object of a class freed on `stream` (looking at the
- * newest few only), or returns 0. */
-uintptr_t cuh_tcache_pop(cuh_tcache_t *tc, unsigned size_class, uintptr_t stream);
+ * newest few only), or returns 0. The newest is checked here, inline: it is
+ * nearly always the one. */
+static inline uintptr_t cuh_tcache_pop(cuh_tcache_t *tc, unsigned size_class, uintptr_t stream)
+{
+    cuh_tc_bin_t *b = &tc->bins[size_class];
+    if (__builtin_expect(b->count && b->stream[b->count - 1] == stream, 1))
+        return b->addr[--b->count];
+    return cuh_tcache_pop_deeper(tc, size_class, stream);
+}
 /* Takes item i out of a bin, keeping the order of the others. */
 void cuh_tcache_unbin(cuh_tcache_t *tc, unsigned size_class, uint32_t i);
 
