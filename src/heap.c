@@ -1337,11 +1337,20 @@ static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
         size_t room = (device_room / CUH_SEGMENT_GRAIN) * CUH_SEGMENT_GRAIN;
         if (h->limit && h->limit < room)
             room = (h->limit / CUH_SEGMENT_GRAIN) * CUH_SEGMENT_GRAIN;
-        snprintf(o->action, sizeof o->action,
-                 "free memory is split into pieces smaller than the request: try workspace:%s in CUHEAP_CONF "
-                 "(one contiguous pool for %s), or give the job more memory",
-                 cuh_format_bytes(a, sizeof a, want <= room ? want : room),
-                 want <= room ? "the job's peak" : "all the memory the device has");
+        if (h->vm)
+            /* Pages move only when wholly free: the rest sits in pages that
+             * blocks still partly use. */
+            snprintf(o->action, sizeof o->action,
+                     "free memory lies in pages that live blocks still partly use: %s, or give the job more memory",
+                     h->vm_page > CUH_SEGMENT_GRAIN ? "a smaller vmm_page in CUHEAP_CONF (2M) strands less of it"
+                                                    : "a workspace cannot help under vmm:1");
+        else
+            snprintf(o->action, sizeof o->action,
+                     "free memory is split into pieces smaller than the request: try vmm:1 in CUHEAP_CONF (free "
+                     "pages then move to where a request needs them; as PyTorch plugin or through the C API, not "
+                     "under LD_PRELOAD) or workspace:%s (one contiguous pool for %s), or give the job more memory",
+                     cuh_format_bytes(a, sizeof a, want <= room ? want : room),
+                     want <= room ? "the job's peak" : "all the memory the device has");
     }
     h->has_oom = 1;
     h->num_ooms++;

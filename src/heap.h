@@ -62,7 +62,7 @@ typedef struct cuh_oom_info_s {
     } pending_by_stream[8];  /* the streams with the most pending bytes */
     size_t num_pending_streams;
     double t;                /* seconds since the heap was created */
-    char action[256];        /* one concrete thing that would help */
+    char action[384];        /* one concrete thing that would help */
 } cuh_oom_info_t;
 
 const char *cuh_oom_cause_name(cuh_oom_cause_t cause);

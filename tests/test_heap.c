@@ -1328,6 +1328,33 @@ static void test_oom_cause_fragmentation_with_its_proof(void **state)
     assert_true(o.largest_free < o.request);
     assert_true(o.request <= o.cached + o.device_free);
     assert_int_equal(o.largest_free, 2 * MiB);
+    /* What helps with scattered free memory: pages that move. */
+    assert_non_null(strstr(o.action, "vmm:1"));
+    heap_ok(t.heap);
+    for (int i = 1; i < 32; i += 2)
+        must_free(t.heap, a[i], 0);
+    test_heap_free(&t);
+}
+
+/* Under vmm:1 with pages larger than the device's granularity, free memory can
+ * still be stranded in pages that blocks partly use: the advice is the page
+ * size, not vmm:1. */
+static void test_oom_cause_fragmentation_under_large_pages_names_vmm_page(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(64 * MiB, "vmm:1,vmm_page:8M,small_max:0");
+    uintptr_t a[32];
+    for (int i = 0; i < 32; i++)
+        a[i] = must_alloc(t.heap, 2 * MiB, 0);
+    for (int i = 0; i < 32; i += 2)
+        must_free(t.heap, a[i], 0);
+    uintptr_t x;
+    assert_int_equal(cuh_heap_malloc(t.heap, 4 * MiB, 0, &x), CUHEAP_ERR_OUT_OF_MEMORY);
+    cuh_oom_info_t o;
+    assert_true(cuh_heap_last_oom(t.heap, &o));
+    assert_int_equal(o.cause, CUH_OOM_FRAGMENTATION);
+    assert_non_null(strstr(o.action, "vmm_page"));
+    assert_null(strstr(o.action, "vmm:1 in"));
     heap_ok(t.heap);
     for (int i = 1; i < 32; i += 2)
         must_free(t.heap, a[i], 0);
@@ -2404,6 +2431,7 @@ int main(void)
         cmocka_unit_test(test_out_of_memory_only_after_retry_and_heap_survives),
         cmocka_unit_test(test_oom_cause_external),
         cmocka_unit_test(test_oom_cause_fragmentation_with_its_proof),
+        cmocka_unit_test(test_oom_cause_fragmentation_under_large_pages_names_vmm_page),
         cmocka_unit_test(test_oom_cause_stream_pending_with_its_proof),
         cmocka_unit_test(test_workspace_is_taken_at_first_use_and_used_first),
         cmocka_unit_test(test_workspace_larger_than_limit_is_refused),
