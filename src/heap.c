@@ -1145,6 +1145,7 @@ static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_s
         h->num_segment_allocs++;
     }
     if (got < need && *why != GROW_ERROR && !h->captures) {
+        tcache_flush_locked(h);
         settle_all_locked(h);
         STEAL(1, NULL);
     }
@@ -1629,7 +1630,7 @@ static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
      * allocations per known stream, and always before growing. PyTorch
      * creates 32 streams for its pool, used or not. */
     cuh_extent_t *e;
-    int tried_vm_take_back = 0;
+    int tried_vm_take_back = 0, tried_page_aligned = 0;
     if (h->held_bytes >= size) {
         if (!other_streams_locked(h)) {
             take_back_all_locked(h);
@@ -1714,10 +1715,21 @@ hit:
          * behind a slab, whose objects are every stream's. */
         stream_state_t *lender = state == CUH_EXTENT_BLOCK ? st : NULL;
         if (!map_range_locked(h, e->addr, e->size, lender, &mapped_why)) {
+            size_t page = h->vm_page, off = (size_t)(e->addr - e->segment->base) % page;
+            int extra_page = (off + size + page - 1) / page > (size + page - 1) / page;
             cuh_arena_release(&h->arena, e, st->tag);
             if (mapped_why == GROW_ERROR) {
                 *status = CUHEAP_ERR_DEVICE;
                 return NULL;
+            }
+            /* Off a page boundary the block spans a page more than it must,
+             * and under a tight limit that may be the page missing: free
+             * pages that add up to the request must serve it. */
+            if (extra_page && !tried_page_aligned) {
+                tried_page_aligned = 1;
+                align = page;
+                if ((e = find_fit_locked(h, size, align, st->tag)))
+                    goto hit;
             }
             h->num_retries++;
             *why_out = mapped_why;

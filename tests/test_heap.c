@@ -2260,27 +2260,52 @@ static void test_thread_cache_stays_shut_during_a_capture(void **state)
 static void test_thread_caches_give_back_before_out_of_memory(void **state)
 {
     (void)state;
-    test_heap_t t = test_heap_new(GiB, "limit:8M,segment_min:2M,grow_fraction:0");
-    enum { N = 40 };
-    uintptr_t a[N];
-    for (int i = 0; i < N; i++)
-        a[i] = must_alloc(t.heap, 64 * KiB, S1);
-    for (int i = 0; i < N; i++)
-        must_free(t.heap, a[i], S1);
-    /* The slabs' 2.5 MiB and more sit in this thread's cache and S1's ring:
-     * an 8 MiB block needs every byte of the limit. */
-    uintptr_t big = must_alloc(t.heap, 8 * MiB, S2);
-    must_free(t.heap, big, S2);
-    heap_ok(t.heap);
+    /* On plain segments, and under vmm:1 where pages move instead. */
+    for (int vmm = 0; vmm < 2; vmm++) {
+        test_heap_t t = test_heap_new(GiB, vmm ? "limit:8M,vmm:1" : "limit:8M,segment_min:2M,grow_fraction:0");
+        enum { N = 40 };
+        uintptr_t a[N];
+        for (int i = 0; i < N; i++)
+            a[i] = must_alloc(t.heap, 64 * KiB, S1);
+        for (int i = 0; i < N; i++)
+            must_free(t.heap, a[i], S1);
+        /* The slabs' 2.5 MiB and more sit in this thread's cache and S1's ring:
+         * an 8 MiB block needs every byte of the limit. */
+        uintptr_t big = must_alloc(t.heap, 8 * MiB, S2);
+        must_free(t.heap, big, S2);
+        heap_ok(t.heap);
 
-    for (int i = 0; i < N; i++)
-        a[i] = must_alloc(t.heap, 64 * KiB, S1);
-    for (int i = 0; i < N; i++)
+        for (int i = 0; i < N; i++)
+            a[i] = must_alloc(t.heap, 64 * KiB, S1);
+        for (int i = 0; i < N; i++)
+            must_free(t.heap, a[i], S1);
+        assert_int_equal(cuh_heap_release_cached(t.heap), CUHEAP_OK);
+        cuheap_stats_t s;
+        cuh_heap_stats(t.heap, &s);
+        assert_int_equal(s.reserved.current, 0);
+        heap_ok(t.heap);
+        test_heap_free(&t);
+    }
+}
+
+/* Under vmm:1 free pages that add up to a request serve it, even when the
+ * fit found first lies off a page boundary and would need one page more
+ * than the limit leaves. */
+static void test_vmm_free_pages_that_add_up_serve_a_request_off_a_page_boundary(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, "limit:8M,vmm:1,thread_cache:0");
+    uintptr_t a[40];
+    for (int i = 0; i < 40; i++)
+        a[i] = must_alloc(t.heap, 64 * KiB, S1);   /* slabs over the first 2.5 MiB */
+    for (int i = 0; i < 40; i++)
         must_free(t.heap, a[i], S1);
-    assert_int_equal(cuh_heap_release_cached(t.heap), CUHEAP_OK);
+    uintptr_t big = must_alloc(t.heap, 8 * MiB, S2);
+    assert_int_equal((big - a[0]) % (2 * MiB), 0);   /* on a page boundary: 4 pages, not 5 */
     cuheap_stats_t s;
     cuh_heap_stats(t.heap, &s);
-    assert_int_equal(s.reserved.current, 0);
+    assert_true(s.reserved.peak <= 8 * MiB);
+    must_free(t.heap, big, S2);
     heap_ok(t.heap);
     test_heap_free(&t);
 }
@@ -2470,6 +2495,7 @@ int main(void)
         cmocka_unit_test(test_thread_cache_object_used_on_another_stream_waits_for_it),
         cmocka_unit_test(test_thread_cache_stays_shut_during_a_capture),
         cmocka_unit_test(test_thread_caches_give_back_before_out_of_memory),
+        cmocka_unit_test(test_vmm_free_pages_that_add_up_serve_a_request_off_a_page_boundary),
         cmocka_unit_test(test_thread_exit_gives_its_cache_back),
         cmocka_unit_test(test_retired_stream_takes_its_objects_out_of_thread_caches),
         cmocka_unit_test(test_thread_cache_outlives_its_heap_safely),
