@@ -329,11 +329,16 @@ static void absorb(cuh_arena_t *a, cuh_extent_t *e, cuh_extent_t *n)
 
 void cuh_arena_release(cuh_arena_t *a, cuh_extent_t *ext, uint32_t tag)
 {
+    cuh_arena_release_freed_at(a, ext, tag, tag == CUH_TAG_GLOBAL ? 0 : a->tags[tag].fences_recorded);
+}
+
+void cuh_arena_release_freed_at(cuh_arena_t *a, cuh_extent_t *ext, uint32_t tag, uint64_t epoch)
+{
     ext->segment->used_bytes -= ext->size;
     a->used -= ext->size;
     ext->state = CUH_EXTENT_FREE;
     ext->tag = tag;
-    ext->epoch = tag == CUH_TAG_GLOBAL ? 0 : a->tags[tag].fences_recorded;
+    ext->epoch = tag == CUH_TAG_GLOBAL ? 0 : epoch;
     ext->requested = 0;
     ext->owner = NULL;
     /* Absorbing a global neighbour can bring the next one of our own tag

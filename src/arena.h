@@ -126,6 +126,10 @@ cuh_extent_t *cuh_arena_take_at(cuh_arena_t *arena, cuh_extent_t *ext, uintptr_t
 /* Frees a used extent into `tag` with the tag's current epoch, merging with
  * the neighbours it may absorb. */
 void cuh_arena_release(cuh_arena_t *arena, cuh_extent_t *ext, uint32_t tag);
+/* The same for memory the program freed when the tag's count of recorded
+ * fences was `epoch` (the fence numbered `epoch` is the first that covers
+ * it), released only now. */
+void cuh_arena_release_freed_at(cuh_arena_t *arena, cuh_extent_t *ext, uint32_t tag, uint64_t epoch);
 
 /* A fence was recorded for `tag`: its unfenced bytes become fenced. Returns
  * the fence's number (the epoch it covers). */

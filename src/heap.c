@@ -252,6 +252,12 @@ struct cuh_heap_s {
      * is a DRAIN extent until the stream's work up to the move is done. */
     vm_drain_t *drains;          /* oldest first */
     uint32_t last_take_tag;      /* the tag of the free extent take_locked cut from last */
+    /* The last large block freed on a stream, not yet given back to the
+     * arena (see "the parked block"): still in the block map, counted as
+     * freed. Any other heap operation gives it back first. */
+    cuh_extent_t *parked;
+    stream_state_t *parked_st;   /* the stream it was freed on */
+    uint64_t parked_epoch;       /* that stream's fences recorded at the free */
     int captures;                /* graph captures underway on this device */
     int shareable_call;          /* the allocation underway must start a segment of its own */
 
@@ -465,7 +471,8 @@ static inline stream_state_t *stream_get_locked(cuh_heap_t *h, cuh_stream_t hand
 
 static int stream_has_unfenced(const cuh_heap_t *h, const stream_state_t *st)
 {
-    return h->arena.tags[st->tag].unfenced_bytes || st->small_unfenced;
+    return h->arena.tags[st->tag].unfenced_bytes || st->small_unfenced ||
+           (h->parked && h->parked_st == st && h->parked_epoch >= h->arena.tags[st->tag].fences_recorded);
 }
 
 /* ---- small-object rings ------------------------------------------------------ */
@@ -827,6 +834,7 @@ static grow_result_t grow_locked(cuh_heap_t *h, size_t size, size_t align)
 }
 
 static void tcache_flush_locked(cuh_heap_t *h);
+static void unpark_locked(cuh_heap_t *h);
 static size_t release_free_pages_locked(cuh_heap_t *h);
 
 /* Gives a general segment that is one global free extent back to the device. */
@@ -2054,6 +2062,7 @@ static void tcache_thread_exit(void *unused)
         if (!tc->dead) {
             cuh_heap_t *h = (cuh_heap_t *)(uintptr_t)tc->heap;
             cuh_lock(&h->lock);
+            unpark_locked(h);
             tcache_detach_locked(h, tc);
             cuh_unlock(&h->lock);
         }
@@ -2204,6 +2213,45 @@ static inline int tcache_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
     }
     cuh_unlock(&tc->lock);
     return done;
+}
+
+/* ---- the parked block ----------------------------------------------------------- *
+ * A program that frees a large block and asks for the same size again on the
+ * same stream (a loop's buffer, a layer's activations) would pay for a
+ * coalesce and a split each time. The last large block freed on a stream
+ * waits outside the arena instead, and such a request takes it back at once.
+ * Every other operation gives it back to the arena first, as its free would
+ * have done, so what every search sees is what it would have seen without
+ * the parking: only the block a same-size request gets can differ. */
+
+/* Parks block b (the last free on stream st); the caller has counted the
+ * free. What release_block_locked does for a segment the free leaves idle
+ * happens now: a fence, recorded after the free, covers it. */
+static void park_locked(cuh_heap_t *h, const live_block_t *b, stream_state_t *st)
+{
+    h->parked = b->ext;
+    h->parked_st = st;
+    h->parked_epoch = h->arena.tags[st->tag].fences_recorded;
+    cuh_segment_t *seg = b->ext->segment;
+    if (seg->used_bytes == b->ext->size && !st->num_fences && returnable_segment(seg))
+        stream_fence_locked(h, st);
+}
+
+/* Gives the parked block to the arena as its free would have: private to its
+ * stream from the fence after the free, or global if that fence completed.
+ * No device call (it runs when a capture begins, and at exit). */
+static void unpark_locked(cuh_heap_t *h)
+{
+    cuh_extent_t *e = h->parked;
+    if (cuh_likely(!e))
+        return;
+    h->parked = NULL;
+    stream_state_t *st = h->parked_st;
+    cuh_ptrmap_remove(&h->blocks, e->addr);
+    if (h->parked_epoch < st->completed)
+        cuh_arena_release(&h->arena, e, CUH_TAG_GLOBAL);
+    else
+        cuh_arena_release_freed_at(&h->arena, e, st->tag, h->parked_epoch);
 }
 
 /* ---- public heap API -------------------------------------------------------------- */
@@ -2525,6 +2573,23 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
         start_locked(h);
     cuheap_status_t status;
     stream_state_t *st = device_wide ? &h->device_wide : stream_get_locked(h, stream);
+    if (cuh_unlikely(h->parked != NULL)) {
+        cuh_extent_t *e = h->parked;
+        if (!device_wide && st == h->parked_st && size > h->cfg.small_max && cuh_align_up(size, CUH_ALIGN) == e->size) {
+            h->parked = NULL;
+            e->requested = size;
+            e->tag = st->tag;
+            stat_set(&h->requested, h->requested.current + size);
+            stat_set(&h->allocated, h->allocated.current + e->size);
+            h->num_cache_hits++;
+            h->num_allocs++;
+            *addr = e->addr;
+            refresh_stats_locked(h);
+            cuh_unlock(&h->lock);
+            return CUHEAP_OK;
+        }
+        unpark_locked(h);
+    }
     h->shareable_call = shareable;
     if (!st) {
         cuh_set_error("out of host memory for stream records");
@@ -2599,6 +2664,11 @@ static cuheap_status_t find_live_locked(cuh_heap_t *h, uintptr_t addr, live_bloc
     cuh_slab_t *s = h->last_slab;
     if (!s || addr - s->base >= s->span) {
         if ((b->ext = cuh_ptrmap_get(&h->blocks, addr))) {
+            if (cuh_unlikely(b->ext == h->parked)) {
+                cuh_set_error("double free: 0x%llx on device %d is already free", (unsigned long long)addr,
+                              h->dev->ordinal);
+                return CUHEAP_ERR_DOUBLE_FREE;
+            }
             b->size = b->ext->size;
             b->requested = b->ext->requested;
             return CUHEAP_OK;
@@ -2912,6 +2982,7 @@ cuheap_status_t cuh_heap_free_device_wide(cuh_heap_t *h, uintptr_t addr)
     if (!addr)
         return CUHEAP_OK;
     cuh_lock(&h->lock);
+    unpark_locked(h);
     live_block_t b;
     cuheap_status_t status = find_live_locked(h, addr, &b);
     if (status == CUHEAP_OK) {
@@ -2963,6 +3034,7 @@ cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
     if (tcache_free(h, addr, stream))
         return CUHEAP_OK;
     cuh_lock(&h->lock);
+    unpark_locked(h);
     cuheap_status_t status;
     live_block_t b;
     stream_state_t *st = stream_get_locked(h, stream);
@@ -2974,8 +3046,13 @@ cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
         stat_set(&h->allocated, h->allocated.current - b.size);
         int held = cuh_unlikely(h->graph.count || h->captures || h->uses.count) &&
                    maybe_hold_locked(h, addr, b.size, b.requested, st);
-        if (!held && !(b.slab && tcache_adopt_locked(h, &b, addr, stream)))
+        if (held || (b.slab && tcache_adopt_locked(h, &b, addr, stream))) {
+            /* held, or in this thread's cache */
+        } else if (b.ext && !h->captures && !h->cfg.ipc_safe) {
+            park_locked(h, &b, st);
+        } else {
             release_block_locked(h, &b, addr, st);
+        }
         h->num_frees++;
         if (cuh_unlikely(h->num_holds))
             holds_poll_locked(h, 0);
@@ -3031,6 +3108,7 @@ out:
 void cuh_heap_capture_begin(cuh_heap_t *h, uint64_t pool)
 {
     cuh_lock(&h->lock);
+    unpark_locked(h);
     h->captures++;
     h->capture_pool = pool ? pool : 1;
     atomic_store_explicit(&h->tcache_closed, 1, memory_order_release);
@@ -3049,6 +3127,7 @@ void cuh_heap_capture_end(cuh_heap_t *h)
 void cuh_heap_release_pool(cuh_heap_t *h, uint64_t pool)
 {
     cuh_lock(&h->lock);
+    unpark_locked(h);
     if (!pool)
         pool = 1;
     /* Replays of the graph may still be running: wait for the device once. */
@@ -3081,6 +3160,7 @@ void cuh_heap_release_pool(cuh_heap_t *h, uint64_t pool)
 void cuh_heap_set_limit(cuh_heap_t *h, size_t limit)
 {
     cuh_lock(&h->lock);
+    unpark_locked(h);
     h->limit = limit;
     if (limit && reserved_bytes(h) > limit && !h->captures) {
         tcache_flush_locked(h);
@@ -3108,6 +3188,7 @@ int cuh_heap_segment_of(cuh_heap_t *h, uintptr_t addr, uintptr_t *base, size_t *
 void cuh_heap_retire_stream(cuh_heap_t *h, cuh_stream_t stream)
 {
     cuh_lock(&h->lock);
+    unpark_locked(h);
     for (uint32_t i = 0; i < h->num_streams; i++) {
         stream_state_t *st = h->streams[i];
         if (st->retired || st->handle != stream)
@@ -3188,7 +3269,7 @@ size_t cuh_heap_block_size(cuh_heap_t *h, uintptr_t addr)
     cuh_extent_t *e = cuh_ptrmap_get(&h->blocks, addr);
     cuh_slab_t *s;
     if (e) {
-        size = e->requested;
+        size = e == h->parked ? 0 : e->requested;
     } else if ((s = cuh_pagemap_get(&h->pages, addr))) {
         int64_t i = cuh_slab_index(s, addr);
         if (i >= 0 && cuh_slab_bit(s->live, (uint32_t)i))
@@ -3211,6 +3292,7 @@ static void cuh_heap_stats_locked(cuh_heap_t *h, cuheap_stats_t *out);
 void cuh_heap_stats(cuh_heap_t *h, cuheap_stats_t *out)
 {
     cuh_lock(&h->lock);
+    unpark_locked(h);   /* so that the largest free extent is what a search would see */
     cuh_heap_stats_locked(h, out);
     cuh_unlock(&h->lock);
 }
@@ -3272,6 +3354,7 @@ void cuh_heap_reset_peaks(cuh_heap_t *h)
 cuheap_status_t cuh_heap_release_cached(cuh_heap_t *h)
 {
     cuh_lock(&h->lock);
+    unpark_locked(h);
     tcache_flush_locked(h);
     settle_all_locked(h);
     release_free_segments_locked(h);
@@ -3410,8 +3493,14 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
             rc = -1;
         }
     }
-    if (!rc && (allocated != h->allocated.current + h->held_bytes ||
-                requested != h->requested.current + h->held_requested || ring_objs != slab_spare)) {
+    /* The parked block is still a used extent, counted as freed. */
+    size_t parked = h->parked ? h->parked->size : 0, parked_requested = h->parked ? h->parked->requested : 0;
+    if (!rc && h->parked && cuh_ptrmap_get(&h->blocks, h->parked->addr) != h->parked) {
+        snprintf(msg, len, "the parked block 0x%llx is missing from the block map", (unsigned long long)h->parked->addr);
+        rc = -1;
+    }
+    if (!rc && (allocated != h->allocated.current + h->held_bytes + parked ||
+                requested != h->requested.current + h->held_requested + parked_requested || ring_objs != slab_spare)) {
         snprintf(msg, len,
                  "allocated %zu (books %zu + held %zu), requested %zu (books %zu + held %zu), cached small objects "
                  "%zu (slabs say %zu)",
@@ -3511,6 +3600,7 @@ cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h, int ask_device)
             nanosleep(&pause, NULL);
         }
     }
+    unpark_locked(h);
     cuh_heap_stats_locked(h, &snap->stats);
     snap->device = h->dev->ordinal;
     snap->device_kind = h->dev->kind;

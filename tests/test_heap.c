@@ -2095,6 +2095,87 @@ static void test_concurrent_threads_never_share_memory(void **state)
     test_heap_free(&t);
 }
 
+/* ---- the parked block --------------------------------------------------------- */
+
+/* The last large block freed on a stream comes back to the next request of
+ * its size on that stream; the books stay exact meanwhile. */
+static void test_parked_block_returns_to_a_same_size_request_on_its_stream(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    uintptr_t keep = must_alloc(t.heap, 3 * MiB, S1);
+    uintptr_t a = must_alloc(t.heap, 5 * MiB, S1);
+    must_free(t.heap, a, S1);
+    heap_ok(t.heap);
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    assert_int_equal(must_alloc(t.heap, 5 * MiB - 100, S1), a);   /* same 512-byte rounding */
+    cuh_sim_counters(t.dev, &c1);
+    assert_int_equal(c1.events_recorded, c0.events_recorded);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.requested.current, 3 * MiB + 5 * MiB - 100);
+    assert_int_equal(s.allocated.current, 8 * MiB);
+    assert_int_equal(cuh_heap_block_size(t.heap, a), 5 * MiB - 100);
+    must_free(t.heap, a, S1);
+    must_free(t.heap, keep, S1);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+/* To every other call a parked block is freed memory. */
+static void test_parked_block_is_free_to_every_other_call(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    uintptr_t keep = must_alloc(t.heap, 3 * MiB, S1);
+    uintptr_t a = must_alloc(t.heap, 5 * MiB, S1);
+    must_free(t.heap, a, S1);
+    assert_int_equal(cuh_heap_block_size(t.heap, a), 0);
+    assert_int_equal(cuh_heap_record_stream(t.heap, a, S2), CUHEAP_ERR_DOUBLE_FREE);
+    heap_ok(t.heap);
+    assert_int_equal(cuh_heap_free(t.heap, a, S1), CUHEAP_ERR_DOUBLE_FREE);
+    uintptr_t c = must_alloc(t.heap, 5 * MiB, S1);
+    must_free(t.heap, c, S1);   /* parked again */
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, c), CUHEAP_ERR_DOUBLE_FREE);
+    must_free(t.heap, keep, S1);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.allocated.current, 0);
+    assert_int_equal(s.num_allocs, s.num_frees);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+/* Parked, the block is still its stream's private memory: another stream gets
+ * it only once a fence recorded after the free has completed, whether the
+ * fence completed before the block went back to the arena or after. */
+static void test_parked_block_reaches_other_streams_only_after_its_fence(void **state)
+{
+    (void)state;
+    for (int complete_first = 0; complete_first < 2; complete_first++) {
+        test_heap_t t = test_heap_new(GiB, "grow_fraction:0");
+        cuh_sim_hold_events(t.dev, 1);
+        uintptr_t a = must_alloc(t.heap, 32 * MiB, S1);   /* a segment of its own: its free fences it */
+        must_free(t.heap, a, S1);
+        if (complete_first) {
+            cuh_sim_complete_stream(t.dev, S1);
+            cuh_heap_poll(t.heap);
+            assert_int_equal(must_alloc(t.heap, 32 * MiB, S2), a);
+        } else {
+            uintptr_t b = must_alloc(t.heap, 32 * MiB, S2);
+            assert_true(b != a);
+            cuh_sim_complete_stream(t.dev, S1);
+            assert_int_equal(must_alloc(t.heap, 32 * MiB, S2), a);
+            must_free(t.heap, b, S2);
+        }
+        must_free(t.heap, a, S2);
+        heap_ok(t.heap);
+        cuh_sim_complete_all(t.dev);
+        test_heap_free(&t);
+    }
+}
+
 /* ---- thread caches ---------------------------------------------------------- */
 
 /* Runs fn(arg) on a thread of its own, to its end (its exit hook included). */
@@ -2489,6 +2570,9 @@ int main(void)
         cmocka_unit_test(test_vmm_pages_of_taken_back_memory_move_only_after_their_work),
         cmocka_unit_test(test_vmm_takes_cudafree_memory_back_before_new_pages),
         cmocka_unit_test(test_concurrent_threads_never_share_memory),
+        cmocka_unit_test(test_parked_block_returns_to_a_same_size_request_on_its_stream),
+        cmocka_unit_test(test_parked_block_is_free_to_every_other_call),
+        cmocka_unit_test(test_parked_block_reaches_other_streams_only_after_its_fence),
         cmocka_unit_test(test_thread_cache_serves_its_thread_and_stream_only),
         cmocka_unit_test(test_thread_cache_keeps_current_statistics_exact),
         cmocka_unit_test(test_thread_cache_double_free_is_caught_from_any_thread),
