@@ -11,9 +11,12 @@
  *     same holds byte for byte for slab objects and, under vmm:1, for the
  *     physical pages behind them, wherever a page moves, and a page's old
  *     mapping stays until that work is done (the page-rule model);
+ *     These hold through the two places a freed block may wait outside the
+ *     arena: a thread's cache of small objects and the parked large block;
  *   - when the device (or the limit) refuses a segment, the heap waits for
- *     pending frees, releases cached segments and retries before it reports
- *     out-of-memory;
+ *     pending frees, gives back what thread caches hold, releases cached
+ *     segments and retries before it reports out-of-memory; under vmm:1 free
+ *     pages that add up to a request serve it;
  *   - a double free or a pointer it does not own is an error that leaves the
  *     heap unchanged;
  *   - every function is thread-safe.
