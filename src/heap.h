@@ -15,8 +15,9 @@
  *     arena: a thread's cache of small objects and the parked large block;
  *   - when the device (or the limit) refuses a segment, the heap waits for
  *     pending frees, gives back what thread caches hold, releases cached
- *     segments and retries before it reports out-of-memory; under vmm:1 free
- *     pages that add up to a request serve it;
+ *     segments and retries before it reports out-of-memory; under vmm:1 with
+ *     pages of the device's granularity, wholly free pages that add up to a
+ *     request serve it;
  *   - a double free or a pointer it does not own is an error that leaves the
  *     heap unchanged;
  *   - every function is thread-safe.
