@@ -714,10 +714,13 @@ static int fence_others_locked(cuh_heap_t *h, const stream_state_t *except, size
 
 static void batch_close_locked(cuh_heap_t *h);
 static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch);
+static void tcache_flush_locked(cuh_heap_t *h);
 
-/* Makes all freed memory global: fence every stream and wait. */
+/* Makes all freed memory global, what thread caches hold included: fence
+ * every stream and wait. */
 static void settle_all_locked(cuh_heap_t *h)
 {
+    tcache_flush_locked(h);   /* what thread caches hold is freed memory too */
     if (h->captures)
         return;
     batch_close_locked(h);
@@ -748,6 +751,17 @@ static void return_segment_locked(cuh_heap_t *h, cuh_segment_t *s);
 /* A segment that may go back to the device when nothing is left in it: a
  * plain general segment (not the workspace, not the vmm:1 reservation). */
 static int returnable_segment(const cuh_segment_t *s) { return s->region == CUH_REGION_GENERAL && !s->virtual_space; }
+
+/* After a free on st that leaves `used` bytes in use in seg: a segment left
+ * idle can go back to the device when the heap next grows
+ * (release_idle_segments_locked), but only once the GPU has passed this free:
+ * a fence now (unless one is in flight already) is likely complete by then,
+ * where one recorded then would not be. */
+static void fence_if_left_idle_locked(cuh_heap_t *h, stream_state_t *st, const cuh_segment_t *seg, size_t used)
+{
+    if (!used && !st->num_fences && returnable_segment(seg))
+        stream_fence_locked(h, st);
+}
 
 /* The state of the stream that owns private memory tagged `tag`. */
 static stream_state_t *stream_of_tag(const cuh_heap_t *h, uint32_t tag) { return h->streams[tag - 1]; }
@@ -833,7 +847,6 @@ static grow_result_t grow_locked(cuh_heap_t *h, size_t size, size_t align)
     return GROW_OK;
 }
 
-static void tcache_flush_locked(cuh_heap_t *h);
 static void unpark_locked(cuh_heap_t *h);
 static size_t release_free_pages_locked(cuh_heap_t *h);
 
@@ -1153,7 +1166,6 @@ static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_s
         h->num_segment_allocs++;
     }
     if (got < need && *why != GROW_ERROR && !h->captures) {
-        tcache_flush_locked(h);
         settle_all_locked(h);
         STEAL(1, NULL);
     }
@@ -1670,7 +1682,6 @@ retry_after_take_back:
     if (why == GROW_OK)
         goto grown;
     /* Refused: wait for all freed memory, then give back what is whole. */
-    tcache_flush_locked(h);
     settle_all_locked(h);
     if ((e = find_fit_locked(h, size, align, st->tag)))
         goto hit;
@@ -1753,6 +1764,14 @@ host_oom:
     return NULL;
 }
 
+/* Counts large block e as handed out for a request of `size` bytes. */
+static void large_mark_live_locked(cuh_heap_t *h, cuh_extent_t *e, size_t size)
+{
+    e->requested = size;
+    stat_set(&h->requested, h->requested.current + size);
+    stat_set(&h->allocated, h->allocated.current + e->size);   /* > the rounded size only for an own segment */
+}
+
 static cuheap_status_t large_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, uintptr_t *addr)
 {
     size_t block = cuh_align_up(size, CUH_ALIGN);
@@ -1769,9 +1788,7 @@ static cuheap_status_t large_alloc_locked(cuh_heap_t *h, stream_state_t *st, siz
         cuh_set_error("out of host memory for the block map");
         return CUHEAP_ERR_OUT_OF_MEMORY;
     }
-    e->requested = size;
-    stat_set(&h->requested, h->requested.current + size);
-    stat_set(&h->allocated, h->allocated.current + e->size);   /* > block only for an own segment */
+    large_mark_live_locked(h, e, size);
     *addr = e->addr;
     return CUHEAP_OK;
 }
@@ -1965,6 +1982,14 @@ static void tcache_return_locked(cuh_heap_t *h, cuh_tcache_t *tc, cuh_tc_entry_t
     slab_object_home_locked(h, addr);
 }
 
+/* Gives back item i of class c's bin. */
+static void tcache_return_binned_locked(cuh_heap_t *h, cuh_tcache_t *tc, unsigned c, uint32_t i)
+{
+    uintptr_t addr = tc->bins[c].addr[i];
+    cuh_tcache_unbin(tc, c, i);
+    tcache_return_locked(h, tc, cuh_tcache_find(tc, addr));
+}
+
 /* Makes an object the cache handed out an ordinary live block of the heap's. */
 static void tcache_disown_live_locked(cuh_heap_t *h, cuh_tcache_t *tc, cuh_tc_entry_t *e)
 {
@@ -1985,11 +2010,8 @@ static void tcache_flush_one_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_str
     cuh_lock(&tc->lock);
     for (unsigned c = 0; c < CUH_MAX_CLASSES; c++)
         for (uint32_t i = tc->bins[c].count; i-- > 0;) {
-            if (!all_streams && tc->bins[c].stream[i] != (uintptr_t)stream)
-                continue;
-            uintptr_t addr = tc->bins[c].addr[i];
-            cuh_tcache_unbin(tc, c, i);
-            tcache_return_locked(h, tc, cuh_tcache_find(tc, addr));
+            if (all_streams || tc->bins[c].stream[i] == (uintptr_t)stream)
+                tcache_return_binned_locked(h, tc, c, i);
         }
     if (forget_live)
         for (size_t i = 0; i <= tc->mask; i++) {
@@ -2007,9 +2029,9 @@ static void tcache_flush_locked(cuh_heap_t *h)
         tcache_flush_one_locked(h, tc, 1, 0, 0);
 }
 
-/* The cache that owns small object i of slab s (tcached) gives it up: a
+/* The cache that owns small object addr of slab s (tcached) gives it up: a
  * held one is a double free (error set); one handed out becomes the heap's. */
-static cuheap_status_t tcache_take_locked(cuh_heap_t *h, cuh_slab_t *s, uint32_t i, uintptr_t addr)
+static cuheap_status_t tcache_take_locked(cuh_heap_t *h, const cuh_slab_t *s, uintptr_t addr)
 {
     for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next) {
         cuh_lock(&tc->lock);
@@ -2032,7 +2054,6 @@ static cuheap_status_t tcache_take_locked(cuh_heap_t *h, cuh_slab_t *s, uint32_t
     }
     cuh_set_error("internal error: 0x%llx is marked as in a thread cache that does not hold it",
                   (unsigned long long)addr);
-    (void)i;
     return CUHEAP_ERR_INVALID_ARGUMENT;
 }
 
@@ -2122,20 +2143,14 @@ static cuh_tcache_t *tcache_mine_locked(cuh_heap_t *h)
 static void tcache_make_room_locked(cuh_heap_t *h, cuh_tcache_t *tc, unsigned c, size_t size)
 {
     if (tc->bins[c].count == CUH_TC_BIN_MAX)
-        for (uint32_t k = CUH_TC_BIN_MAX / 2; k > 0; k--) {
-            uintptr_t addr = tc->bins[c].addr[0];
-            cuh_tcache_unbin(tc, c, 0);
-            tcache_return_locked(h, tc, cuh_tcache_find(tc, addr));
-        }
+        for (uint32_t k = CUH_TC_BIN_MAX / 2; k > 0; k--)
+            tcache_return_binned_locked(h, tc, c, 0);
     size_t cap = h->cfg.thread_cache, want = cap - cap / 4;
     if (tc->cached_bytes + size <= cap)
         return;
     for (unsigned k = CUH_MAX_CLASSES; k-- > 0 && tc->cached_bytes + size > want;) {
-        for (uint32_t n = (tc->bins[k].count + 1) / 2; n > 0 && tc->cached_bytes + size > want; n--) {
-            uintptr_t addr = tc->bins[k].addr[0];
-            cuh_tcache_unbin(tc, k, 0);
-            tcache_return_locked(h, tc, cuh_tcache_find(tc, addr));
-        }
+        for (uint32_t n = (tc->bins[k].count + 1) / 2; n > 0 && tc->cached_bytes + size > want; n--)
+            tcache_return_binned_locked(h, tc, k, 0);
     }
 }
 
@@ -2232,9 +2247,8 @@ static void park_locked(cuh_heap_t *h, const live_block_t *b, stream_state_t *st
     h->parked = b->ext;
     h->parked_st = st;
     h->parked_epoch = h->arena.tags[st->tag].fences_recorded;
-    cuh_segment_t *seg = b->ext->segment;
-    if (seg->used_bytes == b->ext->size && !st->num_fences && returnable_segment(seg))
-        stream_fence_locked(h, st);
+    const cuh_segment_t *seg = b->ext->segment;
+    fence_if_left_idle_locked(h, st, seg, seg->used_bytes - b->ext->size);
 }
 
 /* Gives the parked block to the arena as its free would have: private to its
@@ -2577,10 +2591,8 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
         cuh_extent_t *e = h->parked;
         if (!device_wide && st == h->parked_st && size > h->cfg.small_max && cuh_align_up(size, CUH_ALIGN) == e->size) {
             h->parked = NULL;
-            e->requested = size;
             e->tag = st->tag;
-            stat_set(&h->requested, h->requested.current + size);
-            stat_set(&h->allocated, h->allocated.current + e->size);
+            large_mark_live_locked(h, e, size);
             h->num_cache_hits++;
             h->num_allocs++;
             *addr = e->addr;
@@ -2688,7 +2700,7 @@ static cuheap_status_t find_live_locked(cuh_heap_t *h, uintptr_t addr, live_bloc
         return CUHEAP_ERR_DOUBLE_FREE;
     }
     if (cuh_unlikely(cuh_slab_bit(s->tcached, (uint32_t)idx))) {
-        cuheap_status_t status = tcache_take_locked(h, s, (uint32_t)idx, addr);
+        cuheap_status_t status = tcache_take_locked(h, s, addr);
         if (status != CUHEAP_OK)
             return status;
     }
@@ -2707,12 +2719,7 @@ static void release_block_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t
         cuh_segment_t *seg = b->ext->segment;
         cuh_ptrmap_remove(&h->blocks, addr);
         cuh_arena_release(&h->arena, b->ext, st->tag);
-        /* A segment left idle can go back to the device when the heap next
-         * grows (release_idle_segments_locked), but only once the GPU has
-         * passed this free: a fence now (unless one is in flight already) is
-         * likely complete by then, where one recorded then would not be. */
-        if (!seg->used_bytes && !st->num_fences && returnable_segment(seg))
-            stream_fence_locked(h, st);
+        fence_if_left_idle_locked(h, st, seg, seg->used_bytes);
         return;
     }
     cuh_slab_t *s = b->slab;
@@ -3163,7 +3170,6 @@ void cuh_heap_set_limit(cuh_heap_t *h, size_t limit)
     unpark_locked(h);
     h->limit = limit;
     if (limit && reserved_bytes(h) > limit && !h->captures) {
-        tcache_flush_locked(h);
         settle_all_locked(h);
         release_free_segments_locked(h);
     }
@@ -3355,7 +3361,6 @@ cuheap_status_t cuh_heap_release_cached(cuh_heap_t *h)
 {
     cuh_lock(&h->lock);
     unpark_locked(h);
-    tcache_flush_locked(h);
     settle_all_locked(h);
     release_free_segments_locked(h);
     refresh_stats_locked(h);
