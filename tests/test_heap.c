@@ -1309,12 +1309,12 @@ static void test_oom_cause_external(void **state)
     test_heap_free(&t);
 }
 
-static void test_oom_cause_fragmentation_with_its_proof(void **state)
+/* On a 64 MiB device with settings `conf`: 32 blocks of 2 MiB, every other one
+ * freed (a checkerboard: 32 MiB free in 2 MiB holes), then a 4 MiB request,
+ * which must fail; the out-of-memory record it leaves. */
+static cuh_oom_info_t checkerboard_oom(const char *conf)
 {
-    (void)state;
-    /* The whole device is the workspace; a checkerboard leaves 32 MiB free in
-     * 2 MiB holes, and a 4 MiB request has no extent to fit in. */
-    test_heap_t t = test_heap_new(64 * MiB, "workspace:64M,small_max:0");
+    test_heap_t t = test_heap_new(64 * MiB, conf);
     uintptr_t a[32];
     for (int i = 0; i < 32; i++)
         a[i] = must_alloc(t.heap, 2 * MiB, 0);
@@ -1324,16 +1324,25 @@ static void test_oom_cause_fragmentation_with_its_proof(void **state)
     assert_int_equal(cuh_heap_malloc(t.heap, 4 * MiB, 0, &x), CUHEAP_ERR_OUT_OF_MEMORY);
     cuh_oom_info_t o;
     assert_true(cuh_heap_last_oom(t.heap, &o));
+    heap_ok(t.heap);
+    for (int i = 1; i < 32; i += 2)
+        must_free(t.heap, a[i], 0);
+    test_heap_free(&t);
+    return o;
+}
+
+static void test_oom_cause_fragmentation_with_its_proof(void **state)
+{
+    (void)state;
+    /* The whole device is the workspace: the 4 MiB request has no extent to
+     * fit in. */
+    cuh_oom_info_t o = checkerboard_oom("workspace:64M,small_max:0");
     assert_int_equal(o.cause, CUH_OOM_FRAGMENTATION);
     assert_true(o.largest_free < o.request);
     assert_true(o.request <= o.cached + o.device_free);
     assert_int_equal(o.largest_free, 2 * MiB);
     /* What helps with scattered free memory: pages that move. */
     assert_non_null(strstr(o.action, "vmm:1"));
-    heap_ok(t.heap);
-    for (int i = 1; i < 32; i += 2)
-        must_free(t.heap, a[i], 0);
-    test_heap_free(&t);
 }
 
 /* Under vmm:1 with pages larger than the device's granularity, free memory can
@@ -1342,23 +1351,10 @@ static void test_oom_cause_fragmentation_with_its_proof(void **state)
 static void test_oom_cause_fragmentation_under_large_pages_names_vmm_page(void **state)
 {
     (void)state;
-    test_heap_t t = test_heap_new(64 * MiB, "vmm:1,vmm_page:8M,small_max:0");
-    uintptr_t a[32];
-    for (int i = 0; i < 32; i++)
-        a[i] = must_alloc(t.heap, 2 * MiB, 0);
-    for (int i = 0; i < 32; i += 2)
-        must_free(t.heap, a[i], 0);
-    uintptr_t x;
-    assert_int_equal(cuh_heap_malloc(t.heap, 4 * MiB, 0, &x), CUHEAP_ERR_OUT_OF_MEMORY);
-    cuh_oom_info_t o;
-    assert_true(cuh_heap_last_oom(t.heap, &o));
+    cuh_oom_info_t o = checkerboard_oom("vmm:1,vmm_page:8M,small_max:0");
     assert_int_equal(o.cause, CUH_OOM_FRAGMENTATION);
     assert_non_null(strstr(o.action, "vmm_page"));
     assert_null(strstr(o.action, "vmm:1 in"));
-    heap_ok(t.heap);
-    for (int i = 1; i < 32; i += 2)
-        must_free(t.heap, a[i], 0);
-    test_heap_free(&t);
 }
 
 static void test_oom_cause_stream_pending_with_its_proof(void **state)
