@@ -1341,8 +1341,12 @@ static void test_oom_cause_fragmentation_with_its_proof(void **state)
     assert_true(o.largest_free < o.request);
     assert_true(o.request <= o.cached + o.device_free);
     assert_int_equal(o.largest_free, 2 * MiB);
-    /* What helps with scattered free memory: pages that move. */
+    /* What helps with scattered free memory: pages that move, or measured
+     * memory; not a workspace, where best fit fragments too. */
     assert_non_null(strstr(o.action, "vmm:1"));
+    assert_non_null(strstr(o.action, "cuheap-replay --min-capacity"));
+    assert_null(strstr(o.action, "workspace"));
+    assert_true(strlen(o.action) + 1 < sizeof o.action);   /* not cut short */
 }
 
 /* Under vmm:1 with pages larger than the device's granularity, free memory can
