@@ -1108,7 +1108,7 @@ static int page_inside(const cuh_heap_t *h, size_t p, uintptr_t addr, size_t siz
  * pages instead (paid once, about 35 us a page, and memory); pages still
  * move when the limit or the device refuses new ones (map_range_locked). */
 
-/* The entry following block size `pages`, or NULL. */
+/* The index of the entry following block size `pages`, or -1. */
 static int mover_index(const cuh_heap_t *h, size_t pages)
 {
     for (int i = 0; i < MOVERS; i++)
