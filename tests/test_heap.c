@@ -2084,11 +2084,7 @@ static void test_concurrent_threads_never_share_memory(void **state)
         assert_int_equal(w[i].failures, 0);
     }
     assert_int_equal(set.overlap_seen, 0);
-    cuheap_stats_t s;
-    cuh_heap_stats(t.heap, &s);
-    assert_int_equal(s.allocated.current, 0);
-    assert_int_equal(s.num_allocs, s.num_frees);
-    heap_ok(t.heap);
+    all_freed(t.heap);
     free(set.start);
     free(set.len);
     pthread_mutex_destroy(&set.lock);
@@ -2139,11 +2135,7 @@ static void test_parked_block_is_free_to_every_other_call(void **state)
     must_free(t.heap, c, S1);   /* parked again */
     assert_int_equal(cuh_heap_free_device_wide(t.heap, c), CUHEAP_ERR_DOUBLE_FREE);
     must_free(t.heap, keep, S1);
-    cuheap_stats_t s;
-    cuh_heap_stats(t.heap, &s);
-    assert_int_equal(s.allocated.current, 0);
-    assert_int_equal(s.num_allocs, s.num_frees);
-    heap_ok(t.heap);
+    all_freed(t.heap);
     test_heap_free(&t);
 }
 
@@ -2287,11 +2279,7 @@ static void test_thread_cache_double_free_is_caught_from_any_thread(void **state
     assert_int_equal(other.status, CUHEAP_OK);
     assert_int_equal(cuh_heap_free(t.heap, a, S1), CUHEAP_ERR_DOUBLE_FREE);
     must_free(t.heap, keep, S1);
-    cuheap_stats_t s;
-    cuh_heap_stats(t.heap, &s);
-    assert_int_equal(s.allocated.current, 0);
-    assert_int_equal(s.num_allocs, s.num_frees);
-    heap_ok(t.heap);
+    all_freed(t.heap);
     test_heap_free(&t);
 }
 

@@ -62,6 +62,17 @@ static inline void test_heap_free(test_heap_t *t)
             fail_msg("heap books unsound: %s", msg_);   \
     } while (0)
 
+/* Everything the test allocated is freed: nothing allocated, as many frees
+ * as allocations, and sound books. */
+#define all_freed(h)                                        \
+    do {                                                    \
+        cuheap_stats_t st_;                                 \
+        cuh_heap_stats((h), &st_);                          \
+        assert_int_equal(st_.allocated.current, 0);         \
+        assert_int_equal(st_.num_allocs, st_.num_frees);    \
+        heap_ok(h);                                         \
+    } while (0)
+
 static inline uintptr_t must_alloc(cuh_heap_t *h, size_t size, cuh_stream_t s)
 {
     uintptr_t a = 0;
