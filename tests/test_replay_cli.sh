@@ -461,4 +461,72 @@ else
     not_ok "'--busy-streams 2' without --cudafree exits 2" "status $rc: $(cat "$TMP/bad_busy.err")"
 fi
 
+# ---- --report-at: the report after a chosen event, or at reserved memory's peak ----
+# At "peak" the report's current reserved bytes are the replay's peak, and one
+# event earlier they were less: the report is taken where the peak was first
+# reached. After event N the report has seen exactly the allocations among
+# events 0..N. An out-of-memory before the event takes the report there.
+resnet=bench/traces/resnet50.trace.gz
+run at_peak --json --report "$TMP/at_peak.json" --report-at peak "$resnet"
+at_ok=0
+if [ "$rc" -eq 0 ]; then
+    ev=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["report_event"])' "$TMP/at_peak.out")
+    run at_before --json --report "$TMP/at_before.json" --report-at $((ev - 1)) "$resnet"
+    allocs=$(gzip -dc "$resnet" | grep -v -e '^#' -e '^[[:space:]]*$' | head -n $((ev + 1)) | grep -c '^a')
+    if [ "$rc" -eq 0 ] && msg=$(python3 - "$TMP/at_peak.out" "$TMP/at_peak.json" "$TMP/at_before.json" "$ev" "$allocs" <<'PY' 2>&1
+import json, sys
+line = json.loads(open(sys.argv[1]).readline())
+peak = json.load(open(sys.argv[2]))["devices"][0]["stats"]
+before = json.load(open(sys.argv[3]))["devices"][0]["stats"]
+ev, allocs = int(sys.argv[4]), int(sys.argv[5])
+assert line["report_event"] == ev and 0 < ev < line["events"], line
+assert peak["reserved"]["current"] == line["peak_reserved"], "reserved %d at the report, peak %d" % (
+    peak["reserved"]["current"], line["peak_reserved"])
+assert before["reserved"]["current"] < line["peak_reserved"], "already at the peak one event earlier"
+assert peak["num_allocs"] == allocs, "%d allocations seen, events 0..%d hold %d" % (peak["num_allocs"], ev, allocs)
+PY
+); then
+        at_ok=1
+    fi
+fi
+if [ "$at_ok" -eq 1 ]; then
+    ok "--report-at peak: the report holds the peak reserved bytes, first reached at its event"
+else
+    not_ok "--report-at peak on resnet50" "status $rc ${msg:-} $(cat "$TMP/at_peak.err" 2>/dev/null)"
+fi
+run at_oom --json --capacity 27G --report "$TMP/at_oom.json" --report-at 30000 "$gpt2"
+if [ "$rc" -eq 0 ] && msg=$(python3 - "$TMP/at_oom.out" "$TMP/at_oom.json" <<'PY' 2>&1
+import json, sys
+line = json.loads(open(sys.argv[1]).readline())
+rep = json.load(open(sys.argv[2]))["devices"][0]
+assert line["oom"] is not None and line["oom"]["event"] < 30000, line["oom"]
+assert line["report_event"] == line["oom"]["event"], "report after %d, out of memory at %d" % (
+    line["report_event"], line["oom"]["event"])
+assert rep["oom"] is not None, "the report has no out-of-memory"
+PY
+); then
+    ok "--report-at past an out-of-memory takes the report at the out-of-memory"
+else
+    not_ok "--report-at 30000 on gpt2 at 27G" "status $rc ${msg:-}"
+fi
+run at_nopath --report-at peak "$resnet"
+if [ "$rc" -eq 2 ] && grep -q -- "--report-at needs --report" "$TMP/at_nopath.err"; then
+    ok "--report-at without --report exits 2 and says why"
+else
+    not_ok "--report-at without --report exits 2" "status $rc: $(cat "$TMP/at_nopath.err")"
+fi
+run at_far --report "$TMP/far.txt" --report-at 99999999 "$resnet"
+if [ "$rc" -eq 2 ] && grep -q -- "--report-at 99999999: .*has 19565 events, numbered 0 to 19564" "$TMP/at_far.err" &&
+    [ ! -e "$TMP/far.txt" ]; then
+    ok "--report-at past the last event exits 2, names the trace's events and writes nothing"
+else
+    not_ok "--report-at 99999999 exits 2" "status $rc: $(cat "$TMP/at_far.err")"
+fi
+run at_bad --report "$TMP/bad.txt" --report-at top "$resnet"
+if [ "$rc" -eq 2 ] && grep -q -- "bad --report-at value 'top'" "$TMP/at_bad.err"; then
+    ok "--report-at top exits 2 and names the value"
+else
+    not_ok "--report-at top exits 2" "status $rc: $(cat "$TMP/at_bad.err")"
+fi
+
 finish test_replay_cli

@@ -34,6 +34,9 @@
 #define DEFAULT_CAPACITY ((size_t)80 * CUH_GiB)
 /* --min-capacity finds the smallest capacity to within this. */
 #define SEARCH_GRAIN CUH_SEGMENT_GRAIN
+/* --report-at: where the report is taken, when not after a given event. */
+#define REPORT_AT_END (-1L)    /* at the first out-of-memory, or at the end */
+#define REPORT_AT_PEAK (-2L)   /* after the event that first took reserved memory to its peak */
 
 typedef struct options_s {
     size_t capacity;
@@ -46,6 +49,7 @@ typedef struct options_s {
     int json;
     int min_capacity;
     const char *report;       /* --report PATH ("%t" = trace name), or NULL */
+    long report_at;           /* --report-at: REPORT_AT_END, REPORT_AT_PEAK or an event number */
     char **traces;
     int num_traces;
 } options_t;
@@ -59,6 +63,8 @@ typedef struct run_s {
     cuh_oom_info_t oom_info;
     cuheap_stats_t stats;
     uint64_t elapsed_ns;      /* the replay loop only */
+    size_t peak_event;        /* with track_peak: the event after which reserved memory first reached its peak */
+    size_t report_event;      /* with a report: the event after which it was taken */
     cuh_sim_counters_t device; /* the simulated device's calls */
 } run_t;
 
@@ -99,6 +105,13 @@ static void usage(FILE *f)
             "                     at the end: JSON if PATH ends in .json, HTML if in\n"
             "                     .html, else text;\n"
             "                     %%t in PATH becomes the trace's name\n"
+            "  --report-at WHEN   with --report: take it after event number WHEN\n"
+            "                     (counted from 0, as in the out-of-memory line), or\n"
+            "                     'peak': after the event that first took reserved\n"
+            "                     memory to its peak (what was held there and why), or\n"
+            "                     'end' (the default: the first out-of-memory, or the\n"
+            "                     end); a replay cut short by an out-of-memory before\n"
+            "                     that event takes it there\n"
             "  --settings         print every CUHEAP_CONF key with its default and exit\n"
             "  --min-capacity     also find the smallest capacity (to within 2 MiB)\n"
             "                     that replays the trace without out-of-memory\n"
@@ -172,6 +185,7 @@ static void parse_options(int argc, char **argv, options_t *o)
     memset(o, 0, sizeof *o);
     o->capacity = DEFAULT_CAPACITY;
     o->cudafree_lag = -1;
+    o->report_at = REPORT_AT_END;
     cuh_config_defaults(&o->cfg);
     o->traces = calloc((size_t)argc, sizeof *o->traces);
     if (!o->traces) {
@@ -200,7 +214,8 @@ static void parse_options(int argc, char **argv, options_t *o)
                           (name_len == 14 && strncmp(a, "--busy-streams", 14) == 0) ||
                           (name_len == 5 && strncmp(a, "--lag", 5) == 0) ||
                           (name_len == 6 && strncmp(a, "--conf", 6) == 0) ||
-                          (name_len == 8 && strncmp(a, "--report", 8) == 0);
+                          (name_len == 8 && strncmp(a, "--report", 8) == 0) ||
+                          (name_len == 11 && strncmp(a, "--report-at", 11) == 0);
         if (takes_value && !value) {
             if (i + 1 >= argc)
                 usage_error("option '%.*s' needs a value", (int)name_len, a);
@@ -240,6 +255,14 @@ static void parse_options(int argc, char **argv, options_t *o)
             if (!*value)
                 usage_error("--report needs a file name");
             o->report = value;
+        } else if (name_len == 11 && strncmp(a, "--report-at", 11) == 0) {
+            if (strcmp(value, "peak") == 0)
+                o->report_at = REPORT_AT_PEAK;
+            else if (strcmp(value, "end") == 0)
+                o->report_at = REPORT_AT_END;
+            else
+                o->report_at = count_value("--report-at", value, LONG_MAX,
+                                           "an event number (0 or more), 'peak' or 'end'");
         } else if (strcmp(a, "--min-capacity") == 0) {
             o->min_capacity = 1;
         } else if (strcmp(a, "--json") == 0) {
@@ -262,6 +285,8 @@ static void parse_options(int argc, char **argv, options_t *o)
         usage_error("--streams needs --cudafree (idle streams matter only to device-wide frees)");
     if (o->busy_streams && o->cudafree_lag < 0)
         usage_error("--busy-streams needs --cudafree (other streams' work matters only to device-wide frees)");
+    if (o->report_at != REPORT_AT_END && !o->report)
+        usage_error("--report-at needs --report PATH (where to write the report)");
     if (o->report && o->num_traces > 1 && !strstr(o->report, "%t"))
         usage_error("--report with several traces needs %%t in the file name (replaced by each trace's name)");
 }
@@ -276,7 +301,11 @@ static uint64_t elapsed_ns(const struct timespec *a, const struct timespec *b)
 
 /* Replays `t` on a fresh simulated device of `capacity` bytes and a fresh
  * heap. 0 when the trace ran to its end or to an out-of-memory; -1 on any
- * other failure (already reported on stderr). */
+ * other failure (already reported on stderr). With `report`, the heap's
+ * report is written after event `report_at` (an event number), or where the
+ * replay stops (report_at < 0 or beyond that). With track_peak, the device's
+ * memory in use is read after every event (slower: never for timing) to find
+ * run->peak_event. */
 static int write_report(cuh_heap_t *heap, const char *pattern, const char *trace_path);
 static void short_name(const char *path, char *out, size_t len);
 
@@ -287,8 +316,10 @@ static long g_streams;             /* --streams, for every replay */
 static long g_busy_streams;        /* --busy-streams */
 
 static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t *cfg,
-                       uintptr_t *addrs, run_t *run, const char *report)
+                       uintptr_t *addrs, run_t *run, const char *report, long report_at, int track_peak)
 {
+    size_t most_used = 0;
+    int reported = 0;
     memset(run, 0, sizeof *run);
     cuh_device_t *dev = cuh_sim_create(&(cuh_sim_params_t){.capacity = capacity, .ordinal = 0});
     if (!dev) {
@@ -343,6 +374,23 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
             cuh_sim_complete_all(dev);
         if (cuh_unlikely(st != CUHEAP_OK))
             break;
+        if (cuh_unlikely(track_peak)) {
+            cuh_sim_counters_t c;
+            cuh_sim_counters(dev, &c);
+            if (c.used > most_used) {
+                most_used = c.used;
+                run->peak_event = i;
+            }
+        }
+        if (cuh_unlikely(report && report_at >= 0 && i == (size_t)report_at)) {
+            run->report_event = i;
+            reported = 1;
+            if (write_report(heap, report, t->path) != 0) {
+                cuh_heap_destroy(heap);
+                dev->ops->destroy(dev);
+                return -1;
+            }
+        }
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     run->elapsed_ns = elapsed_ns(&t0, &t1);
@@ -378,8 +426,11 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
     if (rc == 0)
         cuh_heap_stats(heap, &run->stats);
     cuh_sim_counters(dev, &run->device);
-    if (rc == 0 && report && write_report(heap, report, t->path) != 0)
-        rc = -1;
+    if (rc == 0 && report && !reported) {
+        run->report_event = run->replayed ? run->replayed - 1 : 0;
+        if (write_report(heap, report, t->path) != 0)
+            rc = -1;
+    }
     cuh_heap_destroy(heap);
     dev->ops->destroy(dev);
     return rc;
@@ -443,7 +494,7 @@ static int find_min_capacity(const cuh_trace_t *t, const options_t *o, uintptr_t
         if (mid >= hi)
             break;
         run_t probe;
-        if (replay_once(t, mid, &o->cfg, addrs, &probe, NULL) != 0)
+        if (replay_once(t, mid, &o->cfg, addrs, &probe, NULL, REPORT_AT_END, 0) != 0)
             return -1;
         if (probe.oom)
             lo = mid;
@@ -471,6 +522,8 @@ typedef struct result_s {
     int want_min;
     int min_found;
     size_t min_capacity;
+    int have_report_event;    /* --report-at other than end */
+    size_t report_event;
 } result_t;
 
 static void print_json(const result_t *r)
@@ -530,6 +583,8 @@ static void print_json(const result_t *r)
         else
             fputs(",\"min_capacity\":null", f);
     }
+    if (r->have_report_event)
+        fprintf(f, ",\"report_event\":%zu", r->report_event);
     fputs("}\n", f);
     fflush(f);
 }
@@ -607,6 +662,8 @@ static void print_row(const result_t *r, int name_width)
                (double)run->device.stream_waits * per, (double)run->device.event_waits * per,
                (double)run->device.synchronizes * per);
     }
+    if (r->have_report_event)
+        printf("%-*s   report taken after event %zu of %zu\n", name_width, "", r->report_event, t->num_events);
     fflush(stdout);
 }
 
@@ -631,7 +688,14 @@ static int replay_trace(const char *arg, const options_t *o, int name_width)
     result_t r = {.arg = arg, .trace = &trace, .run = &run, .capacity = o->capacity,
                   .want_min = o->min_capacity};
     int status = 0;
-    if (replay_once(&trace, o->capacity, &o->cfg, addrs, &run, o->report) != 0) {
+    if (o->report_at >= 0 && (size_t)o->report_at >= trace.num_events) {
+        fprintf(stderr, PROG ": --report-at %ld: %s has %zu events, numbered 0 to %zu\n", o->report_at, arg,
+                trace.num_events, trace.num_events ? trace.num_events - 1 : 0);
+        status = 2;
+        goto out;
+    }
+    const char *report_now = o->report_at == REPORT_AT_END ? o->report : NULL;
+    if (replay_once(&trace, o->capacity, &o->cfg, addrs, &run, report_now, REPORT_AT_END, 0) != 0) {
         status = 1;
         goto out;
     }
@@ -640,7 +704,7 @@ static int replay_trace(const char *arg, const options_t *o, int name_width)
     uint64_t times[3] = {run.elapsed_ns, 0, 0};
     for (int k = 1; k < 3; k++) {
         run_t again;
-        if (replay_once(&trace, o->capacity, &o->cfg, addrs, &again, NULL) != 0) {
+        if (replay_once(&trace, o->capacity, &o->cfg, addrs, &again, NULL, REPORT_AT_END, 0) != 0) {
             status = 1;
             goto out;
         }
@@ -654,6 +718,25 @@ static int replay_trace(const char *arg, const options_t *o, int name_width)
                 times[b] = tmp;
             }
     run.elapsed_ns = times[1];
+    if (o->report && o->report_at != REPORT_AT_END) {
+        /* The report after a chosen event: a replay of its own (the heap's
+         * results are the same each time), after one that finds the peak. */
+        long at = o->report_at;
+        run_t extra;
+        if (at == REPORT_AT_PEAK) {
+            if (replay_once(&trace, o->capacity, &o->cfg, addrs, &extra, NULL, REPORT_AT_END, 1) != 0) {
+                status = 1;
+                goto out;
+            }
+            at = (long)extra.peak_event;
+        }
+        if (replay_once(&trace, o->capacity, &o->cfg, addrs, &extra, o->report, at, 0) != 0) {
+            status = 1;
+            goto out;
+        }
+        r.report_event = extra.report_event;
+        r.have_report_event = 1;
+    }
     /* A full run's peak is the trace's; a run cut short has the heap's. */
     r.peak_live = run.oom ? run.stats.requested.peak : trace.peak_live;
     if (o->min_capacity &&
