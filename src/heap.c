@@ -2062,7 +2062,7 @@ static void tcache_disown_live_locked(cuh_heap_t *h, cuh_tcache_t *tc, cuh_tc_en
 static void tcache_flush_one_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_streams, cuh_stream_t stream,
                                     int forget_live)
 {
-    cuh_lock(&tc->lock);
+    cuh_spin_lock(&tc->lock);
     for (unsigned c = 0; c < CUH_MAX_CLASSES; c++)
         for (uint32_t i = tc->bins[c].count; i-- > 0;) {
             if (all_streams || tc->bins[c].stream[i] == (uintptr_t)stream)
@@ -2075,7 +2075,7 @@ static void tcache_flush_one_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_str
             while (e->addr && e->state == CUH_TC_LIVE && (all_streams || e->stream == (uintptr_t)stream))
                 tcache_disown_live_locked(h, tc, e);
         }
-    cuh_unlock(&tc->lock);
+    cuh_spin_unlock(&tc->lock);
 }
 
 static void tcache_flush_locked(cuh_heap_t *h)
@@ -2089,10 +2089,10 @@ static void tcache_flush_locked(cuh_heap_t *h)
 static cuheap_status_t tcache_take_locked(cuh_heap_t *h, const cuh_slab_t *s, uintptr_t addr)
 {
     for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next) {
-        cuh_lock(&tc->lock);
+        cuh_spin_lock(&tc->lock);
         cuh_tc_entry_t *e = cuh_tcache_find(tc, addr);
         if (!e) {
-            cuh_unlock(&tc->lock);
+            cuh_spin_unlock(&tc->lock);
             continue;
         }
         cuheap_status_t status = CUHEAP_OK;
@@ -2104,7 +2104,7 @@ static cuheap_status_t tcache_take_locked(cuh_heap_t *h, const cuh_slab_t *s, ui
         } else {
             tcache_disown_live_locked(h, tc, e);
         }
-        cuh_unlock(&tc->lock);
+        cuh_spin_unlock(&tc->lock);
         return status;
     }
     cuh_set_error("internal error: 0x%llx is marked as in a thread cache that does not hold it",
@@ -2167,9 +2167,9 @@ static cuh_tcache_t *tcache_mine_locked(cuh_heap_t *h)
     /* Caches of heaps destroyed since go now. */
     for (cuh_tcache_t **link = &my_tcaches; *link;) {
         cuh_tcache_t *old = *link;
-        cuh_lock(&old->lock);
+        cuh_spin_lock(&old->lock);
         int dead = old->dead;
-        cuh_unlock(&old->lock);
+        cuh_spin_unlock(&old->lock);
         if (dead) {
             *link = old->thread_next;
             cuh_tcache_destroy(old);
@@ -2221,7 +2221,7 @@ static int tcache_adopt_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t a
         return 0;
     cuh_slab_t *s = b->slab;
     int took = 0;
-    cuh_lock(&tc->lock);
+    cuh_spin_lock(&tc->lock);
     tcache_make_room_locked(h, tc, s->size_class, b->size);
     if (tc->cached_bytes + b->size <= h->cfg.thread_cache && tc->bins[s->size_class].count < CUH_TC_BIN_MAX) {
         cuh_tc_entry_t *e = cuh_tcache_insert(tc, addr);
@@ -2235,7 +2235,7 @@ static int tcache_adopt_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t a
             took = 1;
         }
     }
-    cuh_unlock(&tc->lock);
+    cuh_spin_unlock(&tc->lock);
     if (took) {
         s->requested[b->index] = (uint32_t)b->size;
         cuh_slab_set(s->tcached, b->index);
@@ -2253,13 +2253,13 @@ static inline uintptr_t tcache_alloc(cuh_heap_t *h, size_t size, cuh_stream_t st
     if (!tc)
         return 0;
     uintptr_t addr = 0;
-    cuh_lock(&tc->lock);
+    cuh_spin_lock(&tc->lock);
     if (cuh_likely(!tc->dead && tcache_open(h)) &&
         (addr = cuh_tcache_pop(tc, cuh_sizeclass_index(size), (uintptr_t)stream))) {
         cuh_tcache_hand_out(tc, cuh_tcache_find(tc, addr), (uint32_t)size);
         tc->num_allocs++;
     }
-    cuh_unlock(&tc->lock);
+    cuh_spin_unlock(&tc->lock);
     return addr;
 }
 
@@ -2272,7 +2272,7 @@ static inline int tcache_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
     if (!tc)
         return 0;
     int done = 0;
-    cuh_lock(&tc->lock);
+    cuh_spin_lock(&tc->lock);
     cuh_tc_entry_t *e = cuh_tcache_find(tc, addr);
     if (e && e->state == CUH_TC_LIVE && e->stream == (uintptr_t)stream && cuh_likely(!tc->dead && tcache_open(h)) &&
         tc->cached_bytes + e->size <= h->cfg.thread_cache &&
@@ -2281,7 +2281,7 @@ static inline int tcache_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
         tc->num_frees++;
         done = 1;
     }
-    cuh_unlock(&tc->lock);
+    cuh_spin_unlock(&tc->lock);
     return done;
 }
 
@@ -2383,9 +2383,9 @@ void cuh_heap_destroy(cuh_heap_t *h)
     /* Threads free their caches of this heap when they next look or exit. */
     pthread_mutex_lock(&tcache_registry);
     for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next) {
-        cuh_lock(&tc->lock);
+        cuh_spin_lock(&tc->lock);
         tc->dead = 1;
-        cuh_unlock(&tc->lock);
+        cuh_spin_unlock(&tc->lock);
     }
     pthread_mutex_unlock(&tcache_registry);
     for (uint32_t i = 0; i < h->num_streams; i++) {
@@ -3337,11 +3337,11 @@ size_t cuh_heap_block_size(cuh_heap_t *h, uintptr_t addr)
             size = s->requested[i];
         /* A thread cache keeps the request of an object it handed out. */
         for (cuh_tcache_t *tc = h->tcaches; i >= 0 && cuh_slab_bit(s->tcached, (uint32_t)i) && tc; tc = tc->heap_next) {
-            cuh_lock(&tc->lock);
+            cuh_spin_lock(&tc->lock);
             const cuh_tc_entry_t *te = cuh_tcache_find(tc, addr);
             if (te)
                 size = te->state == CUH_TC_LIVE ? te->requested : 0;
-            cuh_unlock(&tc->lock);
+            cuh_spin_unlock(&tc->lock);
         }
     }
     cuh_unlock(&h->lock);
@@ -3375,12 +3375,12 @@ static void cuh_heap_stats_locked(cuh_heap_t *h, cuheap_stats_t *out)
     int64_t allocated_adjust = 0, requested_adjust = 0;
     uint64_t tc_allocs = 0, tc_frees = 0;
     for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next) {
-        cuh_lock(&tc->lock);
+        cuh_spin_lock(&tc->lock);
         allocated_adjust += tc->allocated_adjust;
         requested_adjust += tc->requested_adjust;
         tc_allocs += tc->num_allocs;
         tc_frees += tc->num_frees;
-        cuh_unlock(&tc->lock);
+        cuh_spin_unlock(&tc->lock);
     }
     out->allocated.current = (size_t)((int64_t)h->allocated.current + allocated_adjust);
     out->requested.current = (size_t)((int64_t)h->requested.current + requested_adjust);
@@ -3572,7 +3572,7 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
      * cached ones are in their bins, and the books agree. */
     size_t owned = 0;
     for (cuh_tcache_t *tc = h->tcaches; !rc && tc; tc = tc->heap_next) {
-        cuh_lock(&tc->lock);
+        cuh_spin_lock(&tc->lock);
         size_t entries = 0, cached = 0, binned = 0, cached_bytes = 0;
         int64_t requested_adjust = 0;
         for (size_t i = 0; i <= tc->mask; i++) {
@@ -3611,7 +3611,7 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
             rc = -1;
         }
         owned += entries;
-        cuh_unlock(&tc->lock);
+        cuh_spin_unlock(&tc->lock);
     }
     if (!rc && owned != tcached) {
         snprintf(msg, len, "slabs mark %zu objects tcached, thread caches own %zu", tcached, owned);

@@ -1,10 +1,12 @@
-/* lock.c - the slow paths of the heap's lock (lock.h): a bounded spin, then
- * sleeping on a futex until the holder wakes a waiter. */
+/* lock.c - the slow paths of the locks of lock.h: the heap's lock spins for
+ * a bounded time, then sleeps on a futex until the holder wakes a waiter; a
+ * thread cache's lock spins, yielding the core now and then. */
 #include "lock.h"
 
 #ifndef CUH_LOCK_PTHREAD
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -46,6 +48,22 @@ void cuh_lock_slow(cuh_lock_t *l)
 void cuh_unlock_wake(cuh_lock_t *l)
 {
     syscall(SYS_futex, &l->state, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+/* Pauses between yields of a waiter on a thread cache's lock: the holder
+ * keeps it for microseconds at most, unless it lost its core. */
+#define CUH_SPIN_YIELD_EVERY 1000
+
+void cuh_spin_lock_slow(cuh_spinlock_t *l)
+{
+    for (unsigned i = 1;; i++) {
+        if (atomic_load_explicit(&l->held, memory_order_relaxed) == 0 && cuh_spin_trylock(l))
+            return;
+        if (i % CUH_SPIN_YIELD_EVERY == 0)
+            sched_yield();
+        else
+            cpu_relax();
+    }
 }
 
 #endif

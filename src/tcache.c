@@ -29,7 +29,7 @@ cuh_tcache_t *cuh_tcache_create(void)
     }
     tc->mask = TC_INITIAL_SLOTS - 1;
     tc->shift = 64 - (unsigned)__builtin_ctzll(TC_INITIAL_SLOTS);
-    cuh_lock_init(&tc->lock);
+    cuh_spin_init(&tc->lock);
     return tc;
 }
 

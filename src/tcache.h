@@ -45,7 +45,7 @@ typedef struct cuh_tc_bin_s {
 } cuh_tc_bin_t;
 
 typedef struct cuh_tcache_s {
-    cuh_lock_t lock;
+    cuh_spinlock_t lock;      /* its own thread on the fast paths; the heap now and then */
     /* The heap's list of its caches (under the heap's lock), and the
      * thread's list of its caches, one per heap (the thread's own). */
     struct cuh_tcache_s *heap_prev, *heap_next;
