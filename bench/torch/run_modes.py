@@ -33,6 +33,10 @@ runs beside the plain one as MODE@key:value+key:value (for example
 cuheap-vmm@vmm_page:8M or cuheap-vmm-limit@vmm_page:8M): the settings after
 "@" ("+" between them) are added to that mode's CUHEAP_CONF.
 
+CUHEAP_BENCH_STRICT=1 makes every kernel deterministic in every mode
+(train_job.py: attention on PyTorch's math path, no warn_only): two native
+runs of GPT-2 and BERT then agree bit for bit, and so must every allocator.
+
 --repeat N runs every (job, mode) N times in rounds (each round all modes
 in order, so drift touches them alike): a row's step time is the median of
 its rounds, with their range beside it; a *-limit mode keeps the limit of

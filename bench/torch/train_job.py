@@ -29,6 +29,10 @@ losses (as float.hex, so runs compare bitwise), peak reserved and peak live,
 the allocator's cache-release retries, and an out-of-memory as a result
 ("oom": the step and PyTorch's message) rather than a crash.
 
+With CUHEAP_BENCH_STRICT=1 every kernel is deterministic (attention on the math
+path; an operation without a deterministic kernel is an error): losses then
+repeat bit for bit between runs, which the fused attention kernels do not.
+
 With CUHEAP_BENCH_LIMIT=BYTES (run_modes.py's *-limit modes) the job runs
 under a memory limit: PyTorch's own modes through
 set_per_process_memory_fraction, cuheap's through CUHEAP_CONF limit:BYTES
@@ -318,10 +322,24 @@ def job_arguments(doc, jobs):
 
 
 def deterministic(seed):
-    """The same initial weights and, where PyTorch can, bitwise-repeatable kernels."""
+    """The same initial weights and, where PyTorch can, bitwise-repeatable kernels.
+
+    With CUHEAP_BENCH_STRICT=1 every kernel must be repeatable: attention runs
+    on PyTorch's math path (matrix products and a softmax) instead of the fused
+    kernels, whose backward passes add up with atomics in whatever order the
+    GPU runs them, and an operation with no deterministic kernel stops the job
+    with an error instead of a warning. Slower, but two runs then give the same
+    losses bit for bit, so any difference between allocators is the
+    allocator's."""
     torch.manual_seed(seed)
     torch.backends.cudnn.benchmark = False
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    strict = os.environ.get("CUHEAP_BENCH_STRICT") == "1"
+    if strict:
+        torch.backends.cuda.enable_flash_sdp(False)
+        torch.backends.cuda.enable_mem_efficient_sdp(False)
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        torch.backends.cuda.enable_math_sdp(True)
+    torch.use_deterministic_algorithms(True, warn_only=not strict)
 
 
 def main():
@@ -357,7 +375,7 @@ def main():
         "step_ms_each": [round(t, 1) for t in times],
         "losses": [x.hex() for x in losses], "last_loss": losses[-1] if losses else None,
         "peak_reserved": reserved, "peak_live": live, "limit": memory_limit(), "retries": retries(),
-        "oom": oom, "torch": torch.__version__,
+        "oom": oom, "torch": torch.__version__, "strict": os.environ.get("CUHEAP_BENCH_STRICT") == "1",
     }
     if hasattr(step, "state"):
         result.update(step.state)
