@@ -79,6 +79,7 @@ typedef struct cuheap_stats_s {
     uint64_t limit;            /* bytes; 0 = no limit besides the device */
     uint64_t workspace;        /* bytes of the preallocated workspace */
     uint64_t device_total;     /* the device's memory, 0 until first use */
+    uint64_t num_cpu_waits;    /* times cuheap made the CPU wait for the GPU (an event or the device) */
 } cuheap_stats_t;
 
 /* Pinned (page-locked) host memory: the cache that serves cudaHostAlloc under

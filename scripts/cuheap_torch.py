@@ -54,6 +54,7 @@ class _Stats(ctypes.Structure):
         ("limit", ctypes.c_uint64),
         ("workspace", ctypes.c_uint64),
         ("device_total", ctypes.c_uint64),
+        ("num_cpu_waits", ctypes.c_uint64),
     ]
 
 
@@ -165,7 +166,9 @@ def torch_stats_from(raw):
     out["num_ooms"] = raw["num_ooms"]
     out["num_device_alloc"] = raw["num_segment_allocs"]
     out["num_device_free"] = raw["num_segment_frees"]
-    out["num_sync_all_streams"] = 0
+    # PyTorch counts the times its allocator stalled on the GPU; cuheap's
+    # counterpart is every time it made the CPU wait (an event or the device).
+    out["num_sync_all_streams"] = raw["num_cpu_waits"]
     # cuheap's own figures, under a prefix no torch key uses.
     out["cuheap.pending_bytes.current"], out["cuheap.pending_bytes.peak"] = raw["pending"]
     out["cuheap.cache_hits"] = raw["num_cache_hits"]

@@ -213,6 +213,7 @@ struct cuh_heap_s {
     stat_t requested, allocated, reserved, cached, pending;
     uint64_t num_allocs, num_frees, num_segment_allocs, num_segment_frees;
     uint64_t num_cache_hits, num_retries, num_ooms;
+    uint64_t num_cpu_waits;      /* times the CPU waited for the GPU (an event or the device) */
 
     int has_oom;
     cuh_oom_info_t last_oom;
@@ -295,6 +296,20 @@ static inline void stat_set(stat_t *s, size_t value)
 /* A block that must start a segment of its own: every block with ipc_safe:1,
  * and the one being allocated by cuh_heap_malloc_shareable. Not under
  * virtual memory, which legacy IPC cannot share anyway. */
+/* The only two ways the heap makes the CPU wait for the GPU, counted: a
+ * user whose job runs slower under cuheap can see whether it stalled. */
+static cuh_dev_status_t cpu_wait_event(cuh_heap_t *h, cuh_event_t e)
+{
+    h->num_cpu_waits++;
+    return h->dev->ops->event_wait(h->dev, e);
+}
+
+static cuh_dev_status_t cpu_wait_device(cuh_heap_t *h)
+{
+    h->num_cpu_waits++;
+    return h->dev->ops->synchronize(h->dev);
+}
+
 static inline int own_segment_locked(const cuh_heap_t *h)
 {
     return h->cfg.ipc_safe || (h->shareable_call && !h->vm);
@@ -421,7 +436,7 @@ static void stream_joins_locked(cuh_heap_t *h, const stream_state_t *joining)
         if (ev)
             event_put_locked(h, ev);   /* the wait took the event's state as it is now */
         if (!ok) {
-            h->dev->ops->synchronize(h->dev);
+            cpu_wait_device(h);
             return;
         }
     }
@@ -646,7 +661,7 @@ fallback:
     st->small_fenced += st->small_unfenced;
     h->small_fenced_total += st->small_unfenced;
     st->small_unfenced = 0;
-    h->dev->ops->synchronize(h->dev);
+    cpu_wait_device(h);
     stream_all_done_locked(h, st);
     return -1;
 }
@@ -657,7 +672,7 @@ static int stream_poll_locked(cuh_heap_t *h, stream_state_t *st, int wait)
     size_t done = 0;
     int failed = 0;
     while (done < st->num_fences) {
-        cuh_dev_status_t rc = wait ? h->dev->ops->event_wait(h->dev, st->fences[done].event)
+        cuh_dev_status_t rc = wait ? cpu_wait_event(h, st->fences[done].event)
                                    : h->dev->ops->event_query(h->dev, st->fences[done].event);
         if (rc == CUH_DEV_NOT_READY)
             break;
@@ -670,7 +685,7 @@ static int stream_poll_locked(cuh_heap_t *h, stream_state_t *st, int wait)
         done++;
     }
     if (failed) {
-        h->dev->ops->synchronize(h->dev);
+        cpu_wait_device(h);
         stream_all_done_locked(h, st);
         return 1;
     }
@@ -916,7 +931,7 @@ static int settle_unsettled_locked(cuh_heap_t *h, int wait)
             continue;
         }
         if (wait)
-            h->dev->ops->event_wait(h->dev, e);
+            cpu_wait_event(h, e);
         event_put_locked(h, e);
     }
     h->num_unsettled = kept;
@@ -963,7 +978,7 @@ static int drains_poll_locked(cuh_heap_t *h, int wait)
                 link = &d->next;
                 continue;
             }
-            h->dev->ops->event_wait(h->dev, d->event);
+            cpu_wait_event(h, d->event);
         }
         for (size_t i = 0; i < d->num_extents; i++) {
             unmap_drain_locked(h, d->extents[i]);
@@ -1040,7 +1055,7 @@ static size_t lend_own_pages_locked(cuh_heap_t *h, stream_state_t *own, uint64_t
         /* No event: wait for the whole device, and unmap the old mappings now. */
         event_put_locked(h, d->event);
         d->event = NULL;
-        h->dev->ops->synchronize(h->dev);
+        cpu_wait_device(h);
     }
     vm_drain_t **link = &h->drains;
     while (*link)
@@ -1476,7 +1491,7 @@ static void unsettled_add_locked(cuh_heap_t *h, cuh_event_t e, cuh_stream_t stre
             h->unsettled = grown;
         cuh_stream_t *grown_streams = grown ? realloc(h->unsettled_streams, cap * sizeof *grown_streams) : NULL;
         if (!grown_streams) {
-            h->dev->ops->event_wait(h->dev, e);
+            cpu_wait_event(h, e);
             event_put_locked(h, e);
             return;
         }
@@ -1877,7 +1892,7 @@ static void wait_for_stream_locked(cuh_heap_t *h, stream_state_t *st)
         stream_fence_locked(h, st);
         stream_poll_locked(h, st, 1);
     } else {
-        h->dev->ops->synchronize(h->dev);
+        cpu_wait_device(h);
     }
 }
 
@@ -2033,7 +2048,7 @@ static void tcache_return_locked(cuh_heap_t *h, cuh_tcache_t *tc, cuh_tc_entry_t
      * slow way. */
     cuh_slab_clear(s->live, b.index);
     s->num_live--;
-    h->dev->ops->synchronize(h->dev);
+    cpu_wait_device(h);
     slab_object_home_locked(h, addr);
 }
 
@@ -2490,7 +2505,7 @@ static void fence_record_locked(cuh_heap_t *h, cuh_heap_fence_t *f, size_t cap)
                 event_put_locked(h, ev);
             while (f->num_events)
                 event_put_locked(h, f->events[--f->num_events]);
-            h->dev->ops->synchronize(h->dev);
+            cpu_wait_device(h);
             return;
         }
         f->events[f->num_events++] = ev;
@@ -2503,7 +2518,7 @@ cuh_heap_fence_t *cuh_heap_fence(cuh_heap_t *h)
     size_t cap = (size_t)covered_streams_locked(h);
     cuh_heap_fence_t *f = calloc(1, sizeof *f + cap * sizeof f->events[0]);
     if (!f) {
-        h->dev->ops->synchronize(h->dev);   /* no room to remember: wait now */
+        cpu_wait_device(h);   /* no room to remember: wait now */
         cuh_unlock(&h->lock);
         return NULL;
     }
@@ -2796,11 +2811,11 @@ static int events_done_locked(cuh_heap_t *h, cuh_event_t *events, size_t *num_ev
 {
     while (*num_events) {
         cuh_event_t ev = events[*num_events - 1];
-        cuh_dev_status_t rc = wait ? h->dev->ops->event_wait(h->dev, ev) : h->dev->ops->event_query(h->dev, ev);
+        cuh_dev_status_t rc = wait ? cpu_wait_event(h, ev) : h->dev->ops->event_query(h->dev, ev);
         if (rc == CUH_DEV_NOT_READY)
             return 0;
         if (rc != CUH_DEV_OK)
-            h->dev->ops->synchronize(h->dev);
+            cpu_wait_device(h);
         event_put_locked(h, ev);
         (*num_events)--;
     }
@@ -2891,7 +2906,7 @@ static int maybe_hold_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t 
             if (!ev || h->dev->ops->event_record(h->dev, ev, uses->streams[i]) != CUH_DEV_OK) {
                 if (ev)
                     event_put_locked(h, ev);
-                h->dev->ops->synchronize(h->dev);   /* cannot fence it: wait for everything */
+                cpu_wait_device(h);   /* cannot fence it: wait for everything */
                 synced = 1;
                 break;
             }
@@ -2904,9 +2919,9 @@ static int maybe_hold_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t 
             for (size_t i = 0; i < hd->num_events; i++)
                 event_put_locked(h, hd->events[i]);
             if (!synced && hd->num_events)
-                h->dev->ops->synchronize(h->dev);
+                cpu_wait_device(h);
         } else if (!pool) {
-            h->dev->ops->synchronize(h->dev);
+            cpu_wait_device(h);
         }
         free(hd);
         /* A graph pool's block that cannot be tracked stays out of reuse for
@@ -2978,7 +2993,7 @@ static void batch_close_locked(cuh_heap_t *h)
         batch->events[batch->num_events++] = ev;
     }
     if (synced) {
-        h->dev->ops->synchronize(h->dev);
+        cpu_wait_device(h);
         batch_finish_locked(h, batch);
         return;
     }
@@ -3064,7 +3079,7 @@ cuheap_status_t cuh_heap_free_device_wide(cuh_heap_t *h, uintptr_t addr)
         } else if (batch_add_locked(h, addr, b.size, b.requested)) {
             /* No room to track it: wait for the whole device instead. */
             if (!h->captures)
-                h->dev->ops->synchronize(h->dev);
+                cpu_wait_device(h);
             release_block_global_locked(h, &b, addr);
         } else {
             batches_poll_locked(h, 0);
@@ -3200,7 +3215,7 @@ void cuh_heap_release_pool(cuh_heap_t *h, uint64_t pool)
             continue;
         }
         if (!synced) {
-            h->dev->ops->synchronize(h->dev);
+            cpu_wait_device(h);
             synced = 1;
         }
         h->holds[k]->pool = 0;
@@ -3393,6 +3408,7 @@ static void cuh_heap_stats_locked(cuh_heap_t *h, cuheap_stats_t *out)
     out->num_segment_frees = h->num_segment_frees;
     out->num_cache_hits = h->num_cache_hits + tc_allocs;
     out->num_retries = h->num_retries;
+    out->num_cpu_waits = h->num_cpu_waits;
     out->num_ooms = h->num_ooms;
     out->largest_free_extent = largest_free_locked(h);
     out->num_free_extents = h->arena.free_extents;

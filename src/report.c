@@ -51,9 +51,9 @@ static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
     text_stat_row(out, "cached", &st->cached);
     text_stat_row(out, "pending", &st->pending);
     fprintf(out, "\n  allocations %" PRIu64 ", frees %" PRIu64 ", cache hits %" PRIu64 ", segments allocated %" PRIu64
-                 ", released %" PRIu64 ", retries %" PRIu64 ", OOMs %" PRIu64 "\n",
+                 ", released %" PRIu64 ", retries %" PRIu64 ", OOMs %" PRIu64 ", CPU waits for the GPU %" PRIu64 "\n",
             st->num_allocs, st->num_frees, st->num_cache_hits, st->num_segment_allocs, st->num_segment_frees,
-            st->num_retries, st->num_ooms);
+            st->num_retries, st->num_ooms, st->num_cpu_waits);
     fprintf(out, "  fragmentation: %" PRIu64 " free extents, largest %s of %s cached (1 - largest/cached = %.3f)",
             st->num_free_extents, cuh_format_bytes(a, sizeof a, st->largest_free_extent),
             cuh_format_bytes(b, sizeof b, st->cached.current), fragmentation(st));
@@ -211,10 +211,10 @@ static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
             "\"num_allocs\":%" PRIu64 ",\"num_frees\":%" PRIu64 ",\"num_segment_allocs\":%" PRIu64
             ",\"num_segment_frees\":%" PRIu64 ",\"num_cache_hits\":%" PRIu64 ",\"num_retries\":%" PRIu64
             ",\"num_ooms\":%" PRIu64 ",\"largest_free_extent\":%" PRIu64 ",\"num_free_extents\":%" PRIu64
-            ",\"fragmentation\":%.6f,\"limit\":%" PRIu64 ",\"workspace\":%" PRIu64 "},",
+            ",\"fragmentation\":%.6f,\"limit\":%" PRIu64 ",\"workspace\":%" PRIu64 ",\"num_cpu_waits\":%" PRIu64 "},",
             st->num_allocs, st->num_frees, st->num_segment_allocs, st->num_segment_frees, st->num_cache_hits,
             st->num_retries, st->num_ooms, st->largest_free_extent, st->num_free_extents, fragmentation(st), st->limit,
-            st->workspace);
+            st->workspace, st->num_cpu_waits);
     fprintf(out, "\"device_memory\":{\"free\":%zu,\"total\":%zu},\"segments\":[", s->device_free, s->device_total);
     for (size_t i = 0; i < s->num_segments; i++) {
         const cuh_snap_segment_t *g = &s->segments[i];

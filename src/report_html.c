@@ -51,9 +51,9 @@ static void stats_table(FILE *out, const cuh_heap_snapshot_t *s)
     stat_row(out, "pending", &st->pending);
     fprintf(out, "</table>\n<p class=counts>allocations %" PRIu64 " &middot; frees %" PRIu64 " &middot; cache hits %" PRIu64
                  " &middot; device allocations %" PRIu64 ", returned %" PRIu64 " &middot; retries %" PRIu64
-                 " &middot; out-of-memory %" PRIu64 "</p>\n",
+                 " &middot; out-of-memory %" PRIu64 " &middot; CPU waits for the GPU %" PRIu64 "</p>\n",
             st->num_allocs, st->num_frees, st->num_cache_hits, st->num_segment_allocs, st->num_segment_frees,
-            st->num_retries, st->num_ooms);
+            st->num_retries, st->num_ooms, st->num_cpu_waits);
     double frag = st->cached.current ? 1.0 - (double)st->largest_free_extent / (double)st->cached.current : 0.0;
     fprintf(out, "<p class=counts>free extents %" PRIu64 ", largest %s of %s cached: fragmentation (1 - largest/cached) "
                  "<b>%.3f</b>",

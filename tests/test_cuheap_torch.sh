@@ -98,11 +98,12 @@ import cuheap_torch
 raw = {"requested": (10, 20), "allocated": (12, 24), "reserved": (30, 40), "cached": (18, 25), "pending": (1, 2),
        "num_allocs": 7, "num_frees": 5, "num_segment_allocs": 3, "num_segment_frees": 1, "num_cache_hits": 4,
        "num_retries": 2, "num_ooms": 1, "largest_free_extent": 9, "num_free_extents": 3, "limit": 0,
-       "workspace": 0, "device_total": 100}
+       "workspace": 0, "device_total": 100, "num_cpu_waits": 6}
 s = cuheap_torch.torch_stats_from(raw)
 assert s["allocated_bytes.all.current"] == 12 and s["allocated_bytes.all.peak"] == 24
 assert s["reserved_bytes.all.peak"] == 40 and s["requested_bytes.all.current"] == 10
 assert s["num_alloc_retries"] == 2 and s["num_ooms"] == 1
+assert s["num_sync_all_streams"] == 6   # the CPU waits for the GPU
 assert s["allocation.all.current"] == 2 and s["segment.all.current"] == 2
 assert not any(k.startswith(("allocated_bytes.small", "allocated_bytes.large")) for k in s)
 real = cuheap_torch.memory_stats(0)   # no GPU, device unused: zeros, same keys

@@ -46,8 +46,14 @@ static inline test_heap_t test_heap_new(size_t capacity, const char *conf)
 
 static inline void test_heap_free(test_heap_t *t)
 {
-    cuh_heap_destroy(t->heap);
+    /* Every time the heap made the CPU wait for the (simulated) GPU, an
+     * event wait or a device synchronize, is in its count, and no other. */
+    cuheap_stats_t st;
+    cuh_heap_stats(t->heap, &st);
     cuh_sim_counters_t c;
+    cuh_sim_counters(t->dev, &c);
+    assert_int_equal(st.num_cpu_waits, c.event_waits + c.synchronizes);
+    cuh_heap_destroy(t->heap);
     cuh_sim_counters(t->dev, &c);
     /* Destroying the heap must return every segment and event. */
     assert_int_equal(c.used, 0);

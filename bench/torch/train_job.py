@@ -26,7 +26,8 @@ Jobs (random data, fixed seeds, bf16 autocast as in bench/traces):
 Prints: job, mode, step times (median of the steps after 3 warm-up steps, and every
 step's in step_ms_each),
 losses (as float.hex, so runs compare bitwise), peak reserved and peak live,
-the allocator's cache-release retries, and an out-of-memory as a result
+the allocator's cache-release retries, cuheap's CPU waits for the GPU
+(cpu_waits; None in PyTorch's own modes), and an out-of-memory as a result
 ("oom": the step and PyTorch's message) rather than a crash.
 
 With CUHEAP_BENCH_STRICT=1 every kernel is deterministic (attention on the math
@@ -66,7 +67,8 @@ class CuheapStats(ctypes.Structure):
     _fields_ = [(n, CuheapStat) for n in ("requested", "allocated", "reserved", "cached", "pending")] + \
         [(n, ctypes.c_uint64) for n in ("num_allocs", "num_frees", "num_segment_allocs", "num_segment_frees",
                                         "num_cache_hits", "num_retries", "num_ooms", "largest_free_extent",
-                                        "num_free_extents", "limit", "workspace", "device_total")]
+                                        "num_free_extents", "limit", "workspace", "device_total",
+                                        "num_cpu_waits")]
 
 
 def preload_stats():
@@ -119,6 +121,15 @@ def peaks():
     if base_mode_name() == "nocache":
         return None, torch.cuda.max_memory_allocated()
     return torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()
+
+
+def cpu_waits():
+    """Times cuheap made the CPU wait for the GPU (None for PyTorch's own modes)."""
+    if mode_name().startswith("preload"):
+        return preload_stats().num_cpu_waits
+    if mode_name().startswith("cuheap"):
+        return sys.modules["cuheap_torch"].memory_stats()["num_sync_all_streams"]
+    return None
 
 
 def retries():
@@ -375,6 +386,7 @@ def main():
         "step_ms_each": [round(t, 1) for t in times],
         "losses": [x.hex() for x in losses], "last_loss": losses[-1] if losses else None,
         "peak_reserved": reserved, "peak_live": live, "limit": memory_limit(), "retries": retries(),
+        "cpu_waits": cpu_waits(),
         "oom": oom, "torch": torch.__version__, "strict": os.environ.get("CUHEAP_BENCH_STRICT") == "1",
     }
     if hasattr(step, "state"):

@@ -524,6 +524,7 @@ static void read_stats(reader_t *r, const cuh_json_t *d, cuheap_stats_t *st)
         (void)get_double(r, o, "fragmentation");   /* derived from the two above; checked, not kept */
         st->limit = get_u64(r, o, "limit", UINT64_MAX);
         st->workspace = get_u64(r, o, "workspace", UINT64_MAX);
+        st->num_cpu_waits = opt_u64(r, o, "num_cpu_waits", UINT64_MAX, 0);   /* older reports lack it */
     }
     path_pop(r, saved);
 }
@@ -1070,6 +1071,7 @@ static void compare_text_device(FILE *out, const cuh_heap_snapshot_t *a, const c
     text_count_row(out, "segments released", x->num_segment_frees, y->num_segment_frees);
     text_count_row(out, "retries", x->num_retries, y->num_retries);
     text_count_row(out, "OOMs", x->num_ooms, y->num_ooms);
+    text_count_row(out, "CPU waits for the GPU", x->num_cpu_waits, y->num_cpu_waits);
     text_bytes_row(out, "largest free extent", x->largest_free_extent, y->largest_free_extent);
     text_count_row(out, "free extents", x->num_free_extents, y->num_free_extents);
     text_figure_row(out, "fragmentation", fragmentation(x), fragmentation(y), 1, 1);
@@ -1180,6 +1182,7 @@ static void compare_json_device(FILE *out, const cuh_heap_snapshot_t *a, const c
     json_count(out, "num_segment_frees", x->num_segment_frees, y->num_segment_frees, 1);
     json_count(out, "num_retries", x->num_retries, y->num_retries, 1);
     json_count(out, "num_ooms", x->num_ooms, y->num_ooms, 1);
+    json_count(out, "num_cpu_waits", x->num_cpu_waits, y->num_cpu_waits, 1);
     json_count(out, "largest_free_extent", x->largest_free_extent, y->largest_free_extent, 1);
     json_count(out, "num_free_extents", x->num_free_extents, y->num_free_extents, 1);
     json_figure(out, "fragmentation", fragmentation(x), fragmentation(y), 1, 1, 1);
