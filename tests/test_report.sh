@@ -135,6 +135,14 @@ g = [g for g in json.load(open('$tmp/vmm.json'))['devices'][0]['segments'] if g[
 print(g['page_size'] == 2 << 20 and g['page_maps'] >= g['page_moves'] > 0 and g['mapped'] <= g['page_maps'] * g['page_size'])")
 check "vmm:1 at 27 GiB: the report counts the pages mapped and moved (the device calls the replay made)" \
     '[ "$moves" = True ] && grep -q "of them moved from free memory" $tmp/vmm.txt'
+"$replay" --json --capacity 27G --report "$tmp/waits.json" bench/traces/gpt2.trace.gz >"$tmp/waits.line"
+waits=$(python3 -c "
+import json
+line = json.loads(open('$tmp/waits.line').readline())['device_calls']
+st = json.load(open('$tmp/waits.json'))['devices'][0]['stats']
+print(st['num_cpu_waits'] == line['cpu_waits'] + line['synchronizes'] > 0)")
+check "num_cpu_waits is every CPU wait the replay made (the out-of-memory settled pending frees)" \
+    '[ "$waits" = True ] && grep -q "CPU waits for the GPU [1-9]" $tmp/frag.txt'
 check "the text report names the cause and what would help" 'grep -q "cause fragmentation" $tmp/frag.txt && grep -q "what would help" $tmp/frag.txt'
 check "the HTML page loads nothing from outside" '! grep -Eqi "(src|href)=|https?:|<script|@import|url\(" $tmp/frag.html'
 
