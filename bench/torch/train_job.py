@@ -332,6 +332,11 @@ def job_arguments(doc, jobs):
     return ap.parse_args()
 
 
+def strict():
+    """CUHEAP_BENCH_STRICT=1: every kernel must be deterministic (see deterministic)."""
+    return os.environ.get("CUHEAP_BENCH_STRICT") == "1"
+
+
 def deterministic(seed):
     """The same initial weights and, where PyTorch can, bitwise-repeatable kernels.
 
@@ -344,13 +349,12 @@ def deterministic(seed):
     allocator's."""
     torch.manual_seed(seed)
     torch.backends.cudnn.benchmark = False
-    strict = os.environ.get("CUHEAP_BENCH_STRICT") == "1"
-    if strict:
+    if strict():
         torch.backends.cuda.enable_flash_sdp(False)
         torch.backends.cuda.enable_mem_efficient_sdp(False)
         torch.backends.cuda.enable_cudnn_sdp(False)
         torch.backends.cuda.enable_math_sdp(True)
-    torch.use_deterministic_algorithms(True, warn_only=not strict)
+    torch.use_deterministic_algorithms(True, warn_only=not strict())
 
 
 def main():
@@ -387,7 +391,7 @@ def main():
         "losses": [x.hex() for x in losses], "last_loss": losses[-1] if losses else None,
         "peak_reserved": reserved, "peak_live": live, "limit": memory_limit(), "retries": retries(),
         "cpu_waits": cpu_waits(),
-        "oom": oom, "torch": torch.__version__, "strict": os.environ.get("CUHEAP_BENCH_STRICT") == "1",
+        "oom": oom, "torch": torch.__version__, "strict": strict(),
     }
     if hasattr(step, "state"):
         result.update(step.state)
