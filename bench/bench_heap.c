@@ -33,6 +33,7 @@ typedef struct mix_s {
 
 static const mix_t mixes[] = {
     {"pair 4 KiB", 4 * KiB, 4 * KiB, 0, 0, 0, 0},
+    {"pair 1 MiB", MiB, MiB, 0, 0, 0, 0},
     {"small 512 B-64 KiB", 512, 64 * KiB, 0, 0, 0, 64},
     {"large 1-64 MiB", MiB, 64 * MiB, 0, 0, 0, 64},
     {"mixed (80% small, 20% 1-8 MiB)", 512, 64 * KiB, MiB, 8 * MiB, 20, 64},
@@ -173,7 +174,7 @@ static double measure_api(const char *conf, long ops)
         int i = (int)(next_rand(&seed) % 64);
         if (live[i])
             cuheap_free(live[i], 0, NULL);
-        cuheap_malloc(&live[i], draw(&mixes[3], &seed), 0, NULL);
+        cuheap_malloc(&live[i], draw(&mixes[4], &seed), 0, NULL);
     }
     double ns = (now() - t0) * 1e9 / (double)ops;
     for (int i = 0; i < 64; i++)
@@ -219,7 +220,7 @@ static double measure_device_wide(int device_wide, long lag, long ops, double *e
     cuh_device_t *dev;
     cuh_heap_t *heap = heap_on_sim(&dev);
     cuh_sim_hold_events(dev, lag > 0);
-    const mix_t *mix = &mixes[3];
+    const mix_t *mix = &mixes[4];
     const cuh_stream_t stream = (cuh_stream_t)0x1000;
     for (uintptr_t s = 1; s <= 3; s++)
         cuh_heap_register_stream(heap, (cuh_stream_t)(0x1000 + s * 0x100));

@@ -270,6 +270,11 @@ struct cuh_heap_s {
     cuh_extent_t *parked;
     stream_state_t *parked_st;   /* the stream it was freed on */
     uint64_t parked_epoch;       /* that stream's fences recorded at the free */
+    /* Thread caches that hold a large block (see "a thread's large block"),
+     * and how many more uncontended allocations and frees the heap treats as
+     * contended since one found its lock held. */
+    cuh_tcache_t *large_tcs;
+    uint32_t contended;
     int captures;                /* graph captures underway on this device */
     int shareable_call;          /* the allocation underway must start a segment of its own */
 
@@ -497,8 +502,20 @@ static inline stream_state_t *stream_get_locked(cuh_heap_t *h, cuh_stream_t hand
 
 static int stream_has_unfenced(const cuh_heap_t *h, const stream_state_t *st)
 {
-    return h->arena.tags[st->tag].unfenced_bytes || st->small_unfenced ||
-           (h->parked && h->parked_st == st && h->parked_epoch >= h->arena.tags[st->tag].fences_recorded);
+    uint64_t recorded = h->arena.tags[st->tag].fences_recorded;
+    if (h->arena.tags[st->tag].unfenced_bytes || st->small_unfenced ||
+        (h->parked && h->parked_st == st && h->parked_epoch >= recorded))
+        return 1;
+    /* Large blocks threads hold, freed on st since its last fence. */
+    int any = 0;
+    for (cuh_tcache_t *tc = h->large_tcs; tc && !any; tc = tc->large_next) {
+        if (tc->large.stream_state != st)
+            continue;
+        cuh_spin_lock(&tc->lock);
+        any = tc->large.state == CUH_TC_CACHED && (tc->large.epoch == CUH_TC_EPOCH_UNKNOWN || tc->large.epoch >= recorded);
+        cuh_spin_unlock(&tc->lock);
+    }
+    return any;
 }
 
 /* ---- small-object rings ------------------------------------------------------ */
@@ -874,6 +891,10 @@ static grow_result_t grow_locked(cuh_heap_t *h, size_t size, size_t align)
 }
 
 static void unpark_locked(cuh_heap_t *h);
+typedef enum { LARGE_MINE_HELD, LARGE_ALL_HELD, LARGE_ALL } large_which_t;
+static size_t large_slots_empty_locked(cuh_heap_t *h, large_which_t which);
+static int large_slot_empty_locked(cuh_heap_t *h, cuh_tcache_t *tc);
+static void large_unlist_locked(cuh_heap_t *h, cuh_tcache_t *tc);
 static size_t release_free_pages_locked(cuh_heap_t *h);
 
 /* Gives a general segment that is one global free extent back to the device. */
@@ -1743,6 +1764,10 @@ retry_after_take_back:
 
     if (take_back_all_locked(h) && (e = find_fit_locked(h, size, align, st->tag)))
         goto hit;
+    /* Blocks other threads hold (only while threads contend) come before growth. */
+    if (cuh_unlikely(h->large_tcs != NULL) && large_slots_empty_locked(h, LARGE_ALL_HELD) &&
+        (e = find_fit_locked(h, size, align, st->tag)))
+        goto hit;
 
     grow_result_t why = grow_locked(h, size, align);
     if (why == GROW_ERROR) {
@@ -1783,6 +1808,12 @@ grown:
     return e;
 hit:
     if (cuh_unlikely(e->segment->virtual_space) && needs_pages_locked(h, e->addr, size)) {
+        /* Mapping pages is growth too: blocks other threads hold come first. */
+        if (cuh_unlikely(h->large_tcs != NULL) && large_slots_empty_locked(h, LARGE_ALL_HELD)) {
+            if (!(e = find_fit_locked(h, size, align, st->tag)))
+                goto retry_after_take_back;
+            goto hit;
+        }
         cuh_extent_t *mapped = smallest_mapped_fit_locked(h, size, align, st->tag);
         if (mapped) {
             e = mapped;
@@ -2097,6 +2128,8 @@ static void tcache_flush_locked(cuh_heap_t *h)
 {
     for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next)
         tcache_flush_one_locked(h, tc, 1, 0, 0);
+    if (h->large_tcs)
+        large_slots_empty_locked(h, LARGE_ALL_HELD);
 }
 
 /* The cache that owns small object addr of slab s (tcached) gives it up: a
@@ -2131,6 +2164,12 @@ static cuheap_status_t tcache_take_locked(cuh_heap_t *h, const cuh_slab_t *s, ui
 static void tcache_detach_locked(cuh_heap_t *h, cuh_tcache_t *tc)
 {
     tcache_flush_one_locked(h, tc, 1, 0, 1);
+    if (tc->large_listed) {
+        cuh_spin_lock(&tc->lock);
+        large_slot_empty_locked(h, tc);
+        cuh_spin_unlock(&tc->lock);
+        large_unlist_locked(h, tc);
+    }
     /* Its counts stay in the heap's. */
     h->num_allocs += tc->num_allocs;
     h->num_cache_hits += tc->num_allocs;
@@ -2261,7 +2300,9 @@ static int tcache_adopt_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t a
 }
 
 /* Fast path of cuh_heap_malloc: an object of size's class this thread
- * freed on `stream`, from its cache. 0 if there is none. */
+ * freed on `stream`, from its cache, or for a large request the block the
+ * cache holds if it has the request's size and was freed on `stream`. 0 if
+ * there is none. */
 static inline uintptr_t tcache_alloc(cuh_heap_t *h, size_t size, cuh_stream_t stream)
 {
     cuh_tcache_t *tc = my_tcache(h);
@@ -2269,10 +2310,13 @@ static inline uintptr_t tcache_alloc(cuh_heap_t *h, size_t size, cuh_stream_t st
         return 0;
     uintptr_t addr = 0;
     cuh_spin_lock(&tc->lock);
-    if (cuh_likely(!tc->dead && tcache_open(h)) &&
-        (addr = cuh_tcache_pop(tc, cuh_sizeclass_index(size), (uintptr_t)stream))) {
-        cuh_tcache_hand_out(tc, cuh_tcache_find(tc, addr), (uint32_t)size);
-        tc->num_allocs++;
+    if (cuh_likely(!tc->dead && tcache_open(h))) {
+        if (size > h->cfg.small_max) {
+            addr = cuh_tcache_large_take(tc, cuh_align_up(size, CUH_ALIGN), size, (uintptr_t)stream);
+        } else if ((addr = cuh_tcache_pop(tc, cuh_sizeclass_index(size), (uintptr_t)stream))) {
+            cuh_tcache_hand_out(tc, cuh_tcache_find(tc, addr), (uint32_t)size);
+        }
+        tc->num_allocs += addr != 0;
     }
     cuh_spin_unlock(&tc->lock);
     return addr;
@@ -2288,6 +2332,12 @@ static inline int tcache_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
         return 0;
     int done = 0;
     cuh_spin_lock(&tc->lock);
+    if (tc->large.addr == addr && cuh_likely(!tc->dead && tcache_open(h)) &&
+        cuh_tcache_large_give(tc, addr, (uintptr_t)stream)) {
+        tc->num_frees++;
+        cuh_spin_unlock(&tc->lock);
+        return 1;
+    }
     cuh_tc_entry_t *e = cuh_tcache_find(tc, addr);
     if (e && e->state == CUH_TC_LIVE && e->stream == (uintptr_t)stream && cuh_likely(!tc->dead && tcache_open(h)) &&
         tc->cached_bytes + e->size <= h->cfg.thread_cache &&
@@ -2324,7 +2374,7 @@ static void park_locked(cuh_heap_t *h, const live_block_t *b, stream_state_t *st
 /* Gives the parked block to the arena as its free would have: private to its
  * stream from the fence after the free, or global if that fence completed.
  * No device call (it runs when a capture begins, and at exit). */
-static void unpark_locked(cuh_heap_t *h)
+static void unpark_one_locked(cuh_heap_t *h)
 {
     cuh_extent_t *e = h->parked;
     if (cuh_likely(!e))
@@ -2336,6 +2386,222 @@ static void unpark_locked(cuh_heap_t *h)
         cuh_arena_release(&h->arena, e, CUH_TAG_GLOBAL);
     else
         cuh_arena_release_freed_at(&h->arena, e, st->tag, h->parked_epoch);
+}
+
+/* ---- a thread's large block ----------------------------------------------------- *
+ * The parked block serves one thread that frees a large block and asks for
+ * its size again, under the heap's lock; with several threads it is
+ * everybody's, and each takes it from the others. So when thread caches are
+ * on, a large block a thread frees through the heap on a stream is parked
+ * in that thread's cache instead: the thread's next request of its size on
+ * that stream takes it without the heap's lock, and its free on that stream
+ * puts it back, also without the lock (tcache.h, cuh_tc_large_t).
+ *
+ * While nobody contends for the heap's lock, every heap operation first
+ * empties every such cache slot (a held block goes to the arena as with the
+ * parked block, a handed-out one becomes an ordinary live block): what
+ * every search sees, so every placement and figure, is what it was with the
+ * one parked block, and a replay (one thread) gives the same results. Once
+ * an allocation or free has found the lock held, an operation gives back
+ * only its own thread's held block, so that every thread keeps its own;
+ * then a search does not see other threads' held blocks until it finds no
+ * fit: they all go back before the heap grows, maps pages or reports out of
+ * memory, and on release, limit, statistics, reports, captures and stream
+ * retirement. The first rule returns after CONTENDED_HOLD allocations and
+ * frees that found the lock free.
+ *
+ * The books: held, the block is counted as allocated with the request it had
+ * when the cache took it; handed out, with the program's request, which may
+ * not be larger (a larger one goes to the heap). What the program reads is
+ * exact; peaks are exact while nobody contends, and while threads do they
+ * may count other threads' held blocks. */
+
+#define CONTENDED_HOLD 4096
+
+/* The heap's lock, for an allocation or a free: notes whether it was held. */
+static inline void heap_lock(cuh_heap_t *h)
+{
+    if (cuh_likely(cuh_trylock(&h->lock))) {
+        if (cuh_unlikely(h->contended))
+            h->contended--;
+        return;
+    }
+    cuh_lock(&h->lock);
+    h->contended = CONTENDED_HOLD;
+}
+
+/* Empties tc's slot (tc's lock held; tc stays listed): a held block goes to
+ * the arena as its free would have (private to its stream from the fence
+ * that covers the free, or global if that fence completed), a handed-out one
+ * becomes an ordinary live block. No device call. 1 if a held block went. */
+static int large_slot_empty_locked(cuh_heap_t *h, cuh_tcache_t *tc)
+{
+    cuh_tc_large_t *l = &tc->large;
+    cuh_extent_t *e = l->ext;
+    int gave = 0;
+    if (l->state == CUH_TC_CACHED) {
+        stream_state_t *st = l->stream_state;
+        uint64_t epoch = l->epoch == CUH_TC_EPOCH_UNKNOWN ? h->arena.tags[st->tag].fences_recorded : l->epoch;
+        h->allocated.current -= l->size;
+        h->requested.current -= l->counted;
+        tc->allocated_adjust += (int64_t)l->size;
+        tc->requested_adjust += (int64_t)l->counted;
+        e->owner = NULL;
+        cuh_ptrmap_remove(&h->blocks, e->addr);
+        if (epoch < st->completed)
+            cuh_arena_release(&h->arena, e, CUH_TAG_GLOBAL);
+        else
+            cuh_arena_release_freed_at(&h->arena, e, st->tag, epoch);
+        gave = 1;
+    } else if (l->state == CUH_TC_LIVE) {
+        h->requested.current -= l->counted - l->requested;
+        tc->requested_adjust -= (int64_t)l->requested - (int64_t)l->counted;
+        e->requested = l->requested;
+        e->owner = NULL;
+    }
+    memset(l, 0, sizeof *l);
+    return gave;
+}
+
+static void large_unlist_locked(cuh_heap_t *h, cuh_tcache_t *tc)
+{
+    for (cuh_tcache_t **link = &h->large_tcs; *link; link = &(*link)->large_next)
+        if (*link == tc) {
+            *link = tc->large_next;
+            break;
+        }
+    tc->large_next = NULL;
+    tc->large_listed = 0;
+}
+
+/* Empties the slots that hold a block (which: this thread's, every thread's)
+ * or all slots. Returns how many held blocks went back to the arena. */
+static size_t large_slots_empty_locked(cuh_heap_t *h, large_which_t which)
+{
+    cuh_tcache_t *mine = which == LARGE_MINE_HELD ? my_tcache(h) : NULL;
+    size_t gave = 0;
+    for (cuh_tcache_t **link = &h->large_tcs; *link;) {
+        cuh_tcache_t *tc = *link;
+        if (which == LARGE_MINE_HELD && tc != mine) {
+            link = &tc->large_next;
+            continue;
+        }
+        cuh_spin_lock(&tc->lock);
+        int empty = which == LARGE_ALL || tc->large.state == CUH_TC_CACHED;
+        if (empty)
+            gave += (size_t)large_slot_empty_locked(h, tc);
+        cuh_spin_unlock(&tc->lock);
+        if (empty) {
+            *link = tc->large_next;
+            tc->large_next = NULL;
+            tc->large_listed = 0;
+        } else {
+            link = &tc->large_next;
+        }
+    }
+    return gave;
+}
+
+/* Every heap operation first: the parked block goes back, and the threads'
+ * large blocks by the rule above. */
+static void unpark_locked(cuh_heap_t *h)
+{
+    unpark_one_locked(h);
+    if (cuh_unlikely(h->large_tcs != NULL))
+        large_slots_empty_locked(h, h->contended ? LARGE_MINE_HELD : LARGE_ALL);
+}
+
+/* The same, with every thread's slot emptied whoever contends. */
+static void unpark_all_locked(cuh_heap_t *h)
+{
+    unpark_one_locked(h);
+    if (cuh_unlikely(h->large_tcs != NULL))
+        large_slots_empty_locked(h, LARGE_ALL);
+}
+
+/* A large block the program freed on st through the heap (the free is
+ * counted) goes to the freeing thread's cache; 0 if there is none. What
+ * park_locked does for a segment the free leaves idle happens here too. */
+static int large_slot_adopt_locked(cuh_heap_t *h, const live_block_t *b, stream_state_t *st, cuh_stream_t stream)
+{
+    if (!h->cfg.thread_cache)
+        return 0;
+    cuh_tcache_t *tc = tcache_mine_locked(h);
+    if (!tc)
+        return 0;
+    cuh_spin_lock(&tc->lock);
+    large_slot_empty_locked(h, tc);   /* a block it handed out, kept while threads contend */
+    tc->large = (cuh_tc_large_t){.addr = b->ext->addr,
+                                 .stream = (uintptr_t)stream,
+                                 .size = b->size,
+                                 .counted = b->requested,
+                                 .ext = b->ext,
+                                 .stream_state = st,
+                                 .epoch = h->arena.tags[st->tag].fences_recorded,
+                                 .state = CUH_TC_CACHED};
+    tc->allocated_adjust -= (int64_t)b->size;
+    tc->requested_adjust -= (int64_t)b->requested;
+    cuh_spin_unlock(&tc->lock);
+    b->ext->owner = tc;
+    /* Counted again as it was before the free: no new peak. */
+    h->allocated.current += b->size;
+    h->requested.current += b->requested;
+    if (!tc->large_listed) {
+        tc->large_next = h->large_tcs;
+        h->large_tcs = tc;
+        tc->large_listed = 1;
+    }
+    const cuh_segment_t *seg = b->ext->segment;
+    fence_if_left_idle_locked(h, st, seg, seg->used_bytes - b->size);
+    return 1;
+}
+
+/* A held block of `block` bytes freed on st, taken for a request of `size`
+ * bytes under the heap's lock (another thread's, or this one's when the
+ * request is larger than its books allow); NULL if none. */
+static cuh_extent_t *large_slot_claim_locked(cuh_heap_t *h, stream_state_t *st, size_t block, size_t size)
+{
+    for (cuh_tcache_t *tc = h->large_tcs; tc; tc = tc->large_next) {
+        cuh_spin_lock(&tc->lock);
+        cuh_tc_large_t *l = &tc->large;
+        cuh_extent_t *e = NULL;
+        if (l->state == CUH_TC_CACHED && l->stream_state == st && l->size == block) {
+            e = l->ext;
+            h->allocated.current -= l->size;
+            h->requested.current -= l->counted;
+            tc->allocated_adjust += (int64_t)l->size;
+            tc->requested_adjust += (int64_t)l->counted;
+            e->owner = NULL;
+            memset(l, 0, sizeof *l);
+        }
+        cuh_spin_unlock(&tc->lock);
+        if (e) {
+            large_unlist_locked(h, tc);
+            large_mark_live_locked(h, e, size);
+            return e;
+        }
+    }
+    return NULL;
+}
+
+/* A free or record_stream reached the heap for block e that a thread's cache
+ * owns: held there, it is a double free (error set); handed out, it becomes
+ * an ordinary live block. */
+static cuheap_status_t large_slot_take_back_locked(cuh_heap_t *h, cuh_extent_t *e)
+{
+    cuh_tcache_t *tc = e->owner;
+    cuh_spin_lock(&tc->lock);
+    int held = tc->large.state == CUH_TC_CACHED;
+    if (!held)
+        large_slot_empty_locked(h, tc);
+    cuh_spin_unlock(&tc->lock);
+    if (held) {
+        cuh_set_error("double free: 0x%llx on device %d is already free (held in a thread's cache)",
+                      (unsigned long long)e->addr, h->dev->ordinal);
+        return CUHEAP_ERR_DOUBLE_FREE;
+    }
+    large_unlist_locked(h, tc);
+    return CUHEAP_OK;
 }
 
 /* ---- public heap API -------------------------------------------------------------- */
@@ -2650,19 +2916,26 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
         cuh_set_error("request of %zu bytes is larger than any device", size);
         return CUHEAP_ERR_OUT_OF_MEMORY;
     }
-    if (!device_wide && size <= h->cfg.small_max && (*addr = tcache_alloc(h, size, stream)))
+    if (!device_wide && (*addr = tcache_alloc(h, size, stream)))
         return CUHEAP_OK;
-    cuh_lock(&h->lock);
+    heap_lock(h);
     if (cuh_unlikely(!h->started))
         start_locked(h);
     cuheap_status_t status;
     stream_state_t *st = device_wide ? &h->device_wide : stream_get_locked(h, stream);
-    if (cuh_unlikely(h->parked != NULL)) {
+    if (cuh_unlikely(h->parked != NULL || h->large_tcs != NULL) && !device_wide && st && size > h->cfg.small_max) {
+        /* The block parked or held for this size and stream, as its own
+         * thread's fast path would take it. */
         cuh_extent_t *e = h->parked;
-        if (!device_wide && st == h->parked_st && size > h->cfg.small_max && cuh_align_up(size, CUH_ALIGN) == e->size) {
+        size_t block = cuh_align_up(size, CUH_ALIGN);
+        if (e && st == h->parked_st && block == e->size) {
             h->parked = NULL;
-            e->tag = st->tag;
             large_mark_live_locked(h, e, size);
+        } else {
+            e = h->large_tcs ? large_slot_claim_locked(h, st, block, size) : NULL;
+        }
+        if (e) {
+            e->tag = st->tag;
             h->num_cache_hits++;
             h->num_allocs++;
             *addr = e->addr;
@@ -2670,8 +2943,8 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
             cuh_unlock(&h->lock);
             return CUHEAP_OK;
         }
-        unpark_locked(h);
     }
+    unpark_locked(h);
     h->shareable_call = shareable;
     if (!st) {
         cuh_set_error("out of host memory for stream records");
@@ -2750,6 +3023,11 @@ static cuheap_status_t find_live_locked(cuh_heap_t *h, uintptr_t addr, live_bloc
                 cuh_set_error("double free: 0x%llx on device %d is already free", (unsigned long long)addr,
                               h->dev->ordinal);
                 return CUHEAP_ERR_DOUBLE_FREE;
+            }
+            if (cuh_unlikely(b->ext->owner != NULL)) {
+                cuheap_status_t status = large_slot_take_back_locked(h, b->ext);
+                if (status != CUHEAP_OK)
+                    return status;
             }
             b->size = b->ext->size;
             b->requested = b->ext->requested;
@@ -3110,7 +3388,7 @@ cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
         return CUHEAP_OK;
     if (tcache_free(h, addr, stream))
         return CUHEAP_OK;
-    cuh_lock(&h->lock);
+    heap_lock(h);
     unpark_locked(h);
     cuheap_status_t status;
     live_block_t b;
@@ -3126,7 +3404,8 @@ cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
         if (held || (b.slab && tcache_adopt_locked(h, &b, addr, stream))) {
             /* held, or in this thread's cache */
         } else if (b.ext && !h->captures && !h->cfg.ipc_safe) {
-            park_locked(h, &b, st);
+            if (!large_slot_adopt_locked(h, &b, st, stream))
+                park_locked(h, &b, st);
         } else {
             release_block_locked(h, &b, addr, st);
         }
@@ -3185,7 +3464,7 @@ out:
 void cuh_heap_capture_begin(cuh_heap_t *h, uint64_t pool)
 {
     cuh_lock(&h->lock);
-    unpark_locked(h);
+    unpark_all_locked(h);
     h->captures++;
     h->capture_pool = pool ? pool : 1;
     atomic_store_explicit(&h->tcache_closed, 1, memory_order_release);
@@ -3204,7 +3483,7 @@ void cuh_heap_capture_end(cuh_heap_t *h)
 void cuh_heap_release_pool(cuh_heap_t *h, uint64_t pool)
 {
     cuh_lock(&h->lock);
-    unpark_locked(h);
+    unpark_all_locked(h);
     if (!pool)
         pool = 1;
     /* Replays of the graph may still be running: wait for the device once. */
@@ -3237,7 +3516,7 @@ void cuh_heap_release_pool(cuh_heap_t *h, uint64_t pool)
 void cuh_heap_set_limit(cuh_heap_t *h, size_t limit)
 {
     cuh_lock(&h->lock);
-    unpark_locked(h);
+    unpark_all_locked(h);
     h->limit = limit;
     if (limit && reserved_bytes(h) > limit && !h->captures) {
         settle_all_locked(h);
@@ -3264,7 +3543,7 @@ int cuh_heap_segment_of(cuh_heap_t *h, uintptr_t addr, uintptr_t *base, size_t *
 void cuh_heap_retire_stream(cuh_heap_t *h, cuh_stream_t stream)
 {
     cuh_lock(&h->lock);
-    unpark_locked(h);
+    unpark_all_locked(h);
     for (uint32_t i = 0; i < h->num_streams; i++) {
         stream_state_t *st = h->streams[i];
         if (st->retired || st->handle != stream)
@@ -3344,7 +3623,13 @@ size_t cuh_heap_block_size(cuh_heap_t *h, uintptr_t addr)
     cuh_lock(&h->lock);
     cuh_extent_t *e = cuh_ptrmap_get(&h->blocks, addr);
     cuh_slab_t *s;
-    if (e) {
+    if (e && e->owner) {
+        /* A thread's cache keeps the request of the block it handed out. */
+        cuh_tcache_t *tc = e->owner;
+        cuh_spin_lock(&tc->lock);
+        size = tc->large.state == CUH_TC_LIVE ? tc->large.requested : 0;
+        cuh_spin_unlock(&tc->lock);
+    } else if (e) {
         size = e == h->parked ? 0 : e->requested;
     } else if ((s = cuh_pagemap_get(&h->pages, addr))) {
         int64_t i = cuh_slab_index(s, addr);
@@ -3368,7 +3653,7 @@ static void cuh_heap_stats_locked(cuh_heap_t *h, cuheap_stats_t *out);
 void cuh_heap_stats(cuh_heap_t *h, cuheap_stats_t *out)
 {
     cuh_lock(&h->lock);
-    unpark_locked(h);   /* so that the largest free extent is what a search would see */
+    unpark_all_locked(h);   /* so that the largest free extent is what a search would see */
     cuh_heap_stats_locked(h, out);
     cuh_unlock(&h->lock);
 }
@@ -3431,7 +3716,7 @@ void cuh_heap_reset_peaks(cuh_heap_t *h)
 cuheap_status_t cuh_heap_release_cached(cuh_heap_t *h)
 {
     cuh_lock(&h->lock);
-    unpark_locked(h);
+    unpark_all_locked(h);
     settle_all_locked(h);
     release_free_segments_locked(h);
     refresh_stats_locked(h);
@@ -3453,16 +3738,24 @@ cuh_device_t *cuh_heap_device(cuh_heap_t *h) { return h->dev; }
 
 /* ---- consistency ------------------------------------------------------------------ */
 
+void cuh_heap_assume_contention(cuh_heap_t *h, unsigned ops)
+{
+    cuh_lock(&h->lock);
+    h->contended = ops;
+    cuh_unlock(&h->lock);
+}
+
 int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
 {
     cuh_lock(&h->lock);
     int rc = cuh_arena_check(&h->arena, msg, len);
-    size_t allocated = 0, requested = 0, ring_objs = 0, slab_spare = 0, tcached = 0;
+    size_t allocated = 0, requested = 0, ring_objs = 0, slab_spare = 0, tcached = 0, large_owned = 0;
     for (cuh_segment_t *seg = h->arena.segments; !rc && seg; seg = seg->next)
         for (cuh_extent_t *e = seg->first; e; e = e->next) {
             if (e->state == CUH_EXTENT_BLOCK) {
                 allocated += e->size;
                 requested += e->requested;
+                large_owned += e->owner != NULL;
                 if (cuh_ptrmap_get(&h->blocks, e->addr) != e) {
                     snprintf(msg, len, "block 0x%llx is missing from the block map", (unsigned long long)e->addr);
                     rc = -1;
@@ -3590,7 +3883,27 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
     for (cuh_tcache_t *tc = h->tcaches; !rc && tc; tc = tc->heap_next) {
         cuh_spin_lock(&tc->lock);
         size_t entries = 0, cached = 0, binned = 0, cached_bytes = 0;
-        int64_t requested_adjust = 0;
+        int64_t requested_adjust = 0, allocated_adjust = 0;
+        /* Its large block: the heap's record points back at it, and it is
+         * counted as allocated with the request the cache took it with. */
+        const cuh_tc_large_t *l = &tc->large;
+        if (l->state) {
+            const cuh_extent_t *e = l->ext;
+            if (!tc->large_listed || !e || e->owner != tc || e->state != CUH_EXTENT_BLOCK || e->addr != l->addr ||
+                e->size != l->size || e->requested != l->counted || cuh_ptrmap_get(&h->blocks, l->addr) != e ||
+                (l->state == CUH_TC_LIVE && l->requested > l->counted)) {
+                snprintf(msg, len, "thread cache: its large block 0x%llx disagrees with the heap's record",
+                         (unsigned long long)l->addr);
+                rc = -1;
+            }
+            large_owned--;
+            allocated_adjust -= l->state == CUH_TC_CACHED ? (int64_t)l->size : 0;
+            requested_adjust += l->state == CUH_TC_CACHED ? -(int64_t)l->counted
+                                                          : (int64_t)l->requested - (int64_t)l->counted;
+        } else if (tc->large_listed) {
+            snprintf(msg, len, "thread cache: listed as holding a large block, holds none");
+            rc = -1;
+        }
         for (size_t i = 0; i <= tc->mask; i++) {
             const cuh_tc_entry_t *e = &tc->slots[i];
             if (!e->addr)
@@ -3616,13 +3929,14 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
                 const cuh_tc_entry_t *e = cuh_tcache_find(tc, tc->bins[c].addr[k]);
                 binned += e && e->state == CUH_TC_CACHED && e->size_class == c;
             }
+        allocated_adjust -= (int64_t)cached_bytes;
         if (!rc && (entries != tc->count || binned != cached || cached_bytes != tc->cached_bytes ||
-                    tc->allocated_adjust != -(int64_t)cached_bytes || tc->requested_adjust != requested_adjust)) {
+                    tc->allocated_adjust != allocated_adjust || tc->requested_adjust != requested_adjust)) {
             snprintf(msg, len,
                      "thread cache: %zu entries (books %zu), %zu cached (%zu in bins, %zu bytes, books %zu), "
                      "adjustments %lld / %lld, expected %lld / %lld",
                      entries, tc->count, cached, binned, cached_bytes, tc->cached_bytes,
-                     (long long)tc->allocated_adjust, (long long)tc->requested_adjust, -(long long)cached_bytes,
+                     (long long)tc->allocated_adjust, (long long)tc->requested_adjust, (long long)allocated_adjust,
                      (long long)requested_adjust);
             rc = -1;
         }
@@ -3631,6 +3945,17 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
     }
     if (!rc && owned != tcached) {
         snprintf(msg, len, "slabs mark %zu objects tcached, thread caches own %zu", tcached, owned);
+        rc = -1;
+    }
+    /* The heap's list of caches holding a large block is exactly those. */
+    size_t listed = 0, flagged = 0;
+    for (const cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next)
+        flagged += tc->large_listed != 0;
+    for (const cuh_tcache_t *tc = h->large_tcs; tc && listed <= flagged; tc = tc->large_next)   /* no cycle */
+        listed++;
+    if (!rc && (large_owned != 0 || listed != flagged)) {
+        snprintf(msg, len, "blocks marked as in thread caches: %lld more than the caches hold; %zu caches listed, %zu "
+                 "flagged", (long long)large_owned, listed, flagged);
         rc = -1;
     }
     /* Every held block is in exactly one hold list or batch, and in the map. */
@@ -3676,7 +4001,7 @@ cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h, int ask_device)
             nanosleep(&pause, NULL);
         }
     }
-    unpark_locked(h);
+    unpark_all_locked(h);
     cuh_heap_stats_locked(h, &snap->stats);
     snap->device = h->dev->ordinal;
     snap->device_kind = h->dev->kind;

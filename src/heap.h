@@ -159,6 +159,10 @@ cuh_device_t *cuh_heap_device(cuh_heap_t *heap);
 /* Verifies every invariant of the heap's books (for tests): 0, or -1 with a
  * description in msg. Walks everything: not for hot paths. */
 int cuh_heap_check(cuh_heap_t *heap, char *msg, size_t len);
+/* For tests: the next `ops` allocations and frees behave as if threads had
+ * just contended for the heap's lock (heap.c, "a thread's large block"):
+ * each thread then keeps the large block it freed while others allocate. */
+void cuh_heap_assume_contention(cuh_heap_t *heap, unsigned ops);
 
 /* ---- snapshot: the one data model every report is rendered from ---- */
 

@@ -1,4 +1,4 @@
-/* tcache.h - a thread's cache of small objects, in front of one heap's lock.
+/* tcache.h - a thread's cache of small objects and of its last large block, in front of one heap's lock.
  *
  * One lock serializes a heap (lock.h), and with several threads the heap's
  * state travels between cores with it: threads together then allocate more
@@ -11,7 +11,8 @@
  * This file holds the data structure only: a table of the objects the cache
  * owns, both those it holds (CACHED) and those it handed out again (LIVE: a
  * later free by this thread finds them here, without the heap), and per-class
- * bins of the cached ones with the stream each was freed on. Which objects
+ * bins of the cached ones with the stream each was freed on; and one large
+ * block, the last the thread freed through the heap. Which objects
  * may enter and when they go back to the heap are the heap's rules (heap.c,
  * "thread caches").
  */
@@ -44,6 +45,26 @@ typedef struct cuh_tc_bin_s {
     uintptr_t stream[CUH_TC_BIN_MAX];
 } cuh_tc_bin_t;
 
+/* A thread's last large block (heap.c, "a thread's large block"): freed by
+ * the thread through the heap, it waits here for the thread's next request
+ * of its size on its stream, and comes back here when that request frees it
+ * on that stream, both without the heap's lock. */
+typedef struct cuh_tc_large_s {
+    uintptr_t addr;           /* 0: none */
+    uintptr_t stream;         /* CACHED: freed on it; LIVE: allocated on it */
+    size_t size;              /* the block's bytes */
+    size_t counted;           /* the request the heap counts it with: the one it had when the cache took it */
+    size_t requested;         /* LIVE: the program's request (never above counted) */
+    void *ext;                /* the heap's record of the block */
+    void *stream_state;       /* the heap's record of `stream` */
+    uint64_t epoch;           /* CACHED: the fence that covers its free (CUH_TC_EPOCH_UNKNOWN: freed here) */
+    uint8_t state;            /* 0 (none), CUH_TC_LIVE or CUH_TC_CACHED */
+} cuh_tc_large_t;
+
+/* A block freed without the heap's lock: the heap takes its stream's next
+ * fence as the one that covers it. */
+#define CUH_TC_EPOCH_UNKNOWN UINT64_MAX
+
 typedef struct cuh_tcache_s {
     cuh_spinlock_t lock;      /* its own thread on the fast paths; the heap now and then */
     /* The heap's list of its caches (under the heap's lock), and the
@@ -63,6 +84,9 @@ typedef struct cuh_tcache_s {
     int64_t allocated_adjust;    /* minus the bytes cached */
     int64_t requested_adjust;    /* LIVE: requested - size; CACHED: -size */
     uint64_t num_allocs, num_frees;   /* served here, without the heap */
+    cuh_tc_large_t large;
+    struct cuh_tcache_s *large_next;  /* the heap's list of caches holding a large block (heap's lock) */
+    int large_listed;
     cuh_tc_bin_t bins[CUH_MAX_CLASSES];
 } cuh_tcache_t;
 
@@ -110,6 +134,36 @@ static inline void cuh_tcache_hand_out(cuh_tcache_t *tc, cuh_tc_entry_t *e, uint
     tc->cached_bytes -= e->size;
     tc->allocated_adjust += (int64_t)e->size;
     tc->requested_adjust += (int64_t)requested;
+}
+
+/* The large block's two moves without the heap (the caller holds the
+ * cache's lock): handed out for a request of `requested` bytes of its size
+ * on its stream (0 if it is not there, or the request is above the one the
+ * heap counts), and taken back at its free on that stream (0 if it is not
+ * this block). The books: held, the heap counts it as allocated with
+ * `counted` requested; handed out, with the program's request. */
+static inline uintptr_t cuh_tcache_large_take(cuh_tcache_t *tc, size_t size, size_t requested, uintptr_t stream)
+{
+    cuh_tc_large_t *l = &tc->large;
+    if (l->state != CUH_TC_CACHED || l->size != size || l->stream != stream || requested > l->counted)
+        return 0;
+    l->state = CUH_TC_LIVE;
+    l->requested = requested;
+    tc->allocated_adjust += (int64_t)l->size;
+    tc->requested_adjust += (int64_t)requested;
+    return l->addr;
+}
+
+static inline int cuh_tcache_large_give(cuh_tcache_t *tc, uintptr_t addr, uintptr_t stream)
+{
+    cuh_tc_large_t *l = &tc->large;
+    if (l->state != CUH_TC_LIVE || l->addr != addr || l->stream != stream)
+        return 0;
+    l->state = CUH_TC_CACHED;
+    l->epoch = CUH_TC_EPOCH_UNKNOWN;
+    tc->allocated_adjust -= (int64_t)l->size;
+    tc->requested_adjust -= (int64_t)l->requested;
+    return 1;
 }
 
 /* Puts a cached object on its class's bin; -1 if the bin is full. */

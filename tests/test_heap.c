@@ -2041,6 +2041,7 @@ static void *worker(void *arg)
     worker_t *w = arg;
     enum { SLOTS = 32, OPS = 4000 };
     uintptr_t addr[SLOTS] = {0};
+    size_t sizes[SLOTS] = {0};
     for (int op = 0; op < OPS; op++) {
         uint64_t r = test_rand(&w->seed);
         int i = (int)(r % SLOTS);
@@ -2048,12 +2049,19 @@ static void *worker(void *arg)
             set_remove(w->set, addr[i]);
             w->failures += cuh_heap_free(w->heap, addr[i], w->stream) != CUHEAP_OK;
             addr[i] = 0;
+            if (!((r >> 8) % 3)) {
+                /* The same size again at once: a thread cache's fast path. */
+                if (cuh_heap_malloc(w->heap, sizes[i], w->stream, &addr[i]) != CUHEAP_OK)
+                    w->failures++;
+                else
+                    set_add(w->set, addr[i], sizes[i]);
+            }
         } else {
             size_t size = (r >> 40) % 8 ? 1 + (size_t)(r >> 16) % (64 * KiB) : 1 + (size_t)(r >> 16) % (8 * MiB);
             if (cuh_heap_malloc(w->heap, size, w->stream, &addr[i]) != CUHEAP_OK)
                 w->failures++;
             else
-                set_add(w->set, addr[i], size);
+                set_add(w->set, addr[i], sizes[i] = size);
         }
     }
     for (int i = 0; i < SLOTS; i++)
@@ -2067,28 +2075,35 @@ static void *worker(void *arg)
 static void test_concurrent_threads_never_share_memory(void **state)
 {
     (void)state;
-    test_heap_t t = test_heap_new(16 * GiB, NULL);
-    enum { THREADS = 8 };
-    interval_set_t set = {.start = calloc(THREADS * 32, sizeof(uintptr_t)), .len = calloc(THREADS * 32, sizeof(size_t))};
-    pthread_mutex_init(&set.lock, NULL);
-    pthread_t th[THREADS];
-    worker_t w[THREADS];
-    for (int i = 0; i < THREADS; i++) {
-        /* Half the threads share stream S1: frees and reuse across threads. */
-        w[i] = (worker_t){.heap = t.heap, .set = &set, .stream = i % 2 ? S1 : (cuh_stream_t)(0x100 + i),
-                          .seed = 1000 + (uint64_t)i};
-        pthread_create(&th[i], NULL, worker, &w[i]);
+    /* As the threads come, and as if they had contended from the start
+     * (each then keeps the large block it freed: "a thread's large block"). */
+    for (int contended = 0; contended < 2; contended++) {
+        test_heap_t t = test_heap_new(16 * GiB, NULL);
+        if (contended)
+            cuh_heap_assume_contention(t.heap, 1u << 30);
+        enum { THREADS = 8 };
+        interval_set_t set = {.start = calloc(THREADS * 32, sizeof(uintptr_t)),
+                              .len = calloc(THREADS * 32, sizeof(size_t))};
+        pthread_mutex_init(&set.lock, NULL);
+        pthread_t th[THREADS];
+        worker_t w[THREADS];
+        for (int i = 0; i < THREADS; i++) {
+            /* Half the threads share stream S1: frees and reuse across threads. */
+            w[i] = (worker_t){.heap = t.heap, .set = &set, .stream = i % 2 ? S1 : (cuh_stream_t)(0x100 + i),
+                              .seed = 1000 + (uint64_t)i};
+            pthread_create(&th[i], NULL, worker, &w[i]);
+        }
+        for (int i = 0; i < THREADS; i++) {
+            pthread_join(th[i], NULL);
+            assert_int_equal(w[i].failures, 0);
+        }
+        assert_int_equal(set.overlap_seen, 0);
+        all_freed(t.heap);
+        free(set.start);
+        free(set.len);
+        pthread_mutex_destroy(&set.lock);
+        test_heap_free(&t);
     }
-    for (int i = 0; i < THREADS; i++) {
-        pthread_join(th[i], NULL);
-        assert_int_equal(w[i].failures, 0);
-    }
-    assert_int_equal(set.overlap_seen, 0);
-    all_freed(t.heap);
-    free(set.start);
-    free(set.len);
-    pthread_mutex_destroy(&set.lock);
-    test_heap_free(&t);
 }
 
 /* ---- the parked block --------------------------------------------------------- */
@@ -2500,6 +2515,232 @@ static void test_thread_cache_outlives_its_heap_safely(void **state)
     assert_int_equal(pthread_join(th, NULL), 0);
 }
 
+/* ---- a thread's large block ------------------------------------------------- */
+
+/* A heap of 1 GiB, run as if threads contended for it when `contended`. */
+static test_heap_t heap_maybe_contended(int contended, const char *conf)
+{
+    test_heap_t t = test_heap_new(GiB, conf);
+    if (contended)
+        cuh_heap_assume_contention(t.heap, 100);
+    return t;
+}
+
+/* Frees a, then b, on S1: a ends in the arena, b in this thread's cache. */
+static void hold_two(cuh_heap_t *h, uintptr_t a, uintptr_t b)
+{
+    must_free(h, a, S1);
+    must_free(h, b, S1);
+    heap_ok(h);
+}
+
+/* While nobody contends, another thread's search sees the block this thread
+ * holds, as it saw the parked block; once threads contend, only when it
+ * finds no other fit. */
+static void test_a_threads_large_block_is_everyones_unless_threads_contend(void **state)
+{
+    (void)state;
+    for (int contended = 0; contended < 2; contended++) {
+        test_heap_t t = test_heap_new(GiB, "grow_fraction:0");
+        uintptr_t b = must_alloc(t.heap, 8 * MiB, S1);   /* a segment of 8 MiB */
+        uintptr_t a = must_alloc(t.heap, 5 * MiB, S1);   /* one of 6 MiB */
+        hold_two(t.heap, b, a);
+        if (contended)
+            cuh_heap_assume_contention(t.heap, 100);
+        tc_job_t other = {.heap = t.heap, .size = 4 * MiB, .stream = S1};
+        on_other_thread(tc_alloc_job, &other);
+        assert_int_equal(other.status, CUHEAP_OK);
+        if (contended) {
+            assert_int_equal(other.addr, b);                          /* the 8 MiB hole */
+            assert_int_equal(must_alloc(t.heap, 5 * MiB, S1), a);     /* still this thread's */
+            must_free(t.heap, a, S1);
+        } else {
+            assert_int_equal(other.addr, a);                          /* the best fit, as parked */
+        }
+        heap_ok(t.heap);
+        must_free(t.heap, other.addr, S1);
+        all_freed(t.heap);
+        test_heap_free(&t);
+    }
+}
+
+/* Blocks other threads hold go back before the heap grows or maps pages. */
+static void test_held_large_blocks_go_back_before_the_heap_grows(void **state)
+{
+    (void)state;
+    for (int vmm = 0; vmm < 2; vmm++) {
+        test_heap_t t = test_heap_new(GiB, vmm ? "vmm:1" : "grow_fraction:0");
+        uintptr_t a = must_alloc(t.heap, 6 * MiB, S1);
+        must_free(t.heap, a, S1);                       /* held by this thread */
+        cuh_heap_assume_contention(t.heap, 100);
+        cuh_sim_counters_t c0, c1;
+        cuh_sim_counters(t.dev, &c0);
+        tc_job_t other = {.heap = t.heap, .size = 4 * MiB, .stream = S1};
+        on_other_thread(tc_alloc_job, &other);
+        assert_int_equal(other.status, CUHEAP_OK);
+        cuh_sim_counters(t.dev, &c1);
+        assert_int_equal(other.addr, a);
+        assert_int_equal(c1.used, c0.used);             /* no segment, no page */
+        must_free(t.heap, other.addr, S1);
+        all_freed(t.heap);
+        test_heap_free(&t);
+    }
+}
+
+/* A held block goes back only to a request on the stream it was freed on:
+ * freed again on another stream, it is that stream's. */
+static void test_a_threads_large_block_serves_only_its_stream(void **state)
+{
+    (void)state;
+    for (int contended = 0; contended < 2; contended++) {
+        test_heap_t t = test_heap_new(GiB, NULL);
+        cuh_sim_hold_events(t.dev, 1);
+        uintptr_t keep = must_alloc(t.heap, 3 * MiB, S1);
+        uintptr_t a = must_alloc(t.heap, 5 * MiB, S1);
+        if (contended)
+            cuh_heap_assume_contention(t.heap, 100);
+        must_free(t.heap, a, S1);
+        assert_int_equal(must_alloc(t.heap, 5 * MiB, S1), a);
+        must_free(t.heap, a, S2);                       /* S2 used it last */
+        heap_ok(t.heap);
+        uintptr_t b = must_alloc(t.heap, 5 * MiB, S1);
+        assert_true(b != a);                            /* S2's work may still read a */
+        assert_int_equal(must_alloc(t.heap, 5 * MiB, S2), a);
+        must_free(t.heap, a, S2);
+        must_free(t.heap, b, S1);
+        must_free(t.heap, keep, S1);
+        heap_ok(t.heap);
+        cuh_sim_complete_all(t.dev);
+        test_heap_free(&t);
+    }
+}
+
+/* A block handed out again may be freed by any thread; a held one freed
+ * again, by any thread, is a double free that harms nothing. */
+static void test_a_threads_large_block_double_free_is_caught_from_any_thread(void **state)
+{
+    (void)state;
+    for (int contended = 0; contended < 2; contended++) {
+        test_heap_t t = heap_maybe_contended(contended, NULL);
+        uintptr_t keep = must_alloc(t.heap, 3 * MiB, S1);
+        uintptr_t a = must_alloc(t.heap, 5 * MiB, S1);
+        must_free(t.heap, a, S1);
+        assert_int_equal(must_alloc(t.heap, 5 * MiB, S1), a);   /* handed out by the cache */
+        tc_job_t other = {.heap = t.heap, .addr = a, .stream = S1};
+        on_other_thread(tc_free_job, &other);
+        assert_int_equal(other.status, CUHEAP_OK);
+        assert_int_equal(cuh_heap_free(t.heap, a, S1), CUHEAP_ERR_DOUBLE_FREE);
+        heap_ok(t.heap);
+        uintptr_t b = must_alloc(t.heap, 7 * MiB, S1);
+        must_free(t.heap, b, S1);                        /* held by this thread */
+        on_other_thread(tc_free_job, &(tc_job_t){.heap = t.heap, .addr = b, .stream = S1});
+        other = (tc_job_t){.heap = t.heap, .addr = b, .stream = S2};
+        on_other_thread(tc_free_job, &other);
+        assert_int_equal(other.status, CUHEAP_ERR_DOUBLE_FREE);
+        assert_int_equal(cuh_heap_record_stream(t.heap, b, S2), CUHEAP_ERR_DOUBLE_FREE);
+        assert_int_equal(cuh_heap_free(t.heap, b, S1), CUHEAP_ERR_DOUBLE_FREE);
+        assert_int_equal(cuh_heap_block_size(t.heap, b), 0);
+        must_free(t.heap, keep, S1);
+        all_freed(t.heap);
+        test_heap_free(&t);
+    }
+}
+
+/* The figures stay exact: a request above the one the block was counted
+ * with goes through the heap, so the peak of requested bytes is the
+ * program's own. */
+static void test_a_threads_large_block_keeps_the_books_exact(void **state)
+{
+    (void)state;
+    for (int contended = 0; contended < 2; contended++) {
+        test_heap_t t = heap_maybe_contended(contended, NULL);
+        uintptr_t keep = must_alloc(t.heap, 3 * MiB, S1);
+        uintptr_t a = must_alloc(t.heap, 5 * MiB - 400, S1);   /* all three round to 5 MiB */
+        must_free(t.heap, a, S1);
+        assert_int_equal(must_alloc(t.heap, 5 * MiB - 100, S1), a);   /* larger: the heap serves it */
+        must_free(t.heap, a, S1);
+        assert_int_equal(must_alloc(t.heap, 5 * MiB - 500, S1), a);   /* smaller: the cache does */
+        cuheap_stats_t s;
+        cuh_heap_stats(t.heap, &s);
+        assert_int_equal(s.requested.current, 8 * MiB - 500);
+        assert_int_equal(s.requested.peak, 8 * MiB - 100);
+        assert_int_equal(s.allocated.current, 8 * MiB);
+        assert_int_equal(s.allocated.peak, 8 * MiB);
+        assert_int_equal(s.num_allocs, 4);
+        assert_int_equal(s.num_frees, 2);
+        assert_int_equal(cuh_heap_block_size(t.heap, a), 5 * MiB - 500);
+        heap_ok(t.heap);
+        must_free(t.heap, a, S1);
+        cuh_heap_stats(t.heap, &s);
+        assert_int_equal(s.requested.current, 3 * MiB);
+        assert_int_equal(s.allocated.current, 3 * MiB);
+        assert_int_equal(s.num_frees, 3);
+        must_free(t.heap, keep, S1);
+        all_freed(t.heap);
+        test_heap_free(&t);
+    }
+}
+
+static void *tc_alloc_free_alloc_job(void *arg)
+{
+    tc_job_t *j = arg;
+    j->status = cuh_heap_malloc(j->heap, j->size, j->stream, &j->addr);
+    if (j->status == CUHEAP_OK)
+        j->status = cuh_heap_free(j->heap, j->addr, j->stream);
+    if (j->status == CUHEAP_OK)
+        j->status = cuh_heap_malloc(j->heap, j->size, j->stream, &j->addr);
+    return NULL;
+}
+
+/* A thread that exits holding a large block, or having handed one out again,
+ * leaves the heap whole: the block is freed memory, or the program's. */
+static void test_a_threads_large_block_survives_its_thread(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    cuh_heap_assume_contention(t.heap, 1000);
+    tc_job_t other = {.heap = t.heap, .size = 5 * MiB, .stream = S2};
+    on_other_thread(tc_alloc_free_alloc_job, &other);    /* exits with it handed out */
+    assert_int_equal(other.status, CUHEAP_OK);
+    heap_ok(t.heap);
+    assert_int_equal(cuh_heap_block_size(t.heap, other.addr), 5 * MiB);
+    must_free(t.heap, other.addr, S2);
+    uintptr_t a = other.addr;
+    on_other_thread(tc_alloc_job, &other);
+    must_free(t.heap, a, S2);                            /* held by this thread now */
+    other.addr = 0;
+    on_other_thread(tc_alloc_free_alloc_job, &other);
+    on_other_thread(tc_free_job, &other);                 /* exits holding it */
+    heap_ok(t.heap);
+    assert_int_equal(must_alloc(t.heap, 5 * MiB, S2), other.addr);
+    must_free(t.heap, other.addr, S2);
+    all_freed(t.heap);
+    test_heap_free(&t);
+}
+
+/* A capture takes no block a thread holds: its allocations belong to the
+ * graph's pool. */
+static void test_a_threads_large_block_stays_out_of_a_capture(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    cuh_heap_assume_contention(t.heap, 100);
+    uintptr_t a = must_alloc(t.heap, 5 * MiB, S1);
+    must_free(t.heap, a, S1);                             /* held */
+    cuh_heap_capture_begin(t.heap, 7);
+    uintptr_t b = must_alloc(t.heap, 5 * MiB, S1);
+    cuh_heap_capture_end(t.heap);
+    must_free(t.heap, b, S1);
+    for (int i = 0; i < 4; i++) {
+        uintptr_t c = must_alloc(t.heap, 5 * MiB, S1);
+        assert_true(c != b);                              /* the graph's replays still write b */
+        must_free(t.heap, c, S1);
+    }
+    cuh_heap_release_pool(t.heap, 7);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2571,6 +2812,13 @@ int main(void)
         cmocka_unit_test(test_thread_exit_gives_its_cache_back),
         cmocka_unit_test(test_retired_stream_takes_its_objects_out_of_thread_caches),
         cmocka_unit_test(test_thread_cache_outlives_its_heap_safely),
+        cmocka_unit_test(test_a_threads_large_block_is_everyones_unless_threads_contend),
+        cmocka_unit_test(test_held_large_blocks_go_back_before_the_heap_grows),
+        cmocka_unit_test(test_a_threads_large_block_serves_only_its_stream),
+        cmocka_unit_test(test_a_threads_large_block_double_free_is_caught_from_any_thread),
+        cmocka_unit_test(test_a_threads_large_block_keeps_the_books_exact),
+        cmocka_unit_test(test_a_threads_large_block_survives_its_thread),
+        cmocka_unit_test(test_a_threads_large_block_stays_out_of_a_capture),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
