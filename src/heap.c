@@ -270,6 +270,7 @@ struct cuh_heap_s {
     cuh_extent_t *parked;
     stream_state_t *parked_st;   /* the stream it was freed on */
     uint64_t parked_epoch;       /* that stream's fences recorded at the free */
+    const cuh_tcache_t *parked_tc;   /* the freeing thread's cache (compared, never followed) */
     /* Thread caches that hold a large block (see "a thread's large block"),
      * and how many more uncontended allocations and frees the heap treats as
      * contended since one found its lock held. */
@@ -2367,6 +2368,7 @@ static void park_locked(cuh_heap_t *h, const live_block_t *b, stream_state_t *st
     h->parked = b->ext;
     h->parked_st = st;
     h->parked_epoch = h->arena.tags[st->tag].fences_recorded;
+    h->parked_tc = my_tcache(h);
     const cuh_segment_t *seg = b->ext->segment;
     fence_if_left_idle_locked(h, st, seg, seg->used_bytes - b->ext->size);
 }
@@ -2380,6 +2382,7 @@ static void unpark_one_locked(cuh_heap_t *h)
     if (cuh_likely(!e))
         return;
     h->parked = NULL;
+    h->parked_tc = NULL;
     stream_state_t *st = h->parked_st;
     cuh_ptrmap_remove(&h->blocks, e->addr);
     if (h->parked_epoch < st->completed)
@@ -2417,6 +2420,12 @@ static void unpark_one_locked(cuh_heap_t *h)
  * may count other threads' held blocks. */
 
 #define CONTENDED_HOLD 4096
+/* A thread whose held blocks went back unused this many times in a row
+ * parks its frees as before (in the heap's one parked block, under the
+ * lock), until it takes one of those back: a thread whose large requests
+ * never repeat a size would only pay for the slot and hide its frees from
+ * the other threads (at 16 threads on random large sizes, 20-45% slower). */
+#define LARGE_MISSES_OFF 4
 
 /* The heap's lock, for an allocation or a free: notes whether it was held. */
 static inline void heap_lock(cuh_heap_t *h)
@@ -2441,6 +2450,7 @@ static int large_slot_empty_locked(cuh_heap_t *h, cuh_tcache_t *tc)
     int gave = 0;
     if (l->state == CUH_TC_CACHED) {
         stream_state_t *st = l->stream_state;
+        tc->large_misses += tc->large_misses < UINT32_MAX;   /* given back unused */
         uint64_t epoch = l->epoch == CUH_TC_EPOCH_UNKNOWN ? h->arena.tags[st->tag].fences_recorded : l->epoch;
         h->allocated.current -= l->size;
         h->requested.current -= l->counted;
@@ -2530,6 +2540,10 @@ static int large_slot_adopt_locked(cuh_heap_t *h, const live_block_t *b, stream_
     if (!tc)
         return 0;
     cuh_spin_lock(&tc->lock);
+    if (tc->large_misses >= LARGE_MISSES_OFF) {
+        cuh_spin_unlock(&tc->lock);
+        return 0;
+    }
     large_slot_empty_locked(h, tc);   /* a block it handed out, kept while threads contend */
     tc->large = (cuh_tc_large_t){.addr = b->ext->addr,
                                  .stream = (uintptr_t)stream,
@@ -2931,6 +2945,14 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
         if (e && st == h->parked_st && block == e->size) {
             h->parked = NULL;
             large_mark_live_locked(h, e, size);
+            /* Its own thread took it again: that thread holds its blocks again. */
+            cuh_tcache_t *mine = h->parked_tc ? my_tcache(h) : NULL;
+            if (mine && mine == h->parked_tc) {
+                cuh_spin_lock(&mine->lock);
+                mine->large_misses = 0;
+                cuh_spin_unlock(&mine->lock);
+            }
+            h->parked_tc = NULL;
         } else {
             e = h->large_tcs ? large_slot_claim_locked(h, st, block, size) : NULL;
         }

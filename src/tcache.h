@@ -87,6 +87,7 @@ typedef struct cuh_tcache_s {
     cuh_tc_large_t large;
     struct cuh_tcache_s *large_next;  /* the heap's list of caches holding a large block (heap's lock) */
     int large_listed;
+    uint32_t large_misses;   /* held blocks given back unused since one was taken again */
     cuh_tc_bin_t bins[CUH_MAX_CLASSES];
 } cuh_tcache_t;
 
@@ -149,6 +150,7 @@ static inline uintptr_t cuh_tcache_large_take(cuh_tcache_t *tc, size_t size, siz
         return 0;
     l->state = CUH_TC_LIVE;
     l->requested = requested;
+    tc->large_misses = 0;
     tc->allocated_adjust += (int64_t)l->size;
     tc->requested_adjust += (int64_t)requested;
     return l->addr;

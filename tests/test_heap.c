@@ -2615,6 +2615,32 @@ static void test_a_threads_large_block_serves_only_its_stream(void **state)
     }
 }
 
+/* A thread whose held blocks keep going back unused stops holding them (its
+ * frees park as before, everybody's), until it takes one of them back. */
+static void test_a_thread_that_never_repeats_a_size_holds_no_block(void **state)
+{
+    (void)state;
+    test_heap_t t = heap_maybe_contended(1, "grow_fraction:0");
+    uintptr_t b = must_alloc(t.heap, 8 * MiB, S1);
+    uintptr_t a = must_alloc(t.heap, 5 * MiB, S1);
+    for (size_t i = 0; i < 5; i++)   /* each allocation gives the block held before back unused */
+        must_free(t.heap, must_alloc(t.heap, 2 * MiB + i * 4096, S1), S1);
+    hold_two(t.heap, b, a);          /* a is parked, not held */
+    /* Larger than the loop's free segments, another size than a's. */
+    tc_job_t other = {.heap = t.heap, .size = 4 * MiB + 512 * KiB, .stream = S1};
+    on_other_thread(tc_alloc_job, &other);
+    assert_int_equal(other.addr, a);
+    must_free(t.heap, other.addr, S1);
+    must_free(t.heap, must_alloc(t.heap, 5 * MiB, S1), S1);   /* parked again */
+    assert_int_equal(must_alloc(t.heap, 5 * MiB, S1), a);     /* its own parked block: holding resumes */
+    must_free(t.heap, a, S1);
+    on_other_thread(tc_alloc_job, &other);
+    assert_int_equal(other.addr, b);
+    must_free(t.heap, other.addr, S1);
+    all_freed(t.heap);
+    test_heap_free(&t);
+}
+
 /* A block handed out again may be freed by any thread; a held one freed
  * again, by any thread, is a double free that harms nothing. */
 static void test_a_threads_large_block_double_free_is_caught_from_any_thread(void **state)
@@ -2815,6 +2841,7 @@ int main(void)
         cmocka_unit_test(test_a_threads_large_block_is_everyones_unless_threads_contend),
         cmocka_unit_test(test_held_large_blocks_go_back_before_the_heap_grows),
         cmocka_unit_test(test_a_threads_large_block_serves_only_its_stream),
+        cmocka_unit_test(test_a_thread_that_never_repeats_a_size_holds_no_block),
         cmocka_unit_test(test_a_threads_large_block_double_free_is_caught_from_any_thread),
         cmocka_unit_test(test_a_threads_large_block_keeps_the_books_exact),
         cmocka_unit_test(test_a_threads_large_block_survives_its_thread),
