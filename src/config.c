@@ -66,7 +66,7 @@ static const option_t options[] = {
      "Between 2M and 1G."},
     {"thread_cache", KIND_SIZE, offsetof(cuh_config_t, thread_cache), "4M",
      "Most bytes of small objects (small_max and below) each thread keeps for itself, per "
-     "device: what a thread frees on a stream it allocates again on that stream without "
+     "device, beside the last large block it freed: what a thread frees on a stream it allocates again on that stream without "
      "taking the heap's lock, so threads do not queue behind each other. Peaks of requested "
      "and allocated bytes may then overstate by up to this much per thread (the heap counts "
      "what thread caches hold as allocated); current values are exact. Given back on "

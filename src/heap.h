@@ -11,8 +11,9 @@
  *     same holds byte for byte for slab objects and, under vmm:1, for the
  *     physical pages behind them, wherever a page moves, and a page's old
  *     mapping stays until that work is done (the page-rule model);
- *     These hold through the two places a freed block may wait outside the
- *     arena: a thread's cache of small objects and the parked large block;
+ *     These hold through the places a freed block may wait outside the
+ *     arena: a thread's cache of small objects, a thread's last large block
+ *     and the parked large block;
  *   - when the device (or the limit) refuses a segment, the heap waits for
  *     pending frees, gives back what thread caches hold, releases cached
  *     segments and retries before it reports out-of-memory; under vmm:1 with
