@@ -324,17 +324,20 @@ fi
 rejects_values --lag -1 x ""
 
 # ---- the plugin traces: the H200's jobs as the pluggable allocator saw them ----
-# bench/traces/plugin holds GPT-2 and BERT recorded by cuheap as PyTorch's
-# allocator on an H200; their replays gave the H200's peaks (see its README).
-# vmm:1 must hold them within a few percent of their live peak, with the GPU
-# behind or not, and below plain segments with the GPU behind.
-run plugin_vmm --json --conf vmm:1 bench/traces/plugin/gpt2_plugin.trace.gz bench/traces/plugin/bert_varlen_plugin.trace.gz
-run plugin_vmm_lag --json --lag 1000 --conf vmm:1 bench/traces/plugin/gpt2_plugin.trace.gz bench/traces/plugin/bert_varlen_plugin.trace.gz
-run plugin_plain --json --lag 300 bench/traces/plugin/gpt2_plugin.trace.gz bench/traces/plugin/bert_varlen_plugin.trace.gz
+# bench/traces/plugin holds GPT-2, BERT and ResNet-50 recorded by cuheap as
+# PyTorch's allocator on an H200; their replays gave the H200's peaks (see its
+# README). vmm:1 must hold them within a few percent of their live peak, with
+# the GPU behind or not, and below plain segments with the GPU behind.
+plugin_jobs="bench/traces/plugin/gpt2_plugin.trace.gz bench/traces/plugin/bert_varlen_plugin.trace.gz
+bench/traces/plugin/resnet50_plugin.trace.gz"
+run plugin_vmm --json --conf vmm:1 $plugin_jobs
+run plugin_vmm_lag --json --lag 1000 --conf vmm:1 $plugin_jobs
+run plugin_plain --json --lag 300 $plugin_jobs
 if msg=$(python3 - "$TMP/plugin_vmm.out" "$TMP/plugin_vmm_lag.out" "$TMP/plugin_plain.out" <<'PY' 2>&1
 import json, sys
 vmm, lag, plain = ([json.loads(l) for l in open(p)] for p in sys.argv[1:4])
-for v, l, p, most in zip(vmm, lag, plain, (1.035, 1.02)):
+assert len(vmm) == len(lag) == len(plain) == 3, "three traces"
+for v, l, p, most in zip(vmm, lag, plain, (1.035, 1.02, 1.02)):
     name = v["trace"].split("/")[-1]
     assert v["oom"] is None and l["oom"] is None and p["oom"] is None, name + ": out of memory"
     assert v["ratio"] <= most and l["ratio"] <= most, "%s: vmm:1 %.4f / %.4f with lag, want <= %s" % (name, v["ratio"], l["ratio"], most)
@@ -342,7 +345,7 @@ for v, l, p, most in zip(vmm, lag, plain, (1.035, 1.02)):
     assert v["peak_reserved"] < p["peak_reserved"], "%s: vmm:1 %d, plain %d" % (name, v["peak_reserved"], p["peak_reserved"])
 PY
 ); then
-    ok "plugin traces: vmm:1 within 3.5% (GPT-2) and 2% (BERT) of live, busy GPU or not, below plain segments"
+    ok "plugin traces: vmm:1 within 3.5% (GPT-2) and 2% (BERT, ResNet-50) of live, busy GPU or not, below plain segments"
 else
     not_ok "plugin traces under vmm:1" "${msg:-}"
 fi
