@@ -66,12 +66,13 @@ static const option_t options[] = {
      "Between 2M and 1G."},
     {"thread_cache", KIND_SIZE, offsetof(cuh_config_t, thread_cache), "4M",
      "Most bytes of small objects (small_max and below) each thread keeps for itself, per "
-     "device, beside the last large block it freed: what a thread frees on a stream it allocates again on that stream without "
-     "taking the heap's lock, so threads do not queue behind each other. Peaks of requested "
-     "and allocated bytes may then overstate by up to this much per thread (the heap counts "
-     "what thread caches hold as allocated); current values are exact. Given back on "
-     "empty_cache, before an out-of-memory error and when the thread exits. 0 turns thread "
-     "caches off."},
+     "device, beside the last large block it freed: what a thread frees on a stream it "
+     "allocates again on that stream without taking the heap's lock, so threads do not queue "
+     "behind each other. Peaks of requested and allocated bytes may then overstate by up to "
+     "this much per thread, and while threads contend for the heap by the large block each "
+     "holds (the heap counts what thread caches hold as allocated); current values are exact. "
+     "Given back on empty_cache, before the heap grows (large blocks) or reports an "
+     "out-of-memory error, and when the thread exits. 0 turns thread caches off."},
     {"wait_before_grow", KIND_BOOL, offsetof(cuh_config_t, wait_before_grow), "1",
      "1: blocks freed by cudaFree that still wait for the GPU are taken back for a cudaMalloc "
      "(device-wide allocation) instead of reserving more: every stream waits on the GPU "
