@@ -513,7 +513,8 @@ static int stream_has_unfenced(const cuh_heap_t *h, const stream_state_t *st)
         if (tc->large.stream_state != st)
             continue;
         cuh_spin_lock(&tc->lock);
-        any = tc->large.state == CUH_TC_CACHED && (tc->large.epoch == CUH_TC_EPOCH_UNKNOWN || tc->large.epoch >= recorded);
+        any = tc->large.state == CUH_TC_CACHED &&
+              (tc->large.epoch == CUH_TC_EPOCH_UNKNOWN || tc->large.epoch >= recorded);
         cuh_spin_unlock(&tc->lock);
     }
     return any;
