@@ -2324,9 +2324,10 @@ static inline uintptr_t tcache_alloc(cuh_heap_t *h, size_t size, cuh_stream_t st
     return addr;
 }
 
-/* Fast path of cuh_heap_free: an object this thread's cache handed out,
- * freed on the stream it was allocated on, goes back to the cache. 0 if the
- * heap must see the free (not the cache's, another stream, no room). */
+/* Fast path of cuh_heap_free: an object or the large block this thread's
+ * cache handed out, freed on the stream it was allocated on, goes back to
+ * the cache. 0 if the heap must see the free (not the cache's, another
+ * stream, no room). */
 static inline int tcache_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream)
 {
     cuh_tcache_t *tc = my_tcache(h);
@@ -2334,19 +2335,17 @@ static inline int tcache_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
         return 0;
     int done = 0;
     cuh_spin_lock(&tc->lock);
-    if (tc->large.addr == addr && cuh_likely(!tc->dead && tcache_open(h)) &&
-        cuh_tcache_large_give(tc, addr, (uintptr_t)stream)) {
-        tc->num_frees++;
-        cuh_spin_unlock(&tc->lock);
-        return 1;
-    }
-    cuh_tc_entry_t *e = cuh_tcache_find(tc, addr);
-    if (e && e->state == CUH_TC_LIVE && e->stream == (uintptr_t)stream && cuh_likely(!tc->dead && tcache_open(h)) &&
-        tc->cached_bytes + e->size <= h->cfg.thread_cache &&
-        cuh_tcache_push(tc, e->size_class, addr, (uintptr_t)stream) == 0) {
-        cuh_tcache_hold(tc, e, (uintptr_t)stream);
-        tc->num_frees++;
-        done = 1;
+    if (cuh_likely(!tc->dead && tcache_open(h))) {
+        cuh_tc_entry_t *e;
+        if (tc->large.addr == addr) {
+            done = cuh_tcache_large_give(tc, addr, (uintptr_t)stream);
+        } else if ((e = cuh_tcache_find(tc, addr)) && e->state == CUH_TC_LIVE && e->stream == (uintptr_t)stream &&
+                   tc->cached_bytes + e->size <= h->cfg.thread_cache &&
+                   cuh_tcache_push(tc, e->size_class, addr, (uintptr_t)stream) == 0) {
+            cuh_tcache_hold(tc, e, (uintptr_t)stream);
+            done = 1;
+        }
+        tc->num_frees += (uint64_t)done;
     }
     cuh_spin_unlock(&tc->lock);
     return done;
@@ -2374,9 +2373,20 @@ static void park_locked(cuh_heap_t *h, const live_block_t *b, stream_state_t *st
     fence_if_left_idle_locked(h, st, seg, seg->used_bytes - b->ext->size);
 }
 
-/* Gives the parked block to the arena as its free would have: private to its
- * stream from the fence after the free, or global if that fence completed.
- * No device call (it runs when a capture begins, and at exit). */
+/* Gives a parked or held block, freed on st when st had recorded `epoch`
+ * fences, to the arena as its free would have: private to its stream from
+ * the fence after the free, or global if that fence completed. No device
+ * call (it runs when a capture begins, and at exit). */
+static void release_parked_locked(cuh_heap_t *h, cuh_extent_t *e, const stream_state_t *st, uint64_t epoch)
+{
+    cuh_ptrmap_remove(&h->blocks, e->addr);
+    if (epoch < st->completed)
+        cuh_arena_release(&h->arena, e, CUH_TAG_GLOBAL);
+    else
+        cuh_arena_release_freed_at(&h->arena, e, st->tag, epoch);
+}
+
+/* The heap's parked block, if any, goes back. */
 static void unpark_one_locked(cuh_heap_t *h)
 {
     cuh_extent_t *e = h->parked;
@@ -2384,12 +2394,7 @@ static void unpark_one_locked(cuh_heap_t *h)
         return;
     h->parked = NULL;
     h->parked_tc = NULL;
-    stream_state_t *st = h->parked_st;
-    cuh_ptrmap_remove(&h->blocks, e->addr);
-    if (h->parked_epoch < st->completed)
-        cuh_arena_release(&h->arena, e, CUH_TAG_GLOBAL);
-    else
-        cuh_arena_release_freed_at(&h->arena, e, st->tag, h->parked_epoch);
+    release_parked_locked(h, e, h->parked_st, h->parked_epoch);
 }
 
 /* ---- a thread's large block ----------------------------------------------------- *
@@ -2440,6 +2445,18 @@ static inline void heap_lock(cuh_heap_t *h)
     h->contended = CONTENDED_HOLD;
 }
 
+/* A held block leaves tc's books and the heap's count of allocated bytes
+ * (tc's lock held); the slot is the caller's to clear. */
+static void large_slot_uncount_locked(cuh_heap_t *h, cuh_tcache_t *tc)
+{
+    const cuh_tc_large_t *l = &tc->large;
+    h->allocated.current -= l->size;
+    h->requested.current -= l->counted;
+    tc->allocated_adjust += (int64_t)l->size;
+    tc->requested_adjust += (int64_t)l->counted;
+    ((cuh_extent_t *)l->ext)->owner = NULL;
+}
+
 /* Empties tc's slot (tc's lock held; tc stays listed): a held block goes to
  * the arena as its free would have (private to its stream from the fence
  * that covers the free, or global if that fence completed), a handed-out one
@@ -2452,17 +2469,9 @@ static int large_slot_empty_locked(cuh_heap_t *h, cuh_tcache_t *tc)
     if (l->state == CUH_TC_CACHED) {
         stream_state_t *st = l->stream_state;
         tc->large_misses += tc->large_misses < UINT32_MAX;   /* given back unused */
-        uint64_t epoch = l->epoch == CUH_TC_EPOCH_UNKNOWN ? h->arena.tags[st->tag].fences_recorded : l->epoch;
-        h->allocated.current -= l->size;
-        h->requested.current -= l->counted;
-        tc->allocated_adjust += (int64_t)l->size;
-        tc->requested_adjust += (int64_t)l->counted;
-        e->owner = NULL;
-        cuh_ptrmap_remove(&h->blocks, e->addr);
-        if (epoch < st->completed)
-            cuh_arena_release(&h->arena, e, CUH_TAG_GLOBAL);
-        else
-            cuh_arena_release_freed_at(&h->arena, e, st->tag, epoch);
+        large_slot_uncount_locked(h, tc);
+        release_parked_locked(h, e, st,
+                              l->epoch == CUH_TC_EPOCH_UNKNOWN ? h->arena.tags[st->tag].fences_recorded : l->epoch);
         gave = 1;
     } else if (l->state == CUH_TC_LIVE) {
         h->requested.current -= l->counted - l->requested;
@@ -2582,11 +2591,7 @@ static cuh_extent_t *large_slot_claim_locked(cuh_heap_t *h, stream_state_t *st, 
         cuh_extent_t *e = NULL;
         if (l->state == CUH_TC_CACHED && l->stream_state == st && l->size == block) {
             e = l->ext;
-            h->allocated.current -= l->size;
-            h->requested.current -= l->counted;
-            tc->allocated_adjust += (int64_t)l->size;
-            tc->requested_adjust += (int64_t)l->counted;
-            e->owner = NULL;
+            large_slot_uncount_locked(h, tc);
             memset(l, 0, sizeof *l);
         }
         cuh_spin_unlock(&tc->lock);
