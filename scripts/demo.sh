@@ -2,14 +2,18 @@
 # demo.sh BUILD_DIR - what `make demo` runs: replays the allocation traces of
 # three real PyTorch training jobs (bench/traces) on a simulated 80 GiB GPU
 # and prints cuheap's peak memory beside what PyTorch's caching allocator
-# reserved on the same jobs, then the smallest GPU each job fits in.
+# reserves on the same jobs (native and expandable_segments, modelled), then
+# the smallest GPU each job fits in under each.
 set -euo pipefail
 build=${1:-build}
 cd "$(dirname "$0")/.."
 echo "Replaying bench/traces on a simulated GPU (capacity 80 GiB, default settings)."
-echo "ratio = peak reserved / peak live bytes; 1.0 is the floor. 'pytorch' is the ratio"
-echo "PyTorch's own allocator reached on the same job (recorded with the trace)."
+echo "ratio = peak reserved / peak live bytes; 1.0 is the floor. 'native' and 'expand' are the"
+echo "ratios of PyTorch's own allocator on the same job, by default and with"
+echo "expandable_segments:True (cuheap-replay's model of it, which gives the peak recorded"
+echo "with each trace to the byte)."
 echo
 "$build/cuheap-replay" --min-capacity bench/traces/*.trace.gz
 echo
-echo "min GiB: the smallest device (to 2 MiB) on which the job runs without running out of memory."
+echo "min cap: the smallest device (to 2 MiB) on which cuheap runs the job without running out of"
+echo "memory; native min and expand min: the same for PyTorch's two modes."

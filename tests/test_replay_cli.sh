@@ -532,4 +532,107 @@ else
     not_ok "--report-at top exits 2" "status $rc: $(cat "$TMP/at_bad.err")"
 fi
 
+# ---- PyTorch's own allocator, modelled (src/torch_model.c) --------------------
+# The bundled traces carry what PyTorch reserved when they were recorded: the
+# model of its native allocator must give exactly that. The plugin traces are
+# the jobs the H200 ran under PyTorch's modes too (README, "GPU check"):
+# native reserved 24.451 GiB (GPT-2), 27.928 (BERT) and 6.990 (ResNet-50),
+# expandable_segments 16.797 (BERT) and 6,192,889,856 bytes (ResNet-50); under
+# set_per_process_memory_fraction at 1.05x the live peak native ran GPT-2 in
+# 24.451 GiB, ResNet-50 in 5.938 after one cache release, and ran BERT out of
+# memory on a 2.13 GiB request at step 4 (limits 24.835, 6.003 and 15.825 GiB).
+run torch_bundled --json "${TRACES[@]}"
+if [ "$rc" -eq 0 ] && msg=$(check_json "$TMP/torch_bundled.out" '
+for o in objs:
+    tm = o["torch_model"]
+    for mode in ("native", "expandable"):
+        m = tm[mode]
+        for k in ("peak_reserved", "device_allocs", "retries"):
+            assert is_int(m[k]), "%s %s: %s is %r" % (o["trace"], mode, k, m[k])
+        assert m["oom"] is None and isinstance(m["ratio"], float), "%s %s: %r" % (o["trace"], mode, m)
+    assert tm["native"]["peak_reserved"] == o["pytorch_peak_reserved"], "%s: model %d, recorded %d" % (
+        o["trace"], tm["native"]["peak_reserved"], o["pytorch_peak_reserved"])
+' 2>&1); then
+    ok "the model of PyTorch's native allocator gives each bundled trace's recorded peak to the byte"
+else
+    not_ok "native model against the recorded peaks" "status $rc ${msg:-}"
+fi
+
+plugin_dir=bench/traces/plugin
+run torch_plugin --json $plugin_dir/gpt2_plugin.trace.gz $plugin_dir/bert_varlen_plugin.trace.gz $plugin_dir/resnet50_plugin.trace.gz
+if [ "$rc" -eq 0 ] && msg=$(check_json "$TMP/torch_plugin.out" '
+gib = lambda b: round(b / 2**30, 3)
+(g, b, r) = (o["torch_model"] for o in objs)
+assert gib(g["native"]["peak_reserved"]) == 24.451, g
+assert gib(b["native"]["peak_reserved"]) == 27.928, b
+assert gib(r["native"]["peak_reserved"]) == 6.990, r
+assert gib(b["expandable"]["peak_reserved"]) == 16.797, b
+assert r["expandable"]["peak_reserved"] == 6192889856, r
+' 2>&1); then
+    ok "the model gives the H200's peaks of native PyTorch (GPT-2, BERT, ResNet-50) and expandable_segments (BERT, ResNet-50)"
+else
+    not_ok "the model against the H200's plugin jobs" "status $rc ${msg:-}"
+fi
+
+limit_ok=1
+limit_msg=""
+for spec in "gpt2_plugin 26666378199" "resnet50_plugin 6445672169" "bert_varlen_plugin 16991964364"; do
+    set -- $spec
+    run "torch_limit_$1" --json --conf "limit:$2" "$plugin_dir/$1.trace.gz"
+    [ "$rc" -eq 0 ] || { limit_ok=0; limit_msg="$limit_msg $1: status $rc"; }
+done
+if [ "$limit_ok" -eq 1 ] && msg=$(python3 - "$TMP"/torch_limit_gpt2_plugin.out "$TMP"/torch_limit_resnet50_plugin.out \
+    "$TMP"/torch_limit_bert_varlen_plugin.out <<'PY' 2>&1
+import json, sys
+g, r, b = (json.loads(open(p).read())["torch_model"]["native"] for p in sys.argv[1:4])
+gib = lambda x: round(x / 2**30, 3)
+assert g["oom"] is None and g["retries"] == 0 and gib(g["peak_reserved"]) == 24.451, g
+assert r["oom"] is None and r["retries"] == 1 and gib(r["peak_reserved"]) == 5.938, r
+assert b["oom"] is not None and b["oom"]["request"] == 2283045600 and b["retries"] == 1, b
+PY
+); then
+    ok "native PyTorch under the H200's 1.05x limits: GPT-2 fits, ResNet-50 after one release, BERT out of memory on 2.13 GiB"
+else
+    not_ok "the model under the H200's limits" "${limit_msg} ${msg:-}"
+fi
+
+run torch_mincap --json --min-capacity "$resnet"
+if [ "$rc" -eq 0 ] && msg=$(check_json "$TMP/torch_mincap.out" '
+o = objs[0]
+for mode in ("native", "expandable"):
+    m = o["torch_model"][mode]["min_capacity"]
+    assert is_int(m) and o["peak_live"] <= m <= o["torch_model"][mode]["peak_reserved"], "%s: %r" % (mode, m)
+    print(m)
+' 2>&1); then
+    set -- $msg
+    run torch_at_min --json --capacity "$1" "$resnet"
+    run torch_below_min --json --capacity $(($1 - 2097152)) "$resnet"
+    if python3 -c '
+import json, sys
+at, below = (json.loads(open(p).read())["torch_model"]["native"] for p in sys.argv[1:3])
+assert at["oom"] is None and below["oom"] is not None, (at, below)
+' "$TMP/torch_at_min.out" "$TMP/torch_below_min.out" 2>/dev/null; then
+        ok "--min-capacity finds PyTorch's smallest device too: it runs there and not 2 MiB below"
+    else
+        not_ok "PyTorch's min capacity" "$(cat "$TMP/torch_at_min.out" "$TMP/torch_below_min.out")"
+    fi
+else
+    not_ok "--min-capacity for the PyTorch model" "status $rc ${msg:-}"
+fi
+
+# A trace whose recorded PyTorch figure the model does not reproduce says so.
+{
+    echo "# trace v1 source=test"
+    echo "a 0 1 1048577 0"
+    echo "f 1 1"
+    echo "# end allocs=1 frees=1 live_at_end=0 pytorch_peak_reserved=4194304"
+} >"$TMP/other_settings.trace"
+run other_settings "$TMP/other_settings.trace"
+if [ "$rc" -eq 0 ] && grep -q "records PyTorch's peak reserved as 4194304 bytes; the model of its native allocator gives 20971520" \
+    "$TMP/other_settings.out" && grep -q "^other_settings .* 20.0000 " "$TMP/other_settings.out"; then
+    ok "a recorded PyTorch peak the model does not reproduce is pointed out"
+else
+    not_ok "recorded peak against the model" "status $rc: $(cat "$TMP/other_settings.out" "$TMP/other_settings.err")"
+fi
+
 finish test_replay_cli

@@ -17,6 +17,7 @@
 #include "config.h"
 #include "device.h"
 #include "heap.h"
+#include "torch_model.h"
 #include "trace_read.h"
 
 #include <cuheap.h>
@@ -524,6 +525,10 @@ typedef struct result_s {
     size_t min_capacity;
     int have_report_event;    /* --report-at other than end */
     size_t report_event;
+    /* What PyTorch's own allocator would do (torch_model.h), per mode. */
+    cuh_torch_result_t torch[CUH_TORCH_NUM_MODES];
+    int torch_min_found[CUH_TORCH_NUM_MODES];
+    uint64_t torch_min[CUH_TORCH_NUM_MODES];
 } result_t;
 
 static void print_json(const result_t *r)
@@ -559,6 +564,31 @@ static void print_json(const result_t *r)
     } else {
         fputs(",\"pytorch_peak_reserved\":null,\"pytorch_ratio\":null", f);
     }
+    fputs(",\"torch_model\":{", f);
+    for (int m = 0; m < CUH_TORCH_NUM_MODES; m++) {
+        const cuh_torch_result_t *tr = &r->torch[m];
+        fprintf(f, "%s\"%s\":{\"peak_reserved\":%" PRIu64, m ? "," : "", cuh_torch_mode_name((cuh_torch_mode_t)m),
+                tr->peak_reserved);
+        if (!tr->oom && t->peak_live)
+            fprintf(f, ",\"ratio\":%.4f", ratio_of(tr->peak_reserved, t->peak_live));
+        else
+            fputs(",\"ratio\":null", f);
+        fprintf(f, ",\"device_allocs\":%" PRIu64 ",\"retries\":%" PRIu64, tr->device_allocs, tr->releases);
+        if (tr->oom)
+            fprintf(f,
+                    ",\"oom\":{\"event\":%zu,\"request\":%" PRIu64 ",\"reserved\":%" PRIu64 ",\"live\":%" PRIu64 "}",
+                    tr->oom_event, tr->oom_request, tr->oom_reserved, tr->oom_live);
+        else
+            fputs(",\"oom\":null", f);
+        if (r->want_min) {
+            if (r->torch_min_found[m])
+                fprintf(f, ",\"min_capacity\":%" PRIu64, r->torch_min[m]);
+            else
+                fputs(",\"min_capacity\":null", f);
+        }
+        fputc('}', f);
+    }
+    fputc('}', f);
     if (run->oom) {
         const cuh_oom_info_t *o = &run->oom_info;
         fprintf(f, ",\"oom\":{\"event\":%zu,\"request\":%zu,\"cause\":", run->oom_event, o->request);
@@ -610,10 +640,10 @@ static double gib(uint64_t bytes) { return (double)bytes / (double)CUH_GiB; }
 
 static void print_header(int name_width, int want_min)
 {
-    printf("%-*s %8s %10s %10s %7s %8s", name_width, "trace", "events", "live GiB", "rsvd GiB", "ratio",
-           "pytorch");
+    printf("%-*s %8s %10s %10s %7s %7s %7s", name_width, "trace", "events", "live GiB", "rsvd GiB", "ratio",
+           "native", "expand");
     if (want_min)
-        printf(" %11s", "min cap GiB");
+        printf(" %11s %10s %10s", "min cap GiB", "native min", "expand min");
     printf(" %9s  %s\n", "ns/op", "oom");
     fflush(stdout);
 }
@@ -631,17 +661,28 @@ static void print_row(const result_t *r, int name_width)
     else
         snprintf(cell, sizeof cell, "-");
     printf(" %7s", cell);
-    if (t->pytorch_peak_reserved && t->peak_live)
-        snprintf(cell, sizeof cell, "%.4f", ratio_of(t->pytorch_peak_reserved, t->peak_live));
-    else
-        snprintf(cell, sizeof cell, "-");
-    printf(" %8s", cell);
+    for (int m = 0; m < CUH_TORCH_NUM_MODES; m++) {
+        if (r->torch[m].oom)
+            snprintf(cell, sizeof cell, "OOM");
+        else if (t->peak_live)
+            snprintf(cell, sizeof cell, "%.4f", ratio_of(r->torch[m].peak_reserved, t->peak_live));
+        else
+            snprintf(cell, sizeof cell, "-");
+        printf(" %7s", cell);
+    }
     if (r->want_min) {
         if (r->min_found)
             snprintf(cell, sizeof cell, "%.3f", gib(r->min_capacity));
         else
             snprintf(cell, sizeof cell, "> %.3f", gib(r->capacity));
         printf(" %11s", cell);
+        for (int m = 0; m < CUH_TORCH_NUM_MODES; m++) {
+            if (r->torch_min_found[m])
+                snprintf(cell, sizeof cell, "%.3f", gib(r->torch_min[m]));
+            else
+                snprintf(cell, sizeof cell, "> %.3f", gib(r->capacity));
+            printf(" %10s", cell);
+        }
     }
     printf(" %9.1f  ", run->replayed ? (double)run->elapsed_ns / (double)run->replayed : 0.0);
     if (run->oom) {
@@ -664,6 +705,21 @@ static void print_row(const result_t *r, int name_width)
     }
     if (r->have_report_event)
         printf("%-*s   report taken after event %zu of %zu\n", name_width, "", r->report_event, t->num_events);
+    for (int m = 0; m < CUH_TORCH_NUM_MODES; m++) {
+        const cuh_torch_result_t *tr = &r->torch[m];
+        if (tr->oom) {
+            char req[32], rsv[32];
+            cuh_format_bytes(req, sizeof req, (size_t)tr->oom_request);
+            cuh_format_bytes(rsv, sizeof rsv, (size_t)tr->oom_reserved);
+            printf("%-*s   PyTorch (%s) runs out of memory at event %zu: a %s request with %s reserved\n", name_width,
+                   "", cuh_torch_mode_name((cuh_torch_mode_t)m), tr->oom_event, req, rsv);
+        }
+    }
+    if (t->pytorch_peak_reserved && !r->torch[CUH_TORCH_NATIVE].oom &&
+        t->pytorch_peak_reserved != r->torch[CUH_TORCH_NATIVE].peak_reserved)
+        printf("%-*s   the trace records PyTorch's peak reserved as %" PRIu64 " bytes; the model of its native "
+               "allocator gives %" PRIu64 " (other PyTorch settings or version?)\n",
+               name_width, "", t->pytorch_peak_reserved, r->torch[CUH_TORCH_NATIVE].peak_reserved);
     fflush(stdout);
 }
 
@@ -743,6 +799,21 @@ static int replay_trace(const char *arg, const options_t *o, int name_width)
         find_min_capacity(&trace, o, addrs, &run, &r.min_capacity, &r.min_found) != 0) {
         status = 1;
         goto out;
+    }
+    /* PyTorch's own allocator on the same trace and device (the model runs
+     * in milliseconds: always). */
+    /* cuheap's limit, if any, is PyTorch's set_per_process_memory_fraction. */
+    const cuh_torch_device_t torch_dev = {.capacity = o->capacity, .external = o->external,
+                                          .limit = cuh_config_limit(&o->cfg, o->capacity)};
+    for (int m = 0; m < CUH_TORCH_NUM_MODES; m++) {
+        if (cuh_torch_model_run(&trace, (cuh_torch_mode_t)m, &torch_dev, &r.torch[m], err, sizeof err) != 0 ||
+            (o->min_capacity &&
+             cuh_torch_model_min_capacity(&trace, (cuh_torch_mode_t)m, &torch_dev, SEARCH_GRAIN, &r.torch_min[m],
+                                          &r.torch_min_found[m], err, sizeof err) != 0)) {
+            fprintf(stderr, PROG ": %s: %s\n", arg, err);
+            status = 1;
+            goto out;
+        }
     }
     if (o->json) {
         print_json(&r);
