@@ -596,6 +596,30 @@ else
     not_ok "the model under the H200's limits" "${limit_msg} ${msg:-}"
 fi
 
+# expandable_segments under the same kind of limit on the H200 (2026-12-01,
+# run_modes.py --modes native,expandable-limit --limit-live 1.05; the limits
+# in bytes from its --out file): peaks and cache-release retries to the byte.
+exp_ok=1
+exp_msg=""
+for spec in "resnet50_plugin 6446031513 6192889856 0" "bert_varlen_plugin 16991579136 16693329920 2" \
+    "gpt2_plugin 26665961548 26168262656 19"; do
+    set -- $spec
+    run "torch_explimit_$1" --json --conf "limit:$2" "$plugin_dir/$1.trace.gz"
+    if [ "$rc" -ne 0 ] || ! got=$(python3 -c '
+import json, sys
+e = json.loads(open(sys.argv[1]).read())["torch_model"]["expandable"]
+print(e["oom"] is None, e["peak_reserved"], e["retries"])' "$TMP/torch_explimit_$1.out" 2>&1) ||
+        [ "$got" != "True $3 $4" ]; then
+        exp_ok=0
+        exp_msg="$exp_msg $1: want no oom, $3 bytes, $4 retries; got ${got:-status $rc}."
+    fi
+done
+if [ "$exp_ok" -eq 1 ]; then
+    ok "expandable_segments under the H200's 1.05x limits: every peak and retry count to the byte"
+else
+    not_ok "the expandable model under the H200's limits" "$exp_msg"
+fi
+
 run torch_mincap --json --min-capacity "$resnet"
 if [ "$rc" -eq 0 ] && msg=$(check_json "$TMP/torch_mincap.out" '
 o = objs[0]
