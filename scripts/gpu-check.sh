@@ -213,7 +213,7 @@ if [[ "${GPU_TORCH:-1}" != 0 ]] && python3 -c 'import torch, sys; sys.exit(0 if 
         row "PyTorch checks" "$RUN_RC" "$RUN_SECS" "$(grep -c '^PASS' "$log") passed, $(grep -c '^FAIL' "$log") failed"
         section "PyTorch training jobs: cuheap beside PyTorch's three allocator modes"
         run_logged "$BUILD/torch_jobs.log" timeout 420 python3 bench/torch/run_modes.py --jobs resnet50,gpt2,bert_varlen \
-            --modes native,expandable,async,cuheap,cuheap-vmm --steps "$TORCH_STEPS" --out "$BUILD/torch_jobs.json"
+            --modes native,expandable,async,cuheap,cuheap-plain --steps "$TORCH_STEPS" --out "$BUILD/torch_jobs.json"
         row "PyTorch jobs (plugin)" "$RUN_RC" "$RUN_SECS" "table above"
         # vmm:1 under a memory limit of 1.05x the native run's peak live
         # bytes, beside PyTorch's native allocator at the same limit
@@ -225,7 +225,7 @@ if [[ "${GPU_TORCH:-1}" != 0 ]] && python3 -c 'import torch, sys; sys.exit(0 if 
         row "PyTorch jobs under a 1.05x-live limit" "$RUN_RC" "$RUN_SECS" "table above"
         section "PyTorch side-stream prefetch and CUDA graph jobs"
         run_logged "$BUILD/torch_jobs2.log" timeout 150 python3 bench/torch/run_modes.py --jobs sidestream,graph \
-            --modes native,cuheap,cuheap-vmm --steps "$TORCH_STEPS" --out "$BUILD/torch_jobs2.json"
+            --modes native,cuheap,cuheap-plain --steps "$TORCH_STEPS" --out "$BUILD/torch_jobs2.json"
         row "PyTorch side-stream and graph jobs" "$RUN_RC" "$RUN_SECS" "table above"
     fi
     if part ddp; then

@@ -43,6 +43,7 @@ static struct {
     cuh_pinned_t *retired_pinned[8];   /* caches a device reset ended (their frees still come) */
     size_t num_retired_pinned;
     int pinned_off;                    /* too many resets: pinned memory is left to CUDA */
+    int plugin;                        /* PyTorch's allocator: its defaults apply (cuh_runtime_as_plugin) */
 } rt;
 
 /* ---- runtime ---------------------------------------------------------------- */
@@ -52,6 +53,12 @@ static void configure_from_env_locked(void)
     if (rt.configured)
         return;
     cuh_config_defaults(&rt.cfg);
+    /* As PyTorch's allocator the heap runs on virtual memory unless
+     * CUHEAP_CONF says otherwise (README, "Choosing vmm"): fragmentation is
+     * what PyTorch's users run out of memory on, and a page move's cost is
+     * paid where a plain segment would have had to grow. */
+    if (rt.plugin)
+        rt.cfg.vmm = 1;
     const char *env = getenv("CUHEAP_CONF");
     char err[512];
     if (env && cuh_config_parse(env, &rt.cfg, err, sizeof err)) {
@@ -59,6 +66,13 @@ static void configure_from_env_locked(void)
         exit(2);
     }
     rt.configured = 1;
+}
+
+void cuh_runtime_as_plugin(void)
+{
+    pthread_mutex_lock(&runtime_lock);
+    rt.plugin = 1;
+    pthread_mutex_unlock(&runtime_lock);
 }
 
 int cuh_runtime_use_sim(size_t capacity)
@@ -93,6 +107,7 @@ void cuh_runtime_reset(void)
         rt.devices[i] = NULL;
     }
     rt.configured = 0;
+    rt.plugin = 0;
     rt.reports_armed = 0;   /* the exit handler stays registered but writes nothing */
     cuh_trace_writer_close(rt.trace);
     rt.trace = NULL;

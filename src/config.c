@@ -50,7 +50,8 @@ static const option_t options[] = {
     {"vmm", KIND_BOOL, offsetof(cuh_config_t, vmm), "0",
      "1: large and small blocks live in one range of CUDA virtual memory; physical pages are "
      "mapped behind it on demand and taken from free blocks elsewhere before the device is "
-     "asked for more, so free memory is never too scattered to use. 0: plain segments."},
+     "asked for more, so free memory is never too scattered to use. 0: plain segments. As "
+     "PyTorch's pluggable allocator the default is 1."},
     {"vmm_margin", KIND_FRACTION, offsetof(cuh_config_t, vmm_margin), "0.1",
      "With vmm:1: new pages come from the device while the heap holds at most (1 + vmm_margin) "
      "times the most bytes the program has had live; beyond that, or when the device or the "

@@ -20,6 +20,7 @@
 #include "runtime.h"
 
 #include <dlfcn.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <stdio.h>
 #include <sys/types.h>
@@ -62,9 +63,21 @@ static void throw_bad_alloc(void)
     cxa_throw(exception, type_info, dtor);
 }
 
+/* Set once PyTorch has called in: its defaults apply from then on. */
+static _Atomic int plugin_noted;
+
+static void note_plugin(void)
+{
+    if (!atomic_load_explicit(&plugin_noted, memory_order_relaxed)) {
+        atomic_store_explicit(&plugin_noted, 1, memory_order_relaxed);
+        cuh_runtime_as_plugin();
+    }
+}
+
 API void *cuheap_torch_alloc(ssize_t size, int device, cuheap_stream_t stream)
 {
     void *ptr = NULL;
+    note_plugin();   /* in case PyTorch allocates before calling init */
     if (size < 0) {
         cuh_set_error("negative size %zd", size);
         cuh_log_error_rate_limited("allocation refused");
@@ -90,6 +103,8 @@ API void cuheap_torch_free(void *ptr, ssize_t size, int device, cuheap_stream_t 
 API void cuheap_torch_init(int device_count)
 {
     (void)device_count;   /* heaps are created at first use */
+    atomic_store_explicit(&plugin_noted, 1, memory_order_relaxed);
+    cuh_runtime_as_plugin();
 }
 
 API void cuheap_torch_reset(void)

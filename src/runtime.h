@@ -19,6 +19,10 @@
 int cuh_runtime_use_sim(size_t capacity);
 /* Tears down every heap and forgets the settings (tests). */
 void cuh_runtime_reset(void);
+/* The process uses cuheap as PyTorch's pluggable allocator: unless
+ * CUHEAP_CONF sets vmm, heaps run with vmm:1. No effect once the settings
+ * have been read (the first heap, or cuheap_configure). */
+void cuh_runtime_as_plugin(void);
 
 /* The heap of `device` (CUHEAP_CURRENT_DEVICE: the calling thread's), created
  * if needed. On failure a status and cuh_set_error's message. */

@@ -22,12 +22,23 @@
 #define STREAM ((cuheap_stream_t)0x51)
 #define SIDE ((cuheap_stream_t)0x52)
 
+/* As PyTorch does: the allocator's init before its first allocation. */
 static int setup(void **state)
 {
     (void)state;
     cuh_runtime_reset();
     unsetenv("CUHEAP_CONF");
-    return cuh_runtime_use_sim(GiB);
+    int rc = cuh_runtime_use_sim(GiB);
+    cuheap_torch_init(1);
+    return rc;
+}
+
+/* Pages the simulated device 0 has mapped so far. */
+static uint64_t pages_mapped(void)
+{
+    cuh_sim_counters_t c;
+    cuh_sim_counters(cuh_runtime_device(0), &c);
+    return c.vm_maps;
 }
 
 static int teardown(void **state)
@@ -75,6 +86,33 @@ static int alloc_fails(ssize_t size, int device)
     int status = 0;
     waitpid(pid, &status, 0);
     return WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT;
+}
+
+static void test_pytorch_gets_virtual_memory_unless_told_otherwise(void **state)
+{
+    (void)state;
+    void *p = cuheap_torch_alloc(4 * MiB, 0, STREAM);
+    assert_non_null(p);
+    assert_true(pages_mapped() > 0);
+    cuheap_torch_free(p, 4 * MiB, 0, STREAM);
+
+    /* CUHEAP_CONF=vmm:0 keeps plain segments under PyTorch. */
+    cuh_runtime_reset();
+    setenv("CUHEAP_CONF", "vmm:0", 1);
+    assert_int_equal(cuh_runtime_use_sim(GiB), 0);
+    cuheap_torch_init(1);
+    p = cuheap_torch_alloc(4 * MiB, 0, STREAM);
+    assert_non_null(p);
+    assert_int_equal(pages_mapped(), 0);
+    cuheap_torch_free(p, 4 * MiB, 0, STREAM);
+
+    /* Without PyTorch (the C API alone) the default stays vmm:0. */
+    cuh_runtime_reset();
+    unsetenv("CUHEAP_CONF");
+    assert_int_equal(cuh_runtime_use_sim(GiB), 0);
+    assert_int_equal(cuheap_malloc(&p, 4 * MiB, 0, (cuheap_stream_t)STREAM), CUHEAP_OK);
+    assert_int_equal(pages_mapped(), 0);
+    assert_int_equal(cuheap_free(p, 0, (cuheap_stream_t)STREAM), CUHEAP_OK);
 }
 
 static void test_alloc_and_free_serve_devices_and_streams(void **state)
@@ -199,6 +237,7 @@ static void test_graph_pool_blocks_wait_for_the_pool_release(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_pytorch_gets_virtual_memory_unless_told_otherwise, setup, teardown),
         cmocka_unit_test_setup_teardown(test_alloc_and_free_serve_devices_and_streams, setup, teardown),
         cmocka_unit_test_setup_teardown(test_out_of_memory_explains_once_then_throws_or_returns_null, setup, teardown),
         cmocka_unit_test_setup_teardown(test_empty_cache_and_memory_fraction, setup, teardown),

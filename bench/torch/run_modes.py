@@ -13,8 +13,9 @@ reproducible - cuDNN's attention backward is not deterministic - the losses
 of the other modes are judged against the spread between the two native
 runs), expandable (expandable_segments:True), async
 (backend:cudaMallocAsync), nocache (PYTORCH_NO_CUDA_MEMORY_CACHING=1), cuheap
-(CUHEAP_TORCH=1 with scripts/ on PYTHONPATH: environment only), cuheap-vmm (the
-same with CUHEAP_CONF=vmm:1), preload (LD_PRELOAD=build/libcuheap.so with
+(CUHEAP_TORCH=1 with scripts/ on PYTHONPATH: environment only; as PyTorch's
+allocator cuheap runs with vmm:1 unless told otherwise), cuheap-vmm (the same
+with CUHEAP_CONF=vmm:1 said), cuheap-plain (CUHEAP_CONF=vmm:0: plain segments), preload (LD_PRELOAD=build/libcuheap.so with
 PYTORCH_NO_CUDA_MEMORY_CACHING=1: every tensor is a cudaMalloc served by
 cuheap), preload-caching (LD_PRELOAD with PyTorch's caching left on).
 
@@ -92,11 +93,13 @@ def environment(mode, limit=None):
         env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
     elif mode == "nocache":
         env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
-    elif mode in ("cuheap", "cuheap-vmm"):
+    elif mode in ("cuheap", "cuheap-vmm", "cuheap-plain"):
         env["CUHEAP_TORCH"] = "1"
         env["PYTHONPATH"] = os.path.join(ROOT, "scripts") + os.pathsep + env.get("PYTHONPATH", "")
         if mode == "cuheap-vmm":
             env["CUHEAP_CONF"] = "vmm:1"
+        elif mode == "cuheap-plain":
+            env["CUHEAP_CONF"] = "vmm:0"
     elif mode in ("preload", "preload-caching"):
         env["LD_PRELOAD"] = os.path.join(ROOT, "build", "libcuheap.so")
         if mode == "preload":

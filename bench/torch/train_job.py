@@ -96,7 +96,8 @@ def base_mode_name():
             return "preload"
         return "preload-caching"
     if "cuheap_torch" in sys.modules and sys.modules["cuheap_torch"].installed():
-        return "cuheap-vmm" if "vmm:1" in os.environ.get("CUHEAP_CONF", "") else "cuheap"
+        conf = os.environ.get("CUHEAP_CONF", "")
+        return "cuheap-vmm" if "vmm:1" in conf else "cuheap-plain" if "vmm:0" in conf else "cuheap"
     if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
         return "nocache"
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
