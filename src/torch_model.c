@@ -77,6 +77,7 @@ typedef struct model_s {
     uint64_t next_addr;        /* where the next segment or range starts */
     uint64_t reserved;
     int host_oom;
+    int broken;                /* the model's own books disagree: an internal error */
     cuh_torch_result_t res;
 } model_t;
 
@@ -190,6 +191,8 @@ static void index_remove(model_t *m, index_t *ix, int32_t id)
     /* Keys are unique (no two blocks share an address), so lo holds id. */
     if (lo < ix->n && ix->ids[lo] == id)
         index_remove_at(ix, lo);
+    else
+        m->broken = 1;
 }
 
 /* The index block `id` belongs in while it is free. */
@@ -472,8 +475,10 @@ static int32_t expandable_alloc(model_t *m, uint32_t pool, uint64_t size)
     while (m->blocks[c].size < size) {
         uint64_t missing = size - m->blocks[c].size;
         int32_t next = m->blocks[c].next;
-        if (next == NONE)
+        if (next == NONE) {
+            m->broken = 1;   /* find_expandable_block promised the room */
             return NONE;
+        }
         uint64_t want = m->blocks[next].size < missing ? m->blocks[next].size : missing;
         if ((c = map_block(m, next, want)) == NONE)
             return NONE;
@@ -613,7 +618,7 @@ int cuh_torch_model_run(const cuh_trace_t *t, cuh_torch_mode_t mode, const cuh_t
                 continue;   /* PyTorch hands out no memory for zero bytes */
             held[i] = model_malloc(&m, e->stream, e->size);
             if (held[i] == NONE) {
-                if (m.host_oom)
+                if (m.host_oom || m.broken)
                     break;
                 m.res.oom = 1;
                 m.res.oom_event = i;
@@ -628,10 +633,16 @@ int cuh_torch_model_run(const cuh_trace_t *t, cuh_torch_mode_t mode, const cuh_t
             if (free_block(&m, held[e->match]) != 0)
                 break;
         }
+        if (m.broken)
+            break;
     }
     int rc = 0;
     if (m.host_oom) {
         set_err(err, errlen, "out of host memory while modelling PyTorch's %s allocator", cuh_torch_mode_name(mode));
+        rc = -1;
+    } else if (m.broken) {
+        set_err(err, errlen, "internal error in the model of PyTorch's %s allocator (its block books disagree)",
+                cuh_torch_mode_name(mode));
         rc = -1;
     } else {
         *out = m.res;
