@@ -8,7 +8,10 @@
  * fragmentation ratio, compared with the one PyTorch paid when the trace was
  * recorded), the time per operation, and, when the device was too small, the
  * heap's own account of the out-of-memory. With --min-capacity it also
- * searches for the smallest device the trace runs on. No GPU is needed.
+ * searches for the smallest device the trace runs on. Beside cuheap's
+ * figures it gives PyTorch's: its own allocator, native and with
+ * expandable_segments, modelled on the same trace and device
+ * (torch_model.h). No GPU is needed.
  *
  * Exit status: 0 when every trace was replayed (an out-of-memory is a result),
  * 1 for a malformed trace or a heap error, 2 for a usage error.
@@ -77,7 +80,10 @@ static void usage(FILE *f)
             "Replays allocation traces (cuheap trace v1, plain or gzip, or RMM's\n"
             "logging-adaptor CSV) against cuheap on a simulated device and reports\n"
             "peak reserved memory over peak live bytes, time per operation and any\n"
-            "out-of-memory.\n"
+            "out-of-memory; beside them the same for PyTorch's own allocator (native\n"
+            "and expandable_segments:True), from a model of its rules replayed over\n"
+            "the same trace on the same device (a --conf limit applies to it as\n"
+            "set_per_process_memory_fraction).\n"
             "\n"
             "options:\n"
             "  --capacity BYTES   device memory (default 80G; suffixes K, M, G, T are\n"
@@ -115,7 +121,8 @@ static void usage(FILE *f)
             "                     that event takes it there\n"
             "  --settings         print every CUHEAP_CONF key with its default and exit\n"
             "  --min-capacity     also find the smallest capacity (to within 2 MiB)\n"
-            "                     that replays the trace without out-of-memory\n"
+            "                     that replays the trace without out-of-memory, for\n"
+            "                     cuheap and for PyTorch's two modes\n"
             "  --json             one JSON object per trace per line\n"
             "  -h, --help         this text\n"
             "\n"
@@ -715,7 +722,9 @@ static void print_row(const result_t *r, int name_width)
                    "", cuh_torch_mode_name((cuh_torch_mode_t)m), tr->oom_event, req, rsv);
         }
     }
-    if (t->pytorch_peak_reserved && !r->torch[CUH_TORCH_NATIVE].oom &&
+    /* Only where the device never refused the model: a full device or a
+     * limit changes PyTorch's peak. */
+    if (t->pytorch_peak_reserved && !r->torch[CUH_TORCH_NATIVE].oom && !r->torch[CUH_TORCH_NATIVE].releases &&
         t->pytorch_peak_reserved != r->torch[CUH_TORCH_NATIVE].peak_reserved)
         printf("%-*s   the trace records PyTorch's peak reserved as %" PRIu64 " bytes; the model of its native "
                "allocator gives %" PRIu64 " (other PyTorch settings or version?)\n",
