@@ -22,6 +22,10 @@ expect(env.get("CUHEAP_BENCH_LIMIT") == "1234567" and env.get("CUHEAP_TORCH") ==
        "cuheap-vmm-limit: the job sees the limit and activates cuheap")
 env = run_modes.environment("cuheap-limit", 2e9)
 expect(env.get("CUHEAP_CONF") == "limit:2000000000", "cuheap-limit: CUHEAP_CONF limit:BYTES alone")
+env = run_modes.environment("cuheap")
+expect(env.get("CUHEAP_TORCH") == "1" and "CUHEAP_CONF" not in env, "cuheap: the plugin with its own defaults (vmm:1)")
+env = run_modes.environment("cuheap-plain")
+expect(env.get("CUHEAP_TORCH") == "1" and env.get("CUHEAP_CONF") == "vmm:0", "cuheap-plain: the plugin on plain segments")
 env = run_modes.environment("native-limit", 5e8)
 expect("CUHEAP_CONF" not in env and "CUHEAP_TORCH" not in env and "LD_PRELOAD" not in env
        and env.get("CUHEAP_BENCH_LIMIT") == "500000000", "native-limit: only the limit, no cuheap")
