@@ -299,9 +299,6 @@ static inline void stat_set(stat_t *s, size_t value)
         s->peak = value;
 }
 
-/* A block that must start a segment of its own: every block with ipc_safe:1,
- * and the one being allocated by cuh_heap_malloc_shareable. Not under
- * virtual memory, which legacy IPC cannot share anyway. */
 /* The only two ways the heap makes the CPU wait for the GPU, counted: a
  * user whose job runs slower under cuheap can see whether it stalled. */
 static cuh_dev_status_t cpu_wait_event(cuh_heap_t *h, cuh_event_t e)
@@ -316,6 +313,9 @@ static cuh_dev_status_t cpu_wait_device(cuh_heap_t *h)
     return h->dev->ops->synchronize(h->dev);
 }
 
+/* A block that must start a segment of its own: every block with ipc_safe:1,
+ * and the one being allocated by cuh_heap_malloc_shareable. Not under
+ * virtual memory, which legacy IPC cannot share anyway. */
 static inline int own_segment_locked(const cuh_heap_t *h)
 {
     return h->cfg.ipc_safe || (h->shareable_call && !h->vm);
@@ -2483,15 +2483,23 @@ static int large_slot_empty_locked(cuh_heap_t *h, cuh_tcache_t *tc)
     return gave;
 }
 
+/* Takes the cache *link points at off the heap's list of caches holding a
+ * large block. */
+static void large_unlink(cuh_tcache_t **link)
+{
+    cuh_tcache_t *tc = *link;
+    *link = tc->large_next;
+    tc->large_next = NULL;
+    tc->large_listed = 0;
+}
+
 static void large_unlist_locked(cuh_heap_t *h, cuh_tcache_t *tc)
 {
     for (cuh_tcache_t **link = &h->large_tcs; *link; link = &(*link)->large_next)
         if (*link == tc) {
-            *link = tc->large_next;
-            break;
+            large_unlink(link);
+            return;
         }
-    tc->large_next = NULL;
-    tc->large_listed = 0;
 }
 
 /* Empties the slots that hold a block (which: this thread's, every thread's)
@@ -2511,13 +2519,10 @@ static size_t large_slots_empty_locked(cuh_heap_t *h, large_which_t which)
         if (empty)
             gave += (size_t)large_slot_empty_locked(h, tc);
         cuh_spin_unlock(&tc->lock);
-        if (empty) {
-            *link = tc->large_next;
-            tc->large_next = NULL;
-            tc->large_listed = 0;
-        } else {
+        if (empty)
+            large_unlink(link);
+        else
             link = &tc->large_next;
-        }
     }
     return gave;
 }
