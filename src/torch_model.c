@@ -144,6 +144,21 @@ static int before(const model_t *m, const index_t *ix, const pool_t *p, int32_t 
     return x->addr < y->addr;
 }
 
+/* Where block `id` is, or belongs, in ix: the first entry not before it. */
+static size_t index_position(const model_t *m, const index_t *ix, int32_t id)
+{
+    const pool_t *p = &m->pools[m->blocks[id].pool];
+    size_t lo = 0, hi = ix->n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (before(m, ix, p, ix->ids[mid], id))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 static int index_insert(model_t *m, index_t *ix, int32_t id)
 {
     if (ix->n == ix->cap) {
@@ -156,15 +171,7 @@ static int index_insert(model_t *m, index_t *ix, int32_t id)
         ix->ids = ids;
         ix->cap = cap;
     }
-    const pool_t *p = &m->pools[m->blocks[id].pool];
-    size_t lo = 0, hi = ix->n;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (before(m, ix, p, ix->ids[mid], id))
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    size_t lo = index_position(m, ix, id);
     memmove(ix->ids + lo + 1, ix->ids + lo, (ix->n - lo) * sizeof *ix->ids);
     ix->ids[lo] = id;
     ix->n++;
@@ -179,15 +186,7 @@ static void index_remove_at(index_t *ix, size_t pos)
 
 static void index_remove(model_t *m, index_t *ix, int32_t id)
 {
-    const pool_t *p = &m->pools[m->blocks[id].pool];
-    size_t lo = 0, hi = ix->n;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (before(m, ix, p, ix->ids[mid], id))
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    size_t lo = index_position(m, ix, id);
     /* Keys are unique (no two blocks share an address), so lo holds id. */
     if (lo < ix->n && ix->ids[lo] == id)
         index_remove_at(ix, lo);
@@ -653,13 +652,12 @@ int cuh_torch_model_run(const cuh_trace_t *t, cuh_torch_mode_t mode, const cuh_t
 }
 
 int cuh_torch_model_min_capacity(const cuh_trace_t *t, cuh_torch_mode_t mode, const cuh_torch_device_t *d,
-                                 uint64_t grain, uint64_t *result, int *found, char *err, size_t errlen)
+                                 const cuh_torch_result_t *top, uint64_t grain, uint64_t *result, int *found,
+                                 char *err, size_t errlen)
 {
     cuh_torch_result_t r;
     *found = 0;
-    if (cuh_torch_model_run(t, mode, d, &r, err, errlen) != 0)
-        return -1;
-    if (r.oom)
+    if (top->oom)
         return 0;
     cuh_torch_device_t probe = *d;
     uint64_t hi = d->capacity, lo = (t->peak_live + d->external) / grain * grain;

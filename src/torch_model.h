@@ -62,10 +62,12 @@ int cuh_torch_model_run(const cuh_trace_t *t, cuh_torch_mode_t mode, const cuh_t
 
 /* The smallest device capacity, to within `grain` bytes, on which the model
  * of `mode` replays t without running out of memory (d's external memory
- * and limit kept), searched from t's live peak up to d->capacity; *found is
- * 0 when even that runs out. Returns 0, or -1 as cuh_torch_model_run. */
+ * and limit kept), searched from t's live peak up to d->capacity; `top` is
+ * the model's run on d itself, and *found is 0 when it ran out of memory.
+ * Returns 0, or -1 as cuh_torch_model_run. */
 int cuh_torch_model_min_capacity(const cuh_trace_t *t, cuh_torch_mode_t mode, const cuh_torch_device_t *d,
-                                 uint64_t grain, uint64_t *result, int *found, char *err, size_t errlen);
+                                 const cuh_torch_result_t *top, uint64_t grain, uint64_t *result, int *found,
+                                 char *err, size_t errlen);
 
 /* "native" or "expandable". */
 const char *cuh_torch_mode_name(cuh_torch_mode_t mode);

@@ -76,6 +76,30 @@ static cuh_torch_result_t run_model(builder_t *b, cuh_torch_mode_t mode, uint64_
     return r;
 }
 
+/* A job several tests share: 60 MiB freed, then 20 MiB kept (cutting what
+ * the 60 left) and 50 MiB more. Native needs a 110 MiB device for it (the
+ * 60 MiB segment cannot go back while the 20 MiB block is in it);
+ * expandable segments need 80 (the free end grows by a page). */
+static void cut_then_grow(builder_t *b)
+{
+    start(b);
+    alloc(b, 1, 60 * MiB);
+    release(b, 1);
+    alloc(b, 2, 20 * MiB);
+    alloc(b, 3, 50 * MiB);
+}
+
+/* cuh_torch_model_min_capacity for b on device d, after the run on d. */
+static int min_capacity(builder_t *b, cuh_torch_mode_t mode, cuh_torch_device_t d, uint64_t *cap)
+{
+    cuh_torch_result_t top;
+    char err[256];
+    int found = 0;
+    assert_int_equal(cuh_torch_model_run(&b->t, mode, &d, &top, err, sizeof err), 0);
+    assert_int_equal(cuh_torch_model_min_capacity(&b->t, mode, &d, &top, 2 * MiB, cap, &found, err, sizeof err), 0);
+    return found;
+}
+
 /* ---- native ---------------------------------------------------------------- */
 
 static void test_segment_sizes(void **state)
@@ -183,11 +207,7 @@ static void test_native_release_and_retry(void **state)
 
     /* A segment that still holds a block cannot go back: 60 MiB is cut to
      * 20 MiB live and 40 MiB free, and 50 MiB does not fit in 100 MiB. */
-    start(&b);
-    alloc(&b, 1, 60 * MiB);
-    release(&b, 1);
-    alloc(&b, 2, 20 * MiB);
-    alloc(&b, 3, 50 * MiB);
+    cut_then_grow(&b);
     r = run_model(&b, CUH_TORCH_NATIVE, 100 * MiB);
     assert_true(r.oom);
     assert_int_equal(r.oom_event, 3);
@@ -258,11 +278,7 @@ static void test_expandable_grows_from_a_free_end(void **state)
      * end by one page instead of needing a segment of its own, so the job
      * fits in 80 MiB where native needs 110. */
     builder_t b;
-    start(&b);
-    alloc(&b, 1, 60 * MiB);
-    release(&b, 1);
-    alloc(&b, 2, 20 * MiB);
-    alloc(&b, 3, 50 * MiB);
+    cut_then_grow(&b);
     cuh_torch_result_t r = run_model(&b, CUH_TORCH_EXPANDABLE, 80 * MiB);
     assert_false(r.oom);
     assert_int_equal(r.peak_reserved, 80 * MiB);
@@ -383,31 +399,17 @@ static void test_min_capacity(void **state)
 {
     (void)state;
     builder_t b;
-    start(&b);
-    alloc(&b, 1, 60 * MiB);
-    release(&b, 1);
-    alloc(&b, 2, 20 * MiB);
-    alloc(&b, 3, 50 * MiB);
+    cut_then_grow(&b);
     uint64_t cap = 0;
-    int found = 0;
-    char err[256];
-    cuh_torch_device_t d = {.capacity = GiB};
-    assert_int_equal(cuh_torch_model_min_capacity(&b.t, CUH_TORCH_NATIVE, &d, 2 * MiB, &cap, &found, err, sizeof err), 0);
-    assert_true(found);
+    assert_true(min_capacity(&b, CUH_TORCH_NATIVE, (cuh_torch_device_t){.capacity = GiB}, &cap));
     assert_int_equal(cap, 110 * MiB);
-    assert_int_equal(
-        cuh_torch_model_min_capacity(&b.t, CUH_TORCH_EXPANDABLE, &d, 2 * MiB, &cap, &found, err, sizeof err), 0);
-    assert_true(found);
+    assert_true(min_capacity(&b, CUH_TORCH_EXPANDABLE, (cuh_torch_device_t){.capacity = GiB}, &cap));
     assert_int_equal(cap, 80 * MiB);
     /* Not enough even at the top: nothing found. */
-    d.capacity = 100 * MiB;
-    assert_int_equal(cuh_torch_model_min_capacity(&b.t, CUH_TORCH_NATIVE, &d, 2 * MiB, &cap, &found, err, sizeof err), 0);
-    assert_false(found);
+    assert_false(min_capacity(&b, CUH_TORCH_NATIVE, (cuh_torch_device_t){.capacity = 100 * MiB}, &cap));
     /* Others' memory counts: with 30 MiB used by others the device must be
      * 30 MiB larger. */
-    d = (cuh_torch_device_t){.capacity = GiB, .external = 30 * MiB};
-    assert_int_equal(cuh_torch_model_min_capacity(&b.t, CUH_TORCH_NATIVE, &d, 2 * MiB, &cap, &found, err, sizeof err), 0);
-    assert_true(found);
+    assert_true(min_capacity(&b, CUH_TORCH_NATIVE, (cuh_torch_device_t){.capacity = GiB, .external = 30 * MiB}, &cap));
     assert_int_equal(cap, 140 * MiB);
 }
 

@@ -817,8 +817,8 @@ static int replay_trace(const char *arg, const options_t *o, int name_width)
     for (int m = 0; m < CUH_TORCH_NUM_MODES; m++) {
         if (cuh_torch_model_run(&trace, (cuh_torch_mode_t)m, &torch_dev, &r.torch[m], err, sizeof err) != 0 ||
             (o->min_capacity &&
-             cuh_torch_model_min_capacity(&trace, (cuh_torch_mode_t)m, &torch_dev, SEARCH_GRAIN, &r.torch_min[m],
-                                          &r.torch_min_found[m], err, sizeof err) != 0)) {
+             cuh_torch_model_min_capacity(&trace, (cuh_torch_mode_t)m, &torch_dev, &r.torch[m], SEARCH_GRAIN,
+                                          &r.torch_min[m], &r.torch_min_found[m], err, sizeof err) != 0)) {
             fprintf(stderr, PROG ": %s: %s\n", arg, err);
             status = 1;
             goto out;
