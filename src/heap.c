@@ -1339,13 +1339,14 @@ static size_t release_free_pages_locked(cuh_heap_t *h)
 
 /* The largest piece of free memory a request could get at once. Under
  * virtual memory, free pages move to wherever they are needed, so all cached
- * memory is one piece; the reservation's unmapped address space is not
- * memory and does not count. */
-static size_t largest_free_locked(const cuh_heap_t *h)
+ * memory (`cached`, counted as the caller counts it: the statistics count
+ * what thread caches hold as free) is one piece; the reservation's unmapped
+ * address space is not memory and does not count. */
+static size_t largest_free_locked(const cuh_heap_t *h, size_t cached)
 {
     if (!h->vm)
         return cuh_arena_largest_free(&h->arena);
-    size_t largest = reserved_bytes(h) - h->allocated.current;
+    size_t largest = cached;
     for (uint32_t t = 0; t < h->arena.num_tags; t++) {
         const cuh_binnode_t *n = cuh_freebins_largest(&h->arena.tags[t].bins[CUH_REGION_WORKSPACE]);
         if (n && n->size > largest)
@@ -1390,7 +1391,7 @@ static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
             o->pending += h->arena.tags[s->tag].fenced_bytes + h->arena.tags[s->tag].unfenced_bytes +
                           s->small_fenced + s->small_unfenced;
     }
-    o->largest_free = largest_free_locked(h);
+    o->largest_free = largest_free_locked(h, o->cached);
     o->num_free_extents = h->arena.free_extents;
     o->limit = h->limit;
     o->t = seconds_since(&h->born);
@@ -3717,7 +3718,13 @@ static void cuh_heap_stats_locked(cuh_heap_t *h, cuheap_stats_t *out)
     }
     out->allocated.current = (size_t)((int64_t)h->allocated.current + allocated_adjust);
     out->requested.current = (size_t)((int64_t)h->requested.current + requested_adjust);
-    out->cached.current = h->cached.current + (size_t)-allocated_adjust;
+    /* Cached is what is reserved and not allocated, counted now: moves
+     * between thread caches and the heap's books do not refresh the heap's
+     * own figure at once. */
+    out->reserved.current = reserved_bytes(h);
+    if (out->reserved.peak < out->reserved.current)
+        out->reserved.peak = out->reserved.current;
+    out->cached.current = out->reserved.current - out->allocated.current;
     if (out->cached.peak < out->cached.current)
         out->cached.peak = out->cached.current;
     out->num_allocs = h->num_allocs + tc_allocs;
@@ -3728,7 +3735,7 @@ static void cuh_heap_stats_locked(cuh_heap_t *h, cuheap_stats_t *out)
     out->num_retries = h->num_retries;
     out->num_cpu_waits = h->num_cpu_waits;
     out->num_ooms = h->num_ooms;
-    out->largest_free_extent = largest_free_locked(h);
+    out->largest_free_extent = largest_free_locked(h, out->cached.current);
     out->num_free_extents = h->arena.free_extents;
     out->limit = h->limit;
     out->workspace = h->workspace ? h->workspace->size : 0;

@@ -2564,6 +2564,42 @@ static void test_a_threads_large_block_is_everyones_unless_threads_contend(void 
     }
 }
 
+/* The statistics add up after every operation, whatever thread caches
+ * hold: reserved = allocated + cached, and the largest free extent is no
+ * larger than what is cached. */
+static void test_statistics_add_up_after_every_operation(void **state)
+{
+    (void)state;
+    const char *confs[] = {NULL, "vmm:1"};
+    for (int k = 0; k < 2; k++)
+        for (int contended = 0; contended < 2; contended++) {
+            test_heap_t t = test_heap_new(GiB, confs[k]);
+            if (contended)
+                cuh_heap_assume_contention(t.heap, 1000000);
+            uintptr_t live[16] = {0};
+            uint32_t r = 12345;
+            for (int op = 0; op < 2000; op++) {
+                r = r * 1103515245u + 12345u;
+                size_t i = (r >> 16) % 16;
+                if (live[i]) {
+                    must_free(t.heap, live[i], S1);
+                    live[i] = 0;
+                } else {
+                    live[i] = must_alloc(t.heap, (size_t)1 << (10 + (r >> 8) % 14), S1);
+                }
+                cuheap_stats_t s;
+                cuh_heap_stats(t.heap, &s);
+                assert_int_equal(s.reserved.current, s.allocated.current + s.cached.current);
+                assert_true(s.largest_free_extent <= s.cached.current);
+            }
+            for (size_t i = 0; i < 16; i++)
+                if (live[i])
+                    must_free(t.heap, live[i], S1);
+            heap_ok(t.heap);
+            test_heap_free(&t);
+        }
+}
+
 /* Blocks other threads hold go back before the heap grows or maps pages. */
 static void test_held_large_blocks_go_back_before_the_heap_grows(void **state)
 {
@@ -2839,6 +2875,7 @@ int main(void)
         cmocka_unit_test(test_retired_stream_takes_its_objects_out_of_thread_caches),
         cmocka_unit_test(test_thread_cache_outlives_its_heap_safely),
         cmocka_unit_test(test_a_threads_large_block_is_everyones_unless_threads_contend),
+        cmocka_unit_test(test_statistics_add_up_after_every_operation),
         cmocka_unit_test(test_held_large_blocks_go_back_before_the_heap_grows),
         cmocka_unit_test(test_a_threads_large_block_serves_only_its_stream),
         cmocka_unit_test(test_a_thread_that_never_repeats_a_size_holds_no_block),
