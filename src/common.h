@@ -52,6 +52,22 @@ static inline int cuh_bits_all_set(const uint64_t *bits, size_t first, size_t la
     return (bits[last_w] & tail) == tail;
 }
 
+/* The first index in [from, end) whose bit is set (want 1) or clear (want 0),
+ * or end; word by word (the heap's runs of mapped pages, vmm:1). */
+static inline size_t cuh_bits_next(const uint64_t *bits, size_t from, size_t end, int want)
+{
+    while (from < end) {
+        uint64_t w = want ? bits[from >> 6] : ~bits[from >> 6];
+        w &= ~(uint64_t)0 << (from & 63);
+        if (w) {
+            size_t i = (from & ~(size_t)63) + (size_t)__builtin_ctzll(w);
+            return i < end ? i : end;
+        }
+        from = (from | 63) + 1;
+    }
+    return end;
+}
+
 /* Formats bytes as "1.50 GiB" into buf (at least 32 bytes); returns buf. */
 char *cuh_format_bytes(char *buf, size_t len, uint64_t bytes);
 

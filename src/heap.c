@@ -1702,6 +1702,44 @@ static cuh_extent_t *smallest_mapped_fit_locked(cuh_heap_t *h, size_t size, size
     }
 }
 
+/* Under vmm:1, when no free extent starts on enough mapped pages: the
+ * smallest run of mapped pages inside a free extent (global memory or the
+ * stream's own) that holds `size` bytes at an aligned address, with that
+ * address in *at; NULL if none. Free extents merge across mapped and
+ * unmapped address space, so a run can lie past an extent's unmapped start:
+ * under LD_PRELOAD, GPT-2's second step found 7.3 GB of mapped free pages
+ * that way while it mapped new ones for 200 MB blocks
+ * (cuheap-replay --conf vmm:1 --cudafree 0 --streams 32: 32.3 GiB). */
+static cuh_extent_t *smallest_mapped_run_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag,
+                                                uintptr_t *at)
+{
+    const uint32_t tags[2] = {CUH_TAG_GLOBAL, tag};
+    const size_t page = h->vm_page;
+    cuh_extent_t *best = NULL;
+    size_t best_len = SIZE_MAX;
+    for (int k = 0; k < (tag != CUH_TAG_GLOBAL ? 2 : 1); k++)
+        for (cuh_extent_t *e = h->arena.tags[tags[k]].oldest; e; e = e->tag_prev) {
+            if (e->segment != h->vm || e->size < size)
+                continue;
+            const uintptr_t end = e->addr + e->size;
+            size_t p = (size_t)(e->addr - h->vm->base) / page;
+            const size_t last = cuh_min_size((size_t)(end - h->vm->base + page - 1) / page, h->pages_high);
+            while ((p = cuh_bits_next(h->page_mapped, p, last, 1)) < last) {
+                size_t q = cuh_bits_next(h->page_mapped, p, last, 0);
+                uintptr_t lo = page_va(h, p) > e->addr ? page_va(h, p) : e->addr;
+                uintptr_t hi = page_va(h, q) < end ? page_va(h, q) : end;
+                uintptr_t start = cuh_addr_align_up(lo, align);
+                if (start + size <= hi && (size_t)(hi - lo) < best_len) {
+                    best = e;
+                    best_len = (size_t)(hi - lo);
+                    *at = start;
+                }
+                p = q;
+            }
+        }
+    return best;
+}
+
 /* For a block that must start its own segment (own_segment_locked) only a
  * whole free segment no more than a quarter larger than a new one would be
  * will do: the block takes it whole, so that it starts its segment (an IPC
@@ -1818,6 +1856,7 @@ hit:
             goto hit;
         }
         cuh_extent_t *mapped = smallest_mapped_fit_locked(h, size, align, st->tag);
+        uintptr_t at = 0;
         if (mapped) {
             e = mapped;
         } else if (h->held_bytes >= size && !tried_vm_take_back) {
@@ -1825,13 +1864,22 @@ hit:
              * memory cudaFree gave back comes first there as well. */
             tried_vm_take_back = 1;
             /* The extents may have merged: find the fit again. */
-            if (take_back_all_locked(h) && !(e = find_fit_locked(h, size, align, st->tag)))
-                goto retry_after_take_back;
+            if (take_back_all_locked(h)) {
+                if (!(e = find_fit_locked(h, size, align, st->tag)))
+                    goto retry_after_take_back;
+                goto hit;
+            }
+        } else if ((mapped = smallest_mapped_run_locked(h, size, align, st->tag, &at))) {
+            h->last_take_tag = mapped->tag;
+            if (!(e = cuh_arena_take_at(&h->arena, mapped, at, size, state, st->tag)))
+                goto host_oom;
+            goto taken;
         }
     }
     e = take_locked(h, e, size, align, state, st);
     if (!e)
         goto host_oom;
+taken:
     if (e->segment->virtual_space) {
         grow_result_t mapped_why;
         /* Pages lent from the stream's own frees are safe for it alone: not

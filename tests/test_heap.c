@@ -2394,6 +2394,34 @@ static void test_vmm_free_pages_that_add_up_serve_a_request_off_a_page_boundary(
     test_heap_free(&t);
 }
 
+/* A free extent can start on unmapped address space and go on over mapped
+ * pages (pages released, then a mapped neighbour freed into it): a request
+ * those mapped pages hold goes there, not to new pages. */
+static void test_vmm_mapped_pages_past_a_free_extents_unmapped_start_serve_a_request(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, "vmm:1,thread_cache:0");
+    uintptr_t a = must_alloc(t.heap, 4 * MiB, S1), b = must_alloc(t.heap, 4 * MiB, S1);
+    uintptr_t guard = must_alloc(t.heap, 4 * MiB, S1);
+    assert_int_equal(b, a + 4 * MiB);
+    /* Device-wide frees (cudaFree) come back as global memory, which merges. */
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);
+    assert_int_equal(cuh_heap_release_cached(t.heap), CUHEAP_OK);   /* a's pages go back */
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.reserved.current, 8 * MiB);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, b), CUHEAP_OK);
+    /* Taken back, b joins a: one free extent, a's unmapped pages then b's mapped ones. */
+    uintptr_t c = must_alloc(t.heap, 4 * MiB, S1);
+    assert_int_equal(c, b);
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.reserved.current, 8 * MiB);   /* no page mapped for it */
+    must_free(t.heap, c, S1);
+    must_free(t.heap, guard, S1);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
 static void *tc_churn_job(void *arg)
 {
     tc_job_t *j = arg;
@@ -2871,6 +2899,7 @@ int main(void)
         cmocka_unit_test(test_thread_cache_stays_shut_during_a_capture),
         cmocka_unit_test(test_thread_caches_give_back_before_out_of_memory),
         cmocka_unit_test(test_vmm_free_pages_that_add_up_serve_a_request_off_a_page_boundary),
+        cmocka_unit_test(test_vmm_mapped_pages_past_a_free_extents_unmapped_start_serve_a_request),
         cmocka_unit_test(test_thread_exit_gives_its_cache_back),
         cmocka_unit_test(test_retired_stream_takes_its_objects_out_of_thread_caches),
         cmocka_unit_test(test_thread_cache_outlives_its_heap_safely),
