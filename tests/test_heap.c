@@ -2592,37 +2592,50 @@ static void test_a_threads_large_block_is_everyones_unless_threads_contend(void 
     }
 }
 
-/* The statistics add up after every operation, whatever thread caches
- * hold: reserved = allocated + cached, and the largest free extent is no
- * larger than what is cached. */
+/* The statistics add up after every operation, whatever thread caches,
+ * streams, device-wide frees and GPU work that has not finished hold:
+ * reserved = allocated + cached, and the largest free extent is no larger
+ * than what is cached. */
 static void test_statistics_add_up_after_every_operation(void **state)
 {
     (void)state;
-    const char *confs[] = {NULL, "vmm:1"};
-    for (int k = 0; k < 2; k++)
+    const char *confs[] = {NULL, "vmm:1", "vmm:1,vmm_margin:0", "workspace:16M"};
+    const cuh_stream_t streams[2] = {S1, S2};
+    for (int k = 0; k < 4; k++)
         for (int contended = 0; contended < 2; contended++) {
             test_heap_t t = test_heap_new(GiB, confs[k]);
             if (contended)
                 cuh_heap_assume_contention(t.heap, 1000000);
             uintptr_t live[16] = {0};
+            cuh_stream_t on[16] = {0};
             uint32_t r = 12345;
-            for (int op = 0; op < 2000; op++) {
+            for (int op = 0; op < 3000; op++) {
                 r = r * 1103515245u + 12345u;
                 size_t i = (r >> 16) % 16;
+                if (op % 200 == 0)
+                    cuh_sim_hold_events(t.dev, (op / 200) % 2);   /* the GPU runs behind, then catches up */
                 if (live[i]) {
-                    must_free(t.heap, live[i], S1);
+                    switch ((r >> 4) % 3) {
+                    case 0: must_free(t.heap, live[i], on[i]); break;
+                    case 1: must_free(t.heap, live[i], streams[on[i] == S1]); break;   /* the other stream */
+                    default: assert_int_equal(cuh_heap_free_device_wide(t.heap, live[i]), CUHEAP_OK);
+                    }
                     live[i] = 0;
                 } else {
-                    live[i] = must_alloc(t.heap, (size_t)1 << (10 + (r >> 8) % 14), S1);
+                    on[i] = streams[(r >> 12) % 2];
+                    live[i] = must_alloc(t.heap, (size_t)1 << (10 + (r >> 8) % 14), on[i]);
                 }
                 cuheap_stats_t s;
                 cuh_heap_stats(t.heap, &s);
                 assert_int_equal(s.reserved.current, s.allocated.current + s.cached.current);
                 assert_true(s.largest_free_extent <= s.cached.current);
+                assert_true(s.reserved.current <= s.reserved.peak);
+                assert_true(s.allocated.current <= s.allocated.peak);
             }
+            cuh_sim_hold_events(t.dev, 0);
             for (size_t i = 0; i < 16; i++)
                 if (live[i])
-                    must_free(t.heap, live[i], S1);
+                    must_free(t.heap, live[i], on[i]);
             heap_ok(t.heap);
             test_heap_free(&t);
         }
