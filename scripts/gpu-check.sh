@@ -159,6 +159,14 @@ if part preload; then
             --ops "$PRELOAD_OPS" --expect-cuheap
         row "LD_PRELOAD preload_stress, $rt runtime, $PRELOAD_OPS ops" "$RUN_RC" "$RUN_SECS" "$(verdict "$log" "$RUN_RC")"
     done
+    # With vmm:1 every cudaFree'd block comes back through a take-back whose
+    # pages may move only once the GPU has passed the free (the slow-kernel
+    # test reads a freed buffer while the host allocates again).
+    section "preload_stress (static runtime) under LD_PRELOAD with CUHEAP_CONF=vmm:1"
+    log="$BUILD/preload_stress.static.vmm.log"
+    run_logged "$log" env LD_PRELOAD="$PRELOAD" CUHEAP_CONF=vmm:1 timeout "$MAIN_TIMEOUT" \
+        "$BUILD/preload_stress_static" --ops "$PRELOAD_OPS" --expect-cuheap
+    row "LD_PRELOAD preload_stress, static runtime, $PRELOAD_OPS ops, vmm:1" "$RUN_RC" "$RUN_SECS" "$(verdict "$log" "$RUN_RC")"
     # What cudaFree's bookkeeping costs per call (events, queries, waits):
     # the figures behind the take-back policy in heap.c.
     section "event and stream-wait costs (bench/gpu/sync_costs.cu)"
@@ -182,6 +190,12 @@ if part preload; then
                 --no-double-free
             row "memcheck LD_PRELOAD preload_stress, $rt runtime" "$RUN_RC" "$RUN_SECS" "$(verdict "$log" "$RUN_RC"); $(san_summary "$log")"
         done
+        section "preload_stress (static runtime) under LD_PRELOAD with vmm:1 and compute-sanitizer memcheck"
+        log="$BUILD/preload_stress.static.vmm.memcheck.log"
+        run_logged "$log" timeout 150 "$SANITIZER" --tool memcheck --error-exitcode 99 \
+            env LD_PRELOAD="$PRELOAD" CUHEAP_CONF=vmm:1 "$BUILD/preload_stress_static" --ops "$SANITIZER_OPS" \
+            --expect-cuheap --no-double-free
+        row "memcheck LD_PRELOAD preload_stress, static runtime, vmm:1" "$RUN_RC" "$RUN_SECS" "$(verdict "$log" "$RUN_RC"); $(san_summary "$log")"
     fi
 fi
 
