@@ -574,6 +574,29 @@ else
     not_ok "the model against the H200's plugin jobs" "status $rc ${msg:-}"
 fi
 
+# llama_ckpt and kv_generate, recorded the same way (12 steps, vmm:1, 2026-12-01):
+# the model gives PyTorch's peaks the H200 measured on 2026-11-30 (README,
+# "Benchmarks"), and the replay with the GPU behind the plain-segment peaks
+# cuheap reached there.
+run torch_more --json $plugin_dir/llama_ckpt_plugin.trace.gz $plugin_dir/kv_generate_plugin.trace.gz
+rc_torch_more=$rc
+run plain_more --json --lag 10 --conf vmm:0 $plugin_dir/llama_ckpt_plugin.trace.gz $plugin_dir/kv_generate_plugin.trace.gz
+if [ "$rc_torch_more" -eq 0 ] && [ "$rc" -eq 0 ] && msg=$(python3 - "$TMP/torch_more.out" "$TMP/plain_more.out" <<'PY' 2>&1
+import json, sys
+(l, k), (pl, pk) = ([json.loads(x) for x in open(p)] for p in sys.argv[1:3])
+gib = lambda b: round(b / 2**30, 3)
+for o, native, expandable, plain in ((l, 12.461, 11.488, 12.324), (k, 1.553, 1.312, 1.559)):
+    t = o["torch_model"]
+    assert gib(t["native"]["peak_reserved"]) == native, (o["trace"], t["native"])
+    assert gib(t["expandable"]["peak_reserved"]) == expandable, (o["trace"], t["expandable"])
+assert gib(pl["peak_reserved"]) == 12.324 and gib(pk["peak_reserved"]) == 1.559, (pl["peak_reserved"], pk["peak_reserved"])
+PY
+); then
+    ok "llama_ckpt and kv_generate: the model gives the H200's native and expandable peaks, the replay cuheap's plain-segment ones"
+else
+    not_ok "the model and the replay against the H200's llama_ckpt and kv_generate" "status $rc ${msg:-}"
+fi
+
 limit_ok=1
 limit_msg=""
 for spec in "gpt2_plugin 26666378199" "resnet50_plugin 6445672169" "bert_varlen_plugin 16991964364"; do
