@@ -1463,9 +1463,9 @@ static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
         else
             snprintf(o->action, sizeof o->action,
                      "free memory is split into pieces smaller than the request: try vmm:1 in CUHEAP_CONF (free "
-                     "pages then move to where a request needs them; as PyTorch plugin or through the C API, not "
-                     "under LD_PRELOAD), or give the job more memory (record it with trace:PATH, and "
-                     "cuheap-replay --min-capacity says how much it needs)");
+                     "pages then move to where a request needs them; under LD_PRELOAD a page cudaFree gave back "
+                     "moves only once the GPU has passed the free, so the CPU may wait), or give the job more "
+                     "memory (record it with trace:PATH, and cuheap-replay --min-capacity says how much it needs)");
     }
     h->has_oom = 1;
     h->num_ooms++;
