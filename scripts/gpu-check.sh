@@ -151,22 +151,29 @@ if part api; then
     fi
 fi
 
+# A preload_stress run named RUNTIME[+vmm]: sets rt (the build), conf (an
+# env assignment or nothing) and tag (what the tables add to the name).
+preload_run() {
+    rt=${1%+vmm}
+    conf="" tag=""
+    if [[ $1 == *+vmm ]]; then
+        conf="CUHEAP_CONF=vmm:1" tag=", vmm:1"
+    fi
+}
+
 if part preload; then
-    for rt in static shared; do
-        section "preload_stress ($rt runtime) under LD_PRELOAD=$PRELOAD"
-        log="$BUILD/preload_stress.$rt.log"
-        run_logged "$log" env LD_PRELOAD="$PRELOAD" timeout "$MAIN_TIMEOUT" "$BUILD/preload_stress_$rt" \
+    # static+vmm: the static build again with CUHEAP_CONF=vmm:1, where every
+    # cudaFree'd block comes back through a take-back whose pages may move
+    # only once the GPU has passed the free (the slow-kernel test reads a
+    # freed buffer while the host allocates again).
+    for run in static shared static+vmm; do
+        preload_run "$run"
+        section "preload_stress ($rt runtime$tag) under LD_PRELOAD=$PRELOAD"
+        log="$BUILD/preload_stress.$run.log"
+        run_logged "$log" env LD_PRELOAD="$PRELOAD" $conf timeout "$MAIN_TIMEOUT" "$BUILD/preload_stress_$rt" \
             --ops "$PRELOAD_OPS" --expect-cuheap
-        row "LD_PRELOAD preload_stress, $rt runtime, $PRELOAD_OPS ops" "$RUN_RC" "$RUN_SECS" "$(verdict "$log" "$RUN_RC")"
+        row "LD_PRELOAD preload_stress, $rt runtime, $PRELOAD_OPS ops$tag" "$RUN_RC" "$RUN_SECS" "$(verdict "$log" "$RUN_RC")"
     done
-    # With vmm:1 every cudaFree'd block comes back through a take-back whose
-    # pages may move only once the GPU has passed the free (the slow-kernel
-    # test reads a freed buffer while the host allocates again).
-    section "preload_stress (static runtime) under LD_PRELOAD with CUHEAP_CONF=vmm:1"
-    log="$BUILD/preload_stress.static.vmm.log"
-    run_logged "$log" env LD_PRELOAD="$PRELOAD" CUHEAP_CONF=vmm:1 timeout "$MAIN_TIMEOUT" \
-        "$BUILD/preload_stress_static" --ops "$PRELOAD_OPS" --expect-cuheap
-    row "LD_PRELOAD preload_stress, static runtime, $PRELOAD_OPS ops, vmm:1" "$RUN_RC" "$RUN_SECS" "$(verdict "$log" "$RUN_RC")"
     # What cudaFree's bookkeeping costs per call (events, queries, waits):
     # the figures behind the take-back policy in heap.c.
     section "event and stream-wait costs (bench/gpu/sync_costs.cu)"
@@ -180,22 +187,17 @@ if part preload; then
     # it), without the deliberate double free: memcheck rightly reports its
     # error return as an API error.
     if [[ -n "$SANITIZER" && "${PRELOAD_MEMCHECK:-1}" == 1 ]]; then
-        for rt in static shared; do
-            section "preload_stress ($rt runtime) under LD_PRELOAD and compute-sanitizer memcheck"
-            log="$BUILD/preload_stress.$rt.memcheck.log"
+        for run in static shared static+vmm; do
+            preload_run "$run"
+            section "preload_stress ($rt runtime$tag) under LD_PRELOAD and compute-sanitizer memcheck"
+            log="$BUILD/preload_stress.$run.memcheck.log"
             # The preload goes to the program only (through env), not to
             # the sanitizer's own launcher.
             run_logged "$log" timeout 150 "$SANITIZER" --tool memcheck --error-exitcode 99 \
-                env LD_PRELOAD="$PRELOAD" "$BUILD/preload_stress_$rt" --ops "$SANITIZER_OPS" --expect-cuheap \
+                env LD_PRELOAD="$PRELOAD" $conf "$BUILD/preload_stress_$rt" --ops "$SANITIZER_OPS" --expect-cuheap \
                 --no-double-free
-            row "memcheck LD_PRELOAD preload_stress, $rt runtime" "$RUN_RC" "$RUN_SECS" "$(verdict "$log" "$RUN_RC"); $(san_summary "$log")"
+            row "memcheck LD_PRELOAD preload_stress, $rt runtime$tag" "$RUN_RC" "$RUN_SECS" "$(verdict "$log" "$RUN_RC"); $(san_summary "$log")"
         done
-        section "preload_stress (static runtime) under LD_PRELOAD with vmm:1 and compute-sanitizer memcheck"
-        log="$BUILD/preload_stress.static.vmm.memcheck.log"
-        run_logged "$log" timeout 150 "$SANITIZER" --tool memcheck --error-exitcode 99 \
-            env LD_PRELOAD="$PRELOAD" CUHEAP_CONF=vmm:1 "$BUILD/preload_stress_static" --ops "$SANITIZER_OPS" \
-            --expect-cuheap --no-double-free
-        row "memcheck LD_PRELOAD preload_stress, static runtime, vmm:1" "$RUN_RC" "$RUN_SECS" "$(verdict "$log" "$RUN_RC"); $(san_summary "$log")"
     fi
 fi
 
