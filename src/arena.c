@@ -304,6 +304,26 @@ cuh_extent_t *cuh_arena_take_at(cuh_arena_t *a, cuh_extent_t *ext, uintptr_t sta
     return ext;
 }
 
+cuh_extent_t *cuh_arena_take_spanning(cuh_arena_t *a, cuh_extent_t *ext, uintptr_t start, size_t size,
+                                     cuh_extent_state_t state, uint32_t tag)
+{
+    cuh_extent_t *n = ext->next;
+    size_t spill = (size_t)(start + size - (ext->addr + ext->size));
+    index_remove(a, ext);
+    index_remove(a, n);
+    ext->size += spill;
+    n->addr += spill;
+    n->size -= spill;
+    if (n->size) {
+        index_insert(a, n);
+    } else {
+        unlink_extent(n);
+        record_delete(a, n);
+    }
+    index_insert(a, ext);
+    return cuh_arena_take_at(a, ext, start, size, state, tag);
+}
+
 /* May free extent `tag` absorb its free neighbour n? A private extent takes
  * in global neighbours, except in a virtual-memory reservation: there the
  * global free space is the whole unused address range, and one stream's free

@@ -123,6 +123,12 @@ cuh_extent_t *cuh_arena_take(cuh_arena_t *arena, cuh_extent_t *ext, size_t size,
  * contain it; otherwise as cuh_arena_take. */
 cuh_extent_t *cuh_arena_take_at(cuh_arena_t *arena, cuh_extent_t *ext, uintptr_t start, size_t size,
                                 cuh_extent_state_t state, uint32_t tag);
+/* Carves exactly [start, start + size) out of free extent `ext`, a private
+ * one, and the free global extent after it, which the range reaches into:
+ * the global bytes it covers become ext's (safe: global memory is safe for
+ * every stream). Otherwise as cuh_arena_take. */
+cuh_extent_t *cuh_arena_take_spanning(cuh_arena_t *arena, cuh_extent_t *ext, uintptr_t start, size_t size,
+                                     cuh_extent_state_t state, uint32_t tag);
 /* Frees a used extent into `tag` with the tag's current epoch, merging with
  * the neighbours it may absorb. */
 void cuh_arena_release(cuh_arena_t *arena, cuh_extent_t *ext, uint32_t tag);

@@ -68,6 +68,21 @@ static inline size_t cuh_bits_next(const uint64_t *bits, size_t from, size_t end
     return end;
 }
 
+/* The number of set bits in [first, end) of the bitmap. */
+static inline size_t cuh_bits_count(const uint64_t *bits, size_t first, size_t end)
+{
+    size_t n = 0;
+    while (first < end) {
+        size_t stop = cuh_min_size((first | 63) + 1, end);
+        uint64_t w = bits[first >> 6] >> (first & 63);
+        if (stop - first < 64)
+            w &= ((uint64_t)1 << (stop - first)) - 1;
+        n += (size_t)__builtin_popcountll(w);
+        first = stop;
+    }
+    return n;
+}
+
 /* Formats bytes as "1.50 GiB" into buf (at least 32 bytes); returns buf. */
 char *cuh_format_bytes(char *buf, size_t len, uint64_t bytes);
 

@@ -1702,42 +1702,90 @@ static cuh_extent_t *smallest_mapped_fit_locked(cuh_heap_t *h, size_t size, size
     }
 }
 
-/* Under vmm:1, when no free extent starts on enough mapped pages: the
- * smallest run of mapped pages inside a free extent (global memory or the
- * stream's own) that holds `size` bytes at an aligned address, with that
- * address in *at; NULL if none. Free extents merge across mapped and
- * unmapped address space, so a run can lie past an extent's unmapped start:
- * under LD_PRELOAD, GPT-2's second step found 7.3 GB of mapped free pages
- * that way while it mapped new ones for 200 MB blocks
- * (cuheap-replay --conf vmm:1 --cudafree 0 --streams 32: 32.3 GiB). */
-static cuh_extent_t *smallest_mapped_run_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag,
-                                                uintptr_t *at)
+/* Under vmm:1, when no free extent starts on enough mapped pages: where a
+ * block needs the fewest pages it does not have. Free extents merge across
+ * mapped and unmapped address space, so a run of mapped free pages can lie
+ * past an extent's unmapped start (under LD_PRELOAD, GPT-2's second step
+ * found 7.3 GB of them while it mapped new pages for 200 MB blocks), and a
+ * block that fits no run can still lean on one. Placements tried in each
+ * free extent, global or the stream's own: the extent's start, and each run
+ * of mapped pages inside it, from the run's start and up to its end.
+ *
+ * A stream's own free extent also reaches into free global address space
+ * right after it: in the reservation the unused top is global and never
+ * merges with one stream's frees (arena.c, absorbable), so without this a
+ * block that outgrew the freed memory at the top mapped all of its pages
+ * above it, never those of the free memory below. Taking them is what
+ * expandable segments do at a segment's end (cuheap-replay --conf vmm:1
+ * --lag 10: side-stream job 1.857 -> 1.592 GiB, kv_generate 1.311 ->
+ * 1.307, ResNet-50 plugin 5.785 -> 5.775; with pages never moved,
+ * vmm_margin:1, GPT-2 plugin 27.48 -> 25.97). Except for blocks of
+ * SPAN_MAX and more: GPT-2's 3 GiB logits then took the top run each step
+ * and missed by 20-50 MB, mapping those anew every time, where a fresh
+ * range for them starts the page moves that pack its memory once (GPT-2
+ * plugin 24.42 GiB either way; 25.97 with them spanning).
+ *
+ * Ranked by pages missing, then (none missing) the shortest run of mapped
+ * pages, as in a best fit, or (some missing) the smaller extent. The extent
+ * and the start in *at; NULL if no free extent of the reservation holds
+ * `size` bytes. */
+#define SPAN_MAX CUH_GiB
+
+typedef struct {
+    cuh_extent_t *extent;
+    uintptr_t at;
+    size_t missing, rank;
+} page_fit_t;
+
+static void consider_placement(const cuh_heap_t *h, page_fit_t *best, cuh_extent_t *e, uintptr_t start,
+                               size_t size, uintptr_t reach, size_t run)
+{
+    if (start < e->addr || start + size > reach)
+        return;
+    const size_t page = h->vm_page;
+    size_t first = (size_t)(start - h->vm->base) / page;
+    size_t stop = (size_t)(start + size - h->vm->base + page - 1) / page;
+    size_t missing = stop - first;
+    if (first < h->pages_high)
+        missing -= cuh_bits_count(h->page_mapped, first, cuh_min_size(stop, h->pages_high));
+    size_t rank = missing ? e->size : run;
+    if (missing < best->missing || (missing == best->missing && rank < best->rank))
+        *best = (page_fit_t){.extent = e, .at = start, .missing = missing, .rank = rank};
+}
+
+static cuh_extent_t *fewest_new_pages_fit_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag,
+                                                 uintptr_t *at)
 {
     const uint32_t tags[2] = {CUH_TAG_GLOBAL, tag};
     const size_t page = h->vm_page;
-    cuh_extent_t *best = NULL;
-    size_t best_len = SIZE_MAX;
+    page_fit_t best = {.missing = SIZE_MAX};
     for (int k = 0; k < (tag != CUH_TAG_GLOBAL ? 2 : 1); k++)
         for (cuh_extent_t *e = h->arena.tags[tags[k]].oldest; e; e = e->tag_prev) {
-            if (e->segment != h->vm || e->size < size)
+            if (e->segment != h->vm)
                 continue;
             const uintptr_t end = e->addr + e->size;
+            uintptr_t reach = end;
+            if (e->tag != CUH_TAG_GLOBAL && size < SPAN_MAX && e->next && e->next->state == CUH_EXTENT_FREE &&
+                e->next->tag == CUH_TAG_GLOBAL)
+                reach = e->next->addr + e->next->size;
+            if (reach - e->addr < size)
+                continue;
+            consider_placement(h, &best, e, cuh_addr_align_up(e->addr, align), size, reach, SIZE_MAX);
             size_t p = (size_t)(e->addr - h->vm->base) / page;
             const size_t last = cuh_min_size((size_t)(end - h->vm->base + page - 1) / page, h->pages_high);
             while ((p = cuh_bits_next(h->page_mapped, p, last, 1)) < last) {
                 size_t q = cuh_bits_next(h->page_mapped, p, last, 0);
                 uintptr_t lo = page_va(h, p) > e->addr ? page_va(h, p) : e->addr;
                 uintptr_t hi = page_va(h, q) < end ? page_va(h, q) : end;
-                uintptr_t start = cuh_addr_align_up(lo, align);
-                if (start + size <= hi && (size_t)(hi - lo) < best_len) {
-                    best = e;
-                    best_len = (size_t)(hi - lo);
-                    *at = start;
-                }
+                consider_placement(h, &best, e, cuh_addr_align_up(lo, align), size, reach, (size_t)(hi - lo));
+                if (hi - e->addr >= size)
+                    consider_placement(h, &best, e, (hi - size) & ~((uintptr_t)align - 1), size, reach,
+                                       (size_t)(hi - lo));
                 p = q;
             }
         }
-    return best;
+    *at = best.at;
+    return best.extent;
 }
 
 /* For a block that must start its own segment (own_segment_locked) only a
@@ -1869,9 +1917,12 @@ hit:
                     goto retry_after_take_back;
                 goto hit;
             }
-        } else if ((mapped = smallest_mapped_run_locked(h, size, align, st->tag, &at))) {
+        } else if ((mapped = fewest_new_pages_fit_locked(h, size, align, st->tag, &at))) {
             h->last_take_tag = mapped->tag;
-            if (!(e = cuh_arena_take_at(&h->arena, mapped, at, size, state, st->tag)))
+            e = at + size > mapped->addr + mapped->size
+                    ? cuh_arena_take_spanning(&h->arena, mapped, at, size, state, st->tag)
+                    : cuh_arena_take_at(&h->arena, mapped, at, size, state, st->tag);
+            if (!e)
                 goto host_oom;
             goto taken;
         }

@@ -152,6 +152,44 @@ static void test_private_extent_absorbs_global_but_never_another_stream(void **s
     cuh_arena_destroy(&a);
 }
 
+/* In a virtual-memory reservation a private extent keeps apart from the
+ * global space after it; a block may still start in it and reach into that
+ * space, which becomes the stream's for the bytes the block covers. */
+static void test_take_spanning_a_private_extent_and_the_global_space_after_it(void **state)
+{
+    (void)state;
+    cuh_arena_t a;
+    cuh_arena_init(&a);
+    cuh_arena_reserve_tags(&a, 2);
+    cuh_segment_t *seg = cuh_arena_add_segment(&a, BASE, 16 * MiB, CUH_REGION_GENERAL);
+    seg->virtual_space = 1;
+    cuh_extent_t *p = take(&a, 4 * MiB, 512, 1);
+    cuh_arena_release(&a, p, 1);   /* [private 4M][global 12M]: no merge */
+    assert_int_equal(a.free_extents, 2);
+    cuh_extent_t *priv = seg->first;
+    assert_int_equal(priv->tag, 1);
+    cuh_extent_t *b = cuh_arena_take_spanning(&a, priv, BASE + MiB, 6 * MiB, CUH_EXTENT_BLOCK, 1);
+    assert_non_null(b);
+    assert_int_equal(b->addr, BASE + MiB);
+    assert_int_equal(b->size, 6 * MiB);
+    assert_int_equal(a.used, 6 * MiB);
+    /* [private 1M][block 6M][global 9M] */
+    assert_int_equal(a.tags[1].unfenced_bytes, MiB);
+    assert_int_equal(a.tags[CUH_TAG_GLOBAL].bins[CUH_REGION_GENERAL].bytes, 9 * MiB);
+    assert_int_equal(a.free_extents, 2);
+    arena_ok(&a);
+    cuh_arena_release(&a, b, 1);   /* joins the private 1M, not the global rest */
+    assert_int_equal(a.tags[1].unfenced_bytes, 7 * MiB);
+    /* A block that takes the global space whole leaves no global extent. */
+    b = cuh_arena_take_spanning(&a, seg->first, BASE, 16 * MiB, CUH_EXTENT_BLOCK, 1);
+    assert_non_null(b);
+    assert_int_equal(a.free_extents, 0);
+    assert_int_equal(a.tags[1].unfenced_bytes, 0);
+    assert_int_equal(a.tags[CUH_TAG_GLOBAL].bins[CUH_REGION_GENERAL].bytes, 0);
+    arena_ok(&a);
+    cuh_arena_destroy(&a);
+}
+
 static void test_aligned_take_leaves_the_padding_free(void **state)
 {
     (void)state;
@@ -193,6 +231,7 @@ int main(void)
         cmocka_unit_test(test_private_memory_is_invisible_to_other_streams_until_fenced),
         cmocka_unit_test(test_fence_covers_only_frees_before_it),
         cmocka_unit_test(test_private_extent_absorbs_global_but_never_another_stream),
+        cmocka_unit_test(test_take_spanning_a_private_extent_and_the_global_space_after_it),
         cmocka_unit_test(test_aligned_take_leaves_the_padding_free),
         cmocka_unit_test(test_segment_lookup_by_address),
     };
