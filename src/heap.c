@@ -1745,9 +1745,7 @@ static void consider_placement(const cuh_heap_t *h, page_fit_t *best, cuh_extent
     const size_t page = h->vm_page;
     size_t first = (size_t)(start - h->vm->base) / page;
     size_t stop = (size_t)(start + size - h->vm->base + page - 1) / page;
-    size_t missing = stop - first;
-    if (first < h->pages_high)
-        missing -= cuh_bits_count(h->page_mapped, first, cuh_min_size(stop, h->pages_high));
+    size_t missing = stop - first - cuh_bits_count(h->page_mapped, first, cuh_min_size(stop, h->pages_high));
     size_t rank = missing ? e->size : run;
     if (missing < best->missing || (missing == best->missing && rank < best->rank))
         *best = (page_fit_t){.extent = e, .at = start, .missing = missing, .rank = rank};
@@ -2690,7 +2688,8 @@ static int large_slot_adopt_locked(cuh_heap_t *h, const live_block_t *b, stream_
  * request is larger than its books allow); NULL if none. */
 static cuh_extent_t *large_slot_claim_locked(cuh_heap_t *h, stream_state_t *st, size_t block, size_t size)
 {
-    for (cuh_tcache_t *tc = h->large_tcs; tc; tc = tc->large_next) {
+    for (cuh_tcache_t **link = &h->large_tcs; *link; link = &(*link)->large_next) {
+        cuh_tcache_t *tc = *link;
         cuh_spin_lock(&tc->lock);
         cuh_tc_large_t *l = &tc->large;
         cuh_extent_t *e = NULL;
@@ -2701,7 +2700,7 @@ static cuh_extent_t *large_slot_claim_locked(cuh_heap_t *h, stream_state_t *st, 
         }
         cuh_spin_unlock(&tc->lock);
         if (e) {
-            large_unlist_locked(h, tc);
+            large_unlink(link);
             large_mark_live_locked(h, e, size);
             return e;
         }
