@@ -176,8 +176,13 @@ typedef struct live_block_s {
 #define MOVERS 16
 
 struct cuh_heap_s {
-    cuh_lock_t lock;
-    cuh_device_t *dev;
+    /* The lock has its cache lines to itself (two: a core may fetch lines
+     * in pairs): waiters spin reading it, and every read takes the line
+     * from the holder, which would then miss on whatever shared the line
+     * with it (the settings below, read by every thread cache's fast path
+     * without the lock). */
+    _Alignas(128) cuh_lock_t lock;
+    _Alignas(128) cuh_device_t *dev;
     cuh_config_t cfg;
     /* Thread caches: read by their fast paths without the lock, so kept
      * apart from what the lock's holders write. */
@@ -2749,7 +2754,9 @@ cuh_heap_t *cuh_heap_create(cuh_device_t *dev, const cuh_config_t *cfg, char *er
                  cfg->vmm ? "vmm:1 (virtual memory cannot be shared by IPC handles)" : "a workspace");
         return NULL;
     }
-    cuh_heap_t *h = calloc(1, sizeof *h);
+    cuh_heap_t *h = aligned_alloc(_Alignof(cuh_heap_t), sizeof *h);   /* sizeof is a multiple of the alignment */
+    if (h)
+        memset(h, 0, sizeof *h);
     if (!h || cuh_ptrmap_init(&h->blocks, 1024) || cuh_pagemap_init(&h->pages) || cuh_ptrmap_init(&h->held, 16) ||
         cuh_ptrmap_init(&h->uses, 16) || cuh_ptrmap_init(&h->graph, 16)) {
         if (h) {
