@@ -535,7 +535,7 @@ fi
 # ---- PyTorch's own allocator, modelled (src/torch_model.c) --------------------
 # The bundled traces carry what PyTorch reserved when they were recorded: the
 # model of its native allocator must give exactly that. The plugin traces are
-# the jobs the H200 ran under PyTorch's modes too (README, "GPU check"):
+# the jobs the H200 ran under PyTorch's modes too (README, "Benchmarks"; bench/HISTORY.md):
 # native reserved 24.451 GiB (GPT-2), 27.928 (BERT) and 6.990 (ResNet-50),
 # expandable_segments 16.797 (BERT) and 6,192,889,856 bytes (ResNet-50); under
 # set_per_process_memory_fraction at 1.05x the live peak native ran GPT-2 in
