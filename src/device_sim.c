@@ -10,7 +10,9 @@
  * infinitely fast, which is what a replay wants). A test can hold events
  * incomplete, as a busy GPU would, and complete a stream's work when it
  * chooses; a host wait on an event completes the work it waits for, as a real
- * wait would. Memory used by other processes is a knob (external bytes).
+ * wait would. Work completes as on a GPU: a stream's work done means the work
+ * it waited for (stream waits on events, directly or through other streams)
+ * is done too. Memory used by other processes is a knob (external bytes).
  */
 #include "device.h"
 
@@ -38,6 +40,13 @@ typedef struct sim_stream_s {
      * through stream waits on events (a vector clock). */
     uint64_t *dep;
     size_t num_dep;
+    /* dep as it was at the stream's last record (an event or a piece of
+     * work): completing the stream's work completes that much of the other
+     * streams' work too, since a GPU runs no work past a wait before the
+     * event waited for has completed. */
+    uint64_t *done_dep;
+    size_t num_done_dep;
+    int dep_changed;             /* dep grew since done_dep was taken */
 } sim_stream_t;
 
 struct cuh_event_s {
@@ -95,6 +104,9 @@ static sim_stream_t *stream_state(sim_device_t *s, cuh_stream_t handle)
     st->idle = 0;
     st->dep = NULL;
     st->num_dep = 0;
+    st->done_dep = NULL;
+    st->num_done_dep = 0;
+    st->dep_changed = 0;
     return st;
 }
 
@@ -112,6 +124,44 @@ static int clock_raise(uint64_t **clock, size_t *num, size_t j, uint64_t pos)
     if ((*clock)[j] < pos)
         (*clock)[j] = pos;
     return 1;
+}
+
+/* A record on st (an event or a piece of work): what completing st's work
+ * up to it requires of the other streams is st's dep now. 0 out of memory. */
+static int note_record(sim_stream_t *st)
+{
+    if (!st->dep_changed)
+        return 1;
+    for (size_t j = 0; j < st->num_dep; j++)
+        if (!clock_raise(&st->done_dep, &st->num_done_dep, j, st->dep[j]))
+            return 0;
+    st->dep_changed = 0;
+    return 1;
+}
+
+/* The work at positions up to clock[j] of every stream j has completed. */
+static void complete_clock(sim_device_t *s, const uint64_t *clock, size_t num)
+{
+    for (size_t j = 0; j < num && j < s->num_streams; j++)
+        if (s->streams[j].completed < clock[j])
+            s->streams[j].completed = clock[j];
+}
+
+/* 1 if the work at positions up to clock[j] of every stream j but `self` has
+ * completed. */
+static int clock_done(const sim_device_t *s, const uint64_t *clock, size_t num, size_t self)
+{
+    for (size_t j = 0; j < num; j++)
+        if (j != self && (j >= s->num_streams || s->streams[j].completed < clock[j]))
+            return 0;
+    return 1;
+}
+
+/* All of st's work so far has completed, and so has what it waited for. */
+static void complete_stream(sim_device_t *s, sim_stream_t *st)
+{
+    st->completed = st->recorded;
+    complete_clock(s, st->done_dep, st->num_done_dep);
 }
 
 static cuh_dev_status_t sim_mem_alloc(cuh_device_t *dev, size_t size, uintptr_t *addr)
@@ -217,8 +267,13 @@ static cuh_dev_status_t sim_event_record(cuh_device_t *dev, cuh_event_t event, c
         rc = CUH_DEV_ERROR;
     } else {
         st->recorded++;
-        if (!s->hold || st->idle)
-            st->completed = st->recorded;
+        if (!note_record(st)) {
+            snprintf(dev->last_error, sizeof dev->last_error, "sim: out of host memory");
+            pthread_mutex_unlock(&s->lock);
+            return CUH_DEV_ERROR;
+        }
+        if (!s->hold)
+            complete_stream(s, st);
         event->recorded = 1;
         event->stream = stream;
         event->seq = st->recorded;
@@ -248,8 +303,14 @@ static cuh_dev_status_t sim_event_query(cuh_device_t *dev, cuh_event_t event)
     s->counters.event_queries++;
     if (event->recorded) {
         sim_stream_t *st = stream_state(s, event->stream);
-        if (st && st->completed < event->seq)
-            rc = CUH_DEV_NOT_READY;
+        if (st && st->completed < event->seq) {
+            /* An idle stream runs no work of its own: its event completes
+             * once what the stream waited for before it has. */
+            if (st->idle && clock_done(s, event->clock, event->num_clock, (size_t)(st - s->streams)))
+                st->completed = event->seq;
+            else
+                rc = CUH_DEV_NOT_READY;
+        }
     }
     pthread_mutex_unlock(&s->lock);
     return rc;
@@ -260,11 +321,8 @@ static cuh_dev_status_t sim_event_wait(cuh_device_t *dev, cuh_event_t event)
     sim_device_t *s = sim_of(dev);
     pthread_mutex_lock(&s->lock);
     s->counters.event_waits++;
-    if (event->recorded) {
-        sim_stream_t *st = stream_state(s, event->stream);
-        if (st && st->completed < event->seq)
-            st->completed = event->seq;
-    }
+    if (event->recorded)
+        complete_clock(s, event->clock, event->num_clock);   /* its own stream's position included */
     pthread_mutex_unlock(&s->lock);
     return CUH_DEV_OK;
 }
@@ -282,6 +340,8 @@ static cuh_dev_status_t sim_stream_wait(cuh_device_t *dev, cuh_stream_t stream, 
     int ok = st && event && event->magic == EVENT_MAGIC;
     for (size_t j = 0; ok && event->recorded && j < event->num_clock; j++)
         ok = clock_raise(&st->dep, &st->num_dep, j, event->clock[j]);
+    if (ok && event->recorded)
+        st->dep_changed = 1;
     if (!ok) {
         snprintf(dev->last_error, sizeof dev->last_error, "sim: bad event or out of memory");
         rc = CUH_DEV_ERROR;
@@ -524,8 +584,10 @@ static void sim_destroy(cuh_device_t *dev)
     cuh_ptrmap_destroy(&s->reservations);
     cuh_ptrmap_destroy(&s->physical);
     cuh_ptrmap_destroy(&s->mappings);
-    for (size_t i = 0; i < s->num_streams; i++)
+    for (size_t i = 0; i < s->num_streams; i++) {
         free(s->streams[i].dep);
+        free(s->streams[i].done_dep);
+    }
     free(s->streams);
     pthread_mutex_destroy(&s->lock);
     free(s);
@@ -608,7 +670,7 @@ void cuh_sim_complete_stream(cuh_device_t *dev, cuh_stream_t stream)
     pthread_mutex_lock(&s->lock);
     sim_stream_t *st = stream_state(s, stream);
     if (st)
-        st->completed = st->recorded;
+        complete_stream(s, st);
     pthread_mutex_unlock(&s->lock);
 }
 
@@ -618,10 +680,10 @@ uint64_t cuh_sim_enqueue_work(cuh_device_t *dev, cuh_stream_t stream)
     uint64_t pos = 0;
     pthread_mutex_lock(&s->lock);
     sim_stream_t *st = stream_state(s, stream);
-    if (st) {
+    if (st && note_record(st)) {
         pos = ++st->recorded;
-        if (!s->hold || st->idle)
-            st->completed = st->recorded;
+        if (!s->hold)
+            complete_stream(s, st);
     }
     pthread_mutex_unlock(&s->lock);
     return pos;

@@ -431,6 +431,56 @@ static void test_event_wait_completes_earlier_events_of_its_stream_only(void **s
     d->ops->destroy(d);
 }
 
+/* As on a GPU, work done means the work it waited for is done: completing a
+ * stream, or a host wait on its event, completes what the stream waited for
+ * before (through other streams too), and no more; an idle stream's event
+ * completes once what it waited for has. */
+static void test_work_done_means_what_it_waited_for_is_done(void **state)
+{
+    (void)state;
+    cuh_device_t *d = sim_new(GiB, 0);
+    cuh_sim_hold_events(d, 1);
+    const cuh_stream_t s1 = 0x1111, s2 = 0x2222, s3 = 0x3333, idle = 0x4444;
+    cuh_sim_stream_idle(d, idle);
+    cuh_event_t e1 = new_event(d), e2 = new_event(d), e3 = new_event(d), later = new_event(d), ei = new_event(d);
+    uint64_t w1 = cuh_sim_enqueue_work(d, s1);
+    assert_int_equal(d->ops->event_record(d, e1, s1), CUH_DEV_OK);
+    assert_int_equal(d->ops->stream_wait(d, s2, e1), CUH_DEV_OK);
+    assert_int_equal(d->ops->event_record(d, e2, s2), CUH_DEV_OK);
+    assert_int_equal(d->ops->stream_wait(d, s3, e2), CUH_DEV_OK);   /* s3 waits for s1 through s2 */
+    assert_int_equal(d->ops->event_record(d, e3, s3), CUH_DEV_OK);
+    assert_int_equal(d->ops->event_record(d, later, s1), CUH_DEV_OK);   /* nobody waits for it */
+    cuh_sim_complete_stream(d, s3);
+    assert_int_equal(d->ops->event_query(d, e3), CUH_DEV_OK);
+    assert_int_equal(d->ops->event_query(d, e2), CUH_DEV_OK);
+    assert_int_equal(d->ops->event_query(d, e1), CUH_DEV_OK);
+    assert_true(cuh_sim_stream_waits_for(d, idle, s1, w1));   /* done: anyone may start after it */
+    assert_int_equal(d->ops->event_query(d, later), CUH_DEV_NOT_READY);
+    /* A wait added after a stream's last record is not part of that work. */
+    cuh_event_t e4 = new_event(d), e5 = new_event(d);
+    assert_int_equal(d->ops->event_record(d, e4, s2), CUH_DEV_OK);
+    assert_int_equal(d->ops->stream_wait(d, s2, later), CUH_DEV_OK);
+    cuh_sim_complete_stream(d, s2);
+    assert_int_equal(d->ops->event_query(d, e4), CUH_DEV_OK);
+    assert_int_equal(d->ops->event_query(d, later), CUH_DEV_NOT_READY);
+    /* A host wait completes what the event waited for too. */
+    assert_int_equal(d->ops->event_record(d, e5, s2), CUH_DEV_OK);   /* after the wait on `later` */
+    assert_int_equal(d->ops->event_wait(d, e5), CUH_DEV_OK);
+    assert_int_equal(d->ops->event_query(d, later), CUH_DEV_OK);
+    /* An idle stream runs nothing of its own, but what it waits for it waits for. */
+    cuh_event_t busy = new_event(d);
+    assert_int_equal(d->ops->event_record(d, busy, s1), CUH_DEV_OK);
+    assert_int_equal(d->ops->stream_wait(d, idle, busy), CUH_DEV_OK);
+    assert_int_equal(d->ops->event_record(d, ei, idle), CUH_DEV_OK);
+    assert_int_equal(d->ops->event_query(d, ei), CUH_DEV_NOT_READY);
+    cuh_sim_complete_stream(d, s1);
+    assert_int_equal(d->ops->event_query(d, ei), CUH_DEV_OK);
+    cuh_event_t all[] = {e1, e2, e3, e4, e5, later, ei, busy};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        d->ops->event_destroy(d, all[i]);
+    d->ops->destroy(d);
+}
+
 static void test_live_events_follow_create_and_destroy(void **state)
 {
     (void)state;
@@ -509,6 +559,7 @@ int main(void)
         cmocka_unit_test(test_held_event_waits_for_its_own_stream),
         cmocka_unit_test(test_complete_all_and_synchronize_complete_every_stream),
         cmocka_unit_test(test_event_wait_completes_earlier_events_of_its_stream_only),
+        cmocka_unit_test(test_work_done_means_what_it_waited_for_is_done),
         cmocka_unit_test(test_live_events_follow_create_and_destroy),
         cmocka_unit_test(test_huge_external_use_never_wraps_the_books),
         cmocka_unit_test(test_device_address_slices_never_overlap_and_run_out_loudly),

@@ -406,9 +406,12 @@ fi
 # ---- --streams: the idle streams PyTorch's stream pool leaves ------------------
 # Each take-back of cudaFree'd memory costs a record, a query and a wait per
 # known stream, so with 32 idle streams the heap takes back at most once per
-# 33 allocations: at most one stream wait per allocation, and memory within
-# 15% of the stream-ordered replay (the old policy, a take-back only before
-# growing, reserved 2.5x live on this kind of trace).
+# 33 allocations. An idle stream ordered after one take-back's join carries
+# that order: its next event runs until the GPU passes the join, so the next
+# take-back waits for it too (as on a GPU): at most two stream waits per
+# allocation, and memory within 15% of the stream-ordered replay (the old
+# policy, a take-back only before growing, reserved 2.5x live on this kind of
+# trace).
 run streams --json --cudafree 100 --streams 32 "$gpt2"
 if [ "$rc" -eq 0 ] && msg=$(python3 - "$TMP/ordered.out" "$TMP/streams.out" <<'PY' 2>&1
 import json, sys
@@ -417,12 +420,12 @@ b = json.loads(open(sys.argv[2]).readline())
 calls = b["device_calls"]
 assert b["oom"] is None, "out of memory with --streams 32"
 assert calls["stream_waits"] > 0, "no stream waits at all: were the streams registered? %r" % calls
-assert calls["stream_waits"] <= b["allocs"], "%d stream waits for %d allocations" % (calls["stream_waits"], b["allocs"])
+assert calls["stream_waits"] <= 2 * b["allocs"], "%d stream waits for %d allocations" % (calls["stream_waits"], b["allocs"])
 assert calls["cpu_waits"] == 0 and calls["synchronizes"] == 0, "the CPU waited: %r" % calls
 assert b["ratio"] <= a["ratio"] * 1.15, "ratio %.4f with 32 idle streams, %.4f stream-ordered" % (b["ratio"], a["ratio"])
 PY
 ); then
-    ok "--streams 32: take-backs bounded (waits <= allocations) and memory within 15% of stream-ordered"
+    ok "--streams 32: take-backs bounded (waits <= 2 x allocations) and memory within 15% of stream-ordered"
 else
     not_ok "--streams 32 on gpt2" "status $rc ${msg:-}"
 fi
