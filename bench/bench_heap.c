@@ -6,9 +6,12 @@
  * allocator. "pair" is the warm fast path: malloc and free of one size, back
  * to back. Prints nanoseconds per malloc+free (wall time over the operations
  * of one thread) and the throughput relative to one thread, measured side by
- * side in one run. Last, device-wide frees (cudaFree semantics) against
- * stream-ordered ones: their cost and the events they record per free.
+ * side in one run. Then device-wide frees (cudaFree semantics) against
+ * stream-ordered ones: their cost and the events they record per free. Last,
+ * memory: what a program that frees on many streams holds over what it has
+ * live, as the GPU falls behind, with and without reuse_across_streams.
  */
+#include "config.h"
 #include "device.h"
 #include "heap.h"
 #include "runtime.h"
@@ -257,6 +260,77 @@ static double measure_device_wide(int device_wide, long lag, long ops, double *e
     return seconds * 1e9 / (double)ops;
 }
 
+/* Memory held by a program that frees on many streams: the GPU check's
+ * LD_PRELOAD stress (tests/gpu/preload_stress.cu) on the simulated device.
+ * 32 streams, up to 256 blocks live of 1 B to 32 MiB, half the allocations
+ * device-wide (cudaMalloc) and half on a random stream (cudaMallocAsync),
+ * half the frees device-wide (cudaFree) and half on the block's stream
+ * (cudaFreeAsync), a kernel on the block's stream before each free; the GPU
+ * finishes its work every `lag` operations. Returns peak reserved over peak
+ * live; *cpu_waits gets how often the CPU waited for the GPU. */
+static double measure_streams_memory(const char *conf, long lag, long ops, uint64_t *cpu_waits)
+{
+    /* An H200's memory: vmm:1 reserves four times as much address space. */
+    cuh_device_t *dev = cuh_sim_create(&(cuh_sim_params_t){.capacity = (size_t)140 << 30});
+    cuh_config_t cfg;
+    cuh_config_defaults(&cfg);
+    char err[256];
+    cuh_heap_t *heap = NULL;
+    if (!dev || cuh_config_parse(conf, &cfg, err, sizeof err) || !(heap = cuh_heap_create(dev, &cfg, err, sizeof err))) {
+        fprintf(stderr, "bench_heap: %s\n", dev ? err : "cannot create the simulated device");
+        exit(1);
+    }
+    cuh_sim_hold_events(dev, 1);
+    enum { STREAMS = 32, LIVE = 256 };
+    cuh_stream_t streams[STREAMS];
+    for (int i = 0; i < STREAMS; i++) {
+        streams[i] = (cuh_stream_t)(0x10000 + (uintptr_t)i * 0x100);
+        cuh_heap_register_stream(heap, streams[i]);
+    }
+    struct { uintptr_t addr; size_t size; int stream; } live[LIVE];
+    int num = 0, failures = 0;
+    size_t live_bytes = 0, peak_live = 0;
+    uint64_t seed = 0x9E3779B97F4A7C15ull;
+    for (long op = 0; op < ops; op++) {
+        if (num == LIVE || (num && next_rand(&seed) % 2)) {
+            int k = (int)(next_rand(&seed) % (uint64_t)num);
+            cuh_sim_enqueue_work(dev, streams[live[k].stream]);
+            failures += (next_rand(&seed) % 2 ? cuh_heap_free_device_wide(heap, live[k].addr)
+                                              : cuh_heap_free(heap, live[k].addr, streams[live[k].stream])) != CUHEAP_OK;
+            live_bytes -= live[k].size;
+            live[k] = live[--num];
+        } else {
+            uint64_t r = next_rand(&seed);
+            size_t size = r % 8 < 3 ? 1 + (r >> 8) % 4096
+                        : r % 8 < 5 ? 4096 + (r >> 8) % (256 * KiB)
+                        : r % 8 < 7 ? 256 * KiB + (r >> 8) % (4 * MiB)
+                                    : 4 * MiB + (r >> 8) % (28 * MiB);
+            int si = (int)(next_rand(&seed) % STREAMS);
+            uintptr_t addr = 0;
+            failures += (next_rand(&seed) % 2 ? cuh_heap_malloc_device_wide(heap, size, &addr)
+                                              : cuh_heap_malloc(heap, size, streams[si], &addr)) != CUHEAP_OK;
+            cuh_sim_enqueue_work(dev, streams[si]);
+            live[num].addr = addr, live[num].size = size, live[num].stream = si;
+            num++;
+            live_bytes += size;
+            if (live_bytes > peak_live)
+                peak_live = live_bytes;
+        }
+        if (op % lag == 0)
+            cuh_sim_complete_all(dev);
+    }
+    cuheap_stats_t st;
+    cuh_heap_stats(heap, &st);
+    if (failures) {
+        fprintf(stderr, "bench_heap: %d operations failed in the many-streams benchmark\n", failures);
+        exit(1);
+    }
+    *cpu_waits = st.num_cpu_waits;
+    cuh_heap_destroy(heap);
+    dev->ops->destroy(dev);
+    return (double)st.reserved.peak / (double)peak_live;
+}
+
 int main(int argc, char **argv)
 {
     long ops = 400000;
@@ -319,6 +393,23 @@ int main(int argc, char **argv)
         snprintf(when, sizeof when, lags[l] ? "every %ld ops" : "at once", lags[l]);
         printf("| %s | %.0f ns | %.0f ns | %.2fx | %.3f |\n", when, ns_stream, ns_wide, ns_wide / ns_stream, ev_wide);
         fflush(stdout);
+    }
+
+    printf("\npeak reserved / peak live of a program that frees on 32 streams (the GPU check's LD_PRELOAD "
+           "stress), 200,000 operations, the GPU done every N operations; CPU waits in ()\n\n");
+    printf("| GPU done every | plain | plain, reuse_across_streams:1 | vmm:1 | vmm:1, reuse_across_streams:1 |\n"
+           "|---|---|---|---|---|\n");
+    static const char *const confs[] = {"", "reuse_across_streams:1", "vmm:1", "vmm:1,reuse_across_streams:1"};
+    static const long stress_lags[] = {1, 1000, 10000};
+    for (size_t l = 0; l < sizeof stress_lags / sizeof stress_lags[0]; l++) {
+        printf("| %ld ops |", stress_lags[l]);
+        for (size_t c = 0; c < sizeof confs / sizeof confs[0]; c++) {
+            uint64_t waits;
+            double ratio = measure_streams_memory(confs[c], stress_lags[l], 200000, &waits);
+            printf(" %.2fx (%llu) |", ratio, (unsigned long long)waits);
+            fflush(stdout);
+        }
+        printf("\n");
     }
     return 0;
 }

@@ -151,14 +151,25 @@ if part api; then
     fi
 fi
 
-# A preload_stress run named RUNTIME[+vmm]: sets rt (the build), conf (an
-# env assignment or nothing) and tag (what the tables add to the name).
+# A preload_stress run named RUNTIME[+vmm][+reuse]: sets rt (the build),
+# conf (an env assignment or nothing) and tag (what the tables add to the
+# name).
 preload_run() {
-    rt=${1%+vmm}
+    rt=${1%%+*}
+    local keys=()
+    [[ $1 == *+vmm* ]] && keys+=(vmm:1)
+    [[ $1 == *+reuse* ]] && keys+=(reuse_across_streams:1)
     conf="" tag=""
-    if [[ $1 == *+vmm ]]; then
-        conf="CUHEAP_CONF=vmm:1" tag=", vmm:1"
+    if (( ${#keys[@]} )); then
+        local joined
+        joined=$(IFS=,; echo "${keys[*]}")
+        conf="CUHEAP_CONF=$joined" tag=", $joined"
     fi
+}
+
+# What a preload_stress run held: "peak reserved X MiB for Y MiB live".
+preload_memory() {
+    sed -n 's/.*PASS served.*peak reserved \([0-9.]*\) MiB, peak live \([0-9.]*\) MiB.*/peak reserved \1 MiB for \2 MiB live/p' "$1" | tail -n 1
 }
 
 if part preload; then
@@ -166,13 +177,17 @@ if part preload; then
     # cudaFree'd block comes back through a take-back whose pages may move
     # only once the GPU has passed the free (the slow-kernel test reads a
     # freed buffer while the host allocates again).
-    for run in static shared static+vmm; do
+    # static+reuse: memory other streams freed in order serves a request
+    # once its stream (or, for cudaMalloc, every stream) waits for that work
+    # on the GPU; the slow-kernel test must still find its data intact.
+    for run in static shared static+vmm static+reuse static+vmm+reuse; do
         preload_run "$run"
         section "preload_stress ($rt runtime$tag) under LD_PRELOAD=$PRELOAD"
         log="$BUILD/preload_stress.$run.log"
         run_logged "$log" env LD_PRELOAD="$PRELOAD" $conf timeout "$MAIN_TIMEOUT" "$BUILD/preload_stress_$rt" \
             --ops "$PRELOAD_OPS" --expect-cuheap
-        row "LD_PRELOAD preload_stress, $rt runtime, $PRELOAD_OPS ops$tag" "$RUN_RC" "$RUN_SECS" "$(verdict "$log" "$RUN_RC")"
+        row "LD_PRELOAD preload_stress, $rt runtime, $PRELOAD_OPS ops$tag" "$RUN_RC" "$RUN_SECS" \
+            "$(verdict "$log" "$RUN_RC"); $(preload_memory "$log")"
     done
     # What cudaFree's bookkeeping costs per call (events, queries, waits):
     # the figures behind the take-back policy in heap.c.
@@ -187,7 +202,7 @@ if part preload; then
     # it), without the deliberate double free: memcheck rightly reports its
     # error return as an API error.
     if [[ -n "$SANITIZER" && "${PRELOAD_MEMCHECK:-1}" == 1 ]]; then
-        for run in static shared static+vmm; do
+        for run in static shared static+vmm static+reuse static+vmm+reuse; do
             preload_run "$run"
             section "preload_stress ($rt runtime$tag) under LD_PRELOAD and compute-sanitizer memcheck"
             log="$BUILD/preload_stress.$run.memcheck.log"

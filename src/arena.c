@@ -379,23 +379,29 @@ uint64_t cuh_arena_fence_recorded(cuh_arena_t *a, uint32_t tag)
     return b->fences_recorded++;
 }
 
-void cuh_arena_fence_completed(cuh_arena_t *a, uint32_t tag, uint64_t completed)
+void cuh_arena_hand_over(cuh_arena_t *a, uint32_t from, uint64_t completed, uint32_t to)
 {
-    cuh_tag_books_t *b = &a->tags[tag];
+    cuh_tag_books_t *b = &a->tags[from];
     for (cuh_extent_t *e = b->list, *next; e; e = next) {
         next = e->tag_next;
         if (e->epoch >= completed)
             continue;
         index_remove(a, e);
-        e->tag = CUH_TAG_GLOBAL;
-        e->epoch = 0;
-        /* Neighbours absorbed here are global, so never `next`. */
-        if (e->prev && e->prev->state == CUH_EXTENT_FREE && e->prev->tag == CUH_TAG_GLOBAL)
+        e->tag = to;
+        e->epoch = to == CUH_TAG_GLOBAL ? 0 : a->tags[to].fences_recorded;
+        /* As a free into `to` would merge (cuh_arena_release): neighbours
+         * absorbed here are `to`'s or global, so never `next`. */
+        while (absorbable(e->prev, to))
             absorb(a, e, e->prev);
-        if (e->next && e->next->state == CUH_EXTENT_FREE && e->next->tag == CUH_TAG_GLOBAL)
+        while (absorbable(e->next, to))
             absorb(a, e, e->next);
         index_insert(a, e);
     }
+}
+
+void cuh_arena_fence_completed(cuh_arena_t *a, uint32_t tag, uint64_t completed)
+{
+    cuh_arena_hand_over(a, tag, completed, CUH_TAG_GLOBAL);
 }
 
 /* ---- figures ------------------------------------------------------------- */

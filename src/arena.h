@@ -144,6 +144,11 @@ uint64_t cuh_arena_fence_recorded(cuh_arena_t *arena, uint32_t tag);
  * become global and merge with global neighbours. */
 void cuh_arena_fence_completed(cuh_arena_t *arena, uint32_t tag, uint64_t completed);
 
+/* The stream of tag `to` now waits (on the GPU) for fences [0, completed) of
+ * tag `from`: the extents they cover become `to`'s, unfenced, and merge with
+ * global and `to`'s free neighbours. */
+void cuh_arena_hand_over(cuh_arena_t *arena, uint32_t from, uint64_t completed, uint32_t to);
+
 /* Sizes of free memory. */
 size_t cuh_arena_free_bytes(const cuh_arena_t *arena);
 size_t cuh_arena_pending_bytes(const cuh_arena_t *arena);

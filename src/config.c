@@ -81,6 +81,14 @@ static const option_t options[] = {
      "not wait. While the default stream is the only one known they are taken back before any "
      "search (a take-back then costs one event record); with other streams, those the GPU has "
      "passed are, and the rest only before growing. 0: reserve more."},
+    {"reuse_across_streams", KIND_BOOL, offsetof(cuh_config_t, reuse_across_streams), "0",
+     "1: before the heap reserves more, memory streams freed in order (cudaFreeAsync, the "
+     "plugin's frees) whose work may still run serves other streams, ordered on the GPU "
+     "(cuStreamWaitEvent): an allocation on a stream makes its stream wait for that work, as "
+     "cudaMallocAsync's pools do by default; a device-wide one (cudaMalloc) makes every stream "
+     "wait. Less memory for programs that free on many streams, for orderings between streams "
+     "the program did not ask for; the CPU does not wait. 0: memory freed on a stream serves "
+     "another only once an event recorded after the free has completed."},
     {"ipc_safe", KIND_BOOL, offsetof(cuh_config_t, ipc_safe), "0",
      "1: every block gets a segment of its own that it starts (a free one at most a quarter "
      "larger, or a new one sized to it), so cudaIpcGetMemHandle works on any block. Costs a "
@@ -374,9 +382,9 @@ void cuh_config_format(const cuh_config_t *cfg, char *buf, size_t len)
     else
         snprintf(limit, sizeof limit, "none");
     int n = snprintf(buf, len, "workspace:%zu,limit:%s,small_max:%zu,segment_min:%zu,grow_fraction:%g,vmm:%zu,vmm_margin:%g,"
-                     "vmm_page:%zu,thread_cache:%zu,wait_before_grow:%zu,ipc_safe:%zu,ipc_callers:%s,meminfo_cached:%zu,pinned:%zu,pinned_chunk:%zu",
+                     "vmm_page:%zu,thread_cache:%zu,wait_before_grow:%zu,reuse_across_streams:%zu,ipc_safe:%zu,ipc_callers:%s,meminfo_cached:%zu,pinned:%zu,pinned_chunk:%zu",
                      cfg->workspace, limit, cfg->small_max, cfg->segment_min, cfg->grow_fraction, cfg->vmm, cfg->vmm_margin,
-                     cfg->vmm_page, cfg->thread_cache, cfg->wait_before_grow, cfg->ipc_safe, cfg->ipc_callers[0] ? cfg->ipc_callers : "none",
+                     cfg->vmm_page, cfg->thread_cache, cfg->wait_before_grow, cfg->reuse_across_streams, cfg->ipc_safe, cfg->ipc_callers[0] ? cfg->ipc_callers : "none",
                      cfg->meminfo_cached, cfg->pinned, cfg->pinned_chunk);
     if (cfg->report[0] && n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, ",report:%s", cfg->report);

@@ -113,6 +113,13 @@ typedef struct vm_drain_s {
     cuh_extent_t *extents[];
 } vm_drain_t;
 
+/* An event kept until it completes (unsettled_add_locked). */
+typedef struct kept_event_s {
+    cuh_event_t event;
+    cuh_stream_t stream;
+    int fresh;   /* recorded when kept: the newest of the heap's events on its stream then */
+} kept_event_t;
+
 /* A freed block held back: until every event in it has completed (streams
  * that used the block, from record_stream), or until its graph pool is
  * released (blocks a CUDA graph captured: replays still write them). Then it
@@ -230,11 +237,11 @@ struct cuh_heap_s {
     size_t held_bytes;
     int took_back;               /* a batch came back early: new streams must wait (stream_joins_locked) */
     uint64_t allocs_at_take_back; /* num_allocs at the last take-back (take_back_all_locked) */
-    /* Under vmm:1, the events a take-back left running: its blocks are
-     * global for stream-ordered use, but their pages may not be unmapped
-     * (steal_pages_locked) before these complete. */
-    cuh_event_t *unsettled;      /* the newest per stream: it stands for the older ones */
-    cuh_stream_t *unsettled_streams;
+    /* Under vmm:1, the events a take-back left running, and those recorded
+     * when other streams got memory before the GPU passed its frees
+     * (reuse_across_streams): that memory is theirs at once, but its pages
+     * may not be unmapped (steal_pages_locked) before these complete. */
+    kept_event_t *unsettled;
     size_t num_unsettled, cap_unsettled;
     uint64_t allocs_at_close;    /* num_allocs when the last batch closed (batches_poll_locked) */
     double closed_at;            /* seconds_since(born) when the last batch closed (cuh_heap_poll) */
@@ -952,10 +959,9 @@ static int settle_unsettled_locked(cuh_heap_t *h, int wait)
 {
     size_t kept = 0;
     for (size_t i = 0; i < h->num_unsettled; i++) {
-        cuh_event_t e = h->unsettled[i];
+        cuh_event_t e = h->unsettled[i].event;
         if (h->dev->ops->event_query(h->dev, e) != CUH_DEV_OK && !wait) {
-            h->unsettled_streams[kept] = h->unsettled_streams[i];
-            h->unsettled[kept++] = e;
+            h->unsettled[kept++] = h->unsettled[i];
             continue;
         }
         if (wait)
@@ -1502,33 +1508,35 @@ static uint64_t covered_streams_locked(const cuh_heap_t *h) { return (uint64_t)h
 static int other_streams_locked(const cuh_heap_t *h) { return h->live_other_streams != 0; }
 
 /* Keeps `e`, recorded on `stream`, until it completes
- * (settle_unsettled_locked): one per stream, the newest, since work on a
- * stream completes in order; if there is no room to keep it, waits for it
- * now. */
-static void unsettled_add_locked(cuh_heap_t *h, cuh_event_t e, cuh_stream_t stream)
+ * (settle_unsettled_locked). Work on a stream completes in order, so a
+ * `fresh` event (recorded just now) stands for every event kept for its
+ * stream and takes their place. A take-back's event stands for the one an
+ * earlier take-back kept for its stream (a later batch's event is the later
+ * one) but not for a fresh one, which may be newer: both are kept, so at
+ * most two per stream. If there is no room to keep it, waits for it now. */
+static void unsettled_add_locked(cuh_heap_t *h, cuh_event_t e, cuh_stream_t stream, int fresh)
 {
-    for (size_t i = 0; i < h->num_unsettled; i++)
-        if (h->unsettled_streams[i] == stream) {
-            event_put_locked(h, h->unsettled[i]);
-            h->unsettled[i] = e;
-            return;
-        }
+    size_t kept = 0;
+    for (size_t i = 0; i < h->num_unsettled; i++) {
+        kept_event_t *k = &h->unsettled[i];
+        if (k->stream == stream && (fresh || !k->fresh))
+            event_put_locked(h, k->event);   /* the new one stands for it */
+        else
+            h->unsettled[kept++] = *k;
+    }
+    h->num_unsettled = kept;
     if (h->num_unsettled == h->cap_unsettled) {
         size_t cap = h->cap_unsettled ? 2 * h->cap_unsettled : 8;
-        cuh_event_t *grown = realloc(h->unsettled, cap * sizeof *grown);
-        if (grown)
-            h->unsettled = grown;
-        cuh_stream_t *grown_streams = grown ? realloc(h->unsettled_streams, cap * sizeof *grown_streams) : NULL;
-        if (!grown_streams) {
+        kept_event_t *grown = realloc(h->unsettled, cap * sizeof *grown);
+        if (!grown) {
             cpu_wait_event(h, e);
             event_put_locked(h, e);
             return;
         }
-        h->unsettled_streams = grown_streams;
+        h->unsettled = grown;
         h->cap_unsettled = cap;
     }
-    h->unsettled_streams[h->num_unsettled] = stream;
-    h->unsettled[h->num_unsettled++] = e;
+    h->unsettled[h->num_unsettled++] = (kept_event_t){e, stream, fresh};
 }
 
 /* Orders the work every live stream (and the default stream) is given from
@@ -1630,7 +1638,7 @@ static int take_back_all_locked(cuh_heap_t *h)
              * blocks may be unmapped before. */
             for (size_t e = 0; e < n; e++)
                 if (running[e]) {
-                    unsettled_add_locked(h, *running[e], where[e]);
+                    unsettled_add_locked(h, *running[e], where[e], 0);
                     *running[e] = NULL;
                 }
         }
@@ -1645,6 +1653,149 @@ static int take_back_all_locked(cuh_heap_t *h)
     h->took_back = 1;
     h->allocs_at_take_back = h->num_allocs;
     return 1;
+}
+
+/* Under vmm:1, when other streams get memory st freed before the GPU has
+ * passed the frees: unmapping is not stream-ordered, so no page of it may
+ * move before st's work up to now is done, whatever the new users wait for
+ * (steal_pages_locked waits for every kept event). An event recorded now
+ * covers that work and is the newest on st (kept as fresh:
+ * unsettled_add_locked). 0 if none could be recorded. */
+static int keep_until_done_locked(cuh_heap_t *h, stream_state_t *st)
+{
+    cuh_event_t done = event_get_locked(h);
+    if (!done || h->dev->ops->event_record(h->dev, done, st->handle) != CUH_DEV_OK) {
+        if (done)
+            event_put_locked(h, done);
+        return 0;
+    }
+    unsettled_add_locked(h, done, st->handle, 1);
+    return 1;
+}
+
+/* Bytes of memory streams freed in order that no fence has shown the GPU
+ * has passed yet: what only its stream may reuse. */
+static size_t private_free_bytes_locked(const cuh_heap_t *h)
+{
+    size_t bytes = 0;
+    for (uint32_t i = 0; i < h->num_streams; i++) {
+        const cuh_tag_books_t *books = &h->arena.tags[h->streams[i]->tag];
+        bytes += books->unfenced_bytes + books->fenced_bytes;
+    }
+    return bytes;
+}
+
+/* A device-wide allocation (cudaMalloc under LD_PRELOAD, or the C API's)
+ * may be used on any stream at once, so it takes only memory no stream's
+ * work can still touch: memory a stream freed in order (cudaFreeAsync) stays
+ * that stream's until a fence on it completes, and fences are recorded only
+ * when memory is needed, so they are rarely complete when it is. A program
+ * that frees on many streams and allocates device-wide then grows the heap
+ * at such requests while the GPU runs behind (tests/gpu/preload_stress.cu on
+ * an H200: 14-20 GiB reserved for 1 GiB live, 8 threads on 32 streams).
+ * With reuse_across_streams:1, before a device-wide request grows the heap
+ * (or maps new pages) that memory is taken as cudaFree'd batches are
+ * (take_back_all_locked): every stream is fenced, every stream known and
+ * the default stream wait on the GPU for the fences still running, and the
+ * memory turns global at once; the CPU does not wait. Under vmm:1 the
+ * running fences are kept until they complete: no page of that memory is
+ * unmapped before. Returns 1 when memory turned global, 0 when there was
+ * none or a wait could not be enqueued (the heap then grows, as without). */
+static int take_back_private_locked(cuh_heap_t *h, size_t size)
+{
+    if (!h->cfg.reuse_across_streams || h->captures || private_free_bytes_locked(h) < size)
+        return 0;
+    cuh_event_t **running = malloc(h->num_streams * sizeof *running);
+    cuh_stream_t *where = malloc(h->num_streams * sizeof *where);
+    stream_state_t **owner = malloc(h->num_streams * sizeof *owner);
+    size_t n = 0;
+    int ok = running && where && owner, any = 0;
+    for (uint32_t i = 0; ok && i < h->num_streams; i++) {
+        stream_state_t *st = h->streams[i];
+        if (stream_fence_locked(h, st) < 0 || !st->num_fences)
+            continue;   /* nothing private, or made global by a synchronize */
+        running[n] = &st->fences[st->num_fences - 1].event;   /* the newest stands for the older */
+        where[n] = st->handle;
+        owner[n++] = st;
+    }
+    for (size_t k = 0; ok && k < n; k++)
+        if (h->dev->ops->event_query(h->dev, *running[k]) == CUH_DEV_OK)
+            running[k] = NULL;   /* complete: nothing to wait for */
+    ok = ok && n && order_streams_after_locked(h, running, where, n);
+    for (size_t k = 0; ok && k < n; k++) {
+        stream_state_t *st = owner[k];
+        if (h->vm && running[k] && !keep_until_done_locked(h, st)) {
+            ok = 0;   /* no event to keep: this and the rest stay private */
+            break;
+        }
+        for (size_t f = 0; f < st->num_fences; f++)
+            event_put_locked(h, st->fences[f].event);
+        st->completed = st->fences[st->num_fences - 1].number + 1;
+        st->num_fences = 0;
+        stream_globalize_locked(h, st);
+        any = 1;
+    }
+    if (any)
+        h->took_back = 1;   /* a stream heard of later must wait too (stream_joins_locked) */
+    free(running);
+    free(where);
+    free(owner);
+    return any;
+}
+
+/* With reuse_across_streams:1, an allocation on stream `to` that would make
+ * the heap grow (or map new pages) takes the memory other streams freed
+ * whose fences have not completed, as cudaMallocAsync's pools do by default
+ * (cudaMemPoolReuseAllowInternalDependencies): `to` waits on the GPU for
+ * each such stream's newest fence (recorded now if its last frees had none),
+ * and the memory that fence covers becomes `to`'s own. Safe: all the work
+ * `to` runs from now on starts after the work issued on the freeing stream
+ * before its free; other streams get that memory only through a fence on
+ * `to`, which orders them after both. The price is an ordering between
+ * streams the program did not ask for (a side stream that copies the next
+ * batch would wait for the step's compute), hence a setting, off by
+ * default. A fence found complete simply turns its memory global. Returns 1
+ * when memory came to `to` or turned global. */
+static int borrow_private_locked(cuh_heap_t *h, stream_state_t *to, size_t size)
+{
+    if (!h->cfg.reuse_across_streams || h->captures || to->retired)
+        return 0;
+    const cuh_tag_books_t *own = &h->arena.tags[to->tag];
+    if (private_free_bytes_locked(h) - own->unfenced_bytes - own->fenced_bytes < size)
+        return 0;
+    int any = 0;
+    for (uint32_t i = 0; i < h->num_streams; i++) {
+        stream_state_t *st = h->streams[i];
+        const cuh_tag_books_t *books = &h->arena.tags[st->tag];
+        if (st == to || (!books->unfenced_bytes && !books->fenced_bytes))
+            continue;
+        if (stream_fence_locked(h, st) < 0) {
+            any = 1;   /* the device was synchronized: all of it is global */
+            continue;
+        }
+        if (!st->num_fences)
+            continue;
+        const fence_t *newest = &st->fences[st->num_fences - 1];
+        if (h->dev->ops->event_query(h->dev, newest->event) == CUH_DEV_OK) {
+            any |= stream_poll_locked(h, st, 0);
+            continue;
+        }
+        if (h->vm && !keep_until_done_locked(h, st))
+            continue;
+        if (h->dev->ops->stream_wait(h->dev, to->handle, newest->event) != CUH_DEV_OK)
+            continue;   /* not ordered: the memory stays where it is */
+        cuh_arena_hand_over(&h->arena, st->tag, newest->number + 1, to->tag);
+        any = 1;
+    }
+    return any;
+}
+
+/* Other streams' private memory for a request on st that would otherwise
+ * grow the heap or map new pages: taken with every stream waiting for a
+ * device-wide request, with st waiting for a request on a stream. */
+static int take_private_locked(cuh_heap_t *h, stream_state_t *st, size_t size)
+{
+    return st == &h->device_wide ? take_back_private_locked(h, size) : borrow_private_locked(h, st, size);
 }
 
 /* The smallest free extent, global or the stream's own, that holds `size`
@@ -1833,7 +1984,7 @@ static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
      * allocations per known stream, and always before growing. PyTorch
      * creates 32 streams for its pool, used or not. */
     cuh_extent_t *e;
-    int tried_vm_take_back = 0, tried_page_aligned = 0;
+    int tried_vm_take_back = 0, tried_page_aligned = 0, tried_private = 0;
     if (h->held_bytes >= size) {
         if (!other_streams_locked(h)) {
             take_back_all_locked(h);
@@ -1855,6 +2006,9 @@ retry_after_take_back:
         goto hit;
 
     if (take_back_all_locked(h) && (e = find_fit_locked(h, size, align, st->tag)))
+        goto hit;
+    if (!tried_private && (tried_private = 1, take_private_locked(h, st, size)) &&
+        (e = find_fit_locked(h, size, align, st->tag)))
         goto hit;
     /* Blocks other threads hold (only while threads contend) come before growth. */
     if (cuh_unlikely(h->large_tcs != NULL) && large_slots_empty_locked(h, LARGE_ALL_HELD) &&
@@ -1920,6 +2074,12 @@ hit:
                     goto retry_after_take_back;
                 goto hit;
             }
+        } else if (!tried_private && private_free_bytes_locked(h) >= size) {
+            /* ... and so does other streams' private memory. */
+            tried_private = 1;
+            if (take_private_locked(h, st, size) && !(e = find_fit_locked(h, size, align, st->tag)))
+                goto retry_after_take_back;
+            goto hit;
         } else if ((mapped = fewest_new_pages_fit_locked(h, size, align, st->tag, &at))) {
             h->last_take_tag = mapped->tag;
             e = at + size > mapped->addr + mapped->size
@@ -2868,9 +3028,8 @@ void cuh_heap_destroy(cuh_heap_t *h)
     free(h->streams);
     free(h->spare_events);
     for (size_t i = 0; i < h->num_unsettled; i++)
-        h->dev->ops->event_destroy(h->dev, h->unsettled[i]);
+        h->dev->ops->event_destroy(h->dev, h->unsettled[i].event);
     free(h->unsettled);
-    free(h->unsettled_streams);
     for (cuh_heap_fence_t *f = h->fences, *next; f; f = next) {
         next = f->next;
         for (size_t i = 0; i < f->num_events; i++)

@@ -190,6 +190,62 @@ static void test_take_spanning_a_private_extent_and_the_global_space_after_it(vo
     cuh_arena_destroy(&a);
 }
 
+/* A stream that waits (on the GPU) for tag 1's fence gets what the fence
+ * covers as its own memory, merged as its own frees would be; what the
+ * fence does not cover stays tag 1's. In a virtual-memory reservation the
+ * handed memory keeps apart from the global space, as a free would. */
+static void test_hand_over_gives_what_a_fence_covers_to_another_stream(void **state)
+{
+    (void)state;
+    cuh_arena_t a;
+    cuh_arena_init(&a);
+    cuh_arena_reserve_tags(&a, 3);
+    cuh_arena_add_segment(&a, BASE, 20 * MiB, CUH_REGION_GENERAL);
+    cuh_extent_t *p = take(&a, 4 * MiB, 512, 1);
+    cuh_extent_t *q = take(&a, 4 * MiB, 512, 1);
+    cuh_extent_t *r = take(&a, 4 * MiB, 512, 2);
+    cuh_extent_t *s = take(&a, 4 * MiB, 512, 1);
+    /* [p][q][r][s][global 4M] */
+    cuh_arena_release(&a, q, 1);
+    uint64_t fence = cuh_arena_fence_recorded(&a, 1);
+    cuh_arena_release(&a, r, 2);
+    cuh_arena_release(&a, s, 1);   /* after the fence; absorbs the global tail */
+    /* [p][q: 1, fenced][r: 2][s: 1, unfenced, 8M] */
+    assert_int_equal(a.tags[1].fenced_bytes, 4 * MiB);
+    assert_int_equal(a.tags[1].unfenced_bytes, 8 * MiB);
+    assert_int_equal(a.tags[2].unfenced_bytes, 4 * MiB);
+    cuh_arena_hand_over(&a, 1, fence + 1, 2);
+    /* q joins r as stream 2's; s stays stream 1's. */
+    assert_int_equal(a.tags[1].fenced_bytes, 0);
+    assert_int_equal(a.fenced_bytes, 0);
+    assert_int_equal(a.tags[1].unfenced_bytes, 8 * MiB);
+    assert_int_equal(a.tags[2].unfenced_bytes, 8 * MiB);
+    assert_int_equal(a.free_extents, 2);
+    cuh_extent_t *e = cuh_arena_find(&a, 8 * MiB, 512, 2);
+    assert_non_null(e);
+    assert_int_equal(e->addr, BASE + 4 * MiB);
+    assert_int_equal(e->tag, 2);
+    assert_null(cuh_arena_find(&a, 4 * MiB, 512, CUH_TAG_GLOBAL));
+    arena_ok(&a);
+    (void)p;
+    cuh_arena_destroy(&a);
+
+    cuh_arena_init(&a);
+    cuh_arena_reserve_tags(&a, 3);
+    cuh_segment_t *seg = cuh_arena_add_segment(&a, BASE, 16 * MiB, CUH_REGION_GENERAL);
+    seg->virtual_space = 1;
+    take(&a, 4 * MiB, 512, 1);
+    q = take(&a, 4 * MiB, 512, 1);
+    cuh_arena_release(&a, q, 1);   /* [used][q: 1][global 8M] */
+    fence = cuh_arena_fence_recorded(&a, 1);
+    cuh_arena_hand_over(&a, 1, fence + 1, 2);
+    assert_int_equal(a.tags[2].unfenced_bytes, 4 * MiB);
+    assert_int_equal(a.tags[CUH_TAG_GLOBAL].bins[CUH_REGION_GENERAL].bytes, 8 * MiB);
+    assert_int_equal(a.free_extents, 2);
+    arena_ok(&a);
+    cuh_arena_destroy(&a);
+}
+
 static void test_aligned_take_leaves_the_padding_free(void **state)
 {
     (void)state;
@@ -232,6 +288,7 @@ int main(void)
         cmocka_unit_test(test_fence_covers_only_frees_before_it),
         cmocka_unit_test(test_private_extent_absorbs_global_but_never_another_stream),
         cmocka_unit_test(test_take_spanning_a_private_extent_and_the_global_space_after_it),
+        cmocka_unit_test(test_hand_over_gives_what_a_fence_covers_to_another_stream),
         cmocka_unit_test(test_aligned_take_leaves_the_padding_free),
         cmocka_unit_test(test_segment_lookup_by_address),
     };

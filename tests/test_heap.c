@@ -21,6 +21,7 @@
 
 #define S1 ((cuh_stream_t)0x1000)
 #define S2 ((cuh_stream_t)0x2000)
+#define S3 ((cuh_stream_t)0x3000)
 
 static int overlaps(uintptr_t a, size_t as, uintptr_t b, size_t bs) { return a < b + bs && b < a + as; }
 
@@ -114,6 +115,88 @@ static void test_other_stream_reuses_only_after_the_event_completes(void **state
     assert_int_equal(s.pending.current, 0);
     heap_ok(t.heap);
     test_heap_free(&t);
+}
+
+/* reuse_across_streams:1: a stream that would make the heap grow takes what
+ * another stream freed while its work may still run, and waits on the GPU
+ * for that work first; the CPU does not wait. Off (the default), it grows. */
+static void test_reuse_across_streams_orders_the_new_user_after_the_free(void **state)
+{
+    (void)state;
+    for (int reuse = 0; reuse <= 1; reuse++) {
+        test_heap_t t = test_heap_new(GiB, reuse ? "grow_fraction:0,reuse_across_streams:1" : "grow_fraction:0");
+        cuh_sim_hold_events(t.dev, 1);
+        uintptr_t a = must_alloc(t.heap, 8 * MiB, S1);
+        uint64_t work1 = cuh_sim_enqueue_work(t.dev, S1);   /* a kernel still reading a */
+        must_free(t.heap, a, S1);
+        uintptr_t b = must_alloc(t.heap, 8 * MiB, S2);
+        cuheap_stats_t s;
+        cuh_heap_stats(t.heap, &s);
+        if (!reuse) {
+            assert_false(overlaps(a, 8 * MiB, b, 8 * MiB));
+            assert_int_equal(s.num_segment_allocs, 2);
+            assert_false(cuh_sim_stream_waits_for(t.dev, S2, S1, work1));
+        } else {
+            assert_int_equal(b, a);
+            assert_int_equal(s.num_segment_allocs, 1);
+            assert_true(cuh_sim_stream_waits_for(t.dev, S2, S1, work1));
+            assert_false(cuh_sim_stream_waits_for(t.dev, S3, S1, work1));   /* nobody else was ordered */
+            /* Handed on: S3 must then start after S2's work and S1's. */
+            uint64_t work2 = cuh_sim_enqueue_work(t.dev, S2);
+            must_free(t.heap, b, S2);
+            uintptr_t c = must_alloc(t.heap, 8 * MiB, S3);
+            assert_int_equal(c, a);
+            assert_true(cuh_sim_stream_waits_for(t.dev, S3, S2, work2));
+            assert_true(cuh_sim_stream_waits_for(t.dev, S3, S1, work1));
+            cuh_heap_stats(t.heap, &s);
+            assert_int_equal(s.num_segment_allocs, 1);
+            must_free(t.heap, c, S3);
+        }
+        assert_int_equal(s.num_cpu_waits, 0);
+        heap_ok(t.heap);
+        if (!reuse)
+            must_free(t.heap, b, S2);
+        cuh_sim_complete_all(t.dev);
+        test_heap_free(&t);
+    }
+}
+
+/* reuse_across_streams:1 and a device-wide request (cudaMalloc): what a
+ * stream freed in order serves it once every stream, and a stream heard of
+ * later, waits on the GPU for that stream's work. */
+static void test_reuse_across_streams_device_wide_orders_every_stream(void **state)
+{
+    (void)state;
+    for (int vmm = 0; vmm <= 1; vmm++) {
+        test_heap_t t = test_heap_new(GiB, vmm ? "vmm:1,vmm_margin:0,reuse_across_streams:1"
+                                               : "grow_fraction:0,reuse_across_streams:1");
+        cuh_sim_hold_events(t.dev, 1);
+        assert_int_equal(cuh_heap_register_stream(t.heap, S1), CUHEAP_OK);
+        assert_int_equal(cuh_heap_register_stream(t.heap, S2), CUHEAP_OK);
+        uintptr_t a = must_alloc(t.heap, 8 * MiB, S1);
+        uint64_t work1 = cuh_sim_enqueue_work(t.dev, S1);
+        must_free(t.heap, a, S1);
+        cuh_sim_counters_t c0, c1;
+        cuh_sim_counters(t.dev, &c0);
+        uintptr_t d;
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 8 * MiB, &d), CUHEAP_OK);
+        cuh_sim_counters(t.dev, &c1);
+        assert_int_equal(d, a);
+        assert_int_equal(c1.vm_maps, c0.vm_maps);   /* no new page either */
+        assert_true(cuh_sim_stream_waits_for(t.dev, 0, S1, work1));
+        assert_true(cuh_sim_stream_waits_for(t.dev, S2, S1, work1));
+        assert_int_equal(cuh_heap_register_stream(t.heap, S3), CUHEAP_OK);
+        assert_true(cuh_sim_stream_waits_for(t.dev, S3, S1, work1));
+        cuheap_stats_t s;
+        cuh_heap_stats(t.heap, &s);
+        assert_int_equal(s.num_segment_allocs, vmm ? c1.vm_creates : 1);
+        assert_int_equal(s.num_cpu_waits, 0);
+        /* Under vmm:1 no page of it may move before S1's work is done. */
+        heap_ok(t.heap);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, d), CUHEAP_OK);
+        cuh_sim_complete_all(t.dev);
+        test_heap_free(&t);
+    }
 }
 
 static void test_small_objects_cross_streams_only_after_the_event(void **state)
@@ -233,7 +316,6 @@ static void test_record_stream_holds_the_block_until_every_user_finished(void **
 
 /* ---- device-wide frees (cudaFree's promise) ---------------------------------- */
 
-#define S3 ((cuh_stream_t)0x3000)
 
 static void test_device_wide_free_waits_for_every_stream_without_blocking(void **state)
 {
@@ -1975,6 +2057,15 @@ static void test_vmm_random_operations_never_reuse_or_unmap_a_page_before_its_wo
         {"vmm:1,vmm_margin:0,limit:160M", 2 * MiB, 10, 22001, 0, 1},
         {"limit:160M", 2 * MiB, 25, 23001, 0, 1},
         {"vmm:1,limit:300M", 2 * MiB, 10, 24001, 0, 1},
+        /* other streams' pending frees serve a stream that waits for them,
+         * or, device-wide, every stream */
+        {"reuse_across_streams:1,limit:160M", 2 * MiB, 25, 25001, 0, 1},
+        {"vmm:1,vmm_margin:0,reuse_across_streams:1,limit:160M", 2 * MiB, 25, 26001, 0, 0},
+        /* seed 1626049 caught a take-back's event kept in place of a newer
+         * one recorded when memory changed streams */
+        {"vmm:1,vmm_margin:0,reuse_across_streams:1,limit:160M", 2 * MiB, 25, 1626049, 0, 0},
+        {"vmm:1,vmm_margin:0,small_max:0,reuse_across_streams:1,limit:160M", 2 * MiB, 0, 27001, 1, 0},
+        {"vmm:1,reuse_across_streams:1,limit:300M", 2 * MiB, 10, 28001, 0, 1},
     };
     /* CUHEAP_TEST_SEEDS=N runs every setting with N seeds more (a longer
      * search than CI's). */
@@ -2891,6 +2982,8 @@ int main(void)
         cmocka_unit_test(test_zero_size_gives_null_and_ok),
         cmocka_unit_test(test_same_stream_reuses_a_freed_block_at_once),
         cmocka_unit_test(test_other_stream_reuses_only_after_the_event_completes),
+        cmocka_unit_test(test_reuse_across_streams_orders_the_new_user_after_the_free),
+        cmocka_unit_test(test_reuse_across_streams_device_wide_orders_every_stream),
         cmocka_unit_test(test_small_objects_cross_streams_only_after_the_event),
         cmocka_unit_test(test_waiting_for_memory_blocks_on_the_event_not_before),
         cmocka_unit_test(test_a_retired_stream_is_never_touched_again),
