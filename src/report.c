@@ -40,7 +40,7 @@ static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
 {
     char a[32], b[32], c[32];
     const cuheap_stats_t *st = &s->stats;
-    char conf[256];
+    char conf[2048];   /* every key, with the report and trace paths (up to 511 bytes each) */
     cuh_config_format(&s->config, conf, sizeof conf);
     fprintf(out, "== device %d (%s) ==\n", s->device, s->device_kind);
     fprintf(out, "settings: %s\n\n", conf);

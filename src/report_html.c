@@ -286,7 +286,7 @@ void cuh_report_html(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t 
         fprintf(out, "<p>No device has been used.</p>\n");
     for (size_t i = 0; i < n; i++) {
         const cuh_heap_snapshot_t *s = snaps[i];
-        char conf[256], a[32], b[32];
+        char conf[2048], a[32], b[32];
         cuh_config_format(&s->config, conf, sizeof conf);
         fprintf(out, "<h2>Device %d (%s)</h2>\n<p class=counts>settings: %s &middot; device %s", s->device,
                 s->device_kind, conf, bytes(a, s->device_total));

@@ -143,6 +143,10 @@ st = json.load(open('$tmp/waits.json'))['devices'][0]['stats']
 print(st['num_cpu_waits'] == line['cpu_waits'] + line['synchronizes'] > 0)")
 check "num_cpu_waits is every CPU wait the replay made (the out-of-memory settled pending frees)" \
     '[ "$waits" = True ] && grep -q "CPU waits for the GPU [1-9]" $tmp/frag.txt'
+long="$tmp/$(printf 'a%.0s' $(seq 1 300)).trace"
+"$replay" --conf "trace:$long" --report "$tmp/long.txt" bench/traces/resnet50.trace.gz >/dev/null
+check "the settings line of a report is whole: every key, a 300-character trace path last" \
+    'grep "^settings: " $tmp/long.txt | grep -q "reuse_across_streams:0,.*pinned_chunk:[0-9]*,trace:$long\$"'
 check "the text report names the cause and what would help" 'grep -q "cause fragmentation" $tmp/frag.txt && grep -q "what would help" $tmp/frag.txt'
 check "the HTML page loads nothing from outside" '! grep -Eqi "(src|href)=|https?:|<script|@import|url\(" $tmp/frag.html'
 
