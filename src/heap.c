@@ -647,8 +647,9 @@ static void stream_globalize_locked(cuh_heap_t *h, stream_state_t *st)
     }
 }
 
-/* Everything recorded on the device so far has finished (after a
- * synchronize, or when an event could not be used). */
+/* Everything recorded on st so far has finished (after a synchronize, or
+ * when an event could not be used), or every stream waits for it on the GPU
+ * (take_back_private_locked): its fences are done with. */
 static void stream_all_done_locked(cuh_heap_t *h, stream_state_t *st)
 {
     for (size_t i = 0; i < st->num_fences; i++)
@@ -1673,16 +1674,22 @@ static int keep_until_done_locked(cuh_heap_t *h, stream_state_t *st)
     return 1;
 }
 
-/* Bytes of memory streams freed in order that no fence has shown the GPU
- * has passed yet: what only its stream may reuse. */
-static size_t private_free_bytes_locked(const cuh_heap_t *h)
+/* 1 if reuse_across_streams may give st (or a device-wide request) `size`
+ * bytes: memory the other streams freed in order that no fence has shown
+ * the GPU has passed yet, what only its stream may reuse otherwise. */
+static int may_take_private_locked(const cuh_heap_t *h, const stream_state_t *st, size_t size)
 {
+    /* A retired stream cannot be made to wait (the device-wide state is
+     * marked retired only so that nothing is ever recorded on it). */
+    if (!h->cfg.reuse_across_streams || h->captures || (st->retired && st != &h->device_wide))
+        return 0;
     size_t bytes = 0;
     for (uint32_t i = 0; i < h->num_streams; i++) {
         const cuh_tag_books_t *books = &h->arena.tags[h->streams[i]->tag];
-        bytes += books->unfenced_bytes + books->fenced_bytes;
+        if (h->streams[i] != st)
+            bytes += books->unfenced_bytes + books->fenced_bytes;
     }
-    return bytes;
+    return bytes >= size;
 }
 
 /* A device-wide allocation (cudaMalloc under LD_PRELOAD, or the C API's)
@@ -1700,11 +1707,10 @@ static size_t private_free_bytes_locked(const cuh_heap_t *h)
  * memory turns global at once; the CPU does not wait. Under vmm:1 the
  * running fences are kept until they complete: no page of that memory is
  * unmapped before. Returns 1 when memory turned global, 0 when there was
- * none or a wait could not be enqueued (the heap then grows, as without). */
-static int take_back_private_locked(cuh_heap_t *h, size_t size)
+ * none or a wait could not be enqueued (the heap then grows, as without).
+ * The caller checks may_take_private_locked first, as for the next one. */
+static int take_back_private_locked(cuh_heap_t *h)
 {
-    if (!h->cfg.reuse_across_streams || h->captures || private_free_bytes_locked(h) < size)
-        return 0;
     cuh_event_t **running = malloc(h->num_streams * sizeof *running);
     cuh_stream_t *where = malloc(h->num_streams * sizeof *where);
     stream_state_t **owner = malloc(h->num_streams * sizeof *owner);
@@ -1728,11 +1734,7 @@ static int take_back_private_locked(cuh_heap_t *h, size_t size)
             ok = 0;   /* no event to keep: this and the rest stay private */
             break;
         }
-        for (size_t f = 0; f < st->num_fences; f++)
-            event_put_locked(h, st->fences[f].event);
-        st->completed = st->fences[st->num_fences - 1].number + 1;
-        st->num_fences = 0;
-        stream_globalize_locked(h, st);
+        stream_all_done_locked(h, st);   /* every stream is ordered after its fences */
         any = 1;
     }
     if (any)
@@ -1756,13 +1758,8 @@ static int take_back_private_locked(cuh_heap_t *h, size_t size)
  * batch would wait for the step's compute), hence a setting, off by
  * default. A fence found complete simply turns its memory global. Returns 1
  * when memory came to `to` or turned global. */
-static int borrow_private_locked(cuh_heap_t *h, stream_state_t *to, size_t size)
+static int borrow_private_locked(cuh_heap_t *h, stream_state_t *to)
 {
-    if (!h->cfg.reuse_across_streams || h->captures || to->retired)
-        return 0;
-    const cuh_tag_books_t *own = &h->arena.tags[to->tag];
-    if (private_free_bytes_locked(h) - own->unfenced_bytes - own->fenced_bytes < size)
-        return 0;
     int any = 0;
     for (uint32_t i = 0; i < h->num_streams; i++) {
         stream_state_t *st = h->streams[i];
@@ -1795,7 +1792,9 @@ static int borrow_private_locked(cuh_heap_t *h, stream_state_t *to, size_t size)
  * device-wide request, with st waiting for a request on a stream. */
 static int take_private_locked(cuh_heap_t *h, stream_state_t *st, size_t size)
 {
-    return st == &h->device_wide ? take_back_private_locked(h, size) : borrow_private_locked(h, st, size);
+    if (!may_take_private_locked(h, st, size))
+        return 0;
+    return st == &h->device_wide ? take_back_private_locked(h) : borrow_private_locked(h, st);
 }
 
 /* The smallest free extent, global or the stream's own, that holds `size`
@@ -2074,7 +2073,7 @@ hit:
                     goto retry_after_take_back;
                 goto hit;
             }
-        } else if (!tried_private && private_free_bytes_locked(h) >= size) {
+        } else if (!tried_private && may_take_private_locked(h, st, size)) {
             /* ... and so does other streams' private memory. */
             tried_private = 1;
             if (take_private_locked(h, st, size) && !(e = find_fit_locked(h, size, align, st->tag)))
