@@ -266,12 +266,12 @@ static cuh_dev_status_t sim_event_record(cuh_device_t *dev, cuh_event_t event, c
         snprintf(dev->last_error, sizeof dev->last_error, "sim: bad event or out of memory");
         rc = CUH_DEV_ERROR;
     } else {
-        st->recorded++;
         if (!note_record(st)) {
             snprintf(dev->last_error, sizeof dev->last_error, "sim: out of host memory");
             pthread_mutex_unlock(&s->lock);
             return CUH_DEV_ERROR;
         }
+        st->recorded++;
         if (!s->hold)
             complete_stream(s, st);
         event->recorded = 1;
