@@ -110,31 +110,36 @@ static void *run(void *arg)
     return NULL;
 }
 
-/* A heap with default settings on a simulated device of 4 TiB; with
- * thread_cache:0 when no_thread_cache. */
-static int no_thread_cache;
-
-static cuh_heap_t *heap_on_sim(cuh_device_t **dev)
+/* A heap with `conf` (CUHEAP_CONF syntax) on a simulated device of
+ * `capacity` bytes. */
+static cuh_heap_t *heap_on_sim(cuh_device_t **dev, size_t capacity, const char *conf)
 {
-    *dev = cuh_sim_create(&(cuh_sim_params_t){.capacity = (size_t)1 << 42});
+    *dev = cuh_sim_create(&(cuh_sim_params_t){.capacity = capacity});
     cuh_config_t cfg;
     cuh_config_defaults(&cfg);
-    if (no_thread_cache)
-        cfg.thread_cache = 0;
     char err[256];
-    cuh_heap_t *heap = *dev ? cuh_heap_create(*dev, &cfg, err, sizeof err) : NULL;
-    if (!heap) {
+    cuh_heap_t *heap = NULL;
+    if (!*dev || cuh_config_parse(conf, &cfg, err, sizeof err) || !(heap = cuh_heap_create(*dev, &cfg, err, sizeof err))) {
         fprintf(stderr, "bench_heap: %s\n", *dev ? err : "cannot create the simulated device");
         exit(1);
     }
     return heap;
 }
 
+/* The heap of the speed benchmarks: default settings on 4 TiB, with
+ * thread_cache:0 when no_thread_cache. */
+static int no_thread_cache;
+
+static cuh_heap_t *speed_heap(cuh_device_t **dev)
+{
+    return heap_on_sim(dev, (size_t)1 << 42, no_thread_cache ? "thread_cache:0" : "");
+}
+
 /* ns per malloc+free for `threads` threads on one heap. */
 static double measure(const mix_t *mix, int threads, long ops)
 {
     cuh_device_t *dev;
-    cuh_heap_t *heap = heap_on_sim(&dev);
+    cuh_heap_t *heap = speed_heap(&dev);
     pthread_t th[16];
     job_t jobs[16];
     for (int i = 0; i < threads; i++) {
@@ -221,7 +226,7 @@ static double measure_pinned(size_t size, long ops)
 static double measure_device_wide(int device_wide, long lag, long ops, double *events)
 {
     cuh_device_t *dev;
-    cuh_heap_t *heap = heap_on_sim(&dev);
+    cuh_heap_t *heap = speed_heap(&dev);
     cuh_sim_hold_events(dev, lag > 0);
     const mix_t *mix = &mixes[4];
     const cuh_stream_t stream = (cuh_stream_t)0x1000;
@@ -271,15 +276,8 @@ static double measure_device_wide(int device_wide, long lag, long ops, double *e
 static double measure_streams_memory(const char *conf, long lag, long ops, uint64_t *cpu_waits)
 {
     /* An H200's memory: vmm:1 reserves four times as much address space. */
-    cuh_device_t *dev = cuh_sim_create(&(cuh_sim_params_t){.capacity = (size_t)140 << 30});
-    cuh_config_t cfg;
-    cuh_config_defaults(&cfg);
-    char err[256];
-    cuh_heap_t *heap = NULL;
-    if (!dev || cuh_config_parse(conf, &cfg, err, sizeof err) || !(heap = cuh_heap_create(dev, &cfg, err, sizeof err))) {
-        fprintf(stderr, "bench_heap: %s\n", dev ? err : "cannot create the simulated device");
-        exit(1);
-    }
+    cuh_device_t *dev;
+    cuh_heap_t *heap = heap_on_sim(&dev, (size_t)140 << 30, conf);
     cuh_sim_hold_events(dev, 1);
     enum { STREAMS = 32, LIVE = 256 };
     cuh_stream_t streams[STREAMS];
