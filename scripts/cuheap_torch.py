@@ -13,7 +13,9 @@ cuheap runs on CUDA virtual memory (vmm:1) unless CUHEAP_CONF sets vmm.
 
 Then memory_stats() answers with the keys of torch.cuda.memory_stats() (whose
 own version raises for pluggable allocators), memory_summary() prints a
-summary, and dump_report(path) writes cuheap's full report.
+summary, and dump_report(path) writes cuheap's full report. Once installed,
+torch.compile(mode="reduce-overhead") records plain CUDA graphs instead of
+CUDA-graph trees, which PyTorch's plugin interface cannot serve (see below).
 
 Standard library and torch only.
 """
@@ -126,6 +128,7 @@ def install():
             "allocator and cannot switch (%s). Call install() before the first CUDA tensor, or use "
             "CUHEAP_TORCH=1 / python -m cuheap_torch." % e) from None
     _allocator = allocator
+    _use_plain_cuda_graphs()
 
 
 def last_error():
@@ -233,39 +236,89 @@ def dump_report(path, format=None):
         raise OSError("cuheap_dump_report(%s): %s" % (path, last_error()))
 
 
-# ---- activation by environment ------------------------------------------------
+# ---- after an import -----------------------------------------------------------
 
-class _InstallAfterTorch:
-    """A meta-path finder that installs cuheap right after `import torch`
-    finishes, before the program can make a CUDA tensor."""
+class _AfterImport:
+    """A meta-path finder that calls `then(module)` right after the module
+    `name` has been imported, once."""
+
+    def __init__(self, name, then):
+        self.name, self.then = name, then
 
     def find_spec(self, name, path=None, target=None):
-        if name != "torch":
+        if name != self.name:
             return None
         sys.meta_path.remove(self)
         import importlib.util
-        spec = importlib.util.find_spec("torch")
+        spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None:
             return spec
-        loader = spec.loader
-        exec_module = loader.exec_module
+        exec_module, then = spec.loader.exec_module, self.then
 
-        def exec_then_install(module):
+        def exec_then(module):
             exec_module(module)
-            install()
+            then(module)
 
-        loader.exec_module = exec_then_install
+        spec.loader.exec_module = exec_then
         return spec
 
+
+def _after_import(name, then):
+    """Calls then(module) now if `name` is imported, else right after its import."""
+    if name in sys.modules:
+        then(sys.modules[name])
+    elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(name, then))
+
+
+# ---- torch.compile's CUDA graphs ----------------------------------------------
+#
+# torch.compile(mode="reduce-overhead") records CUDA graphs through "CUDA-graph
+# trees", which save and restore the caching allocator's books of a graph pool
+# (torch._C._cuda_getCheckpointState, _cuda_setCheckpointPoolState) and check
+# them (_cuda_checkPoolLiveAllocations). PyTorch's pluggable-allocator
+# interface has none of these (2.11: "pluggable does not yet support
+# checkPoolLiveAllocations"), so with any plugin installed that mode fails at
+# its first call. Inductor's other way, plain CUDA graphs over a private pool
+# (torch._inductor.config.triton.cudagraph_trees = False), needs only what
+# cuheap implements: once installed, cuheap selects it. Setting it back to True
+# reaches the functions below, which then say so.
+
+_TREES_REFUSED = (
+    "cuheap: torch._C.%s is not available with a pluggable allocator such as cuheap: torch.compile's "
+    "CUDA-graph trees (mode='reduce-overhead' with torch._inductor.config.triton.cudagraph_trees=True) "
+    "need it. cuheap sets cudagraph_trees=False when it is installed, so that reduce-overhead records "
+    "plain CUDA graphs; something set it back to True. Leave it False, compile with "
+    "mode='max-autotune-no-cudagraphs', or run the job with LD_PRELOAD=libcuheap.so instead "
+    "(PyTorch keeps its own allocator there, and cuheap serves its device memory)")
+
+
+def _plain_cuda_graphs(config):
+    config.triton.cudagraph_trees = False
+
+
+def _use_plain_cuda_graphs():
+    import torch
+    torch_c = getattr(torch, "_C", None)
+    for name in ("_cuda_checkPoolLiveAllocations", "_cuda_getCheckpointState", "_cuda_setCheckpointPoolState"):
+        if torch_c is not None and hasattr(torch_c, name):
+            def refuse(*args, _name=name, **kwargs):
+                raise RuntimeError(_TREES_REFUSED % _name)
+            setattr(torch_c, name, refuse)
+    # Importing inductor takes seconds: its settings are changed when the
+    # program imports them, not before.
+    _after_import("torch._inductor.config", _plain_cuda_graphs)
+
+
+# ---- activation by environment ------------------------------------------------
 
 def activate_from_environment():
     """With CUHEAP_TORCH=1, installs cuheap when torch is imported."""
     if os.environ.get("CUHEAP_TORCH", "") not in ("1", "true", "yes"):
         return
-    if "torch" in sys.modules:
-        install()
-    elif not any(isinstance(f, _InstallAfterTorch) for f in sys.meta_path):
-        sys.meta_path.insert(0, _InstallAfterTorch())
+    # Right after `import torch` finishes, before the program can make a
+    # CUDA tensor.
+    _after_import("torch", lambda module: install())
 
 
 def main(argv):

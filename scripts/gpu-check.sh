@@ -240,7 +240,7 @@ if [[ "${GPU_TORCH:-1}" != 0 ]] && python3 -c 'import torch, sys; sys.exit(0 if 
     if part torch; then
         section "PyTorch checks (torch $(python3 -c 'import torch; print(torch.__version__)'))"
         log="$BUILD/torch_checks.log"
-        run_logged "$log" timeout 300 python3 tests/gpu/torch_checks.py
+        run_logged "$log" timeout 480 python3 tests/gpu/torch_checks.py
         row "PyTorch checks" "$RUN_RC" "$RUN_SECS" "$(grep -c '^PASS' "$log") passed, $(grep -c '^FAIL' "$log") failed"
         section "PyTorch training jobs: cuheap beside PyTorch's three allocator modes"
         run_logged "$BUILD/torch_jobs.log" timeout 420 python3 bench/torch/run_modes.py --jobs resnet50,gpt2,bert_varlen \

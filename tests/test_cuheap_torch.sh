@@ -3,8 +3,9 @@
 # scripts/sitecustomize.py without a GPU: a stand-in `torch` package records
 # what the helper asks of PyTorch's pluggable-allocator API, so the three ways
 # of turning cuheap on (install(), CUHEAP_TORCH=1, python -m cuheap_torch),
-# the hook wiring, the too-late error and the statistics mapping are all
-# checked against the real libcuheap.so.
+# the hook wiring, the too-late error, the statistics mapping and the switch of
+# torch.compile to plain CUDA graphs are all checked against the real
+# libcuheap.so.
 set -uo pipefail
 build=${1:-build}
 [ -e "$build/libcuheap.so" ] || build=build
@@ -18,8 +19,24 @@ mkdir -p "$tmp/fake/torch/cuda"
 cat > "$tmp/fake/torch/__init__.py" <<'PY'
 """A stand-in for torch: records what cuheap_torch does with the allocator API."""
 import ctypes, os
-from . import cuda
+from . import cuda, _C
 __version__ = "fake"
+PY
+cat > "$tmp/fake/torch/_C.py" <<'PY'
+"""What CUDA-graph trees call on PyTorch's side; the real ones raise for plugins."""
+def _cuda_checkPoolLiveAllocations(device, pool, ptrs):
+    return True
+def _cuda_getCheckpointState(device, pool):
+    return object()
+def _cuda_setCheckpointPoolState(device, state, stale, add_deleters):
+    return None
+PY
+mkdir -p "$tmp/fake/torch/_inductor"
+: > "$tmp/fake/torch/_inductor/__init__.py"
+cat > "$tmp/fake/torch/_inductor/config.py" <<'PY'
+"""Inductor's settings, as far as CUDA graphs go."""
+class triton:
+    cudagraph_trees = True
 PY
 cat > "$tmp/fake/torch/cuda/__init__.py" <<'PY'
 from . import memory
@@ -121,5 +138,41 @@ try:
 except OSError as e:
     print('ok' if 'no/such/dir' in str(e) else e)")
 check "dump_report() writes JSON and reports a bad path (got: $out)" '[ "$out" = ok ]'
+
+# torch.compile(mode="reduce-overhead"): CUDA-graph trees need allocator
+# checkpoints a plugin cannot give, so an installed cuheap selects plain CUDA
+# graphs, whether inductor's settings are imported before or after, and the
+# checkpoint functions then explain themselves instead of PyTorch's bare error.
+out=$(py -c '
+import cuheap_torch, torch
+cuheap_torch.install()
+import torch._inductor.config as c
+print(c.triton.cudagraph_trees)')
+check "installed, inductor imported after: plain CUDA graphs (got: $out)" '[ "$out" = False ]'
+out=$(py -c '
+import torch, torch._inductor.config as c, cuheap_torch
+before = c.triton.cudagraph_trees
+cuheap_torch.install()
+print(before, c.triton.cudagraph_trees)')
+check "installed, inductor imported before: plain CUDA graphs (got: $out)" '[ "$out" = "True False" ]'
+out=$(CUHEAP_TORCH=1 py -c '
+import torch, torch._inductor.config as c
+print(c.triton.cudagraph_trees)')
+check "CUHEAP_TORCH=1: plain CUDA graphs too (got: $out)" '[ "$out" = False ]'
+out=$(py -c '
+import cuheap_torch, torch, torch._inductor.config as c
+print(c.triton.cudagraph_trees, torch._C._cuda_checkPoolLiveAllocations(0, (0, 1), set()))')
+check "not installed: inductor and torch._C untouched (got: $out)" '[ "$out" = "True True" ]'
+out=$(py -c '
+import cuheap_torch, torch
+cuheap_torch.install()
+for name in ("_cuda_checkPoolLiveAllocations", "_cuda_getCheckpointState", "_cuda_setCheckpointPoolState"):
+    try:
+        getattr(torch._C, name)(0, (0, 1), set(), [])
+        print("no error from", name)
+    except RuntimeError as e:
+        m = str(e)
+        print("ok" if name in m and "cudagraph_trees" in m and "LD_PRELOAD" in m else m)')
+check "installed: the graph-tree checkpoint calls name the way out (got: $out)" '[ "$out" = "$(printf "ok\nok\nok")" ]'
 
 finish test_cuheap_torch

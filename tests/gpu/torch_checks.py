@@ -11,6 +11,12 @@ prints PASS or FAIL with what it saw; a Markdown table ends the output.
   report   a training-like loop pushed past limit:6G gets cause "limit", and
            report:PATH writes its JSON and HTML reports (copied to $OUT, when
            set, to be opened in a browser)
+  compile  torch.compile(mode="reduce-overhead") (CUDA graphs, two input
+           shapes) trains with the same losses natively, with cuheap as
+           plugin (plain CUDA graphs: cuheap_torch turns graph trees off) and
+           under LD_PRELOAD (graph trees, PyTorch's allocator over cuheap)
+
+`python3 torch_checks.py NAME...` runs only the checks named.
 """
 
 import os
@@ -20,11 +26,11 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run(code, **env_extra):
+def run(code, timeout=180, **env_extra):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.join(ROOT, "scripts") + os.pathsep + env.get("PYTHONPATH", "")
     env.update(env_extra)
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stdout.strip(), p.stderr.strip()
 
 
@@ -140,9 +146,62 @@ def oom_report():
                                                      oom and oom["live"])
 
 
+COMPILE_JOB = """
+import json, sys, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.LayerNorm(1024),
+                            torch.nn.Linear(1024, 10)).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+compiled = torch.compile(model, mode="reduce-overhead")
+g = torch.Generator(device="cuda").manual_seed(1)
+losses = []
+for i in range(12):
+    n = 256 if i < 6 else 384   # a second shape: a second recording
+    x = torch.randn(n, 512, device="cuda", generator=g)
+    y = torch.randint(0, 10, (n,), device="cuda", generator=g)
+    loss = torch.nn.functional.cross_entropy(compiled(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    losses.append(loss.item())
+import torch._inductor.config as ic
+import cuheap_torch   # on the path: the library it loads is the one preloaded, if any
+served = cuheap_torch._raw_stats(0)["num_allocs"]
+print(json.dumps([losses, cuheap_torch.installed(), ic.triton.cudagraph_trees, served]))
+"""
+
+
+@check("compile")
+def compile_reduce_overhead():
+    import json
+    lib = os.path.join(ROOT, "build", "libcuheap.so")
+    seen, results = [], {}
+    for way, env in (("native", {}), ("plugin", {"CUHEAP_TORCH": "1"}), ("preload", {"LD_PRELOAD": lib})):
+        rc, out, err = run(COMPILE_JOB, timeout=400, **env)
+        try:
+            results[way] = json.loads(out.splitlines()[-1])
+        except (ValueError, IndexError):
+            return False, "%s failed: %s" % (way, err.strip().splitlines()[-1][:200] if err.strip() else rc)
+    native, plugin, preload = results["native"], results["plugin"], results["preload"]
+    seen.append("plugin installed %s, graph trees %s, %d blocks" % (plugin[1], plugin[2], plugin[3]))
+    seen.append("preload %d blocks" % preload[3])
+    seen.append("losses as native's: plugin %s, preload %s" % (plugin[0] == native[0], preload[0] == native[0]))
+    ok = (plugin[1] and not plugin[2] and plugin[3] > 0 and preload[3] > 0 and native[3] == 0 and
+          plugin[0] == native[0] and preload[0] == native[0])
+    return ok, "; ".join(seen) + "; last loss %.6f" % native[0][-1]
+
+
 def main():
+    wanted = set(sys.argv[1:])
+    unknown = wanted - {name for name, _ in CHECKS}
+    if unknown:
+        sys.stderr.write("unknown check(s): %s; known: %s\n" % (" ".join(sorted(unknown)),
+                                                               " ".join(n for n, _ in CHECKS)))
+        return 2
     rows, failed = [], 0
     for name, fn in CHECKS:
+        if wanted and name not in wanted:
+            continue
         try:
             ok, seen = fn()
         except Exception as e:  # a check that crashes fails, with why
