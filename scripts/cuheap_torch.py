@@ -14,8 +14,10 @@ cuheap runs on CUDA virtual memory (vmm:1) unless CUHEAP_CONF sets vmm.
 Then memory_stats() answers with the keys of torch.cuda.memory_stats() (whose
 own version raises for pluggable allocators), memory_summary() prints a
 summary, and dump_report(path) writes cuheap's full report. Once installed,
-torch.compile(mode="reduce-overhead") records plain CUDA graphs instead of
-CUDA-graph trees, which PyTorch's plugin interface cannot serve (see below).
+torch.cuda's own statistics functions (memory_stats, max_memory_allocated,
+reset_peak_memory_stats, ...) answer from cuheap too, where PyTorch's plugin
+interface would raise, and torch.compile(mode="reduce-overhead") records plain
+CUDA graphs instead of CUDA-graph trees, which that interface cannot serve.
 
 Standard library and torch only.
 """
@@ -25,7 +27,8 @@ import os
 import runpy
 import sys
 
-__all__ = ["install", "installed", "memory_stats", "memory_summary", "dump_report", "last_error", "library_path"]
+__all__ = ["install", "installed", "memory_stats", "memory_summary", "reset_peak_memory_stats",
+           "reset_accumulated_memory_stats", "dump_report", "last_error", "library_path"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _lib = None
@@ -78,6 +81,7 @@ def _load():
         _lib.cuheap_status_string.restype = ctypes.c_char_p
         _lib.cuheap_get_stats.argtypes = [ctypes.c_int, ctypes.POINTER(_Stats)]
         _lib.cuheap_dump_report.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        _lib.cuheap_reset_peaks.argtypes = [ctypes.c_int]
     return _lib
 
 
@@ -128,6 +132,7 @@ def install():
             "allocator and cannot switch (%s). Call install() before the first CUDA tensor, or use "
             "CUHEAP_TORCH=1 / python -m cuheap_torch." % e) from None
     _allocator = allocator
+    _answer_torch_statistics()
     _use_plain_cuda_graphs()
 
 
@@ -196,18 +201,60 @@ def _device_index(device):
     return index
 
 
+# Counters that torch.cuda.reset_accumulated_memory_stats() sets back to 0:
+# cuheap's own keep counting (its reports show totals), so the reset is a
+# baseline per device that these figures are taken from.
+_ACCUMULATED = ("allocation.all.allocated", "allocation.all.freed", "segment.all.allocated", "segment.all.freed",
+                "num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free", "num_sync_all_streams",
+                "cuheap.cache_hits")
+_baselines = {}
+
+
 def memory_stats(device=None):
     """Like torch.cuda.memory_stats(device), filled from cuheap."""
-    return torch_stats_from(_raw_stats(_device_index(device)))
+    d = _device_index(device)
+    stats = torch_stats_from(_raw_stats(d))
+    for key, value in _baselines.get(d, {}).items():
+        stats[key] -= value
+    return stats
+
+
+def reset_accumulated_memory_stats(device=None):
+    """Like torch.cuda.reset_accumulated_memory_stats(device): the counters of
+    allocations, frees, segments, retries and OOMs start again from 0."""
+    d = _device_index(device)
+    stats = torch_stats_from(_raw_stats(d))
+    _baselines[d] = {key: stats[key] for key in _ACCUMULATED}
+
+
+def reset_peak_memory_stats(device=None):
+    """Like torch.cuda.reset_peak_memory_stats(device): peaks become the
+    current values (cuheap's own peaks, in its reports too)."""
+    d = _device_index(device)
+    if _load().cuheap_reset_peaks(d) != 0:
+        raise RuntimeError("cuheap_reset_peaks: %s" % last_error())
+
+
+def _nested(flat):
+    """The nested dict torch._C._cuda_memoryStats returns, from flat keys."""
+    out = {}
+    for key, value in flat.items():
+        parts = key.split(".")
+        node = out
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return out
 
 
 def _gib(n):
     return "%.2f GiB" % (n / 2.0 ** 30)
 
 
-def memory_summary(device=None):
+def memory_summary(device=None, abbreviated=False):
     """A short text summary, like torch.cuda.memory_summary(), with cuheap's
-    fragmentation figures."""
+    fragmentation figures (`abbreviated` is accepted for its sake and changes
+    nothing)."""
     d = _device_index(device)
     r = _raw_stats(d)
     lines = ["cuheap memory summary, device %d" % d,
@@ -269,6 +316,36 @@ def _after_import(name, then):
         then(sys.modules[name])
     elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
         sys.meta_path.insert(0, _AfterImport(name, then))
+
+
+# ---- torch.cuda's statistics ---------------------------------------------------
+#
+# torch.cuda.memory_stats(), memory_allocated(), max_memory_allocated(),
+# memory_reserved(), max_memory_reserved(), reset_peak_memory_stats() and
+# reset_accumulated_memory_stats() reach the allocator through three functions
+# of torch._C, which PyTorch's pluggable allocator answers with "does not yet
+# support getDeviceStats" (2.11): a training script that logs its peak memory,
+# and torch.compile's kernel tuning, would stop there. Once installed, cuheap
+# answers them with its own figures, the keys of memory_stats() above (pool
+# keys such as "allocated_bytes.large_pool.current" stay absent: cuheap has no
+# such pools), and torch.cuda.memory_summary(), which reads those pool keys,
+# becomes memory_summary() above.
+
+def _answer_torch_statistics():
+    import torch
+    torch_c = getattr(torch, "_C", None)
+    answers = {
+        "_cuda_memoryStats": lambda device: _nested(memory_stats(device)),
+        "_cuda_resetPeakMemoryStats": reset_peak_memory_stats,
+        "_cuda_resetAccumulatedMemoryStats": reset_accumulated_memory_stats,
+    }
+    for name, answer in answers.items():
+        if torch_c is not None and hasattr(torch_c, name):
+            setattr(torch_c, name, answer)
+    cuda = getattr(torch, "cuda", None)
+    for owner in (cuda, getattr(cuda, "memory", None)):
+        if owner is not None and hasattr(owner, "memory_summary"):
+            owner.memory_summary = memory_summary
 
 
 # ---- torch.compile's CUDA graphs ----------------------------------------------

@@ -23,7 +23,18 @@ from . import cuda, _C
 __version__ = "fake"
 PY
 cat > "$tmp/fake/torch/_C.py" <<'PY'
-"""What CUDA-graph trees call on PyTorch's side; the real ones raise for plugins."""
+"""What torch.cuda's statistics and CUDA-graph trees call on PyTorch's side.
+Under a pluggable allocator the real statistics functions raise, as here; the
+graph-tree ones raise too (here they answer, to show they were replaced)."""
+def _plugin_refuses(what):
+    raise RuntimeError("CUDAPluggableAllocator does not yet support %s. If you need it, please file an issue "
+                       "describing your use case." % what)
+def _cuda_memoryStats(device):
+    _plugin_refuses("getDeviceStats")
+def _cuda_resetPeakMemoryStats(device):
+    _plugin_refuses("resetPeakStats")
+def _cuda_resetAccumulatedMemoryStats(device):
+    _plugin_refuses("resetAccumulatedStats")
 def _cuda_checkPoolLiveAllocations(device, pool, ptrs):
     return True
 def _cuda_getCheckpointState(device, pool):
@@ -40,6 +51,8 @@ class triton:
 PY
 cat > "$tmp/fake/torch/cuda/__init__.py" <<'PY'
 from . import memory
+from .memory import (memory_stats, memory_allocated, max_memory_allocated, memory_reserved, max_memory_reserved,
+                     reset_peak_memory_stats, reset_accumulated_memory_stats, memory_summary)
 def current_device():
     return 0
 PY
@@ -63,6 +76,35 @@ def change_current_allocator(a):
     if os.environ.get("FAKE_TOO_LATE"):
         raise RuntimeError("Can't swap an already initialized allocator")
     LOG.append(("change", a.alloc is not None and a.free is not None))
+# torch.cuda's statistics, written as PyTorch 2.11 writes them: through torch._C.
+import torch
+def memory_stats_as_nested_dict(device=None):
+    return torch._C._cuda_memoryStats(0 if device is None else device)
+def memory_stats(device=None):
+    result = []
+    def add(prefix, obj):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                add(prefix + "." + k if prefix else k, v)
+        else:
+            result.append((prefix, obj))
+    add("", memory_stats_as_nested_dict(device))
+    return dict(sorted(result))
+def memory_allocated(device=None):
+    return memory_stats(device).get("allocated_bytes.all.current", 0)
+def max_memory_allocated(device=None):
+    return memory_stats(device).get("allocated_bytes.all.peak", 0)
+def memory_reserved(device=None):
+    return memory_stats(device).get("reserved_bytes.all.current", 0)
+def max_memory_reserved(device=None):
+    return memory_stats(device).get("reserved_bytes.all.peak", 0)
+def reset_peak_memory_stats(device=None):
+    return torch._C._cuda_resetPeakMemoryStats(0 if device is None else device)
+def reset_accumulated_memory_stats(device=None):
+    return torch._C._cuda_resetAccumulatedMemoryStats(0 if device is None else device)
+def memory_summary(device=None, abbreviated=False):
+    stats = memory_stats(device)
+    return "large pool %d" % stats["allocated_bytes.large_pool.current"]
 PY
 export CUHEAP_LIB="$lib"
 py() { PYTHONPATH="$root/scripts:$tmp/fake" python3 "$@" 2>&1; }
@@ -174,5 +216,44 @@ for name in ("_cuda_checkPoolLiveAllocations", "_cuda_getCheckpointState", "_cud
         m = str(e)
         print("ok" if name in m and "cudagraph_trees" in m and "LD_PRELOAD" in m else m)')
 check "installed: the graph-tree checkpoint calls name the way out (got: $out)" '[ "$out" = "$(printf "ok\nok\nok")" ]'
+
+# torch.cuda's statistics: PyTorch's pluggable allocator raises for them, so a
+# script that logs max_memory_allocated() would stop; installed, cuheap
+# answers with its figures. Real blocks, on the fake driver, through the
+# plugin's own entry points.
+out=$(LD_LIBRARY_PATH="$(dirname "$lib")/fake" py -c '
+import ctypes, cuheap_torch, torch
+try:
+    torch.cuda.max_memory_allocated(0)
+    print("no error before install")
+except RuntimeError as e:
+    assert "getDeviceStats" in str(e)
+cuheap_torch.install()
+lib = cuheap_torch._load()
+alloc, free = lib.cuheap_torch_alloc, lib.cuheap_torch_free
+alloc.restype, alloc.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+a, b = alloc(3 << 20, 0, None), alloc(5 << 20, 0, None)
+assert a and b
+cuda = torch.cuda
+assert cuda.memory_allocated(0) == 8 << 20, cuda.memory_allocated(0)
+assert cuda.max_memory_allocated(0) == 8 << 20
+assert cuda.memory_reserved(0) >= 8 << 20 and cuda.max_memory_reserved(0) >= cuda.memory_reserved(0)
+free(b, 5 << 20, 0, None)
+assert cuda.memory_allocated(0) == 3 << 20 and cuda.max_memory_allocated(0) == 8 << 20
+cuda.reset_peak_memory_stats(0)
+assert cuda.max_memory_allocated(0) == 3 << 20, cuda.max_memory_allocated(0)
+s = cuda.memory_stats(0)
+assert s["allocation.all.allocated"] == 2 and s["allocation.all.freed"] == 1 and s["allocation.all.current"] == 1
+cuda.reset_accumulated_memory_stats(0)
+s = cuda.memory_stats(0)
+assert s["allocation.all.allocated"] == 0 and s["allocation.all.freed"] == 0 and s["allocation.all.current"] == 1
+c = alloc(1 << 20, 0, None)
+s = cuda.memory_stats(0)
+assert s["allocation.all.allocated"] == 1 and s["allocation.all.current"] == 2, s
+assert s == cuheap_torch.memory_stats(0)
+assert "cuheap memory summary" in cuda.memory_summary(0) and "cuheap memory summary" in cuda.memory.memory_summary()
+print("ok")')
+check "installed: torch.cuda.memory_stats, max_memory_allocated, resets and memory_summary answer from cuheap (got: $out)" '[ "$out" = ok ]'
 
 finish test_cuheap_torch

@@ -8,6 +8,9 @@ prints PASS or FAIL with what it saw; a Markdown table ends the output.
   cache    torch.cuda.empty_cache() releases cuheap's cached segments
   fraction set_per_process_memory_fraction() becomes cuheap's limit
   stats    memory_stats() carries torch's keys with cuheap's numbers
+  torchapi torch.cuda.memory_allocated(), max_memory_allocated(), the resets
+           and memory_summary() answer from cuheap (PyTorch's own raise for a
+           pluggable allocator)
   report   a training-like loop pushed past limit:6G gets cause "limit", and
            report:PATH writes its JSON and HTML reports (copied to $OUT, when
            set, to be opened in a browser)
@@ -111,6 +114,23 @@ def stats():
                        "print(s['requested_bytes.all.current'], s['allocated_bytes.all.peak'] >= 3 << 20, s['num_ooms'])",
                        CUHEAP_TORCH="1")
     return rc == 0 and out == "%d True 0" % (3 << 20), out or err[-300:]
+
+
+@check("torchapi")
+def torch_api_statistics():
+    rc, out, err = run("import torch\n"
+                       "x = torch.empty(64 << 20, dtype=torch.uint8, device='cuda')\n"
+                       "a, p = torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()\n"
+                       "del x\n"
+                       "b = torch.cuda.memory_allocated()\n"
+                       "torch.cuda.reset_peak_memory_stats()\n"
+                       "q = torch.cuda.max_memory_allocated()\n"
+                       "torch.cuda.reset_accumulated_memory_stats()\n"
+                       "n = torch.cuda.memory_stats()['allocation.all.allocated']\n"
+                       "print(a - b == 64 << 20, p >= a, q == b, n == 0, torch.cuda.memory_reserved() >= a,\n"
+                       "      'cuheap memory summary' in torch.cuda.memory_summary(), a, b)",
+                       CUHEAP_TORCH="1")
+    return rc == 0 and out.startswith("True True True True True True"), out or err[-300:]
 
 
 @check("report")
