@@ -27,7 +27,7 @@ import os
 import runpy
 import sys
 
-__all__ = ["install", "installed", "memory_stats", "memory_summary", "reset_peak_memory_stats",
+__all__ = ["install", "installed", "memory_stats", "memory_summary", "memory_snapshot", "reset_peak_memory_stats",
            "reset_accumulated_memory_stats", "dump_report", "last_error", "library_path"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -318,6 +318,87 @@ def _after_import(name, then):
         sys.meta_path.insert(0, _AfterImport(name, then))
 
 
+# ---- memory snapshots -------------------------------------------------------------
+
+def _snapshot_blocks(extents, classes, lo, hi):
+    """PyTorch's blocks for cuheap's extents, clipped to [lo, hi)."""
+    blocks = []
+    for x in extents:
+        start, end = max(x["addr"], lo), min(x["addr"] + x["size"], hi)
+        if start >= end:
+            continue
+        if x["kind"] == "block":
+            requested, state = x["requested"], "active_allocated"
+        elif x["kind"] == "slab":
+            # A slab of small objects is one block: its requested size is
+            # what its live objects take.
+            requested = x["live"] * classes[x["size_class"]]["size"]
+            state = "active_allocated" if x["live"] else "inactive"
+        else:
+            requested, state = 0, "inactive"
+        blocks.append({"address": start, "size": end - start, "requested_size": requested, "state": state,
+                       "frames": []})
+    return blocks
+
+
+def _snapshot_segment(device, address, size, blocks, expandable):
+    active = sum(b["size"] for b in blocks if b["state"] != "inactive")
+    return {"device": device, "address": address, "total_size": size, "allocated_size": active,
+            "active_size": active, "requested_size": sum(b["requested_size"] for b in blocks), "stream": 0,
+            "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": expandable, "frames": [],
+            "blocks": blocks}
+
+
+def memory_snapshot():
+    """The dictionary torch.cuda.memory._snapshot() returns ("segments",
+    "device_traces"), made from cuheap's report of every device: a plain
+    segment is a segment; under vmm:1 each mapped range of the reservation is
+    one (is_expandable), so total_size adds up to the reserved bytes. Blocks
+    are cuheap's blocks, its slabs of small objects (one block each) and its
+    free extents ("inactive"). No stack frames and no traces: PyTorch's plugin
+    interface passes no allocation events (record a trace with
+    CUHEAP_CONF=trace:PATH instead)."""
+    import json
+    import tempfile
+    fd, path = tempfile.mkstemp(prefix="cuheap-snapshot-", suffix=".json")
+    os.close(fd)
+    try:
+        dump_report(path, "json")
+        with open(path) as f:
+            report = json.load(f)
+    finally:
+        os.unlink(path)
+    segments, devices = [], 0
+    for dev in report["devices"]:
+        d, classes = dev["device"], dev["size_classes"]
+        devices = max(devices, d + 1)
+        for g in dev["segments"]:
+            if g["virtual"]:
+                for address, size in g.get("mapped_runs", []):
+                    blocks = _snapshot_blocks(g["extents"], classes, address, address + size)
+                    segments.append(_snapshot_segment(d, address, size, blocks, True))
+            else:
+                blocks = _snapshot_blocks(g["extents"], classes, g["base"], g["base"] + g["size"])
+                segments.append(_snapshot_segment(d, g["base"], g["size"], blocks, False))
+    return {"segments": sorted(segments, key=lambda g: (g["device"], g["address"])),
+            "device_traces": [[] for _ in range(devices)], "allocator_settings": {}}
+
+
+_HISTORY_NOTICE = (
+    "cuheap: torch.cuda.memory._record_memory_history() records no history with cuheap as PyTorch's allocator "
+    "(PyTorch's pluggable-allocator interface passes no allocation events); snapshots "
+    "(torch.cuda.memory._snapshot(), _dump_snapshot()) show cuheap's segments and blocks without traces. "
+    "CUHEAP_CONF=trace:PATH records every allocation and free, for cuheap-replay\n")
+_history_noticed = False
+
+
+def _record_no_history(enabled="all", *args, **kwargs):
+    global _history_noticed
+    if enabled is not None and enabled is not False and not _history_noticed:
+        _history_noticed = True
+        sys.stderr.write(_HISTORY_NOTICE)
+
+
 # ---- torch.cuda's statistics ---------------------------------------------------
 #
 # torch.cuda.memory_stats(), memory_allocated(), max_memory_allocated(),
@@ -329,7 +410,10 @@ def _after_import(name, then):
 # answers them with its own figures, the keys of memory_stats() above (pool
 # keys such as "allocated_bytes.large_pool.current" stay absent: cuheap has no
 # such pools), and torch.cuda.memory_summary(), which reads those pool keys,
-# becomes memory_summary() above.
+# becomes memory_summary() above. Snapshots (torch.cuda.memory_snapshot(),
+# memory._snapshot(), _dump_snapshot()) become memory_snapshot() above, and
+# memory._record_memory_history(), which would raise, says once that there is
+# no history to record.
 
 def _answer_torch_statistics():
     import torch
@@ -338,6 +422,9 @@ def _answer_torch_statistics():
         "_cuda_memoryStats": lambda device: _nested(memory_stats(device)),
         "_cuda_resetPeakMemoryStats": reset_peak_memory_stats,
         "_cuda_resetAccumulatedMemoryStats": reset_accumulated_memory_stats,
+        "_cuda_memorySnapshot": lambda *args, **kwargs: memory_snapshot(),
+        "_cuda_record_memory_history": _record_no_history,
+        "_cuda_record_memory_history_legacy": _record_no_history,
     }
     for name, answer in answers.items():
         if torch_c is not None and hasattr(torch_c, name):

@@ -4284,6 +4284,25 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
 
 /* ---- snapshot ---------------------------------------------------------------------- */
 
+/* The mapped ranges of the vmm:1 reservation, into snap->runs (none if out
+ * of host memory: `mapped` still says how much). */
+static void snapshot_runs_locked(const cuh_heap_t *h, cuh_heap_snapshot_t *snap, cuh_snap_segment_t *ss)
+{
+    size_t n = 0;
+    for (size_t p = 0; (p = cuh_bits_next(h->page_mapped, p, h->pages_high, 1)) < h->pages_high; n++)
+        p = cuh_bits_next(h->page_mapped, p, h->pages_high, 0);
+    ss->first_run = snap->num_runs;
+    snap->runs = n ? malloc(n * sizeof *snap->runs) : NULL;
+    if (!snap->runs)
+        return;
+    for (size_t p = 0; (p = cuh_bits_next(h->page_mapped, p, h->pages_high, 1)) < h->pages_high;) {
+        size_t q = cuh_bits_next(h->page_mapped, p, h->pages_high, 0);
+        snap->runs[snap->num_runs++] = (cuh_snap_run_t){page_va(h, p), (uint64_t)(q - p) * h->vm_page};
+        p = q;
+    }
+    ss->num_runs = snap->num_runs - ss->first_run;
+}
+
 cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h, int ask_device)
 {
     cuh_heap_snapshot_t *snap = calloc(1, sizeof *snap);
@@ -4336,6 +4355,7 @@ cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h, int ask_device)
             ss->page_size = h->vm_page;
             ss->page_maps = h->num_page_maps;
             ss->page_moves = h->num_page_steals;
+            snapshot_runs_locked(h, snap, ss);
         }
         ss->first_extent = snap->num_extents;
         for (const cuh_extent_t *e = seg->first; e; e = e->next) {
@@ -4401,6 +4421,7 @@ void cuh_heap_snapshot_free(cuh_heap_snapshot_t *snap)
         return;
     free(snap->segments);
     free(snap->extents);
+    free(snap->runs);
     free(snap->streams);
     free(snap->timeline);
     free(snap);

@@ -188,7 +188,13 @@ typedef struct cuh_snap_segment_s {
     uint64_t page_maps;       /* virtual: pages mapped since the heap began (new ones and moved ones) */
     uint64_t page_moves;      /* virtual: pages unmapped from free memory to be mapped elsewhere */
     size_t first_extent, num_extents;
+    size_t first_run, num_runs;   /* virtual: its mapped ranges in the snapshot's runs */
 } cuh_snap_segment_t;
+
+/* A range of a vmm:1 reservation with physical pages behind it. */
+typedef struct cuh_snap_run_s {
+    uint64_t addr, size;
+} cuh_snap_run_t;
 
 typedef struct cuh_snap_class_s {
     uint64_t size, slab_bytes;
@@ -222,6 +228,8 @@ typedef struct cuh_heap_snapshot_s {
     size_t num_segments;
     cuh_snap_extent_t *extents;
     size_t num_extents;
+    cuh_snap_run_t *runs;
+    size_t num_runs;
     cuh_snap_class_t classes[CUH_MAX_CLASSES];
     unsigned num_classes;
     cuh_snap_stream_t *streams;

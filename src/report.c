@@ -221,9 +221,16 @@ static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
         fprintf(out, "%s{\"base\":%" PRIu64 ",\"size\":%" PRIu64 ",\"workspace\":%s,\"virtual\":%s,\"mapped\":%" PRIu64,
                 i ? "," : "", g->base, g->size, g->workspace ? "true" : "false", g->virtual_space ? "true" : "false",
                 g->mapped);
-        if (g->virtual_space)
+        if (g->virtual_space) {
             fprintf(out, ",\"page_size\":%" PRIu64 ",\"page_maps\":%" PRIu64 ",\"page_moves\":%" PRIu64, g->page_size,
                     g->page_maps, g->page_moves);
+            fputs(",\"mapped_runs\":[", out);
+            for (size_t k = 0; k < g->num_runs; k++) {
+                const cuh_snap_run_t *run = &s->runs[g->first_run + k];
+                fprintf(out, "%s[%" PRIu64 ",%" PRIu64 "]", k ? "," : "", run->addr, run->size);
+            }
+            fputc(']', out);
+        }
         fputs(",\"extents\":[", out);
         for (size_t k = 0; k < g->num_extents; k++) {
             const cuh_snap_extent_t *x = &s->extents[g->first_extent + k];

@@ -35,6 +35,10 @@ def _cuda_resetPeakMemoryStats(device):
     _plugin_refuses("resetPeakStats")
 def _cuda_resetAccumulatedMemoryStats(device):
     _plugin_refuses("resetAccumulatedStats")
+def _cuda_memorySnapshot(mempool_id):
+    _plugin_refuses("snapshot")
+def _cuda_record_memory_history(enabled, *args):
+    _plugin_refuses("recordHistory")
 def _cuda_checkPoolLiveAllocations(device, pool, ptrs):
     return True
 def _cuda_getCheckpointState(device, pool):
@@ -52,7 +56,7 @@ PY
 cat > "$tmp/fake/torch/cuda/__init__.py" <<'PY'
 from . import memory
 from .memory import (memory_stats, memory_allocated, max_memory_allocated, memory_reserved, max_memory_reserved,
-                     reset_peak_memory_stats, reset_accumulated_memory_stats, memory_summary)
+                     reset_peak_memory_stats, reset_accumulated_memory_stats, memory_summary, memory_snapshot)
 def current_device():
     return 0
 PY
@@ -105,6 +109,12 @@ def reset_accumulated_memory_stats(device=None):
 def memory_summary(device=None, abbreviated=False):
     stats = memory_stats(device)
     return "large pool %d" % stats["allocated_bytes.large_pool.current"]
+def memory_snapshot(mempool_id=None):
+    return torch._C._cuda_memorySnapshot(mempool_id)["segments"]
+def _snapshot(device=None):
+    return torch._C._cuda_memorySnapshot(None)
+def _record_memory_history(enabled="all", context="all", stacks="all", max_entries=1 << 62):
+    torch._C._cuda_record_memory_history(enabled, context, stacks, max_entries)
 PY
 export CUHEAP_LIB="$lib"
 py() { PYTHONPATH="$root/scripts:$tmp/fake" python3 "$@" 2>&1; }
@@ -255,5 +265,46 @@ assert s == cuheap_torch.memory_stats(0)
 assert "cuheap memory summary" in cuda.memory_summary(0) and "cuheap memory summary" in cuda.memory.memory_summary()
 print("ok")')
 check "installed: torch.cuda.memory_stats, max_memory_allocated, resets and memory_summary answer from cuheap (got: $out)" '[ "$out" = ok ]'
+
+# Snapshots: PyTorch's raises for a plugin; installed, cuheap's blocks in
+# PyTorch's format, on plain segments and under vmm:1 (one segment per mapped
+# range), and _record_memory_history() says once that it records nothing.
+for conf in vmm:0 vmm:1; do
+    out=$(CUHEAP_CONF=$conf LD_LIBRARY_PATH="$(dirname "$lib")/fake" PYTHONPATH="$root/scripts:$tmp/fake" python3 -c '
+import ctypes, cuheap_torch, torch
+cuheap_torch.install()
+lib = cuheap_torch._load()
+alloc, free = lib.cuheap_torch_alloc, lib.cuheap_torch_free
+alloc.restype, alloc.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+a, b, c = alloc(3 << 20, 0, None), alloc(5 << 20, 0, None), alloc(1000, 0, None)
+free(b, 5 << 20, 0, None)
+snap = torch.cuda.memory._snapshot()
+segs = snap["segments"]
+assert segs and snap["device_traces"] == [[]], snap["device_traces"]
+assert torch.cuda.memory_snapshot() == segs
+for g in segs:
+    at = g["address"]
+    for x in g["blocks"]:
+        assert x["address"] == at, (g, x)    # the blocks tile the segment
+        at += x["size"]
+    assert at == g["address"] + g["total_size"]
+    assert g["allocated_size"] == sum(x["size"] for x in g["blocks"] if x["state"] == "active_allocated")
+    assert g["is_expandable"] == ("vmm:1" in __import__("os").environ["CUHEAP_CONF"])
+assert sum(g["total_size"] for g in segs) == torch.cuda.memory_reserved(0)
+blocks = [x for g in segs for x in g["blocks"]]
+used = {x["address"]: x for x in blocks if x["state"] == "active_allocated"}
+assert a in used and used[a]["requested_size"] == 3 << 20 and used[a]["size"] >= 3 << 20
+assert b not in used and any(x["address"] <= b < x["address"] + x["size"] for x in blocks if x["state"] == "inactive")
+slab = [x for x in used.values() if x["address"] <= c < x["address"] + x["size"]]
+assert len(slab) == 1 and slab[0]["requested_size"] >= 1000, slab
+torch.cuda.memory._record_memory_history()
+torch.cuda.memory._record_memory_history()
+torch.cuda.memory._record_memory_history(None)
+print("ok")' 2>"$tmp/snap.err")
+    notices=$(grep -c "records no history" "$tmp/snap.err")
+    check "$conf: torch.cuda.memory._snapshot() shows cuheap's blocks in PyTorch's form; history: one notice (got: $out, $notices notices; $(tail -c 300 "$tmp/snap.err"))" \
+        '[ "$out" = ok ] && [ "$notices" = 1 ]'
+done
 
 finish test_cuheap_torch

@@ -10,6 +10,7 @@ set -uo pipefail
 build=${1:-build}
 [ -x "$build/cuheap-replay" ] || build=build
 replay=$build/cuheap-replay
+report_tool=$build/cuheap-report
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 . "$(dirname "$0")/harness.sh"
@@ -135,6 +136,35 @@ g = [g for g in json.load(open('$tmp/vmm.json'))['devices'][0]['segments'] if g[
 print(g['page_size'] == 2 << 20 and g['page_maps'] >= g['page_moves'] > 0 and g['mapped'] <= g['page_maps'] * g['page_size'])")
 check "vmm:1 at 27 GiB: the report counts the pages mapped and moved (the device calls the replay made)" \
     '[ "$moves" = True ] && grep -q "of them moved from free memory" $tmp/vmm.txt'
+# Under vmm:1 the reservation's mapped ranges: in order, inside it, adding up
+# to its mapped bytes, and every block on them (a block never lacks a page).
+runs=$(python3 -c "
+import json
+g = [g for g in json.load(open('$tmp/vmm.json'))['devices'][0]['segments'] if g['virtual']][0]
+runs = g['mapped_runs']
+ordered = all(a[0] + a[1] <= b[0] for a, b in zip(runs, runs[1:]))
+inside = all(g['base'] <= r[0] and r[0] + r[1] <= g['base'] + g['size'] for r in runs)
+def on_runs(x):
+    return any(r[0] <= x['addr'] and x['addr'] + x['size'] <= r[0] + r[1] for r in runs)
+used = [x for x in g['extents'] if x['kind'] != 'free']
+print(len(runs) > 0 and ordered and inside and sum(r[1] for r in runs) == g['mapped'] and len(used) > 0
+      and all(map(on_runs, used)))")
+check "vmm:1: mapped_runs are ordered, inside the reservation, add up to mapped, and hold every block" '[ "$runs" = True ]'
+"$report_tool" --json "$tmp/vmm.json" -o "$tmp/vmm-again.json"
+same=$(python3 -c "
+import json
+runs = lambda p: [g.get('mapped_runs') for g in json.load(open(p))['devices'][0]['segments']]
+print(runs('$tmp/vmm.json') == runs('$tmp/vmm-again.json'))")
+check "cuheap-report keeps mapped_runs when it writes a report again" '[ "$same" = True ]'
+python3 -c "
+import json
+r = json.load(open('$tmp/vmm.json'))
+g = [g for g in r['devices'][0]['segments'] if g['virtual']][0]
+g['mapped_runs'][0][1] += 2 << 20
+json.dump(r, open('$tmp/vmm-bad.json', 'w'))"
+out=$("$report_tool" "$tmp/vmm-bad.json" 2>&1); rc=$?
+check "cuheap-report refuses mapped_runs that do not add up to mapped (rc $rc: $out)" \
+    '[ $rc -eq 1 ] && echo "$out" | grep -q "mapped_runs"'
 "$replay" --json --capacity 27G --report "$tmp/waits.json" bench/traces/gpt2.trace.gz >"$tmp/waits.line"
 waits=$(python3 -c "
 import json

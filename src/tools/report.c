@@ -574,6 +574,54 @@ static void read_extent(reader_t *r, const cuh_json_t *o, cuh_heap_snapshot_t *s
     }
 }
 
+/* A virtual segment's mapped ranges ("mapped_runs", optional: reports
+ * before it had none): [address, bytes] pairs in address order, inside the
+ * segment, adding up to its "mapped" bytes. */
+static void read_runs(reader_t *r, const cuh_json_t *o, cuh_heap_snapshot_t *s, cuh_snap_segment_t *g)
+{
+    size_t saved;
+    const cuh_json_t *a = member(r, o, "mapped_runs", 0, &saved);
+    g->first_run = s->num_runs;
+    if (!a) {
+        path_pop(r, saved);
+        return;
+    }
+    if (a->type != CUH_JSON_ARRAY) {
+        fail(r, a, "expected an array, found %s", cuh_json_describe(a));
+        path_pop(r, saved);
+        return;
+    }
+    cuh_snap_run_t *runs = realloc(s->runs, (s->num_runs + a->v.array.n + 1) * sizeof *runs);
+    if (!runs) {
+        fail(r, a, "out of memory");
+        path_pop(r, saved);
+        return;
+    }
+    s->runs = runs;
+    uint64_t end = g->base, total = 0;
+    for (size_t i = 0; i < a->v.array.n && !r->failed; i++) {
+        size_t item = path_index(r, i);
+        const cuh_json_t *pair = cuh_json_at(a, i);
+        if (pair->type != CUH_JSON_ARRAY || pair->v.array.n != 2) {
+            fail(r, pair, "expected [address, bytes], found %s", cuh_json_describe(pair));
+        } else {
+            uint64_t addr = as_u64(r, cuh_json_at(pair, 0), UINT64_MAX);
+            uint64_t size = as_u64(r, cuh_json_at(pair, 1), UINT64_MAX);
+            if (!r->failed && (addr < end || size == 0 || size > g->base + g->size - addr))
+                fail(r, pair, "the range [%" PRIu64 ", +%" PRIu64 ") is empty, out of order or outside the segment",
+                     addr, size);
+            end = addr + size;
+            total += size;
+            s->runs[s->num_runs++] = (cuh_snap_run_t){addr, size};
+        }
+        path_pop(r, item);
+    }
+    if (!r->failed && total != g->mapped)
+        fail(r, a, "the ranges add up to %" PRIu64 " bytes, the segment says %" PRIu64 " are mapped", total, g->mapped);
+    g->num_runs = s->num_runs - g->first_run;
+    path_pop(r, saved);
+}
+
 static void read_segments(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t *s)
 {
     size_t saved, item, sub;
@@ -609,6 +657,8 @@ static void read_segments(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t 
         g->page_size = opt_u64(r, o, "page_size", UINT64_MAX, 0);
         g->page_maps = opt_u64(r, o, "page_maps", UINT64_MAX, 0);
         g->page_moves = opt_u64(r, o, "page_moves", UINT64_MAX, 0);
+        if (g->virtual_space)
+            read_runs(r, o, s, g);
         g->first_extent = s->num_extents;
         const cuh_json_t *e = get_node(r, o, "extents", CUH_JSON_ARRAY, &sub);
         for (size_t k = 0; e && k < e->v.array.n && !r->failed; k++) {

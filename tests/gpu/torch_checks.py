@@ -11,6 +11,11 @@ prints PASS or FAIL with what it saw; a Markdown table ends the output.
   torchapi torch.cuda.memory_allocated(), max_memory_allocated(), the resets
            and memory_summary() answer from cuheap (PyTorch's own raise for a
            pluggable allocator)
+  snapshot torch.cuda.memory._snapshot() and _dump_snapshot() give cuheap's
+           segments and blocks in PyTorch's form (every live tensor in an
+           active block, the segments adding up to memory_reserved()), which
+           torch.cuda._memory_viz renders; _record_memory_history() notes
+           once that there is no history instead of raising
   report   a training-like loop pushed past limit:6G gets cause "limit", and
            report:PATH writes its JSON and HTML reports (copied to $OUT, when
            set, to be opened in a browser)
@@ -131,6 +136,33 @@ def torch_api_statistics():
                        "      'cuheap memory summary' in torch.cuda.memory_summary(), a, b)",
                        CUHEAP_TORCH="1")
     return rc == 0 and out.startswith("True True True True True True"), out or err[-300:]
+
+
+@check("snapshot")
+def snapshot():
+    rc, out, err = run("import torch, os, pickle, tempfile\n"
+                       "from torch.cuda import _memory_viz\n"
+                       "torch.cuda.memory._record_memory_history()\n"
+                       "m = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 10)).cuda()\n"
+                       "x = torch.randn(512, 1024, device='cuda')\n"
+                       "m(x).sum().backward()\n"
+                       "small = torch.ones(7, device='cuda')\n"
+                       "snap = torch.cuda.memory._snapshot()\n"
+                       "segs = snap['segments']\n"
+                       "blocks = [b for g in segs for b in g['blocks'] if b['state'] == 'active_allocated']\n"
+                       "inside = lambda p: any(b['address'] <= p < b['address'] + b['size'] for b in blocks)\n"
+                       "live = [x, small] + [p for p in m.parameters()] + [p.grad for p in m.parameters()]\n"
+                       "path = os.path.join(tempfile.mkdtemp(), 's.pickle')\n"
+                       "torch.cuda.memory._dump_snapshot(path)\n"
+                       "again = pickle.load(open(path, 'rb'))\n"
+                       "html = _memory_viz.segment_plot(again)\n"
+                       "print(len(segs), sum(g['total_size'] for g in segs) == torch.cuda.memory_reserved(),\n"
+                       "      all(inside(t.data_ptr()) for t in live), all(g['is_expandable'] for g in segs),\n"
+                       "      len(again['segments']) == len(segs), len(html) > 1000)",
+                       CUHEAP_TORCH="1")
+    notice = "records no history" in err
+    return rc == 0 and notice and out.endswith("True True True True True"), (out or err[-300:]) + (
+        "; history notice" if notice else "; no history notice")
 
 
 @check("report")
