@@ -6,8 +6,10 @@
  * record_stream, graph pools). These functions only translate: each one
  * finds the device's heap and calls it; scripts/cuheap_torch.py wires them
  * in. Errors cannot be returned through PyTorch's signatures, so they go to
- * stderr, rate-limited; an allocation that fails returns NULL, which PyTorch
- * turns into a RuntimeError, after cuheap has printed why.
+ * stderr, rate-limited; an allocation that fails throws a C++ exception
+ * through PyTorch (a NULL would become a tensor with a null data pointer),
+ * which Python sees as a RuntimeError naming the cause, after cuheap has
+ * printed why.
  *
  * Graph pools: PyTorch passes a pool id (a pair of integers) and, on begin,
  * a C++ std::function filter by reference; cuheap ignores the filter and
@@ -33,32 +35,61 @@ static uint64_t pool_key(uint64_t first, uint64_t second)
     return k ? k : 1;
 }
 
-/* Throws std::bad_alloc the way `throw std::bad_alloc()` compiles: an
- * exception object whose one member is the vtable pointer (the vtable's
- * address point is two words in), thrown with its type_info and destructor.
- * Returns only if the process has no C++ runtime. No lock is held here. */
-static void throw_bad_alloc(void)
+/* The C++ runtime's functions, found in the global scope or, since Python
+ * loads extension modules with RTLD_LOCAL and PyTorch's C++ runtime is then
+ * not in it, by name in libstdc++ if it is loaded already (RTLD_NOLOAD). */
+static int cxx_scope(void **scope)
 {
-    /* Python loads extension modules with RTLD_LOCAL, so PyTorch's C++
-     * runtime is not in the global scope: ask for it by name, loaded only if
-     * it already is (RTLD_NOLOAD). */
-    void *scope = RTLD_DEFAULT;   /* a null handle: test the lookup, not it */
-    if (!dlsym(RTLD_DEFAULT, "__cxa_throw") && !(scope = dlopen("libstdc++.so.6", RTLD_NOW | RTLD_NOLOAD)))
+    *scope = RTLD_DEFAULT;   /* a null handle: test the lookup, not it */
+    if (dlsym(RTLD_DEFAULT, "__cxa_throw"))
+        return 1;
+    return (*scope = dlopen("libstdc++.so.6", RTLD_NOW | RTLD_NOLOAD)) != NULL;
+}
+
+/* Room for the exception object: std::bad_alloc is a vtable pointer,
+ * std::runtime_error that and a reference-counted string (16 bytes in
+ * libstdc++'s ABI); more does no harm. */
+#define CXX_EXCEPTION_ROOM 64
+
+/* Throws std::runtime_error(message), as `throw std::runtime_error(message)`
+ * compiles: an exception object built by the class's constructor, thrown
+ * with its type_info and destructor. PyTorch turns it into a Python
+ * RuntimeError carrying the message, which is how tools that retry with a
+ * smaller batch recognise an out-of-memory ("CUDA out of memory."). Failing
+ * that, std::bad_alloc (a vtable pointer, its address point two words in).
+ * Returns only if the process has no C++ runtime. No lock is held here. */
+static void throw_cxx_error(const char *message)
+{
+    void *scope;
+    if (!cxx_scope(&scope))
         return;
     void *alloc_sym = dlsym(scope, "__cxa_allocate_exception");
     void *throw_sym = dlsym(scope, "__cxa_throw");
-    void *type_info = dlsym(scope, "_ZTISt9bad_alloc");
-    void *vtable = dlsym(scope, "_ZTVSt9bad_alloc");
-    void *dtor_sym = dlsym(scope, "_ZNSt9bad_allocD1Ev");
-    if (!alloc_sym || !throw_sym || !type_info || !vtable || !dtor_sym)
+    if (!alloc_sym || !throw_sym)
         return;
     void *(*allocate_exception)(size_t);
     void (*cxa_throw)(void *, void *, void (*)(void *));
     void (*dtor)(void *);
     memcpy(&allocate_exception, &alloc_sym, sizeof alloc_sym);
     memcpy(&cxa_throw, &throw_sym, sizeof throw_sym);
+    void *ctor_sym = dlsym(scope, "_ZNSt13runtime_errorC1EPKc");
+    void *type_info = dlsym(scope, "_ZTISt13runtime_error");
+    void *dtor_sym = dlsym(scope, "_ZNSt13runtime_errorD1Ev");
+    if (ctor_sym && type_info && dtor_sym) {
+        void (*ctor)(void *, const char *);
+        memcpy(&ctor, &ctor_sym, sizeof ctor_sym);
+        memcpy(&dtor, &dtor_sym, sizeof dtor_sym);
+        void *exception = allocate_exception(CXX_EXCEPTION_ROOM);
+        ctor(exception, message);
+        cxa_throw(exception, type_info, dtor);
+    }
+    type_info = dlsym(scope, "_ZTISt9bad_alloc");
+    void *vtable = dlsym(scope, "_ZTVSt9bad_alloc");
+    dtor_sym = dlsym(scope, "_ZNSt9bad_allocD1Ev");
+    if (!type_info || !vtable || !dtor_sym)
+        return;
     memcpy(&dtor, &dtor_sym, sizeof dtor_sym);
-    void **exception = allocate_exception(sizeof(void *));
+    void **exception = allocate_exception(CXX_EXCEPTION_ROOM);
     *exception = (char *)vtable + 2 * sizeof(void *);
     cxa_throw(exception, type_info, dtor);
 }
@@ -85,10 +116,21 @@ API void *cuheap_torch_alloc(ssize_t size, int device, cuheap_stream_t stream)
     }
     cuheap_status_t s = cuheap_malloc(&ptr, (size_t)size, device, stream);
     if (s != CUHEAP_OK) {
-        /* An out-of-memory was explained on stderr by cuheap_malloc. */
-        if (s != CUHEAP_ERR_OUT_OF_MEMORY)
+        /* An out-of-memory was explained on stderr by cuheap_malloc; the
+         * exception carries its gist, in the words PyTorch's own uses. */
+        char message[1024], bytes[32];
+        cuh_format_bytes(bytes, sizeof bytes, (uint64_t)size);
+        if (s == CUHEAP_ERR_OUT_OF_MEMORY) {
+            snprintf(message, sizeof message,
+                     "CUDA out of memory. Tried to allocate %s (%zd bytes) on device %d; cuheap, PyTorch's "
+                     "allocator here: %s",
+                     bytes, size, device, cuh_get_error());
+        } else {
             cuh_log_error_rate_limited("allocation failed");
-        throw_bad_alloc();
+            snprintf(message, sizeof message, "cuheap could not allocate %s (%zd bytes) on device %d: %s", bytes,
+                     size, device, cuh_get_error());
+        }
+        throw_cxx_error(message);
     }
     return ptr;
 }

@@ -5,6 +5,7 @@ prints PASS or FAIL with what it saw; a Markdown table ends the output.
   env      CUHEAP_TORCH=1 serves an unmodified script (no cuheap import in it)
   late     install() after the first CUDA tensor fails with an explanation
   oom      an out-of-memory shows cuheap's cause on stderr, and PyTorch raises
+           a RuntimeError saying "CUDA out of memory." and the cause
   cache    torch.cuda.empty_cache() releases cuheap's cached segments
   fraction set_per_process_memory_fraction() becomes cuheap's limit
   stats    memory_stats() carries torch's keys with cuheap's numbers
@@ -73,14 +74,18 @@ def too_late():
 
 @check("oom")
 def oom():
+    # The test tools that shrink the batch on an out-of-memory apply (Hugging
+    # Face accelerate's find_executable_batch_size, Lightning's batch-size
+    # finder): a RuntimeError with one argument naming "CUDA out of memory.".
     rc, out, err = run("import torch\n"
                        "try:\n"
                        "    torch.empty(3 << 30, dtype=torch.uint8, device='cuda')\n"
                        "except Exception as e:\n"
-                       "    print(type(e).__name__)\n",
+                       "    print(type(e).__name__, isinstance(e, RuntimeError) and len(e.args) == 1\n"
+                       "          and 'CUDA out of memory.' in e.args[0] and 'cause: limit' in e.args[0])\n",
                        CUHEAP_TORCH="1", CUHEAP_CONF="limit:2G")
     line = next((l for l in err.splitlines() if "cuheap: CUDA out of memory" in l), "")
-    return rc == 0 and out != "" and "cause: limit" in line, (out + " | " + line)[:300]
+    return rc == 0 and out == "RuntimeError True" and "cause: limit" in line, (out + " | " + line)[:300]
 
 
 @check("cache")
