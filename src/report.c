@@ -224,12 +224,16 @@ static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
         if (g->virtual_space) {
             fprintf(out, ",\"page_size\":%" PRIu64 ",\"page_maps\":%" PRIu64 ",\"page_moves\":%" PRIu64, g->page_size,
                     g->page_maps, g->page_moves);
-            fputs(",\"mapped_runs\":[", out);
-            for (size_t k = 0; k < g->num_runs; k++) {
-                const cuh_snap_run_t *run = &s->runs[g->first_run + k];
-                fprintf(out, "%s[%" PRIu64 ",%" PRIu64 "]", k ? "," : "", run->addr, run->size);
+            /* Known unless host memory ran short for them, or the report
+             * read back was written before they were: then left out. */
+            if (g->num_runs || !g->mapped) {
+                fputs(",\"mapped_runs\":[", out);
+                for (size_t k = 0; k < g->num_runs; k++) {
+                    const cuh_snap_run_t *run = &s->runs[g->first_run + k];
+                    fprintf(out, "%s[%" PRIu64 ",%" PRIu64 "]", k ? "," : "", run->addr, run->size);
+                }
+                fputc(']', out);
             }
-            fputc(']', out);
         }
         fputs(",\"extents\":[", out);
         for (size_t k = 0; k < g->num_extents; k++) {

@@ -165,6 +165,19 @@ json.dump(r, open('$tmp/vmm-bad.json', 'w'))"
 out=$("$report_tool" "$tmp/vmm-bad.json" 2>&1); rc=$?
 check "cuheap-report refuses mapped_runs that do not add up to mapped (rc $rc: $out)" \
     '[ $rc -eq 1 ] && echo "$out" | grep -q "mapped_runs"'
+python3 -c "
+import json
+r = json.load(open('$tmp/vmm.json'))
+for g in r['devices'][0]['segments']:
+    g.pop('mapped_runs', None)
+json.dump(r, open('$tmp/vmm-old.json', 'w'))"
+"$report_tool" --json "$tmp/vmm-old.json" -o "$tmp/vmm-old-again.json" && "$report_tool" --json "$tmp/vmm-old-again.json" -o "$tmp/vmm-old-third.json"
+rc=$?
+absent=$(python3 -c "
+import json
+print(all('mapped_runs' not in g for g in json.load(open('$tmp/vmm-old-third.json'))['devices'][0]['segments']))")
+check "a report written before mapped_runs renders again, twice, without them (rc $rc, absent: $absent)" \
+    '[ $rc -eq 0 ] && [ "$absent" = True ]'
 "$replay" --json --capacity 27G --report "$tmp/waits.json" bench/traces/gpt2.trace.gz >"$tmp/waits.line"
 waits=$(python3 -c "
 import json
