@@ -173,13 +173,38 @@ static uint64_t shown_span(const cuh_heap_snapshot_t *s, const cuh_snap_segment_
     return last->kind == CUH_SNAP_FREE ? last->addr - g->base : g->size;
 }
 
+/* Over a virtual reservation's bar, the address space with no memory behind
+ * it (between its mapped ranges): free extents there cost nothing, and a
+ * block that lands there needs pages mapped or moved. */
+static void unmapped_overlay(FILE *out, const cuh_heap_snapshot_t *s, const cuh_snap_segment_t *g, uint64_t shown,
+                             double width)
+{
+    char a[32];
+    uint64_t at = g->base, end = g->base + shown;
+    for (size_t k = 0; k <= g->num_runs && at < end; k++) {
+        uint64_t next = k < g->num_runs ? s->runs[g->first_run + k].addr : end;
+        if (next > end)
+            next = end;
+        if (next > at) {
+            double x0 = width * (double)(at - g->base) / (double)shown;
+            double w = width * (double)(next - at) / (double)shown;
+            fprintf(out, "<rect class=\"unmapped\" x=\"%.2f\" y=\"0\" width=\"%.2f\" height=\"16\"><title>0x%" PRIx64
+                         " %s without memory behind it</title></rect>",
+                    x0, w < 0.5 ? 0.5 : w, at, bytes(a, next - at));
+        }
+        if (k < g->num_runs)
+            at = s->runs[g->first_run + k].addr + s->runs[g->first_run + k].size;
+    }
+}
+
 static void segment_map(FILE *out, const cuh_heap_snapshot_t *s)
 {
     const double W = 900;
     char a[32], b[32];
     fprintf(out, "<h2>Segments</h2>\n<p class=legend-row><span class=\"key blk\"></span>block <span class=\"key slab\">"
                  "</span>slab of small objects <span class=\"key free\"></span>free <span class=\"key priv\"></span>free, "
-                 "one stream's <span class=\"key pend\"></span>free, pending GPU work</p>\n");
+                 "one stream's <span class=\"key pend\"></span>free, pending GPU work <span class=\"key unmapped\"></span>"
+                 "no memory behind it (vmm:1)</p>\n");
     fprintf(out, "<div class=segments>\n");
     for (size_t i = 0; i < s->num_segments; i++) {
         const cuh_snap_segment_t *g = &s->segments[i];
@@ -200,6 +225,8 @@ static void segment_map(FILE *out, const cuh_heap_snapshot_t *s)
             fprintf(out, "<rect class=\"%s\" x=\"%.2f\" y=\"0\" width=\"%.2f\" height=\"16\"><title>0x%" PRIx64 " %s %s</title></rect>",
                     extent_class(x), x0, w < 0.5 ? 0.5 : w, x->addr, bytes(a, x->size), extent_class(x));
         }
+        if (g->num_runs)
+            unmapped_overlay(out, s, g, shown, width);
         fprintf(out, "</svg></div>\n");
     }
     fprintf(out, "</div>\n");
@@ -280,6 +307,7 @@ void cuh_report_html(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t 
             ".key{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;vertical-align:middle}\n"
             "span.blk{background:#2471a3}span.slab{background:#16a085}span.free{background:#dcdcdc}"
             "span.priv{background:#f4d03f}span.pend{background:#e67e22}\n"
+            "rect.unmapped{fill:#fff;fill-opacity:0.7}span.unmapped{background:#fff;border:1px solid #bbb}\n"
             "</style></head><body>\n<h1>cuheap %s report &middot; pid %d &middot; %s</h1>\n",
             origin.version, origin.pid, when);
     if (!n)

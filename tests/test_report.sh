@@ -150,6 +150,25 @@ used = [x for x in g['extents'] if x['kind'] != 'free']
 print(len(runs) > 0 and ordered and inside and sum(r[1] for r in runs) == g['mapped'] and len(used) > 0
       and all(map(on_runs, used)))")
 check "vmm:1: mapped_runs are ordered, inside the reservation, add up to mapped, and hold every block" '[ "$runs" = True ]'
+# The HTML page washes out, over the reservation's bar, each stretch of
+# address space between its mapped ranges: as many as the JSON's ranges
+# leave, within the part of the bar drawn (up to the last used extent).
+"$replay" --conf vmm:1 --capacity 27G --report "$tmp/vmm.html" bench/traces/gpt2.trace.gz >/dev/null
+gaps=$(python3 -c "
+import json
+g = [g for g in json.load(open('$tmp/vmm.json'))['devices'][0]['segments'] if g['virtual']][0]
+last = g['extents'][-1]
+end = (last['addr'] if last['kind'] == 'free' else g['base'] + g['size'])
+at, gaps = g['base'], 0
+for addr, size in g['mapped_runs'] + [[end, 0]]:
+    gaps += min(addr, end) > at
+    at = addr + size
+    if at >= end:
+        break
+print(gaps)")
+drawn=$(grep -o 'class="unmapped"' "$tmp/vmm.html" | wc -l)
+check "vmm:1 HTML: every unmapped stretch of the reservation is washed out ($drawn drawn, $gaps in the JSON)" \
+    '[ "$gaps" -gt 0 ] && [ "$drawn" -eq "$gaps" ] && grep -q "no memory behind it (vmm:1)" "$tmp/vmm.html"'
 "$report_tool" --json "$tmp/vmm.json" -o "$tmp/vmm-again.json"
 same=$(python3 -c "
 import json
