@@ -89,11 +89,15 @@ static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
                 g->base, cuh_format_bytes(a, sizeof a, g->size), g->workspace ? " workspace" : "",
                 cuh_format_bytes(b, sizeof b, used), blocks, slabs, cuh_format_bytes(c, sizeof c, free_bytes), frees,
                 cuh_format_bytes(d, sizeof d, largest));
-        if (g->virtual_space)
-            fprintf(out, "      virtual memory: %s mapped in pages of %s; %" PRIu64 " pages mapped since start, %" PRIu64
+        if (g->virtual_space) {
+            char ranges[48] = "";
+            if (g->num_runs)
+                snprintf(ranges, sizeof ranges, " (%zu range%s)", g->num_runs, g->num_runs == 1 ? "" : "s");
+            fprintf(out, "      virtual memory: %s mapped%s in pages of %s; %" PRIu64 " pages mapped since start, %" PRIu64
                          " of them moved from free memory (an unmap and a map each)\n",
-                    cuh_format_bytes(a, sizeof a, g->mapped), cuh_format_bytes(b, sizeof b, g->page_size), g->page_maps,
-                    g->page_moves);
+                    cuh_format_bytes(a, sizeof a, g->mapped), ranges, cuh_format_bytes(b, sizeof b, g->page_size),
+                    g->page_maps, g->page_moves);
+        }
     }
     int any_class = 0;
     for (unsigned i = 0; i < s->num_classes; i++) {

@@ -169,6 +169,11 @@ print(gaps)")
 drawn=$(grep -o 'class="unmapped"' "$tmp/vmm.html" | wc -l)
 check "vmm:1 HTML: every unmapped stretch of the reservation is washed out ($drawn drawn, $gaps in the JSON)" \
     '[ "$gaps" -gt 0 ] && [ "$drawn" -eq "$gaps" ] && grep -q "no memory behind it (vmm:1)" "$tmp/vmm.html"'
+nruns=$(python3 -c "
+import json
+print([len(g['mapped_runs']) for g in json.load(open('$tmp/vmm.json'))['devices'][0]['segments'] if g['virtual']][0])")
+check "vmm:1 text report: the mapped bytes lie in as many ranges as the JSON lists ($nruns)" \
+    'grep -q "mapped ($nruns ranges) in pages of" "$tmp/vmm.txt"'
 "$report_tool" --json "$tmp/vmm.json" -o "$tmp/vmm-again.json"
 same=$(python3 -c "
 import json
