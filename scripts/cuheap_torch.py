@@ -399,6 +399,34 @@ def _record_no_history(enabled="all", *args, **kwargs):
         sys.stderr.write(_HISTORY_NOTICE)
 
 
+# ---- out-of-memory observers --------------------------------------------------------
+#
+# torch._C._cuda_attach_out_of_memory_observer(fn) is how PyTorch's memory
+# guide, and frameworks such as Megatron-LM, dump a snapshot at the moment
+# memory runs out; a pluggable allocator refuses it. Installed, cuheap calls
+# each observer as PyTorch's allocator would: fn(device, bytes asked for, the
+# most the device may hold (the limit, or its memory), its free bytes), after
+# its explanation on stderr and before the exception, from the allocating
+# thread.
+
+_oom_observers = []
+_oom_callback = None
+
+
+def _call_oom_observers(device, requested, allowed, free):
+    for observer in list(_oom_observers):
+        observer(device, requested, allowed, free)
+
+
+def _attach_oom_observer(observer):
+    global _oom_callback
+    if _oom_callback is None:
+        prototype = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)
+        _oom_callback = prototype(_call_oom_observers)   # kept: the library holds its address
+        _load().cuheap_torch_set_oom_observer(_oom_callback)
+    _oom_observers.append(observer)
+
+
 # ---- torch.cuda's statistics ---------------------------------------------------
 #
 # torch.cuda.memory_stats(), memory_allocated(), max_memory_allocated(),
@@ -411,9 +439,9 @@ def _record_no_history(enabled="all", *args, **kwargs):
 # keys such as "allocated_bytes.large_pool.current" stay absent: cuheap has no
 # such pools), and torch.cuda.memory_summary(), which reads those pool keys,
 # becomes memory_summary() above. Snapshots (torch.cuda.memory_snapshot(),
-# memory._snapshot(), _dump_snapshot()) become memory_snapshot() above, and
+# memory._snapshot(), _dump_snapshot()) become memory_snapshot() above,
 # memory._record_memory_history(), which would raise, says once that there is
-# no history to record.
+# no history to record, and out-of-memory observers are called (above).
 
 def _answer_torch_statistics():
     import torch
@@ -425,6 +453,7 @@ def _answer_torch_statistics():
         "_cuda_memorySnapshot": lambda *args, **kwargs: memory_snapshot(),
         "_cuda_record_memory_history": _record_no_history,
         "_cuda_record_memory_history_legacy": _record_no_history,
+        "_cuda_attach_out_of_memory_observer": _attach_oom_observer,
     }
     for name, answer in answers.items():
         if torch_c is not None and hasattr(torch_c, name):

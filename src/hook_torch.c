@@ -94,6 +94,29 @@ static void throw_cxx_error(const char *message)
     cxa_throw(exception, type_info, dtor);
 }
 
+/* The out-of-memory observer cuheap_torch.py registers for the Python
+ * observers of torch._C._cuda_attach_out_of_memory_observer (PyTorch's plugin
+ * interface refuses them). Called as PyTorch's own allocator calls them:
+ * after the failure was explained, before the exception, no lock held, with
+ * the most the device may hold (the limit, or the device's memory) and its
+ * free bytes at the failure. */
+static _Atomic(cuheap_torch_oom_observer_t) oom_observer;
+
+API void cuheap_torch_set_oom_observer(cuheap_torch_oom_observer_t observer)
+{
+    atomic_store_explicit(&oom_observer, observer, memory_order_release);
+}
+
+static void notify_oom(int device, ssize_t size)
+{
+    cuheap_torch_oom_observer_t observer = atomic_load_explicit(&oom_observer, memory_order_acquire);
+    cuh_heap_t *heap = observer ? cuh_runtime_existing_heap(device) : NULL;
+    cuh_oom_info_t info;
+    if (heap && cuh_heap_last_oom(heap, &info))
+        observer(device, (int64_t)size, (int64_t)(info.limit ? info.limit : info.device_total),
+                 (int64_t)info.device_free);
+}
+
 /* Set once PyTorch has called in: its defaults apply from then on. */
 static _Atomic int plugin_noted;
 
@@ -125,6 +148,7 @@ API void *cuheap_torch_alloc(ssize_t size, int device, cuheap_stream_t stream)
                      "CUDA out of memory. Tried to allocate %s (%zd bytes) on device %d; cuheap, PyTorch's "
                      "allocator here: %s",
                      bytes, size, device, cuh_get_error());
+            notify_oom(device, size);   /* after: an observer may call cuheap, which sets the error */
         } else {
             cuh_log_error_rate_limited("allocation failed");
             snprintf(message, sizeof message, "cuheap could not allocate %s (%zd bytes) on device %d: %s", bytes,

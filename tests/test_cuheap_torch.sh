@@ -39,6 +39,8 @@ def _cuda_memorySnapshot(mempool_id):
     _plugin_refuses("snapshot")
 def _cuda_record_memory_history(enabled, *args):
     _plugin_refuses("recordHistory")
+def _cuda_attach_out_of_memory_observer(observer):
+    _plugin_refuses("attachOutOfMemoryObserver")
 def _cuda_checkPoolLiveAllocations(device, pool, ptrs):
     return True
 def _cuda_getCheckpointState(device, pool):
@@ -306,5 +308,25 @@ print("ok")' 2>"$tmp/snap.err")
     check "$conf: torch.cuda.memory._snapshot() shows cuheap's blocks in PyTorch's form; history: one notice (got: $out, $notices notices; $(tail -c 300 "$tmp/snap.err"))" \
         '[ "$out" = ok ] && [ "$notices" = 1 ]'
 done
+
+# Out-of-memory observers (PyTorch's guide dumps a snapshot from one): called
+# with the device, the bytes asked for, the limit and the device's free
+# bytes, before the failure returns; one may take a snapshot from inside.
+# Python has no C++ runtime here, so the failed allocation returns NULL.
+out=$(CUHEAP_CONF=limit:4M LD_LIBRARY_PATH="$(dirname "$lib")/fake" PYTHONPATH="$root/scripts:$tmp/fake" python3 -c '
+import ctypes, cuheap_torch, torch
+cuheap_torch.install()
+seen = []
+def observer(device, alloc, allowed, free):
+    seen.append((device, alloc, allowed, free > 0, len(torch.cuda.memory._snapshot()["segments"]) > 0))
+torch._C._cuda_attach_out_of_memory_observer(observer)
+lib = cuheap_torch._load()
+alloc = lib.cuheap_torch_alloc
+alloc.restype, alloc.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+assert alloc(1 << 20, 0, None) and not seen
+assert alloc(64 << 20, 0, None) is None
+print(seen)' 2>"$tmp/oom.err")
+check "installed: an out-of-memory calls the attached observers, which may take a snapshot (got: $out; $(tail -c 200 "$tmp/oom.err"))" \
+    '[ "$out" = "[(0, 67108864, 4194304, True, True)]" ]'
 
 finish test_cuheap_torch

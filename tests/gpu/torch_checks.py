@@ -12,6 +12,9 @@ prints PASS or FAIL with what it saw; a Markdown table ends the output.
   torchapi torch.cuda.memory_allocated(), max_memory_allocated(), the resets
            and memory_summary() answer from cuheap (PyTorch's own raise for a
            pluggable allocator)
+  oomobserver an observer attached with torch._C._cuda_attach_out_of_memory_observer
+           is called at an out-of-memory with PyTorch's arguments and can take
+           a snapshot there
   snapshot torch.cuda.memory._snapshot() and _dump_snapshot() give cuheap's
            segments and blocks in PyTorch's form (every live tensor in an
            active block, the segments adding up to memory_reserved()), which
@@ -168,6 +171,23 @@ def snapshot():
     notice = "records no history" in err
     return rc == 0 and notice and out.endswith("True True True True True"), (out or err[-300:]) + (
         "; history notice" if notice else "; no history notice")
+
+
+@check("oomobserver")
+def oom_observer():
+    rc, out, err = run("import torch\n"
+                       "seen = []\n"
+                       "def observer(device, alloc, allowed, free):\n"
+                       "    seen.append((device, alloc, allowed, free > 0, len(torch.cuda.memory._snapshot()['segments']) > 0))\n"
+                       "torch._C._cuda_attach_out_of_memory_observer(observer)\n"
+                       "x = torch.empty(1 << 20, device='cuda')\n"
+                       "try:\n"
+                       "    torch.empty(3 << 30, dtype=torch.uint8, device='cuda')\n"
+                       "except RuntimeError:\n"
+                       "    pass\n"
+                       "print(seen)",
+                       CUHEAP_TORCH="1", CUHEAP_CONF="limit:2G")
+    return rc == 0 and out == "[(0, %d, %d, True, True)]" % (3 << 30, 2 << 30), out or err[-300:]
 
 
 @check("report")
