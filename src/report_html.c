@@ -173,25 +173,32 @@ static uint64_t shown_span(const cuh_heap_snapshot_t *s, const cuh_snap_segment_
     return last->kind == CUH_SNAP_FREE ? last->addr - g->base : g->size;
 }
 
+/* One piece [addr, addr + size) of a segment's bar, `width` pixels standing
+ * for the `shown` bytes from `base`, with its address, size and `what` as
+ * its tooltip. */
+static void bar_rect(FILE *out, const char *cls, uint64_t base, uint64_t shown, double width, uint64_t addr,
+                     uint64_t size, const char *what)
+{
+    char a[32];
+    double x0 = width * (double)(addr - base) / (double)shown;
+    double w = width * (double)size / (double)shown;
+    fprintf(out, "<rect class=\"%s\" x=\"%.2f\" y=\"0\" width=\"%.2f\" height=\"16\"><title>0x%" PRIx64 " %s %s</title></rect>",
+            cls, x0, w < 0.5 ? 0.5 : w, addr, bytes(a, size), what);
+}
+
 /* Over a virtual reservation's bar, the address space with no memory behind
  * it (between its mapped ranges): free extents there cost nothing, and a
  * block that lands there needs pages mapped or moved. */
 static void unmapped_overlay(FILE *out, const cuh_heap_snapshot_t *s, const cuh_snap_segment_t *g, uint64_t shown,
                              double width)
 {
-    char a[32];
     uint64_t at = g->base, end = g->base + shown;
     for (size_t k = 0; k <= g->num_runs && at < end; k++) {
         uint64_t next = k < g->num_runs ? s->runs[g->first_run + k].addr : end;
         if (next > end)
             next = end;
-        if (next > at) {
-            double x0 = width * (double)(at - g->base) / (double)shown;
-            double w = width * (double)(next - at) / (double)shown;
-            fprintf(out, "<rect class=\"unmapped\" x=\"%.2f\" y=\"0\" width=\"%.2f\" height=\"16\"><title>0x%" PRIx64
-                         " %s without memory behind it</title></rect>",
-                    x0, w < 0.5 ? 0.5 : w, at, bytes(a, next - at));
-        }
+        if (next > at)
+            bar_rect(out, "unmapped", g->base, shown, width, at, next - at, "without memory behind it");
         if (k < g->num_runs)
             at = s->runs[g->first_run + k].addr + s->runs[g->first_run + k].size;
     }
@@ -220,10 +227,7 @@ static void segment_map(FILE *out, const cuh_heap_snapshot_t *s)
             const cuh_snap_extent_t *x = &s->extents[g->first_extent + k];
             if (x->addr - g->base >= shown)
                 break;
-            double x0 = width * (double)(x->addr - g->base) / (double)shown;
-            double w = width * (double)x->size / (double)shown;
-            fprintf(out, "<rect class=\"%s\" x=\"%.2f\" y=\"0\" width=\"%.2f\" height=\"16\"><title>0x%" PRIx64 " %s %s</title></rect>",
-                    extent_class(x), x0, w < 0.5 ? 0.5 : w, x->addr, bytes(a, x->size), extent_class(x));
+            bar_rect(out, extent_class(x), g->base, shown, width, x->addr, x->size, extent_class(x));
         }
         if (g->num_runs)
             unmapped_overlay(out, s, g, shown, width);
