@@ -443,10 +443,19 @@ def _attach_oom_observer(observer):
 # memory._record_memory_history(), which would raise, says once that there is
 # no history to record, and out-of-memory observers are called (above).
 
-def _answer_torch_statistics():
+def _replace_in_torch_c(functions):
+    """Puts each of `functions` (name -> function) in torch._C in place of
+    PyTorch's own, where this PyTorch has one by that name."""
     import torch
     torch_c = getattr(torch, "_C", None)
-    answers = {
+    for name, function in functions.items():
+        if torch_c is not None and hasattr(torch_c, name):
+            setattr(torch_c, name, function)
+
+
+def _answer_torch_statistics():
+    import torch
+    _replace_in_torch_c({
         "_cuda_memoryStats": lambda device: _nested(memory_stats(device)),
         "_cuda_resetPeakMemoryStats": reset_peak_memory_stats,
         "_cuda_resetAccumulatedMemoryStats": reset_accumulated_memory_stats,
@@ -454,10 +463,7 @@ def _answer_torch_statistics():
         "_cuda_record_memory_history": _record_no_history,
         "_cuda_record_memory_history_legacy": _record_no_history,
         "_cuda_attach_out_of_memory_observer": _attach_oom_observer,
-    }
-    for name, answer in answers.items():
-        if torch_c is not None and hasattr(torch_c, name):
-            setattr(torch_c, name, answer)
+    })
     cuda = getattr(torch, "cuda", None)
     for owner in (cuda, getattr(cuda, "memory", None)):
         if owner is not None and hasattr(owner, "memory_summary"):
@@ -490,14 +496,15 @@ def _plain_cuda_graphs(config):
     config.triton.cudagraph_trees = False
 
 
+def _refusal(name):
+    def refuse(*args, **kwargs):
+        raise RuntimeError(_TREES_REFUSED % name)
+    return refuse
+
+
 def _use_plain_cuda_graphs():
-    import torch
-    torch_c = getattr(torch, "_C", None)
-    for name in ("_cuda_checkPoolLiveAllocations", "_cuda_getCheckpointState", "_cuda_setCheckpointPoolState"):
-        if torch_c is not None and hasattr(torch_c, name):
-            def refuse(*args, _name=name, **kwargs):
-                raise RuntimeError(_TREES_REFUSED % _name)
-            setattr(torch_c, name, refuse)
+    _replace_in_torch_c({name: _refusal(name) for name in (
+        "_cuda_checkPoolLiveAllocations", "_cuda_getCheckpointState", "_cuda_setCheckpointPoolState")})
     # Importing inductor takes seconds: its settings are changed when the
     # program imports them, not before.
     _after_import("torch._inductor.config", _plain_cuda_graphs)
