@@ -151,14 +151,14 @@ if part api; then
     fi
 fi
 
-# A preload_stress run named RUNTIME[+vmm][+reuse]: sets rt (the build),
+# A preload_stress run named RUNTIME[+vmm][+noreuse]: sets rt (the build),
 # conf (an env assignment or nothing) and tag (what the tables add to the
 # name).
 preload_run() {
     rt=${1%%+*}
     local keys=()
     [[ $1 == *+vmm* ]] && keys+=(vmm:1)
-    [[ $1 == *+reuse* ]] && keys+=(reuse_across_streams:1)
+    [[ $1 == *+noreuse* ]] && keys+=(reuse_across_streams:0)
     conf="" tag=""
     if (( ${#keys[@]} )); then
         local joined
@@ -177,10 +177,13 @@ if part preload; then
     # cudaFree'd block comes back through a take-back whose pages may move
     # only once the GPU has passed the free (the slow-kernel test reads a
     # freed buffer while the host allocates again).
-    # static+reuse: memory other streams freed in order serves a request
+    # Under LD_PRELOAD memory other streams freed in order serves a request
     # once its stream (or, for cudaMalloc, every stream) waits for that work
-    # on the GPU; the slow-kernel test must still find its data intact.
-    for run in static shared static+vmm static+reuse static+vmm+reuse; do
+    # on the GPU (reuse_across_streams:1, the default there); the slow-kernel
+    # test must still find its data intact. static+noreuse: with
+    # reuse_across_streams:0 such memory waits for an event instead, and the
+    # heap grows while the GPU runs behind.
+    for run in static shared static+vmm static+noreuse static+vmm+noreuse; do
         preload_run "$run"
         section "preload_stress ($rt runtime$tag) under LD_PRELOAD=$PRELOAD"
         log="$BUILD/preload_stress.$run.log"
@@ -202,7 +205,7 @@ if part preload; then
     # it), without the deliberate double free: memcheck rightly reports its
     # error return as an API error.
     if [[ -n "$SANITIZER" && "${PRELOAD_MEMCHECK:-1}" == 1 ]]; then
-        for run in static shared static+vmm static+reuse static+vmm+reuse; do
+        for run in static shared static+vmm static+noreuse static+vmm+noreuse; do
             preload_run "$run"
             section "preload_stress ($rt runtime$tag) under LD_PRELOAD and compute-sanitizer memcheck"
             log="$BUILD/preload_stress.$run.memcheck.log"

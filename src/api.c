@@ -44,6 +44,7 @@ static struct {
     size_t num_retired_pinned;
     int pinned_off;                    /* too many resets: pinned memory is left to CUDA */
     int plugin;                        /* PyTorch's allocator: its defaults apply (cuh_runtime_as_plugin) */
+    int interposer;                    /* CUDA's own calls come to cuheap (cuh_runtime_as_interposer) */
 } rt;
 
 /* ---- runtime ---------------------------------------------------------------- */
@@ -59,6 +60,15 @@ static void configure_from_env_locked(void)
      * paid where a plain segment would have had to grow. */
     if (rt.plugin)
         rt.cfg.vmm = 1;
+    /* In place of CUDA's own allocation calls (LD_PRELOAD) the heap orders
+     * streams as the calls it replaces do: CUDA's stream-ordered pools hand
+     * memory freed on one stream to another at once and make the new user
+     * wait on the GPU (cudaMemPoolReuseAllowInternalDependencies, on by
+     * default), and a real cudaFree waits for the whole device. Without it a
+     * program that frees on many streams while the GPU runs behind holds
+     * many times its live bytes (README, "LD_PRELOAD"). */
+    if (rt.interposer)
+        rt.cfg.reuse_across_streams = 1;
     const char *env = getenv("CUHEAP_CONF");
     char err[512];
     if (env && cuh_config_parse(env, &rt.cfg, err, sizeof err)) {
@@ -72,6 +82,13 @@ void cuh_runtime_as_plugin(void)
 {
     pthread_mutex_lock(&runtime_lock);
     rt.plugin = 1;
+    pthread_mutex_unlock(&runtime_lock);
+}
+
+void cuh_runtime_as_interposer(void)
+{
+    pthread_mutex_lock(&runtime_lock);
+    rt.interposer = 1;
     pthread_mutex_unlock(&runtime_lock);
 }
 
@@ -108,6 +125,7 @@ void cuh_runtime_reset(void)
     }
     rt.configured = 0;
     rt.plugin = 0;
+    rt.interposer = 0;
     rt.reports_armed = 0;   /* the exit handler stays registered but writes nothing */
     cuh_trace_writer_close(rt.trace);
     rt.trace = NULL;

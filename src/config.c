@@ -88,7 +88,9 @@ static const option_t options[] = {
      "cudaMallocAsync's pools do by default; a device-wide one (cudaMalloc) makes every stream "
      "wait. Less memory for programs that free on many streams, for orderings between streams "
      "the program did not ask for; the CPU does not wait. 0: memory freed on a stream serves "
-     "another only once an event recorded after the free has completed."},
+     "another only once an event recorded after the free has completed. Under LD_PRELOAD "
+     "(cuheap in place of CUDA's own calls) the default is 1, the ordering of the calls it "
+     "replaces; as PyTorch's allocator and through the C API it is 0."},
     {"ipc_safe", KIND_BOOL, offsetof(cuh_config_t, ipc_safe), "0",
      "1: every block gets a segment of its own that it starts (a free one at most a quarter "
      "larger, or a new one sized to it), so cudaIpcGetMemHandle works on any block. Costs a "

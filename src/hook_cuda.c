@@ -71,6 +71,18 @@ int cuh_hook_device(int runtime_api)
     }
 }
 
+/* Every decision that reaches the runtime comes through here first: the
+ * runtime learns that it stands in for CUDA's own calls before it reads its
+ * settings (cuh_runtime_as_interposer). */
+static void interposing(void)
+{
+    static atomic_int told;
+    if (cuh_unlikely(!atomic_load_explicit(&told, memory_order_relaxed))) {
+        cuh_runtime_as_interposer();
+        atomic_store_explicit(&told, 1, memory_order_relaxed);
+    }
+}
+
 static void print_program_error(const char *fn, const void *ptr)
 {
     static atomic_int printed;
@@ -127,6 +139,7 @@ static int caller_shares_blocks(const void *caller)
 int cuh_hook_malloc(const char *fn, void **ptr, size_t size, int device, cuh_hook_stream_t stream,
                     const void *caller)
 {
+    interposing();
     int shareable = stream.device_wide && caller_shares_blocks(caller);
     cuheap_status_t status = cuh_runtime_malloc(fn, ptr, size, device, stream.device_wide, shareable, stream.stream);
     /* Out of memory was explained already; anything else is unexpected (at
@@ -166,6 +179,7 @@ int cuh_hook_keep_captured_free(const char *fn, void *ptr)
 
 int cuh_hook_free(const char *fn, void *ptr, cuh_hook_stream_t stream, int *code)
 {
+    interposing();
     cuheap_status_t status = cuh_runtime_free_owned(fn, ptr, stream.device_wide, stream.stream);
     if (status == CUHEAP_ERR_NOT_OWNED)
         return 0;
@@ -177,6 +191,7 @@ int cuh_hook_free(const char *fn, void *ptr, cuh_hook_stream_t stream, int *code
 
 int cuh_hook_host_alloc(const char *fn, void **ptr, size_t size, unsigned flags, int runtime_api, int *code)
 {
+    interposing();
     /* The setting, read once (settings do not change once CUDA calls come). */
     static atomic_int serve = -1;
     int on = atomic_load_explicit(&serve, memory_order_relaxed);
@@ -199,6 +214,7 @@ int cuh_hook_host_alloc(const char *fn, void **ptr, size_t size, unsigned flags,
 
 int cuh_hook_host_free(const char *fn, void *ptr, int *code)
 {
+    interposing();
     cuheap_status_t status = cuh_runtime_host_free(fn, ptr);
     if (status == CUHEAP_ERR_NOT_OWNED)
         return 0;
@@ -210,6 +226,7 @@ int cuh_hook_host_free(const char *fn, void *ptr, int *code)
 
 void cuh_hook_meminfo(size_t *free_bytes, size_t *total_bytes)
 {
+    interposing();
     if (!free_bytes || !total_bytes || !cuh_runtime_config()->meminfo_cached)
         return;
     int device = cuh_hook_device(1);
@@ -227,6 +244,7 @@ void cuh_hook_meminfo(size_t *free_bytes, size_t *total_bytes)
 
 int cuh_hook_ipc_check(const char *fn, const void *ptr)
 {
+    interposing();
     int device = cuh_runtime_owner((uintptr_t)ptr);
     cuh_heap_t *h = device >= 0 ? cuh_runtime_existing_heap(device) : NULL;
     if (!h)
@@ -250,6 +268,7 @@ int cuh_hook_ipc_check(const char *fn, const void *ptr)
 
 void cuh_hook_stream_created(const void *stream, unsigned int flags)
 {
+    interposing();
     /* A blocking stream waits for the legacy default stream and is waited
      * for by it, so the legacy stream's events already cover it. */
     if (!stream || !(flags & 0x1u /* cudaStreamNonBlocking, CU_STREAM_NON_BLOCKING */))

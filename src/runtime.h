@@ -23,6 +23,10 @@ void cuh_runtime_reset(void);
  * CUHEAP_CONF sets vmm, heaps run with vmm:1. No effect once the settings
  * have been read (the first heap, or cuheap_configure). */
 void cuh_runtime_as_plugin(void);
+/* The process's own CUDA allocation calls come to cuheap (LD_PRELOAD): unless
+ * CUHEAP_CONF sets reuse_across_streams, heaps run with reuse_across_streams:1,
+ * the ordering of the CUDA calls they replace. Same timing rule as above. */
+void cuh_runtime_as_interposer(void);
 
 /* The heap of `device` (CUHEAP_CURRENT_DEVICE: the calling thread's), created
  * if needed. On failure a status and cuh_set_error's message. */

@@ -320,6 +320,36 @@ static void test_reports_show_pinned_host_memory_and_round_trip(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* Which calls reach cuheap decides two defaults: in place of CUDA's own
+ * calls (LD_PRELOAD) streams reuse each other's freed memory with a wait on
+ * the GPU, as CUDA's pools do; the C API and PyTorch's plugin keep it off,
+ * as PyTorch's allocator does. CUHEAP_CONF wins either way. */
+static void test_reuse_across_streams_follows_the_way_in(void **state)
+{
+    (void)state;
+    void *p;
+    assert_int_equal(cuheap_malloc(&p, MiB, 0, NULL), CUHEAP_OK);
+    assert_int_equal(cuh_runtime_config()->reuse_across_streams, 0);
+    assert_int_equal(cuheap_free(p, 0, NULL), CUHEAP_OK);
+
+    cuh_runtime_reset();
+    assert_int_equal(cuh_runtime_use_sim(GiB), 0);
+    cuh_runtime_as_interposer();
+    assert_int_equal(cuh_runtime_config()->reuse_across_streams, 1);
+
+    cuh_runtime_reset();
+    assert_int_equal(cuh_runtime_use_sim(GiB), 0);
+    setenv("CUHEAP_CONF", "reuse_across_streams:0", 1);
+    cuh_runtime_as_interposer();
+    assert_int_equal(cuh_runtime_config()->reuse_across_streams, 0);
+    unsetenv("CUHEAP_CONF");
+
+    /* A reset forgets the way in. */
+    cuh_runtime_reset();
+    assert_int_equal(cuh_runtime_use_sim(GiB), 0);
+    assert_int_equal(cuh_runtime_config()->reuse_across_streams, 0);
+}
+
 static void test_bad_cuheap_conf_stops_the_program_naming_the_key(void **state)
 {
     (void)state;
@@ -469,6 +499,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stats_release_and_peaks, runtime_on_sim_setup, runtime_teardown),
         cmocka_unit_test_setup_teardown(test_reports_in_text_and_valid_json, runtime_on_sim_setup, runtime_teardown),
         cmocka_unit_test_setup_teardown(test_reports_show_pinned_host_memory_and_round_trip, runtime_on_sim_setup, runtime_teardown),
+        cmocka_unit_test_setup_teardown(test_reuse_across_streams_follows_the_way_in, runtime_on_sim_setup, runtime_teardown),
         cmocka_unit_test_setup_teardown(test_bad_cuheap_conf_stops_the_program_naming_the_key, runtime_on_sim_setup, runtime_teardown),
         cmocka_unit_test_setup_teardown(test_report_path_writes_on_oom_on_sigusr1_and_at_exit, runtime_on_sim_setup, runtime_teardown),
         cmocka_unit_test_setup_teardown(test_report_key_takes_a_path_and_none, runtime_on_sim_setup, runtime_teardown),

@@ -145,6 +145,15 @@ for runtime in shared static; do
     expect_pass $p-destroy stream-destroy \
         "$r: cudaStreamDestroy with a pending free; the block comes back once the work completes"
 
+    preload $p-async-reuse $p async-reuse
+    expect_pass $p-async-reuse async-reuse \
+        "$r: cudaMallocAsync on stream B gets what cudaFreeAsync on A freed under a running kernel, B waiting for it on the GPU (reuse_across_streams:1, the LD_PRELOAD default)"
+    preload $p-async-reuse-off $p async-reuse-off CUHEAP_CONF=reuse_across_streams:0
+    expect_pass $p-async-reuse-off async-reuse-off \
+        "$r: with reuse_across_streams:0 stream B does not get that memory before the kernel ran"
+    preload $p-async-reuse-unset $p async-reuse CUHEAP_CONF=reuse_across_streams:0
+    check "$r: the async-reuse check fails when the heap does not reuse (it can fail)" '! passes $p-async-reuse-unset async-reuse'
+
     preload $p-meminfo $p meminfo
     expect_pass $p-meminfo meminfo "$r: cudaMemGetInfo and cuMemGetInfo_v2 count cuheap's ready cache as free, once"
 

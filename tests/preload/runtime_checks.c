@@ -509,6 +509,49 @@ static void check_stream_destroy(void)
     fake.hold(0);
 }
 
+/* Memory freed in order on stream A while A's kernel still reads it, asked
+ * for in order on stream B when nothing else fits: under LD_PRELOAD cuheap
+ * orders streams as CUDA's pools do (reuse_across_streams:1 unless
+ * CUHEAP_CONF says otherwise), so B gets it at once and waits for A's kernel
+ * on the GPU; with reuse_across_streams:0 the heap grows instead. Either
+ * way B's writes never reach the block before the kernel has read it. */
+static void check_async_reuse(int expect_reuse)
+{
+    enum { BYTES = 64 << 20 };   /* a segment of its own: nothing else fits beside it */
+    start_runtime();
+    fake.hold(1);
+    cudaStream_t a_stream = NULL, b_stream = NULL;
+    expect(cudaStreamCreateWithFlags(&a_stream, cudaStreamNonBlocking) == cudaSuccess &&
+               cudaStreamCreateWithFlags(&b_stream, cudaStreamNonBlocking) == cudaSuccess,
+           "stream creation failed");
+    void *a = NULL, *b = NULL;
+    expect(cudaMallocAsync(&a, BYTES, a_stream) == cudaSuccess && a, "cudaMallocAsync(A) failed");
+    memset(a, 0xAB, BYTES);
+    expect(fake.enqueue_check(a_stream, a, BYTES, 0xAB) == 0, "enqueueing the kernel failed");
+    expect(cudaFreeAsync(a, a_stream) == cudaSuccess, "cudaFreeAsync(A) failed");
+    unsigned long waits_before = fake_calls(&fake).stream_waits, allocs_before = fake_calls(&fake).mem_allocs;
+    expect(cudaMallocAsync(&b, BYTES, b_stream) == cudaSuccess && b, "cudaMallocAsync(B) failed");
+    if (expect_reuse) {
+        expect(b == a, "B did not get A's memory (%p, not %p): the heap grew instead", b, a);
+        expect(fake_calls(&fake).stream_waits > waits_before, "stream B was not made to wait for A's kernel");
+        expect(fake_calls(&fake).mem_allocs == allocs_before, "the heap asked the device for memory");
+    } else {
+        expect(b != a, "with reuse_across_streams:0, B got A's memory before A's kernel ran");
+    }
+    expect(fake_calls(&fake).kernels_run == 0, "the CPU waited for the kernel");
+    if (b)
+        expect(fake.enqueue_fill(b_stream, b, BYTES, 0xCD) == 0, "enqueueing a fill failed");
+    fake.complete(b_stream);   /* B's stream runs first, as a GPU may */
+    fake.complete_all();
+    unsigned long corrupt = fake.corrupt_bytes();
+    expect(corrupt == 0, "the kernel saw %lu corrupt bytes: B wrote A's memory before the kernel read it", corrupt);
+    fake.hold(0);
+    expect(cudaFreeAsync(b, b_stream) == cudaSuccess, "cudaFreeAsync(B) failed");
+    expect(cudaStreamDestroy(a_stream) == cudaSuccess && cudaStreamDestroy(b_stream) == cudaSuccess,
+           "cudaStreamDestroy failed");
+    expect_nothing_leaked();
+}
+
 /* ---- m: cudaMemGetInfo counts cuheap's ready cache as free -------------------- */
 
 /* Frees one of two 64 MiB blocks; `settle` then allocates and frees a small
@@ -842,6 +885,10 @@ int main(int argc, char **argv)
         check_free_ordering(0);
     else if (!strcmp(mode, "stream-destroy"))
         check_stream_destroy();
+    else if (!strcmp(mode, "async-reuse"))
+        check_async_reuse(1);
+    else if (!strcmp(mode, "async-reuse-off"))
+        check_async_reuse(0);
     else if (!strcmp(mode, "meminfo"))
         check_meminfo(1, 1);
     else if (!strcmp(mode, "meminfo-right-after-free"))
@@ -864,7 +911,7 @@ int main(int argc, char **argv)
         check_pinned_off();
     else {
         fprintf(stderr, "usage: %s threads|entry-point|pass-through|double-free|zero-and-alignment|"
-                        "out-of-memory|fork|ipc|ipc-safe|ipc-callers|capture|new-stream-after-reuse|free-ordering|free-ordering-unseen-stream|stream-destroy|"
+                        "out-of-memory|fork|ipc|ipc-safe|ipc-callers|capture|new-stream-after-reuse|free-ordering|free-ordering-unseen-stream|stream-destroy|async-reuse|async-reuse-off|"
                         "meminfo|meminfo-right-after-free|meminfo-uncached|device-reset|pinned|pinned-double-free|"
                         "pinned-ordering|pinned-off\n", argv[0]);
         return 2;
