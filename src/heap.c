@@ -1382,6 +1382,69 @@ const char *cuh_oom_cause_name(cuh_oom_cause_t cause)
     return "unknown";
 }
 
+/* 1 if a plain segment is mostly empty: in use, but at most 1/8 of it. */
+static int stranding_segment(const cuh_segment_t *s)
+{
+    return returnable_segment(s) && s->used_bytes && s->used_bytes <= s->size / 8;
+}
+
+/* Fills o->stranded (see cuh_oom_info_t) for a request of `block` bytes;
+ * o's device and limit figures are set already. */
+static void find_stranded_locked(const cuh_heap_t *h, cuh_oom_info_t *o, size_t block)
+{
+    __typeof__(o->stranded) *x = &o->stranded;
+    x->known = 1;
+    size_t top_free = 0;
+    for (const cuh_segment_t *s = h->arena.segments; s; s = s->next) {
+        if (!stranding_segment(s))
+            continue;
+        size_t blocks = 0, free_bytes = s->size - s->used_bytes;
+        for (const cuh_extent_t *e = s->first; e; e = e->next)
+            blocks += e->state == CUH_EXTENT_BLOCK || e->state == CUH_EXTENT_SLAB;
+        x->segments++;
+        x->bytes += s->size;
+        x->free += free_bytes;
+        x->blocks += blocks;
+        x->block_bytes += s->used_bytes;
+        if (free_bytes <= top_free)
+            continue;
+        top_free = free_bytes;
+        x->top_base = s->base;
+        x->top_size = s->size;
+        x->top_used = s->used_bytes;
+        x->top_blocks = blocks;
+        x->num_top_holders = 0;
+        const size_t max_holders = sizeof x->top_holders / sizeof x->top_holders[0];
+        for (const cuh_extent_t *e = s->first; e; e = e->next) {
+            if (e->state != CUH_EXTENT_BLOCK && e->state != CUH_EXTENT_SLAB)
+                continue;
+            size_t k = x->num_top_holders;
+            if (k == max_holders) {
+                if (e->size <= x->top_holders[k - 1].size)
+                    continue;
+                k--;   /* it displaces the smallest */
+            } else {
+                x->num_top_holders++;
+            }
+            x->top_holders[k].addr = e->addr;
+            x->top_holders[k].size = e->size;
+            for (; k > 0 && x->top_holders[k - 1].size < x->top_holders[k].size; k--) {
+                __typeof__(x->top_holders[0]) tmp = x->top_holders[k - 1];
+                x->top_holders[k - 1] = x->top_holders[k];
+                x->top_holders[k] = tmp;
+            }
+        }
+    }
+    /* Had those blocks lain elsewhere (in the heap's other free memory as
+     * far as its bytes go, in a new segment for the rest), the segments
+     * could have gone back to the device: would it have had room? */
+    const size_t elsewhere = o->cached - x->free;
+    const size_t spill = x->block_bytes > elsewhere ? cuh_align_up(x->block_bytes - elsewhere, CUH_SEGMENT_GRAIN) : 0;
+    const size_t fresh = cuh_align_up(block, CUH_SEGMENT_GRAIN) + spill;
+    x->would_fit = x->segments && o->device_free + x->bytes >= fresh &&
+                   (!o->limit || o->reserved - x->bytes + fresh <= o->limit);
+}
+
 static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request, size_t block, size_t align,
                               grow_result_t why)
 {
@@ -1430,6 +1493,8 @@ static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
     h->dev->ops->mem_info(h->dev, &o->device_free, &o->device_total);
     size_t accounted = o->device_free + o->reserved;
     o->external = o->device_total > accounted ? o->device_total - accounted : 0;
+
+    find_stranded_locked(h, o, block);
 
     size_t need = o->allocated + block + (align > CUH_ALIGN ? align : 0);
     size_t device_room = o->device_total - o->external;
@@ -1482,10 +1547,18 @@ static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
     h->has_oom = 1;
     h->num_ooms++;
     sample_locked(h);
+    char stranded[192] = "";
+    if (o->cause == CUH_OOM_FRAGMENTATION && o->stranded.segments)
+        snprintf(stranded, sizeof stranded,
+                 "; %zu of the cached bytes lie in %zu mostly empty segment%s, held there by %zu block%s of %zu "
+                 "bytes%s",
+                 o->stranded.free, o->stranded.segments, o->stranded.segments == 1 ? "" : "s", o->stranded.blocks,
+                 o->stranded.blocks == 1 ? "" : "s", o->stranded.block_bytes,
+                 o->stranded.would_fit ? " (without them the request would have fit)" : "");
     cuh_set_error("out of memory on device %d: %zu bytes requested; cause: %s (live %zu, reserved %zu, "
-                  "cached %zu, largest free extent %zu, device free %zu of %zu); %s",
+                  "cached %zu, largest free extent %zu, device free %zu of %zu%s); %s",
                   h->dev->ordinal, request, cuh_oom_cause_name(o->cause), o->live, o->reserved, o->cached,
-                  o->largest_free, o->device_free, o->device_total, o->action);
+                  o->largest_free, o->device_free, o->device_total, stranded, o->action);
 }
 
 /* ---- the allocation ladder ----------------------------------------------------- */

@@ -68,6 +68,26 @@ typedef struct cuh_oom_info_s {
     size_t num_pending_streams;
     double t;                /* seconds since the heap was created */
     char action[384];        /* one concrete thing that would help */
+    /* Free memory stranded in mostly empty segments (plain segments at most
+     * 1/8 used): blocks cannot move, so the few still in such a segment keep
+     * all of it from going back to the device. */
+    struct {
+        int known;           /* 0: not looked at (a report written before this existed) */
+        size_t segments;     /* such segments */
+        size_t bytes;        /* their size */
+        size_t free;         /* their free bytes */
+        size_t blocks;       /* blocks and slabs in them */
+        size_t block_bytes;  /* what those take */
+        int would_fit;       /* 1: with those segments back, the device (and the limit) had room for the
+                              * request and for the blocks that the heap's other free memory could not take */
+        uintptr_t top_base;  /* the one with the most free bytes */
+        size_t top_size, top_used, top_blocks;
+        struct {
+            uintptr_t addr;
+            size_t size;
+        } top_holders[4];    /* its largest blocks or slabs, largest first */
+        size_t num_top_holders;
+    } stranded;
 } cuh_oom_info_t;
 
 const char *cuh_oom_cause_name(cuh_oom_cause_t cause);
@@ -269,5 +289,8 @@ void cuh_report_html(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t 
 /* Writes s as a JSON string (quoted and escaped); the one escaping every JSON
  * that cuheap and its tools write uses. */
 void cuh_json_write_string(FILE *out, const char *s);
+/* Writes an out-of-memory's stranded memory as the JSON object of the report
+ * schema ("stranded"), which cuheap-replay's --json also carries. */
+void cuh_json_write_stranded(FILE *out, const cuh_oom_info_t *o);
 
 #endif /* CUH_HEAP_H */

@@ -36,6 +36,31 @@ static void text_stat_row(FILE *out, const char *label, const cuheap_stat_t *sta
             cuh_format_bytes(b, sizeof b, stat->peak));
 }
 
+/* The out-of-memory's stranded memory (cuh_oom_info_t), when there was any:
+ * the totals, whether the request would have fit without it, and the
+ * segment that strands the most with the blocks that hold it there. */
+static void text_stranded(FILE *out, const cuh_oom_info_t *o)
+{
+    const __typeof__(o->stranded) *x = &o->stranded;
+    if (!x->segments)
+        return;
+    char a[32], b[32], c[32];
+    fprintf(out, "    stranded: %s free in %zu mostly empty segment%s (at most 1/8 used), held there by %zu block%s "
+                 "of %s in all%s\n",
+            cuh_format_bytes(a, sizeof a, x->free), x->segments, x->segments == 1 ? "" : "s", x->blocks,
+            x->blocks == 1 ? "" : "s", cuh_format_bytes(b, sizeof b, x->block_bytes),
+            x->would_fit ? "; had they lain elsewhere, those segments could have gone back to the device and the "
+                           "request would have fit"
+                         : "");
+    fprintf(out, "      the most in 0x%012" PRIx64 " (%s): %zu block%s of %s:", (uint64_t)x->top_base,
+            cuh_format_bytes(a, sizeof a, x->top_size), x->top_blocks, x->top_blocks == 1 ? "" : "s",
+            cuh_format_bytes(b, sizeof b, x->top_used));
+    for (size_t i = 0; i < x->num_top_holders; i++)
+        fprintf(out, "%s 0x%012" PRIx64 " (%s)", i ? "," : "", (uint64_t)x->top_holders[i].addr,
+                cuh_format_bytes(c, sizeof c, x->top_holders[i].size));
+    fprintf(out, "%s\n", x->top_blocks > x->num_top_holders ? ", ..." : "");
+}
+
 static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
 {
     char a[32], b[32], c[32];
@@ -128,6 +153,7 @@ static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
         fprintf(out, "    device: %s free of %s; used outside cuheap %s; limit %s\n",
                 cuh_format_bytes(f, sizeof f, o->device_free), cuh_format_bytes(g, sizeof g, o->device_total),
                 cuh_format_bytes(a, sizeof a, o->external), o->limit ? cuh_format_bytes(b, sizeof b, o->limit) : "none");
+        text_stranded(out, o);
         fprintf(out, "    what would help: %s\n", o->action);
     }
     fprintf(out, "\n");
@@ -175,6 +201,22 @@ void cuh_report_text(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t 
 static void json_stat(FILE *out, const char *name, const cuheap_stat_t *s, int comma)
 {
     fprintf(out, "\"%s\":{\"current\":%" PRIu64 ",\"peak\":%" PRIu64 "}%s", name, s->current, s->peak, comma ? "," : "");
+}
+
+void cuh_json_write_stranded(FILE *out, const cuh_oom_info_t *o)
+{
+    const __typeof__(o->stranded) *x = &o->stranded;
+    fprintf(out, "{\"segments\":%zu,\"bytes\":%zu,\"free\":%zu,\"blocks\":%zu,\"block_bytes\":%zu,\"would_fit\":%s,\"top\":",
+            x->segments, x->bytes, x->free, x->blocks, x->block_bytes, x->would_fit ? "true" : "false");
+    if (!x->segments) {
+        fprintf(out, "null}");
+        return;
+    }
+    fprintf(out, "{\"base\":%" PRIu64 ",\"size\":%zu,\"used\":%zu,\"blocks\":%zu,\"holders\":[", (uint64_t)x->top_base,
+            x->top_size, x->top_used, x->top_blocks);
+    for (size_t i = 0; i < x->num_top_holders; i++)
+        fprintf(out, "%s[%" PRIu64 ",%zu]", i ? "," : "", (uint64_t)x->top_holders[i].addr, x->top_holders[i].size);
+    fprintf(out, "]}}");
 }
 
 void cuh_json_write_string(FILE *out, const char *s)
@@ -289,7 +331,12 @@ static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
     for (size_t i = 0; i < o->num_pending_streams; i++)
         fprintf(out, "%s{\"stream\":%" PRIu64 ",\"pending\":%" PRIu64 "}", i ? "," : "", o->pending_by_stream[i].stream,
                 o->pending_by_stream[i].pending);
-    fprintf(out, "]}}");
+    fprintf(out, "]");
+    if (o->stranded.known) {
+        fprintf(out, ",\"stranded\":");
+        cuh_json_write_stranded(out, o);
+    }
+    fprintf(out, "}}");
 }
 
 /* ,"pinned_host":{...}: the byte statistics as the devices' are written. */

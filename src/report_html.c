@@ -91,7 +91,22 @@ static void oom_panel(FILE *out, const cuh_heap_snapshot_t *s)
     for (size_t i = 0; i < o->num_pending_streams; i++)
         fprintf(out, "<tr><td>pending on stream 0x%" PRIx64 "</td><td>%s</td></tr>\n", o->pending_by_stream[i].stream,
                 bytes(a, o->pending_by_stream[i].pending));
-    fprintf(out, "</table>\n<p class=action><b>What would help:</b> ");
+    fprintf(out, "</table>\n");
+    const __typeof__(o->stranded) *x = &o->stranded;
+    if (x->segments) {
+        char b[32], c[32];
+        fprintf(out, "<p class=stranded><b>Stranded:</b> %s free in %zu mostly empty segment%s (at most 1/8 used), "
+                     "held there by %zu block%s of %s in all%s. The most in segment 0x%" PRIx64 " (%s): %zu block%s of "
+                     "%s.</p>\n",
+                bytes(a, x->free), x->segments, x->segments == 1 ? "" : "s", x->blocks, x->blocks == 1 ? "" : "s",
+                bytes(b, x->block_bytes),
+                x->would_fit ? "; had they lain elsewhere, those segments could have gone back to the device and "
+                               "the request would have fit"
+                             : "",
+                (uint64_t)x->top_base, bytes(c, x->top_size), x->top_blocks, x->top_blocks == 1 ? "" : "s",
+                bytes((char[32]){0}, x->top_used));
+    }
+    fprintf(out, "<p class=action><b>What would help:</b> ");
     html_text(out, o->action);
     fprintf(out, "</p></section>\n");
 }

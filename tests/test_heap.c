@@ -1431,6 +1431,77 @@ static void test_oom_cause_fragmentation_with_its_proof(void **state)
     assert_true(strlen(o.action) + 1 < sizeof o.action);   /* not cut short */
 }
 
+/* A block freed from a segment it nearly filled leaves the segment to the
+ * small block that best fit its tail: the out-of-memory record names the
+ * memory stranded that way, the blocks that hold it, and whether the
+ * request would have fit had they been elsewhere. */
+static void test_oom_names_memory_stranded_in_mostly_empty_segments(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(2 * GiB, NULL);
+    uintptr_t big = must_alloc(t.heap, GiB - MiB, 0);          /* a segment of 1 GiB */
+    uintptr_t small = must_alloc(t.heap, 512 * KiB, 0);        /* best fit: the segment's last MiB */
+    assert_true(small > big && small < big + GiB);
+    must_free(t.heap, big, 0);
+    uintptr_t x;
+    assert_int_equal(cuh_heap_malloc(t.heap, GiB + GiB / 2, 0, &x), CUHEAP_ERR_OUT_OF_MEMORY);
+    cuh_oom_info_t o;
+    assert_true(cuh_heap_last_oom(t.heap, &o));
+    assert_int_equal(o.cause, CUH_OOM_FRAGMENTATION);
+    assert_int_equal(o.stranded.segments, 1);
+    assert_int_equal(o.stranded.bytes, GiB);
+    assert_int_equal(o.stranded.free, GiB - 512 * KiB);
+    assert_int_equal(o.stranded.blocks, 1);
+    assert_int_equal(o.stranded.block_bytes, 512 * KiB);
+    assert_int_equal(o.stranded.top_base, big);
+    assert_int_equal(o.stranded.top_size, GiB);
+    assert_int_equal(o.stranded.top_blocks, 1);
+    assert_int_equal(o.stranded.num_top_holders, 1);
+    assert_int_equal(o.stranded.top_holders[0].addr, small);
+    assert_int_equal(o.stranded.top_holders[0].size, 512 * KiB);
+    assert_true(o.stranded.would_fit);   /* 1 GiB free on the device + the 1 GiB segment */
+    assert_non_null(strstr(cuheap_last_error(), "1 mostly empty segment, held there by 1 block"));
+    assert_non_null(strstr(cuheap_last_error(), "without them the request would have fit"));
+    /* And so it does once the small block is gone. */
+    must_free(t.heap, small, 0);
+    must_free(t.heap, must_alloc(t.heap, GiB + GiB / 2, 0), 0);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+
+    /* The stranded segment is too small to make room: named, without the
+     * claim. 1 GiB live, a 64 MiB segment held by 512 KiB, a 256 MiB one
+     * half used, 100 MiB left on the device, and a 200 MiB request. */
+    t = test_heap_new(GiB + 420 * MiB, NULL);
+    uintptr_t live = must_alloc(t.heap, GiB, 0);
+    uintptr_t b2 = must_alloc(t.heap, 31 * MiB, 0);            /* a 64 MiB segment (grow_fraction) */
+    uintptr_t s2 = must_alloc(t.heap, 512 * KiB, 0);
+    must_free(t.heap, b2, 0);
+    must_free(t.heap, must_alloc(t.heap, 256 * MiB, 0), 0);
+    uintptr_t d1 = must_alloc(t.heap, 128 * MiB, 0);
+    must_free(t.heap, must_alloc(t.heap, 128 * MiB, 0), 0);
+    assert_int_equal(cuh_heap_malloc(t.heap, 200 * MiB, 0, &x), CUHEAP_ERR_OUT_OF_MEMORY);
+    assert_true(cuh_heap_last_oom(t.heap, &o));
+    assert_int_equal(o.cause, CUH_OOM_FRAGMENTATION);
+    assert_int_equal(o.device_free, 100 * MiB);
+    assert_int_equal(o.stranded.segments, 1);
+    assert_int_equal(o.stranded.bytes, 64 * MiB);
+    assert_int_equal(o.stranded.top_holders[0].addr, s2);
+    assert_false(o.stranded.would_fit);
+    assert_non_null(strstr(cuheap_last_error(), "mostly empty segment"));
+    assert_null(strstr(cuheap_last_error(), "would have fit"));
+    must_free(t.heap, live, 0);
+    must_free(t.heap, s2, 0);
+    must_free(t.heap, d1, 0);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+
+    /* Free memory scattered through a well used workspace strands nothing
+     * (the workspace never goes back to the device anyway). */
+    cuh_oom_info_t c = checkerboard_oom("workspace:64M,small_max:0");
+    assert_int_equal(c.stranded.segments, 0);
+    assert_false(c.stranded.would_fit);
+}
+
 /* Under vmm:1 with pages larger than the device's granularity, free memory can
  * still be stranded in pages that blocks partly use: the advice is the page
  * size, not vmm:1. */
@@ -3002,6 +3073,7 @@ int main(void)
         cmocka_unit_test(test_out_of_memory_only_after_retry_and_heap_survives),
         cmocka_unit_test(test_oom_cause_external),
         cmocka_unit_test(test_oom_cause_fragmentation_with_its_proof),
+        cmocka_unit_test(test_oom_names_memory_stranded_in_mostly_empty_segments),
         cmocka_unit_test(test_oom_cause_fragmentation_under_large_pages_names_vmm_page),
         cmocka_unit_test(test_oom_cause_stream_pending_with_its_proof),
         cmocka_unit_test(test_workspace_is_taken_at_first_use_and_used_first),

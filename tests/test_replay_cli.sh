@@ -154,6 +154,40 @@ else
 $(cat "$TMP/oom_table.out" "$TMP/oom_table.err")"
 fi
 
+# ---- a fragmentation out-of-memory names the trace events that strand memory --
+# gpt2 at 27 GiB: blocks allocated while the previous step's logits were
+# live sit in the tails of their segments; the JSON names their allocation
+# events, which must be allocations of the holders' sizes still live at the
+# out-of-memory, and the table says the same in words.
+run strand --json --capacity 27G "$gpt2"
+if [ "$rc" -eq 0 ] && msg=$(python3 - "$TMP/strand.out" "$gpt2" <<'PY' 2>&1
+import gzip, json, sys
+o = json.loads(open(sys.argv[1]).read())["oom"]
+x = o["stranded"]
+assert o["cause"] == "fragmentation" and x["segments"] >= 1 and x["would_fit"] is True, o
+assert len(o["holder_events"]) == len(x["top"]["holders"]) >= 1, o
+events = [l.split() for l in gzip.open(sys.argv[2], "rt") if not l.startswith("#")]
+freed_at = {}
+for i, e in enumerate(events):
+    if e[0] == "f":
+        freed_at[e[2]] = i
+for (addr, size), ev in zip(x["top"]["holders"], o["holder_events"]):
+    assert ev is not None and ev < o["event"], ev
+    e = events[ev]
+    assert e[0] == "a", e
+    assert size >= int(e[3]) > size - 512, (size, e)      # the block is the request rounded to 512 B
+    assert freed_at.get(e[2], len(events)) > o["event"], "event %d was freed before the OOM" % ev
+PY
+); then
+    ok "--capacity 27G on gpt2: the stranded memory's holders are live allocations of their sizes"
+else
+    not_ok "--capacity 27G on gpt2: stranded holders" "status $rc ${msg:-}"
+fi
+run strand_table --capacity 27G "$gpt2"
+check "the table names the stranded memory and the events that allocated its holders" \
+    '[ "$rc" -eq 0 ] && grep -q "stranded: .* mostly empty segment.*(without them the request would have fit)" "$TMP/strand_table.out" &&
+     grep -q "behind: .* allocated at event [0-9]* (line [0-9]*, id [0-9]*)" "$TMP/strand_table.out"'
+
 # ---- a malformed trace: status 1, the message names the file and line --------
 bad=$TMP/broken.trace
 printf '# broken\na 1 1 4096 0\na 2 2 8192 0\nf 3 1\nf 4 99\na 5 3 10 0\n' >"$bad"

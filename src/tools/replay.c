@@ -65,6 +65,7 @@ typedef struct run_s {
     size_t oom_event;
     int have_oom_info;
     cuh_oom_info_t oom_info;
+    size_t holder_event[4];   /* the allocation event of oom_info's stranded top holders (SIZE_MAX: a slab) */
     cuheap_stats_t stats;
     uint64_t elapsed_ns;      /* the replay loop only */
     size_t peak_event;        /* with track_peak: the event after which reserved memory first reached its peak */
@@ -323,6 +324,25 @@ static long g_lag;                 /* --lag, for every replay */
 static long g_streams;             /* --streams, for every replay */
 static long g_busy_streams;        /* --busy-streams */
 
+/* For each block holding the most stranded memory at an out-of-memory at
+ * event `at`: the allocation event still live then whose block starts at
+ * its address (SIZE_MAX for a slab of small blocks, which no event names). */
+static void find_holder_events(const cuh_trace_t *t, const uintptr_t *addrs, size_t at, const cuh_oom_info_t *o,
+                               size_t *events)
+{
+    for (size_t k = 0; k < o->stranded.num_top_holders; k++) {
+        events[k] = SIZE_MAX;
+        for (size_t i = at; i-- > 0;) {
+            const cuh_trace_event_t *e = &t->events[i];
+            if (e->kind == CUH_TRACE_ALLOC && addrs[i] == o->stranded.top_holders[k].addr &&
+                (e->match == CUH_TRACE_NO_MATCH || e->match > at)) {
+                events[k] = i;
+                break;
+            }
+        }
+    }
+}
+
 static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t *cfg,
                        uintptr_t *addrs, run_t *run, const char *report, long report_at, int track_peak)
 {
@@ -414,6 +434,7 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
             run->oom_info.request = (size_t)ev[i].size;
             run->oom_info.stream = (cuh_stream_t)ev[i].stream;
         }
+        find_holder_events(t, addrs, i, &run->oom_info, run->holder_event);
     } else if (st != CUHEAP_OK) {
         const cuh_trace_event_t *e = &ev[i];
         const char *why = cuheap_last_error();
@@ -610,7 +631,19 @@ static void print_json(const result_t *r)
         memcpy(action, o->action, sizeof o->action);
         action[sizeof o->action] = '\0';
         cuh_json_write_string(f, action);
-        fputc('}', f);
+        fputs(",\"stranded\":", f);
+        if (run->have_oom_info)
+            cuh_json_write_stranded(f, o);
+        else
+            fputs("null", f);
+        fputs(",\"holder_events\":[", f);
+        for (size_t k = 0; k < o->stranded.num_top_holders; k++) {
+            if (run->holder_event[k] == SIZE_MAX)
+                fprintf(f, "%snull", k ? "," : "");
+            else
+                fprintf(f, "%s%zu", k ? "," : "", run->holder_event[k]);
+        }
+        fputs("]}", f);
     } else {
         fputs(",\"oom\":null", f);
     }
@@ -653,6 +686,33 @@ static void print_header(int name_width, int want_min)
         printf(" %11s %10s %10s", "min cap GiB", "native min", "expand min");
     printf(" %9s  %s\n", "ns/op", "oom");
     fflush(stdout);
+}
+
+/* Under an out-of-memory row: the memory stranded in mostly empty segments
+ * (cuh_oom_info_t) and the trace events that allocated the blocks holding
+ * the most of it, so that the job's own record says which tensors they are. */
+static void print_stranded(int name_width, const cuh_trace_t *t, const run_t *run)
+{
+    const cuh_oom_info_t *o = &run->oom_info;
+    if (!run->have_oom_info || !o->stranded.segments)
+        return;
+    char a[32], b[32], c[32];
+    printf("%-*s   stranded: %s free in %zu mostly empty segment%s, held there by %zu block%s of %s%s\n", name_width, "",
+           cuh_format_bytes(a, sizeof a, o->stranded.free), o->stranded.segments, o->stranded.segments == 1 ? "" : "s",
+           o->stranded.blocks, o->stranded.blocks == 1 ? "" : "s", cuh_format_bytes(b, sizeof b, o->stranded.block_bytes),
+           o->stranded.would_fit ? " (without them the request would have fit)" : "");
+    printf("%-*s   the most (%s of a %s segment) behind:", name_width, "",
+           cuh_format_bytes(a, sizeof a, o->stranded.top_size - o->stranded.top_used),
+           cuh_format_bytes(b, sizeof b, o->stranded.top_size));
+    for (size_t k = 0; k < o->stranded.num_top_holders; k++) {
+        cuh_format_bytes(c, sizeof c, o->stranded.top_holders[k].size);
+        if (run->holder_event[k] == SIZE_MAX)
+            printf("%s a slab of small blocks (%s)", k ? "," : "", c);
+        else
+            printf("%s %s allocated at event %zu (line %u, id %" PRIu64 ")", k ? "," : "", c, run->holder_event[k],
+                   t->events[run->holder_event[k]].line, t->events[run->holder_event[k]].id);
+    }
+    printf("%s\n", o->stranded.top_blocks > o->stranded.num_top_holders ? ", ..." : "");
 }
 
 static void print_row(const result_t *r, int name_width)
@@ -698,6 +758,7 @@ static void print_row(const result_t *r, int name_width)
         printf("%s: %s request at event %zu of %zu\n",
                run->have_oom_info ? cuh_oom_cause_name(run->oom_info.cause) : "out of memory", req,
                run->oom_event, t->num_events);
+        print_stranded(name_width, t, run);
     } else {
         printf("none\n");
     }

@@ -574,6 +574,18 @@ static void read_extent(reader_t *r, const cuh_json_t *o, cuh_heap_snapshot_t *s
     }
 }
 
+/* An [address, bytes] pair (a mapped range, a block): 1 when it is one. */
+static int read_range(reader_t *r, const cuh_json_t *pair, uint64_t *addr, uint64_t *size)
+{
+    if (pair->type != CUH_JSON_ARRAY || pair->v.array.n != 2) {
+        fail(r, pair, "expected [address, bytes], found %s", cuh_json_describe(pair));
+        return 0;
+    }
+    *addr = as_u64(r, cuh_json_at(pair, 0), UINT64_MAX);
+    *size = as_u64(r, cuh_json_at(pair, 1), UINT64_MAX);
+    return 1;
+}
+
 /* A virtual segment's mapped ranges ("mapped_runs", optional: reports
  * before it had none): [address, bytes] pairs in address order, inside the
  * segment, adding up to its "mapped" bytes. */
@@ -602,11 +614,8 @@ static void read_runs(reader_t *r, const cuh_json_t *o, cuh_heap_snapshot_t *s, 
     for (size_t i = 0; i < a->v.array.n && !r->failed; i++) {
         size_t item = path_index(r, i);
         const cuh_json_t *pair = cuh_json_at(a, i);
-        if (pair->type != CUH_JSON_ARRAY || pair->v.array.n != 2) {
-            fail(r, pair, "expected [address, bytes], found %s", cuh_json_describe(pair));
-        } else {
-            uint64_t addr = as_u64(r, cuh_json_at(pair, 0), UINT64_MAX);
-            uint64_t size = as_u64(r, cuh_json_at(pair, 1), UINT64_MAX);
+        uint64_t addr, size;
+        if (read_range(r, pair, &addr, &size)) {
             if (!r->failed && (addr < end || size == 0 || size > g->base + g->size - addr))
                 fail(r, pair, "the range [%" PRIu64 ", +%" PRIu64 ") is empty, out of order or outside the segment",
                      addr, size);
@@ -723,6 +732,69 @@ static void read_timeline(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t 
     path_pop(r, saved);
 }
 
+/* An out-of-memory's "stranded" object (optional: reports before it had
+ * none): totals, and the segment that strands the most with its largest
+ * blocks as [address, bytes] pairs, largest first, inside that segment. */
+static void read_stranded(reader_t *r, const cuh_json_t *o, cuh_oom_info_t *x)
+{
+    size_t saved;
+    const cuh_json_t *st = member(r, o, "stranded", 0, &saved);
+    if (st && st->type != CUH_JSON_OBJECT)
+        fail(r, st, "expected an object, found %s", cuh_json_describe(st));
+    if (!st || r->failed) {
+        path_pop(r, saved);
+        return;
+    }
+    __typeof__(x->stranded) *y = &x->stranded;
+    y->known = 1;
+    y->segments = get_size(r, st, "segments");
+    y->bytes = get_size(r, st, "bytes");
+    y->free = get_size(r, st, "free");
+    y->blocks = get_size(r, st, "blocks");
+    y->block_bytes = get_size(r, st, "block_bytes");
+    y->would_fit = get_bool(r, st, "would_fit");
+    if (!r->failed && y->free + y->block_bytes != y->bytes)
+        fail(r, st, "free (%zu) and block_bytes (%zu) do not add up to bytes (%zu)", y->free, y->block_bytes, y->bytes);
+    size_t sub;
+    const cuh_json_t *top = member(r, st, "top", 1, &sub);
+    if (top && top->type != CUH_JSON_NULL && top->type != CUH_JSON_OBJECT)
+        fail(r, top, "expected null or an object, found %s", cuh_json_describe(top));
+    if (!r->failed && top && (top->type == CUH_JSON_NULL) != (y->segments == 0))
+        fail(r, top, "null exactly when no segment strands memory");
+    if (!r->failed && top && top->type == CUH_JSON_OBJECT) {
+        y->top_base = (uintptr_t)get_u64(r, top, "base", UINTPTR_MAX);
+        y->top_size = get_size(r, top, "size");
+        y->top_used = get_size(r, top, "used");
+        y->top_blocks = get_size(r, top, "blocks");
+        if (!r->failed && (y->top_size > y->bytes || y->top_used > y->top_size || y->top_blocks > y->blocks))
+            fail(r, top, "the segment does not fit the totals");
+        size_t hs;
+        const cuh_json_t *a = get_node(r, top, "holders", CUH_JSON_ARRAY, &hs);
+        const size_t max_holders = sizeof y->top_holders / sizeof y->top_holders[0];
+        if (a && (a->v.array.n > max_holders || a->v.array.n > y->top_blocks))
+            fail(r, a, "%zu holders (at most %zu, and no more than the segment's blocks)", a->v.array.n, max_holders);
+        for (size_t i = 0; a && i < a->v.array.n && !r->failed; i++) {
+            size_t item = path_index(r, i);
+            const cuh_json_t *pair = cuh_json_at(a, i);
+            uint64_t addr, size;
+            if (read_range(r, pair, &addr, &size)) {
+                if (!r->failed && (addr < y->top_base || size == 0 || size > y->top_size ||
+                                   addr - y->top_base > y->top_size - size))
+                    fail(r, pair, "the block [%" PRIu64 ", +%" PRIu64 ") is empty or outside the segment", addr, size);
+                else if (!r->failed && i && size > y->top_holders[i - 1].size)
+                    fail(r, pair, "holders are not largest first");
+                y->top_holders[i].addr = (uintptr_t)addr;
+                y->top_holders[i].size = (size_t)size;
+                y->num_top_holders = i + 1;
+            }
+            path_pop(r, item);
+        }
+        path_pop(r, hs);
+    }
+    path_pop(r, sub);
+    path_pop(r, saved);
+}
+
 static void read_oom(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t *s)
 {
     /* Every cause the library can name, "none" included, by its own names. */
@@ -767,6 +839,7 @@ static void read_oom(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t *s)
             path_pop(r, item);
         }
         path_pop(r, sub);
+        read_stranded(r, o, x);
     }
     path_pop(r, saved);
 }
