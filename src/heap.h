@@ -286,6 +286,10 @@ void cuh_report_json(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t 
                      const cuheap_host_stats_t *pinned);
 void cuh_report_html(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n,
                      const cuheap_host_stats_t *pinned);
+/* 1 if snapshot segment g strands memory as an out-of-memory record counts it
+ * (cuh_oom_info_t.stranded): a plain segment, not the workspace, at most 1/8
+ * of it in blocks and slabs, and some. */
+int cuh_snap_segment_stranded(const cuh_heap_snapshot_t *s, const cuh_snap_segment_t *g);
 /* Writes s as a JSON string (quoted and escaped); the one escaping every JSON
  * that cuheap and its tools write uses. */
 void cuh_json_write_string(FILE *out, const char *s);

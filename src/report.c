@@ -36,6 +36,17 @@ static void text_stat_row(FILE *out, const char *label, const cuheap_stat_t *sta
             cuh_format_bytes(b, sizeof b, stat->peak));
 }
 
+int cuh_snap_segment_stranded(const cuh_heap_snapshot_t *s, const cuh_snap_segment_t *g)
+{
+    if (g->workspace || g->virtual_space)
+        return 0;
+    uint64_t used = 0;
+    for (size_t k = 0; k < g->num_extents; k++)
+        if (s->extents[g->first_extent + k].kind != CUH_SNAP_FREE)
+            used += s->extents[g->first_extent + k].size;
+    return used && used <= g->size / 8;
+}
+
 /* The out-of-memory's stranded memory (cuh_oom_info_t), when there was any:
  * the totals, whether the request would have fit without it, and the
  * segment that strands the most with the blocks that hold it there. */
@@ -110,10 +121,10 @@ static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
             }
         }
         char d[32];
-        fprintf(out, "    0x%012" PRIx64 " %11s%s: used %s (blocks %zu, slabs %zu); free %s in %zu extents, largest %s\n",
+        fprintf(out, "    0x%012" PRIx64 " %11s%s: used %s (blocks %zu, slabs %zu); free %s in %zu extents, largest %s%s\n",
                 g->base, cuh_format_bytes(a, sizeof a, g->size), g->workspace ? " workspace" : "",
                 cuh_format_bytes(b, sizeof b, used), blocks, slabs, cuh_format_bytes(c, sizeof c, free_bytes), frees,
-                cuh_format_bytes(d, sizeof d, largest));
+                cuh_format_bytes(d, sizeof d, largest), cuh_snap_segment_stranded(s, g) ? "; stranded" : "");
         if (g->virtual_space) {
             char ranges[48] = "";
             if (g->num_runs)

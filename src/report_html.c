@@ -197,8 +197,10 @@ static void bar_rect(FILE *out, const char *cls, uint64_t base, uint64_t shown, 
     char a[32];
     double x0 = width * (double)(addr - base) / (double)shown;
     double w = width * (double)size / (double)shown;
+    /* What holds a stranded segment stays visible however small it is. */
+    const double min_w = strcmp(cls, "hold") ? 0.5 : 3.0;
     fprintf(out, "<rect class=\"%s\" x=\"%.2f\" y=\"0\" width=\"%.2f\" height=\"16\"><title>0x%" PRIx64 " %s %s</title></rect>",
-            cls, x0, w < 0.5 ? 0.5 : w, addr, bytes(a, size), what);
+            cls, x0, w < min_w ? min_w : w, addr, bytes(a, size), what);
 }
 
 /* Over a virtual reservation's bar, the address space with no memory behind
@@ -226,14 +228,17 @@ static void segment_map(FILE *out, const cuh_heap_snapshot_t *s)
     fprintf(out, "<h2>Segments</h2>\n<p class=legend-row><span class=\"key blk\"></span>block <span class=\"key slab\">"
                  "</span>slab of small objects <span class=\"key free\"></span>free <span class=\"key priv\"></span>free, "
                  "one stream's <span class=\"key pend\"></span>free, pending GPU work <span class=\"key unmapped\"></span>"
-                 "no memory behind it (vmm:1)</p>\n");
+                 "no memory behind it (vmm:1) <span class=\"key hold\"></span>block or slab alone in a mostly empty "
+                 "segment (at most 1/8 used: stranded)</p>\n");
     fprintf(out, "<div class=segments>\n");
     for (size_t i = 0; i < s->num_segments; i++) {
         const cuh_snap_segment_t *g = &s->segments[i];
         uint64_t shown = shown_span(s, g);
         double width = W;
-        fprintf(out, "<div class=seg><span class=seglabel>0x%012" PRIx64 " %s%s%s</span>\n", g->base, bytes(a, g->size),
-                g->workspace ? " workspace" : "", g->virtual_space ? " virtual" : "");
+        const int stranded = cuh_snap_segment_stranded(s, g);
+        fprintf(out, "<div class=seg><span class=seglabel>0x%012" PRIx64 " %s%s%s%s</span>\n", g->base, bytes(a, g->size),
+                g->workspace ? " workspace" : "", g->virtual_space ? " virtual" : "",
+                stranded ? " <span class=stranded>stranded</span>" : "");
         if (g->virtual_space)
             fprintf(out, "<span class=seglabel>(%s mapped; %" PRIu64 " pages mapped, %" PRIu64 " moved)</span>",
                     bytes(b, g->mapped), g->page_maps, g->page_moves);
@@ -242,7 +247,9 @@ static void segment_map(FILE *out, const cuh_heap_snapshot_t *s)
             const cuh_snap_extent_t *x = &s->extents[g->first_extent + k];
             if (x->addr - g->base >= shown)
                 break;
-            bar_rect(out, extent_class(x), g->base, shown, width, x->addr, x->size, extent_class(x));
+            const char *cls = stranded && x->kind != CUH_SNAP_FREE ? "hold" : extent_class(x);
+            bar_rect(out, cls, g->base, shown, width, x->addr, x->size,
+                     stranded && x->kind != CUH_SNAP_FREE ? "holds this mostly empty segment" : extent_class(x));
         }
         if (g->num_runs)
             unmapped_overlay(out, s, g, shown, width);
@@ -327,6 +334,8 @@ void cuh_report_html(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t 
             "span.blk{background:#2471a3}span.slab{background:#16a085}span.free{background:#dcdcdc}"
             "span.priv{background:#f4d03f}span.pend{background:#e67e22}\n"
             "rect.unmapped{fill:#fff;fill-opacity:0.7}span.unmapped{background:#fff;border:1px solid #bbb}\n"
+            "rect.hold{fill:#c0392b;stroke:#fff;stroke-width:0.6}span.hold{background:#c0392b}"
+            "span.stranded{color:#c0392b;font-weight:bold}\n"
             "</style></head><body>\n<h1>cuheap %s report &middot; pid %d &middot; %s</h1>\n",
             origin.version, origin.pid, when);
     if (!n)

@@ -167,6 +167,17 @@ o = lambda p: json.load(open(p))['devices'][0]['oom']
 print(o('$tmp/frag.json')['stranded'] == o('$tmp/frag-again.json')['stranded'], 'stranded' not in o('$tmp/frag-old-again.json'))")
 check "cuheap-report keeps the stranded record, and a report written before it renders again without one (rc $rc, $kept)" \
     '[ $rc -eq 0 ] && [ "$kept" = "True True" ] && ! "$report_tool" "$tmp/frag-old.json" | grep -q "stranded:"'
+# Every report marks the segments that strand memory, as the record counts
+# them: at the OOM, the marked segments are those of the record's totals.
+marked=$(python3 -c "
+import json, re
+d = json.load(open('$tmp/frag.json'))['devices'][0]
+mostly_empty = [g['base'] for g in d['segments'] if not g['workspace'] and not g['virtual'] and
+                0 < sum(e['size'] for e in g['extents'] if e['kind'] != 'free') <= g['size'] // 8]
+text = [int(m, 16) for m in re.findall(r'^    0x([0-9a-f]+) .*; stranded$', open('$tmp/frag.txt').read(), re.M)]
+html = [int(m, 16) for m in re.findall(r'0x([0-9a-f]+) [^<]* <span class=stranded>', open('$tmp/frag.html').read())]
+print(len(mostly_empty) == d['oom']['stranded']['segments'] and mostly_empty == text == html)")
+check "text and HTML mark exactly the segments at most 1/8 used, those the OOM record counts ($marked)" '[ "$marked" = True ]'
 check "the text and HTML reports show the stranded memory and its holders" \
     'grep -q "stranded: .* free in [0-9]* mostly empty segment.*the request would have fit" $tmp/frag.txt &&
      grep -q "the most in 0x[0-9a-f]* (.*): [0-9]* block" $tmp/frag.txt && grep -q "<b>Stranded:</b>" $tmp/frag.html'
