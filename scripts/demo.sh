@@ -3,7 +3,9 @@
 # three real PyTorch training jobs (bench/traces) on a simulated 80 GiB GPU
 # and prints cuheap's peak memory beside what PyTorch's caching allocator
 # reserves on the same jobs (native and expandable_segments, modelled), then
-# the smallest GPU each job fits in under each.
+# the smallest GPU each job fits in under each; then asks whether GPT-2 fits
+# on a 27 GiB device, and why not (memory stranded by a few blocks), and
+# shows it fitting with vmm:1.
 set -euo pipefail
 build=${1:-build}
 cd "$(dirname "$0")/.."
@@ -17,3 +19,12 @@ echo
 echo
 echo "min cap: the smallest device (to 2 MiB) on which cuheap runs the job without running out of"
 echo "memory; native min and expand min: the same for PyTorch's two modes."
+echo
+echo "Would GPT-2 (25.17 GiB live) run on a 27 GiB device? The replay answers, and says why not:"
+echo
+"$build/cuheap-replay" --capacity 27G bench/traces/gpt2.trace.gz
+echo
+echo "Free memory stranded in segments that a few small blocks hold is what CUDA virtual memory"
+echo "gives back: with vmm:1 (cuheap's default as PyTorch's allocator) the job runs on that device:"
+echo
+"$build/cuheap-replay" --capacity 27G --conf vmm:1 bench/traces/gpt2.trace.gz
