@@ -1414,7 +1414,7 @@ static void find_stranded_locked(const cuh_heap_t *h, cuh_oom_info_t *o, size_t 
         x->top_used = s->used_bytes;
         x->top_blocks = blocks;
         x->num_top_holders = 0;
-        const size_t max_holders = sizeof x->top_holders / sizeof x->top_holders[0];
+        const size_t max_holders = CUH_OOM_TOP_HOLDERS;
         for (const cuh_extent_t *e = s->first; e; e = e->next) {
             if (e->state != CUH_EXTENT_BLOCK && e->state != CUH_EXTENT_SLAB)
                 continue;

@@ -44,6 +44,9 @@ typedef enum cuh_oom_cause_e {
     CUH_OOM_EXTERNAL         /* memory used outside cuheap is what is missing */
 } cuh_oom_cause_t;
 
+/* How many of the blocks holding the most stranded memory a record names. */
+#define CUH_OOM_TOP_HOLDERS 4
+
 /* The heap's state at the moment a request failed: the proof of its cause. */
 typedef struct cuh_oom_info_s {
     cuh_oom_cause_t cause;
@@ -85,7 +88,7 @@ typedef struct cuh_oom_info_s {
         struct {
             uintptr_t addr;
             size_t size;
-        } top_holders[4];    /* its largest blocks or slabs, largest first */
+        } top_holders[CUH_OOM_TOP_HOLDERS];   /* its largest blocks or slabs, largest first */
         size_t num_top_holders;
     } stranded;
 } cuh_oom_info_t;

@@ -65,7 +65,8 @@ typedef struct run_s {
     size_t oom_event;
     int have_oom_info;
     cuh_oom_info_t oom_info;
-    size_t holder_event[4];   /* the allocation event of oom_info's stranded top holders (SIZE_MAX: a slab) */
+    size_t holder_event[CUH_OOM_TOP_HOLDERS];   /* the allocation events of oom_info's stranded top holders
+                                                 * (SIZE_MAX: a slab) */
     cuheap_stats_t stats;
     uint64_t elapsed_ns;      /* the replay loop only */
     size_t peak_event;        /* with track_peak: the event after which reserved memory first reached its peak */

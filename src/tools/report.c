@@ -770,7 +770,7 @@ static void read_stranded(reader_t *r, const cuh_json_t *o, cuh_oom_info_t *x)
             fail(r, top, "the segment does not fit the totals");
         size_t hs;
         const cuh_json_t *a = get_node(r, top, "holders", CUH_JSON_ARRAY, &hs);
-        const size_t max_holders = sizeof y->top_holders / sizeof y->top_holders[0];
+        const size_t max_holders = CUH_OOM_TOP_HOLDERS;
         if (a && (a->v.array.n > max_holders || a->v.array.n > y->top_blocks))
             fail(r, a, "%zu holders (at most %zu, and no more than the segment's blocks)", a->v.array.n, max_holders);
         for (size_t i = 0; a && i < a->v.array.n && !r->failed; i++) {
