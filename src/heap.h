@@ -289,10 +289,13 @@ void cuh_report_json(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t 
                      const cuheap_host_stats_t *pinned);
 void cuh_report_html(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n,
                      const cuheap_host_stats_t *pinned);
-/* 1 if snapshot segment g strands memory as an out-of-memory record counts it
- * (cuh_oom_info_t.stranded): a plain segment, not the workspace, at most 1/8
- * of it in blocks and slabs, and some. */
-int cuh_snap_segment_stranded(const cuh_heap_snapshot_t *s, const cuh_snap_segment_t *g);
+/* The free bytes snapshot segment g strands, as an out-of-memory record
+ * counts them (cuh_oom_info_t.stranded): all of a plain segment's free bytes
+ * (not the workspace's) when at most 1/8 of it, and some, is in blocks and
+ * slabs; else 0. */
+uint64_t cuh_snap_stranded_bytes(const cuh_heap_snapshot_t *s, const cuh_snap_segment_t *g);
+/* "X in N mostly empty segments" for all of s's stranded bytes, or "". */
+void cuh_report_stranded_note(const cuh_heap_snapshot_t *s, char *out, size_t len);
 /* Writes s as a JSON string (quoted and escaped); the one escaping every JSON
  * that cuheap and its tools write uses. */
 void cuh_json_write_string(FILE *out, const char *s);

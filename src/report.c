@@ -36,7 +36,7 @@ static void text_stat_row(FILE *out, const char *label, const cuheap_stat_t *sta
             cuh_format_bytes(b, sizeof b, stat->peak));
 }
 
-int cuh_snap_segment_stranded(const cuh_heap_snapshot_t *s, const cuh_snap_segment_t *g)
+uint64_t cuh_snap_stranded_bytes(const cuh_heap_snapshot_t *s, const cuh_snap_segment_t *g)
 {
     if (g->workspace || g->virtual_space)
         return 0;
@@ -44,7 +44,31 @@ int cuh_snap_segment_stranded(const cuh_heap_snapshot_t *s, const cuh_snap_segme
     for (size_t k = 0; k < g->num_extents; k++)
         if (s->extents[g->first_extent + k].kind != CUH_SNAP_FREE)
             used += s->extents[g->first_extent + k].size;
-    return used && used <= g->size / 8;
+    return used && used <= g->size / 8 ? g->size - used : 0;
+}
+
+/* What every segment of s strands (cuh_snap_stranded_bytes), and in how many. */
+static uint64_t stranded_total(const cuh_heap_snapshot_t *s, size_t *segments)
+{
+    uint64_t total = 0;
+    *segments = 0;
+    for (size_t i = 0; i < s->num_segments; i++) {
+        uint64_t b = cuh_snap_stranded_bytes(s, &s->segments[i]);
+        total += b;
+        *segments += b != 0;
+    }
+    return total;
+}
+
+void cuh_report_stranded_note(const cuh_heap_snapshot_t *s, char *out, size_t len)
+{
+    size_t n;
+    uint64_t bytes = stranded_total(s, &n);
+    char a[32];
+    if (n)
+        snprintf(out, len, "%s in %zu mostly empty segment%s", cuh_format_bytes(a, sizeof a, bytes), n, n == 1 ? "" : "s");
+    else
+        snprintf(out, len, "%s", "");
 }
 
 /* The out-of-memory's stranded memory (cuh_oom_info_t), when there was any:
@@ -95,6 +119,10 @@ static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
             cuh_format_bytes(b, sizeof b, st->cached.current), fragmentation(st));
     if (st->requested.peak)
         fprintf(out, "; peak reserved / peak requested = %.3f", (double)st->reserved.peak / (double)st->requested.peak);
+    char note[96];
+    cuh_report_stranded_note(s, note, sizeof note);
+    if (note[0])
+        fprintf(out, "; stranded %s", note);
     fprintf(out, "\n  device: %s free of %s", cuh_format_bytes(a, sizeof a, s->device_free),
             cuh_format_bytes(b, sizeof b, s->device_total));
     if (s->device_total > s->device_free + st->reserved.current)
@@ -124,7 +152,7 @@ static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
         fprintf(out, "    0x%012" PRIx64 " %11s%s: used %s (blocks %zu, slabs %zu); free %s in %zu extents, largest %s%s\n",
                 g->base, cuh_format_bytes(a, sizeof a, g->size), g->workspace ? " workspace" : "",
                 cuh_format_bytes(b, sizeof b, used), blocks, slabs, cuh_format_bytes(c, sizeof c, free_bytes), frees,
-                cuh_format_bytes(d, sizeof d, largest), cuh_snap_segment_stranded(s, g) ? "; stranded" : "");
+                cuh_format_bytes(d, sizeof d, largest), cuh_snap_stranded_bytes(s, g) ? "; stranded" : "");
         if (g->virtual_space) {
             char ranges[48] = "";
             if (g->num_runs)

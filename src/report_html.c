@@ -60,6 +60,10 @@ static void stats_table(FILE *out, const cuh_heap_snapshot_t *s)
             st->num_free_extents, bytes(a, st->largest_free_extent), bytes(b, st->cached.current), frag);
     if (st->requested.peak)
         fprintf(out, " &middot; peak reserved / peak live <b>%.3f</b>", (double)st->reserved.peak / (double)st->requested.peak);
+    char note[96];
+    cuh_report_stranded_note(s, note, sizeof note);
+    if (note[0])
+        fprintf(out, " &middot; <span class=stranded>stranded</span> %s", note);
     fprintf(out, "</p>\n");
 }
 
@@ -235,7 +239,7 @@ static void segment_map(FILE *out, const cuh_heap_snapshot_t *s)
         const cuh_snap_segment_t *g = &s->segments[i];
         uint64_t shown = shown_span(s, g);
         double width = W;
-        const int stranded = cuh_snap_segment_stranded(s, g);
+        const int stranded = cuh_snap_stranded_bytes(s, g) != 0;
         fprintf(out, "<div class=seg><span class=seglabel>0x%012" PRIx64 " %s%s%s%s</span>\n", g->base, bytes(a, g->size),
                 g->workspace ? " workspace" : "", g->virtual_space ? " virtual" : "",
                 stranded ? " <span class=stranded>stranded</span>" : "");

@@ -178,6 +178,10 @@ text = [int(m, 16) for m in re.findall(r'^    0x([0-9a-f]+) .*; stranded$', open
 html = [int(m, 16) for m in re.findall(r'0x([0-9a-f]+) [^<]* <span class=stranded>', open('$tmp/frag.html').read())]
 print(len(mostly_empty) == d['oom']['stranded']['segments'] and mostly_empty == text == html)")
 check "text and HTML mark exactly the segments at most 1/8 used, those the OOM record counts ($marked)" '[ "$marked" = True ]'
+n_stranded=$(python3 -c "import json; print(json.load(open('$tmp/frag.json'))['devices'][0]['oom']['stranded']['segments'])")
+check "the summary line counts the stranded segments ($n_stranded)" \
+    'grep -q "^  fragmentation: .*; stranded [0-9.]* [KMG]iB in $n_stranded mostly empty segments$" $tmp/frag.txt &&
+     grep -q "<span class=stranded>stranded</span> [0-9.]* [KMG]iB in $n_stranded mostly empty segments" $tmp/frag.html'
 check "the text and HTML reports show the stranded memory and its holders" \
     'grep -q "stranded: .* free in [0-9]* mostly empty segment.*the request would have fit" $tmp/frag.txt &&
      grep -q "the most in 0x[0-9a-f]* (.*): [0-9]* block" $tmp/frag.txt && grep -q "<b>Stranded:</b>" $tmp/frag.html'
