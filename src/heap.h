@@ -294,6 +294,9 @@ void cuh_report_html(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t 
  * (not the workspace's) when at most 1/8 of it, and some, is in blocks and
  * slabs; else 0. */
 uint64_t cuh_snap_stranded_bytes(const cuh_heap_snapshot_t *s, const cuh_snap_segment_t *g);
+/* What every segment of s strands (cuh_snap_stranded_bytes), and in how
+ * many segments. */
+uint64_t cuh_snap_stranded_total(const cuh_heap_snapshot_t *s, size_t *segments);
 /* "X in N mostly empty segments" for all of s's stranded bytes, or "". */
 void cuh_report_stranded_note(const cuh_heap_snapshot_t *s, char *out, size_t len);
 /* Writes s as a JSON string (quoted and escaped); the one escaping every JSON

@@ -47,8 +47,7 @@ uint64_t cuh_snap_stranded_bytes(const cuh_heap_snapshot_t *s, const cuh_snap_se
     return used && used <= g->size / 8 ? g->size - used : 0;
 }
 
-/* What every segment of s strands (cuh_snap_stranded_bytes), and in how many. */
-static uint64_t stranded_total(const cuh_heap_snapshot_t *s, size_t *segments)
+uint64_t cuh_snap_stranded_total(const cuh_heap_snapshot_t *s, size_t *segments)
 {
     uint64_t total = 0;
     *segments = 0;
@@ -63,7 +62,7 @@ static uint64_t stranded_total(const cuh_heap_snapshot_t *s, size_t *segments)
 void cuh_report_stranded_note(const cuh_heap_snapshot_t *s, char *out, size_t len)
 {
     size_t n;
-    uint64_t bytes = stranded_total(s, &n);
+    uint64_t bytes = cuh_snap_stranded_total(s, &n);
     char a[32];
     if (n)
         snprintf(out, len, "%s in %zu mostly empty segment%s", cuh_format_bytes(a, sizeof a, bytes), n, n == 1 ? "" : "s");

@@ -248,7 +248,7 @@ else
 fi
 missing=""
 for row in "requested current" "requested peak" "allocated peak" "cached current" "pending peak" allocations frees \
-    "segments allocated" retries OOMs fragmentation "peak reserved / peak live"; do
+    "segments allocated" retries OOMs fragmentation stranded "stranded segments" "peak reserved / peak live"; do
     grep -q "^  $row " "$TMP/cmp_text.out" || missing="$missing [$row]"
 done
 if [ -z "$missing" ] && grep -q "^== device 0 (sim) ==$" "$TMP/cmp_text.out"; then
@@ -275,6 +275,17 @@ assert (r["a"], r["b"], r["diff"]) == (pa, pb, pb - pa), r
 assert abs(r["ratio"] - pb / pa) < 1e-6, r
 assert d["num_ooms"]["a"] == 1 and d["num_ooms"]["b"] == 0, d["num_ooms"]
 assert abs(d["fragmentation"]["a"] - a["stats"]["fragmentation"]) < 1e-6, d["fragmentation"]
+def stranded(dev):   # free bytes of plain segments at most 1/8 used, and how many
+    out = []
+    for g in dev["segments"]:
+        used = sum(e["size"] for e in g["extents"] if e["kind"] != "free")
+        if not g["workspace"] and not g["virtual"] and 0 < used <= g["size"] // 8:
+            out.append(g["size"] - used)
+    return sum(out), len(out)
+(sa, na), (sb, nb) = stranded(a), stranded(b)
+assert (d["stranded_bytes"]["a"], d["stranded_bytes"]["b"]) == (sa, sb), d["stranded_bytes"]
+assert (d["stranded_segments"]["a"], d["stranded_segments"]["b"]) == (na, nb) and na >= 1, d["stranded_segments"]
+assert sa == a["oom"]["stranded"]["free"], (sa, a["oom"]["stranded"])
 for k in ("requested", "allocated", "cached", "pending"):
     assert set(d[k]) == {"current", "peak"}, k
 ' "$TMP/cmp_json.out" "$TMP/oom.json" "$TMP/ok.json" 2>&1); then

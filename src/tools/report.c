@@ -1198,6 +1198,9 @@ static void compare_text_device(FILE *out, const cuh_heap_snapshot_t *a, const c
     text_bytes_row(out, "largest free extent", x->largest_free_extent, y->largest_free_extent);
     text_count_row(out, "free extents", x->num_free_extents, y->num_free_extents);
     text_figure_row(out, "fragmentation", fragmentation(x), fragmentation(y), 1, 1);
+    size_t na, nb;
+    text_bytes_row(out, "stranded", cuh_snap_stranded_total(a, &na), cuh_snap_stranded_total(b, &nb));
+    text_count_row(out, "stranded segments", na, nb);
     text_figure_row(out, "peak reserved / peak live", overhead(x), overhead(y), x->requested.peak != 0,
                     y->requested.peak != 0);
     char ra[32] = "-", rb[32] = "-";
@@ -1309,6 +1312,9 @@ static void compare_json_device(FILE *out, const cuh_heap_snapshot_t *a, const c
     json_count(out, "largest_free_extent", x->largest_free_extent, y->largest_free_extent, 1);
     json_count(out, "num_free_extents", x->num_free_extents, y->num_free_extents, 1);
     json_figure(out, "fragmentation", fragmentation(x), fragmentation(y), 1, 1, 1);
+    size_t na, nb;
+    json_count(out, "stranded_bytes", cuh_snap_stranded_total(a, &na), cuh_snap_stranded_total(b, &nb), 1);
+    json_count(out, "stranded_segments", na, nb, 1);
     json_figure(out, "peak_reserved_over_peak_live", overhead(x), overhead(y), x->requested.peak != 0,
                 y->requested.peak != 0, 1);
     fputs("\"oom\":{\"a\":", out);
