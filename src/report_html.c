@@ -101,7 +101,7 @@ static void oom_panel(FILE *out, const cuh_heap_snapshot_t *s)
         char b[32], c[32];
         fprintf(out, "<p class=stranded><b>Stranded:</b> %s free in %zu mostly empty segment%s (at most 1/8 used), "
                      "held there by %zu block%s of %s in all%s. The most in segment 0x%" PRIx64 " (%s): %zu block%s of "
-                     "%s.</p>\n",
+                     "%s:",
                 bytes(a, x->free), x->segments, x->segments == 1 ? "" : "s", x->blocks, x->blocks == 1 ? "" : "s",
                 bytes(b, x->block_bytes),
                 x->would_fit ? "; had they lain elsewhere, those segments could have gone back to the device and "
@@ -109,6 +109,10 @@ static void oom_panel(FILE *out, const cuh_heap_snapshot_t *s)
                              : "",
                 (uint64_t)x->top_base, bytes(c, x->top_size), x->top_blocks, x->top_blocks == 1 ? "" : "s",
                 bytes((char[32]){0}, x->top_used));
+        for (size_t i = 0; i < x->num_top_holders; i++)
+            fprintf(out, "%s 0x%" PRIx64 " (%s)", i ? "," : "", (uint64_t)x->top_holders[i].addr,
+                    bytes(a, x->top_holders[i].size));
+        fprintf(out, "%s.</p>\n", x->top_blocks > x->num_top_holders ? ", ..." : "");
     }
     fprintf(out, "<p class=action><b>What would help:</b> ");
     html_text(out, o->action);

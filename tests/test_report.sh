@@ -184,7 +184,8 @@ check "the summary line counts the stranded segments ($n_stranded)" \
      grep -q "<span class=stranded>stranded</span> [0-9.]* [KMG]iB in $n_stranded mostly empty segments" $tmp/frag.html'
 check "the text and HTML reports show the stranded memory and its holders" \
     'grep -q "stranded: .* free in [0-9]* mostly empty segment.*the request would have fit" $tmp/frag.txt &&
-     grep -q "the most in 0x[0-9a-f]* (.*): [0-9]* block" $tmp/frag.txt && grep -q "<b>Stranded:</b>" $tmp/frag.html'
+     grep -q "the most in 0x[0-9a-f]* (.*): [0-9]* block" $tmp/frag.txt &&
+     grep -q "<b>Stranded:</b> .* block.*: 0x[0-9a-f]* ([0-9.]* [KMG]iB)" $tmp/frag.html'
 "$replay" --conf vmm:1 --capacity 27G --report "$tmp/vmm.txt" bench/traces/gpt2.trace.gz >/dev/null
 moves=$(python3 -c "
 import json
