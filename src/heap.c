@@ -1445,6 +1445,31 @@ static void find_stranded_locked(const cuh_heap_t *h, cuh_oom_info_t *o, size_t 
                    (!o->limit || o->reserved - x->bytes + fresh <= o->limit);
 }
 
+/* Under vmm:1 fills o->partial_pages (see cuh_oom_info_t): every free
+ * extent's first and last page, where mapped and not wholly inside it. */
+static void find_partial_pages_locked(const cuh_heap_t *h, cuh_oom_info_t *o)
+{
+    const size_t page = h->vm_page;
+    size_t counted = SIZE_MAX;   /* the last page counted: extents come in address order */
+    o->partial_pages.known = 1;
+    for (const cuh_extent_t *e = h->vm->first; e; e = e->next) {
+        if (e->state != CUH_EXTENT_FREE)
+            continue;
+        const size_t first = (size_t)(e->addr - h->vm->base) / page;
+        const size_t last = (size_t)(e->addr + e->size - 1 - h->vm->base) / page;
+        for (size_t p = first; p <= last; p = p == last ? last + 1 : last) {
+            if (p >= h->pages_high || !h->page_handle[p] || page_inside(h, p, e->addr, e->size))
+                continue;
+            uintptr_t lo = page_va(h, p) > e->addr ? page_va(h, p) : e->addr;
+            uintptr_t hi = page_va(h, p) + page < e->addr + e->size ? page_va(h, p) + page : e->addr + e->size;
+            o->partial_pages.free += (size_t)(hi - lo);
+            if (p != counted)
+                o->partial_pages.pages++;
+            counted = p;
+        }
+    }
+}
+
 static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request, size_t block, size_t align,
                               grow_result_t why)
 {
@@ -1495,6 +1520,8 @@ static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
     o->external = o->device_total > accounted ? o->device_total - accounted : 0;
 
     find_stranded_locked(h, o, block);
+    if (h->vm)
+        find_partial_pages_locked(h, o);
 
     size_t need = o->allocated + block + (align > CUH_ALIGN ? align : 0);
     size_t device_room = o->device_total - o->external;
@@ -1548,7 +1575,10 @@ static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
     h->num_ooms++;
     sample_locked(h);
     char stranded[192] = "";
-    if (o->cause == CUH_OOM_FRAGMENTATION && o->stranded.segments)
+    if (o->cause == CUH_OOM_FRAGMENTATION && o->partial_pages.pages)
+        snprintf(stranded, sizeof stranded, "; %zu of the cached bytes lie in %zu page%s that blocks partly use",
+                 o->partial_pages.free, o->partial_pages.pages, o->partial_pages.pages == 1 ? "" : "s");
+    else if (o->cause == CUH_OOM_FRAGMENTATION && o->stranded.segments)
         snprintf(stranded, sizeof stranded,
                  "; %zu of the cached bytes lie in %zu mostly empty segment%s, held there by %zu block%s of %zu "
                  "bytes%s",

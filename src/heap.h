@@ -91,6 +91,13 @@ typedef struct cuh_oom_info_s {
         } top_holders[CUH_OOM_TOP_HOLDERS];   /* its largest blocks or slabs, largest first */
         size_t num_top_holders;
     } stranded;
+    /* Under vmm:1, where whole free pages move to where they are needed:
+     * the free bytes in mapped pages that blocks partly use, which cannot. */
+    struct {
+        int known;           /* 0: not vmm:1, or a report written before this existed */
+        size_t pages;        /* such pages */
+        size_t free;         /* the free bytes in them */
+    } partial_pages;
 } cuh_oom_info_t;
 
 const char *cuh_oom_cause_name(cuh_oom_cause_t cause);

@@ -76,9 +76,14 @@ void cuh_report_stranded_note(const cuh_heap_snapshot_t *s, char *out, size_t le
 static void text_stranded(FILE *out, const cuh_oom_info_t *o)
 {
     const __typeof__(o->stranded) *x = &o->stranded;
+    char a[32], b[32], c[32];
+    if (o->partial_pages.pages)
+        fprintf(out, "    in partly used pages: %s free in %zu page%s that blocks partly use (only whole free pages "
+                     "move)\n",
+                cuh_format_bytes(a, sizeof a, o->partial_pages.free), o->partial_pages.pages,
+                o->partial_pages.pages == 1 ? "" : "s");
     if (!x->segments)
         return;
-    char a[32], b[32], c[32];
     fprintf(out, "    stranded: %s free in %zu mostly empty segment%s (at most 1/8 used), held there by %zu block%s "
                  "of %s in all%s\n",
             cuh_format_bytes(a, sizeof a, x->free), x->segments, x->segments == 1 ? "" : "s", x->blocks,
@@ -374,6 +379,8 @@ static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
         fprintf(out, ",\"stranded\":");
         cuh_json_write_stranded(out, o);
     }
+    if (o->partial_pages.known)
+        fprintf(out, ",\"partial_pages\":{\"pages\":%zu,\"free\":%zu}", o->partial_pages.pages, o->partial_pages.free);
     fprintf(out, "}}");
 }
 

@@ -97,6 +97,10 @@ static void oom_panel(FILE *out, const cuh_heap_snapshot_t *s)
                 bytes(a, o->pending_by_stream[i].pending));
     fprintf(out, "</table>\n");
     const __typeof__(o->stranded) *x = &o->stranded;
+    if (o->partial_pages.pages)
+        fprintf(out, "<p class=stranded><b>In partly used pages:</b> %s free in %zu page%s that blocks partly use "
+                     "(only whole free pages move).</p>\n",
+                bytes(a, o->partial_pages.free), o->partial_pages.pages, o->partial_pages.pages == 1 ? "" : "s");
     if (x->segments) {
         char b[32], c[32];
         fprintf(out, "<p class=stranded><b>Stranded:</b> %s free in %zu mostly empty segment%s (at most 1/8 used), "

@@ -1512,6 +1512,32 @@ static void test_oom_cause_fragmentation_under_large_pages_names_vmm_page(void *
     assert_int_equal(o.cause, CUH_OOM_FRAGMENTATION);
     assert_non_null(strstr(o.action, "vmm_page"));
     assert_null(strstr(o.action, "vmm:1 in"));
+    /* The record says how much: every 8 MiB page holds two live 2 MiB
+     * blocks and two free ones, so all 32 MiB free lie in 8 pages that
+     * cannot move; no plain segment strands anything. */
+    assert_true(o.partial_pages.known);
+    assert_int_equal(o.partial_pages.pages, 8);
+    assert_int_equal(o.partial_pages.free, 32 * MiB);
+    assert_int_equal(o.stranded.segments, 0);
+    /* A free extent that starts in one page and ends in the next counts in
+     * both: 6, 4 and 6 MiB blocks over two 8 MiB pages, the middle one
+     * freed, then 10 MiB asked of a device with one page left. */
+    test_heap_t v = test_heap_new(24 * MiB, "vmm:1,vmm_page:8M,small_max:0");
+    uintptr_t b6 = must_alloc(v.heap, 6 * MiB, 0), b4 = must_alloc(v.heap, 4 * MiB, 0);
+    uintptr_t c6 = must_alloc(v.heap, 6 * MiB, 0);
+    assert_int_equal(b4, b6 + 6 * MiB);
+    assert_int_equal(c6, b4 + 4 * MiB);
+    must_free(v.heap, b4, 0);
+    uintptr_t y;
+    assert_int_equal(cuh_heap_malloc(v.heap, 10 * MiB, 0, &y), CUHEAP_ERR_OUT_OF_MEMORY);
+    cuh_oom_info_t w;
+    assert_true(cuh_heap_last_oom(v.heap, &w));
+    assert_int_equal(w.partial_pages.pages, 2);
+    assert_int_equal(w.partial_pages.free, 4 * MiB);
+    must_free(v.heap, b6, 0);
+    must_free(v.heap, c6, 0);
+    heap_ok(v.heap);
+    test_heap_free(&v);
 }
 
 static void test_oom_cause_stream_pending_with_its_proof(void **state)

@@ -795,6 +795,25 @@ static void read_stranded(reader_t *r, const cuh_json_t *o, cuh_oom_info_t *x)
     path_pop(r, saved);
 }
 
+/* An out-of-memory's "partial_pages" object (optional: only under vmm:1,
+ * and reports before it had none). */
+static void read_partial_pages(reader_t *r, const cuh_json_t *o, cuh_oom_info_t *x)
+{
+    size_t saved;
+    const cuh_json_t *p = member(r, o, "partial_pages", 0, &saved);
+    if (p && p->type != CUH_JSON_OBJECT)
+        fail(r, p, "expected an object, found %s", cuh_json_describe(p));
+    if (p && !r->failed) {
+        x->partial_pages.known = 1;
+        x->partial_pages.pages = get_size(r, p, "pages");
+        x->partial_pages.free = get_size(r, p, "free");
+        if (!r->failed && (x->partial_pages.free > x->cached || (x->partial_pages.free != 0) != (x->partial_pages.pages != 0)))
+            fail(r, p, "%zu free bytes in %zu pages do not fit the record (%zu cached)", x->partial_pages.free,
+                 x->partial_pages.pages, x->cached);
+    }
+    path_pop(r, saved);
+}
+
 static void read_oom(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t *s)
 {
     /* Every cause the library can name, "none" included, by its own names. */
@@ -840,6 +859,7 @@ static void read_oom(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t *s)
         }
         path_pop(r, sub);
         read_stranded(r, o, x);
+        read_partial_pages(r, o, x);
     }
     path_pop(r, saved);
 }
