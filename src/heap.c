@@ -1438,7 +1438,7 @@ static void find_stranded_locked(const cuh_heap_t *h, cuh_oom_info_t *o, size_t 
     /* Had those blocks lain elsewhere (in the heap's other free memory as
      * far as its bytes go, in a new segment for the rest), the segments
      * could have gone back to the device: would it have had room? */
-    const size_t elsewhere = o->cached - x->free;
+    const size_t elsewhere = o->cached > x->free ? o->cached - x->free : 0;
     const size_t spill = x->block_bytes > elsewhere ? cuh_align_up(x->block_bytes - elsewhere, CUH_SEGMENT_GRAIN) : 0;
     const size_t fresh = cuh_align_up(block, CUH_SEGMENT_GRAIN) + spill;
     x->would_fit = x->segments && o->device_free + x->bytes >= fresh &&
