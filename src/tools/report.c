@@ -418,15 +418,29 @@ static void copy_string(reader_t *r, const cuh_json_t *obj, const char *key, int
 
 /* A required array or object (as `type`), the path extended by its key: the
  * caller pops it. */
-static const cuh_json_t *get_node(reader_t *r, const cuh_json_t *obj, const char *key, cuh_json_type_t type,
-                                  size_t *saved)
+static const cuh_json_t *typed_member(reader_t *r, const cuh_json_t *obj, const char *key, cuh_json_type_t type,
+                                      int required, size_t *saved)
 {
-    const cuh_json_t *v = member(r, obj, key, 1, saved);
+    const cuh_json_t *v = member(r, obj, key, required, saved);
     if (v && v->type != type) {
         fail(r, v, "expected %s, found %s", cuh_json_type_name(type), cuh_json_describe(v));
         return NULL;
     }
     return v;
+}
+
+static const cuh_json_t *get_node(reader_t *r, const cuh_json_t *obj, const char *key, cuh_json_type_t type,
+                                  size_t *saved)
+{
+    return typed_member(r, obj, key, type, 1, saved);
+}
+
+/* An optional member: NULL when absent, and (after an error) when of
+ * another type than `type`. */
+static const cuh_json_t *opt_node(reader_t *r, const cuh_json_t *obj, const char *key, cuh_json_type_t type,
+                                  size_t *saved)
+{
+    return typed_member(r, obj, key, type, 0, saved);
 }
 
 /* Element i of an array, which must be an object; the path extended by
@@ -592,14 +606,9 @@ static int read_range(reader_t *r, const cuh_json_t *pair, uint64_t *addr, uint6
 static void read_runs(reader_t *r, const cuh_json_t *o, cuh_heap_snapshot_t *s, cuh_snap_segment_t *g)
 {
     size_t saved;
-    const cuh_json_t *a = member(r, o, "mapped_runs", 0, &saved);
+    const cuh_json_t *a = opt_node(r, o, "mapped_runs", CUH_JSON_ARRAY, &saved);
     g->first_run = s->num_runs;
     if (!a) {
-        path_pop(r, saved);
-        return;
-    }
-    if (a->type != CUH_JSON_ARRAY) {
-        fail(r, a, "expected an array, found %s", cuh_json_describe(a));
         path_pop(r, saved);
         return;
     }
@@ -738,9 +747,7 @@ static void read_timeline(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t 
 static void read_stranded(reader_t *r, const cuh_json_t *o, cuh_oom_info_t *x)
 {
     size_t saved;
-    const cuh_json_t *st = member(r, o, "stranded", 0, &saved);
-    if (st && st->type != CUH_JSON_OBJECT)
-        fail(r, st, "expected an object, found %s", cuh_json_describe(st));
+    const cuh_json_t *st = opt_node(r, o, "stranded", CUH_JSON_OBJECT, &saved);
     if (!st || r->failed) {
         path_pop(r, saved);
         return;
@@ -800,9 +807,7 @@ static void read_stranded(reader_t *r, const cuh_json_t *o, cuh_oom_info_t *x)
 static void read_partial_pages(reader_t *r, const cuh_json_t *o, cuh_oom_info_t *x)
 {
     size_t saved;
-    const cuh_json_t *p = member(r, o, "partial_pages", 0, &saved);
-    if (p && p->type != CUH_JSON_OBJECT)
-        fail(r, p, "expected an object, found %s", cuh_json_describe(p));
+    const cuh_json_t *p = opt_node(r, o, "partial_pages", CUH_JSON_OBJECT, &saved);
     if (p && !r->failed) {
         x->partial_pages.known = 1;
         x->partial_pages.pages = get_size(r, p, "pages");
@@ -905,11 +910,7 @@ static cuh_heap_snapshot_t *read_device(reader_t *r, const cuh_json_t *d)
 static void read_pinned(reader_t *r, const cuh_json_t *root, report_t *rep)
 {
     size_t saved;
-    const cuh_json_t *o = member(r, root, "pinned_host", 0, &saved);
-    if (o && o->type != CUH_JSON_OBJECT) {
-        fail(r, o, "expected an object, found %s", cuh_json_describe(o));
-        o = NULL;
-    }
+    const cuh_json_t *o = opt_node(r, root, "pinned_host", CUH_JSON_OBJECT, &saved);
     if (o) {
         cuheap_host_stats_t *p = &rep->pinned;
         get_stat(r, o, "requested", &p->requested);
