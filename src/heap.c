@@ -1382,6 +1382,26 @@ const char *cuh_oom_cause_name(cuh_oom_cause_t cause)
     return "unknown";
 }
 
+/* Adds `entry` to arr, which holds *n (at most cap) entries in decreasing
+ * order of their field f, if it is among the cap largest: the record keeps
+ * the streams with the most pending bytes and the largest blocks holding
+ * stranded memory this way. */
+#define KEEP_LARGEST(arr, n, cap, f, entry)                 \
+    do {                                                    \
+        __typeof__((arr)[0]) keep_ = (entry);               \
+        size_t k_ = *(n);                                   \
+        if (k_ == (cap)) {                                  \
+            if (keep_.f <= (arr)[k_ - 1].f)                 \
+                break;                                      \
+            k_--; /* it displaces the smallest */           \
+        } else {                                            \
+            (*(n))++;                                       \
+        }                                                   \
+        for (; k_ > 0 && (arr)[k_ - 1].f < keep_.f; k_--)   \
+            (arr)[k_] = (arr)[k_ - 1];                      \
+        (arr)[k_] = keep_;                                  \
+    } while (0)
+
 /* 1 if a plain segment is mostly empty: in use, but at most 1/8 of it. */
 static int stranding_segment(const cuh_segment_t *s)
 {
@@ -1394,7 +1414,6 @@ static void find_stranded_locked(const cuh_heap_t *h, cuh_oom_info_t *o, size_t 
 {
     __typeof__(o->stranded) *x = &o->stranded;
     x->known = 1;
-    size_t top_free = 0;
     for (const cuh_segment_t *s = h->arena.segments; s; s = s->next) {
         if (!stranding_segment(s))
             continue;
@@ -1406,34 +1425,17 @@ static void find_stranded_locked(const cuh_heap_t *h, cuh_oom_info_t *o, size_t 
         x->free += free_bytes;
         x->blocks += blocks;
         x->block_bytes += s->used_bytes;
-        if (free_bytes <= top_free)
-            continue;
-        top_free = free_bytes;
+        if (free_bytes <= x->top_size - x->top_used)
+            continue;   /* another strands more */
         x->top_base = s->base;
         x->top_size = s->size;
         x->top_used = s->used_bytes;
         x->top_blocks = blocks;
         x->num_top_holders = 0;
-        const size_t max_holders = CUH_OOM_TOP_HOLDERS;
-        for (const cuh_extent_t *e = s->first; e; e = e->next) {
-            if (e->state != CUH_EXTENT_BLOCK && e->state != CUH_EXTENT_SLAB)
-                continue;
-            size_t k = x->num_top_holders;
-            if (k == max_holders) {
-                if (e->size <= x->top_holders[k - 1].size)
-                    continue;
-                k--;   /* it displaces the smallest */
-            } else {
-                x->num_top_holders++;
-            }
-            x->top_holders[k].addr = e->addr;
-            x->top_holders[k].size = e->size;
-            for (; k > 0 && x->top_holders[k - 1].size < x->top_holders[k].size; k--) {
-                __typeof__(x->top_holders[0]) tmp = x->top_holders[k - 1];
-                x->top_holders[k - 1] = x->top_holders[k];
-                x->top_holders[k] = tmp;
-            }
-        }
+        for (const cuh_extent_t *e = s->first; e; e = e->next)
+            if (e->state == CUH_EXTENT_BLOCK || e->state == CUH_EXTENT_SLAB)
+                KEEP_LARGEST(x->top_holders, &x->num_top_holders, CUH_OOM_TOP_HOLDERS, size,
+                             ((__typeof__(x->top_holders[0])){e->addr, e->size}));
     }
     /* Had those blocks lain elsewhere (in the heap's other free memory as
      * far as its bytes go, in a new segment for the rest), the segments
@@ -1503,17 +1505,9 @@ static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
                         s->small_unfenced;
         if (!pend)
             continue;
-        size_t k = o->num_pending_streams < 8 ? o->num_pending_streams++ : 7;
-        if (k == 7 && o->pending_by_stream[7].pending >= pend)
-            continue;
-        o->pending_by_stream[k].stream = s->handle;
-        o->pending_by_stream[k].pending = pend;
-        while (k > 0 && o->pending_by_stream[k - 1].pending < o->pending_by_stream[k].pending) {
-            __typeof__(o->pending_by_stream[0]) tmp = o->pending_by_stream[k - 1];
-            o->pending_by_stream[k - 1] = o->pending_by_stream[k];
-            o->pending_by_stream[k] = tmp;
-            k--;
-        }
+        KEEP_LARGEST(o->pending_by_stream, &o->num_pending_streams,
+                     sizeof o->pending_by_stream / sizeof o->pending_by_stream[0], pending,
+                     ((__typeof__(o->pending_by_stream[0])){(uint64_t)s->handle, pend}));
     }
     h->dev->ops->mem_info(h->dev, &o->device_free, &o->device_total);
     size_t accounted = o->device_free + o->reserved;

@@ -1540,6 +1540,9 @@ static void test_oom_cause_fragmentation_under_large_pages_names_vmm_page(void *
     test_heap_free(&v);
 }
 
+/* MiB freed on each of ten streams (test below), in no order. */
+static const size_t o_streams_pending[] = {8, 2, 20, 14, 4, 18, 6, 12, 10, 16};
+
 static void test_oom_cause_stream_pending_with_its_proof(void **state)
 {
     (void)state;
@@ -1565,6 +1568,35 @@ static void test_oom_cause_stream_pending_with_its_proof(void **state)
     assert_non_null(strstr(o.action, "synchronize"));
     /* After the capture the same request waits for S1 and succeeds. */
     must_free(t.heap, must_alloc(t.heap, 40 * MiB, S2), S2);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+/* With more streams holding pending memory than the record has room for,
+ * it keeps the ones with the most, largest first: ten streams free 2 to 20
+ * MiB each, then a capture asks for more than the device has left. */
+static void test_oom_record_keeps_the_streams_with_the_most_pending(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(256 * MiB, "grow_fraction:0,small_max:0");
+    cuh_sim_hold_events(t.dev, 1);
+    const size_t num = sizeof o_streams_pending / sizeof o_streams_pending[0];
+    for (size_t i = 0; i < num; i++) {
+        cuh_stream_t s = (cuh_stream_t)(0x5000 + i * 0x100);
+        assert_int_equal(cuh_heap_register_stream(t.heap, s), CUHEAP_OK);
+        must_free(t.heap, must_alloc(t.heap, o_streams_pending[i] * MiB, s), s);
+    }
+    cuh_heap_capture_begin(t.heap, 1);
+    uintptr_t x;
+    assert_int_equal(cuh_heap_malloc(t.heap, 200 * MiB, S2, &x), CUHEAP_ERR_OUT_OF_MEMORY);
+    cuh_heap_capture_end(t.heap);
+    cuh_oom_info_t o;
+    assert_true(cuh_heap_last_oom(t.heap, &o));
+    const size_t kept = sizeof o.pending_by_stream / sizeof o.pending_by_stream[0];
+    assert_int_equal(o.num_pending_streams, kept);
+    for (size_t k = 0; k < kept; k++)   /* 20, 18, ... 6 MiB: the 2 and 4 MiB streams left out */
+        assert_int_equal(o.pending_by_stream[k].pending, (20 - 2 * k) * MiB);
+    assert_int_equal(o.pending_by_stream[0].stream, 0x5000 + 2 * 0x100);   /* the 20 MiB one */
     heap_ok(t.heap);
     test_heap_free(&t);
 }
@@ -3102,6 +3134,7 @@ int main(void)
         cmocka_unit_test(test_oom_names_memory_stranded_in_mostly_empty_segments),
         cmocka_unit_test(test_oom_cause_fragmentation_under_large_pages_names_vmm_page),
         cmocka_unit_test(test_oom_cause_stream_pending_with_its_proof),
+        cmocka_unit_test(test_oom_record_keeps_the_streams_with_the_most_pending),
         cmocka_unit_test(test_workspace_is_taken_at_first_use_and_used_first),
         cmocka_unit_test(test_workspace_larger_than_limit_is_refused),
         cmocka_unit_test(test_statistics_are_exact),
