@@ -626,7 +626,7 @@ static cuheap_status_t host_alloc(const char *fn, void **ptr, size_t size, unsig
         return status;
     status = cuh_pinned_alloc(p, size, flags, d, ptr);
     if (status != CUHEAP_OK) {
-        char why[448];
+        char why[CUH_ERROR_MAX];
         snprintf(why, sizeof why, "%s", cuh_get_error());
         cuh_set_error("%s(%zu bytes, flags 0x%x): %s", fn, size, flags, why);
     }
@@ -657,7 +657,7 @@ static cuheap_status_t host_free(const char *fn, void *ptr)
     if (status == CUHEAP_ERR_NOT_OWNED)
         cuh_set_error("%s: %p was not allocated by cuheap's pinned cache", fn, ptr);
     else if (status != CUHEAP_OK) {
-        char why[448];
+        char why[CUH_ERROR_MAX];
         snprintf(why, sizeof why, "%s", cuh_get_error());
         cuh_set_error("%s: %s", fn, why);
     }
@@ -787,7 +787,7 @@ static void write_configured_report(int ask_device)
 {
     if (!rt.reports_armed || getpid() != rt.reports_pid)
         return;
-    char saved[512];
+    char saved[CUH_ERROR_MAX];
     snprintf(saved, sizeof saved, "%s", cuh_get_error());   /* keep the caller's last error */
     if (dump_all(rt.cfg.report, format_for(rt.cfg.report), ask_device) != CUHEAP_OK)
         cuh_log("%s", cuh_get_error());

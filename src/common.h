@@ -86,6 +86,10 @@ static inline size_t cuh_bits_count(const uint64_t *bits, size_t first, size_t e
 /* Formats bytes as "1.50 GiB" into buf (at least 32 bytes); returns buf. */
 char *cuh_format_bytes(char *buf, size_t len, uint64_t bytes);
 
+/* Room for an error message: an out-of-memory's is the longest (its
+ * figures, what strands memory, and up to 383 bytes of advice). */
+#define CUH_ERROR_MAX 1024
+
 /* The calling thread's last error message (what cuheap_last_error returns). */
 void cuh_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *cuh_get_error(void);

@@ -141,7 +141,7 @@ API void *cuheap_torch_alloc(ssize_t size, int device, cuheap_stream_t stream)
     if (s != CUHEAP_OK) {
         /* An out-of-memory was explained on stderr by cuheap_malloc; the
          * exception carries its gist, in the words PyTorch's own uses. */
-        char message[1024], bytes[32];
+        char message[CUH_ERROR_MAX + 256], bytes[32];
         cuh_format_bytes(bytes, sizeof bytes, (uint64_t)size);
         if (s == CUHEAP_ERR_OUT_OF_MEMORY) {
             snprintf(message, sizeof message,

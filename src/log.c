@@ -9,7 +9,7 @@
 #include <time.h>
 #include <stdio.h>
 
-static _Thread_local char cuh_error_text[512];
+static _Thread_local char cuh_error_text[CUH_ERROR_MAX];
 
 void cuh_set_error(const char *fmt, ...)
 {
@@ -25,7 +25,7 @@ void cuh_clear_error(void) { cuh_error_text[0] = '\0'; }
 
 void cuh_log(const char *fmt, ...)
 {
-    char line[1024];
+    char line[CUH_ERROR_MAX + 256];   /* an error message and what is said around it */
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);

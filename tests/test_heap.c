@@ -1462,6 +1462,7 @@ static void test_oom_names_memory_stranded_in_mostly_empty_segments(void **state
     assert_true(o.stranded.would_fit);   /* 1 GiB free on the device + the 1 GiB segment */
     assert_non_null(strstr(cuheap_last_error(), "1 mostly empty segment, held there by 1 block"));
     assert_non_null(strstr(cuheap_last_error(), "without them the request would have fit"));
+    assert_non_null(strstr(cuheap_last_error(), o.action));   /* the message is whole, advice and all */
     /* And so it does once the small block is gone. */
     must_free(t.heap, small, 0);
     must_free(t.heap, must_alloc(t.heap, GiB + GiB / 2, 0), 0);
