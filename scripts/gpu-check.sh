@@ -19,7 +19,9 @@
 #
 # The LD_PRELOAD part builds tests/gpu/preload_stress.cu twice (nvcc's static
 # runtime and -cudart shared), runs both under LD_PRELOAD=libcuheap.so (and
-# under compute-sanitizer's memcheck; PRELOAD_MEMCHECK=0 skips that),
+# under compute-sanitizer's memcheck; PRELOAD_MEMCHECK=0 skips that), once
+# more with ipc_safe:1, where a child process must read and write every
+# block through its IPC handle,
 # and runs the training jobs with PyTorch's caching off (every tensor a
 # cudaMalloc served by cuheap) and on, beside the native allocator.
 #
@@ -159,6 +161,7 @@ preload_run() {
     local keys=()
     [[ $1 == *+vmm* ]] && keys+=(vmm:1)
     [[ $1 == *+noreuse* ]] && keys+=(reuse_across_streams:0)
+    [[ $1 == *+ipc* ]] && keys+=(ipc_safe:1)
     conf="" tag=""
     if (( ${#keys[@]} )); then
         local joined
@@ -170,6 +173,11 @@ preload_run() {
 # What a preload_stress run held: "peak reserved X MiB for Y MiB live".
 preload_memory() {
     sed -n 's/.*PASS served.*peak reserved \([0-9.]*\) MiB, peak live \([0-9.]*\) MiB.*/peak reserved \1 MiB for \2 MiB live/p' "$1" | tail -n 1
+}
+
+# What its IPC check saw: "IPC handles given G of N, refused R".
+preload_ipc() {
+    sed -n 's/^\(PASS\|FAIL\) ipc *\([0-9]*\) of \([0-9]*\) handles given.*exit \(-*[0-9]*\)), \([0-9]*\) refused.*/IPC handles given \2 of \3 (child exit \4), refused \5/p' "$1" | tail -n 1
 }
 
 if part preload; then
@@ -190,8 +198,19 @@ if part preload; then
         run_logged "$log" env LD_PRELOAD="$PRELOAD" $conf timeout "$MAIN_TIMEOUT" "$BUILD/preload_stress_$rt" \
             --ops "$PRELOAD_OPS" --expect-cuheap
         row "LD_PRELOAD preload_stress, $rt runtime, $PRELOAD_OPS ops$tag" "$RUN_RC" "$RUN_SECS" \
-            "$(verdict "$log" "$RUN_RC"); $(preload_memory "$log")"
+            "$(verdict "$log" "$RUN_RC"); $(preload_memory "$log"); $(preload_ipc "$log")"
     done
+    # static+ipc: CUHEAP_CONF=ipc_safe:1, where every block starts a segment
+    # of its own and every cudaIpcGetMemHandle must give a handle that a
+    # child process reads the block through (a shorter stress: every new
+    # block size is a device allocation).
+    preload_run static+ipc
+    section "preload_stress ($rt runtime$tag) under LD_PRELOAD=$PRELOAD"
+    log="$BUILD/preload_stress.static+ipc.log"
+    run_logged "$log" env LD_PRELOAD="$PRELOAD" $conf timeout "$MAIN_TIMEOUT" "$BUILD/preload_stress_$rt" \
+        --ops "$SANITIZER_OPS" --expect-cuheap --expect-ipc
+    row "LD_PRELOAD preload_stress, $rt runtime, $SANITIZER_OPS ops$tag" "$RUN_RC" "$RUN_SECS" \
+        "$(verdict "$log" "$RUN_RC"); $(preload_ipc "$log")"
     # What cudaFree's bookkeeping costs per call (events, queries, waits):
     # the figures behind the take-back policy in heap.c.
     section "event and stream-wait costs (bench/gpu/sync_costs.cu)"
@@ -202,19 +221,26 @@ if part preload; then
         row "sync_costs" 1 - "build failed"
     fi
     # The same under compute-sanitizer's memcheck (PRELOAD_MEMCHECK=0 skips
-    # it), without the deliberate double free: memcheck rightly reports its
-    # error return as an API error.
+    # it), without the deliberate double free and the IPC guard's refusals:
+    # memcheck rightly reports their error returns as API errors. The
+    # ipc_safe:1 run shares every block with a child process and provokes
+    # no refusal (the child runs outside memcheck, which follows only the
+    # program it started).
     if [[ -n "$SANITIZER" && "${PRELOAD_MEMCHECK:-1}" == 1 ]]; then
-        for run in static shared static+vmm static+noreuse static+vmm+noreuse; do
+        for run in static shared static+vmm static+noreuse static+vmm+noreuse static+ipc; do
             preload_run "$run"
             section "preload_stress ($rt runtime$tag) under LD_PRELOAD and compute-sanitizer memcheck"
             log="$BUILD/preload_stress.$run.memcheck.log"
+            ipc=--no-ipc
+            [[ $run == *+ipc* ]] && ipc=--expect-ipc
             # The preload goes to the program only (through env), not to
             # the sanitizer's own launcher.
             run_logged "$log" timeout 150 "$SANITIZER" --tool memcheck --error-exitcode 99 \
                 env LD_PRELOAD="$PRELOAD" $conf "$BUILD/preload_stress_$rt" --ops "$SANITIZER_OPS" --expect-cuheap \
-                --no-double-free
-            row "memcheck LD_PRELOAD preload_stress, $rt runtime$tag" "$RUN_RC" "$RUN_SECS" "$(verdict "$log" "$RUN_RC"); $(san_summary "$log")"
+                --no-double-free $ipc
+            seen=$(preload_ipc "$log")
+            row "memcheck LD_PRELOAD preload_stress, $rt runtime$tag" "$RUN_RC" "$RUN_SECS" \
+                "$(verdict "$log" "$RUN_RC"); $(san_summary "$log")${seen:+; $seen}"
         done
     fi
 fi

@@ -26,20 +26,35 @@
  *               overwritten before the copy ran, and the free does not wait;
  *               under --expect-cuheap, cuheap's pinned statistics count the
  *               allocations
+ *   f. ipc      cudaIpcGetMemHandle on blocks of 3 MiB cudaMalloc'd after
+ *               the stress: each handle given must name the block's memory
+ *               (a child process, this program run again with --ipc-child,
+ *               opens every handle, finds the block's bytes and overwrites
+ *               them, and the parent sees the new bytes); a refusal must be
+ *               cuheap's (cudaErrorInvalidValue: the block does not start
+ *               its segment; cudaErrorNotSupported: vmm:1) and leave the
+ *               block as it was; with --expect-ipc every handle is given
+ *               (CUHEAP_CONF=ipc_safe:1)
  * Prints "preload_stress: all checks passed" or "preload_stress: FAILED"; exit
  * status 0 only if every check passed.
- * Options: --ops N (stress operations, default 200000), --expect-cuheap.
+ * Options: --ops N (stress operations, default 200000), --expect-cuheap,
+ * --no-double-free, --expect-ipc, --no-ipc (skips f: compute-sanitizer
+ * reports the guard's refusals, error returns as CUDA gives them, as API
+ * errors).
  */
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
 #include "cuheap.h"   /* types only: the program reaches cuheap through dlsym */
 #include <pthread.h>
+#include <spawn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MiB ((size_t)1 << 20)
 #define THREADS 8
@@ -418,10 +433,147 @@ static void check_pinned(int expect)
     report("pinned", ok, detail);
 }
 
+/* ---- f. IPC handles --------------------------------------------------- */
+
+#define IPC_BLOCKS 4
+#define IPC_SIZE (3 * MiB)
+
+extern char **environ;
+
+static void hex_of(const void *bytes, size_t n, char *out)
+{
+    for (size_t i = 0; i < n; i++)
+        sprintf(out + 2 * i, "%02x", ((const unsigned char *)bytes)[i]);
+}
+
+static int bytes_of(const char *hex, void *out, size_t n)
+{
+    if (strlen(hex) != 2 * n)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        unsigned v;
+        if (sscanf(hex + 2 * i, "%2x", &v) != 1)
+            return -1;
+        ((unsigned char *)out)[i] = (unsigned char)v;
+    }
+    return 0;
+}
+
+/* Bytes of [p, p + n) that differ from v (the stream synchronized). */
+static unsigned long long count_other(const unsigned char *p, size_t n, unsigned char v)
+{
+    cudaMemset(d_errors, 0, sizeof *d_errors);
+    verify<<<blocks_for(n), 256>>>(p, n, v, d_errors);
+    unsigned long long bad = ~0ull;
+    if (cudaMemcpy(&bad, d_errors, sizeof bad, cudaMemcpyDeviceToHost) != cudaSuccess)
+        return ~0ull;
+    return bad;
+}
+
+/* The child: argv holds "HANDLE:VALUE" for each block shared with it. It
+ * opens each handle, counts the bytes that are not VALUE, and stamps
+ * ~VALUE. Exit status 0 when every handle opened and held VALUE only. */
+static int ipc_child(int n, char **args)
+{
+    cudaSetDevice(0);
+    if (cudaMalloc((void **)&d_errors, sizeof *d_errors) != cudaSuccess)
+        return 3;
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        cudaIpcMemHandle_t handle;
+        char hex[2 * sizeof handle + 1];
+        unsigned value;
+        if (sscanf(args[i], "%128[0-9a-f]:%u", hex, &value) != 2 || bytes_of(hex, &handle, sizeof handle)) {
+            fprintf(stderr, "ipc child: bad argument %s\n", args[i]);
+            return 2;
+        }
+        void *p = NULL;
+        cudaError_t e = cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess);
+        if (e != cudaSuccess) {
+            fprintf(stderr, "ipc child: cudaIpcOpenMemHandle: %s\n", cudaGetErrorString(e));
+            rc = 1;
+            continue;
+        }
+        unsigned long long bad = count_other((const unsigned char *)p, IPC_SIZE, (unsigned char)value);
+        if (bad) {
+            fprintf(stderr, "ipc child: handle %d: %llu of %zu bytes are not the block's\n", i, bad, IPC_SIZE);
+            rc = 1;
+        }
+        stamp<<<blocks_for(IPC_SIZE), 256>>>((unsigned char *)p, IPC_SIZE, (unsigned char)~value);
+        if (cudaDeviceSynchronize() != cudaSuccess || cudaIpcCloseMemHandle(p) != cudaSuccess)
+            rc = 1;
+    }
+    cudaFree(d_errors);
+    return rc;
+}
+
+static void check_ipc(int expect_all)
+{
+    unsigned char *blocks[IPC_BLOCKS];
+    cudaIpcMemHandle_t handles[IPC_BLOCKS];
+    cudaError_t got[IPC_BLOCKS];
+    int ok = 1, given = 0, guarded = 0, unexpected = 0;
+    for (int i = 0; i < IPC_BLOCKS; i++) {
+        if (cudaMalloc((void **)&blocks[i], IPC_SIZE) != cudaSuccess) {
+            report("ipc", 0, "cudaMalloc of a 3 MiB block failed");
+            return;
+        }
+        counted(1);
+        stamp<<<blocks_for(IPC_SIZE), 256>>>(blocks[i], IPC_SIZE, (unsigned char)(0x40 + i));
+    }
+    cudaDeviceSynchronize();
+    /* The child's command line: this program, --ipc-child, and a
+     * HANDLE:VALUE per handle given. */
+    char *child_argv[IPC_BLOCKS + 3];
+    char args[IPC_BLOCKS][2 * sizeof(cudaIpcMemHandle_t) + 8];
+    int argc = 0;
+    child_argv[argc++] = (char *)"/proc/self/exe";
+    child_argv[argc++] = (char *)"--ipc-child";
+    for (int i = 0; i < IPC_BLOCKS; i++) {
+        got[i] = cudaIpcGetMemHandle(&handles[i], blocks[i]);
+        cudaGetLastError();
+        if (got[i] == cudaSuccess) {
+            given++;
+            hex_of(&handles[i], sizeof handles[i], args[i]);
+            sprintf(args[i] + 2 * sizeof handles[i], ":%d", 0x40 + i);
+            child_argv[argc++] = args[i];
+        } else if (got[i] == cudaErrorInvalidValue || got[i] == cudaErrorNotSupported) {
+            guarded++;
+        } else {
+            unexpected++;
+        }
+    }
+    child_argv[argc] = NULL;
+    int child_rc = -1;
+    if (given) {
+        pid_t pid;
+        int status = 0;
+        if (posix_spawn(&pid, "/proc/self/exe", NULL, NULL, child_argv, environ) == 0 &&
+            waitpid(pid, &status, 0) == pid && WIFEXITED(status))
+            child_rc = WEXITSTATUS(status);
+    }
+    /* A block shared now holds what the child wrote; one refused, its own. */
+    unsigned long long wrong = 0;
+    for (int i = 0; i < IPC_BLOCKS; i++) {
+        unsigned char v = (unsigned char)(0x40 + i);
+        wrong += count_other(blocks[i], IPC_SIZE, got[i] == cudaSuccess ? (unsigned char)~v : v);
+        cudaFree(blocks[i]);
+    }
+    ok = unexpected == 0 && wrong == 0 && (!given || child_rc == 0) && (!expect_all || given == IPC_BLOCKS);
+    char detail[240];
+    snprintf(detail, sizeof detail,
+             "%d of %d handles given and read and written through by a child process (exit %d), %d refused by "
+             "cuheap's guard, %d other errors, bytes wrong afterwards %llu%s",
+             given, IPC_BLOCKS, child_rc, guarded, unexpected, wrong, expect_all ? " (all expected)" : "");
+    report("ipc", ok, detail);
+}
+
 int main(int argc, char **argv)
 {
     long ops = 200000;
-    int expect = 0;
+    int expect = 0, expect_ipc = 0, skip_ipc = 0;
+    if (argc >= 2 && !strcmp(argv[1], "--ipc-child"))
+        return ipc_child(argc - 2, argv + 2);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--ops") && i + 1 < argc)
             ops = atol(argv[++i]);
@@ -429,8 +581,12 @@ int main(int argc, char **argv)
             expect = 1;
         else if (!strcmp(argv[i], "--no-double-free"))
             skip_double_free = 1;
+        else if (!strcmp(argv[i], "--expect-ipc"))
+            expect_ipc = 1;
+        else if (!strcmp(argv[i], "--no-ipc"))
+            skip_ipc = 1;
         else {
-            fprintf(stderr, "usage: %s [--ops N] [--expect-cuheap] [--no-double-free]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--ops N] [--expect-cuheap] [--no-double-free] [--expect-ipc] [--no-ipc]\n", argv[0]);
             return 2;
         }
     }
@@ -447,6 +603,8 @@ int main(int argc, char **argv)
     check_promise();
     check_served(expect);
     check_pinned(expect);
+    if (!skip_ipc)
+        check_ipc(expect_ipc);
     cudaFree(d_errors);
     printf("preload_stress: %s\n", failures ? "FAILED" : "all checks passed");
     return failures ? 1 : 0;

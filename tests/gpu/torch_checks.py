@@ -27,6 +27,11 @@ prints PASS or FAIL with what it saw; a Markdown table ends the output.
            shapes) trains with the same losses natively, with cuheap as
            plugin (plain CUDA graphs: cuheap_torch turns graph trees off) and
            under LD_PRELOAD (graph trees, PyTorch's allocator over cuheap)
+  ipc      a CUDA tensor sent to a child process (torch.multiprocessing,
+           spawn): under LD_PRELOAD with ipc_safe:1 the child reads it and
+           writes through it; with the default settings it works or is
+           refused with a message naming ipc_safe; as plugin PyTorch refuses
+           to share (its plugin interface has no IPC); never wrong data
 
 `python3 torch_checks.py NAME...` runs only the checks named.
 """
@@ -266,6 +271,68 @@ def compile_reduce_overhead():
     ok = (plugin[1] and not plugin[2] and plugin[3] > 0 and preload[3] > 0 and native[3] == 0 and
           plugin[0] == native[0] and preload[0] == native[0])
     return ok, "; ".join(seen) + "; last loss %.6f" % native[0][-1]
+
+
+IPC_JOB = """
+import sys
+import torch
+import torch.multiprocessing as mp
+
+
+def child(q, r):
+    t = q.get()
+    r.put(float(t.sum()))
+    t.add_(1)
+    torch.cuda.synchronize()
+    r.put("written")
+
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    q, r = ctx.SimpleQueue(), ctx.Queue()   # SimpleQueue.put pickles (shares) at once, in this thread
+    keep = [torch.empty(n, device="cuda") for n in (1000, 300000, 5000000)]  # segments before it
+    t = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
+    expect = float(t.sum())
+    p = ctx.Process(target=child, args=(q, r))
+    p.start()
+    try:
+        q.put(t)
+        seen = r.get(timeout=90)
+        r.get(timeout=30)
+        p.join(60)
+        print("shared", seen == expect, float(t.sum()) - expect == float(1 << 20))
+    except Exception as e:
+        p.kill()
+        print("refused", type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
+"""
+
+
+@check("ipc")
+def ipc_tensors():
+    import tempfile
+    lib = os.path.join(ROOT, "build", "libcuheap.so")
+    path = os.path.join(tempfile.mkdtemp(), "ipc_job.py")
+    with open(path, "w") as f:
+        f.write(IPC_JOB)
+    seen, ok = [], True
+    for way, env in (("preload ipc_safe:1", {"LD_PRELOAD": lib, "CUHEAP_CONF": "ipc_safe:1"}),
+                     ("preload", {"LD_PRELOAD": lib}), ("plugin", {"CUHEAP_TORCH": "1"})):
+        full = dict(os.environ)
+        full["PYTHONPATH"] = os.path.join(ROOT, "scripts") + os.pathsep + full.get("PYTHONPATH", "")
+        full.update(env)
+        p = subprocess.run([sys.executable, path], env=full, capture_output=True, text=True, timeout=300)
+        out = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else "no output (exit %d): %s" % (
+            p.returncode, p.stderr.strip()[-200:])
+        good = out == "shared True True"
+        named = "ipc_safe" in p.stderr
+        if way == "preload ipc_safe:1":
+            ok &= good
+        elif way == "preload":
+            ok &= good or (out.startswith("refused") and named)   # cuheap's guard names the key
+        else:
+            ok &= good or out.startswith("refused")   # PyTorch's plugin interface has no IPC
+        seen.append("%s: %s%s" % (way, out, "; cuheap named ipc_safe" if named and not good else ""))
+    return ok, " / ".join(seen)
 
 
 def main():
