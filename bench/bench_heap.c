@@ -329,21 +329,52 @@ static double measure_streams_memory(const char *conf, long lag, long ops, uint6
     return (double)st.reserved.peak / (double)peak_live;
 }
 
+/* --only MIX THREADS [thread_cache:0]: one measurement, for profiling. */
+static int only(const char *prog, const char *name, const char *threads_arg, const char *flag, long ops)
+{
+    const mix_t *mix = NULL;
+    for (size_t m = 0; m < sizeof mixes / sizeof mixes[0] && !mix; m++)
+        if (strstr(mixes[m].name, name))
+            mix = &mixes[m];
+    char *end;
+    long threads = strtol(threads_arg, &end, 10);
+    if (!mix || *end || threads < 1 || threads > 16 || (flag && strcmp(flag, "thread_cache:0"))) {
+        fprintf(stderr, "%s: --only takes a mix (part of a name:", prog);
+        for (size_t m = 0; m < sizeof mixes / sizeof mixes[0]; m++)
+            fprintf(stderr, "%s '%s'", m ? "," : "", mixes[m].name);
+        fprintf(stderr, "), 1-16 threads and optionally thread_cache:0\n");
+        return 2;
+    }
+    no_thread_cache = flag != NULL;
+    printf("%s%s, %ld thread%s: %.0f ns per malloc+free\n", mix->name, flag ? ", thread_cache:0" : "", threads,
+           threads > 1 ? "s" : "",
+           measure(mix, (int)threads, ops));
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     long ops = 400000;
-    if (argc > 2 || (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")))) {
-        fprintf(argc > 2 ? stderr : stdout, "usage: %s [OPS]  (operations per thread and measurement, default 400000)\n",
-                argv[0]);
-        return argc > 2 ? 2 : 0;
-    }
-    if (argc == 2) {
+    int first = 1;
+    if (argc >= 2 && strcmp(argv[1], "--only") != 0 && strcmp(argv[1], "-h") != 0 && strcmp(argv[1], "--help") != 0) {
         char *end;
         ops = strtol(argv[1], &end, 10);
         if (*argv[1] == '\0' || *end != '\0' || ops < 1000) {
             fprintf(stderr, "%s: OPS must be a whole number of at least 1000, not '%s'\n", argv[0], argv[1]);
             return 2;
         }
+        first = 2;
+    }
+    if (argc > first && !strcmp(argv[first], "--only") && (argc == first + 3 || argc == first + 4))
+        return only(argv[0], argv[first + 1], argv[first + 2], argc == first + 4 ? argv[first + 3] : NULL, ops);
+    if (argc > first) {
+        int help = !strcmp(argv[first], "-h") || !strcmp(argv[first], "--help");
+        fprintf(help ? stdout : stderr,
+                "usage: %s [OPS] [--only MIX THREADS [thread_cache:0]]\n"
+                "  OPS: operations per thread and measurement (default 400000); --only: one measurement\n"
+                "  of the mix whose name contains MIX with THREADS threads (for profiling)\n",
+                argv[0]);
+        return help ? 0 : 2;
     }
     static const int thread_counts[] = {1, 2, 4, 8, 16};
     printf("ns per malloc+free (one thread's wall time / its operations); throughput vs 1 thread in ()\n\n");
