@@ -83,6 +83,11 @@ static inline size_t cuh_bits_count(const uint64_t *bits, size_t first, size_t e
     return n;
 }
 
+/* Copies `in` to `out` (room for len bytes) with every byte a terminal would
+ * not print as itself written as an escape (\r, \t, \n, \xNN): messages
+ * quote user input, and a carriage return in it would hide their start. */
+void cuh_escape_unprintable(const char *in, char *out, size_t len);
+
 /* Formats bytes as "1.50 GiB" into buf (at least 32 bytes); returns buf. */
 char *cuh_format_bytes(char *buf, size_t len, uint64_t bytes);
 

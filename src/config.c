@@ -295,10 +295,8 @@ static void trim(char **begin, char **end)
         (*end)--;
 }
 
-int cuh_config_parse(const char *text, cuh_config_t *cfg, char *err, size_t errlen)
+static int parse_settings(const char *text, cuh_config_t *cfg, char *err, size_t errlen)
 {
-    if (!text)
-        return 0;
     cuh_config_t parsed = *cfg;
     char keys[256];
     list_keys(keys, sizeof keys);
@@ -346,6 +344,21 @@ int cuh_config_parse(const char *text, cuh_config_t *cfg, char *err, size_t errl
     }
     *cfg = parsed;
     return 0;
+}
+
+int cuh_config_parse(const char *text, cuh_config_t *cfg, char *err, size_t errlen)
+{
+    if (!text)
+        return 0;
+    if (parse_settings(text, cfg, err, errlen) == 0)
+        return 0;
+    if (err && errlen) {
+        /* The message quotes the setting: bytes a terminal would act on are escaped. */
+        char raw[1024];
+        snprintf(raw, sizeof raw, "%s", err);
+        cuh_escape_unprintable(raw, err, errlen);
+    }
+    return -1;
 }
 
 size_t cuh_config_limit(const cuh_config_t *cfg, size_t device_total)

@@ -1,5 +1,6 @@
 /* log.c - messages: the per-thread last-error string behind cuheap_last_error,
- * stderr logging with the "cuheap:" prefix, and byte formatting for humans.
+ * stderr logging with the "cuheap:" prefix, byte formatting for humans, and
+ * the escaping of bytes a terminal would act on in what a message quotes.
  */
 #include "common.h"
 
@@ -8,6 +9,7 @@
 #include <stdatomic.h>
 #include <time.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char cuh_error_text[CUH_ERROR_MAX];
 
@@ -31,6 +33,27 @@ void cuh_log(const char *fmt, ...)
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     fprintf(stderr, "cuheap: %s\n", line);
+}
+
+void cuh_escape_unprintable(const char *in, char *out, size_t len)
+{
+    size_t o = 0;
+    if (!len)
+        return;
+    for (const unsigned char *c = (const unsigned char *)in; *c; c++) {
+        char piece[5];
+        size_t n = 1;
+        piece[0] = (char)*c;
+        if (*c == '\r' || *c == '\t' || *c == '\n')
+            n = (size_t)snprintf(piece, sizeof piece, "\\%c", *c == '\r' ? 'r' : *c == '\t' ? 't' : 'n');
+        else if (*c < 0x20 || *c >= 0x7f)
+            n = (size_t)snprintf(piece, sizeof piece, "\\x%02x", *c);
+        if (o + n >= len)
+            break;   /* cut, as snprintf would, but never inside an escape */
+        memcpy(out + o, piece, n);
+        o += n;
+    }
+    out[o] = '\0';
 }
 
 char *cuh_format_bytes(char *buf, size_t len, uint64_t bytes)

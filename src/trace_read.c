@@ -11,6 +11,8 @@
  */
 #include "trace_read.h"
 
+#include "common.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -224,11 +226,12 @@ typedef struct loader_s {
 __attribute__((format(printf, 3, 4)))
 static int fail(loader_t *L, size_t line, const char *fmt, ...)
 {
-    char msg[768];
+    char raw[768], msg[4 * 768];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    cuh_escape_unprintable(raw, msg, sizeof msg);   /* pieces of the file, quoted */
     if (L->err && L->errlen > 0) {
         if (line > 0)
             snprintf(L->err, L->errlen, "%s:%zu: %s", L->path, line, msg);

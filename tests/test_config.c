@@ -8,12 +8,15 @@
  * that a failed parse leaves the config untouched byte for byte, that
  * whitespace and empty items are tolerated, that cuh_config_limit turns a
  * limit into bytes for a device size, and that cuh_config_format writes
- * every value (and reads back to the same config).
+ * every value (and reads back to the same config); thousands of seeded
+ * edits of a full setting string are each refused cleanly or accepted in
+ * range and written back exactly.
  */
 #include "test_util.h"
 
 #include "config.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -467,6 +470,78 @@ static void test_a_tiny_limit_fraction_is_never_unlimited(void **state)
     assert_int_equal(cuh_config_limit(&c, (size_t)1 << 30), 2 * MiB);
 }
 
+/* Seeded edits of a string that sets every key (bytes changed, deleted,
+ * inserted, the string cut): each is refused, leaving the config as it was
+ * with a printable message, or accepted with every value inside its
+ * documented range, and then cuh_config_format writes text that parses
+ * back to the same settings. */
+static void check_ranges(const cuh_config_t *c, const char *text)
+{
+    int ok = c->workspace % (2 * MiB) == 0 && c->segment_min % (2 * MiB) == 0 && c->segment_min >= 2 * MiB &&
+             c->small_max <= MiB && c->grow_fraction >= 0 && c->grow_fraction <= 1 && c->vmm <= 1 &&
+             c->vmm_margin >= 0 && c->vmm_margin <= 1 && c->wait_before_grow <= 1 && c->reuse_across_streams <= 1 &&
+             c->ipc_safe <= 1 && c->meminfo_cached <= 1 && c->pinned <= 1 && c->pinned_chunk >= 2 * MiB &&
+             c->pinned_chunk <= GiB && c->pinned_chunk % (2 * MiB) == 0 && c->limit_fraction >= 0 &&
+             c->limit_fraction <= 1 && !(c->limit_bytes && c->limit_fraction > 0) && !strchr(c->report, ',') &&
+             !strchr(c->trace, ',');
+    if (!ok)
+        fail_msg("'%s' was accepted with a value out of range", text);
+}
+
+static void test_mutated_settings(void **state)
+{
+    (void)state;
+    static const char base[] =
+        "workspace:64M,limit:0.9,small_max:32K,segment_min:4M,grow_fraction:0.125,vmm:1,vmm_margin:0.05,"
+        "vmm_page:4M,thread_cache:2M,wait_before_grow:0,reuse_across_streams:1,ipc_safe:0,ipc_callers:libnccl,"
+        "meminfo_cached:1,pinned:1,pinned_chunk:64M,report:/tmp/r-%p.json,trace:/tmp/t.trace";
+    static const char alphabet[] = "0123456789.,:%-+ eEkKmMgGtTiIbB\t\x01\xff_az";
+    uint64_t seed = 0x9E3779B97F4A7C15ull;
+    int accepted = 0, refused = 0;
+    for (int r = 0; r < 5000; r++) {
+        char text[512];
+        size_t len = strlen(base);
+        memcpy(text, base, len + 1);
+        for (int k = 1 + (int)(test_rand(&seed) % 3); k > 0; k--)
+            test_mutate_once(text, &len, sizeof text, alphabet, &seed);
+        cuh_config_t cfg, before;
+        cuh_config_defaults(&cfg);
+        before = cfg;
+        char err[1024] = "";
+        if (cuh_config_parse(text, &cfg, err, sizeof err) != 0) {
+            refused++;
+            if (memcmp(&cfg, &before, sizeof cfg) != 0)
+                fail_msg("refused '%s' changed the config", text);
+            if (strlen(err) < 10)
+                fail_msg("refused '%s' with the message '%s'", text, err);
+            for (const unsigned char *c = (const unsigned char *)err; *c; c++)
+                if (*c < 0x20 || *c >= 0x7f)
+                    fail_msg("refused '%s' with a message holding byte 0x%02x: %s", text, *c, err);
+            continue;
+        }
+        accepted++;
+        check_ranges(&cfg, text);
+        char formatted[2048];
+        cuh_config_format(&cfg, formatted, sizeof formatted);
+        cuh_config_t again;
+        cuh_config_defaults(&again);
+        if (cuh_config_parse(formatted, &again, err, sizeof err) != 0)
+            fail_msg("'%s' formatted as '%s' does not parse back: %s", text, formatted, err);
+        /* Fractions are written with %g: six significant digits. */
+        if (fabs(again.grow_fraction - cfg.grow_fraction) > 1e-6 * cfg.grow_fraction + 1e-12 ||
+            fabs(again.vmm_margin - cfg.vmm_margin) > 1e-6 * cfg.vmm_margin + 1e-12 ||
+            fabs(again.limit_fraction - cfg.limit_fraction) > 1e-6 * cfg.limit_fraction + 1e-12)
+            fail_msg("'%s': a fraction changed in '%s'", text, formatted);
+        again.grow_fraction = cfg.grow_fraction;
+        again.vmm_margin = cfg.vmm_margin;
+        again.limit_fraction = cfg.limit_fraction;
+        if (memcmp(&again, &cfg, sizeof cfg) != 0)
+            fail_msg("'%s' formatted as '%s' reads back as other settings", text, formatted);
+    }
+    assert_true(accepted > 100);
+    assert_true(refused > 100);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -487,6 +562,7 @@ int main(void)
         cmocka_unit_test(test_print_table_lists_every_key),
         cmocka_unit_test(test_formatted_settings_parse_back_to_the_same_values),
         cmocka_unit_test(test_a_tiny_limit_fraction_is_never_unlimited),
+        cmocka_unit_test(test_mutated_settings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

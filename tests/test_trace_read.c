@@ -4,9 +4,10 @@
  * removed at the end) and loads them: good traces, plain and gzip-compressed,
  * an RMM logging-adaptor CSV, every kind of malformed input (the message must
  * name the file, the line and the problem), the peak of live bytes on a
- * hand-made trace, and the traces bundled in bench/traces, whose counts are
- * checked against their own "# end allocs=... frees=..." line. Run from the
- * repository root.
+ * hand-made trace, the traces bundled in bench/traces, whose counts are
+ * checked against their own "# end allocs=... frees=..." line, and thousands
+ * of randomly mutated traces (refused with a message, or loaded consistent).
+ * Run from the repository root.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +15,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "test_util.h"
 #include "trace_read.h"
 
 #include <dirent.h>
@@ -343,6 +345,9 @@ static void test_error_not_numeric(void **state)
     expect_error_text("num3.trace", "a 1 1 12k 0\n", 1, "size field '12k' is not");
     expect_error_text("num4.trace", "a 1 1 10 -1\n", 1, "stream field '-1' is not");
     expect_error_text("num5.trace", "a 1 1 99999999999999999999 0\n", 1, "size field '99999999999999999999' is out of range");
+    /* Bytes a terminal would act on come back escaped. */
+    expect_error_text("num6.trace", "a 1 1 1\r0 0\n", 1, "size field '1\\r0' is not");
+    expect_error_text("num7.trace", "a 1 1 10 \xff\n", 1, "stream field '\\xff' is not");
 }
 
 static void test_error_trailing_garbage(void **state)
@@ -653,6 +658,207 @@ static void test_bundled_traces(void **state)
     globfree(&g);
 }
 
+/* ---- mutated traces ------------------------------------------------------- */
+
+/* Whatever bytes a trace file holds, the reader either refuses it with
+ * "path:line: problem" (or "path: problem" for the file as a whole) or loads
+ * a trace whose books agree with themselves: every free matched to a live
+ * allocation of its id and size, the counts adding up, time and lines in
+ * order, the peak what the events give. Each seeded round mutates a good v1
+ * trace and a good RMM CSV (bytes changed, deleted, inserted, lines cut,
+ * doubled or swapped, the file truncated) and checks that; under
+ * AddressSanitizer a read out of bounds anywhere in the reader fails too. */
+
+/* Applies 1-4 random edits to buf (length *len, room for cap bytes). */
+static void mutate(char *buf, size_t *len, size_t cap, uint64_t *seed)
+{
+    static const char alphabet[] = "0123456789 afx#,\n\r-.:+eE\t\xff";
+    int edits = 1 + (int)(test_rand(seed) % 4);
+    for (int k = 0; k < edits && *len > 0; k++) {
+        size_t at = (size_t)(test_rand(seed) % *len);
+        switch (test_rand(seed) % 7) {
+        case 0:
+        case 1:
+        case 2:
+        case 3:   /* a byte changed, deleted or inserted, or the file cut */
+            test_mutate_once(buf, len, cap, alphabet, seed);
+            break;
+        case 4: { /* double the line that holds `at` */
+            size_t b = at, e = at;
+            while (b > 0 && buf[b - 1] != '\n')
+                b--;
+            while (e < *len && buf[e] != '\n')
+                e++;
+            size_t n = e - b + (e < *len);
+            if (*len + n < cap) {
+                memmove(buf + b + n, buf + b, *len - b);
+                (*len) += n;
+            }
+            break;
+        }
+        case 5: { /* a digit run becomes a huge number */
+            static const char huge[] = "99999999999999999999999";
+            size_t n = sizeof huge - 1;
+            if (*len + n < cap) {
+                memmove(buf + at + n, buf + at, *len - at);
+                memcpy(buf + at, huge, n);
+                (*len) += n;
+            }
+            break;
+        }
+        default: { /* swap this line with the next */
+            size_t b = at, e = at;
+            while (b > 0 && buf[b - 1] != '\n')
+                b--;
+            while (e < *len && buf[e] != '\n')
+                e++;
+            if (e >= *len)
+                break;
+            size_t e2 = e + 1;
+            while (e2 < *len && buf[e2] != '\n')
+                e2++;
+            size_t n1 = e - b + 1, n2 = e2 - (e + 1);
+            char tmp[512];
+            if (n1 > sizeof tmp)
+                break;
+            memcpy(tmp, buf + b, n1);
+            memmove(buf + b, buf + e + 1, n2);
+            buf[b + n2] = '\n';
+            memcpy(buf + b + n2 + 1, tmp, n1 - 1);
+            break;
+        }
+        }
+    }
+}
+
+static void check_consistent(const cuh_trace_t *t)
+{
+    size_t allocs = 0, frees = 0, never_freed = 0, peak_event = 0;
+    uint64_t live = 0, peak = 0;
+    for (size_t i = 0; i < t->num_events; i++) {
+        const cuh_trace_event_t *e = &t->events[i];
+        if (i) {
+            assert_true(e->t_us >= t->events[i - 1].t_us);
+            assert_true(e->line > t->events[i - 1].line);
+        }
+        assert_true(e->size > 0);
+        if (e->kind == CUH_TRACE_ALLOC) {
+            allocs++;
+            if (e->match == CUH_TRACE_NO_MATCH) {
+                never_freed++;
+            } else {
+                assert_true(e->match > i && e->match < t->num_events);
+                assert_int_equal(t->events[e->match].kind, CUH_TRACE_FREE);
+                assert_int_equal(t->events[e->match].match, i);
+            }
+            live += e->size;
+            if (live > peak) {
+                peak = live;
+                peak_event = i;
+            }
+        } else {
+            assert_int_equal(e->kind, CUH_TRACE_FREE);
+            frees++;
+            assert_true(e->match < i);
+            const cuh_trace_event_t *a = &t->events[e->match];
+            assert_int_equal(a->kind, CUH_TRACE_ALLOC);
+            assert_int_equal(a->match, i);
+            assert_int_equal(a->size, e->size);
+            if (t->format == CUH_TRACE_FORMAT_V1)
+                assert_int_equal(a->id, e->id);
+            assert_true(live >= e->size);
+            live -= e->size;
+        }
+    }
+    assert_int_equal(t->num_allocs, allocs);
+    assert_int_equal(t->num_frees, frees);
+    assert_int_equal(t->num_events, allocs + frees);
+    assert_int_equal(t->live_at_end, never_freed);
+    assert_int_equal(t->peak_live, peak);
+    if (peak)
+        assert_int_equal(t->peak_live_event, peak_event);
+    assert_non_null(t->path);
+    assert_non_null(t->description);
+}
+
+static void mutation_rounds(const char *base, const char *name, int gz, int rounds, uint64_t seed)
+{
+    char buf[4096], path[512], err[1024], prefix[600];
+    size_t loaded = 0, refused = 0;
+    for (int r = 0; r < rounds; r++) {
+        size_t len = strlen(base);
+        memcpy(buf, base, len);
+        mutate(buf, &len, sizeof buf - 1, &seed);
+        buf[len] = '\0';
+        path_of(path, sizeof path, name);
+        if (gz) {
+            gzFile g = gzopen(path, "wb");
+            assert_non_null(g);
+            assert_int_equal(gzwrite(g, buf, (unsigned)len), (int)len);
+            assert_int_equal(gzclose(g), Z_OK);
+        } else {
+            FILE *f = fopen(path, "wb");
+            assert_non_null(f);
+            assert_int_equal(fwrite(buf, 1, len, f), len);
+            assert_int_equal(fclose(f), 0);
+        }
+        cuh_trace_t t;
+        err[0] = '\0';
+        if (cuh_trace_load(path, &t, err, sizeof err) == 0) {
+            check_consistent(&t);
+            loaded++;
+        } else {
+            snprintf(prefix, sizeof prefix, "%s:", path);
+            if (strncmp(err, prefix, strlen(prefix)) != 0 || strlen(err) < strlen(prefix) + 8) {
+                print_error("round %d: message \"%s\" does not name the file and a problem\n", r, err);
+                fail();
+            }
+            /* Quoted pieces of the file come back printable: a raw
+             * carriage return would hide the start of the message. */
+            for (const unsigned char *c = (const unsigned char *)err + strlen(prefix); *c; c++)
+                if (*c < 0x20 || *c >= 0x7f) {
+                    print_error("round %d: message \"%s\" holds byte 0x%02x\n", r, err, *c);
+                    fail();
+                }
+            assert_null(t.events);
+            refused++;
+        }
+        cuh_trace_free(&t);
+    }
+    /* The mutations must exercise both outcomes. */
+    assert_true(loaded > 0);
+    assert_true(refused > 0);
+}
+
+static void test_mutated_traces(void **state)
+{
+    (void)state;
+    static const char v1[] =
+        "# trace v1 source=unit-test model=tiny\n"
+        "a 0 1 1000 0\n"
+        "a 5 2 3000 7\n"
+        "a 6 3 70000000 7\n"
+        "f 9 1\n"
+        "a 9 4 512 0\n"
+        "f 10 3\n"
+        "a 11 5 1000 140202046379584\n"
+        "f 12 2\n"
+        "f 13 5\n"
+        "# end allocs=5 frees=4 live_at_end=1 pytorch_peak_reserved=8192\n";
+    static const char rmm[] =
+        "Thread,Time,Action,Pointer,Size,Stream\n"
+        "1,13:30:02.153812,allocate,0x7f1e84000000,1024,0x0\n"
+        "1,13:30:02.153900,allocate,0x7f1e84000400,4096,0x55d0c0a3e2b0\n"
+        "1,13:30:02.2,allocate failure,0x0,99999,0x0\n"
+        "1,13:30:03.000000,free,0x7f1e84000000,1024,0x0\n"
+        "1,13:30:03.000001,allocate,0x7f1e84000000,2048,0x55d0c0a3e9f0\n"
+        "1,13:30:03.5,deallocate,0x7f1e84000400,4096,0x55d0c0a3e2b0\n"
+        "1,23:59:59.999999,free,0x7f1e84000000,2048,0x55d0c0a3e9f0\n";
+    mutation_rounds(v1, "mut.trace", 0, 3000, 0x9E3779B97F4A7C15ull);
+    mutation_rounds(v1, "mut.trace.gz", 1, 300, 0x2545F4914F6CDD1Dull);
+    mutation_rounds(rmm, "mut.csv", 0, 3000, 0xD1B54A32D192ED03ull);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -677,6 +883,7 @@ int main(void)
         cmocka_unit_test(test_rmm_csv_midnight),
         cmocka_unit_test(test_rmm_csv_errors),
         cmocka_unit_test(test_bundled_traces),
+        cmocka_unit_test(test_mutated_traces),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

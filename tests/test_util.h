@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <cmocka.h>
 
 #include "device.h"
@@ -106,6 +107,37 @@ static inline uint64_t test_rand(uint64_t *state)
     x ^= x >> 27;
     *state = x;
     return x * 0x2545F4914F6CDD1Dull;
+}
+
+/* One seeded edit of text[0..*len) (room for cap bytes, kept NUL-terminated)
+ * for tests that feed readers broken input: a byte changed to one of
+ * `alphabet`, a byte deleted, one inserted, or the text cut there. */
+static inline void test_mutate_once(char *text, size_t *len, size_t cap, const char *alphabet, uint64_t *seed)
+{
+    size_t n = strlen(alphabet);
+    if (*len == 0)
+        return;
+    size_t at = (size_t)(test_rand(seed) % *len);
+    switch (test_rand(seed) % 4) {
+    case 0:
+        text[at] = alphabet[test_rand(seed) % n];
+        break;
+    case 1:
+        memmove(text + at, text + at + 1, *len - at - 1);
+        (*len)--;
+        break;
+    case 2:
+        if (*len + 2 <= cap) {
+            memmove(text + at + 1, text + at, *len - at);
+            text[at] = alphabet[test_rand(seed) % n];
+            (*len)++;
+        }
+        break;
+    default:
+        *len = at;
+        break;
+    }
+    text[*len] = '\0';
 }
 
 /* Setup and teardown for tests of the public API: the process-wide runtime,
