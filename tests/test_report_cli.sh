@@ -15,7 +15,12 @@
 # a report without it gets none. Broken inputs: a truncated
 # file, bad JSON, a wrong schema or version, a missing or mistyped field,
 # pinned_host included (status 1, with file:line:column or the field's JSON
-# path); usage errors
+# path); parts that contradict each other (extents that do not tile their
+# segment, overlapping segments, more requested than a block holds, a plain
+# segment not mapped whole, a timeline out of order or with more live than
+# reserved, a reserved total other than the segments'), each named; 200
+# seeded edits of a report that keep it valid JSON, each rendered
+# or refused naming the field; usage errors
 # (status 2). Run from the repository root:
 #     tests/test_report_cli.sh BUILD_DIR
 # BUILD_DIR/cuheap-report is tested (the sanitized one for build/san); the
@@ -454,11 +459,131 @@ for case in "pinned_string:pinned_host\.num_waits: expected an unsigned integer,
     fi
 done
 
+# Parts that contradict each other: refused, naming the place.
+python3 - "$TMP/oom.json" "$TMP" <<'PY'
+import json, sys
+src, tmp = sys.argv[1], sys.argv[2]
+def write(name, change):
+    d = json.load(open(src))
+    change(d["devices"][0])
+    json.dump(d, open(tmp + "/" + name + ".json", "w"), indent=1)
+def gap(dev):
+    x = dev["segments"][2]["extents"][1]
+    x["addr"] += 512
+    x["size"] -= 512
+    if x["kind"] == "block":
+        x["requested"] = min(x.get("requested", 0), x["size"])
+write("c_gap", gap)
+write("c_short", lambda dev: dev["segments"][2]["extents"].pop())
+def overlap(dev):
+    dev["segments"][3]["base"] = dev["segments"][2]["base"]
+write("c_overlap", overlap)
+def requested(dev):
+    x = next(x for x in dev["segments"][1]["extents"] if x["kind"] == "block")
+    x["requested"] = x["size"] + 1
+write("c_requested", requested)
+def plain_mapped(dev):
+    dev["segments"][1]["mapped"] -= 2097152
+write("c_mapped", plain_mapped)
+def order(dev):
+    dev["timeline"][5]["t"] = dev["timeline"][4]["t"] / 2
+write("c_time", order)
+write("c_reserved", lambda dev: dev["stats"]["reserved"].update(current=dev["stats"]["reserved"]["current"] + 512))
+write("c_live", lambda dev: dev["timeline"][3].update(live=dev["timeline"][3]["reserved"] + 1))
+PY
+for case in "c_gap:devices\[0\]\.segments\[2\]\.extents\[1\]: starts at 0x[0-9a-f]*, but the extent before it ends at" \
+    "c_short:devices\[0\]\.segments\[2\]\.extents: the extents end at 0x[0-9a-f]*, but the segment ends at" \
+    "c_overlap:devices\[0\]\.segments\[3\]: starts at 0x[0-9a-f]*, before the segment listed before it ends" \
+    "c_requested:devices\[0\]\.segments\[1\]\.extents\[[0-9]*\]: a block of [0-9]* bytes says [0-9]* were requested" \
+    "c_mapped:devices\[0\]\.segments\[1\]: [0-9]* bytes mapped in a segment of [0-9]* bytes (a segment that is not" \
+    "c_time:devices\[0\]\.timeline\[5\]: a sample at [-0-9.e]* s, before the sample listed before it" \
+    "c_reserved:devices\[0\]\.stats\.reserved\.current: [0-9]* bytes, but the segments hold [0-9]*" \
+    "c_live:devices\[0\]\.timeline\[3\]: [0-9]* bytes live and [0-9]* cached of [0-9]* reserved"; do
+    name=${case%%:*}
+    run "$name" "$TMP/$name.json"
+    if [ "$rc" -eq 1 ] && grep -q "$name.json[:0-9]*: ${case#*:}" "$TMP/$name.err"; then
+        ok "parts that contradict each other exit 1 naming the place: $(sed "s|$TMP/||" "$TMP/$name.err")"
+    else
+        not_ok "parts that contradict each other ($name) exit 1 naming the place" "status $rc: $(cat "$TMP/$name.err")"
+    fi
+done
+
 run nofile "$TMP/no-such-report.json"
 if [ "$rc" -eq 1 ] && grep -q "no-such-report.json" "$TMP/nofile.err"; then
     ok "a missing file exits 1 and names it"
 else
     not_ok "a missing file exits 1" "status $rc: $(cat "$TMP/nofile.err")"
+fi
+
+# ---- mutated reports: rendered, or refused naming the place ---------------------
+# 200 seeded edits of the out-of-memory report that keep it valid JSON (a
+# number changed, negated, made huge or fractional, a value's type changed, a
+# member or an array element removed or doubled): each is rendered (status
+# 0, a report on stdout) or refused with status 1 and a message that starts
+# with the file's name and names a field; never a crash, a sanitizer's report
+# or another status.
+mkdir -p "$TMP/mut"
+python3 - "$TMP/oom.json" "$TMP/mut" <<'PY'
+import json, random, sys
+base = json.load(open(sys.argv[1]))
+rng = random.Random(20261201)
+
+def places(v, path=()):
+    yield path
+    if isinstance(v, dict):
+        for k, x in v.items():
+            yield from places(x, path + (k,))
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            yield from places(x, path + (i,))
+
+def parent(d, path):
+    for p in path[:-1]:
+        d = d[p]
+    return d
+
+all_places = [p for p in places(base) if p]
+for n in range(200):
+    d = json.loads(json.dumps(base))
+    path = rng.choice(all_places)
+    box, key = parent(d, path), path[-1]
+    old = box[key]
+    edit = rng.randrange(7)
+    if edit == 0 and isinstance(old, (int, float)) and not isinstance(old, bool):
+        box[key] = rng.choice([0, 1, old + 1, old * 2, 2 ** 64 - 1, 2 ** 70])
+    elif edit == 1 and isinstance(old, (int, float)) and not isinstance(old, bool):
+        box[key] = rng.choice([-old - 1, old + 0.5, -1])
+    elif edit == 2:
+        box[key] = rng.choice([None, "x", [], {}, True, 3])
+    elif edit == 3 and isinstance(box, dict):
+        del box[key]
+    elif edit == 4 and isinstance(box, list):
+        box.insert(key, json.loads(json.dumps(old)))
+    elif edit == 5 and isinstance(box, list):
+        del box[key]
+    else:
+        box[key] = rng.choice([None, -5, "", 1e300])
+    json.dump(d, open("%s/m%03d.json" % (sys.argv[2], n), "w"))
+PY
+rendered=0 refused=0 bad=""
+for f in "$TMP"/mut/m*.json; do
+    "$BIN" --text "$f" >"$TMP/mut.out" 2>"$TMP/mut.err"
+    rc=$?
+    name=$(basename "$f")
+    if [ "$rc" -eq 0 ] && [ -s "$TMP/mut.out" ] && ! grep -q "Sanitizer" "$TMP/mut.err"; then
+        rendered=$((rendered + 1))
+    elif [ "$rc" -eq 1 ] && grep -q "^cuheap-report: .*$name:[0-9:]* *[a-z_]*[][a-z_0-9.]*: " "$TMP/mut.err" &&
+        ! grep -q "Sanitizer" "$TMP/mut.err"; then
+        refused=$((refused + 1))
+    else
+        bad="$bad
+$name: status $rc: $(head -c 300 "$TMP/mut.err")"
+    fi
+done
+if [ -z "$bad" ] && [ "$rendered" -gt 0 ] && [ "$refused" -gt 0 ]; then
+    ok "200 mutated reports: $rendered rendered, $refused refused with the file and the field"
+else
+    not_ok "mutated reports are rendered or refused naming the field ($rendered rendered, $refused refused)" "$bad"
 fi
 
 # ---- usage errors: status 2 ------------------------------------------------------

@@ -558,6 +558,9 @@ static void read_classes(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t *
         k->objs = get_u64(r, o, "objects", UINT64_MAX);
         k->live = get_u64(r, o, "live", UINT64_MAX);
         k->cached = get_u64(r, o, "cached", UINT64_MAX);
+        if (!r->failed && (k->live > k->objs || k->cached > k->objs - k->live))
+            fail(r, o, "%" PRIu64 " objects live and %" PRIu64 " cached, more than the class's %" PRIu64, k->live,
+                 k->cached, k->objs);
         s->num_classes = (unsigned)(i + 1);
         path_pop(r, item);
     }
@@ -577,11 +580,16 @@ static void read_extent(reader_t *r, const cuh_json_t *o, cuh_heap_snapshot_t *s
     } else if (kind == CUH_SNAP_BLOCK) {
         x->kind = CUH_SNAP_BLOCK;
         x->requested = opt_u64(r, o, "requested", UINT64_MAX, 0);
+        if (!r->failed && x->requested > x->size)
+            fail(r, o, "a block of %" PRIu64 " bytes says %" PRIu64 " were requested (at most its size)", x->size,
+                 x->requested);
     } else if (kind == CUH_SNAP_SLAB) {
         x->kind = CUH_SNAP_SLAB;
         x->size_class = (uint32_t)opt_u64(r, o, "size_class", UINT32_MAX, 0);
         x->objs = (uint32_t)opt_u64(r, o, "objects", UINT32_MAX, 0);
         x->live = (uint32_t)opt_u64(r, o, "live", UINT32_MAX, 0);
+        if (!r->failed && x->live > x->objs)
+            fail(r, o, "%" PRIu32 " objects live in a slab of %" PRIu32, x->live, x->objs);
         /* Not in the report: the bytes of its live objects, as the heap counts them. */
         if (x->size_class < s->num_classes)
             x->requested = (uint64_t)x->live * s->classes[x->size_class].size;
@@ -664,27 +672,53 @@ static void read_segments(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t 
         path_pop(r, saved);
         return;
     }
+    uint64_t prev_end = 0;   /* where the segment before ends */
     for (size_t i = 0; i < a->v.array.n && !r->failed; i++) {
         const cuh_json_t *o = get_item(r, a, i, &item);
         cuh_snap_segment_t *g = &s->segments[s->num_segments++];
         g->base = get_u64(r, o, "base", UINT64_MAX);
         g->size = get_u64(r, o, "size", UINT64_MAX);
+        if (!r->failed && (g->size == 0 || g->size > UINT64_MAX - g->base))
+            fail(r, o, "a segment of %" PRIu64 " bytes at %#" PRIx64 " (empty, or past the end of the address space)",
+                 g->size, g->base);
+        if (!r->failed && i > 0 && g->base < prev_end)
+            fail(r, o, "starts at %#" PRIx64 ", before the segment listed before it ends (%#" PRIx64
+                 "): segments are listed in address order and do not overlap", g->base, prev_end);
+        prev_end = g->base + g->size;
         g->workspace = get_bool(r, o, "workspace");
         g->virtual_space = get_bool(r, o, "virtual");
         g->mapped = get_u64(r, o, "mapped", UINT64_MAX);
         g->page_size = opt_u64(r, o, "page_size", UINT64_MAX, 0);
         g->page_maps = opt_u64(r, o, "page_maps", UINT64_MAX, 0);
         g->page_moves = opt_u64(r, o, "page_moves", UINT64_MAX, 0);
+        if (!r->failed && (g->virtual_space ? g->mapped > g->size : g->mapped != g->size))
+            fail(r, o, "%" PRIu64 " bytes mapped in a %s of %" PRIu64 " bytes%s", g->mapped,
+                 g->virtual_space ? "reservation" : "segment", g->size,
+                 g->virtual_space ? "" : " (a segment that is not virtual memory is mapped whole)");
         if (g->virtual_space)
             read_runs(r, o, s, g);
         g->first_extent = s->num_extents;
         const cuh_json_t *e = get_node(r, o, "extents", CUH_JSON_ARRAY, &sub);
+        /* The extents tile the segment: in address order, no gap, no overlap. */
+        uint64_t at = g->base;
         for (size_t k = 0; e && k < e->v.array.n && !r->failed; k++) {
             size_t xi;
             const cuh_json_t *xo = get_item(r, e, k, &xi);
-            read_extent(r, xo, s, &s->extents[s->num_extents++]);
+            cuh_snap_extent_t *x = &s->extents[s->num_extents++];
+            read_extent(r, xo, s, x);
+            if (!r->failed && x->addr != at)
+                fail(r, xo, "starts at %#" PRIx64 ", but %s ends at %#" PRIx64
+                     " (a segment's extents cover it in address order, with no gap or overlap)",
+                     x->addr, k ? "the extent before it" : "nothing before it: the segment starts", at);
+            if (!r->failed && (x->size == 0 || x->size > g->base + g->size - x->addr))
+                fail(r, xo, "%" PRIu64 " bytes at %#" PRIx64 " do not fit in the segment, which ends at %#" PRIx64,
+                     x->size, x->addr, g->base + g->size);
+            at = x->addr + x->size;
             path_pop(r, xi);
         }
+        if (e && !r->failed && at != g->base + g->size)
+            fail(r, e, "the extents end at %#" PRIx64 ", but the segment ends at %#" PRIx64
+                 " (a segment's extents cover it in address order, with no gap or overlap)", at, g->base + g->size);
         g->num_extents = s->num_extents - g->first_extent;
         path_pop(r, sub);
         path_pop(r, item);
@@ -733,9 +767,15 @@ static void read_timeline(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t 
         const cuh_json_t *o = get_item(r, a, i, &item);
         cuh_sample_t *p = &s->timeline[s->num_samples++];
         p->t = get_double(r, o, "t");
+        if (!r->failed && (p->t < 0 || (i > 0 && p->t < s->timeline[i - 1].t)))
+            fail(r, o, "a sample at %g s, %s", p->t,
+                 p->t < 0 ? "before the heap began" : "before the sample listed before it: samples are in time order");
         p->live = get_u64(r, o, "live", UINT64_MAX);
         p->reserved = get_u64(r, o, "reserved", UINT64_MAX);
         p->cached = get_u64(r, o, "cached", UINT64_MAX);
+        if (!r->failed && (p->live > p->reserved || p->cached > p->reserved))
+            fail(r, o, "%" PRIu64 " bytes live and %" PRIu64 " cached of %" PRIu64 " reserved (neither can exceed it)",
+                 p->live, p->cached, p->reserved);
         path_pop(r, item);
     }
     path_pop(r, saved);
@@ -869,6 +909,30 @@ static void read_oom(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t *s)
     path_pop(r, saved);
 }
 
+/* stats.reserved.current against the segments: what plain segments and the
+ * workspace hold, plus the pages a virtual reservation has mapped (the heap
+ * may hold a few more physical pages than it has mapped, never fewer). */
+static void check_reserved(reader_t *r, const cuh_json_t *d, const cuh_heap_snapshot_t *s)
+{
+    if (r->failed)
+        return;
+    uint64_t held = 0;
+    int any_virtual = 0;
+    for (size_t i = 0; i < s->num_segments; i++) {
+        held += s->segments[i].mapped;
+        any_virtual |= s->segments[i].virtual_space;
+    }
+    uint64_t reserved = s->stats.reserved.current;
+    if (any_virtual ? held > reserved : held != reserved) {
+        size_t saved = path_key(r, "stats");
+        path_key(r, "reserved");
+        path_key(r, "current");
+        const cuh_json_t *at = cuh_json_get(cuh_json_get(cuh_json_get(d, "stats"), "reserved"), "current");
+        fail(r, at, "%" PRIu64 " bytes, but the segments hold %" PRIu64, reserved, held);
+        path_pop(r, saved);
+    }
+}
+
 /* devices[i] as a snapshot; NULL after an error. */
 static cuh_heap_snapshot_t *read_device(reader_t *r, const cuh_json_t *d)
 {
@@ -894,9 +958,16 @@ static cuh_heap_snapshot_t *read_device(reader_t *r, const cuh_json_t *d)
     s->stats.device_total = s->device_total;
     read_classes(r, d, s);
     read_segments(r, d, s);
+    check_reserved(r, d, s);
     read_streams(r, d, s);
     s->uptime = get_double(r, d, "uptime");
     read_timeline(r, d, s);
+    if (!r->failed && (s->uptime < 0 || (s->num_samples && s->uptime < s->timeline[s->num_samples - 1].t))) {
+        size_t saved_up = path_key(r, "uptime");
+        fail(r, cuh_json_get(d, "uptime"), "%g s, %s", s->uptime,
+             s->uptime < 0 ? "negative" : "less than the time of the timeline's last sample");
+        path_pop(r, saved_up);
+    }
     read_oom(r, d, s);
     if (r->failed) {
         cuh_heap_snapshot_free(s);
