@@ -4,7 +4,9 @@
 
 A snapshot is what torch.cuda.memory._dump_snapshot(path) writes after
 torch.cuda.memory._record_memory_history(): a pickle of plain dicts and lists,
-read here with the standard library alone (no torch needed). Its device_traces
+read here with the standard library alone (no torch needed), and as plain data
+only: a pickle that names any class or function is refused before anything of
+it runs. Its device_traces
 list every allocator event of a device; "alloc" becomes an allocation line,
 "free_requested" (the program let go of the tensor) a free line; segment events
 only give PyTorch's own peak reserved bytes, written on the last comment line
@@ -23,15 +25,24 @@ class SnapshotError(Exception):
     pass
 
 
+class PlainUnpickler(pickle.Unpickler):
+    """Loads plain data only. A memory snapshot is dicts, lists, strings and
+    numbers; a pickle that names a class or function could run any code of
+    its choosing while it loads, so no global is ever looked up."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(
+            "it refers to %s.%s, and a memory snapshot holds plain dicts and lists only (this script loads "
+            "no classes or functions: unpickling them could run code)" % (module, name))
+
+
 def load(path):
     try:
         with open(path, "rb") as f:
-            snap = pickle.load(f)
-    except (OSError, pickle.UnpicklingError, EOFError) as e:
-        raise SnapshotError("%s: cannot read a pickle: %s" % (path, e))
-    except (AttributeError, ModuleNotFoundError, ImportError) as e:
-        raise SnapshotError("%s: the pickle refers to Python classes this script cannot load (%s); "
-                            "is it a torch.cuda.memory._dump_snapshot() file?" % (path, e))
+            snap = PlainUnpickler(f).load()
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError) as e:
+        raise SnapshotError("%s: cannot read a pickle: %s; is it a torch.cuda.memory._dump_snapshot() file?"
+                            % (path, e))
     if not isinstance(snap, dict) or not isinstance(snap.get("device_traces"), list):
         raise SnapshotError("%s: no device_traces: not a memory snapshot, or recorded without "
                             "torch.cuda.memory._record_memory_history()" % path)

@@ -3,7 +3,8 @@
 # snapshots made here with the shape torch.cuda.memory._dump_snapshot()
 # writes (plain dicts in a pickle): the trace it writes replays in
 # cuheap-replay with the right counts, live peak, streams and PyTorch's peak
-# reserved; bad input gets a clear error.
+# reserved; bad input gets a clear error, and a pickle that names a class
+# or function (which could run code as it loads) is refused unloaded.
 set -uo pipefail
 build=${1:-build}
 [ -x "$build/cuheap-replay" ] || build=build
@@ -33,6 +34,15 @@ pickle.dump({"segments": []}, open(d + "/nosnap.pickle", "wb"))
 bad = list(trace); bad[2] = {"action": "alloc", "addr": 1}
 pickle.dump({"device_traces": [bad]}, open(d + "/bad.pickle", "wb"))
 open(d + "/garbage.pickle", "wb").write(b"not a pickle")
+# A pickle that would run a command while it loads: it must not run.
+class Runs:
+    def __reduce__(self):
+        import os
+        return (os.system, ("touch " + d + "/it-ran",))
+pickle.dump({"device_traces": [trace], "x": Runs()}, open(d + "/evil.pickle", "wb"))
+# One that names a harmless class is refused the same way.
+import collections
+pickle.dump({"device_traces": [trace], "x": collections.OrderedDict()}, open(d + "/class.pickle", "wb"))
 PY
 $conv "$tmp/snap.pickle" "$tmp/job.trace.gz" 2>"$tmp/err"; rc=$?
 check "converts a snapshot (rc $rc: $(cat "$tmp/err"))" '[ $rc -eq 0 ]'
@@ -51,6 +61,12 @@ err=$($conv "$tmp/bad.pickle" "$tmp/x.trace" 2>&1); rc=$?
 check "an entry missing a field is refused with its index" '[ $rc -eq 1 ] && echo "$err" | grep -q "device_traces\[0\]\[2\] (alloc): no .size."'
 err=$($conv "$tmp/garbage.pickle" "$tmp/x.trace" 2>&1); rc=$?
 check "a file that is no pickle is refused" '[ $rc -eq 1 ] && echo "$err" | grep -q "cannot read a pickle"'
+err=$($conv "$tmp/evil.pickle" "$tmp/x.trace" 2>&1); rc=$?
+check "a pickle that would run a command is refused and runs nothing ($err)" \
+    '[ $rc -eq 1 ] && [ ! -e "$tmp/it-ran" ] && echo "$err" | grep -q "refers to posix.system"'
+err=$($conv "$tmp/class.pickle" "$tmp/x.trace" 2>&1); rc=$?
+check "a pickle that names any class is refused, naming it" \
+    '[ $rc -eq 1 ] && echo "$err" | grep -q "refers to collections.OrderedDict"'
 err=$($conv "$tmp/snap.pickle" "$tmp/x.trace" --device 3 2>&1); rc=$?
 check "a device the snapshot lacks is refused" '[ $rc -eq 1 ] && echo "$err" | grep -q "has 1 device"'
 finish test_torch_snapshot
