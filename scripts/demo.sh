@@ -25,6 +25,7 @@ echo
 "$build/cuheap-replay" --capacity 27G bench/traces/gpt2.trace.gz
 echo
 echo "Free memory stranded in segments that a few small blocks hold is what CUDA virtual memory"
-echo "gives back: with vmm:1 (cuheap's default as PyTorch's allocator) the job runs on that device:"
+echo "gives back, as the replay checked: with vmm:1 (cuheap's default as PyTorch's allocator)"
+echo "the job runs on that device. In full:"
 echo
 "$build/cuheap-replay" --capacity 27G --conf vmm:1 bench/traces/gpt2.trace.gz

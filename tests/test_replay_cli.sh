@@ -188,6 +188,44 @@ check "the table names the stranded memory and the events that allocated its hol
     '[ "$rc" -eq 0 ] && grep -q "stranded: .* mostly empty segment.*(without them the request would have fit)" "$TMP/strand_table.out" &&
      grep -q "behind: .* allocated at event [0-9]* (line [0-9]*, id [0-9]*)" "$TMP/strand_table.out"'
 
+# ---- the replay checks the advice it gives: vmm:1 tried on the same device ----
+# A fragmentation out-of-memory on plain segments is replayed again with
+# vmm:1 added, and the answer given; an out-of-memory that vmm:1 cannot
+# change (the live bytes do not fit) is not retried; neither is one that
+# already ran with vmm:1.
+run vmm_json --json --capacity 27G "$gpt2"
+check "--capacity 27G on gpt2: the JSON says the job runs with vmm:1, within the device" \
+    '[ "$rc" -eq 0 ] && python3 -c "
+import json, sys
+o = json.loads(open(sys.argv[1]).read())[\"oom\"]
+w = o[\"with_vmm\"]
+assert o[\"cause\"] == \"fragmentation\" and w[\"oom\"] is None and 0 < w[\"peak_reserved\"] <= 27 << 30, o
+" "$TMP/vmm_json.out"'
+check "the table says so in words" \
+    'grep -q "with vmm:1 in --conf (CUHEAP_CONF) the job runs on this device: peak reserved 27.00 GiB" "$TMP/strand_table.out"'
+run vmm_capacity --json --capacity 20G "$gpt2"
+check "--capacity 20G on gpt2 (the live bytes do not fit): no vmm:1 retry" \
+    '[ "$rc" -eq 0 ] && python3 -c "
+import json, sys
+o = json.loads(open(sys.argv[1]).read())[\"oom\"]
+assert o[\"cause\"] == \"capacity\" and o[\"with_vmm\"] is None, o
+" "$TMP/vmm_capacity.out"'
+run vmm_too --json --conf vmm:1 --capacity 25G "$gpt2"
+check "an out-of-memory already under vmm:1 is not retried" \
+    '[ "$rc" -eq 0 ] && python3 -c "
+import json, sys
+o = json.loads(open(sys.argv[1]).read())[\"oom\"]
+assert o is not None and o[\"with_vmm\"] is None, o
+" "$TMP/vmm_too.out"'
+run vmm_limit --json --conf limit:25G --capacity 80G "$gpt2"
+check "a limit out-of-memory on plain segments is retried with vmm:1 under the same limit" \
+    '[ "$rc" -eq 0 ] && python3 -c "
+import json, sys
+o = json.loads(open(sys.argv[1]).read())[\"oom\"]
+w = o[\"with_vmm\"]
+assert o[\"cause\"] == \"limit\" and w is not None and w[\"peak_reserved\"] <= 25 << 30, o
+" "$TMP/vmm_limit.out"'
+
 # ---- a malformed trace: status 1, the message names the file and line --------
 bad=$TMP/broken.trace
 printf '# broken\na 1 1 4096 0\na 2 2 8192 0\nf 3 1\nf 4 99\na 5 3 10 0\n' >"$bad"

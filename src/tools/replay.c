@@ -85,7 +85,10 @@ static void usage(FILE *f)
             "out-of-memory; beside them the same for PyTorch's own allocator (native\n"
             "and expandable_segments:True), from a model of its rules replayed over\n"
             "the same trace on the same device (a --conf limit applies to it as\n"
-            "set_per_process_memory_fraction).\n"
+            "set_per_process_memory_fraction). An out-of-memory on plain segments\n"
+            "by fragmentation or at the limit is replayed again with vmm:1 added,\n"
+            "and whether the job then runs on the device is printed (JSON:\n"
+            "oom.with_vmm).\n"
             "\n"
             "options:\n"
             "  --capacity BYTES   device memory (default 80G; suffixes K, M, G, T are\n"
@@ -558,7 +561,22 @@ typedef struct result_s {
     cuh_torch_result_t torch[CUH_TORCH_NUM_MODES];
     int torch_min_found[CUH_TORCH_NUM_MODES];
     uint64_t torch_min[CUH_TORCH_NUM_MODES];
+    /* An out-of-memory on plain segments that virtual memory might avoid:
+     * the same replay with vmm:1 added. */
+    int tried_vmm;
+    run_t vmm_run;
 } result_t;
+
+/* Would vmm:1 change this out-of-memory? Not when the live bytes themselves
+ * do not fit (capacity), when others hold the memory (external), or when it
+ * waits on streams' pending frees: only free memory in the wrong places or
+ * a limit reached with memory cached can be helped by moving pages. */
+static int vmm_might_help(const cuh_config_t *cfg, const run_t *run)
+{
+    if (cfg->vmm || !run->oom || !run->have_oom_info)
+        return 0;
+    return run->oom_info.cause == CUH_OOM_FRAGMENTATION || run->oom_info.cause == CUH_OOM_LIMIT;
+}
 
 static void print_json(const result_t *r)
 {
@@ -644,7 +662,22 @@ static void print_json(const result_t *r)
             else
                 fprintf(f, "%s%zu", k ? "," : "", run->holder_event[k]);
         }
-        fputs("]}", f);
+        fputs("],\"with_vmm\":", f);
+        if (!r->tried_vmm) {
+            fputs("null", f);
+        } else {
+            const run_t *v = &r->vmm_run;
+            fprintf(f, "{\"peak_reserved\":%" PRIu64 ",\"oom\":", v->stats.reserved.peak);
+            if (v->oom) {
+                fprintf(f, "{\"event\":%zu,\"request\":%zu,\"cause\":", v->oom_event, v->oom_info.request);
+                cuh_json_write_string(f, v->have_oom_info ? cuh_oom_cause_name(v->oom_info.cause) : "unknown");
+                fputc('}', f);
+            } else {
+                fputs("null", f);
+            }
+            fputc('}', f);
+        }
+        fputc('}', f);
     } else {
         fputs(",\"oom\":null", f);
     }
@@ -760,6 +793,18 @@ static void print_row(const result_t *r, int name_width)
                run->have_oom_info ? cuh_oom_cause_name(run->oom_info.cause) : "out of memory", req,
                run->oom_event, t->num_events);
         print_stranded(name_width, t, run);
+        if (r->tried_vmm) {
+            const run_t *v = &r->vmm_run;
+            char peak[32];
+            cuh_format_bytes(peak, sizeof peak, v->stats.reserved.peak);
+            if (!v->oom)
+                printf("%-*s   with vmm:1 in --conf (CUHEAP_CONF) the job runs on this device: peak reserved %s\n",
+                       name_width, "", peak);
+            else
+                printf("%-*s   with vmm:1 in --conf (CUHEAP_CONF) it runs out of memory too: %s at event %zu\n",
+                       name_width, "", v->have_oom_info ? cuh_oom_cause_name(v->oom_info.cause) : "out of memory",
+                       v->oom_event);
+        }
     } else {
         printf("none\n");
     }
@@ -866,6 +911,15 @@ static int replay_trace(const char *arg, const options_t *o, int name_width)
     }
     /* A full run's peak is the trace's; a run cut short has the heap's. */
     r.peak_live = run.oom ? run.stats.requested.peak : trace.peak_live;
+    if (vmm_might_help(&o->cfg, &run)) {
+        cuh_config_t with_vmm = o->cfg;
+        with_vmm.vmm = 1;
+        if (replay_once(&trace, o->capacity, &with_vmm, addrs, &r.vmm_run, NULL, REPORT_AT_END, 0) != 0) {
+            status = 1;
+            goto out;
+        }
+        r.tried_vmm = 1;
+    }
     if (o->min_capacity &&
         find_min_capacity(&trace, o, addrs, &run, &r.min_capacity, &r.min_found) != 0) {
         status = 1;
