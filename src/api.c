@@ -33,6 +33,8 @@ static struct {
     cuh_trace_writer_t *_Atomic trace;
     int reports_armed;
     pid_t reports_pid;            /* the process that armed them: a fork's child writes none */
+    _Atomic int oom_reported;     /* a report shows the heap at an out-of-memory: exit keeps it */
+    _Atomic long oom_report_second; /* when the last one was written (one a second at most), or -1 */
     cuh_config_t cfg;
     size_t sim_capacity;          /* nonzero: simulated devices */
     cuh_heap_t *_Atomic heaps[CUH_MAX_DEVICES];
@@ -127,6 +129,8 @@ void cuh_runtime_reset(void)
     rt.plugin = 0;
     rt.interposer = 0;
     rt.reports_armed = 0;   /* the exit handler stays registered but writes nothing */
+    atomic_store(&rt.oom_reported, 0);
+    atomic_store(&rt.oom_report_second, -1);
     cuh_trace_writer_close(rt.trace);
     rt.trace = NULL;
     rt.sim_capacity = 0;
@@ -782,16 +786,19 @@ static cuheap_report_format_t format_for(const char *path)
     return CUHEAP_REPORT_TEXT;
 }
 
-/* The configured report, if this is the process that configured it. */
-static void write_configured_report(int ask_device)
+/* The configured report, if this is the process that configured it; 1 when
+ * written. */
+static int write_configured_report(int ask_device)
 {
     if (!rt.reports_armed || getpid() != rt.reports_pid)
-        return;
+        return 0;
     char saved[CUH_ERROR_MAX];
     snprintf(saved, sizeof saved, "%s", cuh_get_error());   /* keep the caller's last error */
-    if (dump_all(rt.cfg.report, format_for(rt.cfg.report), ask_device) != CUHEAP_OK)
+    int written = dump_all(rt.cfg.report, format_for(rt.cfg.report), ask_device) == CUHEAP_OK;
+    if (!written)
         cuh_log("%s", cuh_get_error());
     cuh_set_error("%s", saved);
+    return written;
 }
 
 /* An out-of-memory: its explanation on stderr and the report, each at most
@@ -801,16 +808,26 @@ static void explain_oom(void)
     cuh_log_error_rate_limited("CUDA out of memory");
     if (!rt.reports_armed)
         return;
-    static _Atomic long last_second = -1;
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
-    long prev = atomic_load(&last_second);
-    if (now.tv_sec != prev && atomic_compare_exchange_strong(&last_second, &prev, (long)now.tv_sec))
-        write_configured_report(1);
+    long prev = atomic_load(&rt.oom_report_second);
+    if (now.tv_sec != prev && atomic_compare_exchange_strong(&rt.oom_report_second, &prev, (long)now.tv_sec) &&
+        write_configured_report(1))
+        atomic_store(&rt.oom_reported, 1);
 }
 
 static void report_at_exit(void)
 {
+    /* The heap at the failure is what a report of an out-of-memory is for:
+     * by exit the program has usually let go of what filled it. */
+    if (atomic_load(&rt.oom_reported)) {
+        if (rt.reports_armed && getpid() == rt.reports_pid) {
+            char file[4096];
+            expand_path(rt.cfg.report, file, sizeof file);
+            cuh_log("the report %s shows the heap at the last out-of-memory; it is not rewritten at exit", file);
+        }
+        return;
+    }
     /* No device call: the CUDA context may already be gone. */
     write_configured_report(0);
 }
@@ -828,7 +845,7 @@ static void *sigusr1_writer(void *arg)
     (void)arg;
     for (;;) {
         if (sem_wait(&sigusr1_sem) == 0)
-            write_configured_report(1);
+            (void)write_configured_report(1);
     }
     return NULL;
 }

@@ -433,6 +433,30 @@ static void test_report_path_writes_on_oom_on_sigusr1_and_at_exit(void **state)
     waitpid(child, &status, 0);
     snprintf(child_path, sizeof child_path, "%s/r-%d.json", dir, (int)child);
     assert_true(wait_for_file(child_path, 1));
+    /* After an out-of-memory the report keeps the heap at the failure: the
+     * exit does not write over it (4 KiB live then, 3 MiB at exit). */
+    child = fork();
+    if (child == 0) {
+        cuh_runtime_reset();
+        cuh_runtime_use_sim(GiB);
+        cuheap_configure(conf);
+        void *q, *r, *huge;
+        cuheap_malloc(&q, 4096, 0, NULL);
+        if (cuheap_malloc(&huge, 4 * GiB, 0, NULL) != CUHEAP_ERR_OUT_OF_MEMORY)
+            exit(3);
+        cuheap_free(q, 0, NULL);
+        cuheap_malloc(&r, 3 * MiB, 0, NULL);
+        exit(0);
+    }
+    waitpid(child, &status, 0);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    snprintf(child_path, sizeof child_path, "%s/r-%d.json", dir, (int)child);
+    assert_true(wait_for_file(child_path, 1));
+    snprintf(cmd, sizeof cmd,
+             "python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))[\"devices\"][0]; "
+             "assert d[\"oom\"][\"cause\"]==\"capacity\" and d[\"stats\"][\"requested\"][\"current\"]==4096, "
+             "d[\"stats\"][\"requested\"]' %s", child_path);
+    assert_int_equal(system(cmd), 0);
     cuheap_free(p, 0, NULL);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);
