@@ -19,6 +19,7 @@
 #include <stdatomic.h>
 #include <time.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static pthread_mutex_t runtime_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -741,8 +742,16 @@ static cuheap_status_t dump_all(const char *path, cuheap_report_format_t format,
     char file[4096];
     expand_path(path, file, sizeof file);
     int to_stdout = strcmp(file, "-") == 0;
+    /* A regular file (or a new one) is written beside its place and renamed
+     * over it: whoever opens the report sees a whole one, the last or the
+     * one before, never a half-written one. Anything else (a terminal, a
+     * pipe, a symbolic link) is written in place. */
+    struct stat st;
+    char temp[sizeof file + 32];
+    int in_place = to_stdout || (lstat(file, &st) == 0 && !S_ISREG(st.st_mode)) ||
+                   snprintf(temp, sizeof temp, "%s.tmp-%d", file, (int)getpid()) >= (int)sizeof temp;
     pthread_mutex_lock(&report_lock);
-    FILE *out = to_stdout ? stdout : fopen(file, "w");
+    FILE *out = to_stdout ? stdout : fopen(in_place ? file : temp, "w");
     cuheap_status_t status = CUHEAP_OK;
     if (!out) {
         cuh_set_error("cannot write the report %s: %s", file, strerror(errno));
@@ -757,7 +766,12 @@ static cuheap_status_t dump_all(const char *path, cuheap_report_format_t format,
         if (to_stdout ? fflush(out) != 0 : fclose(out) != 0) {
             cuh_set_error("writing the report %s failed: %s", file, strerror(errno));
             status = CUHEAP_ERR_IO;
+        } else if (!in_place && rename(temp, file) != 0) {
+            cuh_set_error("cannot put the report in place as %s: %s", file, strerror(errno));
+            status = CUHEAP_ERR_IO;
         }
+        if (!in_place && status != CUHEAP_OK)
+            unlink(temp);
     }
     pthread_mutex_unlock(&report_lock);
     for (size_t i = 0; i < n; i++)

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void test_configure_rejects_unknown_keys_and_lists_valid_ones(void **state)
@@ -198,6 +199,21 @@ static void test_reports_in_text_and_valid_json(void **state)
     assert_null(strstr(page, "Pinned host memory"));
     assert_int_equal(cuheap_dump_report("/nonexistent-dir/r.json", CUHEAP_REPORT_JSON), CUHEAP_ERR_IO);
     assert_non_null(strstr(cuheap_last_error(), "/nonexistent-dir/r.json"));
+    /* A regular file is replaced whole (written beside it, then renamed):
+     * nothing is left beside it, and writing it again replaces it. */
+    assert_int_equal(cuheap_dump_report(path, CUHEAP_REPORT_HTML), CUHEAP_OK);
+    snprintf(cmd, sizeof cmd, "test $(ls -A %s | wc -l) -eq 3 && ! ls %s | grep -q tmp", dir, dir);
+    assert_int_equal(system(cmd), 0);
+    /* A symbolic link stays one: its target gets the report. */
+    char target[256], link[256];
+    snprintf(target, sizeof target, "%s/target.txt", dir);
+    snprintf(link, sizeof link, "%s/link.txt", dir);
+    assert_int_equal(symlink(target, link), 0);
+    assert_int_equal(cuheap_dump_report(link, CUHEAP_REPORT_TEXT), CUHEAP_OK);
+    struct stat st;
+    assert_int_equal(lstat(link, &st), 0);
+    assert_true(S_ISLNK(st.st_mode));
+    assert_non_null(strstr(slurp(target), "requested (live)"));
     cuheap_free(a, 0, NULL);
     cuheap_free(b, 0, (cuheap_stream_t)0x77);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
