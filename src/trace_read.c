@@ -25,6 +25,8 @@
 
 #define RMM_HEADER "Thread,Time,Action,Pointer,Size,Stream"
 #define PPR_KEY "pytorch_peak_reserved="
+/* The header trace:PATH writes (trace_write.c), up to the version. */
+#define CUHEAP_SOURCE "trace v1 source=cuheap-"
 #define USEC_PER_DAY (86400ull * 1000000ull)
 /* Bytes asked of gzread at a time, and zlib's buffer size. */
 #define READ_CHUNK ((size_t)8192)
@@ -221,6 +223,7 @@ typedef struct loader_s {
     uint64_t next_stream;
     uint64_t next_id;
     int tod_times;          /* times are HH:MM:SS.ffffff (they wrap at midnight) */
+    int saw_end;            /* a "# end ..." comment: trace:PATH finished the file */
 } loader_t;
 
 __attribute__((format(printf, 3, 4)))
@@ -418,6 +421,8 @@ static int v1_comment(loader_t *L, size_t line, const char *s, size_t n)
         s++;
     while (end > s && is_space(end[-1]))
         end--;
+    if (end - s >= 4 && memcmp(s, "end ", 4) == 0)
+        L->saw_end = 1;   /* the closing line of trace:PATH */
     if (!L->have_desc) {
         size_t dn = (size_t)(end - s);
         char *d = malloc(dn + 1);
@@ -778,6 +783,7 @@ static int load(loader_t *L, reader_t *r)
             return fail(L, 0, "out of memory");
     } else {
         t->pytorch_peak_reserved = L->last_comment_ppr;
+        t->unfinished = !L->saw_end && t->description && strncmp(t->description, CUHEAP_SOURCE, strlen(CUHEAP_SOURCE)) == 0;
     }
     if (!t->description) {
         t->description = strdup("");

@@ -56,6 +56,10 @@ typedef struct cuh_trace_s {
     uint64_t peak_live;         /* most requested bytes live at once */
     size_t peak_live_event;     /* index of the event that reached it */
     uint64_t pytorch_peak_reserved; /* from the last comment line, 0 if absent */
+    int unfinished;             /* written by trace:PATH but without its closing "# end"
+                                 * line: the program stopped before it exited normally
+                                 * (killed, crashed), so the trace holds only what it
+                                 * recorded until then */
 } cuh_trace_t;
 
 /* Reads the trace at `path` (format detected from the first non-empty line,

@@ -508,9 +508,33 @@ static void test_trace_records_a_job_that_cuheap_replay_replays(void **state)
     snprintf(cmd, sizeof cmd,
              "build/cuheap-replay --json %s | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); "
              "assert (r[\"allocs\"], r[\"frees\"], r[\"peak_live\"]) == (30, 10, %zu), r; "
-             "assert r[\"oom\"] is None' && grep -q \"^# end allocs=30 frees=10 live_at_end=20\" %s && "
-             "grep -q \"^a [0-9]* 1 200007 1$\" %s",
+             "assert r[\"oom\"] is None and r[\"unfinished\"] is False' && "
+             "grep -q \"^# end allocs=30 frees=10 live_at_end=20\" %s && grep -q \"^a [0-9]* 1 200007 1$\" %s",
              path, peak, path, path);
+    assert_int_equal(system(cmd), 0);
+    /* A program killed while recording leaves a trace without its closing
+     * line: it still replays, and says it is unfinished. */
+    pid_t child = fork();
+    if (child == 0) {
+        cuh_runtime_reset();
+        cuh_runtime_use_sim(GiB);
+        cuheap_configure(conf);
+        for (int i = 0; i < 5000; i++) {   /* more than the writer's 64 KiB buffer */
+            void *q;
+            cuheap_malloc(&q, 4096 + (size_t)i, 0, NULL);
+            cuheap_free(q, 0, NULL);
+        }
+        raise(SIGKILL);
+    }
+    int status;
+    waitpid(child, &status, 0);
+    assert_true(WIFSIGNALED(status));
+    snprintf(path, sizeof path, "%s/job-%d.trace", dir, (int)child);
+    snprintf(cmd, sizeof cmd,
+             "build/cuheap-replay --json %s | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); "
+             "assert r[\"unfinished\"] is True and 0 < r[\"allocs\"] < 5000, r' && ! grep -q \"^# end\" %s && "
+             "build/cuheap-replay %s | grep -q \"killed or crashed\"",
+             path, path, path);
     assert_int_equal(system(cmd), 0);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);

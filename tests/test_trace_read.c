@@ -658,6 +658,29 @@ static void test_bundled_traces(void **state)
     globfree(&g);
 }
 
+/* A trace that trace:PATH wrote but never closed (the program was killed
+ * or crashed) says so; one it closed, or one from elsewhere, does not. */
+static void test_unfinished_recording(void **state)
+{
+    (void)state;
+    char path[512], err[1024];
+    cuh_trace_t t;
+    static const char *const cases[][2] = {
+        {"# trace v1 source=cuheap-0.1.0 pid=7\na 0 1 100 0\na 1 2 200 0\nf 2 1\n", "1"},
+        {"# trace v1 source=cuheap-0.1.0 pid=7\na 0 1 100 0\nf 2 1\n# end allocs=1 frees=1 live_at_end=0\n", "0"},
+        {"# trace v1 source=pytorch-2.11.0 model=x\na 0 1 100 0\n", "0"},
+        {"a 0 1 100 0\n", "0"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_plain(path, sizeof path, "unfinished.trace", cases[i][0]);
+        if (cuh_trace_load(path, &t, err, sizeof err) != 0)
+            fail_msg("case %zu: %s", i, err);
+        if (t.unfinished != (cases[i][1][0] == '1'))
+            fail_msg("case %zu: unfinished is %d", i, t.unfinished);
+        cuh_trace_free(&t);
+    }
+}
+
 /* ---- mutated traces ------------------------------------------------------- */
 
 /* Whatever bytes a trace file holds, the reader either refuses it with
@@ -884,6 +907,7 @@ int main(void)
         cmocka_unit_test(test_rmm_csv_errors),
         cmocka_unit_test(test_bundled_traces),
         cmocka_unit_test(test_mutated_traces),
+        cmocka_unit_test(test_unfinished_recording),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -689,6 +689,7 @@ static void print_json(const result_t *r)
     }
     if (r->have_report_event)
         fprintf(f, ",\"report_event\":%zu", r->report_event);
+    fprintf(f, ",\"unfinished\":%s", t->unfinished ? "true" : "false");
     fputs("}\n", f);
     fflush(f);
 }
@@ -819,6 +820,10 @@ static void print_row(const result_t *r, int name_width)
     }
     if (r->have_report_event)
         printf("%-*s   report taken after event %zu of %zu\n", name_width, "", r->report_event, t->num_events);
+    if (t->unfinished)
+        printf("%-*s   the trace lacks the line trace:PATH writes at exit: the program stopped before it exited "
+               "(killed or crashed?), and this is what it recorded until then\n",
+               name_width, "");
     for (int m = 0; m < CUH_TORCH_NUM_MODES; m++) {
         const cuh_torch_result_t *tr = &r->torch[m];
         if (tr->oom) {
