@@ -512,9 +512,25 @@ def _use_plain_cuda_graphs():
 
 # ---- activation by environment ------------------------------------------------
 
+_ON = ("1", "true", "yes", "on")
+_OFF = ("", "0", "false", "no", "off")
+
+
+def environment_asks():
+    """Whether CUHEAP_TORCH turns cuheap on. A value that is neither on nor off
+    is said on stderr, not silently taken for off."""
+    value = os.environ.get("CUHEAP_TORCH", "")
+    if value.strip().lower() in _ON:
+        return True
+    if value.strip().lower() not in _OFF:
+        sys.stderr.write("cuheap_torch: CUHEAP_TORCH=%r is neither on (%s) nor off (%s); cuheap is not installed\n"
+                         % (value, ", ".join(_ON), ", ".join(v for v in _OFF if v) + " or empty"))
+    return False
+
+
 def activate_from_environment():
     """With CUHEAP_TORCH=1, installs cuheap when torch is imported."""
-    if os.environ.get("CUHEAP_TORCH", "") not in ("1", "true", "yes"):
+    if not environment_asks():
         return
     # Right after `import torch` finishes, before the program can make a
     # CUDA tensor.

@@ -27,8 +27,8 @@ def _chain_next_sitecustomize():
             return
 
 
-if os.environ.get("CUHEAP_TORCH", "") in ("1", "true", "yes"):
-    import cuheap_torch
+if os.environ.get("CUHEAP_TORCH", "").strip() not in ("", "0"):
+    import cuheap_torch   # it reads the value, and says so if it is neither on nor off
 
     cuheap_torch.activate_from_environment()
 _chain_next_sitecustomize()

@@ -154,6 +154,14 @@ out=$(CUHEAP_TORCH=1 py "$tmp/train.py")
 check "CUHEAP_TORCH=1 installs when the unmodified script imports torch (got: $out)" '[ "$out" = installed ]'
 out=$(py -c 'import sys, torch; print("cuheap_torch" in sys.modules)')
 check "without CUHEAP_TORCH nothing is installed (got: $out)" '[ "$out" = False ]'
+out=$(CUHEAP_TORCH=On py "$tmp/train.py")
+check "CUHEAP_TORCH=On installs too (got: $out)" '[ "$out" = installed ]'
+out=$(CUHEAP_TORCH=0 py -c 'import sys, torch; print("cuheap_torch" in sys.modules)')
+check "CUHEAP_TORCH=0 leaves everything alone (got: $out)" '[ "$out" = False ]'
+out=$(CUHEAP_TORCH=enable PYTHONPATH="$root/scripts:$tmp/fake" python3 -c \
+    'import sys, torch; m = sys.modules.get("cuheap_torch"); print(bool(m and m.installed()))' 2>"$tmp/err")
+check "CUHEAP_TORCH=enable is named on stderr, not silently taken for off (got: $out; $(cat "$tmp/err"))" \
+    '[ "$out" = False ] && grep -q "CUHEAP_TORCH=.enable. is neither on" "$tmp/err"'
 out=$(PYTHONPATH="$root/scripts:$tmp/fake" python3 -m cuheap_torch "$tmp/train.py" 2>&1)
 check "python -m cuheap_torch script.py runs it installed (got: $out)" '[ "$out" = installed ]'
 out=$(py -m cuheap_torch 2>&1); rc=$?
