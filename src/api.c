@@ -889,6 +889,21 @@ static void arm_reports_locked(void)
     rt.reports_armed = 1;
     rt.reports_pid = getpid();
     atexit(report_at_exit);
+    /* Said now, not at the out-of-memory the report is for. */
+    char file[4096], dir[4096];
+    expand_path(rt.cfg.report, file, sizeof file);
+    const char *slash = strrchr(file, '/');
+    if (strcmp(file, "-") != 0) {
+        if (!slash)
+            snprintf(dir, sizeof dir, ".");
+        else if (slash == file)
+            snprintf(dir, sizeof dir, "/");
+        else
+            snprintf(dir, sizeof dir, "%.*s", (int)(slash - file), file);
+        if (access(dir, W_OK | X_OK) != 0)
+            cuh_log("report:%s: cannot write into %s (%s): no report can be written there until it can",
+                    rt.cfg.report, dir, strerror(errno));
+    }
     struct sigaction old;
     if (sigaction(SIGUSR1, NULL, &old) == 0 && old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN) {
         cuh_log("report:%s: the program handles SIGUSR1 itself; reports on SIGUSR1 are off", rt.cfg.report);

@@ -121,8 +121,9 @@ static const option_t options[] = {
     {"report", KIND_PATH, offsetof(cuh_config_t, report), "none",
      "Write a report here at every out-of-memory (at most one a second), at exit, and on "
      "SIGUSR1: JSON if the name ends in .json, HTML if in .html, else text. After an "
-     "out-of-memory the exit leaves the report as it is (the heap at the failure). %p becomes "
-     "the process id. A path may not contain ','."},
+     "out-of-memory the exit leaves the report as it is (the heap at the failure). A folder "
+     "that cannot be written is said at the first allocation. %p becomes the process id. A "
+     "path may not contain ','."},
     {"trace", KIND_PATH, offsetof(cuh_config_t, trace), "none",
      "Record every allocation and free to this file in the trace format of bench/traces, to "
      "replay the job with cuheap-replay. %p becomes the process id. Memory stays bounded (a "

@@ -553,6 +553,41 @@ static void test_report_key_takes_a_path_and_none(void **state)
     assert_non_null(strstr(cuheap_last_error(), "report"));
 }
 
+/* A report path whose folder cannot be written is said when reports are
+ * armed (the first allocation), not first at the out-of-memory. */
+static void test_unwritable_report_folder_is_said_at_once(void **state)
+{
+    (void)state;
+    char err_path[] = "/tmp/cuheap-report-err-XXXXXX";
+    int fd = mkstemp(err_path);
+    assert_true(fd >= 0);
+    const char *confs[] = {"report:/nonexistent-cuheap-dir/r-%p.json", "report:/tmp/cuheap-ok-%p.txt"};
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(ftruncate(fd, 0), 0);
+        pid_t child = fork();
+        if (child == 0) {
+            dup2(fd, 2);
+            cuh_runtime_reset();
+            cuh_runtime_use_sim(GiB);
+            cuheap_configure(confs[k]);
+            void *q;
+            cuheap_malloc(&q, 4096, 0, NULL);
+            fprintf(stderr, "after the first allocation\n");
+            _exit(0);   /* no exit report: only what the first allocation said */
+        }
+        int status;
+        waitpid(child, &status, 0);
+        const char *said = slurp(err_path);
+        const char *where = strstr(said, "cannot write into /nonexistent-cuheap-dir (No such file or directory)");
+        if (k == 0 && (!where || where > strstr(said, "after the first allocation")))
+            fail_msg("not said at the first allocation: %s", said);
+        if (k == 1 && strstr(said, "cannot write into"))
+            fail_msg("said for a folder that can be written: %s", said);
+    }
+    close(fd);
+    unlink(err_path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -567,6 +602,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bad_cuheap_conf_stops_the_program_naming_the_key, runtime_on_sim_setup, runtime_teardown),
         cmocka_unit_test_setup_teardown(test_report_path_writes_on_oom_on_sigusr1_and_at_exit, runtime_on_sim_setup, runtime_teardown),
         cmocka_unit_test_setup_teardown(test_report_key_takes_a_path_and_none, runtime_on_sim_setup, runtime_teardown),
+        cmocka_unit_test_setup_teardown(test_unwritable_report_folder_is_said_at_once, runtime_on_sim_setup, runtime_teardown),
         cmocka_unit_test_setup_teardown(test_trace_records_a_job_that_cuheap_replay_replays, runtime_on_sim_setup, runtime_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
