@@ -131,6 +131,7 @@ typedef struct reader_s {
     size_t end;     /* one past the last byte read */
     int eof;
     size_t lineno;  /* number of the line last returned */
+    int unterminated;   /* that line ended the file without a newline */
 } reader_t;
 
 /* 1 with the next line (NUL-terminated, without its "\n" or "\r\n"), 0 at the
@@ -194,6 +195,7 @@ static int reader_next(reader_t *r, char **line, size_t *len, const char **why, 
             n--;
         s[n] = '\0';
         r->start = nl ? stop + 1 : stop;
+        r->unterminated = !nl;
         r->lineno++;
         *line = s;
         *len = n;
@@ -412,6 +414,12 @@ static int add_free(loader_t *L, size_t line, uint64_t t_us, uint64_t key, int h
 }
 
 /* ---- trace v1 -------------------------------------------------------------- */
+
+/* Whether the trace's header is the one trace:PATH writes. */
+static int is_cuheap_recording(const cuh_trace_t *t)
+{
+    return t->description && strncmp(t->description, CUHEAP_SOURCE, strlen(CUHEAP_SOURCE)) == 0;
+}
 
 static int v1_comment(loader_t *L, size_t line, const char *s, size_t n)
 {
@@ -771,6 +779,13 @@ static int load(loader_t *L, reader_t *r)
             }
             t->format = CUH_TRACE_FORMAT_V1;
         }
+        /* trace:PATH ends every line with a newline: a last line without
+         * one was cut short as the file was written (a full disk, a killed
+         * program), and its numbers may be cut too. It is left out. */
+        if (r->unterminated && t->format == CUH_TRACE_FORMAT_V1 && is_cuheap_recording(t)) {
+            t->cut_line = (uint32_t)line;
+            break;
+        }
         int prc = t->format == CUH_TRACE_FORMAT_V1 ? v1_line(L, line, s, n) : rmm_line(L, line, s, n);
         if (prc != 0)
             return -1;
@@ -783,7 +798,7 @@ static int load(loader_t *L, reader_t *r)
             return fail(L, 0, "out of memory");
     } else {
         t->pytorch_peak_reserved = L->last_comment_ppr;
-        t->unfinished = !L->saw_end && t->description && strncmp(t->description, CUHEAP_SOURCE, strlen(CUHEAP_SOURCE)) == 0;
+        t->unfinished = !L->saw_end && is_cuheap_recording(t);
     }
     if (!t->description) {
         t->description = strdup("");

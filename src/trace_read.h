@@ -60,6 +60,8 @@ typedef struct cuh_trace_s {
                                  * line: the program stopped before it exited normally
                                  * (killed, crashed), so the trace holds only what it
                                  * recorded until then */
+    uint32_t cut_line;          /* of such a trace: its last line, cut short without a
+                                 * newline and left out (0: none) */
 } cuh_trace_t;
 
 /* Reads the trace at `path` (format detected from the first non-empty line,

@@ -659,7 +659,8 @@ static void test_bundled_traces(void **state)
 }
 
 /* A trace that trace:PATH wrote but never closed (the program was killed
- * or crashed) says so; one it closed, or one from elsewhere, does not. */
+ * or crashed) says so; one it closed, or one from elsewhere, does not. Its
+ * last line, when cut short without a newline, is left out. */
 static void test_unfinished_recording(void **state)
 {
     (void)state;
@@ -677,8 +678,27 @@ static void test_unfinished_recording(void **state)
             fail_msg("case %zu: %s", i, err);
         if (t.unfinished != (cases[i][1][0] == '1'))
             fail_msg("case %zu: unfinished is %d", i, t.unfinished);
+        assert_int_equal(t.cut_line, 0);
         cuh_trace_free(&t);
     }
+    /* A last line without its newline was cut as it was written: left out,
+     * even when what is left of it would parse ("f 3 1" of "f 3 12"). */
+    static const char *const cut[] = {
+        "# trace v1 source=cuheap-0.1.0 pid=7\na 0 1 100 0\na 1 12 200 0\na 2 3 50 0\nf 3 1",
+        "# trace v1 source=cuheap-0.1.0 pid=7\na 0 1 100 0\na 1 12 200 0\na 2 3 50 0\na 3 4 10",
+    };
+    for (size_t i = 0; i < sizeof cut / sizeof cut[0]; i++) {
+        write_plain(path, sizeof path, "cut.trace", cut[i]);
+        if (cuh_trace_load(path, &t, err, sizeof err) != 0)
+            fail_msg("cut case %zu: %s", i, err);
+        assert_int_equal(t.num_events, 3);
+        assert_int_equal(t.num_frees, 0);
+        assert_int_equal(t.cut_line, 5);
+        assert_true(t.unfinished);
+        cuh_trace_free(&t);
+    }
+    /* A trace from elsewhere keeps its last line, and its errors. */
+    expect_error_text("cut_other.trace", "# trace v1 source=pytorch\na 0 1 100 0\na 3 4 10", 3, "missing stream field");
 }
 
 /* ---- mutated traces ------------------------------------------------------- */

@@ -690,6 +690,10 @@ static void print_json(const result_t *r)
     if (r->have_report_event)
         fprintf(f, ",\"report_event\":%zu", r->report_event);
     fprintf(f, ",\"unfinished\":%s", t->unfinished ? "true" : "false");
+    if (t->cut_line)
+        fprintf(f, ",\"cut_line\":%" PRIu32, t->cut_line);
+    else
+        fputs(",\"cut_line\":null", f);
     fputs("}\n", f);
     fflush(f);
 }
@@ -824,6 +828,9 @@ static void print_row(const result_t *r, int name_width)
         printf("%-*s   the trace lacks the line trace:PATH writes at exit: the program stopped before it exited "
                "(killed or crashed?), and this is what it recorded until then\n",
                name_width, "");
+    if (t->cut_line)
+        printf("%-*s   its last line (%" PRIu32 ") was cut short as it was written (a full disk?) and is left out\n",
+               name_width, "", t->cut_line);
     for (int m = 0; m < CUH_TORCH_NUM_MODES; m++) {
         const cuh_torch_result_t *tr = &r->torch[m];
         if (tr->oom) {
