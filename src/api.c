@@ -35,7 +35,7 @@ static struct {
     int reports_armed;
     pid_t reports_pid;            /* the process that armed them: a fork's child writes none */
     _Atomic int oom_reported;     /* a report shows the heap at an out-of-memory: exit keeps it */
-    _Atomic long oom_report_second; /* when the last one was written (one a second at most), or -1 */
+    _Atomic long oom_report_second; /* the second the last one was written (one a second at most); 0 or -1: none */
     cuh_config_t cfg;
     size_t sim_capacity;          /* nonzero: simulated devices */
     cuh_heap_t *_Atomic heaps[CUH_MAX_DEVICES];
