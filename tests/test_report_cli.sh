@@ -519,7 +519,7 @@ fi
 # 200 seeded edits of the out-of-memory report that keep it valid JSON (a
 # number changed, negated, made huge or fractional, a value's type changed, a
 # member or an array element removed or doubled): each is rendered (status
-# 0, a report on stdout) or refused with status 1 and a message that starts
+# 0, a report on stdout, and as an HTML page too) or refused with status 1 and a message that starts
 # with the file's name and names a field; never a crash, a sanitizer's report
 # or another status.
 mkdir -p "$TMP/mut"
@@ -570,7 +570,9 @@ for f in "$TMP"/mut/m*.json; do
     "$BIN" --text "$f" >"$TMP/mut.out" 2>"$TMP/mut.err"
     rc=$?
     name=$(basename "$f")
-    if [ "$rc" -eq 0 ] && [ -s "$TMP/mut.out" ] && ! grep -q "Sanitizer" "$TMP/mut.err"; then
+    if [ "$rc" -eq 0 ] && [ -s "$TMP/mut.out" ] && ! grep -q "Sanitizer" "$TMP/mut.err" &&
+        "$BIN" --html "$f" >"$TMP/mut.html" 2>>"$TMP/mut.err" && grep -q "</html>" "$TMP/mut.html" &&
+        ! grep -q "Sanitizer" "$TMP/mut.err"; then
         rendered=$((rendered + 1))
     elif [ "$rc" -eq 1 ] && grep -q "^cuheap-report: .*$name:[0-9:]* *[a-z_]*[][a-z_0-9.]*: " "$TMP/mut.err" &&
         ! grep -q "Sanitizer" "$TMP/mut.err"; then
