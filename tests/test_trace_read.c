@@ -712,6 +712,16 @@ static void test_unfinished_recording(void **state)
  * doubled or swapped, the file truncated) and checks that; under
  * AddressSanitizer a read out of bounds anywhere in the reader fails too. */
 
+/* [*b, *e) is the line of buf[0..len) that holds byte `at`, without its newline. */
+static void line_around(const char *buf, size_t len, size_t at, size_t *b, size_t *e)
+{
+    *b = *e = at;
+    while (*b > 0 && buf[*b - 1] != '\n')
+        (*b)--;
+    while (*e < len && buf[*e] != '\n')
+        (*e)++;
+}
+
 /* Applies 1-4 random edits to buf (length *len, room for cap bytes). */
 static void mutate(char *buf, size_t *len, size_t cap, uint64_t *seed)
 {
@@ -727,11 +737,8 @@ static void mutate(char *buf, size_t *len, size_t cap, uint64_t *seed)
             test_mutate_once(buf, len, cap, alphabet, seed);
             break;
         case 4: { /* double the line that holds `at` */
-            size_t b = at, e = at;
-            while (b > 0 && buf[b - 1] != '\n')
-                b--;
-            while (e < *len && buf[e] != '\n')
-                e++;
+            size_t b, e;
+            line_around(buf, *len, at, &b, &e);
             size_t n = e - b + (e < *len);
             if (*len + n < cap) {
                 memmove(buf + b + n, buf + b, *len - b);
@@ -739,7 +746,7 @@ static void mutate(char *buf, size_t *len, size_t cap, uint64_t *seed)
             }
             break;
         }
-        case 5: { /* a digit run becomes a huge number */
+        case 5: { /* a run of digits inserted: numbers out of range */
             static const char huge[] = "99999999999999999999999";
             size_t n = sizeof huge - 1;
             if (*len + n < cap) {
@@ -750,11 +757,8 @@ static void mutate(char *buf, size_t *len, size_t cap, uint64_t *seed)
             break;
         }
         default: { /* swap this line with the next */
-            size_t b = at, e = at;
-            while (b > 0 && buf[b - 1] != '\n')
-                b--;
-            while (e < *len && buf[e] != '\n')
-                e++;
+            size_t b, e;
+            line_around(buf, *len, at, &b, &e);
             if (e >= *len)
                 break;
             size_t e2 = e + 1;
