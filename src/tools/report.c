@@ -700,6 +700,7 @@ static void read_segments(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t 
         g->first_extent = s->num_extents;
         const cuh_json_t *e = get_node(r, o, "extents", CUH_JSON_ARRAY, &sub);
         /* The extents tile the segment: in address order, no gap, no overlap. */
+#define TILED " (a segment's extents cover it in address order, with no gap or overlap)"
         uint64_t at = g->base;
         for (size_t k = 0; e && k < e->v.array.n && !r->failed; k++) {
             size_t xi;
@@ -707,9 +708,8 @@ static void read_segments(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t 
             cuh_snap_extent_t *x = &s->extents[s->num_extents++];
             read_extent(r, xo, s, x);
             if (!r->failed && x->addr != at)
-                fail(r, xo, "starts at %#" PRIx64 ", but %s ends at %#" PRIx64
-                     " (a segment's extents cover it in address order, with no gap or overlap)",
-                     x->addr, k ? "the extent before it" : "nothing before it: the segment starts", at);
+                fail(r, xo, "starts at %#" PRIx64 ", but %s ends at %#" PRIx64 TILED, x->addr,
+                     k ? "the extent before it" : "nothing before it: the segment starts", at);
             if (!r->failed && (x->size == 0 || x->size > g->base + g->size - x->addr))
                 fail(r, xo, "%" PRIu64 " bytes at %#" PRIx64 " do not fit in the segment, which ends at %#" PRIx64,
                      x->size, x->addr, g->base + g->size);
@@ -717,8 +717,9 @@ static void read_segments(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t 
             path_pop(r, xi);
         }
         if (e && !r->failed && at != g->base + g->size)
-            fail(r, e, "the extents end at %#" PRIx64 ", but the segment ends at %#" PRIx64
-                 " (a segment's extents cover it in address order, with no gap or overlap)", at, g->base + g->size);
+            fail(r, e, "the extents end at %#" PRIx64 ", but the segment ends at %#" PRIx64 TILED, at,
+                 g->base + g->size);
+#undef TILED
         g->num_extents = s->num_extents - g->first_extent;
         path_pop(r, sub);
         path_pop(r, item);
