@@ -43,11 +43,14 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run(code, timeout=180, **env_extra):
+def run(code, timeout=180, script=None, **env_extra):
+    """Runs `code` (or the file `script`) in a fresh Python with the scripts
+    folder on PYTHONPATH and env_extra in its environment: (rc, stdout, stderr)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.join(ROOT, "scripts") + os.pathsep + env.get("PYTHONPATH", "")
     env.update(env_extra)
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    argv = [sys.executable, script] if script else [sys.executable, "-c", code]
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stdout.strip(), p.stderr.strip()
 
 
@@ -317,14 +320,10 @@ def ipc_tensors():
     seen, ok = [], True
     for way, env in (("preload ipc_safe:1", {"LD_PRELOAD": lib, "CUHEAP_CONF": "ipc_safe:1"}),
                      ("preload", {"LD_PRELOAD": lib}), ("plugin", {"CUHEAP_TORCH": "1"})):
-        full = dict(os.environ)
-        full["PYTHONPATH"] = os.path.join(ROOT, "scripts") + os.pathsep + full.get("PYTHONPATH", "")
-        full.update(env)
-        p = subprocess.run([sys.executable, path], env=full, capture_output=True, text=True, timeout=300)
-        out = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else "no output (exit %d): %s" % (
-            p.returncode, p.stderr.strip()[-200:])
+        rc, stdout, stderr = run(None, timeout=300, script=path, **env)
+        out = stdout.splitlines()[-1] if stdout else "no output (exit %d): %s" % (rc, stderr[-200:])
         good = out == "shared True True"
-        named = "ipc_safe" in p.stderr
+        named = "ipc_safe" in stderr
         if way == "preload ipc_safe:1":
             ok &= good
         elif way == "preload":
