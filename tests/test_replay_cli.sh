@@ -450,6 +450,30 @@ else
     not_ok "recurring moves get new pages" "${msg:-}"
 fi
 
+# ---- recurring moves are bounded: several blocks of one size ----------------
+# GPT-2's three 3 GiB logits share one size; replayed as under LD_PRELOAD with
+# the GPU keeping up, each landed where no pages were, one after another, and
+# each got new pages while the pages they left lay free: with vmm_margin:0.03
+# the heap grew to 1.375x the live peak, above the default margin's 1.088x.
+# New pages for recurring moves stop at (1 + 3 x vmm_margin) times the live
+# peak (1.09x here); a block size exceeds it by less than a block.
+nocache_gpt2=bench/traces/nocache/gpt2_nocache.trace.gz
+run recur_small --json --cudafree 0 --streams 32 --conf vmm:1,vmm_margin:0.03 "$nocache_gpt2"
+run recur_default --json --cudafree 0 --streams 32 --conf vmm:1 "$nocache_gpt2"
+if msg=$(python3 - "$TMP/recur_small.out" "$TMP/recur_default.out" <<'PY' 2>&1
+import json, sys
+small, default = (json.loads(open(p).readline()) for p in sys.argv[1:3])
+assert small["oom"] is None and default["oom"] is None, "out of memory"
+assert small["ratio"] <= 1.10, "vmm_margin:0.03 holds %.4fx the live peak" % small["ratio"]
+assert small["ratio"] <= default["ratio"] * 1.01, \
+    "vmm_margin:0.03 holds %.4fx, the default %.4fx" % (small["ratio"], default["ratio"])
+PY
+); then
+    ok "recurring moves stop getting new pages at (1 + 3 x vmm_margin) x live: gpt2_nocache at vmm_margin:0.03 within 1.10x, not above the default's"
+else
+    not_ok "recurring moves are bounded by the margin" "${msg:-}"
+fi
+
 # ---- vmm_page: larger pages move the same memory in fewer calls ---------------
 # GPT-2 at 1.05x its live peak (28,378,064,005 bytes) moves pages every step;
 # with 8 MiB pages it must move at least three times fewer, and still fit.
