@@ -724,14 +724,24 @@ static pthread_mutex_t report_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Writes every heap's report to path (%p expanded), with the pinned host
  * memory cache's statistics when the process ever used it (a job that never
  * did gets no such section). ask_device 0 makes no device call: at exit the
- * driver may be gone. */
+ * driver may be gone. While the program runs, the heaps are read under the
+ * runtime's lock: a device reset on another thread (cuh_runtime_drop_heap)
+ * destroys a heap only once it is out of rt.heaps. At exit no lock is
+ * taken: the thread that exits may hold it (a bad CUHEAP_CONF exits from
+ * under it), and nothing resets a device then. */
 static cuheap_status_t dump_all(const char *path, cuheap_report_format_t format, int ask_device)
 {
     cuh_heap_snapshot_t *snaps[CUH_MAX_DEVICES];
     size_t n = 0;
-    for (int d = 0; d < CUH_MAX_DEVICES; d++)
-        if (rt.heaps[d] && (snaps[n] = cuh_heap_snapshot(rt.heaps[d], ask_device)))
+    if (ask_device)
+        pthread_mutex_lock(&runtime_lock);
+    for (int d = 0; d < CUH_MAX_DEVICES; d++) {
+        cuh_heap_t *h = rt.heaps[d];
+        if (h && (snaps[n] = cuh_heap_snapshot(h, ask_device)))
             n++;
+    }
+    if (ask_device)
+        pthread_mutex_unlock(&runtime_lock);
     cuheap_host_stats_t host = {0};
     cuh_pinned_t *cache = rt.pinned;
     if (ask_device)
@@ -804,11 +814,23 @@ static cuheap_report_format_t format_for(const char *path)
  * written. */
 static int write_configured_report(int ask_device)
 {
-    if (!rt.reports_armed || getpid() != rt.reports_pid)
+    /* The path as configured, read under the lock while the program runs:
+     * after a device reset the program may configure again (cuheap_configure)
+     * while the SIGUSR1 writer or an out-of-memory writes (see dump_all for
+     * the exit). */
+    char path[sizeof rt.cfg.report];
+    if (ask_device)
+        pthread_mutex_lock(&runtime_lock);
+    int armed = rt.reports_armed && getpid() == rt.reports_pid;
+    if (armed)
+        memcpy(path, rt.cfg.report, sizeof path);
+    if (ask_device)
+        pthread_mutex_unlock(&runtime_lock);
+    if (!armed)
         return 0;
     char saved[CUH_ERROR_MAX];
     snprintf(saved, sizeof saved, "%s", cuh_get_error());   /* keep the caller's last error */
-    int written = dump_all(rt.cfg.report, format_for(rt.cfg.report), ask_device) == CUHEAP_OK;
+    int written = dump_all(path, format_for(path), ask_device) == CUHEAP_OK;
     if (!written)
         cuh_log("%s", cuh_get_error());
     cuh_set_error("%s", saved);
