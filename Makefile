@@ -1,8 +1,10 @@
-# cuheap - build menu. Out-of-tree build in build/ (sanitized copies in build/san/).
+# cuheap - build menu. Out-of-tree build in build/ (sanitized copies in build/san/
+# and build/tsan/).
 #
 #   make            library (build/libcuheap.so, build/libcuheap.a) and tools
 #   make demo       install what is missing, build, replay the bundled traces
-#   make test       every unit test, then again under AddressSanitizer + UBSan
+#   make test       every test, again under AddressSanitizer + UBSan, and the unit
+#                   tests under ThreadSanitizer
 #   make bench      heap and replay benchmarks on the simulated device (no GPU)
 #   make gpu-check  on a machine with a GPU: build the real device and test it
 #   make gpu-bench  on a machine with a GPU: allocation latency, event costs, training jobs
@@ -14,6 +16,7 @@ OPT     ?= -O2 -g
 WARN    := -Wall -Wextra -Wshadow -Wconversion -Wstrict-prototypes -Wmissing-prototypes -Werror
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -Iinclude -Isrc -pthread
 SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+TSAN    := -fsanitize=thread -fno-omit-frame-pointer
 
 # The library proper: what libcuheap.so is made of. No CUDA library and no
 # zlib are linked; the driver is loaded with dlopen at run time.
@@ -41,8 +44,10 @@ TOOL_OBJS     := $(TOOL_SRCS:src/%.c=$(BUILD)/obj/%.o)
 SAN_LIB_OBJS  := $(LIB_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
 SAN_HOOK_OBJS := $(HOOK_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
 SAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
+TSAN_LIB_OBJS := $(LIB_SRCS:src/%.c=$(BUILD)/tsan/obj/%.o)
+TSAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/tsan/obj/%.o)
 
-.PHONY: all lib tools demo test test-plain test-san preload-tests bench gpu-check gpu-bench deps deps-test clean
+.PHONY: all lib tools demo test test-plain test-san test-tsan preload-tests bench gpu-check gpu-bench deps deps-test clean
 all: lib tools
 
 lib: $(BUILD)/libcuheap.so $(BUILD)/libcuheap.a
@@ -58,8 +63,8 @@ $(JE_LIB):
 	@scripts/install-deps.sh
 	@scripts/build-jemalloc.sh $(JEMALLOC)
 
-$(BUILD)/obj/pinned.o $(BUILD)/san/obj/pinned.o: | $(JE_LIB)
-$(BUILD)/obj/pinned.o $(BUILD)/san/obj/pinned.o: CFLAGS_BASE += -isystem $(JEMALLOC)/include
+$(BUILD)/obj/pinned.o $(BUILD)/san/obj/pinned.o $(BUILD)/tsan/obj/pinned.o: | $(JE_LIB)
+$(BUILD)/obj/pinned.o $(BUILD)/san/obj/pinned.o $(BUILD)/tsan/obj/pinned.o: CFLAGS_BASE += -isystem $(JEMALLOC)/include
 
 $(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) include/cuheap.h
 	@mkdir -p $(dir $@)
@@ -68,6 +73,10 @@ $(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) include/cuheap.h
 $(BUILD)/san/obj/%.o: src/%.c $(wildcard src/*.h) include/cuheap.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -c $< -o $@
+
+$(BUILD)/tsan/obj/%.o: src/%.c $(wildcard src/*.h) include/cuheap.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -O1 -g $(TSAN) -c $< -o $@
 
 $(BUILD)/libcuheap.so: $(LIB_OBJS) $(HOOK_OBJS) src/exports.map $(JE_LIB)
 	$(CC) -shared -Wl,--version-script=src/exports.map -Wl,--exclude-libs,ALL -Wl,-z,defs -Wl,-z,nodelete -pthread \
@@ -93,6 +102,9 @@ $(BUILD)/san/libcuheap-asan.so: $(SAN_LIB_OBJS) $(SAN_HOOK_OBJS) src/exports.map
 $(BUILD)/san/libcuheap.a: $(SAN_LIB_OBJS) $(JE_LIB)
 	$(static_library)
 
+$(BUILD)/tsan/libcuheap.a: $(TSAN_LIB_OBJS) $(JE_LIB)
+	$(static_library)
+
 $(BUILD)/cuheap-replay: src/tools/replay.c src/tools/cli.h $(TOOL_OBJS) $(BUILD)/libcuheap.a
 	$(CC) $(CFLAGS_BASE) $(OPT) -o $@ $< $(TOOL_OBJS) $(BUILD)/libcuheap.a -lz -ldl -lm
 
@@ -106,7 +118,9 @@ $(BUILD)/san/cuheap-report: src/tools/report.c src/tools/cli.h $(SAN_TOOL_OBJS) 
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lz -ldl -lm
 
 # Tools and tests need zlib and cmocka; the library itself needs neither.
-$(TOOL_OBJS) $(SAN_TOOL_OBJS): | deps
+$(TOOL_OBJS) $(SAN_TOOL_OBJS) $(TSAN_TOOL_OBJS): | deps
+# Kept between runs (as intermediate files make would delete them).
+.SECONDARY: $(TSAN_TOOL_OBJS)
 
 # ---- tests ---------------------------------------------------------------
 $(BUILD)/tests/%: tests/%.c tests/test_util.h $(TOOL_OBJS) $(BUILD)/libcuheap.a
@@ -116,6 +130,10 @@ $(BUILD)/tests/%: tests/%.c tests/test_util.h $(TOOL_OBJS) $(BUILD)/libcuheap.a
 $(BUILD)/san/tests/%: tests/%.c tests/test_util.h $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -Wno-missing-prototypes -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lcmocka -lz -ldl -lm
+
+$(BUILD)/tsan/tests/%: tests/%.c tests/test_util.h $(TSAN_TOOL_OBJS) $(BUILD)/tsan/libcuheap.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -O1 -g $(TSAN) -Wno-missing-prototypes -o $@ $< $(TSAN_TOOL_OBJS) $(BUILD)/tsan/libcuheap.a -lcmocka -lz -ldl -lm
 
 # The real driver path runs in CI against a fake libcuda.so.1 (host memory for
 # device memory), found through the test binary's run path.
@@ -135,6 +153,10 @@ $(BUILD)/tests/test_device_cuda: tests/test_device_cuda.c tests/test_util.h $(TO
 $(BUILD)/san/tests/test_device_cuda: tests/test_device_cuda.c tests/test_util.h $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a $(FAKE_CUDA)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -Wno-missing-prototypes -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lcmocka -lz -ldl -lm $(FAKE_RPATH)
+
+$(BUILD)/tsan/tests/test_device_cuda: tests/test_device_cuda.c tests/test_util.h $(TSAN_TOOL_OBJS) $(BUILD)/tsan/libcuheap.a $(FAKE_CUDA)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -O1 -g $(TSAN) -Wno-missing-prototypes -o $@ $< $(TSAN_TOOL_OBJS) $(BUILD)/tsan/libcuheap.a -lcmocka -lz -ldl -lm $(FAKE_RPATH)
 
 # ---- LD_PRELOAD tests (tests/test_preload.sh) ------------------------------
 # A fake CUDA runtime that reaches the fake driver as the real one does, built
@@ -199,7 +221,7 @@ $(PRELOAD_DIR)/rtld_next: tests/preload/rtld_next.c $(PRELOAD_DIR)/libprobe_firs
 
 preload-tests: $(PRELOAD_PROGRAMS) $(FAKE_CUDA) $(FAKE_CUDART) $(BUILD)/libcuheap.so
 
-test: test-plain test-san
+test: test-plain test-san test-tsan
 
 test-plain: deps-test $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/cuheap-replay $(BUILD)/cuheap-report $(BUILD)/libcuheap.so \
             preload-tests
@@ -209,6 +231,12 @@ test-san: deps-test $(TESTS:%=$(BUILD)/san/tests/%) $(BUILD)/san/cuheap-replay $
           $(BUILD)/san/libcuheap-asan.so \
           preload-tests
 	@scripts/run-tests.sh $(BUILD)/san sanitized $(TESTS)
+
+# The unit tests again under ThreadSanitizer (the threads of the heap, its
+# thread caches, the pinned cache and the report writer): a data race fails
+# the run. The command-line tests run the tools, single-threaded, above.
+test-tsan: deps-test $(TESTS:%=$(BUILD)/tsan/tests/%)
+	@TSAN_OPTIONS="halt_on_error=1 exitcode=66 $${TSAN_OPTIONS:-}" UNIT_ONLY=1 scripts/run-tests.sh $(BUILD)/tsan threads $(TESTS)
 
 # ---- demo, benchmarks, GPU -----------------------------------------------
 demo: all
