@@ -1917,6 +1917,41 @@ static void test_vmm_prefers_a_fit_on_mapped_pages_to_moving_pages(void **state)
     test_heap_free(&t);
 }
 
+static void test_vmm_takes_a_fit_at_the_growth_edge_last(void **state)
+{
+    (void)state;
+    /* A (4 pages), B (3), C (4), D (2) from the bottom of the reservation;
+     * B and D are freed: a 3-page hole on mapped pages and 2 free pages at
+     * the top, below unused address space. A 2-page request fits D's place
+     * best by size, but a block there would pin the edge: it goes into B's
+     * hole, and a 5-page request then grows from D's free pages at the top,
+     * mapping 3 new pages where it would otherwise have mapped 5 above the
+     * pinned edge. */
+    test_heap_t t = test_heap_new(GiB, "vmm:1,small_max:0,vmm_margin:1");
+    uintptr_t a = must_alloc(t.heap, 8 * MiB, S1);
+    uintptr_t b = must_alloc(t.heap, 6 * MiB, S1);
+    uintptr_t c = must_alloc(t.heap, 8 * MiB, S1);
+    uintptr_t d = must_alloc(t.heap, 4 * MiB, S1);
+    assert_true(a < b && b < c && c < d);
+    must_free(t.heap, d, S1);
+    must_free(t.heap, b, S1);   /* last: a parked block of 4 MiB would serve the request below at once */
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    uintptr_t small = must_alloc(t.heap, 4 * MiB, S1);
+    assert_int_equal(small, b);   /* in the hole, not at the edge */
+    uintptr_t large = must_alloc(t.heap, 10 * MiB, S1);
+    assert_int_equal(large, d);   /* grows from the free pages at the top */
+    cuh_sim_counters(t.dev, &c1);
+    assert_int_equal(c1.vm_maps - c0.vm_maps, 3);
+    assert_int_equal(c1.vm_unmaps, c0.vm_unmaps);
+    heap_ok(t.heap);
+    must_free(t.heap, a, S1);
+    must_free(t.heap, c, S1);
+    must_free(t.heap, small, S1);
+    must_free(t.heap, large, S1);
+    test_heap_free(&t);
+}
+
 static void test_vmm_release_cached_returns_free_pages(void **state)
 {
     (void)state;
@@ -3146,6 +3181,7 @@ int main(void)
         cmocka_unit_test(test_a_new_slab_never_comes_from_a_streams_pending_frees),
         cmocka_unit_test(test_bits_all_set_agrees_with_a_bit_by_bit_model),
         cmocka_unit_test(test_vmm_a_streams_own_frees_move_before_the_gpu_passed_them),
+        cmocka_unit_test(test_vmm_takes_a_fit_at_the_growth_edge_last),
         cmocka_unit_test(test_vmm_release_cached_returns_free_pages),
         cmocka_unit_test(test_vmm_prefers_a_fit_on_mapped_pages_to_moving_pages),
         cmocka_unit_test(test_vmm_random_operations_keep_pages_behind_every_block),
