@@ -1947,9 +1947,10 @@ static int mapped_fits(const cuh_heap_t *h, const cuh_extent_t *e, size_t size)
  * mapped pages elsewhere serves instead, if there is one. Replays of the
  * plugin traces as on the H200 (cuheap-replay --lag 300 --conf vmm:1):
  * ResNet-50 6,190,792,704 bytes instead of 6,201,278,464 (expandable
- * segments: 6,192,889,856), llama_ckpt 1.0061x its live peak instead of
- * 1.0222; BERT 1.0120x instead of 1.0114, the bundled ResNet-50 trace
- * 1.0120x instead of 1.0092 (expandable segments: 1.0103). */
+ * segments: 6,192,889,856, and so did cuheap on the H200), llama_ckpt
+ * 1.0061x its live peak instead of 1.0222; BERT 1.0120x instead of 1.0114,
+ * the bundled ResNet-50 trace 1.0120x instead of 1.0092 (expandable
+ * segments: 1.0103). */
 static int at_growth_edge(const cuh_heap_t *h, const cuh_extent_t *e)
 {
     if (e->segment != h->vm)
