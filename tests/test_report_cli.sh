@@ -446,18 +446,27 @@ write("pinned_missing", lambda d: d["pinned_host"]["reserved"].pop("peak"))
 write("pinned_nokey", lambda d: d["pinned_host"].pop("chunk_size"))
 write("pinned_array", lambda d: d.update(pinned_host=[1, 2]))
 PY
-for case in "pinned_string:pinned_host\.num_waits: expected an unsigned integer, found a string" \
+# refused_naming WHAT CASE...: each CASE is NAME:PATTERN; cuheap-report on
+# $TMP/NAME.json must exit 1 with a message that names NAME.json and then
+# matches PATTERN (the place in the report and what is wrong there).
+refused_naming() {
+    local what=$1 case name
+    shift
+    for case in "$@"; do
+        name=${case%%:*}
+        run "$name" "$TMP/$name.json"
+        if [ "$rc" -eq 1 ] && grep -q "$name.json[:0-9]*: ${case#*:}" "$TMP/$name.err"; then
+            ok "$what: $(sed "s|$TMP/||" "$TMP/$name.err")"
+        else
+            not_ok "$what ($name)" "status $rc: $(cat "$TMP/$name.err")"
+        fi
+    done
+}
+refused_naming "a malformed pinned_host exits 1 naming the key" \
+    "pinned_string:pinned_host\.num_waits: expected an unsigned integer, found a string" \
     "pinned_missing:pinned_host\.reserved\.peak: missing" \
     "pinned_nokey:pinned_host\.chunk_size: missing" \
-    "pinned_array:pinned_host: expected an object, found an array"; do
-    name=${case%%:*}
-    run "$name" "$TMP/$name.json"
-    if [ "$rc" -eq 1 ] && grep -q "$name.json[:0-9]*: ${case#*:}" "$TMP/$name.err"; then
-        ok "a malformed pinned_host exits 1 naming the key: $(cat "$TMP/$name.err")"
-    else
-        not_ok "a malformed pinned_host ($name) exits 1 naming the key" "status $rc: $(cat "$TMP/$name.err")"
-    fi
-done
+    "pinned_array:pinned_host: expected an object, found an array"
 
 # Parts that contradict each other: refused, naming the place.
 python3 - "$TMP/oom.json" "$TMP" <<'PY'
@@ -491,22 +500,15 @@ write("c_time", order)
 write("c_reserved", lambda dev: dev["stats"]["reserved"].update(current=dev["stats"]["reserved"]["current"] + 512))
 write("c_live", lambda dev: dev["timeline"][3].update(live=dev["timeline"][3]["reserved"] + 1))
 PY
-for case in "c_gap:devices\[0\]\.segments\[2\]\.extents\[1\]: starts at 0x[0-9a-f]*, but the extent before it ends at" \
+refused_naming "parts that contradict each other exit 1 naming the place" \
+    "c_gap:devices\[0\]\.segments\[2\]\.extents\[1\]: starts at 0x[0-9a-f]*, but the extent before it ends at" \
     "c_short:devices\[0\]\.segments\[2\]\.extents: the extents end at 0x[0-9a-f]*, but the segment ends at" \
     "c_overlap:devices\[0\]\.segments\[3\]: starts at 0x[0-9a-f]*, before the segment listed before it ends" \
     "c_requested:devices\[0\]\.segments\[1\]\.extents\[[0-9]*\]: a block of [0-9]* bytes says [0-9]* were requested" \
     "c_mapped:devices\[0\]\.segments\[1\]: [0-9]* bytes mapped in a segment of [0-9]* bytes (a segment that is not" \
     "c_time:devices\[0\]\.timeline\[5\]: a sample at [-0-9.e]* s, before the sample listed before it" \
     "c_reserved:devices\[0\]\.stats\.reserved\.current: [0-9]* bytes, but the segments hold [0-9]*" \
-    "c_live:devices\[0\]\.timeline\[3\]: [0-9]* bytes live and [0-9]* cached of [0-9]* reserved"; do
-    name=${case%%:*}
-    run "$name" "$TMP/$name.json"
-    if [ "$rc" -eq 1 ] && grep -q "$name.json[:0-9]*: ${case#*:}" "$TMP/$name.err"; then
-        ok "parts that contradict each other exit 1 naming the place: $(sed "s|$TMP/||" "$TMP/$name.err")"
-    else
-        not_ok "parts that contradict each other ($name) exit 1 naming the place" "status $rc: $(cat "$TMP/$name.err")"
-    fi
-done
+    "c_live:devices\[0\]\.timeline\[3\]: [0-9]* bytes live and [0-9]* cached of [0-9]* reserved"
 
 run nofile "$TMP/no-such-report.json"
 if [ "$rc" -eq 1 ] && grep -q "no-such-report.json" "$TMP/nofile.err"; then
