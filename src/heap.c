@@ -117,8 +117,20 @@ typedef struct vm_drain_s {
 typedef struct kept_event_s {
     cuh_event_t event;
     cuh_stream_t stream;
-    int fresh;   /* recorded when kept: the newest of the heap's events on its stream then */
 } kept_event_t;
+
+/* An event recorded on the default stream behind the work a take-back left
+ * running, and the generation of the pages that take-back returned
+ * (take_back_all_locked). */
+typedef struct gen_event_s {
+    cuh_event_t event;
+    uint64_t gen;
+} gen_event_t;
+
+/* Take-backs whose work is followed one by one; beyond, the newest event
+ * stands for the take-backs after it too (one stream: a later event
+ * completes after an earlier one). */
+#define GEN_EVENTS_MAX 32
 
 /* A freed block held back: until every event in it has completed (streams
  * that used the block, from record_stream), or until its graph pool is
@@ -237,12 +249,23 @@ struct cuh_heap_s {
     size_t held_bytes;
     int took_back;               /* a batch came back early: new streams must wait (stream_joins_locked) */
     uint64_t allocs_at_take_back; /* num_allocs at the last take-back (take_back_all_locked) */
-    /* Under vmm:1, the events a take-back left running, and those recorded
-     * when other streams got memory before the GPU passed its frees
-     * (reuse_across_streams): that memory is theirs at once, but its pages
-     * may not be unmapped (steal_pages_locked) before these complete. */
+    /* Under vmm:1, the events recorded when other streams got memory before
+     * the GPU passed its frees (reuse_across_streams): that memory is theirs
+     * at once, but no page may be unmapped (steal_pages_locked) before these
+     * complete. */
     kept_event_t *unsettled;
     size_t num_unsettled, cap_unsettled;
+    /* Under vmm:1, a take-back that leaves work running stamps the pages of
+     * the blocks it returns with its generation (page_gen) and keeps an
+     * event that completes after that work, oldest first (gen_events). A
+     * page stamped above settled_gen may still be touched by the work
+     * before those frees and is not unmapped; the others move while later
+     * take-backs' work still runs (settled_gen_locked). */
+    gen_event_t gen_events[GEN_EVENTS_MAX];
+    size_t num_gen_events;
+    uint64_t take_back_gen;      /* the generation of the last take-back that left work running */
+    uint64_t settled_gen;        /* every take-back up to this generation has its work done */
+    uint64_t stamping_gen;       /* nonzero while a take-back returns its blocks (batch_finish_locked) */
     uint64_t allocs_at_close;    /* num_allocs when the last batch closed (batches_poll_locked) */
     double closed_at;            /* seconds_since(born) when the last batch closed (cuh_heap_poll) */
     size_t held_requested;
@@ -258,6 +281,7 @@ struct cuh_heap_s {
     size_t vm_page;
     uint64_t *page_handle;
     uint64_t *page_mapped;       /* bit i: page_handle[i] != 0 (ranges test 64 pages a word) */
+    uint64_t *page_gen;          /* the last take-back generation that returned memory on page i */
     size_t num_pages, mapped_pages;
     size_t physical_pages;       /* held: mapped, or in hand while moving */
     size_t pages_high;           /* no page at or above this index was ever mapped */
@@ -952,10 +976,10 @@ static size_t release_free_segments_locked(cuh_heap_t *h)
 
 static uintptr_t page_va(const cuh_heap_t *h, size_t p) { return h->vm->base + (uintptr_t)p * h->vm_page; }
 
-/* The work that blocks a take-back returned may still see: unmapping is not
- * stream-ordered, so no page of theirs may move before it is done. Drops
- * the events that have completed; with `wait`, the CPU waits for the rest.
- * 1 when none is left. */
+/* The work that memory handed to other streams early may still see
+ * (keep_until_done_locked): unmapping is not stream-ordered, so no page
+ * moves before it is done. Drops the events that have completed; with
+ * `wait`, the CPU waits for the rest. 1 when none is left. */
 static int settle_unsettled_locked(cuh_heap_t *h, int wait)
 {
     size_t kept = 0;
@@ -971,6 +995,36 @@ static int settle_unsettled_locked(cuh_heap_t *h, int wait)
     }
     h->num_unsettled = kept;
     return kept == 0;
+}
+
+/* The newest take-back generation whose running work has completed, and
+ * every older one's: pages stamped with it or below may be unmapped. Drops
+ * the completed events, oldest first (one stream: they complete in order);
+ * with `wait`, the CPU waits for the newest first. */
+static uint64_t settled_gen_locked(cuh_heap_t *h, int wait)
+{
+    if (wait && h->num_gen_events)
+        cpu_wait_event(h, h->gen_events[h->num_gen_events - 1].event);
+    size_t done = 0;
+    while (done < h->num_gen_events && h->dev->ops->event_query(h->dev, h->gen_events[done].event) == CUH_DEV_OK) {
+        h->settled_gen = h->gen_events[done].gen;
+        event_put_locked(h, h->gen_events[done++].event);
+    }
+    h->num_gen_events -= done;
+    memmove(h->gen_events, h->gen_events + done, h->num_gen_events * sizeof *h->gen_events);
+    return h->settled_gen;
+}
+
+/* Stamps every page that [addr, addr + size) touches with the generation of
+ * the take-back returning it, if it lies in the reservation. */
+static void stamp_pages_locked(cuh_heap_t *h, uintptr_t addr, size_t size)
+{
+    if (!h->vm || addr < h->vm->base || addr - h->vm->base >= h->vm->size)
+        return;
+    size_t first = (size_t)(addr - h->vm->base) / h->vm_page;
+    size_t end = (size_t)(addr + size - h->vm->base + h->vm_page - 1) / h->vm_page;
+    for (size_t p = first; p < end; p++)
+        h->page_gen[p] = h->stamping_gen;
 }
 
 /* The pages [*first, *end) of the reservation that lie wholly inside free
@@ -1037,7 +1091,8 @@ static int drains_poll_locked(cuh_heap_t *h, int wait)
  * recorded on `own` now has completed. Without this a busy GPU leaves a
  * stream's recent frees unmovable: the CPU waits for them, or the heap
  * takes new pages. Returns how many. */
-static size_t lend_own_pages_locked(cuh_heap_t *h, stream_state_t *own, uint64_t *out, size_t want)
+static size_t lend_own_pages_locked(cuh_heap_t *h, stream_state_t *own, uint64_t *out, size_t want,
+                                    uint64_t settled)
 {
     if (!own || own->tag == CUH_TAG_GLOBAL || own->retired || h->captures || !want)
         return 0;
@@ -1051,12 +1106,12 @@ static size_t lend_own_pages_locked(cuh_heap_t *h, stream_state_t *own, uint64_t
         pages_inside_extent(h, e, &p, &end);
         cuh_extent_t *rest = e;   /* the free part still after the runs carved */
         while (p < end && got < want) {
-            if (!h->page_handle[p]) {
+            if (!h->page_handle[p] || h->page_gen[p] > settled) {
                 p++;
                 continue;
             }
             size_t run = p;
-            while (run < end && run - p < want - got && h->page_handle[run])
+            while (run < end && run - p < want - got && h->page_handle[run] && h->page_gen[run] <= settled)
                 run++;
             if (!d) {
                 d = malloc(sizeof *d + want * sizeof d->extents[0]);
@@ -1105,19 +1160,21 @@ static size_t lend_own_pages_locked(cuh_heap_t *h, stream_state_t *own, uint64_t
  * reservation; their physical pages go to out[]. Then, for a block of
  * stream `own`, up to `lend_max` pages its own recent frees lend
  * (lend_own_pages_locked), after the others in out[], their count added to
- * *lent. Returns how many in all. While work a take-back left running may
- * still see some of the global memory, none of it unless `may_wait` (then
- * the CPU waits for that work first): the caller gets new pages instead. */
+ * *lent. Returns how many in all. Pages work a take-back left running may
+ * still touch (page_gen) are left where they are unless `may_wait` (then
+ * the CPU waits for that work first); while other streams' work may touch
+ * memory handed over early (unsettled), no page moves unless `may_wait`. */
 static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want, int may_wait, stream_state_t *own,
                                  size_t lend_max, size_t *lent)
 {
     size_t n;
-    /* While work a take-back left running may still touch memory, nothing
-     * is lent either: the stream's own frees may hold such memory (it is
-     * ordered behind the take-back's GPU-side waits, but the heap does not
-     * lean on that). */
+    /* Neither are pages lent while work may still touch them: the stream's
+     * own frees may hold such memory (its work is ordered behind the
+     * take-back's or hand-over's GPU-side waits, but the heap does not lean
+     * on that). */
     if (h->num_unsettled && !settle_unsettled_locked(h, may_wait))
         return 0;
+    const uint64_t settled = h->num_gen_events ? settled_gen_locked(h, may_wait) : h->settled_gen;
     size_t got = 0, page = h->vm_page;
     /* Oldest free memory first: the newest is the likeliest to be reused soon,
      * and taking its pages would only move them back again. */
@@ -1127,7 +1184,7 @@ static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want, int 
         size_t first, end;
         pages_inside_extent(h, e, &first, &end);
         for (size_t p = first; p < end && got < want; p++) {
-            if (!h->page_handle[p])
+            if (!h->page_handle[p] || h->page_gen[p] > settled)
                 continue;
             if (h->dev->ops->vm_unmap(h->dev, page_va(h, p), page) != CUH_DEV_OK) {
                 cuh_log("device %d: %s", h->dev->ordinal, h->dev->last_error);
@@ -1136,7 +1193,7 @@ static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want, int 
             page_leave_locked(h, p, &out[got++]);
         }
     }
-    n = lend_own_pages_locked(h, own, out + got, cuh_min_size(want - got, lend_max));
+    n = lend_own_pages_locked(h, own, out + got, cuh_min_size(want - got, lend_max), settled);
     *lent += n;
     return got + n;
 }
@@ -1619,19 +1676,16 @@ static uint64_t covered_streams_locked(const cuh_heap_t *h) { return (uint64_t)h
 /* 1 if the heap knows a live stream besides the default stream. */
 static int other_streams_locked(const cuh_heap_t *h) { return h->live_other_streams != 0; }
 
-/* Keeps `e`, recorded on `stream`, until it completes
- * (settle_unsettled_locked). Work on a stream completes in order, so a
- * `fresh` event (recorded just now) stands for every event kept for its
- * stream and takes their place. A take-back's event stands for the one an
- * earlier take-back kept for its stream (a later batch's event is the later
- * one) but not for a fresh one, which may be newer: both are kept, so at
- * most two per stream. If there is no room to keep it, waits for it now. */
-static void unsettled_add_locked(cuh_heap_t *h, cuh_event_t e, cuh_stream_t stream, int fresh)
+/* Keeps `e`, recorded on `stream` just now, until it completes
+ * (settle_unsettled_locked). Work on a stream completes in order, so it
+ * stands for every event kept for its stream and takes their place: at most
+ * one per stream. If there is no room to keep it, waits for it now. */
+static void unsettled_add_locked(cuh_heap_t *h, cuh_event_t e, cuh_stream_t stream)
 {
     size_t kept = 0;
     for (size_t i = 0; i < h->num_unsettled; i++) {
         kept_event_t *k = &h->unsettled[i];
-        if (k->stream == stream && (fresh || !k->fresh))
+        if (k->stream == stream)
             event_put_locked(h, k->event);   /* the new one stands for it */
         else
             h->unsettled[kept++] = *k;
@@ -1648,7 +1702,34 @@ static void unsettled_add_locked(cuh_heap_t *h, cuh_event_t e, cuh_stream_t stre
         h->unsettled = grown;
         h->cap_unsettled = cap;
     }
-    h->unsettled[h->num_unsettled++] = (kept_event_t){e, stream, fresh};
+    h->unsettled[h->num_unsettled++] = (kept_event_t){e, stream};
+}
+
+/* Opens take-back generation take_back_gen + 1 for the blocks a take-back
+ * returns while work issued before their frees may still run: an event
+ * recorded now on the default stream, which the take-back made wait for
+ * that work (order_streams_after_locked; without other streams the work is
+ * its own), completes after it. 0 if none could be recorded. */
+static int gen_open_locked(cuh_heap_t *h)
+{
+    cuh_event_t e = event_get_locked(h);
+    if (!e || h->dev->ops->event_record(h->dev, e, 0) != CUH_DEV_OK) {
+        if (e)
+            event_put_locked(h, e);
+        return 0;
+    }
+    if (h->num_gen_events)
+        (void)settled_gen_locked(h, 0);   /* drop those done */
+    const uint64_t gen = h->take_back_gen + 1;
+    if (h->num_gen_events == GEN_EVENTS_MAX) {
+        /* The newest stands for the one it replaces, and for its generation. */
+        event_put_locked(h, h->gen_events[GEN_EVENTS_MAX - 1].event);
+        h->gen_events[GEN_EVENTS_MAX - 1] = (gen_event_t){e, gen};
+    } else {
+        h->gen_events[h->num_gen_events++] = (gen_event_t){e, gen};
+    }
+    h->take_back_gen = h->stamping_gen = gen;
+    return 1;
 }
 
 /* Orders the work every live stream (and the default stream) is given from
@@ -1746,13 +1827,16 @@ static int take_back_all_locked(cuh_heap_t *h)
             for (free_batch_t *b = h->closed_batches; b; b = b->next)
                 events_done_locked(h, b->events, &b->num_events, 1);
         } else if (h->vm) {
-            /* Keep the running events until they complete: no page of these
-             * blocks may be unmapped before. */
+            /* No page of these blocks may be unmapped before the running
+             * work is done: their pages are stamped with a new generation
+             * as the batches finish below (gen_open_locked). */
+            int any_running = 0;
             for (size_t e = 0; e < n; e++)
-                if (running[e]) {
-                    unsettled_add_locked(h, *running[e], where[e], 0);
-                    *running[e] = NULL;
-                }
+                any_running |= running[e] != NULL;
+            if (any_running && !gen_open_locked(h))
+                for (size_t e = 0; e < n; e++)
+                    if (running[e])
+                        cpu_wait_event(h, *running[e]);   /* no event: the CPU waits instead */
         }
         free(running);
         free(where);
@@ -1762,6 +1846,7 @@ static int take_back_all_locked(cuh_heap_t *h)
         h->closed_batches = oldest->next;
         batch_finish_locked(h, oldest);
     }
+    h->stamping_gen = 0;
     h->took_back = 1;
     h->allocs_at_take_back = h->num_allocs;
     return 1;
@@ -1781,7 +1866,7 @@ static int keep_until_done_locked(cuh_heap_t *h, stream_state_t *st)
             event_put_locked(h, done);
         return 0;
     }
-    unsettled_add_locked(h, done, st->handle, 1);
+    unsettled_add_locked(h, done, st->handle);
     return 1;
 }
 
@@ -3172,6 +3257,7 @@ void cuh_heap_destroy(cuh_heap_t *h)
     }
     free(h->page_handle);
     free(h->page_mapped);
+    free(h->page_gen);
     cuh_arena_destroy(&h->arena);
     cuh_ptrmap_destroy(&h->blocks);
     cuh_pagemap_destroy(&h->pages);
@@ -3180,6 +3266,8 @@ void cuh_heap_destroy(cuh_heap_t *h)
     for (size_t i = 0; i < h->num_unsettled; i++)
         h->dev->ops->event_destroy(h->dev, h->unsettled[i].event);
     free(h->unsettled);
+    for (size_t i = 0; i < h->num_gen_events; i++)
+        h->dev->ops->event_destroy(h->dev, h->gen_events[i].event);
     for (cuh_heap_fence_t *f = h->fences, *next; f; f = next) {
         next = f->next;
         for (size_t i = 0; i < f->num_events; i++)
@@ -3298,13 +3386,16 @@ static void start_vm_locked(cuh_heap_t *h)
     }
     h->page_handle = calloc(size / page, sizeof *h->page_handle);
     h->page_mapped = calloc((size / page + 63) / 64, sizeof *h->page_mapped);
-    cuh_segment_t *seg = h->page_handle && h->page_mapped
+    h->page_gen = calloc(size / page, sizeof *h->page_gen);
+    cuh_segment_t *seg = h->page_handle && h->page_mapped && h->page_gen
                              ? cuh_arena_add_segment(&h->arena, va, size, CUH_REGION_GENERAL) : NULL;
     if (!seg) {
         free(h->page_handle);
         free(h->page_mapped);
+        free(h->page_gen);
         h->page_handle = NULL;
         h->page_mapped = NULL;
+        h->page_gen = NULL;
         h->dev->ops->vm_unreserve(h->dev, va, size);
         cuh_log("device %d: out of host memory for vmm:1; using plain segments", h->dev->ordinal);
         return;
@@ -3679,6 +3770,8 @@ static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch)
     for (size_t i = 0; i < batch->num_entries; i++) {
         const batch_entry_t *x = &batch->entries[i];
         live_block_t b;
+        if (cuh_unlikely(h->stamping_gen))
+            stamp_pages_locked(h, x->addr, x->size);
         if (unhold_locked(h, x->addr, x->size, x->requested, &b))
             release_block_global_locked(h, &b, x->addr);
     }

@@ -640,6 +640,63 @@ static void test_vmm_pages_of_taken_back_memory_move_only_after_their_work(void 
     }
 }
 
+/* 1 if every page of [addr, addr + size) has a physical page mapped. */
+static int all_pages_mapped(cuh_device_t *dev, uintptr_t addr, size_t size)
+{
+    for (uintptr_t va = addr; va < addr + size; va += 2 * MiB)
+        if (!cuh_sim_handle_at(dev, va))
+            return 0;
+    return 1;
+}
+
+/* The pages a take-back returns wait for the work issued before their frees,
+ * but only they: memory an earlier take-back returned, whose work is done,
+ * moves while a later take-back's work still runs. Without this a program
+ * under LD_PRELOAD whose GPU runs behind (a take-back every few cudaMallocs)
+ * would never move a page and would only grow. */
+static void test_vmm_pages_move_while_a_later_take_back_runs(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, "vmm:1,vmm_margin:0,small_max:0");
+    cuh_sim_hold_events(t.dev, 1);
+    uintptr_t a, b, c, d, v, w, y, z;
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 32 * MiB, &a), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 32 * MiB, &b), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 32 * MiB, &c), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 32 * MiB, &d), CUHEAP_OK);
+    assert_true(b == a + 32 * MiB && c == b + 32 * MiB && d == c + 32 * MiB);
+    /* a comes back by a take-back (v is cut from its hole), and the GPU then
+     * passes its free. */
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 2 * MiB, &v), CUHEAP_OK);
+    assert_true(v >= a && v < b);
+    cuh_sim_complete_all(t.dev);
+    /* c comes back by a take-back while the work before its free may run. */
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, c), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 2 * MiB, &w), CUHEAP_OK);
+    assert_true(w >= a && w < b);   /* the smaller hole */
+    /* y fits neither hole: beyond d, on pages moved from a's hole, not c's. */
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &y), CUHEAP_OK);
+    cuh_sim_counters(t.dev, &c1);
+    assert_true(y >= d + 32 * MiB);
+    assert_true(c1.vm_unmaps > c0.vm_unmaps);
+    assert_false(all_pages_mapped(t.dev, a + 4 * MiB, 28 * MiB));
+    assert_true(all_pages_mapped(t.dev, c, 32 * MiB));
+    assert_int_equal(c1.event_waits, c0.event_waits);   /* the CPU never waited */
+    /* Once the GPU has passed c's free, its pages move too. */
+    cuh_sim_complete_all(t.dev);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &z), CUHEAP_OK);
+    assert_false(all_pages_mapped(t.dev, c, 32 * MiB));
+    uintptr_t blocks[] = {b, d, v, w, y, z};
+    for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++)
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, blocks[i]), CUHEAP_OK);
+    heap_ok(t.heap);
+    cuh_sim_complete_all(t.dev);
+    test_heap_free(&t);
+}
+
 /* Peer access under vmm:1: the pages mapped when it is enabled and every page
  * mapped later are made accessible to the peer; a heap without virtual memory
  * needs nothing (CUDA grants peers plain allocations itself). */
@@ -3201,6 +3258,7 @@ int main(void)
         cmocka_unit_test(test_poll_sends_a_rationed_batch_out),
         cmocka_unit_test(test_allow_peer_grants_mapped_and_later_pages),
         cmocka_unit_test(test_vmm_pages_of_taken_back_memory_move_only_after_their_work),
+        cmocka_unit_test(test_vmm_pages_move_while_a_later_take_back_runs),
         cmocka_unit_test(test_vmm_takes_cudafree_memory_back_before_new_pages),
         cmocka_unit_test(test_concurrent_threads_never_share_memory),
         cmocka_unit_test(test_parked_block_returns_to_a_same_size_request_on_its_stream),
