@@ -674,6 +674,16 @@ void cuh_sim_complete_stream(cuh_device_t *dev, cuh_stream_t stream)
     pthread_mutex_unlock(&s->lock);
 }
 
+void cuh_sim_complete_stream_upto(cuh_device_t *dev, cuh_stream_t stream, uint64_t pos)
+{
+    sim_device_t *s = sim_of(dev);
+    pthread_mutex_lock(&s->lock);
+    sim_stream_t *st = stream_state(s, stream);
+    if (st && pos > st->completed && pos <= st->recorded)
+        st->completed = pos;
+    pthread_mutex_unlock(&s->lock);
+}
+
 uint64_t cuh_sim_enqueue_work(cuh_device_t *dev, cuh_stream_t stream)
 {
     sim_device_t *s = sim_of(dev);

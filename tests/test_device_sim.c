@@ -350,6 +350,33 @@ static void test_held_event_waits_for_its_own_stream(void **state)
     d->ops->destroy(d);
 }
 
+/* Completing a stream up to a position completes what was recorded up to
+ * it there and nothing after; a position already passed changes nothing. */
+static void test_complete_upto_completes_a_prefix_of_its_stream(void **state)
+{
+    (void)state;
+    cuh_device_t *d = sim_new(GiB, 0);
+    cuh_sim_hold_events(d, 1);
+    const cuh_stream_t s1 = 0x1111;
+    cuh_event_t before = new_event(d), after = new_event(d), other = new_event(d);
+    assert_int_equal(d->ops->event_record(d, before, s1), CUH_DEV_OK);
+    uint64_t pos = cuh_sim_enqueue_work(d, s1);
+    assert_int_equal(d->ops->event_record(d, after, s1), CUH_DEV_OK);
+    assert_int_equal(d->ops->event_record(d, other, 0), CUH_DEV_OK);
+    cuh_sim_complete_stream_upto(d, s1, pos);
+    assert_int_equal(d->ops->event_query(d, before), CUH_DEV_OK);
+    assert_int_equal(d->ops->event_query(d, after), CUH_DEV_NOT_READY);
+    assert_int_equal(d->ops->event_query(d, other), CUH_DEV_NOT_READY);
+    cuh_sim_complete_stream_upto(d, s1, pos - 1);   /* already passed */
+    assert_int_equal(d->ops->event_query(d, after), CUH_DEV_NOT_READY);
+    cuh_sim_complete_stream(d, s1);
+    assert_int_equal(d->ops->event_query(d, after), CUH_DEV_OK);
+    d->ops->event_destroy(d, before);
+    d->ops->event_destroy(d, after);
+    d->ops->event_destroy(d, other);
+    d->ops->destroy(d);
+}
+
 static void test_complete_all_and_synchronize_complete_every_stream(void **state)
 {
     (void)state;
@@ -557,6 +584,7 @@ int main(void)
         cmocka_unit_test(test_devices_with_different_ordinals_give_disjoint_addresses),
         cmocka_unit_test(test_without_hold_recorded_event_completes_at_once),
         cmocka_unit_test(test_held_event_waits_for_its_own_stream),
+        cmocka_unit_test(test_complete_upto_completes_a_prefix_of_its_stream),
         cmocka_unit_test(test_complete_all_and_synchronize_complete_every_stream),
         cmocka_unit_test(test_event_wait_completes_earlier_events_of_its_stream_only),
         cmocka_unit_test(test_work_done_means_what_it_waited_for_is_done),

@@ -697,6 +697,48 @@ static void test_vmm_pages_move_while_a_later_take_back_runs(void **state)
     test_heap_free(&t);
 }
 
+/* A take-back's pages wait for its own event even when more take-backs run
+ * at once than the heap follows one by one: the GPU passes the first N - 3
+ * of N take-backs, and the pages the last three returned must stay where
+ * they are while every other free page moves. (An event that stood for
+ * later take-backs than its own would let those pages go early.) */
+static void test_vmm_many_running_take_backs_keep_each_ones_pages(void **state)
+{
+    (void)state;
+    enum { N = 100 };
+    test_heap_t t = test_heap_new(GiB, "vmm:1,vmm_margin:0,small_max:0");
+    cuh_sim_hold_events(t.dev, 1);
+    uintptr_t x[N + 1], trigger[N], y;
+    for (int i = 0; i <= N; i++)
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 4 * MiB, &x[i]), CUHEAP_OK);
+    assert_true(x[0] % (2 * MiB) == 0 && x[N] == x[0] + (uintptr_t)N * 4 * MiB);
+    uint64_t passed = 0;
+    for (int i = 0; i < N; i++) {
+        /* Take-back i + 1 returns x[i]; its trigger is cut from x[0]'s hole. */
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, x[i]), CUHEAP_OK);
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 512, &trigger[i]), CUHEAP_OK);
+        assert_true(trigger[i] >= x[0] && trigger[i] < x[0] + 2 * MiB);
+        if (i == N - 4)
+            passed = cuh_sim_enqueue_work(t.dev, 0);
+    }
+    cuh_sim_complete_stream_upto(t.dev, 0, passed);
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    /* More pages than are free: every page that may move does. */
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 512 * MiB, &y), CUHEAP_OK);
+    cuh_sim_counters(t.dev, &c1);
+    assert_false(all_pages_mapped(t.dev, x[1], 4 * MiB));
+    assert_true(all_pages_mapped(t.dev, x[N - 3], 12 * MiB));
+    assert_int_equal(c1.event_waits, c0.event_waits);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, trigger[i]), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, x[N]), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, y), CUHEAP_OK);
+    heap_ok(t.heap);
+    cuh_sim_complete_all(t.dev);
+    test_heap_free(&t);
+}
+
 /* Peer access under vmm:1: the pages mapped when it is enabled and every page
  * mapped later are made accessible to the peer; a heap without virtual memory
  * needs nothing (CUDA grants peers plain allocations itself). */
@@ -3259,6 +3301,7 @@ int main(void)
         cmocka_unit_test(test_allow_peer_grants_mapped_and_later_pages),
         cmocka_unit_test(test_vmm_pages_of_taken_back_memory_move_only_after_their_work),
         cmocka_unit_test(test_vmm_pages_move_while_a_later_take_back_runs),
+        cmocka_unit_test(test_vmm_many_running_take_backs_keep_each_ones_pages),
         cmocka_unit_test(test_vmm_takes_cudafree_memory_back_before_new_pages),
         cmocka_unit_test(test_concurrent_threads_never_share_memory),
         cmocka_unit_test(test_parked_block_returns_to_a_same_size_request_on_its_stream),
