@@ -265,7 +265,6 @@ struct cuh_heap_s {
     size_t num_gen_events;
     uint64_t take_back_gen;      /* the generation of the last take-back that left work running */
     uint64_t settled_gen;        /* every take-back up to this generation has its work done */
-    uint64_t stamping_gen;       /* nonzero while a take-back returns its blocks (batch_finish_locked) */
     uint64_t allocs_at_close;    /* num_allocs when the last batch closed (batches_poll_locked) */
     double closed_at;            /* seconds_since(born) when the last batch closed (cuh_heap_poll) */
     size_t held_requested;
@@ -795,7 +794,7 @@ static int fence_others_locked(cuh_heap_t *h, const stream_state_t *except, size
 }
 
 static void batch_close_locked(cuh_heap_t *h);
-static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch);
+static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch, uint64_t gen);
 static void tcache_flush_locked(cuh_heap_t *h);
 
 /* Makes all freed memory global, what thread caches hold included: fence
@@ -1015,16 +1014,24 @@ static uint64_t settled_gen_locked(cuh_heap_t *h, int wait)
     return h->settled_gen;
 }
 
-/* Stamps every page that [addr, addr + size) touches with the generation of
- * the take-back returning it, if it lies in the reservation. */
-static void stamp_pages_locked(cuh_heap_t *h, uintptr_t addr, size_t size)
+/* The pages [*first, *end) of the reservation that [addr, addr + size)
+ * touches, wholly or in part (size > 0). */
+static void pages_touched(const cuh_heap_t *h, uintptr_t addr, size_t size, size_t *first, size_t *end)
+{
+    *first = (size_t)(addr - h->vm->base) / h->vm_page;
+    *end = (size_t)(addr + size - h->vm->base + h->vm_page - 1) / h->vm_page;
+}
+
+/* Stamps every page that [addr, addr + size) touches with generation `gen`
+ * of the take-back returning it, if it lies in the reservation. */
+static void stamp_pages_locked(cuh_heap_t *h, uintptr_t addr, size_t size, uint64_t gen)
 {
     if (!h->vm || addr < h->vm->base || addr - h->vm->base >= h->vm->size)
         return;
-    size_t first = (size_t)(addr - h->vm->base) / h->vm_page;
-    size_t end = (size_t)(addr + size - h->vm->base + h->vm_page - 1) / h->vm_page;
+    size_t first, end;
+    pages_touched(h, addr, size, &first, &end);
     for (size_t p = first; p < end; p++)
-        h->page_gen[p] = h->stamping_gen;
+        h->page_gen[p] = gen;
 }
 
 /* The pages [*first, *end) of the reservation that lie wholly inside free
@@ -1174,7 +1181,7 @@ static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want, int 
      * on that). */
     if (h->num_unsettled && !settle_unsettled_locked(h, may_wait))
         return 0;
-    const uint64_t settled = h->num_gen_events ? settled_gen_locked(h, may_wait) : h->settled_gen;
+    const uint64_t settled = settled_gen_locked(h, may_wait);
     size_t got = 0, page = h->vm_page;
     /* Oldest free memory first: the newest is the likeliest to be reused soon,
      * and taking its pages would only move them back again. */
@@ -1263,9 +1270,8 @@ static int mover_recurs_locked(cuh_heap_t *h, size_t pages, int moved)
  * are mapped; 0 with *why (the device or the limit refused, or an error). */
 static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_state_t *st, grow_result_t *why)
 {
-    size_t page = h->vm_page;
-    size_t first = (size_t)(addr - h->vm->base) / page;
-    size_t end = (size_t)(addr + size - h->vm->base + page - 1) / page;
+    size_t page = h->vm_page, first, end;
+    pages_touched(h, addr, size, &first, &end);
     size_t need = 0, whole = 0;
     *why = GROW_OK;
     for (size_t p = first; p < end; p++)
@@ -1392,10 +1398,9 @@ static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_s
  * 1,536 pages of 2 MiB. */
 static int needs_pages_locked(const cuh_heap_t *h, uintptr_t addr, size_t size)
 {
-    size_t page = h->vm_page;
-    size_t first = (size_t)(addr - h->vm->base) / page;
-    size_t last = (size_t)(addr + size - h->vm->base + page - 1) / page - 1;   /* size > 0 */
-    return !cuh_bits_all_set(h->page_mapped, first, last);
+    size_t first, end;
+    pages_touched(h, addr, size, &first, &end);
+    return !cuh_bits_all_set(h->page_mapped, first, end - 1);
 }
 
 /* Returns to the device every page lying wholly inside global free memory
@@ -1709,8 +1714,9 @@ static void unsettled_add_locked(cuh_heap_t *h, cuh_event_t e, cuh_stream_t stre
  * returns while work issued before their frees may still run: an event
  * recorded now on the default stream, which the take-back made wait for
  * that work (order_streams_after_locked; without other streams the work is
- * its own), completes after it. 0 if none could be recorded. */
-static int gen_open_locked(cuh_heap_t *h)
+ * its own), completes after it. Returns the generation, 0 if no event could
+ * be recorded. */
+static uint64_t gen_open_locked(cuh_heap_t *h)
 {
     cuh_event_t e = event_get_locked(h);
     if (!e || h->dev->ops->event_record(h->dev, e, 0) != CUH_DEV_OK) {
@@ -1718,8 +1724,7 @@ static int gen_open_locked(cuh_heap_t *h)
             event_put_locked(h, e);
         return 0;
     }
-    if (h->num_gen_events)
-        (void)settled_gen_locked(h, 0);   /* drop those done */
+    (void)settled_gen_locked(h, 0);   /* drop those done */
     const uint64_t gen = h->take_back_gen + 1;
     if (h->num_gen_events == GEN_EVENTS_MAX) {
         /* The newest stands for the one it replaces, and for its generation. */
@@ -1728,8 +1733,8 @@ static int gen_open_locked(cuh_heap_t *h)
     } else {
         h->gen_events[h->num_gen_events++] = (gen_event_t){e, gen};
     }
-    h->take_back_gen = h->stamping_gen = gen;
-    return 1;
+    h->take_back_gen = gen;
+    return gen;
 }
 
 /* Orders the work every live stream (and the default stream) is given from
@@ -1800,6 +1805,7 @@ static int take_back_all_locked(cuh_heap_t *h)
         return 0;
     batch_close_locked(h);   /* may finish it at once */
     const int others = other_streams_locked(h);
+    uint64_t stamp = 0;   /* the generation of the blocks returned before their work is done */
     if (h->closed_batches && (others || h->vm)) {
         /* The newest event of each stream (batches are oldest first, so a
          * later one takes its stream's place); NULL once it has completed. */
@@ -1833,7 +1839,7 @@ static int take_back_all_locked(cuh_heap_t *h)
             int any_running = 0;
             for (size_t e = 0; e < n; e++)
                 any_running |= running[e] != NULL;
-            if (any_running && !gen_open_locked(h))
+            if (any_running && !(stamp = gen_open_locked(h)))
                 for (size_t e = 0; e < n; e++)
                     if (running[e])
                         cpu_wait_event(h, *running[e]);   /* no event: the CPU waits instead */
@@ -1844,9 +1850,8 @@ static int take_back_all_locked(cuh_heap_t *h)
     while (h->closed_batches) {
         free_batch_t *oldest = h->closed_batches;
         h->closed_batches = oldest->next;
-        batch_finish_locked(h, oldest);
+        batch_finish_locked(h, oldest, stamp);
     }
-    h->stamping_gen = 0;
     h->took_back = 1;
     h->allocs_at_take_back = h->num_allocs;
     return 1;
@@ -3764,20 +3769,21 @@ static void release_block_global_locked(cuh_heap_t *h, const live_block_t *b, ui
     slab_object_home_locked(h, addr);
 }
 
-/* The batch's events have all completed: its blocks become global. */
-static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch)
+/* The batch's events have all completed, or a take-back returns its blocks
+ * early: they become global. A nonzero `gen` is that take-back's generation
+ * (gen_open_locked), stamped on their pages. */
+static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch, uint64_t gen)
 {
     for (size_t i = 0; i < batch->num_entries; i++) {
         const batch_entry_t *x = &batch->entries[i];
         live_block_t b;
-        if (cuh_unlikely(h->stamping_gen))
-            stamp_pages_locked(h, x->addr, x->size);
+        if (cuh_unlikely(gen))
+            stamp_pages_locked(h, x->addr, x->size, gen);
         if (unhold_locked(h, x->addr, x->size, x->requested, &b))
             release_block_global_locked(h, &b, x->addr);
     }
     for (size_t i = 0; i < batch->num_events; i++)
-        if (batch->events[i])   /* NULL: kept by a take-back (unsettled) */
-            event_put_locked(h, batch->events[i]);
+        event_put_locked(h, batch->events[i]);
     free(batch->events);
     free(batch->event_streams);
     free(batch->entries);
@@ -3813,7 +3819,7 @@ static void batch_close_locked(cuh_heap_t *h)
     }
     if (synced) {
         cpu_wait_device(h);
-        batch_finish_locked(h, batch);
+        batch_finish_locked(h, batch, 0);
         return;
     }
     free_batch_t **tail = &h->closed_batches;
@@ -3838,7 +3844,7 @@ static int batches_poll_locked(cuh_heap_t *h, int wait)
             continue;
         }
         *p = batch->next;
-        batch_finish_locked(h, batch);
+        batch_finish_locked(h, batch, 0);
         any = 1;
     }
     /* A close records an event on every known stream: with other streams
