@@ -194,6 +194,14 @@ typedef struct live_block_s {
 /* How many block sizes the heap follows for recurring page moves. */
 #define MOVERS 16
 
+/* Geometric growth (segment_size_for) stops at this size: a larger segment
+ * was sized to the one request it was made for. */
+#define GROW_CAP CUH_GiB
+
+/* How many sizes of such segments, released idle to make room for a larger
+ * one, the heap remembers (see "a huge size comes back"). */
+#define RELEASED_HUGE_MAX 8
+
 struct cuh_heap_s {
     /* The lock has its cache lines to itself (two: a core may fetch lines
      * in pairs): waiters spin reading it, and every read takes the line
@@ -293,6 +301,11 @@ struct cuh_heap_s {
         uint8_t seen;            /* mappings recorded, up to 255 */
     } movers[MOVERS];
     unsigned movers_next;        /* the entry a new size takes */
+    /* Sizes of segments larger than GROW_CAP released idle before a growth
+     * (release_idle_segments_locked), 0 when taken; next: the entry the
+     * next one takes. */
+    size_t released_huge[RELEASED_HUGE_MAX];
+    unsigned released_huge_next;
     /* Pages a stream's own recent frees lent to its next block before the
      * GPU passed those frees (lend_own_pages_locked): each physical page is
      * mapped at its new place and still at its old one, whose address range
@@ -823,7 +836,7 @@ static size_t segment_size_for(const cuh_heap_t *h, size_t needed)
         return needed;   /* a segment per block */
     size_t seg = cuh_max_size(needed, h->cfg.segment_min);
     size_t geometric = (size_t)((double)reserved_bytes(h) * h->cfg.grow_fraction);
-    geometric = cuh_align_up(cuh_min_size(geometric, CUH_GiB), CUH_SEGMENT_GRAIN);
+    geometric = cuh_align_up(cuh_min_size(geometric, GROW_CAP), CUH_SEGMENT_GRAIN);
     return cuh_max_size(seg, geometric);
 }
 
@@ -856,7 +869,9 @@ static stream_state_t *stream_of_tag(const cuh_heap_t *h, uint32_t tag) { return
  * is fenced first; only memory the GPU has already passed goes back, so the
  * CPU never waits for work here (returning memory to the driver may still
  * wait for the device: growing is rare, and the cost is the same as
- * PyTorch's when it frees its cache). Returns how many segments went back. */
+ * PyTorch's when it frees its cache). A segment larger than GROW_CAP leaves
+ * its size behind (see "a huge size comes back"). Returns how many segments
+ * went back. */
 static size_t release_idle_segments_locked(cuh_heap_t *h, size_t needed)
 {
     if (h->captures)
@@ -877,6 +892,10 @@ static size_t release_idle_segments_locked(cuh_heap_t *h, size_t needed)
     for (cuh_segment_t *s = h->arena.segments, *next; s; s = next) {
         next = s->next;
         if (returnable_segment(s) && s->size < needed && cuh_arena_segment_is_free(s)) {
+            if (s->size > GROW_CAP) {
+                h->released_huge[h->released_huge_next] = s->size;
+                h->released_huge_next = (h->released_huge_next + 1) % RELEASED_HUGE_MAX;
+            }
             return_segment_locked(h, s);
             released++;
         }
@@ -2201,6 +2220,42 @@ static cuh_extent_t *find_fit_locked(cuh_heap_t *h, size_t size, size_t align, u
     return smallest_free_locked(h, size, align, tag, whole_segment_fits);
 }
 
+/* A huge size comes back. GPT-2's step holds its 3 GiB logits and, at
+ * another time, a 1.5 GiB half of them. When the first 3 GiB segment is
+ * grown, the idle 1.5 GiB one goes back (release_idle_segments_locked); the
+ * next step's 1.5 GiB request then finds the 3 GiB segment free and cuts it,
+ * and the 3 GiB request after it needs a new one: the heap ends up holding
+ * 3 GiB more than it needs (cuheap-replay: GPT-2 without PyTorch's cache
+ * 26.03 GiB for 23.70 live, where PyTorch's own allocator, which never gives
+ * segments back, needs 24.48). So cutting a request out of a whole free
+ * segment sized to one larger request (larger than GROW_CAP, at least twice
+ * the request) comes after two other ways:
+ *  - memory cudaFree gave back is taken back first, if it could hold the
+ *    request (while other streams are known it is otherwise taken back only
+ *    every so often; a cut here is as lasting as a growth);
+ *  - if the request is the size of a segment released idle this way (to the
+ *    2 MiB grain), a segment of its size is grown in its place, once per
+ *    release; refused, the cut goes ahead.
+ * (GPT-2 without the cache: 26.03 -> 24.50 GiB, and 26.70 -> 25.16 under
+ * cudaFree's rules with 32 streams; no other trace changes, bench/HISTORY.md.) */
+static int cuts_huge_segment(const cuh_extent_t *e, size_t size)
+{
+    const cuh_segment_t *seg = e->segment;
+    return seg->size > GROW_CAP && e->addr == seg->base && e->size == seg->size && size <= seg->size / 2 &&
+           returnable_segment(seg);
+}
+
+/* Takes the remembered release of a segment `size` would have filled; 0 if none. */
+static int take_released_huge_locked(cuh_heap_t *h, size_t size)
+{
+    for (unsigned i = 0; i < RELEASED_HUGE_MAX; i++)
+        if (h->released_huge[i] >= size && h->released_huge[i] - size < CUH_SEGMENT_GRAIN) {
+            h->released_huge[i] = 0;
+            return 1;
+        }
+    return 0;
+}
+
 /* An extent of `size` bytes aligned to `align` for stream st, or NULL after
  * the whole ladder with *status saying why; for an out-of-memory, *why says
  * what refused the last segment (the caller records the OOM). */
@@ -2219,7 +2274,7 @@ static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
      * allocations per known stream, and always before growing. PyTorch
      * creates 32 streams for its pool, used or not. */
     cuh_extent_t *e;
-    int tried_vm_take_back = 0, tried_page_aligned = 0, tried_private = 0;
+    int tried_vm_take_back = 0, tried_page_aligned = 0, tried_private = 0, tried_huge_cut = 0;
     if (h->held_bytes >= size) {
         if (!other_streams_locked(h)) {
             take_back_all_locked(h);
@@ -2288,6 +2343,21 @@ grown:
         goto host_oom;
     return e;
 hit:
+    if (cuh_unlikely(cuts_huge_segment(e, size)) && !tried_huge_cut) {
+        tried_huge_cut = 1;   /* see "a huge size comes back" */
+        if (h->held_bytes >= size && take_back_all_locked(h)) {
+            e = find_fit_locked(h, size, align, st->tag);   /* e was whole and free: still there */
+            if (!cuts_huge_segment(e, size))
+                goto hit;
+        }
+        if (take_released_huge_locked(h, size)) {
+            grow_result_t grew = grow_locked(h, size, align);
+            if (grew == GROW_OK)
+                goto grown;
+            if (grew == GROW_ERROR)
+                cuh_log("%s; the block is cut from a free segment instead", cuh_get_error());
+        }
+    }
     if (cuh_unlikely(e->segment->virtual_space) && at_growth_edge(h, e)) {
         cuh_extent_t *inside = smallest_fit_by_bins_locked(h, size, align, st->tag, mapped_fits_off_the_edge);
         if (inside)

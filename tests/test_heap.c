@@ -1434,6 +1434,86 @@ static void test_growing_below_the_peak_keeps_idle_segments(void **state)
     test_heap_free(&t);
 }
 
+/* A huge size comes back (heap.c): a segment larger than geometric growth
+ * makes (1 GiB), released idle to make room for a larger one, is grown again
+ * when its size returns and would otherwise cut the larger segment while it
+ * is free; once per release. Cut, the larger request that follows would need
+ * a segment of its own: 6 GiB reserved where 4.5 do. */
+static void test_a_huge_size_released_idle_gets_its_own_segment_when_it_returns(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(64 * GiB, NULL);
+    const size_t half = 1536 * MiB, whole = 3072 * MiB;
+    cuheap_stats_t s;
+    must_free(t.heap, must_alloc(t.heap, half, 0), 0);
+    uintptr_t b = must_alloc(t.heap, whole, 0);   /* half's idle segment goes back */
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.num_segment_frees, 1);
+    assert_int_equal(s.reserved.current, whole);
+    must_free(t.heap, b, 0);
+    for (int step = 0; step < 3; step++) {
+        uintptr_t a = must_alloc(t.heap, half, 0);
+        uintptr_t b2 = must_alloc(t.heap, whole, 0);
+        assert_int_equal(b2, b);
+        assert_false(overlaps(a, half, b, whole));
+        must_free(t.heap, a, 0);
+        must_free(t.heap, b2, 0);
+    }
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.num_segment_allocs, 3);
+    assert_int_equal(s.reserved.peak, half + whole);
+    heap_ok(t.heap);
+
+    /* Once per release: with half's segment in use, another request of its
+     * size cuts the free 3 GiB segment. */
+    uintptr_t a = must_alloc(t.heap, half, 0);
+    uintptr_t c = must_alloc(t.heap, half, 0);
+    assert_int_equal(c, b);
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.num_segment_allocs, 3);
+    must_free(t.heap, c, 0);
+    must_free(t.heap, a, 0);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+/* A huge size comes back (heap.c): before a request cuts a whole free
+ * segment sized to a larger one, memory cudaFree gave back comes back if it
+ * could hold the request, even where take-backs are rationed (33 streams
+ * known: one per 33 allocations), and the CPU does not wait. */
+static void test_cudafree_memory_comes_back_before_a_huge_segment_is_cut(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(64 * GiB, NULL);
+    for (uintptr_t i = 0; i < 32; i++)
+        assert_int_equal(cuh_heap_register_stream(t.heap, (cuh_stream_t)(0x10000 + i * 0x100)), CUHEAP_OK);
+    uintptr_t huge, x, y;
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 3072 * MiB, &huge), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, GiB, &x), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, huge), CUHEAP_OK);
+    cuh_sim_complete_all(t.dev);
+    cuh_heap_poll(t.heap);   /* the 3 GiB segment is whole and free */
+    cuh_sim_hold_events(t.dev, 1);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, x), CUHEAP_OK);   /* waits for the GPU */
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.pending.current, GiB);
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, GiB, &y), CUHEAP_OK);
+    cuh_sim_counters(t.dev, &c1);
+    assert_int_equal(y, x);
+    assert_int_equal(c1.event_waits, c0.event_waits);
+    assert_int_equal(c1.synchronizes, c0.synchronizes);
+    assert_true(c1.stream_waits > c0.stream_waits);   /* the streams wait on the GPU instead */
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.reserved.current, 4096 * MiB);
+    heap_ok(t.heap);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, y), CUHEAP_OK);
+    cuh_sim_complete_all(t.dev);
+    test_heap_free(&t);
+}
+
 static void test_release_and_retry_settles_other_streams_first(void **state)
 {
     (void)state;
@@ -3261,6 +3341,8 @@ int main(void)
         cmocka_unit_test(test_release_and_retry_before_out_of_memory),
         cmocka_unit_test(test_release_and_retry_settles_other_streams_first),
         cmocka_unit_test(test_growing_returns_idle_segments_too_small_for_the_request),
+        cmocka_unit_test(test_a_huge_size_released_idle_gets_its_own_segment_when_it_returns),
+        cmocka_unit_test(test_cudafree_memory_comes_back_before_a_huge_segment_is_cut),
         cmocka_unit_test(test_a_segment_left_idle_goes_back_once_the_gpu_passed_its_free),
         cmocka_unit_test(test_growing_below_the_peak_keeps_idle_segments),
         cmocka_unit_test(test_out_of_memory_only_after_retry_and_heap_survives),

@@ -479,6 +479,29 @@ else
     not_ok "recurring moves are bounded by the margin" "${msg:-}"
 fi
 
+# ---- plain segments: a huge size released idle comes back in its own segment ----
+# GPT-2's 1.5 GiB half of its logits went back idle when the 3 GiB logits
+# grew; the next step's 1.5 GiB request cut the free 3 GiB segment and the 3
+# GiB logits needed a new one: 26.03 GiB for 23.70 live (26.70 with
+# cudaFree's rules, 32 streams and the GPU 1000 events behind), where
+# PyTorch's own rules need 24.48.
+run huge_ordered --json "$nocache_gpt2"
+run huge_cudafree --json --cudafree 1000 --streams 32 "$nocache_gpt2"
+if msg=$(python3 - "$TMP/huge_ordered.out" "$TMP/huge_cudafree.out" <<'PY' 2>&1
+import json, sys
+ordered, cudafree = (json.loads(open(p).readline()) for p in sys.argv[1:3])
+GiB = 1 << 30
+for name, r in (("stream-ordered", ordered), ("cudaFree", cudafree)):
+    assert r["oom"] is None, "%s: out of memory" % name
+    assert r["peak_reserved"] < 25.5 * GiB, "%s: %.2f GiB" % (name, r["peak_reserved"] / GiB)
+    assert r["device_calls"]["cpu_waits"] == 0, "%s: the CPU waited" % name
+PY
+); then
+    ok "a huge size released idle gets a segment of its own when it returns: gpt2_nocache below 25.5 GiB (26.03 and 26.70 before), no CPU wait"
+else
+    not_ok "a huge size released idle comes back in its own segment" "${msg:-}"
+fi
+
 # ---- vmm:1 under cudaFree with the GPU behind: earlier frees' pages move -------
 # A take-back happens every few cudaMallocs while the GPU runs 1000 events
 # behind; pages of the memory it returns wait for its work. When every page
