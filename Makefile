@@ -224,7 +224,7 @@ preload-tests: $(PRELOAD_PROGRAMS) $(FAKE_CUDA) $(FAKE_CUDART) $(BUILD)/libcuhea
 test: test-plain test-san test-tsan
 
 test-plain: deps-test $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/cuheap-replay $(BUILD)/cuheap-report $(BUILD)/libcuheap.so \
-            preload-tests
+            preload-tests $(BUILD)/bench_heap $(BUILD)/bench_preload
 	@scripts/run-tests.sh $(BUILD) plain $(TESTS)
 
 test-san: deps-test $(TESTS:%=$(BUILD)/san/tests/%) $(BUILD)/san/cuheap-replay $(BUILD)/san/cuheap-report \
@@ -249,9 +249,10 @@ $(BUILD)/bench_heap: bench/bench_heap.c $(BUILD)/libcuheap.a
 	$(CC) $(CFLAGS_BASE) -O2 -g -Wno-missing-prototypes -o $@ $< $(BUILD)/libcuheap.a -ldl -lm
 
 # cudaMalloc/cudaFree through the fake runtime, alone or under the preload.
-# It links no cuheap code: under LD_PRELOAD it finds cuheap by name.
-$(BUILD)/bench_preload: bench/bench_preload.c $(TOOL_OBJS) $(FAKE_CUDART) $(FAKE_DEV_LINKS)
-	$(CC) $(CFLAGS_BASE) -O2 -g -Wno-missing-prototypes -Itests/fake -o $@ $< $(TOOL_OBJS) \
+# It links no heap code (under LD_PRELOAD it finds cuheap by name), only the
+# trace reader and the message helpers of log.o that the reader's errors use.
+$(BUILD)/bench_preload: bench/bench_preload.c $(TOOL_OBJS) $(BUILD)/obj/log.o $(FAKE_CUDART) $(FAKE_DEV_LINKS)
+	$(CC) $(CFLAGS_BASE) -O2 -g -Wno-missing-prototypes -Itests/fake -o $@ $< $(TOOL_OBJS) $(BUILD)/obj/log.o \
 	    -L$(BUILD)/fake -lcudart -lz -ldl $(FAKE_RPATH)
 
 gpu-check:
