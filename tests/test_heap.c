@@ -2236,11 +2236,13 @@ static void bytes_in_page(uintptr_t addr, size_t size, uintptr_t pva, size_t pag
  * stream that runs nothing), host waits included, and tells which physical
  * page is mapped where (cuh_sim_handle_at). `wide` percent of the
  * operations are device-wide. Without vmm:1 only addresses are checked.
- * Returns how often a page of a stream's own recent frees served its next
- * block at another address. */
-static size_t page_rule_model(const char *conf, size_t page, unsigned wide, uint64_t seed, int extras)
+ * `scale` multiplies the device and every size; above 1 the larger sizes
+ * are 1, 2 or 3 times 12 x scale MiB, so that sizes recur (segments above
+ * 1 GiB, a huge size coming back: heap.c). Returns how often a page of a
+ * stream's own recent frees served its next block at another address. */
+static size_t page_rule_model(const char *conf, size_t page, unsigned wide, uint64_t seed, int extras, size_t scale)
 {
-    test_heap_t t = test_heap_new(GiB, conf);
+    test_heap_t t = test_heap_new(GiB * scale, conf);
     cuh_sim_hold_events(t.dev, 1);
     enum { SLOTS = 64, OPS = 6000, MAX_PIECES = 40000 };
     const cuh_stream_t streams[3] = {0, S1, S2};
@@ -2282,6 +2284,8 @@ static size_t page_rule_model(const char *conf, size_t page, unsigned wide, uint
             addr[i] = 0;
         } else {
             size[i] = (r >> 40) % 3 ? 1 + (size_t)(r >> 16) % (3 * MiB) : 1 + (size_t)(r >> 16) % (24 * MiB);
+            if (scale > 1)
+                size[i] = (r >> 40) % 3 ? size[i] * scale : (1 + (size_t)(r >> 16) % 3) * 12 * MiB * scale;
             stream[i] = streams[(r >> 8) % 3];
             device_wide[i] = (r >> 44) % 100 < wide;
             cuheap_status_t st = device_wide[i] ? cuh_heap_malloc_device_wide(t.heap, size[i], &addr[i])
@@ -2373,43 +2377,49 @@ static void test_vmm_random_operations_never_reuse_or_unmap_a_page_before_its_wo
         uint64_t seed;
         int lends;   /* pages of a stream's own frees must move to its next blocks */
         int extras;  /* record_stream, polls and cache releases mixed in */
+        size_t scale;   /* device and sizes times this */
     } runs[] = {
-        {"vmm:1,vmm_margin:0,small_max:0,limit:160M", 2 * MiB, 0, 4242, 1, 0},
-        {"vmm:1,vmm_margin:0,limit:160M", 2 * MiB, 0, 77, 1, 0},   /* slabs on the same pages */
-        {"vmm:1,vmm_margin:0,small_max:0,vmm_page:4M,limit:160M", 4 * MiB, 0, 4242, 1, 0},
+        {"vmm:1,vmm_margin:0,small_max:0,limit:160M", 2 * MiB, 0, 4242, 1, 0, 1},
+        {"vmm:1,vmm_margin:0,limit:160M", 2 * MiB, 0, 77, 1, 0, 1},   /* slabs on the same pages */
+        {"vmm:1,vmm_margin:0,small_max:0,vmm_page:4M,limit:160M", 4 * MiB, 0, 4242, 1, 0, 1},
         /* cudaMalloc and cudaFree mixed in: device-wide blocks lend nothing,
          * and nothing is lent while a take-back's work may run (seed 3010
          * caught a page lent then) */
-        {"vmm:1,vmm_margin:0,small_max:0,limit:160M", 2 * MiB, 25, 3010, 0, 0},
+        {"vmm:1,vmm_margin:0,small_max:0,limit:160M", 2 * MiB, 25, 3010, 0, 0, 1},
         /* by address on plain segments (seed 5049 caught a slab cut from a
          * stream's pending frees) */
-        {"limit:160M", 2 * MiB, 25, 5049, 0, 0},
-        {"vmm:1,vmm_margin:0,workspace:32M,limit:160M", 2 * MiB, 10, 9001, 0, 0},
-        {"wait_before_grow:0,limit:160M", 2 * MiB, 40, 10001, 0, 0},
-        {"ipc_safe:1,limit:200M", 2 * MiB, 25, 11001, 0, 0},
-        {"small_max:1M,limit:160M", 2 * MiB, 25, 12001, 0, 0},
-        {"grow_fraction:0,segment_min:20M,limit:200M", 2 * MiB, 25, 13001, 0, 0},
-        {"vmm:1,limit:400M", 2 * MiB, 25, 14001, 0, 0},
-        {"vmm:1,vmm_margin:0,vmm_page:4M,limit:200M", 4 * MiB, 25, 15001, 0, 0},
+        {"limit:160M", 2 * MiB, 25, 5049, 0, 0, 1},
+        {"vmm:1,vmm_margin:0,workspace:32M,limit:160M", 2 * MiB, 10, 9001, 0, 0, 1},
+        {"wait_before_grow:0,limit:160M", 2 * MiB, 40, 10001, 0, 0, 1},
+        {"ipc_safe:1,limit:200M", 2 * MiB, 25, 11001, 0, 0, 1},
+        {"small_max:1M,limit:160M", 2 * MiB, 25, 12001, 0, 0, 1},
+        {"grow_fraction:0,segment_min:20M,limit:200M", 2 * MiB, 25, 13001, 0, 0, 1},
+        {"vmm:1,limit:400M", 2 * MiB, 25, 14001, 0, 0, 1},
+        {"vmm:1,vmm_margin:0,vmm_page:4M,limit:200M", 4 * MiB, 25, 15001, 0, 0, 1},
         /* slabs of whole pages (seed 1816055 caught a page lent behind one) */
-        {"vmm:1,vmm_margin:0,small_max:1M,limit:160M", 2 * MiB, 10, 1816055, 0, 0},
-        {"workspace:100M,limit:220M", 2 * MiB, 25, 17001, 0, 0},
-        {"vmm:1,vmm_margin:0,wait_before_grow:0,limit:160M", 2 * MiB, 40, 18001, 0, 0},
-        {"limit:64M", 2 * MiB, 25, 19001, 0, 0},
-        {"vmm:1,vmm_margin:0,limit:64M", 2 * MiB, 10, 20001, 0, 0},
-        {"vmm:1,vmm_margin:0,small_max:0,limit:160M", 2 * MiB, 10, 21001, 0, 1},
-        {"vmm:1,vmm_margin:0,limit:160M", 2 * MiB, 10, 22001, 0, 1},
-        {"limit:160M", 2 * MiB, 25, 23001, 0, 1},
-        {"vmm:1,limit:300M", 2 * MiB, 10, 24001, 0, 1},
+        {"vmm:1,vmm_margin:0,small_max:1M,limit:160M", 2 * MiB, 10, 1816055, 0, 0, 1},
+        {"workspace:100M,limit:220M", 2 * MiB, 25, 17001, 0, 0, 1},
+        {"vmm:1,vmm_margin:0,wait_before_grow:0,limit:160M", 2 * MiB, 40, 18001, 0, 0, 1},
+        {"limit:64M", 2 * MiB, 25, 19001, 0, 0, 1},
+        {"vmm:1,vmm_margin:0,limit:64M", 2 * MiB, 10, 20001, 0, 0, 1},
+        {"vmm:1,vmm_margin:0,small_max:0,limit:160M", 2 * MiB, 10, 21001, 0, 1, 1},
+        {"vmm:1,vmm_margin:0,limit:160M", 2 * MiB, 10, 22001, 0, 1, 1},
+        {"limit:160M", 2 * MiB, 25, 23001, 0, 1, 1},
+        {"vmm:1,limit:300M", 2 * MiB, 10, 24001, 0, 1, 1},
         /* other streams' pending frees serve a stream that waits for them,
          * or, device-wide, every stream */
-        {"reuse_across_streams:1,limit:160M", 2 * MiB, 25, 25001, 0, 1},
-        {"vmm:1,vmm_margin:0,reuse_across_streams:1,limit:160M", 2 * MiB, 25, 26001, 0, 0},
+        {"reuse_across_streams:1,limit:160M", 2 * MiB, 25, 25001, 0, 1, 1},
+        {"vmm:1,vmm_margin:0,reuse_across_streams:1,limit:160M", 2 * MiB, 25, 26001, 0, 0, 1},
         /* seed 1626049 caught a take-back's event kept in place of a newer
          * one recorded when memory changed streams */
-        {"vmm:1,vmm_margin:0,reuse_across_streams:1,limit:160M", 2 * MiB, 25, 1626049, 0, 0},
-        {"vmm:1,vmm_margin:0,small_max:0,reuse_across_streams:1,limit:160M", 2 * MiB, 0, 27001, 1, 0},
-        {"vmm:1,reuse_across_streams:1,limit:300M", 2 * MiB, 10, 28001, 0, 1},
+        {"vmm:1,vmm_margin:0,reuse_across_streams:1,limit:160M", 2 * MiB, 25, 1626049, 0, 0, 1},
+        {"vmm:1,vmm_margin:0,small_max:0,reuse_across_streams:1,limit:160M", 2 * MiB, 0, 27001, 1, 0, 1},
+        {"vmm:1,reuse_across_streams:1,limit:300M", 2 * MiB, 10, 28001, 0, 1, 1},
+        /* segments above 1 GiB, sizes of 1.5, 3 and 4.5 GiB recurring: huge
+         * segments are cut after a take-back, or grown again for a size
+         * released idle (by address; a page is 64 MiB of bookkeeping) */
+        {"limit:24G", 64 * MiB, 25, 29001, 0, 0, 128},
+        {"limit:24G", 64 * MiB, 0, 30001, 0, 1, 128},
     };
     /* CUHEAP_TEST_SEEDS=N runs every setting with N seeds more (a longer
      * search than CI's). */
@@ -2418,7 +2428,8 @@ static void test_vmm_random_operations_never_reuse_or_unmap_a_page_before_its_wo
     for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++)
         for (uint64_t n = 0; n <= extra; n++) {
             size_t lent =
-                page_rule_model(runs[k].conf, runs[k].page, runs[k].wide, runs[k].seed + n * 100003, runs[k].extras);
+                page_rule_model(runs[k].conf, runs[k].page, runs[k].wide, runs[k].seed + n * 100003, runs[k].extras,
+                                runs[k].scale);
             if (runs[k].lends && n == 0)
                 assert_true(lent > 0);
         }
