@@ -25,6 +25,14 @@
 
 static int overlaps(uintptr_t a, size_t as, uintptr_t b, size_t bs) { return a < b + bs && b < a + as; }
 
+/* Makes the heap know 32 more streams, as PyTorch's stream pool does (they
+ * stay idle unless a test gives them work). */
+static void register_pool_streams(cuh_heap_t *heap)
+{
+    for (uintptr_t i = 0; i < 32; i++)
+        assert_int_equal(cuh_heap_register_stream(heap, (cuh_stream_t)(0x10000 + i * 0x100)), CUHEAP_OK);
+}
+
 /* ---- alignment, sizes ------------------------------------------------------- */
 
 static void test_every_block_is_512_aligned_and_disjoint(void **state)
@@ -784,8 +792,7 @@ static void test_device_wide_frees_with_many_streams_ration_batch_closes(void **
 {
     (void)state;
     test_heap_t t = test_heap_new(GiB, "workspace:256M");
-    for (uintptr_t i = 0; i < 32; i++)
-        assert_int_equal(cuh_heap_register_stream(t.heap, (cuh_stream_t)(0x10000 + i * 0x100)), CUHEAP_OK);
+    register_pool_streams(t.heap);
     cuh_sim_counters_t c0, c1;
     cuh_sim_counters(t.dev, &c0);
     const int rounds = 330;
@@ -1485,8 +1492,7 @@ static void test_cudafree_memory_comes_back_before_a_huge_segment_is_cut(void **
 {
     (void)state;
     test_heap_t t = test_heap_new(64 * GiB, NULL);
-    for (uintptr_t i = 0; i < 32; i++)
-        assert_int_equal(cuh_heap_register_stream(t.heap, (cuh_stream_t)(0x10000 + i * 0x100)), CUHEAP_OK);
+    register_pool_streams(t.heap);
     uintptr_t huge, x, y;
     assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 3072 * MiB, &huge), CUHEAP_OK);
     assert_int_equal(cuh_heap_malloc_device_wide(t.heap, GiB, &x), CUHEAP_OK);
