@@ -123,6 +123,10 @@ uint64_t cuh_sim_enqueue_work(cuh_device_t *dev, cuh_stream_t stream);
  * completes when the test completes that stream (or a host wait on one of its
  * events does); completion does not wait for what the work waited on. */
 int cuh_sim_stream_waits_for(cuh_device_t *dev, cuh_stream_t stream, cuh_stream_t on, uint64_t pos);
+/* 1 if the work at position `pos` of `stream` (and all before it there) has
+ * completed: the test completed it, or a host wait on a later event of the
+ * stream (or on an event whose work waited for it) did. */
+int cuh_sim_work_done(cuh_device_t *dev, cuh_stream_t stream, uint64_t pos);
 /* The physical allocation mapped at `va` (the start of a mapping made by
  * vm_map), 0 if none: lets a test follow a page that moved. */
 uint64_t cuh_sim_handle_at(cuh_device_t *dev, uintptr_t va);

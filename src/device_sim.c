@@ -716,6 +716,16 @@ int cuh_sim_stream_waits_for(cuh_device_t *dev, cuh_stream_t stream, cuh_stream_
     return after;
 }
 
+int cuh_sim_work_done(cuh_device_t *dev, cuh_stream_t stream, uint64_t pos)
+{
+    sim_device_t *s = sim_of(dev);
+    pthread_mutex_lock(&s->lock);
+    sim_stream_t *st = stream_state(s, stream);
+    int done = st && st->completed >= pos;
+    pthread_mutex_unlock(&s->lock);
+    return done;
+}
+
 void cuh_sim_stream_idle(cuh_device_t *dev, cuh_stream_t stream)
 {
     sim_device_t *s = sim_of(dev);

@@ -860,25 +860,50 @@ static void fence_if_left_idle_locked(cuh_heap_t *h, stream_state_t *st, const c
 /* The state of the stream that owns private memory tagged `tag`. */
 static stream_state_t *stream_of_tag(const cuh_heap_t *h, uint32_t tag) { return h->streams[tag - 1]; }
 
+/* A segment that holds no block and is too small for a growth of `needed`
+ * bytes (release_idle_segments_locked). */
+static int idle_for_growth(const cuh_segment_t *s, size_t needed)
+{
+    return returnable_segment(s) && !s->used_bytes && s->size < needed;
+}
+
+/* 1 if st's private free memory lies in a segment idle_for_growth. */
+static int stream_frees_in_idle_segments(const cuh_heap_t *h, const stream_state_t *st, size_t needed)
+{
+    for (const cuh_segment_t *s = h->arena.segments; s; s = s->next)
+        if (idle_for_growth(s, needed))
+            for (const cuh_extent_t *e = s->first; e; e = e->next)
+                if (e->tag == st->tag)
+                    return 1;
+    return 0;
+}
+
 /* Before the heap grows for `needed` bytes it gives back the segments that
  * hold no block and are too small to serve the request: kept, they would
  * count in the peak beside the new segment. BERT with varying sequence
  * length grows a larger segment for each new longest sequence and would
  * keep every smaller one; GPT-2's logits leave a segment idle while the
- * next step's gradient needs a larger one. A segment's private free memory
- * is fenced first; only memory the GPU has already passed goes back, so the
- * CPU never waits for work here (returning memory to the driver may still
- * wait for the device: growing is rare, and the cost is the same as
- * PyTorch's when it frees its cache). A segment larger than GROW_CAP leaves
- * its size behind (see "a huge size comes back"). Returns how many segments
- * went back. */
+ * next step's gradient needs a larger one.
+ *
+ * A segment's private free memory (freed in stream order) goes back once
+ * the GPU has passed its frees: the CPU waits for them here, on the streams
+ * that freed it. Returning memory to the driver waits for the device anyway
+ * (cuMemFree synchronizes it), so the wait costs about what the return
+ * would, and only a segment that then goes back is waited for. Without it a
+ * GPU running behind kept the segments its last frees had left idle, just
+ * when the growth set a new peak. Replayed with the GPU 100 events behind,
+ * the ResNet-50 traces held 1.07-1.09x their live peak and the plugin traces
+ * of BERT, `kv_generate`, `llama_ckpt` and the side-stream job 1.17-1.70x;
+ * with the wait every trace holds what it holds when the GPU keeps up
+ * (1.02-1.33x), at 2-10 CPU waits a replay (bench/HISTORY.md). A segment larger than GROW_CAP leaves its size behind
+ * (see "a huge size comes back"). Returns how many segments went back. */
 static size_t release_idle_segments_locked(cuh_heap_t *h, size_t needed)
 {
     if (h->captures)
         return 0;
     int candidates = 0;
     for (cuh_segment_t *s = h->arena.segments; s; s = s->next) {
-        if (!returnable_segment(s) || s->used_bytes || s->size >= needed)
+        if (!idle_for_growth(s, needed))
             continue;
         candidates = 1;
         for (cuh_extent_t *e = s->first; e; e = e->next)
@@ -888,10 +913,15 @@ static size_t release_idle_segments_locked(cuh_heap_t *h, size_t needed)
     if (!candidates)
         return 0;
     poll_all_locked(h, 0);
+    /* What the GPU has not passed yet: wait (a poll merges extents, so each
+     * stream's memory is looked for afresh). */
+    for (uint32_t i = 0; i < h->num_streams; i++)
+        if (h->streams[i]->num_fences && stream_frees_in_idle_segments(h, h->streams[i], needed))
+            stream_poll_locked(h, h->streams[i], 1);
     size_t released = 0;
     for (cuh_segment_t *s = h->arena.segments, *next; s; s = next) {
         next = s->next;
-        if (returnable_segment(s) && s->size < needed && cuh_arena_segment_is_free(s)) {
+        if (idle_for_growth(s, needed) && cuh_arena_segment_is_free(s)) {
             if (s->size > GROW_CAP) {
                 h->released_huge[h->released_huge_next] = s->size;
                 h->released_huge_next = (h->released_huge_next + 1) % RELEASED_HUGE_MAX;

@@ -363,7 +363,10 @@ static void test_complete_upto_completes_a_prefix_of_its_stream(void **state)
     uint64_t pos = cuh_sim_enqueue_work(d, s1);
     assert_int_equal(d->ops->event_record(d, after, s1), CUH_DEV_OK);
     assert_int_equal(d->ops->event_record(d, other, 0), CUH_DEV_OK);
+    assert_false(cuh_sim_work_done(d, s1, pos));
     cuh_sim_complete_stream_upto(d, s1, pos);
+    assert_true(cuh_sim_work_done(d, s1, pos));
+    assert_false(cuh_sim_work_done(d, s1, pos + 1));   /* `after` */
     assert_int_equal(d->ops->event_query(d, before), CUH_DEV_OK);
     assert_int_equal(d->ops->event_query(d, after), CUH_DEV_NOT_READY);
     assert_int_equal(d->ops->event_query(d, other), CUH_DEV_NOT_READY);
@@ -371,6 +374,13 @@ static void test_complete_upto_completes_a_prefix_of_its_stream(void **state)
     assert_int_equal(d->ops->event_query(d, after), CUH_DEV_NOT_READY);
     cuh_sim_complete_stream(d, s1);
     assert_int_equal(d->ops->event_query(d, after), CUH_DEV_OK);
+    assert_true(cuh_sim_work_done(d, s1, pos + 1));
+    /* A host wait completes work too. */
+    uint64_t later = cuh_sim_enqueue_work(d, s1);
+    assert_int_equal(d->ops->event_record(d, after, s1), CUH_DEV_OK);
+    assert_false(cuh_sim_work_done(d, s1, later));
+    assert_int_equal(d->ops->event_wait(d, after), CUH_DEV_OK);
+    assert_true(cuh_sim_work_done(d, s1, later));
     d->ops->event_destroy(d, before);
     d->ops->event_destroy(d, after);
     d->ops->event_destroy(d, other);
