@@ -912,6 +912,15 @@ static size_t release_idle_segments_locked(cuh_heap_t *h, size_t needed)
     }
     if (!candidates)
         return 0;
+    if (getenv("WAITIDLE")) {
+        for (cuh_segment_t *s = h->arena.segments; s; s = s->next) {
+            if (!returnable_segment(s) || s->used_bytes || s->size >= needed)
+                continue;
+            for (cuh_extent_t *e = s->first; e; e = e->next)
+                if (e->tag != CUH_TAG_GLOBAL)
+                    stream_poll_locked(h, stream_of_tag(h, e->tag), 1);
+        }
+    }
     poll_all_locked(h, 0);
     /* What the GPU has not passed yet: wait (a poll merges extents, so each
      * stream's memory is looked for afresh). */
@@ -2237,12 +2246,44 @@ static int whole_segment_fits(const cuh_heap_t *h, const cuh_extent_t *e, size_t
            e->size <= cuh_align_up(size, CUH_SEGMENT_GRAIN) + size / 4;
 }
 
+/* Room beside a huge block. A segment above GROW_CAP is sized to one request
+ * above it; while that block is its only one, the segment is whole again the
+ * moment the block is freed, ready for the next request of its size or to go
+ * back to the device. A block put in the room beside it pins it: the bundled
+ * GPT-2's 1.5 GiB block left 1.5 MiB at its segment's end, the autocast copy
+ * of a 768x768 weight (1.1 MiB) landed there and held the whole 1.54 GiB
+ * segment through the next step's peak, beside four 3 GiB ones (1.111x its
+ * live peak; 1.050 with this rule and the one in "a huge size comes back").
+ * So such room is used last: after every other fit, before growing. Only a
+ * block of at least a quarter of its segment counts as its tenant: the first
+ * small block cut from a whole free huge segment does not make the rest of it
+ * room of last resort. */
+static int beside_lone_huge_block(const cuh_extent_t *e)
+{
+    const cuh_segment_t *s = e->segment;
+    if (s->size <= GROW_CAP || !returnable_segment(s) || !s->used_bytes)
+        return 0;
+    const cuh_extent_t *tenant = NULL;
+    for (const cuh_extent_t *x = s->first; x; x = x->next)
+        if (x->state != CUH_EXTENT_FREE) {
+            if (tenant)
+                return 0;
+            tenant = x;
+        }
+    return tenant && tenant->size >= s->size / 4;
+}
+
 /* The best free extent for `size` (see whole_segment_fits for blocks that
- * must start their own segment). */
+ * must start their own segment), room beside a lone huge block last. */
 static cuh_extent_t *find_fit_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag)
 {
     cuh_extent_t *e = cuh_arena_find(&h->arena, size, align, tag);
-    if (cuh_likely(!own_segment_locked(h)) || !e || whole_segment_fits(h, e, size))
+    if (cuh_likely(!own_segment_locked(h))) {
+        if (cuh_unlikely(e && e->segment->size > GROW_CAP) && beside_lone_huge_block(e))
+            e = cuh_arena_find_others_first(&h->arena, size, align, tag, beside_lone_huge_block);
+        return e;
+    }
+    if (!e || whole_segment_fits(h, e, size))
         return e;
     /* Best fit found a piece of a segment: the smallest whole free segment
      * that fits (with ipc_safe:1 every free extent is a whole segment, so
@@ -2273,6 +2314,18 @@ static int cuts_huge_segment(const cuh_extent_t *e, size_t size)
     const cuh_segment_t *seg = e->segment;
     return seg->size > GROW_CAP && e->addr == seg->base && e->size == seg->size && size <= seg->size / 2 &&
            returnable_segment(seg);
+}
+
+/* 1 if a block of `size` (to the 2 MiB grain) is live in a segment above
+ * GROW_CAP (only there can one be). */
+static int size_live_in_huge_segments(const cuh_heap_t *h, size_t size)
+{
+    for (const cuh_segment_t *s = h->arena.segments; s; s = s->next)
+        if (s->size > GROW_CAP)
+            for (const cuh_extent_t *x = s->first; x; x = x->next)
+                if (x->state == CUH_EXTENT_BLOCK && x->size >= size && x->size - size < CUH_SEGMENT_GRAIN)
+                    return 1;
+    return 0;
 }
 
 /* Takes the remembered release of a segment `size` would have filled; 0 if none. */
@@ -2380,7 +2433,7 @@ hit:
             if (!cuts_huge_segment(e, size))
                 goto hit;
         }
-        if (take_released_huge_locked(h, size)) {
+        if (!size_live_in_huge_segments(h, size) && take_released_huge_locked(h, size)) {
             grow_result_t grew = grow_locked(h, size, align);
             if (grew == GROW_OK)
                 goto grown;

@@ -1503,6 +1503,84 @@ static void test_a_huge_size_released_idle_gets_its_own_segment_when_it_returns(
     test_heap_free(&t);
 }
 
+/* Once per release, and not while a block of the size is live elsewhere:
+ * the size then has a home the layout found without the segment that went
+ * back (the bundled GPT-2: a 1.5 GiB block living into the next step beside
+ * its activations in a 3 GiB segment, and another 1.5 GiB request there). */
+static void test_a_released_huge_size_with_a_live_block_cuts_instead_of_growing(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(64 * GiB, NULL);
+    const size_t half = 1536 * MiB, whole = 3072 * MiB;
+    cuheap_stats_t s;
+    uintptr_t h1 = must_alloc(t.heap, half, 0), h2 = must_alloc(t.heap, half, 0);
+    must_free(t.heap, h1, 0);
+    must_free(t.heap, h2, 0);
+    uintptr_t b = must_alloc(t.heap, whole, 0);   /* both idle half segments go back */
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.num_segment_frees, 2);
+    must_free(t.heap, b, 0);
+    uintptr_t a2 = must_alloc(t.heap, half, 0);   /* grown again, in place of a cut */
+    assert_false(overlaps(a2, half, b, whole));
+    cuh_heap_stats(t.heap, &s);
+    const uint64_t grown = s.num_segment_allocs;
+    uintptr_t a3 = must_alloc(t.heap, half, 0);   /* a2 is live: cut */
+    assert_int_equal(a3, b);
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.num_segment_allocs, grown);
+    heap_ok(t.heap);
+    must_free(t.heap, a3, 0);
+    must_free(t.heap, a2, 0);
+    test_heap_free(&t);
+}
+
+/* Room beside a lone huge block (heap.c) is used last: a block put there
+ * would pin the segment, which is whole again once its one block is freed.
+ * Another fit comes first, even a larger one; without one the room serves
+ * before the heap grows. A small block cut from a whole free huge segment
+ * is no tenant: the next one goes beside it, not into another segment. */
+static void test_room_beside_a_lone_huge_block_is_used_last(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(64 * GiB, NULL);
+    cuheap_stats_t s;
+    const size_t lone = 1536 * MiB - 1536 * KiB;   /* its segment: 1.5 GiB, 1.5 MiB of room */
+    uintptr_t a = must_alloc(t.heap, lone, 0);
+    uintptr_t seg_a, base;
+    size_t size_a, size;
+    assert_true(cuh_heap_segment_of(t.heap, a, &seg_a, &size_a));
+    assert_int_equal(size_a, 1536 * MiB);
+    uintptr_t b = must_alloc(t.heap, 8 * MiB, 0);   /* a 96 MiB segment (grow_fraction) */
+    assert_true(cuh_heap_segment_of(t.heap, b, &base, &size));
+    assert_int_equal(size, 96 * MiB);
+    uintptr_t small = must_alloc(t.heap, MiB, 0);   /* best fit would be a's room */
+    assert_true(cuh_heap_segment_of(t.heap, small, &base, &size) && base != seg_a);
+    uintptr_t fill = must_alloc(t.heap, 96 * MiB - 8 * MiB - MiB, 0);   /* b's segment is full */
+    cuh_heap_stats(t.heap, &s);
+    const uint64_t segments = s.num_segment_allocs;
+    uintptr_t last = must_alloc(t.heap, MiB, 0);   /* nothing else fits: a's room, no growth */
+    assert_true(cuh_heap_segment_of(t.heap, last, &base, &size) && base == seg_a);
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.num_segment_allocs, segments);
+    heap_ok(t.heap);
+    must_free(t.heap, last, 0);
+
+    /* No tenant: a whole free 3 GiB segment beside a's whole free 1.5 GiB. */
+    uintptr_t w = must_alloc(t.heap, 3072 * MiB, 0);
+    must_free(t.heap, w, 0);
+    must_free(t.heap, a, 0);
+    uintptr_t s1 = must_alloc(t.heap, 2 * MiB, 0), s2 = must_alloc(t.heap, 2 * MiB, 0);
+    assert_true(cuh_heap_segment_of(t.heap, s1, &base, &size) && base == seg_a);
+    assert_true(cuh_heap_segment_of(t.heap, s2, &base, &size) && base == seg_a);
+    heap_ok(t.heap);
+    must_free(t.heap, s2, 0);
+    must_free(t.heap, s1, 0);
+    must_free(t.heap, fill, 0);
+    must_free(t.heap, small, 0);
+    must_free(t.heap, b, 0);
+    test_heap_free(&t);
+}
+
 /* A huge size comes back (heap.c): before a request cuts a whole free
  * segment sized to a larger one, memory cudaFree gave back comes back if it
  * could hold the request, even where take-backs are rationed (33 streams
@@ -3383,6 +3461,8 @@ int main(void)
         cmocka_unit_test(test_release_and_retry_settles_other_streams_first),
         cmocka_unit_test(test_growing_returns_idle_segments_too_small_for_the_request),
         cmocka_unit_test(test_a_huge_size_released_idle_gets_its_own_segment_when_it_returns),
+        cmocka_unit_test(test_a_released_huge_size_with_a_live_block_cuts_instead_of_growing),
+        cmocka_unit_test(test_room_beside_a_lone_huge_block_is_used_last),
         cmocka_unit_test(test_cudafree_memory_comes_back_before_a_huge_segment_is_cut),
         cmocka_unit_test(test_a_segment_left_idle_goes_back_once_the_gpu_passed_its_free),
         cmocka_unit_test(test_growing_below_the_peak_keeps_idle_segments),
