@@ -895,8 +895,10 @@ static int stream_frees_in_idle_segments(const cuh_heap_t *h, const stream_state
  * the ResNet-50 traces held 1.07-1.09x their live peak and the plugin traces
  * of BERT, `kv_generate`, `llama_ckpt` and the side-stream job 1.17-1.70x;
  * with the wait every trace holds what it holds when the GPU keeps up
- * (1.02-1.33x), at 2-10 CPU waits a replay (bench/HISTORY.md). A segment larger than GROW_CAP leaves its size behind
- * (see "a huge size comes back"). Returns how many segments went back. */
+ * (1.02-1.33x), at 2-10 CPU waits a replay (bench/HISTORY.md).
+ *
+ * A segment larger than GROW_CAP leaves its size behind (see "a huge size
+ * comes back"). Returns how many segments went back. */
 static size_t release_idle_segments_locked(cuh_heap_t *h, size_t needed)
 {
     if (h->captures)
@@ -912,15 +914,6 @@ static size_t release_idle_segments_locked(cuh_heap_t *h, size_t needed)
     }
     if (!candidates)
         return 0;
-    if (getenv("WAITIDLE")) {
-        for (cuh_segment_t *s = h->arena.segments; s; s = s->next) {
-            if (!returnable_segment(s) || s->used_bytes || s->size >= needed)
-                continue;
-            for (cuh_extent_t *e = s->first; e; e = e->next)
-                if (e->tag != CUH_TAG_GLOBAL)
-                    stream_poll_locked(h, stream_of_tag(h, e->tag), 1);
-        }
-    }
     poll_all_locked(h, 0);
     /* What the GPU has not passed yet: wait (a poll merges extents, so each
      * stream's memory is looked for afresh). */
