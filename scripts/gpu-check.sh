@@ -220,6 +220,16 @@ if part preload; then
     else
         row "sync_costs" 1 - "build failed"
     fi
+    # Whether giving a segment back waits for the GPU: what the wait before
+    # idle segments go back (heap.c, release_idle_segments_locked) relies on.
+    section "does cuMemFree wait for the GPU (bench/gpu/free_sync.cu)"
+    if "$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 bench/gpu/free_sync.cu -o "$BUILD"/free_sync -lcuda; then
+        run_logged "$BUILD/free_sync.log" timeout 60 "$BUILD"/free_sync
+        row "free_sync (cuMemFree with a kernel running on another stream)" "$RUN_RC" "$RUN_SECS" \
+            "$(tail -1 "$BUILD/free_sync.log")"
+    else
+        row "free_sync" 1 - "build failed"
+    fi
     # The same under compute-sanitizer's memcheck (PRELOAD_MEMCHECK=0 skips
     # it), without the deliberate double free and the IPC guard's refusals:
     # memcheck rightly reports their error returns as API errors. The
