@@ -846,6 +846,14 @@ static void return_segment_locked(cuh_heap_t *h, cuh_segment_t *s);
  * plain general segment (not the workspace, not the vmm:1 reservation). */
 static int returnable_segment(const cuh_segment_t *s) { return s->region == CUH_REGION_GENERAL && !s->virtual_space; }
 
+/* A returnable segment larger than GROW_CAP: sized to the one request it was
+ * grown for (segment_size_for). */
+static int huge_segment(const cuh_segment_t *s) { return s->size > GROW_CAP && returnable_segment(s); }
+
+/* 1 if `have` bytes are `size` to the 2 MiB grain segments come in: what
+ * "a huge size comes back" counts as the same size. */
+static int same_size_to_grain(size_t have, size_t size) { return have >= size && have - size < CUH_SEGMENT_GRAIN; }
+
 /* After a free on st that leaves `used` bytes in use in seg: a segment left
  * idle can go back to the device when the heap next grows
  * (release_idle_segments_locked), but only once the GPU has passed this free:
@@ -891,9 +899,8 @@ static int stream_frees_in_idle_segments(const cuh_heap_t *h, const stream_state
  * (on an H200 cuMemFree returned after 200 ms with a 200 ms kernel running on
  * another stream, in 0.08 ms on an idle GPU: bench/gpu/free_sync.cu), so the
  * wait costs about what the return would, and only a segment that then goes
- * back is waited for. Without it a
- * GPU running behind kept the segments its last frees had left idle, just
- * when the growth set a new peak. Replayed with the GPU 100 events behind,
+ * back is waited for. Without it a GPU running behind kept the segments its
+ * last frees had left idle, just when the growth set a new peak. Replayed with the GPU 100 events behind,
  * the ResNet-50 traces held 1.07-1.09x their live peak and the plugin traces
  * of BERT, `kv_generate`, `llama_ckpt` and the side-stream job 1.17-1.70x;
  * with the wait every trace holds what it holds when the GPU keeps up
@@ -926,7 +933,7 @@ static size_t release_idle_segments_locked(cuh_heap_t *h, size_t needed)
     for (cuh_segment_t *s = h->arena.segments, *next; s; s = next) {
         next = s->next;
         if (idle_for_growth(s, needed) && cuh_arena_segment_is_free(s)) {
-            if (s->size > GROW_CAP) {
+            if (huge_segment(s)) {
                 h->released_huge[h->released_huge_next] = s->size;
                 h->released_huge_next = (h->released_huge_next + 1) % RELEASED_HUGE_MAX;
             }
@@ -2256,7 +2263,7 @@ static int whole_segment_fits(const cuh_heap_t *h, const cuh_extent_t *e, size_t
 static int beside_lone_huge_block(const cuh_extent_t *e)
 {
     const cuh_segment_t *s = e->segment;
-    if (s->size <= GROW_CAP || !returnable_segment(s) || !s->used_bytes)
+    if (!huge_segment(s) || !s->used_bytes)
         return 0;
     const cuh_extent_t *tenant = NULL;
     for (const cuh_extent_t *x = s->first; x; x = x->next)
@@ -2307,8 +2314,7 @@ static cuh_extent_t *find_fit_locked(cuh_heap_t *h, size_t size, size_t align, u
 static int cuts_huge_segment(const cuh_extent_t *e, size_t size)
 {
     const cuh_segment_t *seg = e->segment;
-    return seg->size > GROW_CAP && e->addr == seg->base && e->size == seg->size && size <= seg->size / 2 &&
-           returnable_segment(seg);
+    return huge_segment(seg) && e->addr == seg->base && e->size == seg->size && size <= seg->size / 2;
 }
 
 /* 1 if a block of `size` (to the 2 MiB grain) is live in a segment above
@@ -2318,7 +2324,7 @@ static int size_live_in_huge_segments(const cuh_heap_t *h, size_t size)
     for (const cuh_segment_t *s = h->arena.segments; s; s = s->next)
         if (s->size > GROW_CAP)
             for (const cuh_extent_t *x = s->first; x; x = x->next)
-                if (x->state == CUH_EXTENT_BLOCK && x->size >= size && x->size - size < CUH_SEGMENT_GRAIN)
+                if (x->state == CUH_EXTENT_BLOCK && same_size_to_grain(x->size, size))
                     return 1;
     return 0;
 }
@@ -2327,7 +2333,7 @@ static int size_live_in_huge_segments(const cuh_heap_t *h, size_t size)
 static int take_released_huge_locked(cuh_heap_t *h, size_t size)
 {
     for (unsigned i = 0; i < RELEASED_HUGE_MAX; i++)
-        if (h->released_huge[i] >= size && h->released_huge[i] - size < CUH_SEGMENT_GRAIN) {
+        if (same_size_to_grain(h->released_huge[i], size)) {
             h->released_huge[i] = 0;
             return 1;
         }
