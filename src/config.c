@@ -77,11 +77,18 @@ static const option_t options[] = {
      "out-of-memory error, and when the thread exits. 0 turns thread caches off."},
     {"wait_before_grow", KIND_BOOL, offsetof(cuh_config_t, wait_before_grow), "1",
      "1: blocks freed by cudaFree that still wait for the GPU are taken back for a cudaMalloc "
-     "(device-wide allocation) instead of reserving more: every stream waits on the GPU "
-     "(cuStreamWaitEvent) for the other streams' work issued before those frees; the CPU does "
-     "not wait. While the default stream is the only one known they are taken back before any "
-     "search (a take-back then costs one event record); with other streams, those the GPU has "
-     "passed are, and the rest only before growing. 0: reserve more."},
+     "(device-wide allocation) instead of reserving more: the work issued from then on, on "
+     "every stream, waits on the GPU for the work issued before those frees; the CPU does not "
+     "wait. With device_fences they are taken back before any search; without, while the "
+     "default stream is the only one known too, and with other streams known, those the GPU "
+     "has passed are, and the rest only before growing. 0: reserve more."},
+    {"device_fences", KIND_BOOL, offsetof(cuh_config_t, device_fences), "1",
+     "1: what cudaFree frees waits for the GPU behind one event over every stream of the "
+     "device and one device-wide wait (cuCtxRecordEvent, cuCtxWaitEvent; CUDA 12.5 and later), "
+     "which cover streams cuheap never heard of and cost the same for 1 stream or 160. Not "
+     "while a CUDA graph capture is underway (the driver would invalidate it): then, with 0, "
+     "and with an older driver, an event and a wait per stream cuheap knows, at most one "
+     "take-back per N allocations with N streams known."},
     {"reuse_across_streams", KIND_BOOL, offsetof(cuh_config_t, reuse_across_streams), "0",
      "1: before the heap reserves more, memory streams freed in order (cudaFreeAsync, the "
      "plugin's frees) whose work may still run serves other streams, ordered on the GPU "
@@ -143,6 +150,7 @@ void cuh_config_defaults(cuh_config_t *cfg)
     cfg->vmm_page = 2 * CUH_MiB;
     cfg->meminfo_cached = 1;
     cfg->wait_before_grow = 1;
+    cfg->device_fences = 1;
     cfg->pinned = 1;
     cfg->pinned_chunk = 32 * CUH_MiB;
     snprintf(cfg->ipc_callers, sizeof cfg->ipc_callers, "libnccl");
@@ -400,9 +408,9 @@ void cuh_config_format(const cuh_config_t *cfg, char *buf, size_t len)
     else
         snprintf(limit, sizeof limit, "none");
     int n = snprintf(buf, len, "workspace:%zu,limit:%s,small_max:%zu,segment_min:%zu,grow_fraction:%g,vmm:%zu,vmm_margin:%g,"
-                     "vmm_page:%zu,thread_cache:%zu,wait_before_grow:%zu,reuse_across_streams:%zu,ipc_safe:%zu,ipc_callers:%s,meminfo_cached:%zu,pinned:%zu,pinned_chunk:%zu",
+                     "vmm_page:%zu,thread_cache:%zu,wait_before_grow:%zu,device_fences:%zu,reuse_across_streams:%zu,ipc_safe:%zu,ipc_callers:%s,meminfo_cached:%zu,pinned:%zu,pinned_chunk:%zu",
                      cfg->workspace, limit, cfg->small_max, cfg->segment_min, cfg->grow_fraction, cfg->vmm, cfg->vmm_margin,
-                     cfg->vmm_page, cfg->thread_cache, cfg->wait_before_grow, cfg->reuse_across_streams, cfg->ipc_safe, cfg->ipc_callers[0] ? cfg->ipc_callers : "none",
+                     cfg->vmm_page, cfg->thread_cache, cfg->wait_before_grow, cfg->device_fences, cfg->reuse_across_streams, cfg->ipc_safe, cfg->ipc_callers[0] ? cfg->ipc_callers : "none",
                      cfg->meminfo_cached, cfg->pinned, cfg->pinned_chunk);
     if (cfg->report[0] && n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, ",report:%s", cfg->report);

@@ -26,7 +26,9 @@ typedef enum cuh_dev_status_e {
     CUH_DEV_OK = 0,
     CUH_DEV_NOT_READY = 1,   /* event_query: the work has not finished yet */
     CUH_DEV_OOM = 2,         /* mem_alloc: the device has no memory for it */
-    CUH_DEV_ERROR = 3        /* anything else; device->last_error explains */
+    CUH_DEV_ERROR = 3,       /* anything else; device->last_error explains */
+    CUH_DEV_UNSUPPORTED = 4, /* the device (its driver) has no such call: never ask again */
+    CUH_DEV_CAPTURING = 5    /* a CUDA graph capture is underway, which the call would break: not now */
 } cuh_dev_status_t;
 
 typedef struct cuh_device_ops_s {
@@ -44,10 +46,20 @@ typedef struct cuh_device_ops_s {
     cuh_dev_status_t (*event_query)(cuh_device_t *dev, cuh_event_t event);
     /* Blocks the calling thread until that work has finished. */
     cuh_dev_status_t (*event_wait)(cuh_device_t *dev, cuh_event_t event);
-    /* Blocks until all work on the device has finished. */
     /* Work issued on `stream` from now on waits, on the GPU, for what
      * `event` waits for; the event may be recorded again afterwards. */
     cuh_dev_status_t (*stream_wait)(cuh_device_t *dev, cuh_stream_t stream, cuh_event_t event);
+    /* Device-wide fences, one call whatever the number of streams (CUDA
+     * 12.5 and later: cuCtxRecordEvent, cuCtxWaitEvent). event_record_all
+     * captures the work issued so far on every stream of the device, the
+     * streams cuheap never heard of included; wait_all makes the work issued
+     * from now on, on every stream (streams created later included), wait
+     * on the GPU for what `event` waits for. CUH_DEV_UNSUPPORTED when the
+     * driver has neither; CUH_DEV_CAPTURING while a graph capture is
+     * underway on the device, which either call would invalidate. */
+    cuh_dev_status_t (*event_record_all)(cuh_device_t *dev, cuh_event_t event);
+    cuh_dev_status_t (*wait_all)(cuh_device_t *dev, cuh_event_t event);
+    /* Blocks until all work on the device has finished. */
     cuh_dev_status_t (*synchronize)(cuh_device_t *dev);
     void (*destroy)(cuh_device_t *dev);
 
@@ -104,6 +116,13 @@ void cuh_sim_set_external(cuh_device_t *dev, size_t bytes);
  * host wait does, as a real wait would). Off (the default): every recorded
  * event completes at once. */
 void cuh_sim_hold_events(cuh_device_t *dev, int hold);
+/* Off: the device has no device-wide fences (event_record_all and wait_all
+ * answer CUH_DEV_UNSUPPORTED, as a driver before CUDA 12.5 would). On by
+ * default. */
+void cuh_sim_device_fences(cuh_device_t *dev, int on);
+/* While on, event_record_all and wait_all answer CUH_DEV_CAPTURING (a graph
+ * capture underway somewhere on the device). */
+void cuh_sim_capturing(cuh_device_t *dev, int on);
 /* Completes all work recorded so far on `stream`, or on every stream. */
 void cuh_sim_complete_stream(cuh_device_t *dev, cuh_stream_t stream);
 void cuh_sim_complete_all(cuh_device_t *dev);
@@ -137,6 +156,7 @@ typedef struct cuh_sim_counters_s {
     size_t vm_mapped;          /* bytes mapped now */
     uint64_t mem_allocs, mem_frees, mem_refusals;
     uint64_t events_recorded, event_queries, event_waits, stream_waits, synchronizes;
+    uint64_t events_recorded_all, waits_all;   /* device-wide: event_record_all and wait_all (also in events_recorded) */
     uint64_t vm_peer_grants;   /* (range, peer) pairs made accessible, by vm_allow_peer and vm_map */
     uint64_t vm_peers;         /* bit d: device d was allowed */
     uint64_t live_events;
@@ -185,6 +205,12 @@ int cuh_cuda_device_ordinal(int cudev);
 int cuh_cuda_context_device(void *ctx);
 /* 1 when `stream` is being captured into a CUDA graph. */
 int cuh_cuda_stream_capturing(const void *stream);
+/* A graph capture began, or an end of one was called, on `stream` (0 with
+ * per_thread_default: the calling thread's per-thread default stream).
+ * While a capture may be underway the device-wide fences answer
+ * CUH_DEV_CAPTURING (the driver would invalidate the capture). */
+void cuh_cuda_capture_began(const void *stream, int per_thread_default);
+void cuh_cuda_capture_ended(const void *stream, int per_thread_default);
 /* Bit d set for every device whose primary context is active (the program
  * has used the device); 0 when the driver is not loaded. */
 uint64_t cuh_cuda_active_devices(void);

@@ -62,6 +62,8 @@ typedef struct CUstream_st *CUstream;
 #define CUDA_ERROR_OUT_OF_MEMORY 2
 #define CUDA_ERROR_DEINITIALIZED 4
 #define CUDA_ERROR_NOT_READY 600
+#define CUDA_ERROR_NOT_SUPPORTED 801
+#define CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
 #define CU_EVENT_DISABLE_TIMING 0x2u
 #define CU_STREAM_CAPTURE_MODE_RELAXED 2   /* CUstreamCaptureMode */
 
@@ -127,6 +129,9 @@ static struct {
     CUresult (*cuMemUnmap)(CUdeviceptr ptr, size_t size);
     CUresult (*cuMemSetAccess)(CUdeviceptr ptr, size_t size, const cuh_CUmemAccessDesc *desc, size_t count);
     CUresult (*cuStreamIsCapturing)(CUstream stream, int *status);
+    /* Device-wide fences (optional: CUDA 12.5 and later). */
+    CUresult (*cuCtxRecordEvent)(CUcontext ctx, CUevent event);
+    CUresult (*cuCtxWaitEvent)(CUcontext ctx, CUevent event);
     /* Page-locked host memory (optional). */
     CUresult (*cuMemHostAlloc)(void **pp, size_t bytes, unsigned int flags);
     CUresult (*cuMemFreeHost)(void *p);
@@ -295,6 +300,8 @@ static void cuda_load(void)
     CU_OPTIONAL(cuMemUnmap);
     CU_OPTIONAL(cuMemSetAccess);
     CU_OPTIONAL(cuStreamIsCapturing);
+    CU_OPTIONAL(cuCtxRecordEvent);
+    CU_OPTIONAL(cuCtxWaitEvent);
     CU_OPTIONAL(cuMemHostAlloc);
     CU_OPTIONAL(cuMemFreeHost);
 #undef CU_OPTIONAL
@@ -591,6 +598,133 @@ static cuh_dev_status_t cuda_synchronize(cuh_device_t *dev)
     CUDA_CALL(dev, "cuCtxSynchronize", g_cu.cuCtxSynchronize());
 }
 
+/* ---- device-wide fences ------------------------------------------------------
+ * cuCtxRecordEvent and cuCtxWaitEvent cover every stream of the context in
+ * one call, but either one invalidates any graph capture underway in the
+ * context. The hooks report every capture that begins and ends (through
+ * whichever entry point: hook_driver.c); while one may be underway, both ops
+ * answer CUH_DEV_CAPTURING and call nothing. The registry is a short list of
+ * the capturing streams: an entry whose stream no longer captures (an end
+ * the hooks missed) is dropped when a fence looks, by asking the driver. */
+
+#define CAPTURES_MAX 64
+static struct {
+    pthread_mutex_t lock;
+    int count;              /* entries in stream[] */
+    int overflow;           /* more captures began at once than there is room for: for good */
+    uintptr_t stream[CAPTURES_MAX];
+    int per_thread[CAPTURES_MAX];   /* the per-thread default stream: only its own thread can ask */
+} g_captures = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* The driver's answer for `stream` (the calling thread's per-thread default
+ * stream for 0x2): 1 capturing (or invalidated but not ended), 0 not, -1
+ * cannot tell. */
+static int stream_capture_status(uintptr_t stream)
+{
+    int status = 0;
+    if (!g_cu.cuStreamIsCapturing || g_cu.cuStreamIsCapturing((CUstream)stream, &status) != CUDA_SUCCESS)
+        return -1;
+    return status != 0;
+}
+
+void cuh_cuda_capture_began(const void *stream, int per_thread_default)
+{
+    uintptr_t s = (uintptr_t)stream;
+    if (s == 0 && per_thread_default)
+        s = 0x2;   /* CU_STREAM_PER_THREAD */
+    pthread_mutex_lock(&g_captures.lock);
+    if (g_captures.count == CAPTURES_MAX) {
+        g_captures.overflow = 1;
+    } else {
+        g_captures.per_thread[g_captures.count] = s == 0x2;
+        g_captures.stream[g_captures.count++] = s;
+    }
+    pthread_mutex_unlock(&g_captures.lock);
+}
+
+void cuh_cuda_capture_ended(const void *stream, int per_thread_default)
+{
+    uintptr_t s = (uintptr_t)stream;
+    if (s == 0 && per_thread_default)
+        s = 0x2;
+    /* An end that failed (not the stream the capture began on) leaves the
+     * capture going: ask rather than assume. */
+    if (stream_capture_status(s) == 1)
+        return;
+    pthread_mutex_lock(&g_captures.lock);
+    for (int i = 0; i < g_captures.count; i++)
+        if (g_captures.stream[i] == s) {
+            g_captures.count--;
+            g_captures.stream[i] = g_captures.stream[g_captures.count];
+            g_captures.per_thread[i] = g_captures.per_thread[g_captures.count];
+            break;
+        }
+    pthread_mutex_unlock(&g_captures.lock);
+}
+
+/* 1 while a capture may be underway. */
+static int captures_underway(void)
+{
+    pthread_mutex_lock(&g_captures.lock);
+    for (int i = 0; i < g_captures.count;) {
+        if (!g_captures.per_thread[i] && stream_capture_status(g_captures.stream[i]) == 0) {
+            g_captures.count--;
+            g_captures.stream[i] = g_captures.stream[g_captures.count];
+            g_captures.per_thread[i] = g_captures.per_thread[g_captures.count];
+        } else {
+            i++;
+        }
+    }
+    int underway = g_captures.count != 0 || g_captures.overflow;
+    pthread_mutex_unlock(&g_captures.lock);
+    return underway;
+}
+
+/* One of the two device-wide calls: OK, UNSUPPORTED (no such call in this
+ * driver, or a capture the hooks never saw was underway: the driver has
+ * broken it, and fencing per stream from now on breaks no other), CAPTURING
+ * or ERROR. */
+static cuh_dev_status_t cuda_fence_all(cuh_device_t *dev, CUresult (*call)(CUcontext, CUevent), const char *name,
+                                       cuh_event_t event)
+{
+    cuh_cuda_device_t *d = cuda_dev(dev);
+    if (!call) {
+        snprintf(dev->last_error, sizeof dev->last_error, "the CUDA driver has no %s (before CUDA 12.5)", name);
+        return CUH_DEV_UNSUPPORTED;
+    }
+    if (captures_underway()) {
+        snprintf(dev->last_error, sizeof dev->last_error, "%s: a CUDA graph capture is underway", name);
+        return CUH_DEV_CAPTURING;
+    }
+    int pushed;
+    CUDA_ENTER(d, pushed, name);
+    CUresult r = call(d->ctx, (CUevent)(void *)event);
+    cuda_ctx_leave(pushed);
+    if (r == CUDA_SUCCESS)
+        return CUH_DEV_OK;
+    cuda_dev_error(dev, r, "%s", name);
+    if (r == CUDA_ERROR_NOT_SUPPORTED)
+        return CUH_DEV_UNSUPPORTED;
+    if (r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) {
+        size_t len = strlen(dev->last_error);
+        snprintf(dev->last_error + len, sizeof dev->last_error - len,
+                 ": a CUDA graph capture that cuheap did not see was underway, and the driver has "
+                 "invalidated it; cuheap fences stream by stream from now on");
+        return CUH_DEV_UNSUPPORTED;
+    }
+    return CUH_DEV_ERROR;
+}
+
+static cuh_dev_status_t cuda_event_record_all(cuh_device_t *dev, cuh_event_t event)
+{
+    return cuda_fence_all(dev, g_cu.cuCtxRecordEvent, "cuCtxRecordEvent", event);
+}
+
+static cuh_dev_status_t cuda_wait_all(cuh_device_t *dev, cuh_event_t event)
+{
+    return cuda_fence_all(dev, g_cu.cuCtxWaitEvent, "cuCtxWaitEvent", event);
+}
+
 /* ---- virtual memory -------------------------------------------------------- */
 
 static cuh_CUmemAllocationProp cuda_vm_prop(const cuh_cuda_device_t *d)
@@ -818,6 +952,8 @@ static const cuh_device_ops_t cuda_ops = {
     .event_query = cuda_event_query,
     .event_wait = cuda_event_wait,
     .stream_wait = cuda_stream_wait,
+    .event_record_all = cuda_event_record_all,
+    .wait_all = cuda_wait_all,
     .synchronize = cuda_synchronize,
     .destroy = cuda_destroy,
     .vm_granularity = cuda_vm_granularity,

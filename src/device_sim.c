@@ -12,7 +12,12 @@
  * chooses; a host wait on an event completes the work it waits for, as a real
  * wait would. Work completes as on a GPU: a stream's work done means the work
  * it waited for (stream waits on events, directly or through other streams)
- * is done too. Memory used by other processes is a knob (external bytes).
+ * is done too. Device-wide fences (cuCtxRecordEvent and cuCtxWaitEvent on a
+ * GPU) are an event whose clock takes every stream's position, and a wait
+ * that every stream, and every stream created after it, inherits; a test can
+ * take them away (a driver before CUDA 12.5) or make them refuse (a graph
+ * capture underway). Memory used by other processes is a knob (external
+ * bytes).
  */
 #include "device.h"
 
@@ -52,6 +57,7 @@ typedef struct sim_stream_s {
 struct cuh_event_s {
     uint32_t magic;
     int recorded;
+    int all;                     /* recorded by event_record_all: clock is all that tells */
     cuh_stream_t stream;
     uint64_t seq;
     uint64_t *clock;             /* the recording stream's dep at the record, its own position included */
@@ -66,6 +72,12 @@ typedef struct sim_device_s {
     uintptr_t next_addr;
     uintptr_t space_end;
     int hold;
+    int no_device_fences;        /* cuh_sim_device_fences(dev, 0) */
+    int capturing;               /* cuh_sim_capturing */
+    /* What every stream created from now on waits for: the clocks of the
+     * device-wide waits so far (wait_all). */
+    uint64_t *all_dep;
+    size_t num_all_dep;
     sim_stream_t *streams;
     size_t num_streams, cap_streams;
     cuh_ptrmap_t segments;       /* address -> size (stored as pointer-sized int) */
@@ -84,6 +96,8 @@ typedef struct sim_device_s {
 } sim_device_t;
 
 static sim_device_t *sim_of(cuh_device_t *dev) { return (sim_device_t *)dev; }
+
+static int clock_raise(uint64_t **clock, size_t *num, size_t j, uint64_t pos);
 
 static sim_stream_t *stream_state(sim_device_t *s, cuh_stream_t handle)
 {
@@ -107,6 +121,14 @@ static sim_stream_t *stream_state(sim_device_t *s, cuh_stream_t handle)
     st->done_dep = NULL;
     st->num_done_dep = 0;
     st->dep_changed = 0;
+    for (size_t j = 0; j < s->num_all_dep; j++) {
+        if (!clock_raise(&st->dep, &st->num_dep, j, s->all_dep[j])) {
+            free(st->dep);
+            s->num_streams--;
+            return NULL;
+        }
+        st->dep_changed = 1;
+    }
     return st;
 }
 
@@ -275,6 +297,7 @@ static cuh_dev_status_t sim_event_record(cuh_device_t *dev, cuh_event_t event, c
         if (!s->hold)
             complete_stream(s, st);
         event->recorded = 1;
+        event->all = 0;
         event->stream = stream;
         event->seq = st->recorded;
         s->counters.events_recorded++;
@@ -301,7 +324,10 @@ static cuh_dev_status_t sim_event_query(cuh_device_t *dev, cuh_event_t event)
     cuh_dev_status_t rc = CUH_DEV_OK;
     pthread_mutex_lock(&s->lock);
     s->counters.event_queries++;
-    if (event->recorded) {
+    if (event->recorded && event->all) {
+        if (!clock_done(s, event->clock, event->num_clock, SIZE_MAX))
+            rc = CUH_DEV_NOT_READY;
+    } else if (event->recorded) {
         sim_stream_t *st = stream_state(s, event->stream);
         if (st && st->completed < event->seq) {
             /* An idle stream runs no work of its own: its event completes
@@ -346,6 +372,92 @@ static cuh_dev_status_t sim_stream_wait(cuh_device_t *dev, cuh_stream_t stream, 
         snprintf(dev->last_error, sizeof dev->last_error, "sim: bad event or out of memory");
         rc = CUH_DEV_ERROR;
     }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+/* Whether a device-wide call on `event` may go ahead: OK, or why not. */
+static cuh_dev_status_t sim_fences_usable(sim_device_t *s, cuh_device_t *dev, cuh_event_t event)
+{
+    if (s->no_device_fences) {
+        snprintf(dev->last_error, sizeof dev->last_error, "sim: no device-wide fences (as a driver before CUDA 12.5)");
+        return CUH_DEV_UNSUPPORTED;
+    }
+    if (s->capturing) {
+        snprintf(dev->last_error, sizeof dev->last_error, "sim: a graph capture is underway");
+        return CUH_DEV_CAPTURING;
+    }
+    if (!event || event->magic != EVENT_MAGIC) {
+        snprintf(dev->last_error, sizeof dev->last_error, "sim: bad event");
+        return CUH_DEV_ERROR;
+    }
+    return CUH_DEV_OK;
+}
+
+/* The event's clock: every stream's work so far (an idle stream has none of
+ * its own) and everything that work waits for. Like an event recorded on
+ * each stream, it is a record on every stream that runs work: held, it
+ * stays incomplete until the test completes those streams. */
+static cuh_dev_status_t sim_event_record_all(cuh_device_t *dev, cuh_event_t event)
+{
+    sim_device_t *s = sim_of(dev);
+    pthread_mutex_lock(&s->lock);
+    cuh_dev_status_t rc = sim_fences_usable(s, dev, event);
+    if (rc == CUH_DEV_OK) {
+        if (event->num_clock)
+            memset(event->clock, 0, event->num_clock * sizeof *event->clock);
+        int ok = 1;
+        for (size_t i = 0; ok && i < s->num_streams; i++) {
+            sim_stream_t *st = &s->streams[i];
+            for (size_t j = 0; ok && j < st->num_dep; j++)
+                ok = clock_raise(&event->clock, &event->num_clock, j, st->dep[j]);
+            if (ok && !st->idle && (ok = note_record(st))) {
+                st->recorded++;
+                if (!s->hold)
+                    complete_stream(s, st);
+                ok = clock_raise(&event->clock, &event->num_clock, i, st->recorded);
+            }
+        }
+        if (!ok) {
+            snprintf(dev->last_error, sizeof dev->last_error, "sim: out of host memory");
+            rc = CUH_DEV_ERROR;
+        } else {
+            event->recorded = 1;
+            event->all = 1;
+            event->stream = 0;
+            event->seq = 0;
+            s->counters.events_recorded++;
+            s->counters.events_recorded_all++;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+/* Every stream's work from now on, and every later stream's, waits for the
+ * event's clock. */
+static cuh_dev_status_t sim_wait_all(cuh_device_t *dev, cuh_event_t event)
+{
+    sim_device_t *s = sim_of(dev);
+    pthread_mutex_lock(&s->lock);
+    cuh_dev_status_t rc = sim_fences_usable(s, dev, event);
+    if (rc == CUH_DEV_OK && event->recorded) {
+        int ok = 1;
+        for (size_t j = 0; ok && j < event->num_clock; j++)
+            ok = clock_raise(&s->all_dep, &s->num_all_dep, j, event->clock[j]);
+        for (size_t i = 0; ok && i < s->num_streams; i++) {
+            sim_stream_t *st = &s->streams[i];
+            for (size_t j = 0; ok && j < event->num_clock; j++)
+                ok = clock_raise(&st->dep, &st->num_dep, j, event->clock[j]);
+            st->dep_changed = 1;
+        }
+        if (!ok) {
+            snprintf(dev->last_error, sizeof dev->last_error, "sim: out of host memory");
+            rc = CUH_DEV_ERROR;
+        }
+    }
+    if (rc == CUH_DEV_OK)
+        s->counters.waits_all++;
     pthread_mutex_unlock(&s->lock);
     return rc;
 }
@@ -589,6 +701,7 @@ static void sim_destroy(cuh_device_t *dev)
         free(s->streams[i].done_dep);
     }
     free(s->streams);
+    free(s->all_dep);
     pthread_mutex_destroy(&s->lock);
     free(s);
 }
@@ -603,6 +716,8 @@ static const cuh_device_ops_t sim_ops = {
     .event_query = sim_event_query,
     .event_wait = sim_event_wait,
     .stream_wait = sim_stream_wait,
+    .event_record_all = sim_event_record_all,
+    .wait_all = sim_wait_all,
     .synchronize = sim_synchronize,
     .destroy = sim_destroy,
     .vm_granularity = sim_vm_granularity,
@@ -643,6 +758,12 @@ cuh_device_t *cuh_sim_create(const cuh_sim_params_t *params)
     }
     s->next_addr = SIM_BASE + (uintptr_t)params->ordinal * SIM_SPACE;
     s->space_end = s->next_addr + SIM_SPACE;
+    /* The legacy default stream exists from the start, as on a GPU: a
+     * device-wide event covers it before anything was recorded there. */
+    if (!stream_state(s, 0)) {
+        sim_destroy(&s->base);
+        return NULL;
+    }
     return &s->base;
 }
 
@@ -661,6 +782,22 @@ void cuh_sim_hold_events(cuh_device_t *dev, int hold)
     sim_device_t *s = sim_of(dev);
     pthread_mutex_lock(&s->lock);
     s->hold = hold;
+    pthread_mutex_unlock(&s->lock);
+}
+
+void cuh_sim_device_fences(cuh_device_t *dev, int on)
+{
+    sim_device_t *s = sim_of(dev);
+    pthread_mutex_lock(&s->lock);
+    s->no_device_fences = !on;
+    pthread_mutex_unlock(&s->lock);
+}
+
+void cuh_sim_capturing(cuh_device_t *dev, int on)
+{
+    sim_device_t *s = sim_of(dev);
+    pthread_mutex_lock(&s->lock);
+    s->capturing = on;
     pthread_mutex_unlock(&s->lock);
 }
 

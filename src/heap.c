@@ -255,7 +255,8 @@ struct cuh_heap_s {
     hold_t **holds;
     size_t num_holds, cap_holds;
     size_t held_bytes;
-    int took_back;               /* a batch came back early: new streams must wait (stream_joins_locked) */
+    int took_back;               /* streams waited stream by stream: new streams must wait too (stream_joins_locked) */
+    int device_fences;           /* cfg.device_fences, while the device has them (record_all_locked) */
     uint64_t allocs_at_take_back; /* num_allocs at the last take-back (take_back_all_locked) */
     /* Under vmm:1, the events recorded when other streams got memory before
      * the GPU passed its frees (reuse_across_streams): that memory is theirs
@@ -361,6 +362,46 @@ static cuh_dev_status_t cpu_wait_device(cuh_heap_t *h)
     return h->dev->ops->synchronize(h->dev);
 }
 
+/* ---- device-wide fences ------------------------------------------------------
+ * cudaFree's promise covers every stream. With CUDA 12.5's device-wide event
+ * and wait (device.h: event_record_all, wait_all) that costs two calls
+ * whatever the number of streams (about 0.3 us each on an H200 with 33 or
+ * 161 streams, against 70 us and 262 us for an event and a wait per stream:
+ * bench/gpu/ctx_fence.cu), and streams cuheap never heard of are covered
+ * too. Without them (device_fences:0, an older driver, a capture underway)
+ * every known stream gets an event and a wait. */
+
+/* The stream a device-wide event stands for in a batch's event_streams and
+ * a take-back's list: all of them. */
+#define ALL_STREAMS ((cuh_stream_t)UINTPTR_MAX)
+
+/* A device-wide call answered rc: a capture underway only defers it; a
+ * device without them, or an error, turns them off for good (an error is
+ * told: the caller fences stream by stream instead, never wrong). */
+static void device_fences_refused_locked(cuh_heap_t *h, cuh_dev_status_t rc)
+{
+    if (rc == CUH_DEV_CAPTURING)
+        return;
+    if (rc != CUH_DEV_UNSUPPORTED)
+        cuh_log("device-wide fences turned off: %s", h->dev->last_error);
+    h->device_fences = 0;
+}
+
+/* Records `e` over the work issued so far on every stream: CUH_DEV_OK;
+ * CUH_DEV_CAPTURING while a graph capture is underway (no event call may be
+ * made now: an event recorded on a capturing stream would join the graph);
+ * anything else when device-wide fences are off (the caller fences stream
+ * by stream). */
+static cuh_dev_status_t record_all_locked(cuh_heap_t *h, cuh_event_t e)
+{
+    if (!h->device_fences || h->captures)
+        return CUH_DEV_UNSUPPORTED;
+    cuh_dev_status_t rc = h->dev->ops->event_record_all(h->dev, e);
+    if (rc != CUH_DEV_OK)
+        device_fences_refused_locked(h, rc);
+    return rc;
+}
+
 /* A block that must start a segment of its own: every block with ipc_safe:1,
  * and the one being allocated by cuh_heap_malloc_shareable. Not under
  * virtual memory, which legacy IPC cannot share anyway. */
@@ -412,10 +453,10 @@ static inline void refresh_stats_locked(cuh_heap_t *h)
 
 /* ---- events and streams ------------------------------------------------------ */
 
-/* With streams besides the default one known, a take-back (and a batch
- * close) costs calls on every stream: at most one per TAKE_BACK_EVERY
- * allocations per known stream. A poll closes a batch at most once per
- * POLL_CLOSE_SECONDS. */
+/* Fenced stream by stream with streams besides the default one known, a
+ * take-back (and a batch close) costs calls on every stream: at most one per
+ * TAKE_BACK_EVERY allocations per known stream. A poll closes a batch at
+ * most once per POLL_CLOSE_SECONDS. */
 #define TAKE_BACK_EVERY 1u
 #define POLL_CLOSE_SECONDS 0.001
 
@@ -1741,6 +1782,13 @@ static uint64_t covered_streams_locked(const cuh_heap_t *h) { return (uint64_t)h
 /* 1 if the heap knows a live stream besides the default stream. */
 static int other_streams_locked(const cuh_heap_t *h) { return h->live_other_streams != 0; }
 
+/* 1 if a batch close or a take-back costs calls on every known stream: no
+ * device-wide fences now, and streams besides the default one known. */
+static int fences_per_stream_locked(const cuh_heap_t *h)
+{
+    return other_streams_locked(h) && !(h->device_fences && !h->captures);
+}
+
 /* Keeps `e`, recorded on `stream` just now, until it completes
  * (settle_unsettled_locked). Work on a stream completes in order, so it
  * stands for every event kept for its stream and takes their place: at most
@@ -1812,19 +1860,28 @@ static int order_streams_after_locked(cuh_heap_t *h, cuh_event_t **running, cons
     const size_t num_streams = covered_streams_locked(h);
     size_t num_running = 0;
     int default_running = 0;
-    for (size_t k = 0; k < n; k++)
-        if (running[k]) {
+    for (size_t k = 0; k < n; k++) {
+        if (running[k] && where[k] == ALL_STREAMS) {
+            /* A device-wide event: one device-wide wait, streams to come included. */
+            cuh_dev_status_t rc = h->dev->ops->wait_all(h->dev, *running[k]);
+            if (rc != CUH_DEV_OK) {
+                device_fences_refused_locked(h, rc);
+                return 0;
+            }
+        } else if (running[k]) {
             num_running++;
             default_running |= where[k] == 0;
         }
+    }
     if (!num_running)
         return 1;
+    h->took_back = 1;   /* a stream heard of later must wait too (stream_joins_locked) */
     cuh_stream_t waiter;
     const size_t direct = num_running * (num_streams - 1);
     const size_t joined = (num_running - (size_t)default_running) + 1 + (num_streams - 1);
     if (direct <= joined) {
         for (size_t k = 0; k < n; k++)
-            for (uint32_t i = 0; running[k] && next_live_stream(h, &i, &waiter);)
+            for (uint32_t i = 0; running[k] && where[k] != ALL_STREAMS && next_live_stream(h, &i, &waiter);)
                 if (waiter != where[k] && h->dev->ops->stream_wait(h->dev, waiter, *running[k]) != CUH_DEV_OK)
                     return 0;
         return 1;
@@ -1832,7 +1889,7 @@ static int order_streams_after_locked(cuh_heap_t *h, cuh_event_t **running, cons
     cuh_event_t join = event_get_locked(h);
     int ok = join != NULL;
     for (size_t k = 0; ok && k < n; k++)
-        if (running[k] && where[k] != 0)
+        if (running[k] && where[k] != 0 && where[k] != ALL_STREAMS)
             ok = h->dev->ops->stream_wait(h->dev, 0, *running[k]) == CUH_DEV_OK;
     ok = ok && h->dev->ops->event_record(h->dev, join, 0) == CUH_DEV_OK;
     for (uint32_t i = 0; ok && next_live_stream(h, &i, &waiter);)
@@ -1850,26 +1907,37 @@ static int order_streams_after_locked(cuh_heap_t *h, cuh_event_t **running, cons
  * PyTorch without its cache: a cudaFree per tensor - would otherwise make
  * the heap grow by everything the CPU has freed ahead of the GPU. So the
  * batches can be taken back at once, all together, and the GPU, not the CPU,
- * waits: every stream cuheap knows, and the legacy default stream (which
- * every blocking stream waits for), gets a wait on the newest event still
- * running on each other stream (a later event on a stream stands for the
- * earlier ones; with several running, they are joined on the default stream
- * first: order_streams_after_locked), so no work issued from now on (the
- * only work that can touch a block handed out now) runs before the work
- * issued before the frees has finished. Idle streams cost one event query each and no wait. Only when a
- * wait cannot be enqueued does the CPU wait. Returns 1 when memory came back
- * (try again), 0 when there was none to take (or wait_before_grow:0). */
+ * waits, so that no work issued from now on (the only work that can touch a
+ * block handed out now) runs before the work issued before the frees has
+ * finished. With device-wide fences the newest batch's event covers every
+ * stream and one device-wide wait orders them all, streams created later
+ * included. Fenced stream by stream, every stream cuheap knows, and the
+ * legacy default stream (which every blocking stream waits for), gets a wait
+ * on the newest event still running on each other stream (a later event on a
+ * stream stands for the earlier ones; with several running, they are joined
+ * on the default stream first: order_streams_after_locked); idle streams
+ * cost one event query each and no wait. Only when a wait cannot be enqueued
+ * does the CPU wait. Returns 1 when memory came back (try again), 0 when
+ * there was none to take (or wait_before_grow:0, or a capture is underway). */
 static int take_back_all_locked(cuh_heap_t *h)
 {
     if (!h->cfg.wait_before_grow || h->captures || (!h->open_batch && !h->closed_batches))
         return 0;
-    batch_close_locked(h);   /* may finish it at once */
+    const size_t held_before = h->held_bytes;
+    batch_close_locked(h);   /* may finish it at once, or leave it open (a capture underway) */
     const int others = other_streams_locked(h);
+    int per_stream = 0, device_wide = 0;   /* batches fenced stream by stream, and over the device */
+    for (free_batch_t *b = h->closed_batches; b; b = b->next)
+        for (size_t e = 0; e < b->num_events; e++) {
+            per_stream |= b->event_streams[e] != ALL_STREAMS;
+            device_wide |= b->event_streams[e] == ALL_STREAMS;
+        }
     uint64_t stamp = 0;   /* the generation of the blocks returned before their work is done */
-    if (h->closed_batches && (others || h->vm)) {
+    if (h->closed_batches && (others || h->vm || device_wide)) {
         /* The newest event of each stream (batches are oldest first, so a
-         * later one takes its stream's place); NULL once it has completed. */
-        size_t cap = h->num_streams + 1, n = 0;
+         * later one takes its stream's place), and the newest device-wide
+         * one (ALL_STREAMS); NULL once it has completed. */
+        size_t cap = h->num_streams + 2, n = 0;
         cuh_event_t **running = malloc(cap * sizeof *running);   /* its slot in its batch */
         cuh_stream_t *where = malloc(cap * sizeof *where);
         int waited = running && where;
@@ -1887,7 +1955,7 @@ static int take_back_all_locked(cuh_heap_t *h)
         for (size_t e = 0; waited && e < n; e++)
             if (h->dev->ops->event_query(h->dev, *running[e]) == CUH_DEV_OK)
                 running[e] = NULL;   /* complete: none older on its stream runs */
-        if (others && waited)
+        if ((others || device_wide) && waited)
             waited = order_streams_after_locked(h, running, where, n);
         if (!waited) {   /* the CPU waits instead */
             for (free_batch_t *b = h->closed_batches; b; b = b->next)
@@ -1912,9 +1980,10 @@ static int take_back_all_locked(cuh_heap_t *h)
         h->closed_batches = oldest->next;
         batch_finish_locked(h, oldest, stamp);
     }
-    h->took_back = 1;
+    if (per_stream)
+        h->took_back = 1;   /* a stream heard of later must wait too (stream_joins_locked) */
     h->allocs_at_take_back = h->num_allocs;
-    return 1;
+    return h->held_bytes < held_before;
 }
 
 /* Under vmm:1, when other streams get memory st freed before the GPU has
@@ -2349,9 +2418,10 @@ static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
     /* Memory cudaFree gave back comes first, as it would with stream-ordered
      * frees: left in its batches while other free memory is cut up, its
      * holes stop matching the requests that follow (cuheap-replay
-     * --cudafree 100: GPT-2 reserved 34 GiB instead of 28). While the
-     * default stream is the only one known, all of it: a take-back then
-     * costs one event record. With other streams, first what the GPU has
+     * --cudafree 100: GPT-2 reserved 34 GiB instead of 28). With
+     * device-wide fences, or while the default stream is the only one
+     * known, all of it: a take-back then costs an event record and a wait.
+     * Fenced stream by stream with other streams, first what the GPU has
      * passed (a query per event); a take-back of the rest costs an event
      * record, a query and a wait per stream (about 1 us each on an H200,
      * bench/gpu/sync_costs.cu), so at most one per TAKE_BACK_EVERY
@@ -2360,7 +2430,7 @@ static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
     cuh_extent_t *e;
     int tried_vm_take_back = 0, tried_page_aligned = 0, tried_private = 0, tried_huge_cut = 0;
     if (h->held_bytes >= size) {
-        if (!other_streams_locked(h)) {
+        if (!fences_per_stream_locked(h)) {
             take_back_all_locked(h);
         } else {
             batches_poll_locked(h, 0);   /* those the GPU has passed: no wait */
@@ -2441,6 +2511,7 @@ hit:
             if (grew == GROW_ERROR)
                 cuh_log("%s; the block is cut from a free segment instead", cuh_get_error());
         }
+
     }
     if (cuh_unlikely(e->segment->virtual_space) && at_growth_edge(h, e)) {
         cuh_extent_t *inside = smallest_fit_by_bins_locked(h, size, align, st->tag, mapped_fits_off_the_edge);
@@ -3327,6 +3398,7 @@ cuh_heap_t *cuh_heap_create(cuh_device_t *dev, const cuh_config_t *cfg, char *er
     cuh_lock_init(&h->lock);   /* spins before it sleeps: see lock.h */
     h->dev = dev;
     h->cfg = *cfg;
+    h->device_fences = cfg->device_fences && dev->ops->event_record_all && dev->ops->wait_all;
     h->id = atomic_fetch_add(&next_heap_id, 1);
     h->device_wide = (stream_state_t){.tag = CUH_TAG_GLOBAL, .retired = 1};
     clock_gettime(CLOCK_MONOTONIC, &h->born);
@@ -3439,17 +3511,30 @@ void cuh_heap_destroy(cuh_heap_t *h)
 /* ---- fences for memory outside the heap ------------------------------------ *
  * Pinned host memory obeys cudaFree's rule too (the real cudaFreeHost
  * synchronizes): a freed buffer waits until all work issued before the free
- * has finished. A fence is what a device-wide batch waits for - an event on
- * the default stream and on every live stream the heap knows - kept apart
+ * has finished. A fence is what a device-wide batch waits for - one
+ * device-wide event, or an event on the default stream and on every live
+ * stream the heap knows - kept apart
  * from the batches, whose take-backs let the GPU, not the host, wait: host
  * memory is written by the host. The fence's type is defined with the
  * batches (cuh_heap_fence_s). */
 
-/* Records the fence's events; on any failure synchronizes the device
- * instead (slow, never wrong), leaving no event to wait for. */
+/* Records the fence's events (one device-wide event when it can); on any
+ * failure synchronizes the device instead (slow, never wrong), leaving no
+ * event to wait for. */
 static void fence_record_locked(cuh_heap_t *h, cuh_heap_fence_t *f, size_t cap)
 {
     cuh_stream_t handle;
+    cuh_event_t all = h->device_fences && cap ? event_get_locked(h) : NULL;
+    cuh_dev_status_t fenced = all ? record_all_locked(h, all) : CUH_DEV_UNSUPPORTED;
+    if (fenced == CUH_DEV_OK) {
+        f->recorded = 1;
+        f->events[f->num_events++] = all;
+        return;
+    }
+    if (all)
+        event_put_locked(h, all);
+    if (fenced == CUH_DEV_CAPTURING)
+        return;   /* recorded later (cuh_heap_fence_passed), as during the heap's own captures */
     f->recorded = 1;
     for (uint32_t i = 0; next_live_stream(h, &i, &handle);) {
         cuh_event_t ev = f->num_events < cap ? event_get_locked(h) : NULL;
@@ -3944,8 +4029,9 @@ static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch, uint64_t gen
     free(batch);
 }
 
-/* Closes the open batch: one event on every live stream the heap knows and
- * on the default stream. If an event cannot be recorded the device is
+/* Closes the open batch: one device-wide event (record_all_locked), or one
+ * event on every live stream the heap knows and on the default stream. If an
+ * event cannot be recorded the device is
  * synchronized instead and the batch is finished at once (slow, never
  * wrong). Never during a graph capture. */
 static void batch_close_locked(cuh_heap_t *h)
@@ -3953,14 +4039,27 @@ static void batch_close_locked(cuh_heap_t *h)
     free_batch_t *batch = h->open_batch;
     if (!batch || h->captures)
         return;
+    cuh_event_t all = h->device_fences ? event_get_locked(h) : NULL;
+    cuh_dev_status_t fenced = all ? record_all_locked(h, all) : CUH_DEV_UNSUPPORTED;
+    if (fenced != CUH_DEV_OK && all)
+        event_put_locked(h, all);
+    if (fenced == CUH_DEV_CAPTURING)
+        return;   /* stays open until the capture ends */
+    const int fenced_all = fenced == CUH_DEV_OK;
     h->open_batch = NULL;
     h->allocs_at_close = h->num_allocs;
     h->closed_at = seconds_since(&h->born);
     batch->events = malloc((h->num_streams + 1) * sizeof *batch->events);
     batch->event_streams = malloc((h->num_streams + 1) * sizeof *batch->event_streams);
     int synced = !batch->events || !batch->event_streams;
+    if (fenced_all && !synced) {
+        batch->event_streams[0] = ALL_STREAMS;
+        batch->events[batch->num_events++] = all;
+    } else if (fenced_all) {
+        event_put_locked(h, all);   /* no room for it: the device is synchronized below */
+    }
     cuh_stream_t handle;
-    for (uint32_t i = 0; !synced && next_live_stream(h, &i, &handle);) {
+    for (uint32_t i = 0; !synced && !fenced_all && next_live_stream(h, &i, &handle);) {
         cuh_event_t ev = event_get_locked(h);
         if (!ev || h->dev->ops->event_record(h->dev, ev, handle) != CUH_DEV_OK) {
             if (ev)
@@ -4001,12 +4100,13 @@ static int batches_poll_locked(cuh_heap_t *h, int wait)
         batch_finish_locked(h, batch, 0);
         any = 1;
     }
-    /* A close records an event on every known stream: with other streams
-     * than the default one, at most once per N allocations with N streams
-     * known, or a program whose GPU keeps up would pay one per cudaFree
-     * (33 event records with PyTorch's stream pool). */
+    /* Fenced stream by stream, a close records an event on every known
+     * stream: with other streams than the default one, at most once per N
+     * allocations with N streams known, or a program whose GPU keeps up
+     * would pay one per cudaFree (33 event records with PyTorch's stream
+     * pool). A device-wide event costs one. */
     if (!h->closed_batches && h->open_batch &&
-        (wait || !other_streams_locked(h) || h->num_allocs - h->allocs_at_close >= covered_streams_locked(h)))
+        (wait || !fences_per_stream_locked(h) || h->num_allocs - h->allocs_at_close >= covered_streams_locked(h)))
         batch_close_locked(h);
     return any;
 }

@@ -17,7 +17,9 @@
  * cuMemAllocHost_v2, cuMemFreeHost. Watched and passed on: cuMemGetInfo_v2,
  * cuStreamCreate, cuStreamCreateWithPriority, cuStreamDestroy_v2,
  * cuIpcGetMemHandle, cuDevicePrimaryCtxReset_v2, cuCtxEnablePeerAccess (the
- * peer gets access to cuheap's virtual memory). What the driver refuses
+ * peer gets access to cuheap's virtual memory), and the graph captures'
+ * begins and ends (cuStreamBeginCapture in its five other forms,
+ * cuStreamEndCapture and _ptsz). What the driver refuses
  * without cuheap (no current context, a zero size) it still refuses.
  *
  * dlsym(RTLD_NEXT, ...) keeps glibc's meaning (relative to its caller): it
@@ -237,6 +239,50 @@ CUresult cuMemFreeHost(void *p)
     return fn(p);
 }
 
+/* Graph captures: cuheap's device-wide fences (cuCtxRecordEvent,
+ * cuCtxWaitEvent) would invalidate one, so device_cuda.c is told of each
+ * capture before it begins and after each end. The runtime's captures reach
+ * these too: it takes the driver's functions through cuGetProcAddress. */
+typedef void *CUgraph;
+#define CAPTURE_BEGIN(name, per_thread, params, args, type)                   \
+    CUH_HOOK CUresult name params;                                             \
+    CUresult name params                                                       \
+    {                                                                          \
+        REAL(type, #name);                                                     \
+        cuh_cuda_capture_began(stream, per_thread);                            \
+        CUresult code = fn args;                                               \
+        if (code != CUH_CUDA_SUCCESS)                                          \
+            cuh_cuda_capture_ended(stream, per_thread);                        \
+        return code;                                                           \
+    }
+CAPTURE_BEGIN(cuStreamBeginCapture, 0, (CUstream stream), (stream), CUresult (*)(CUstream))
+CAPTURE_BEGIN(cuStreamBeginCapture_ptsz, 1, (CUstream stream), (stream), CUresult (*)(CUstream))
+CAPTURE_BEGIN(cuStreamBeginCapture_v2, 0, (CUstream stream, int mode), (stream, mode), CUresult (*)(CUstream, int))
+CAPTURE_BEGIN(cuStreamBeginCapture_v2_ptsz, 1, (CUstream stream, int mode), (stream, mode),
+              CUresult (*)(CUstream, int))
+CAPTURE_BEGIN(cuStreamBeginCaptureToGraph, 0,
+              (CUstream stream, CUgraph graph, const void *deps, const void *edges, size_t n, int mode),
+              (stream, graph, deps, edges, n, mode),
+              CUresult (*)(CUstream, CUgraph, const void *, const void *, size_t, int))
+CAPTURE_BEGIN(cuStreamBeginCaptureToGraph_ptsz, 1,
+              (CUstream stream, CUgraph graph, const void *deps, const void *edges, size_t n, int mode),
+              (stream, graph, deps, edges, n, mode),
+              CUresult (*)(CUstream, CUgraph, const void *, const void *, size_t, int))
+#undef CAPTURE_BEGIN
+
+#define CAPTURE_END(name, per_thread)                                          \
+    CUH_HOOK CUresult name(CUstream stream, CUgraph *graph);                  \
+    CUresult name(CUstream stream, CUgraph *graph)                             \
+    {                                                                          \
+        REAL(CUresult (*)(CUstream, CUgraph *), #name);                        \
+        CUresult code = fn(stream, graph);                                     \
+        cuh_cuda_capture_ended(stream, per_thread);                            \
+        return code;                                                           \
+    }
+CAPTURE_END(cuStreamEndCapture, 0)
+CAPTURE_END(cuStreamEndCapture_ptsz, 1)
+#undef CAPTURE_END
+
 /* ---- recognizing the driver's functions wherever they are handed out ---- */
 
 CUH_HOOK CUresult cuGetProcAddress(const char *symbol, void **pfn, int cuda_version, unsigned long long flags);
@@ -265,6 +311,14 @@ static const struct {
     HOOK_ENTRY(cuMemHostAlloc),
     HOOK_ENTRY(cuMemAllocHost_v2),
     HOOK_ENTRY(cuMemFreeHost),
+    HOOK_ENTRY(cuStreamBeginCapture),
+    HOOK_ENTRY(cuStreamBeginCapture_ptsz),
+    HOOK_ENTRY(cuStreamBeginCapture_v2),
+    HOOK_ENTRY(cuStreamBeginCapture_v2_ptsz),
+    HOOK_ENTRY(cuStreamBeginCaptureToGraph),
+    HOOK_ENTRY(cuStreamBeginCaptureToGraph_ptsz),
+    HOOK_ENTRY(cuStreamEndCapture),
+    HOOK_ENTRY(cuStreamEndCapture_ptsz),
     HOOK_ENTRY(cuGetProcAddress),
     HOOK_ENTRY(cuGetProcAddress_v2),
 };

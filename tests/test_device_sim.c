@@ -518,6 +518,62 @@ static void test_work_done_means_what_it_waited_for_is_done(void **state)
     d->ops->destroy(d);
 }
 
+/* Device-wide fences: one event over every stream's work so far (an idle
+ * stream has none), and a wait that every stream's later work, and every
+ * later stream's, starts after. Turned off, or while a capture is underway,
+ * both refuse and record nothing. */
+static void test_device_wide_event_and_wait_cover_every_stream(void **state)
+{
+    (void)state;
+    cuh_device_t *d = sim_new(GiB, 0);
+    cuh_sim_hold_events(d, 1);
+    const cuh_stream_t s1 = 0x1111, s2 = 0x2222, idle = 0x4444, later = 0x5555;
+    cuh_sim_stream_idle(d, idle);
+    uint64_t w1 = cuh_sim_enqueue_work(d, s1), w2 = cuh_sim_enqueue_work(d, s2);
+    cuh_event_t all = new_event(d), on_idle = new_event(d);
+    assert_int_equal(d->ops->event_record_all(d, all), CUH_DEV_OK);
+    assert_int_equal(counters(d).events_recorded_all, 1);
+    assert_int_equal(d->ops->event_query(d, all), CUH_DEV_NOT_READY);
+    cuh_sim_complete_stream(d, s1);
+    cuh_sim_complete_stream(d, 0);   /* the record is one on each stream that runs work, the default one too */
+    assert_int_equal(d->ops->event_query(d, all), CUH_DEV_NOT_READY);   /* s2 still runs */
+    assert_false(cuh_sim_stream_waits_for(d, s1, s2, w2));
+    assert_int_equal(d->ops->wait_all(d, all), CUH_DEV_OK);
+    assert_int_equal(counters(d).waits_all, 1);
+    /* Every stream waits now: those that ran work, the idle one, the
+     * default stream, and one the device hears of only afterwards. */
+    assert_true(cuh_sim_stream_waits_for(d, s1, s2, w2));
+    assert_true(cuh_sim_stream_waits_for(d, idle, s2, w2));
+    assert_true(cuh_sim_stream_waits_for(d, 0, s2, w2));
+    assert_true(cuh_sim_stream_waits_for(d, later, s2, w2));
+    assert_true(cuh_sim_stream_waits_for(d, later, s1, w1));
+    assert_int_equal(d->ops->event_record(d, on_idle, idle), CUH_DEV_OK);
+    assert_int_equal(d->ops->event_query(d, on_idle), CUH_DEV_NOT_READY);   /* it waits for s2 now */
+    cuh_sim_complete_stream(d, s2);
+    assert_int_equal(d->ops->event_query(d, all), CUH_DEV_OK);
+    assert_int_equal(d->ops->event_query(d, on_idle), CUH_DEV_OK);
+    /* A host wait on a device-wide event completes every stream's work. */
+    cuh_sim_enqueue_work(d, s1);
+    uint64_t w3 = cuh_sim_enqueue_work(d, s2);
+    assert_int_equal(d->ops->event_record_all(d, all), CUH_DEV_OK);
+    assert_int_equal(d->ops->event_wait(d, all), CUH_DEV_OK);
+    assert_true(cuh_sim_work_done(d, s2, w3));
+    /* Taken away (a driver before CUDA 12.5), or during a capture. */
+    cuh_sim_device_fences(d, 0);
+    assert_int_equal(d->ops->event_record_all(d, all), CUH_DEV_UNSUPPORTED);
+    assert_int_equal(d->ops->wait_all(d, all), CUH_DEV_UNSUPPORTED);
+    cuh_sim_device_fences(d, 1);
+    cuh_sim_capturing(d, 1);
+    assert_int_equal(d->ops->event_record_all(d, all), CUH_DEV_CAPTURING);
+    assert_int_equal(d->ops->wait_all(d, all), CUH_DEV_CAPTURING);
+    cuh_sim_capturing(d, 0);
+    assert_int_equal(counters(d).events_recorded_all, 2);
+    assert_int_equal(counters(d).waits_all, 1);
+    d->ops->event_destroy(d, all);
+    d->ops->event_destroy(d, on_idle);
+    d->ops->destroy(d);
+}
+
 static void test_live_events_follow_create_and_destroy(void **state)
 {
     (void)state;
@@ -598,6 +654,7 @@ int main(void)
         cmocka_unit_test(test_complete_all_and_synchronize_complete_every_stream),
         cmocka_unit_test(test_event_wait_completes_earlier_events_of_its_stream_only),
         cmocka_unit_test(test_work_done_means_what_it_waited_for_is_done),
+        cmocka_unit_test(test_device_wide_event_and_wait_cover_every_stream),
         cmocka_unit_test(test_live_events_follow_create_and_destroy),
         cmocka_unit_test(test_huge_external_use_never_wraps_the_books),
         cmocka_unit_test(test_device_address_slices_never_overlap_and_run_out_loudly),

@@ -27,6 +27,9 @@ static int overlaps(uintptr_t a, size_t as, uintptr_t b, size_t bs) { return a <
 
 /* Makes the heap know 32 more streams, as PyTorch's stream pool does (they
  * stay idle unless a test gives them work). */
+/* Waits the heap enqueued on the GPU: stream by stream, or device-wide. */
+static uint64_t gpu_waits(const cuh_sim_counters_t *c) { return c->stream_waits + c->waits_all; }
+
 static void register_pool_streams(cuh_heap_t *heap)
 {
     for (uintptr_t i = 0; i < 32; i++)
@@ -328,72 +331,78 @@ static void test_record_stream_holds_the_block_until_every_user_finished(void **
 static void test_device_wide_free_waits_for_every_stream_without_blocking(void **state)
 {
     (void)state;
-    /* Growing rather than waiting, so that the held events stay held. */
-    test_heap_t t = test_heap_new(GiB, "wait_before_grow:0");
-    cuh_sim_hold_events(t.dev, 1);
-    /* S3 never allocates: the program only launches kernels on it. */
-    assert_int_equal(cuh_heap_register_stream(t.heap, S3), CUHEAP_OK);
-    /* Three allocations with three streams known: a batch may close (the
-     * heap closes at most one per N allocations with N streams known). */
-    must_free(t.heap, must_alloc(t.heap, 100, S1), S1);
-    uintptr_t big = must_alloc(t.heap, 8 * MiB, S1);
-    uintptr_t small = must_alloc(t.heap, 2000, S1);
-    cuh_sim_counters_t c0, c1;
-    cuh_sim_counters(t.dev, &c0);
-    assert_int_equal(cuh_heap_free_device_wide(t.heap, big), CUHEAP_OK);
-    assert_int_equal(cuh_heap_free_device_wide(t.heap, small), CUHEAP_OK);
-    cuh_sim_counters(t.dev, &c1);
-    /* One event on each of S1, S3 and the default stream; the second free
-     * waits in the next batch; the host never waited. */
-    assert_int_equal(c1.events_recorded - c0.events_recorded, 3);
-    assert_int_equal(c1.event_waits, c0.event_waits);
-    assert_int_equal(c1.synchronizes, c0.synchronizes);
-    assert_int_equal(cuh_heap_free_device_wide(t.heap, big), CUHEAP_ERR_DOUBLE_FREE);
-    assert_int_equal(cuh_heap_free(t.heap, small, S1), CUHEAP_ERR_DOUBLE_FREE);
-    heap_ok(t.heap);
+    for (int device_fences = 0; device_fences <= 1; device_fences++) {
+        print_message("case: %s\n", device_fences ? "device-wide fences" : "an event per stream");
+        /* Growing rather than waiting, so that the held events stay held. */
+        test_heap_t t = test_heap_new(GiB, device_fences ? "wait_before_grow:0" : "wait_before_grow:0,device_fences:0");
+        cuh_sim_hold_events(t.dev, 1);
+        /* S3 never allocates: the program only launches kernels on it. */
+        assert_int_equal(cuh_heap_register_stream(t.heap, S3), CUHEAP_OK);
+        cuh_sim_enqueue_work(t.dev, S3);
+        /* Three allocations with three streams known: a batch may close (the
+         * heap closes at most one per N allocations with N streams known). */
+        must_free(t.heap, must_alloc(t.heap, 100, S1), S1);
+        uintptr_t big = must_alloc(t.heap, 8 * MiB, S1);
+        uintptr_t small = must_alloc(t.heap, 2000, S1);
+        cuh_sim_counters_t c0, c1;
+        cuh_sim_counters(t.dev, &c0);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, big), CUHEAP_OK);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, small), CUHEAP_OK);
+        cuh_sim_counters(t.dev, &c1);
+        /* One event on each of S1, S3 and the default stream, or one over the
+         * device; the second free waits in the next batch; the host never
+         * waited. */
+        assert_int_equal(c1.events_recorded - c0.events_recorded, device_fences ? 1 : 3);
+        assert_int_equal(c1.events_recorded_all - c0.events_recorded_all, device_fences ? 1 : 0);
+        assert_int_equal(c1.event_waits, c0.event_waits);
+        assert_int_equal(c1.synchronizes, c0.synchronizes);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, big), CUHEAP_ERR_DOUBLE_FREE);
+        assert_int_equal(cuh_heap_free(t.heap, small, S1), CUHEAP_ERR_DOUBLE_FREE);
+        heap_ok(t.heap);
 
-    /* Not even the stream that allocated them gets them back while any
-     * stream may still read them. */
-    uintptr_t b2 = must_alloc(t.heap, 8 * MiB, S1);
-    uintptr_t s2 = must_alloc(t.heap, 2000, S1);
-    assert_false(overlaps(big, 8 * MiB, b2, 8 * MiB));
-    assert_true(s2 != small);
-    cuh_sim_complete_stream(t.dev, S1);
-    cuh_sim_complete_stream(t.dev, 0);
-    must_free(t.heap, s2, S1);   /* a free polls the batches */
-    cuheap_stats_t st;
-    cuh_heap_stats(t.heap, &st);
-    assert_true(st.pending.current >= 8 * MiB + 2048);   /* S3 has not finished */
-    uintptr_t b3 = must_alloc(t.heap, 8 * MiB, 0);
-    assert_false(overlaps(big, 8 * MiB, b3, 8 * MiB));
-    heap_ok(t.heap);
+        /* Not even the stream that allocated them gets them back while any
+         * stream may still read them. */
+        uintptr_t b2 = must_alloc(t.heap, 8 * MiB, S1);
+        uintptr_t s2 = must_alloc(t.heap, 2000, S1);
+        assert_false(overlaps(big, 8 * MiB, b2, 8 * MiB));
+        assert_true(s2 != small);
+        cuh_sim_complete_stream(t.dev, S1);
+        cuh_sim_complete_stream(t.dev, 0);
+        must_free(t.heap, s2, S1);   /* a free polls the batches */
+        cuheap_stats_t st;
+        cuh_heap_stats(t.heap, &st);
+        assert_true(st.pending.current >= 8 * MiB + 2048);   /* S3 has not finished */
+        uintptr_t b3 = must_alloc(t.heap, 8 * MiB, 0);
+        assert_false(overlaps(big, 8 * MiB, b3, 8 * MiB));
+        heap_ok(t.heap);
 
-    /* S3 finishes: the first batch is done and the second goes out (with
-     * enough allocations since the first closed: x is the fourth). */
-    uintptr_t x = must_alloc(t.heap, 100, S1);
-    cuh_sim_complete_stream(t.dev, S3);
-    must_free(t.heap, b3, 0);
-    cuh_heap_stats(t.heap, &st);
-    /* b3's 8 MiB waits too: its free left its segment idle, so it was fenced
-     * on the default stream, whose work is not done. */
-    assert_true(st.pending.current < 16 * MiB);
-    cuh_sim_complete_all(t.dev);
-    must_free(t.heap, x, S1);
-    must_free(t.heap, b2, S1);
-    cuh_sim_complete_all(t.dev);   /* b2's segment went idle: fenced */
-    cuh_heap_poll(t.heap);
-    cuh_heap_stats(t.heap, &st);
-    assert_int_equal(st.pending.current, 0);
-    assert_int_equal(st.allocated.current, 0);
-    heap_ok(t.heap);
-    /* Now global: any stream may have it. */
-    uintptr_t again = must_alloc(t.heap, 8 * MiB, S2);
-    assert_true(again == big || again == b2 || again == b3);
-    must_free(t.heap, again, S2);
-    assert_int_equal(cuh_heap_free_device_wide(t.heap, 0), CUHEAP_OK);
-    assert_int_equal(cuh_heap_free_device_wide(t.heap, 0x1234000), CUHEAP_ERR_NOT_OWNED);
-    heap_ok(t.heap);
-    test_heap_free(&t);
+        /* S3 finishes: the first batch is done and the second goes out (with
+         * enough allocations since the first closed: x is the fourth). */
+        uintptr_t x = must_alloc(t.heap, 100, S1);
+        cuh_sim_complete_stream(t.dev, S3);
+        must_free(t.heap, b3, 0);
+        cuh_heap_stats(t.heap, &st);
+        /* b3's 8 MiB waits too: its free left its segment idle, so it was fenced
+         * on the default stream, whose work is not done. */
+        assert_true(st.pending.current < 16 * MiB);
+        cuh_sim_complete_all(t.dev);
+        must_free(t.heap, x, S1);
+        must_free(t.heap, b2, S1);
+        cuh_sim_complete_all(t.dev);   /* b2's segment went idle: fenced */
+        cuh_heap_poll(t.heap);
+        cuh_heap_stats(t.heap, &st);
+        assert_int_equal(st.pending.current, 0);
+        assert_int_equal(st.allocated.current, 0);
+        heap_ok(t.heap);
+        /* Now global: any stream may have it. */
+        uintptr_t again = must_alloc(t.heap, 8 * MiB, S2);
+        assert_true(again == big || again == b2 || again == b3);
+        must_free(t.heap, again, S2);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, 0), CUHEAP_OK);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, 0x1234000), CUHEAP_ERR_NOT_OWNED);
+        heap_ok(t.heap);
+        test_heap_free(&t);
+    }
 }
 
 static void test_device_wide_frees_cost_events_per_batch_not_per_free(void **state)
@@ -523,8 +532,13 @@ static void test_device_wide_free_of_a_graph_block_waits_for_its_pool(void **sta
 static void test_device_wide_malloc_waits_for_a_batch_rather_than_grow(void **state)
 {
     (void)state;
-    for (int wait = 1; wait >= 0; wait--) {
-        test_heap_t t = test_heap_new(GiB, wait ? NULL : "wait_before_grow:0");
+    enum { PER_STREAM, DEVICE_WIDE, NO_WAIT, CASES };
+    static const char *names[CASES] = {"an event per stream", "device-wide fences", "wait_before_grow:0"};
+    static const char *conf[CASES] = {"device_fences:0", NULL, "wait_before_grow:0"};
+    for (int k = PER_STREAM; k < CASES; k++) {
+        print_message("case: %s\n", names[k]);
+        const int wait = k != NO_WAIT;
+        test_heap_t t = test_heap_new(GiB, conf[k]);
         cuh_sim_hold_events(t.dev, 1);
         assert_int_equal(cuh_heap_register_stream(t.heap, S3), CUHEAP_OK);
         uintptr_t a, b, small, small2;
@@ -543,10 +557,12 @@ static void test_device_wide_malloc_waits_for_a_batch_rather_than_grow(void **st
         if (wait) {
             /* The same memory at once: a's batch comes back before the heap
              * would grow; it has an event on S3 and one on the default
-             * stream, and each stream waits on the GPU for the other's. The
-             * CPU does not wait. */
+             * stream, and each stream waits on the GPU for the other's, or
+             * one device-wide event and one device-wide wait. The CPU does
+             * not wait. */
             assert_int_equal(c1.event_waits, c0.event_waits);
-            assert_int_equal(c1.stream_waits - c0.stream_waits, 2);
+            assert_int_equal(c1.stream_waits - c0.stream_waits, k == PER_STREAM ? 2 : 0);
+            assert_int_equal(c1.waits_all - c0.waits_all, k == DEVICE_WIDE ? 1 : 0);
             assert_int_equal(b, a);
             assert_int_equal(st1.num_segment_allocs, st0.num_segment_allocs);
             assert_int_equal(st1.reserved.current, st0.reserved.current);
@@ -581,7 +597,7 @@ static void test_vmm_takes_cudafree_memory_back_before_new_pages(void **state)
     cuh_sim_counters(t.dev, &c1);
     assert_int_equal(b, a);
     assert_int_equal(c1.vm_creates, c0.vm_creates);   /* no new pages */
-    assert_true(c1.stream_waits > c0.stream_waits);   /* the GPU, not the CPU, waits */
+    assert_true(gpu_waits(&c1) > gpu_waits(&c0));   /* the GPU, not the CPU, waits */
     assert_int_equal(c1.event_waits, c0.event_waits);
     assert_int_equal(cuh_heap_free_device_wide(t.heap, b), CUHEAP_OK);
     heap_ok(t.heap);
@@ -845,13 +861,14 @@ static void test_poll_sends_a_rationed_batch_out(void **state)
 }
 
 /* cudaFree'd memory comes back before other free memory is cut: the exact
- * hole the program left, not a cut of another block. With the default stream
- * alone that costs no wait. With other streams, what the GPU has passed
- * comes back with no wait; the rest with a wait on the GPU for each running
- * event by each other stream (an idle stream's event has completed: no wait
- * for it), at most once per N allocations with N streams known, the
- * default stream included (a take-back costs a few calls per stream); in
- * between, the heap serves from other free memory. */
+ * hole the program left, not a cut of another block. Fenced stream by stream
+ * (device_fences:0, or a driver without device-wide events): with the
+ * default stream alone that costs no wait. With other streams, what the GPU
+ * has passed comes back with no wait; the rest with a wait on the GPU for
+ * each running event by each other stream (an idle stream's event has
+ * completed: no wait for it), at most once per N allocations with N streams
+ * known, the default stream included (a take-back costs a few calls per
+ * stream); in between, the heap serves from other free memory. */
 static void test_cudafree_batches_come_back_before_other_free_memory(void **state)
 {
     (void)state;
@@ -859,7 +876,7 @@ static void test_cudafree_batches_come_back_before_other_free_memory(void **stat
     static const char *names[CASES] = {"alone", "running", "passed", "idle stream", "too soon"};
     for (int k = ALONE; k < CASES; k++) {
         print_message("case: %s\n", names[k]);
-        test_heap_t t = test_heap_new(GiB, NULL);
+        test_heap_t t = test_heap_new(GiB, "device_fences:0");
         cuh_sim_hold_events(t.dev, 1);
         if (k == IDLE_STREAM)
             cuh_sim_stream_idle(t.dev, S3);
@@ -1608,12 +1625,143 @@ static void test_cudafree_memory_comes_back_before_a_huge_segment_is_cut(void **
     assert_int_equal(y, x);
     assert_int_equal(c1.event_waits, c0.event_waits);
     assert_int_equal(c1.synchronizes, c0.synchronizes);
-    assert_true(c1.stream_waits > c0.stream_waits);   /* the streams wait on the GPU instead */
+    assert_true(gpu_waits(&c1) > gpu_waits(&c0));   /* the streams wait on the GPU instead */
     cuh_heap_stats(t.heap, &s);
     assert_int_equal(s.reserved.current, 4096 * MiB);
     heap_ok(t.heap);
     assert_int_equal(cuh_heap_free_device_wide(t.heap, y), CUHEAP_OK);
     cuh_sim_complete_all(t.dev);
+    test_heap_free(&t);
+}
+
+/* With device-wide fences (the default) a cudaFree'd block comes back at
+ * the next cudaMalloc that wants it, however many streams are known, for
+ * one device-wide event and one device-wide wait on the GPU: no event or
+ * wait per stream, and no rationing. The wait covers every stream: those the
+ * heap knows, one it never heard of, and one created afterwards. */
+static void test_device_fences_take_back_at_every_malloc_and_cover_every_stream(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    register_pool_streams(t.heap);   /* 33 streams known, the default one included */
+    assert_int_equal(cuh_heap_register_stream(t.heap, S1), CUHEAP_OK);
+    cuh_sim_hold_events(t.dev, 1);
+    const cuh_stream_t unknown = 0x9000, created_later = 0xA000;
+    uintptr_t a, d, b, e;
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &a), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 32 * MiB, &d), CUHEAP_OK);
+    /* Kernels that read a: one on a stream the heap never heard of. */
+    const uint64_t on_unknown = cuh_sim_enqueue_work(t.dev, unknown);
+    const uint64_t on_default = cuh_sim_enqueue_work(t.dev, 0);
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &b), CUHEAP_OK);
+    cuh_sim_counters(t.dev, &c1);
+    assert_int_equal(b, a);   /* the same memory at once */
+    assert_int_equal(c1.events_recorded - c0.events_recorded, 1);
+    assert_int_equal(c1.events_recorded_all - c0.events_recorded_all, 1);
+    assert_int_equal(c1.waits_all - c0.waits_all, 1);
+    assert_int_equal(c1.stream_waits, c0.stream_waits);
+    assert_int_equal(c1.event_waits, c0.event_waits);   /* never the CPU */
+    const cuh_stream_t waiters[] = {S1, (cuh_stream_t)0x10000, 0, unknown, created_later};
+    for (size_t i = 0; i < sizeof waiters / sizeof waiters[0]; i++) {
+        assert_true(cuh_sim_stream_waits_for(t.dev, waiters[i], unknown, on_unknown));
+        assert_true(cuh_sim_stream_waits_for(t.dev, waiters[i], 0, on_default));
+    }
+    /* Freed right after the take-back: the next cudaMalloc takes it back too. */
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, d), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 32 * MiB, &e), CUHEAP_OK);
+    cuh_sim_counters(t.dev, &c0);
+    assert_int_equal(e, d);
+    assert_int_equal(c0.waits_all - c1.waits_all, 1);
+    assert_int_equal(c0.stream_waits, c1.stream_waits);
+    heap_ok(t.heap);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, b), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, e), CUHEAP_OK);
+    cuh_sim_complete_all(t.dev);
+    test_heap_free(&t);
+}
+
+/* A device without device-wide fences (a driver before CUDA 12.5) is fenced
+ * stream by stream from its first refusal on; while a graph capture is
+ * underway no event call is made at all (a device-wide one would invalidate
+ * the capture, one on the capturing stream would join its graph): freed
+ * blocks wait, and the heap grows instead. After the capture they come back. */
+static void test_device_fences_fall_back_and_keep_out_of_captures(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    cuh_sim_device_fences(t.dev, 0);
+    assert_int_equal(cuh_heap_register_stream(t.heap, S3), CUHEAP_OK);
+    cuh_sim_hold_events(t.dev, 1);
+    uintptr_t a, b, c;
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &a), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &b), CUHEAP_OK);
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    assert_int_equal(b, a);
+    assert_int_equal(c0.events_recorded_all, 0);
+    assert_true(c0.events_recorded >= 2 && c0.stream_waits >= 1);   /* S3 and the default stream */
+    assert_int_equal(c0.event_waits, 0);
+    cuh_sim_complete_all(t.dev);
+    test_heap_free(&t);
+
+    t = test_heap_new(GiB, NULL);
+    assert_int_equal(cuh_heap_register_stream(t.heap, S3), CUHEAP_OK);
+    cuh_sim_hold_events(t.dev, 1);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &a), CUHEAP_OK);
+    cuh_sim_capturing(t.dev, 1);
+    cuh_sim_counters(t.dev, &c0);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &b), CUHEAP_OK);
+    cuh_heap_poll(t.heap);
+    cuh_sim_counters(t.dev, &c1);
+    assert_false(overlaps(a, 64 * MiB, b, 64 * MiB));   /* a waits out the capture */
+    assert_int_equal(c1.events_recorded, c0.events_recorded);
+    assert_int_equal(c1.event_queries, c0.event_queries);
+    assert_int_equal(c1.stream_waits, c0.stream_waits);
+    assert_int_equal(c1.event_waits + c1.synchronizes, c0.event_waits + c0.synchronizes);
+    cuheap_stats_t st;
+    cuh_heap_stats(t.heap, &st);
+    assert_int_equal(st.pending.current, 64 * MiB);
+    cuh_sim_capturing(t.dev, 0);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &c), CUHEAP_OK);
+    cuh_sim_counters(t.dev, &c1);
+    assert_int_equal(c, a);   /* taken back once the capture is over */
+    assert_int_equal(c1.events_recorded_all - c0.events_recorded_all, 1);
+    heap_ok(t.heap);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, b), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, c), CUHEAP_OK);
+    cuh_sim_complete_all(t.dev);
+    test_heap_free(&t);
+}
+
+/* Fences for memory outside the heap (pinned host memory) are one
+ * device-wide event too, and pass only once every stream's work issued
+ * before them is done, that of streams the heap never heard of included. */
+static void test_a_fence_is_one_device_wide_event(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    register_pool_streams(t.heap);
+    cuh_sim_hold_events(t.dev, 1);
+    cuh_sim_enqueue_work(t.dev, 0x9000);   /* unknown to the heap */
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    cuh_heap_fence_t *f = cuh_heap_fence(t.heap);
+    cuh_sim_counters(t.dev, &c1);
+    assert_non_null(f);
+    assert_int_equal(c1.events_recorded - c0.events_recorded, 1);
+    assert_int_equal(c1.events_recorded_all - c0.events_recorded_all, 1);
+    cuh_sim_complete_stream(t.dev, 0);
+    for (uintptr_t i = 0; i < 32; i++)
+        cuh_sim_complete_stream(t.dev, (cuh_stream_t)(0x10000 + i * 0x100));
+    assert_false(cuh_heap_fence_passed(t.heap, f, 0));
+    cuh_sim_complete_stream(t.dev, 0x9000);
+    assert_true(cuh_heap_fence_passed(t.heap, f, 0));
+    cuh_heap_fence_free(t.heap, f);
     test_heap_free(&t);
 }
 
@@ -3464,6 +3612,9 @@ int main(void)
         cmocka_unit_test(test_a_released_huge_size_with_a_live_block_cuts_instead_of_growing),
         cmocka_unit_test(test_room_beside_a_lone_huge_block_is_used_last),
         cmocka_unit_test(test_cudafree_memory_comes_back_before_a_huge_segment_is_cut),
+        cmocka_unit_test(test_device_fences_take_back_at_every_malloc_and_cover_every_stream),
+        cmocka_unit_test(test_device_fences_fall_back_and_keep_out_of_captures),
+        cmocka_unit_test(test_a_fence_is_one_device_wide_event),
         cmocka_unit_test(test_a_segment_left_idle_goes_back_once_the_gpu_passed_its_free),
         cmocka_unit_test(test_growing_below_the_peak_keeps_idle_segments),
         cmocka_unit_test(test_out_of_memory_only_after_retry_and_heap_survives),

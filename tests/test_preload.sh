@@ -113,6 +113,9 @@ for runtime in shared static; do
     preload $p-capture $p capture
     expect_pass $p-capture capture "$r: in a graph capture, stream-ordered allocations go to CUDA and freed cuheap blocks are kept"
     check "$r: a cuheap block freed in a capture is reported on stderr" 'grep -q "graph capture" "$TMP/$p-capture.err"'
+    preload $p-capfence $p capture-fences
+    expect_pass $p-capfence capture-fences \
+        "$r: no device-wide fence while a capture is underway (the capture ends whole), one a take-back before and after"
     preload $p-ipc-safe $p ipc-safe CUHEAP_CONF=ipc_safe:1
     expect_pass $p-ipc-safe ipc-safe "$r: with ipc_safe:1 every block, small ones too, gets a handle that names it"
     preload $p-ipc-callers $p ipc-callers NCCL_FAKE_LIB="$programs/libnccl_fake.so"
@@ -176,12 +179,21 @@ for runtime in shared static; do
         "$r: two devices: cudaMalloc on the current one, cudaFree to the owner's heap, meminfo and reset per device"
 done
 
-# The ordering check can fail: a non-blocking stream cuheap never heard of
-# (made behind its back) lets the block go to the next cudaMalloc while the
-# kernel still reads it. (A static runtime's cudaFree synchronizes first.)
-preload unseen runtime_shared free-ordering-unseen-stream
-check "the ordering check sees corrupt bytes when the stream is unknown to cuheap" \
-    '[ "$rc" -ne 0 ] && grep -q "corrupt bytes: A was handed out again" "$TMP/unseen.out"'
+# A non-blocking stream cuheap never heard of (made behind its back): the
+# device-wide fences (cuCtxRecordEvent, cuCtxWaitEvent) cover it, so the
+# kernel reading a freed block is never overtaken. The ordering check can
+# fail: fenced stream by stream (a driver without those calls, or
+# device_fences:0), the block goes to the next cudaMalloc while the kernel
+# still reads it. (A static runtime's cudaFree synchronizes first.)
+preload unseen-covered runtime_shared free-ordering-unseen-stream
+expect_pass unseen-covered free-ordering-unseen-stream \
+    "shared runtime: a stream cuheap never heard of is covered by the device-wide fences"
+preload unseen runtime_shared free-ordering-unseen-stream FAKE_CUDA_NO_CTX_EVENTS=1
+check "the ordering check sees corrupt bytes when the stream is unknown to cuheap and the driver has no device-wide events" \
+    '[ "$rc" -ne 0 ] && grep -q "corrupt bytes: A was handed out again" "$TMP/unseen.out" && ! grep -q "device-wide fences turned off" "$TMP/unseen.err"'
+preload unseen-df0 runtime_shared free-ordering-unseen-stream CUHEAP_CONF=device_fences:0
+check "... and with device_fences:0" \
+    '[ "$rc" -ne 0 ] && grep -q "corrupt bytes: A was handed out again" "$TMP/unseen-df0.out"'
 
 # The service checks can fail: without the preload nothing reports to cuheap.
 env LD_LIBRARY_PATH="$fake" "$programs/runtime_shared" threads >"$TMP/bare.out" 2>&1

@@ -577,30 +577,54 @@ else
 fi
 
 # ---- --streams: the idle streams PyTorch's stream pool leaves ------------------
-# Each take-back of cudaFree'd memory costs a record, a query and a wait per
-# known stream, so with 32 idle streams the heap takes back at most once per
-# 33 allocations. An idle stream ordered after one take-back's join carries
-# that order: its next event runs until the GPU passes the join, so the next
-# take-back waits for it too (as on a GPU): at most two stream waits per
-# allocation, and memory within 15% of the stream-ordered replay (the old
-# policy, a take-back only before growing, reserved 2.5x live on this kind of
-# trace).
+# With device-wide fences (the default) a take-back costs one event and one
+# wait over the whole device, whatever the streams: the replay holds what it
+# holds with none known, with no wait per stream. Fenced stream by stream
+# (device_fences:0, a driver before CUDA 12.5), each take-back costs a record,
+# a query and a wait per known stream, so with 32 idle streams the heap takes
+# back at most once per 33 allocations. An idle stream ordered after one
+# take-back's join carries that order: its next event runs until the GPU
+# passes the join, so the next take-back waits for it too (as on a GPU): at
+# most two stream waits per allocation, and memory within 15% of the
+# stream-ordered replay (the old policy, a take-back only before growing,
+# reserved 2.5x live on this kind of trace).
 run streams --json --cudafree 100 --streams 32 "$gpt2"
-if [ "$rc" -eq 0 ] && msg=$(python3 - "$TMP/ordered.out" "$TMP/streams.out" <<'PY' 2>&1
+run nostreams --json --cudafree 100 "$gpt2"
+if [ "$rc" -eq 0 ] && msg=$(python3 - "$TMP/nostreams.out" "$TMP/streams.out" <<'PY' 2>&1
 import json, sys
 a = json.loads(open(sys.argv[1]).readline())
 b = json.loads(open(sys.argv[2]).readline())
 calls = b["device_calls"]
 assert b["oom"] is None, "out of memory with --streams 32"
+assert calls["stream_waits"] == 0, "stream waits with device-wide fences: %r" % calls
+assert calls["event_records"] == calls["device_events"], "an event per stream: %r" % calls
+assert 0 < calls["device_waits"] <= calls["device_events"] <= b["allocs"], "%r for %d allocations" % (calls, b["allocs"])
+assert calls["cpu_waits"] == 0 and calls["synchronizes"] == 0, "the CPU waited: %r" % calls
+assert b["peak_reserved"] == a["peak_reserved"], "%d bytes with 32 idle streams, %d with none" % (
+    b["peak_reserved"], a["peak_reserved"])
+PY
+); then
+    ok "--streams 32: one device-wide event and wait a take-back at most, memory as with no stream known"
+else
+    not_ok "--streams 32 on gpt2" "status $rc ${msg:-}"
+fi
+run streams_ps --json --cudafree 100 --streams 32 --conf device_fences:0 "$gpt2"
+if [ "$rc" -eq 0 ] && msg=$(python3 - "$TMP/ordered.out" "$TMP/streams_ps.out" <<'PY' 2>&1
+import json, sys
+a = json.loads(open(sys.argv[1]).readline())
+b = json.loads(open(sys.argv[2]).readline())
+calls = b["device_calls"]
+assert b["oom"] is None, "out of memory with --streams 32"
+assert calls["device_events"] == 0 and calls["device_waits"] == 0, "device-wide calls with device_fences:0: %r" % calls
 assert calls["stream_waits"] > 0, "no stream waits at all: were the streams registered? %r" % calls
 assert calls["stream_waits"] <= 2 * b["allocs"], "%d stream waits for %d allocations" % (calls["stream_waits"], b["allocs"])
 assert calls["cpu_waits"] == 0 and calls["synchronizes"] == 0, "the CPU waited: %r" % calls
 assert b["ratio"] <= a["ratio"] * 1.15, "ratio %.4f with 32 idle streams, %.4f stream-ordered" % (b["ratio"], a["ratio"])
 PY
 ); then
-    ok "--streams 32: take-backs bounded (waits <= 2 x allocations) and memory within 15% of stream-ordered"
+    ok "--streams 32, device_fences:0: take-backs bounded (waits <= 2 x allocations) and memory within 15% of stream-ordered"
 else
-    not_ok "--streams 32 on gpt2" "status $rc ${msg:-}"
+    not_ok "--streams 32 --conf device_fences:0 on gpt2" "status $rc ${msg:-}"
 fi
 for args in "--streams 3" "--cudafree 0 --streams -1" "--cudafree 0 --streams x"; do
     # shellcheck disable=SC2086
@@ -613,13 +637,27 @@ for args in "--streams 3" "--cudafree 0 --streams -1" "--cudafree 0 --streams x"
 done
 
 # ---- --busy-streams: other streams running work (NCCL's under DDP) ----------------
-# A take-back must order every stream after every running event; a wait per
-# (stream, event) pair would grow as streams x busy streams (the old policy:
-# 517,616 waits on this trace with 160 idle and 16 busy streams). Joined on
-# the default stream it stays about one wait per stream per take-back: no
-# more than twice the waits with none busy.
-run busy0 --json --cudafree 100 --streams 64 "$gpt2"
-run busy16 --json --cudafree 100 --streams 64 --busy-streams 16 "$gpt2"
+# A take-back must order every stream after every running event. With
+# device-wide fences that is one wait, busy streams or not. Stream by stream,
+# a wait per (stream, event) pair would grow as streams x busy streams (the
+# old policy: 517,616 waits on this trace with 160 idle and 16 busy streams);
+# joined on the default stream it stays about one wait per stream per
+# take-back: no more than twice the waits with none busy.
+run busy16d --json --cudafree 100 --streams 64 --busy-streams 16 "$gpt2"
+if [ "$rc" -eq 0 ] && msg=$(python3 - "$TMP/busy16d.out" <<'PY' 2>&1
+import json, sys
+b = json.loads(open(sys.argv[1]).readline())
+c = b["device_calls"]
+assert c["stream_waits"] == 0 and c["cpu_waits"] == 0, "%r" % c
+assert 0 < c["device_waits"] <= b["allocs"], "%r for %d allocations" % (c, b["allocs"])
+PY
+); then
+    ok "--busy-streams 16: device-wide waits only, at most one an allocation"
+else
+    not_ok "--busy-streams 16 on gpt2" "status $rc ${msg:-}"
+fi
+run busy0 --json --cudafree 100 --streams 64 --conf device_fences:0 "$gpt2"
+run busy16 --json --cudafree 100 --streams 64 --busy-streams 16 --conf device_fences:0 "$gpt2"
 if [ "$rc" -eq 0 ] && msg=$(python3 - "$TMP/busy0.out" "$TMP/busy16.out" <<'PY' 2>&1
 import json, sys
 a = json.loads(open(sys.argv[1]).readline())["device_calls"]
@@ -629,9 +667,9 @@ assert b["stream_waits"] <= 2 * a["stream_waits"], "%d stream waits with 16 busy
     b["stream_waits"], a["stream_waits"])
 PY
 ); then
-    ok "--busy-streams 16: stream waits grow with the streams, not with streams x busy streams"
+    ok "--busy-streams 16, device_fences:0: stream waits grow with the streams, not with streams x busy streams"
 else
-    not_ok "--busy-streams 16 on gpt2" "status $rc ${msg:-}"
+    not_ok "--busy-streams 16 --conf device_fences:0 on gpt2" "status $rc ${msg:-}"
 fi
 run bad_busy --busy-streams 2 "$gpt2"
 if [ "$rc" -eq 2 ] && grep -q -- "--busy-streams needs --cudafree" "$TMP/bad_busy.err"; then

@@ -390,6 +390,11 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
         dev->ops->destroy(dev);
         return -1;
     }
+    /* A busy stream always has work running, done at the GPU's next catch-up
+     * (what a device-wide event waits for; an event per stream is work of
+     * its own). */
+    for (long k = 0; lag > 0 && k < g_busy_streams; k++)
+        cuh_sim_enqueue_work(dev, (cuh_stream_t)(0x20000000 + (uintptr_t)k * 0x100));
     for (i = 0; i < n; i++) {
         if (g_cudafree_lag >= 0) {
             /* cudaMalloc and cudaFree: any stream may use the block. */
@@ -402,8 +407,11 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
         } else {
             st = cuh_heap_free(heap, addrs[ev[i].match], (cuh_stream_t)ev[i].stream);
         }
-        if (lag > 0 && i % (size_t)lag == 0)
+        if (lag > 0 && i % (size_t)lag == 0) {
             cuh_sim_complete_all(dev);
+            for (long k = 0; k < g_busy_streams; k++)
+                cuh_sim_enqueue_work(dev, (cuh_stream_t)(0x20000000 + (uintptr_t)k * 0x100));
+        }
         if (cuh_unlikely(st != CUHEAP_OK))
             break;
         if (cuh_unlikely(track_peak)) {
@@ -598,9 +606,11 @@ static void print_json(const result_t *r)
             run->stats.num_segment_allocs, run->stats.num_segment_frees, run->stats.num_cache_hits);
     fprintf(f,
             ",\"device_calls\":{\"event_records\":%" PRIu64 ",\"event_queries\":%" PRIu64
-            ",\"stream_waits\":%" PRIu64 ",\"cpu_waits\":%" PRIu64 ",\"synchronizes\":%" PRIu64
+            ",\"stream_waits\":%" PRIu64 ",\"device_events\":%" PRIu64 ",\"device_waits\":%" PRIu64
+            ",\"cpu_waits\":%" PRIu64 ",\"synchronizes\":%" PRIu64
             ",\"page_maps\":%" PRIu64 ",\"page_unmaps\":%" PRIu64 "}",
             run->device.events_recorded, run->device.event_queries, run->device.stream_waits,
+            run->device.events_recorded_all, run->device.waits_all,
             run->device.event_waits, run->device.synchronizes, run->device.vm_maps, run->device.vm_unmaps);
     if (t->pytorch_peak_reserved) {
         fprintf(f, ",\"pytorch_peak_reserved\":%" PRIu64, t->pytorch_peak_reserved);
@@ -816,11 +826,12 @@ static void print_row(const result_t *r, int name_width)
     if (g_cudafree_lag >= 0) {
         /* What device-wide frees cost the GPU's command queues. */
         double per = run->replayed ? 1000.0 / (double)run->replayed : 0.0;
-        printf("%-*s   per 1000 events: %.1f event records, %.1f event queries, %.1f stream waits, "
-               "%.1f CPU waits, %.1f synchronizes\n",
-               name_width, "", (double)run->device.events_recorded * per, (double)run->device.event_queries * per,
-               (double)run->device.stream_waits * per, (double)run->device.event_waits * per,
-               (double)run->device.synchronizes * per);
+        printf("%-*s   per 1000 events: %.1f event records (%.1f device-wide), %.1f event queries, %.1f stream "
+               "waits, %.1f device-wide waits, %.1f CPU waits, %.1f synchronizes\n",
+               name_width, "", (double)run->device.events_recorded * per,
+               (double)run->device.events_recorded_all * per, (double)run->device.event_queries * per,
+               (double)run->device.stream_waits * per, (double)run->device.waits_all * per,
+               (double)run->device.event_waits * per, (double)run->device.synchronizes * per);
     }
     if (r->have_report_event)
         printf("%-*s   report taken after event %zu of %zu\n", name_width, "", r->report_event, t->num_events);

@@ -34,7 +34,14 @@
  *                   stream also waits for the work queued before it on every
  *                   blocking stream; non-blocking streams are independent.
  *                   Work a blocking stream would wait for on the legacy stream
- *                   is not modelled;
+ *                   is not modelled. cuCtxRecordEvent records on every stream
+ *                   at once, cuCtxWaitEvent queues a wait on every stream and
+ *                   on each stream created later (both CUDA_ERROR_NOT_SUPPORTED
+ *                   with FAKE_CUDA_NO_CTX_EVENTS=1, as a driver before 12.5);
+ *   captures        cuStreamBeginCapture_v2 marks a stream capturing (no
+ *                   graph is built) and cuStreamEndCapture unmarks it; a
+ *                   device-wide event call during a capture breaks it, as the
+ *                   real driver does;
  *   cuGetProcAddress  answers from a static table (never dlsym, which a
  *                   preloaded library may intercept): versioned names map to
  *                   their _v2 functions, the per-thread flag maps the
@@ -83,7 +90,12 @@ enum {
     INVALID_CONTEXT = 201,
     INVALID_HANDLE = 400,
     NOT_FOUND = 500,
-    NOT_READY = 600
+    NOT_READY = 600,
+    NOT_SUPPORTED = 801,
+    STREAM_CAPTURE_UNSUPPORTED = 900,
+    STREAM_CAPTURE_INVALIDATED = 901,
+    STREAM_CAPTURE_UNMATCHED = 902,
+    ILLEGAL_STATE = 401
 };
 
 #define API __attribute__((visibility("default")))
@@ -268,15 +280,17 @@ API CUresult cuThreadExchangeStreamCaptureMode(int *mode)
  * when it was enqueued). */
 enum { WORK_CHECK, WORK_FILL, WORK_WAIT };
 struct fake_stream_s;
+/* This much work done on that stream. */
+typedef struct wait_target_s {
+    struct fake_stream_s *stream;
+    unsigned long target;
+} wait_target_t;
 typedef struct work_s {
     int kind;
     unsigned char *ptr;
     size_t n;
     unsigned char value;
-    struct {
-        struct fake_stream_s *stream;
-        unsigned long target;
-    } *waits;
+    wait_target_t *waits;
     size_t num_waits;
 } work_t;
 
@@ -284,7 +298,7 @@ typedef struct work_s {
 typedef struct fake_stream_s {
     unsigned flags;
     int destroyed;
-    int capturing;   /* fake_cuda_set_capturing: cuStreamIsCapturing says ACTIVE */
+    int capturing;   /* cuStreamIsCapturing: 1 ACTIVE, 2 INVALIDATED (a device-wide call broke it) */
     work_t *queue;
     unsigned long enqueued, completed, queue_cap;
     struct fake_stream_s *next;
@@ -292,15 +306,26 @@ typedef struct fake_stream_s {
 
 /* What an event waits for: this much work done on each of these streams. */
 typedef struct fake_event_s {
-    struct {
-        fake_stream_t *stream;
-        unsigned long target;
-    } *waits;
+    wait_target_t *waits;
     size_t num_waits, cap_waits;
 } fake_event_t;
 
+static int enqueue_locked(fake_stream_t *s, work_t w);
+/* Queues on s a wait for a copy of waits[0..n). */
+static CUresult enqueue_wait_locked(fake_stream_t *s, const wait_target_t *waits, size_t n)
+{
+    work_t w = {WORK_WAIT, NULL, 0, 0, NULL, n};
+    if (n && !(w.waits = malloc(n * sizeof *w.waits)))
+        return OUT_OF_MEMORY;
+    if (n)
+        memcpy(w.waits, waits, n * sizeof *w.waits);
+    return enqueue_locked(s, w);
+}
 static fake_stream_t legacy_stream;
 static fake_stream_t *streams;   /* created ones, newest first */
+/* What every stream created from now on waits for (cuCtxWaitEvent). */
+static wait_target_t *ctx_waits;
+static size_t num_ctx_waits;
 static int holding;
 static unsigned long corrupt_bytes;
 
@@ -357,9 +382,10 @@ static CUresult stream_create(CUstream *stream, unsigned flags)
     pthread_mutex_lock(&lock);
     s->next = streams;
     streams = s;
+    CUresult r = num_ctx_waits ? enqueue_wait_locked(s, ctx_waits, num_ctx_waits) : OK;
     pthread_mutex_unlock(&lock);
     *stream = s;
-    return OK;
+    return r;
 }
 
 API CUresult cuStreamCreate(CUstream *stream, unsigned flags)
@@ -378,6 +404,53 @@ API void fake_cuda_set_capturing(void *stream, int on)
     if (s && s != &legacy_stream)
         s->capturing = on;
     pthread_mutex_unlock(&lock);
+}
+/* A device-wide call: breaks every capture underway (0 if none was). */
+static int break_captures_locked(void)
+{
+    int broke = 0;
+    for (fake_stream_t *t = streams; t; t = t->next)
+        if (t->capturing == 1) {
+            t->capturing = 2;
+            broke = 1;
+        }
+    if (broke)
+        calls.captures_broken++;
+    return broke;
+}
+API CUresult cuStreamBeginCapture_v2(CUstream stream, int mode)
+{
+    (void)mode;
+    pthread_mutex_lock(&lock);
+    fake_stream_t *s = stream_locked(stream);
+    CUresult r = !s ? INVALID_HANDLE : s == &legacy_stream ? STREAM_CAPTURE_UNSUPPORTED : s->capturing ? ILLEGAL_STATE : OK;
+    if (r == OK)
+        s->capturing = 1;
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+API CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, int mode)
+{
+    return cuStreamBeginCapture_v2(stream, mode);
+}
+API CUresult cuStreamEndCapture(CUstream stream, void **graph)
+{
+    pthread_mutex_lock(&lock);
+    fake_stream_t *s = stream_locked(stream);
+    CUresult r = !s ? INVALID_HANDLE : !s->capturing ? STREAM_CAPTURE_UNMATCHED
+                 : s->capturing == 2 ? STREAM_CAPTURE_INVALIDATED : OK;
+    if (s && s->capturing)
+        s->capturing = 0;
+    if (graph)
+        *graph = r == OK ? (void *)s : NULL;
+    if (r == OK)
+        calls.captures_ended++;
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+API CUresult cuStreamEndCapture_ptsz(CUstream stream, void **graph)
+{
+    return cuStreamEndCapture(stream, graph);
 }
 API CUresult cuStreamIsCapturing(CUstream stream, int *status)
 {
@@ -548,18 +621,9 @@ API CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned flags)
     fake_event_t *e = event;
     pthread_mutex_lock(&lock);
     fake_stream_t *s = stream_locked(stream);
-    work_t w = {WORK_WAIT, NULL, 0, 0, NULL, e->num_waits};
-    CUresult r = s ? OK : INVALID_HANDLE;
-    if (r == OK && e->num_waits && !(w.waits = malloc(e->num_waits * sizeof *w.waits)))
-        r = OUT_OF_MEMORY;
-    for (size_t i = 0; r == OK && i < e->num_waits; i++) {
-        w.waits[i].stream = e->waits[i].stream;
-        w.waits[i].target = e->waits[i].target;
-    }
-    if (r == OK) {
+    CUresult r = s ? enqueue_wait_locked(s, e->waits, e->num_waits) : INVALID_HANDLE;
+    if (r == OK)
         calls.stream_waits++;
-        r = enqueue_locked(s, w);
-    }
     pthread_mutex_unlock(&lock);
     return r;
 }
@@ -582,6 +646,64 @@ API CUresult cuEventSynchronize(CUevent event)
         run_until_locked(e->waits[i].stream, e->waits[i].target);
     pthread_mutex_unlock(&lock);
     return OK;
+}
+
+/* Whether a device-wide call goes ahead: not without them
+ * (FAKE_CUDA_NO_CTX_EVENTS), and not during a capture, which it breaks. */
+static CUresult ctx_call_locked(void)
+{
+    const char *v = getenv("FAKE_CUDA_NO_CTX_EVENTS");
+    if (v && *v && strcmp(v, "0") != 0)
+        return NOT_SUPPORTED;
+    return break_captures_locked() ? STREAM_CAPTURE_UNSUPPORTED : OK;
+}
+/* The event waits for all the work queued so far on every stream. */
+API CUresult cuCtxRecordEvent(CUcontext ctx, CUevent event)
+{
+    (void)ctx;
+    fake_event_t *e = event;
+    pthread_mutex_lock(&lock);
+    CUresult r = ctx_call_locked();
+    if (r == OK) {
+        e->num_waits = 0;
+        if (event_wait_add(e, &legacy_stream))
+            r = OUT_OF_MEMORY;
+        for (fake_stream_t *t = streams; r == OK && t; t = t->next)
+            if (event_wait_add(e, t))   /* destroyed ones too: their work still runs */
+                r = OUT_OF_MEMORY;
+    }
+    if (r == OK)
+        calls.ctx_records++;
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+/* Every stream's later work, and every later stream's, waits for what the
+ * event waits for now. */
+API CUresult cuCtxWaitEvent(CUcontext ctx, CUevent event)
+{
+    (void)ctx;
+    fake_event_t *e = event;
+    pthread_mutex_lock(&lock);
+    CUresult r = ctx_call_locked();
+    if (r == OK && e->num_waits) {
+        void *grown = realloc(ctx_waits, (num_ctx_waits + e->num_waits) * sizeof *ctx_waits);
+        if (!grown)
+            r = OUT_OF_MEMORY;
+        else
+            ctx_waits = grown;
+        if (r == OK) {
+            memcpy(ctx_waits + num_ctx_waits, e->waits, e->num_waits * sizeof *ctx_waits);
+            num_ctx_waits += e->num_waits;
+        }
+    }
+    for (fake_stream_t *s = &legacy_stream; r == OK && s; s = s == &legacy_stream ? streams : s->next) {
+        if (!s->destroyed)
+            r = enqueue_wait_locked(s, e->waits, e->num_waits);
+    }
+    if (r == OK)
+        calls.ctx_waits++;
+    pthread_mutex_unlock(&lock);
+    return r;
 }
 
 /* ---- device memory ------------------------------------------------------------ */
@@ -1002,10 +1124,15 @@ static const struct {
     VERSIONED("cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset_v2),
     VERSIONED("cuMemAllocHost", cuMemAllocHost_v2),
     VERSIONED("cuMemHostGetDevicePointer", cuMemHostGetDevicePointer_v2),
+    VERSIONED("cuStreamBeginCapture", cuStreamBeginCapture_v2),
 }, per_thread[] = {
     VERSIONED("cuMemAllocAsync", cuMemAllocAsync_ptsz),
     VERSIONED("cuMemFreeAsync", cuMemFreeAsync_ptsz),
+    VERSIONED("cuStreamBeginCapture", cuStreamBeginCapture_v2_ptsz),
+    VERSIONED("cuStreamEndCapture", cuStreamEndCapture_ptsz),
 }, exported[] = {
+    SAME(cuCtxRecordEvent), SAME(cuCtxWaitEvent), SAME(cuStreamBeginCapture_v2), SAME(cuStreamBeginCapture_v2_ptsz),
+    SAME(cuStreamEndCapture), SAME(cuStreamEndCapture_ptsz),
     SAME(fake_cuda_counters), SAME(fake_cuda_calls), SAME(fake_cuda_hold), SAME(fake_cuda_enqueue_check), SAME(fake_cuda_enqueue_fill), SAME(cuStreamWaitEvent),
     SAME(fake_cuda_complete), SAME(fake_cuda_complete_all), SAME(fake_cuda_corrupt_bytes),
     SAME(fake_cuda_alloc_foreign), SAME(fake_cuda_stream_create_unseen), SAME(fake_cuda_set_capturing),

@@ -32,6 +32,10 @@ typedef struct fake_cuda_calls_s {
     unsigned long host_allocs;     /* page-locked host allocations made (cuMemHostAlloc, cuMemAllocHost_v2) */
     unsigned long host_frees;      /* and freed (cuMemFreeHost) */
     size_t host_bytes;             /* page-locked bytes held now */
+    unsigned long ctx_records;     /* cuCtxRecordEvent calls that succeeded */
+    unsigned long ctx_waits;       /* cuCtxWaitEvent calls that succeeded */
+    unsigned long captures_broken; /* device-wide calls made while a stream was capturing */
+    unsigned long captures_ended;  /* cuStreamEndCapture calls that returned a graph */
 } fake_cuda_calls_t;
 
 typedef void (*fake_cuda_calls_fn)(fake_cuda_calls_t *out);
@@ -60,7 +64,11 @@ typedef void (*fake_cuda_set_capturing_fn)(void *stream, int on);
 /* fake_cuda_alloc_foreign(dptr, size): device memory exactly as
  * cuMemAlloc_v2 gives it, under a name no hook catches (a foreign pointer). */
 /* fake_cuda_set_capturing(stream, on): cuStreamIsCapturing reports the
- * stream as captured into a graph (on) or not. */
+ * stream as captured into a graph (on) or not, as cuStreamBeginCapture_v2
+ * and cuStreamEndCapture set it. A device-wide call (cuCtxRecordEvent,
+ * cuCtxWaitEvent) while a stream is capturing breaks the capture, as on a
+ * GPU: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and the capture's end returns
+ * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED. */
 /* fake_cuda_stream_create_unseen(stream, flags): a stream as cuStreamCreate
  * makes it, under a name no hook catches (a stream cuheap never hears of). */
 

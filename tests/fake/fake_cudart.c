@@ -65,6 +65,8 @@ static struct {
     CUresult (*cuMemGetInfo)(size_t *, size_t *);
     CUresult (*cuStreamCreate)(cudaStream_t *, unsigned);
     CUresult (*cuStreamDestroy)(cudaStream_t);
+    CUresult (*cuStreamBeginCapture)(cudaStream_t, int);
+    CUresult (*cuStreamEndCapture)(cudaStream_t, void **);
     CUresult (*cuIpcGetMemHandle)(void *, CUdeviceptr);
     CUresult (*cuMemHostAlloc)(void **, size_t, unsigned);
     CUresult (*cuMemAllocHost)(void **, size_t);
@@ -117,6 +119,8 @@ static void load_driver(void)
              resolve(&driver.cuMemGetInfo, "cuMemGetInfo", 0) &&
              resolve(&driver.cuStreamCreate, "cuStreamCreate", 0) &&
              resolve(&driver.cuStreamDestroy, "cuStreamDestroy", 0) &&
+             resolve(&driver.cuStreamBeginCapture, "cuStreamBeginCapture", 0) &&
+             resolve(&driver.cuStreamEndCapture, "cuStreamEndCapture", 0) &&
              resolve(&driver.cuIpcGetMemHandle, "cuIpcGetMemHandle", 0) &&
              resolve(&driver.cuMemHostAlloc, "cuMemHostAlloc", 0) &&
              resolve(&driver.cuMemAllocHost, "cuMemAllocHost", 0) &&
@@ -284,6 +288,18 @@ RUNTIME_API cudaError_t cudaStreamDestroy(cudaStream_t stream)
 {
     READY_OR_FAIL();
     return runtime_code(driver.cuStreamDestroy(stream));
+}
+
+RUNTIME_API cudaError_t cudaStreamBeginCapture(cudaStream_t stream, int mode)
+{
+    READY_OR_FAIL();
+    return runtime_code(driver.cuStreamBeginCapture(stream, mode));
+}
+
+RUNTIME_API cudaError_t cudaStreamEndCapture(cudaStream_t stream, void **graph)
+{
+    READY_OR_FAIL();
+    return runtime_code(driver.cuStreamEndCapture(stream, graph));
 }
 
 RUNTIME_API cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *ptr)

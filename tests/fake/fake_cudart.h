@@ -32,6 +32,9 @@ cudaError_t cudaMallocPitch(void **ptr, size_t *pitch, size_t width, size_t heig
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
+/* mode: 0 global, 1 thread-local, 2 relaxed (cudaStreamCaptureMode); no graph is built. */
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, int mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, void **graph);
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *ptr);
 cudaError_t cudaDeviceReset(void);
 cudaError_t cudaMallocManaged(void **ptr, size_t size, unsigned int flags);

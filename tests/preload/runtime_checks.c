@@ -191,6 +191,50 @@ static void check_capture(void)
     expect(cudaStreamDestroy(s) == cudaSuccess, "cudaStreamDestroy failed");
 }
 
+/* A graph capture underway: cuheap's device-wide fences would break it
+ * (cuCtxRecordEvent and cuCtxWaitEvent invalidate every capture in the
+ * context), so while one is underway cudaFree'd blocks wait and the capture
+ * ends whole, with its graph; before and after, a take-back is one
+ * device-wide event. The capture begins through the runtime, which reaches
+ * the driver through cuGetProcAddress: cuheap sees it there. */
+static void check_capture_fences(void)
+{
+    start_runtime();
+    fake.hold(1);
+    cudaStream_t s = NULL;
+    expect(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "stream creation failed");
+    void *a = NULL, *b = NULL, *x[8] = {0};
+    fake_cuda_calls_t c0 = fake_calls(&fake);
+    expect(cudaMalloc(&a, 4 * MiB) == cudaSuccess && a, "cudaMalloc failed");
+    expect(cudaFree(a) == cudaSuccess, "cudaFree failed");
+    expect(cudaMalloc(&b, 4 * MiB) == cudaSuccess && b == a, "the freed block did not come back (%p, not %p)", b, a);
+    fake_cuda_calls_t c1 = fake_calls(&fake);
+    expect(c1.ctx_records > c0.ctx_records, "no device-wide event before the capture");
+    expect(cudaFree(b) == cudaSuccess, "cudaFree failed");
+    expect(cudaStreamBeginCapture(s, 2 /* relaxed */) == cudaSuccess, "cudaStreamBeginCapture failed");
+    c1 = fake_calls(&fake);
+    for (int i = 0; i < 8; i++) {
+        expect(cudaMalloc(&x[i], 4 * MiB) == cudaSuccess && x[i], "cudaMalloc in the capture failed");
+        expect(cudaFree(x[i]) == cudaSuccess, "cudaFree in the capture failed");
+    }
+    void *graph = NULL;
+    int rc = cudaStreamEndCapture(s, &graph);
+    fake_cuda_calls_t c2 = fake_calls(&fake);
+    expect(rc == cudaSuccess && graph, "the capture was broken: cudaStreamEndCapture returned %d", rc);
+    expect(c2.captures_broken == c0.captures_broken, "a device-wide call broke the capture");
+    expect(c2.ctx_records == c1.ctx_records && c2.ctx_waits == c1.ctx_waits,
+           "%lu device-wide events and %lu waits during the capture", c2.ctx_records - c1.ctx_records,
+           c2.ctx_waits - c1.ctx_waits);
+    expect(cudaMalloc(&a, 4 * MiB) == cudaSuccess && a, "cudaMalloc after the capture failed");
+    expect(cudaFree(a) == cudaSuccess, "cudaFree failed");
+    expect(cudaMalloc(&b, 4 * MiB) == cudaSuccess && b == a, "after the capture the freed block did not come back");
+    expect(fake_calls(&fake).ctx_records > c2.ctx_records, "no device-wide event after the capture");
+    expect(cudaFree(b) == cudaSuccess, "cudaFree failed");
+    fake.complete_all();
+    fake.hold(0);
+    expect(cudaStreamDestroy(s) == cudaSuccess, "cudaStreamDestroy failed");
+}
+
 /* ---- g: program errors are refused, the heap carries on ---------------------- */
 
 static void check_double_free(void)
@@ -443,7 +487,7 @@ static void check_free_ordering(int stream_seen)
     else
         expect(fake.stream_create_unseen(&s, cudaStreamNonBlocking) == 0, "stream creation failed");
     void *reused[REUSE_TRIES], *a;
-    unsigned long waits_before = fake_calls(&fake).stream_waits;
+    fake_cuda_calls_t before = fake_calls(&fake);
     free_while_read(s, 0, reused, &a);
     if (stream_seen && !RUNTIME_SYNCHRONIZES_IN_CUDA_FREE) {
         /* cuheap handed A out again at once, making the streams wait for
@@ -452,7 +496,9 @@ static void check_free_ordering(int stream_seen)
         for (int i = 0; i < REUSE_TRIES; i++)
             early |= reused[i] == a;
         expect(early, "A was not reused before its kernel ran (the heap grew instead)");
-        expect(fake_calls(&fake).stream_waits > waits_before, "no stream was made to wait for the freed block");
+        fake_cuda_calls_t after = fake_calls(&fake);
+        expect(after.stream_waits + after.ctx_waits > before.stream_waits + before.ctx_waits,
+               "no stream was made to wait for the freed block");
         expect(fake_calls(&fake).kernels_run == 0, "the CPU waited for the kernel");
     }
     fake.complete_all();
@@ -875,6 +921,8 @@ int main(int argc, char **argv)
         check_new_stream_after_reuse();
     else if (!strcmp(mode, "capture"))
         check_capture();
+    else if (!strcmp(mode, "capture-fences"))
+        check_capture_fences();
     else if (!strcmp(mode, "ipc-safe"))
         check_ipc_safe();
     else if (!strcmp(mode, "ipc-callers"))
@@ -911,7 +959,7 @@ int main(int argc, char **argv)
         check_pinned_off();
     else {
         fprintf(stderr, "usage: %s threads|entry-point|pass-through|double-free|zero-and-alignment|"
-                        "out-of-memory|fork|ipc|ipc-safe|ipc-callers|capture|new-stream-after-reuse|free-ordering|free-ordering-unseen-stream|stream-destroy|async-reuse|async-reuse-off|"
+                        "out-of-memory|fork|ipc|ipc-safe|ipc-callers|capture|capture-fences|new-stream-after-reuse|free-ordering|free-ordering-unseen-stream|stream-destroy|async-reuse|async-reuse-off|"
                         "meminfo|meminfo-right-after-free|meminfo-uncached|device-reset|pinned|pinned-double-free|"
                         "pinned-ordering|pinned-off\n", argv[0]);
         return 2;
