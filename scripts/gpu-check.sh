@@ -230,6 +230,16 @@ if part preload; then
     else
         row "free_sync" 1 - "build failed"
     fi
+    # What cudaFree's device-wide fences rely on: one event over every
+    # stream, one wait that every stream (those created later too) obeys,
+    # and what they cost against an event and a wait per stream.
+    section "device-wide fences (bench/gpu/ctx_fence.cu)"
+    if "$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 bench/gpu/ctx_fence.cu -o "$BUILD"/ctx_fence -lcuda; then
+        run_logged "$BUILD/ctx_fence.log" timeout 60 "$BUILD"/ctx_fence
+        row "ctx_fence (cuCtxRecordEvent / cuCtxWaitEvent)" "$RUN_RC" "$RUN_SECS" "$(tail -1 "$BUILD/ctx_fence.log")"
+    else
+        row "ctx_fence" 1 - "build failed"
+    fi
     # The same under compute-sanitizer's memcheck (PRELOAD_MEMCHECK=0 skips
     # it), without the deliberate double free and the IPC guard's refusals:
     # memcheck rightly reports their error returns as API errors. The

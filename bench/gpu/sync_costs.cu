@@ -7,6 +7,7 @@
 // pool leaves) and a legacy default stream kept busy by a spinning kernel.
 // Prints nanoseconds per call (median of 5 rounds of 20000 calls).
 #include <cuda_runtime.h>
+#include "ns_per_call.h"
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,18 +18,6 @@
 
 __global__ void spin(long long cycles) { long long t = clock64(); while (clock64() - t < cycles) {} }
 
-template <class F> static double ns_per_call(F f, int n)
-{
-    std::vector<double> r;
-    for (int round = 0; round < 5; round++) {
-        auto t0 = std::chrono::steady_clock::now();
-        for (int i = 0; i < n; i++) f(i);
-        auto t1 = std::chrono::steady_clock::now();
-        r.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / n);
-    }
-    std::sort(r.begin(), r.end());
-    return r[2];
-}
 
 int main()
 {

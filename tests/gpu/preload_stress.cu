@@ -35,6 +35,13 @@
  *               its segment; cudaErrorNotSupported: vmm:1) and leave the
  *               block as it was; with --expect-ipc every handle is given
  *               (CUHEAP_CONF=ipc_safe:1)
+ *   g. capture  cudaMalloc and cudaFree while a stream is being captured in
+ *               relaxed mode (as PyTorch's allocator calls cudaMalloc inside
+ *               captures): cuheap's device-wide fences (cuCtxRecordEvent,
+ *               cuCtxWaitEvent) would invalidate the capture, so it must see
+ *               the capture begin (through the runtime's cuGetProcAddress)
+ *               and make none; the capture ends with its graph, which runs
+ *               and writes what was captured
  * Prints "preload_stress: all checks passed" or "preload_stress: FAILED"; exit
  * status 0 only if every check passed.
  * Options: --ops N (stress operations, default 200000), --expect-cuheap,
@@ -347,6 +354,58 @@ __global__ void spin(long long cycles)
     }
 }
 
+/* ---- g. graph capture -------------------------------------------------- */
+
+static void check_capture(void)
+{
+    const size_t n = MiB;
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    unsigned char *buf = NULL;
+    cudaMalloc((void **)&buf, n);
+    counted(1);
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    cudaError_t begin = cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
+    write_through<<<blocks_for(n), 256, 0, s>>>(buf, n, 0x77);
+    int churn = 0;
+    for (int i = 0; i < 64; i++) {
+        void *x = NULL;
+        churn += cudaMalloc(&x, (size_t)(i % 4 + 1) * MiB) == cudaSuccess;
+        counted(1);
+        churn += cudaFree(x) == cudaSuccess;
+    }
+    cudaError_t end = cudaStreamEndCapture(s, &graph);
+    cudaError_t inst = graph ? cudaGraphInstantiate(&exec, graph, 0) : cudaErrorUnknown;
+    cudaMemset(buf, 0, n);
+    cudaDeviceSynchronize();
+    cudaError_t launch = exec ? cudaGraphLaunch(exec, s) : cudaErrorUnknown;
+    cudaError_t done = cudaStreamSynchronize(s);
+    unsigned char *host = (unsigned char *)malloc(n);
+    unsigned long long bad = n;
+    if (host && cudaMemcpy(host, buf, n, cudaMemcpyDeviceToHost) == cudaSuccess) {
+        bad = 0;
+        for (size_t i = 0; i < n; i++)
+            bad += host[i] != 0x77;
+    }
+    free(host);
+    if (exec)
+        cudaGraphExecDestroy(exec);
+    if (graph)
+        cudaGraphDestroy(graph);
+    cudaFree(buf);
+    cudaStreamDestroy(s);
+    char detail[240];
+    snprintf(detail, sizeof detail,
+             "begin %s, %d of 128 cudaMalloc/cudaFree calls in the capture succeeded, end %s, instantiate %s, "
+             "launch %s, bytes the graph did not write %llu",
+             cudaGetErrorName(begin), churn, cudaGetErrorName(end), cudaGetErrorName(inst), cudaGetErrorName(launch),
+             bad);
+    report("capture", begin == cudaSuccess && churn == 128 && end == cudaSuccess && inst == cudaSuccess &&
+                          launch == cudaSuccess && done == cudaSuccess && bad == 0,
+           detail);
+}
+
 static void check_pinned(int expect)
 {
     char detail[320];
@@ -603,6 +662,7 @@ int main(int argc, char **argv)
     check_promise();
     check_served(expect);
     check_pinned(expect);
+    check_capture();
     if (!skip_ipc)
         check_ipc(expect_ipc);
     cudaFree(d_errors);
