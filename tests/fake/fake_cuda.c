@@ -685,18 +685,28 @@ API CUresult cuCtxWaitEvent(CUcontext ctx, CUevent event)
     fake_event_t *e = event;
     pthread_mutex_lock(&lock);
     CUresult r = ctx_call_locked();
-    if (r == OK && e->num_waits) {
-        void *grown = realloc(ctx_waits, (num_ctx_waits + e->num_waits) * sizeof *ctx_waits);
-        if (!grown)
-            r = OUT_OF_MEMORY;
-        else
+    /* Work already done is no wait at all (and costs the fake nothing). */
+    int pending = 0;
+    for (size_t i = 0; i < e->num_waits; i++)
+        pending |= e->waits[i].stream->completed < e->waits[i].target;
+    /* Streams created later wait too: one target per stream, the highest. */
+    for (size_t i = 0; r == OK && pending && i < e->num_waits; i++) {
+        size_t k = 0;
+        while (k < num_ctx_waits && ctx_waits[k].stream != e->waits[i].stream)
+            k++;
+        if (k == num_ctx_waits) {
+            void *grown = realloc(ctx_waits, (num_ctx_waits + 1) * sizeof *ctx_waits);
+            if (!grown) {
+                r = OUT_OF_MEMORY;
+                break;
+            }
             ctx_waits = grown;
-        if (r == OK) {
-            memcpy(ctx_waits + num_ctx_waits, e->waits, e->num_waits * sizeof *ctx_waits);
-            num_ctx_waits += e->num_waits;
+            ctx_waits[num_ctx_waits++] = e->waits[i];
+        } else if (ctx_waits[k].target < e->waits[i].target) {
+            ctx_waits[k].target = e->waits[i].target;
         }
     }
-    for (fake_stream_t *s = &legacy_stream; r == OK && s; s = s == &legacy_stream ? streams : s->next) {
+    for (fake_stream_t *s = &legacy_stream; r == OK && pending && s; s = s == &legacy_stream ? streams : s->next) {
         if (!s->destroyed)
             r = enqueue_wait_locked(s, e->waits, e->num_waits);
     }
