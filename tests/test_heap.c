@@ -1683,6 +1683,43 @@ static void test_device_fences_take_back_at_every_malloc_and_cover_every_stream(
     test_heap_free(&t);
 }
 
+/* A take-back being cheap with device-wide fences, a cudaMalloc takes back
+ * whatever cudaFree gave back before it searches, not only once as much as
+ * it asks for is held: a 32 MiB hole beside 32 MiB of free memory then
+ * serves a 48 MiB request, instead of a cut of a free 100 MiB segment. */
+static void test_device_fences_take_back_whatever_is_held_before_a_search(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    register_pool_streams(t.heap);
+    uintptr_t p, q, a, b;
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &p), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 100 * MiB, &q), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, p), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, q), CUHEAP_OK);
+    cuh_heap_poll(t.heap);   /* both segments whole and free */
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 32 * MiB, &a), CUHEAP_OK);
+    assert_int_equal(a, p);   /* the smaller segment */
+    cuh_sim_hold_events(t.dev, 1);
+    cuh_sim_enqueue_work(t.dev, 0);   /* a kernel still reads a */
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);
+    cuheap_stats_t st0, st1;
+    cuh_heap_stats(t.heap, &st0);
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 48 * MiB, &b), CUHEAP_OK);
+    cuh_sim_counters(t.dev, &c1);
+    cuh_heap_stats(t.heap, &st1);
+    assert_int_equal(b, a);   /* in a's hole and the free room beside it */
+    assert_int_equal(c1.waits_all - c0.waits_all, 1);
+    assert_int_equal(c1.event_waits, c0.event_waits);
+    assert_int_equal(st1.reserved.current, st0.reserved.current);
+    heap_ok(t.heap);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, b), CUHEAP_OK);
+    cuh_sim_complete_all(t.dev);
+    test_heap_free(&t);
+}
+
 /* A device without device-wide fences (a driver before CUDA 12.5) is fenced
  * stream by stream from its first refusal on; while a graph capture is
  * underway no event call is made at all (a device-wide one would invalidate
@@ -3613,6 +3650,7 @@ int main(void)
         cmocka_unit_test(test_room_beside_a_lone_huge_block_is_used_last),
         cmocka_unit_test(test_cudafree_memory_comes_back_before_a_huge_segment_is_cut),
         cmocka_unit_test(test_device_fences_take_back_at_every_malloc_and_cover_every_stream),
+        cmocka_unit_test(test_device_fences_take_back_whatever_is_held_before_a_search),
         cmocka_unit_test(test_device_fences_fall_back_and_keep_out_of_captures),
         cmocka_unit_test(test_a_fence_is_one_device_wide_event),
         cmocka_unit_test(test_a_segment_left_idle_goes_back_once_the_gpu_passed_its_free),

@@ -528,25 +528,24 @@ else
 fi
 
 # ---- vmm:1 under cudaFree with the GPU behind: earlier frees' pages move -------
-# A take-back happens every few cudaMallocs while the GPU runs 1000 events
+# A take-back happens at every cudaMalloc while the GPU runs 1000 events
 # behind; pages of the memory it returns wait for its work. When every page
 # waited for the newest take-back, none ever moved and BERT without PyTorch's
-# cache held 17.96 GiB, more than on plain segments (17.10).
+# cache held 17.96 GiB (1.19x its live peak, more than on plain segments then);
+# pages freed earlier moving, it holds less than 1.15x.
 nocache_bert=bench/traces/nocache/bert_varlen_nocache.trace.gz
 run lagvm --json --cudafree 1000 --streams 32 --conf vmm:1 "$nocache_bert"
-run lagplain --json --cudafree 1000 --streams 32 "$nocache_bert"
-if msg=$(python3 - "$TMP/lagvm.out" "$TMP/lagplain.out" <<'PY' 2>&1
+if msg=$(python3 - "$TMP/lagvm.out" <<'PY' 2>&1
 import json, sys
-vm, plain = (json.loads(open(p).readline()) for p in sys.argv[1:3])
-assert vm["oom"] is None and plain["oom"] is None, "out of memory"
+vm = json.loads(open(sys.argv[1]).readline())
+assert vm["oom"] is None, "out of memory"
 calls = vm["device_calls"]
 assert calls["page_unmaps"] > 0, "no page moved"
 assert calls["cpu_waits"] == 0, "the CPU waited %d times" % calls["cpu_waits"]
-assert vm["peak_reserved"] < plain["peak_reserved"], \
-    "vmm:1 %d bytes, plain segments %d" % (vm["peak_reserved"], plain["peak_reserved"])
+assert vm["ratio"] < 1.15, "vmm:1 holds %.4fx the live peak" % vm["ratio"]
 PY
 ); then
-    ok "vmm:1 with the GPU 1000 cudaFree events behind moves pages freed earlier: bert_varlen_nocache below plain segments, no CPU wait"
+    ok "vmm:1 with the GPU 1000 cudaFree events behind moves pages freed earlier: bert_varlen_nocache below 1.15x its live peak, no CPU wait"
 else
     not_ok "vmm:1 moves pages of settled take-backs" "${msg:-}"
 fi
