@@ -51,7 +51,7 @@ static void record_delete(cuh_arena_t *a, cuh_extent_t *e)
 static void index_insert(cuh_arena_t *a, cuh_extent_t *e)
 {
     cuh_tag_books_t *b = &a->tags[e->tag];
-    cuh_freebins_insert(&b->bins[e->segment->region], &e->node, e->size, e->addr);
+    cuh_freebins_insert(&b->bins[e->segment->region], &e->node, e->size, e->addr, e->segment->serial);
     e->tag_prev = NULL;
     e->tag_next = b->list;
     if (b->list)
@@ -253,7 +253,7 @@ cuh_extent_t *cuh_arena_find_others_first(cuh_arena_t *a, size_t size, size_t al
     }
     while (n--)
         cuh_freebins_insert(&a->tags[aside[n]->tag].bins[aside[n]->segment->region], &aside[n]->node, aside[n]->size,
-                            aside[n]->addr);
+                            aside[n]->addr, aside[n]->segment->serial);
     return e && !last(e) ? e : best;
 }
 

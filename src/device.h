@@ -107,6 +107,7 @@ struct cuh_device_s {
 typedef struct cuh_sim_params_s {
     size_t capacity;           /* total device memory in bytes */
     int ordinal;
+    int top_down;              /* each new segment below the last (default: above) */
 } cuh_sim_params_t;
 
 cuh_device_t *cuh_sim_create(const cuh_sim_params_t *params);
@@ -146,6 +147,9 @@ int cuh_sim_stream_waits_for(cuh_device_t *dev, cuh_stream_t stream, cuh_stream_
  * completed: the test completed it, or a host wait on a later event of the
  * stream (or on an event whose work waited for it) did. */
 int cuh_sim_work_done(cuh_device_t *dev, cuh_stream_t stream, uint64_t pos);
+/* The segment (mem_alloc) holding addr: its base and its ordinal (0 for the
+ * device's first segment, counting those freed since); 0 if none. */
+int cuh_sim_segment_of(cuh_device_t *dev, uintptr_t addr, uintptr_t *base, uint64_t *ordinal);
 /* The physical allocation mapped at `va` (the start of a mapping made by
  * vm_map), 0 if none: lets a test follow a page that moved. */
 uint64_t cuh_sim_handle_at(cuh_device_t *dev, uintptr_t va);

@@ -3,7 +3,9 @@
  * It has a capacity and an address space, nothing more: no host memory stands
  * behind a simulated segment, so replaying an 80 GiB training trace costs a
  * few megabytes. Addresses start high, are 2 MiB-aligned, and a 2 MiB gap
- * separates segments so that no code can mistake two segments for one.
+ * separates segments so that no code can mistake two segments for one. Each
+ * new segment lies above the last, or below it (top_down), so that a test
+ * can show the heap places blocks alike either way.
  *
  * Streams are modelled by two counters each: events recorded and events
  * completed. By default every recorded event completes at once (the GPU is
@@ -69,8 +71,11 @@ typedef struct sim_device_s {
     pthread_mutex_t lock;
     size_t capacity;
     size_t external;
-    uintptr_t next_addr;
-    uintptr_t space_end;
+    uintptr_t next_addr;         /* bottom-up: the next segment starts here */
+    uintptr_t space_end;         /* the slice's end; top-down, the next segment ends 2 MiB below it */
+    int top_down;
+    cuh_ptrmap_t ordinals;       /* segment address -> its ordinal + 1 (cuh_sim_segment_of) */
+    uint64_t next_ordinal;
     int hold;
     int no_device_fences;        /* cuh_sim_device_fences(dev, 0) */
     int capturing;               /* cuh_sim_capturing */
@@ -186,6 +191,22 @@ static void complete_stream(sim_device_t *s, sim_stream_t *st)
     complete_clock(s, st->done_dep, st->num_done_dep);
 }
 
+/* The next `size` bytes of the device's slice, 2 MiB apart from the rest;
+ * 0 when the slice is used up. */
+static int take_addresses(sim_device_t *s, size_t size, uintptr_t *a)
+{
+    if (size > s->space_end - s->next_addr || s->space_end - s->next_addr - size < CUH_SEGMENT_GRAIN)
+        return 0;
+    if (s->top_down) {
+        *a = s->space_end - CUH_SEGMENT_GRAIN - size;
+        s->space_end = *a;
+    } else {
+        *a = s->next_addr;
+        s->next_addr += size + CUH_SEGMENT_GRAIN;
+    }
+    return 1;
+}
+
 static cuh_dev_status_t sim_mem_alloc(cuh_device_t *dev, size_t size, uintptr_t *addr)
 {
     sim_device_t *s = sim_of(dev);
@@ -198,17 +219,18 @@ static cuh_dev_status_t sim_mem_alloc(cuh_device_t *dev, size_t size, uintptr_t 
         s->counters.mem_refusals++;
         rc = CUH_DEV_OOM;
     } else {
-        uintptr_t a = s->next_addr;
-        if (a + size > s->space_end) {
+        uintptr_t a = 0;
+        if (!take_addresses(s, size, &a)) {
             snprintf(dev->last_error, sizeof dev->last_error,
                      "sim: device %d has used up its %llu TiB of simulated address space", dev->ordinal,
                      (unsigned long long)(SIM_SPACE >> 40));
             rc = CUH_DEV_ERROR;
-        } else if (cuh_ptrmap_insert(&s->segments, a, (void *)size)) {
+        } else if (cuh_ptrmap_insert(&s->segments, a, (void *)size) ||
+                   cuh_ptrmap_insert(&s->ordinals, a, (void *)(uintptr_t)++s->next_ordinal)) {
+            cuh_ptrmap_remove(&s->segments, a);
             snprintf(dev->last_error, sizeof dev->last_error, "sim: out of host memory");
             rc = CUH_DEV_ERROR;
         } else {
-            s->next_addr = a + size + CUH_SEGMENT_GRAIN;
             s->counters.used += size;
             s->counters.mem_allocs++;
             *addr = a;
@@ -231,6 +253,7 @@ static cuh_dev_status_t sim_mem_free(cuh_device_t *dev, uintptr_t addr, size_t s
         rc = CUH_DEV_ERROR;
     } else {
         cuh_ptrmap_remove(&s->segments, addr);
+        cuh_ptrmap_remove(&s->ordinals, addr);
         s->counters.used -= size;
         s->counters.mem_frees++;
     }
@@ -496,13 +519,13 @@ static cuh_dev_status_t sim_vm_reserve(cuh_device_t *dev, size_t size, uintptr_t
     sim_device_t *s = sim_of(dev);
     cuh_dev_status_t rc = CUH_DEV_OK;
     pthread_mutex_lock(&s->lock);
-    if (!size || size % SIM_VM_PAGE || s->next_addr + size > s->space_end ||
-        cuh_ptrmap_insert(&s->reservations, s->next_addr, (void *)size)) {
+    uintptr_t a = 0;
+    if (!size || size % SIM_VM_PAGE || !take_addresses(s, size, &a) ||
+        cuh_ptrmap_insert(&s->reservations, a, (void *)size)) {
         snprintf(dev->last_error, sizeof dev->last_error, "sim: cannot reserve %zu bytes of address space", size);
         rc = CUH_DEV_ERROR;
     } else {
-        *va = s->next_addr;
-        s->next_addr += size + CUH_SEGMENT_GRAIN;
+        *va = a;
     }
     pthread_mutex_unlock(&s->lock);
     return rc;
@@ -693,6 +716,7 @@ static void sim_destroy(cuh_device_t *dev)
         munmap((void *)s->host_chunks[i].base, s->host_chunks[i].size);
     free(s->host_chunks);
     cuh_ptrmap_destroy(&s->segments);
+    cuh_ptrmap_destroy(&s->ordinals);
     cuh_ptrmap_destroy(&s->reservations);
     cuh_ptrmap_destroy(&s->physical);
     cuh_ptrmap_destroy(&s->mappings);
@@ -737,9 +761,11 @@ cuh_device_t *cuh_sim_create(const cuh_sim_params_t *params)
     sim_device_t *s = calloc(1, sizeof *s);
     if (!s)
         return NULL;
-    if (cuh_ptrmap_init(&s->segments, 64) || cuh_ptrmap_init(&s->reservations, 16) ||
-        cuh_ptrmap_init(&s->physical, 1024) || cuh_ptrmap_init(&s->mappings, 1024)) {
+    if (cuh_ptrmap_init(&s->segments, 64) || cuh_ptrmap_init(&s->ordinals, 64) ||
+        cuh_ptrmap_init(&s->reservations, 16) || cuh_ptrmap_init(&s->physical, 1024) ||
+        cuh_ptrmap_init(&s->mappings, 1024)) {
         cuh_ptrmap_destroy(&s->segments);
+        cuh_ptrmap_destroy(&s->ordinals);
         cuh_ptrmap_destroy(&s->reservations);
         cuh_ptrmap_destroy(&s->physical);
         cuh_ptrmap_destroy(&s->mappings);
@@ -758,6 +784,7 @@ cuh_device_t *cuh_sim_create(const cuh_sim_params_t *params)
     }
     s->next_addr = SIM_BASE + (uintptr_t)params->ordinal * SIM_SPACE;
     s->space_end = s->next_addr + SIM_SPACE;
+    s->top_down = params->top_down;
     /* The legacy default stream exists from the start, as on a GPU: a
      * device-wide event covers it before anything was recorded there. */
     if (!stream_state(s, 0)) {
@@ -881,6 +908,23 @@ void cuh_sim_complete_all(cuh_device_t *dev)
     pthread_mutex_lock(&s->lock);
     complete_all_locked(s);
     pthread_mutex_unlock(&s->lock);
+}
+
+int cuh_sim_segment_of(cuh_device_t *dev, uintptr_t addr, uintptr_t *base, uint64_t *ordinal)
+{
+    sim_device_t *s = sim_of(dev);
+    int found = 0;
+    pthread_mutex_lock(&s->lock);
+    for (size_t i = 0; !found && i <= s->segments.mask; i++) {
+        const cuh_ptrmap_entry_t *e = &s->segments.slots[i];
+        if (e->key && addr - e->key < (size_t)(uintptr_t)e->value) {
+            *base = e->key;
+            *ordinal = (uint64_t)(uintptr_t)cuh_ptrmap_get(&s->ordinals, e->key) - 1;
+            found = 1;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    return found;
 }
 
 uint64_t cuh_sim_handle_at(cuh_device_t *dev, uintptr_t va)

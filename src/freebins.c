@@ -29,12 +29,13 @@ static void bin_of(size_t size, unsigned *first, unsigned *second)
     *second = (unsigned)(u >> (l - 6)) & (CUH_BINS_SECOND - 1);
 }
 
-void cuh_freebins_insert(cuh_freebins_t *b, cuh_binnode_t *n, size_t size, uintptr_t addr)
+void cuh_freebins_insert(cuh_freebins_t *b, cuh_binnode_t *n, size_t size, uintptr_t addr, uint64_t rank)
 {
     unsigned f, s;
     bin_of(size, &f, &s);
     n->size = size;
     n->addr = addr;
+    n->rank = rank;
     n->prev = NULL;
     n->next = b->head[f][s];
     if (n->next)
@@ -72,14 +73,20 @@ static int fits(const cuh_binnode_t *n, size_t size, size_t align)
     return start - n->addr + size <= n->size;
 }
 
-/* The smallest node of a bin that holds the request (lowest address among
- * equals), looking at SCAN_LIMIT nodes at most. */
+/* 1 if n comes before m among nodes of one size. */
+static int ranks_before(const cuh_binnode_t *n, const cuh_binnode_t *m)
+{
+    return n->rank < m->rank || (n->rank == m->rank && n->addr < m->addr);
+}
+
+/* The smallest node of a bin that holds the request (the first by rank and
+ * address among equals), looking at SCAN_LIMIT nodes at most. */
 static cuh_binnode_t *best_in_bin(cuh_binnode_t *n, size_t size, size_t align)
 {
     cuh_binnode_t *best = NULL;
     for (int i = 0; n && i < SCAN_LIMIT; n = n->next, i++)
         if (fits(n, size, align) &&
-            (!best || n->size < best->size || (n->size == best->size && n->addr < best->addr)))
+            (!best || n->size < best->size || (n->size == best->size && ranks_before(n, best))))
             best = n;
     return best;
 }

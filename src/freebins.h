@@ -6,7 +6,12 @@
  * a fit scans the request's own bin for the smallest extent that holds it,
  * then takes the smallest of the first non-empty bin above (any extent there
  * fits); a bin spans at most 1/64 of a doubling, so the choice is within 1.6%
- * of exact best fit. Below 32 KiB every bin holds one size exactly.
+ * of exact best fit. Below 32 KiB every bin holds one size exactly. Among
+ * extents of one size the lowest rank wins, then the lowest address: the
+ * arena ranks an extent by its segment's creation, so which one is chosen
+ * does not depend on where the driver put the segments (on an H200 the
+ * CUDA driver hands out lower addresses for later segments, the simulated
+ * device higher ones: ranked by address, replays and real runs parted).
  *
  * Intrusive: the node lives in the extent, so the index never allocates.
  */
@@ -23,6 +28,7 @@ typedef struct cuh_binnode_s {
     struct cuh_binnode_s *prev, *next;
     size_t size;
     uintptr_t addr;
+    uint64_t rank;   /* among equal sizes, lower first (then lower addresses) */
 } cuh_binnode_t;
 
 typedef struct cuh_freebins_s {
@@ -33,7 +39,7 @@ typedef struct cuh_freebins_s {
     size_t bytes;
 } cuh_freebins_t;
 
-void cuh_freebins_insert(cuh_freebins_t *bins, cuh_binnode_t *node, size_t size, uintptr_t addr);
+void cuh_freebins_insert(cuh_freebins_t *bins, cuh_binnode_t *node, size_t size, uintptr_t addr, uint64_t rank);
 void cuh_freebins_remove(cuh_freebins_t *bins, cuh_binnode_t *node);
 /* A free node of at least `size` bytes that can hold `size` bytes starting at
  * an `align`-aligned address, chosen as described above; NULL if none. */

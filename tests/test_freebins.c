@@ -121,7 +121,7 @@ static void run_model(uint64_t seed, int ops)
             e->size = random_size(&seed);
             e->addr = (uintptr_t)0x100000000000ull + (uintptr_t)i * ((uintptr_t)1 << 41) +
                       (uintptr_t)(test_rand(&seed) % 4096) * 512;
-            cuh_freebins_insert(&bins, &e->node, e->size, e->addr);
+            cuh_freebins_insert(&bins, &e->node, e->size, e->addr, test_rand(&seed) % 8);
             e->in = 1;
             count++;
             bytes += e->size;
@@ -161,20 +161,25 @@ static void test_random_operations_match_the_model_seed2(void **state)
     run_model(0xfeedface, 6000);
 }
 
-static void test_exact_bins_return_the_exact_best_fit_lowest_address_first(void **state)
+static void test_exact_bins_return_the_exact_best_fit_first_by_rank_then_address(void **state)
 {
     (void)state;
     static cuh_freebins_t bins;
     memset(&bins, 0, sizeof bins);
     memset(pool, 0, sizeof pool);
-    size_t sizes[] = {4096, 1024, 2048, 2048, 8192};
-    for (int i = 0; i < 5; i++) {
+    size_t sizes[] = {4096, 1024, 2048, 2048, 8192, 2048};
+    uint64_t ranks[] = {0, 0, 1, 2, 0, 2};
+    for (int i = 0; i < 6; i++) {
         pool[i].size = sizes[i];
-        pool[i].addr = (uintptr_t)(0x10000000 + (5 - i) * 0x100000);
+        pool[i].addr = (uintptr_t)(0x10000000 + (6 - i) * 0x100000);
         pool[i].in = 1;
-        cuh_freebins_insert(&bins, &pool[i].node, pool[i].size, pool[i].addr);
+        cuh_freebins_insert(&bins, &pool[i].node, pool[i].size, pool[i].addr, ranks[i]);
     }
-    assert_ptr_equal(ext_of(cuh_freebins_find(&bins, 1536, 512)), &pool[3]);   /* 2048, lower address */
+    /* Three of 2048: the lowest rank wins though its address is the highest. */
+    assert_ptr_equal(ext_of(cuh_freebins_find(&bins, 1536, 512)), &pool[2]);
+    cuh_freebins_remove(&bins, &pool[2].node);
+    /* Two of rank 2: the lower address. */
+    assert_ptr_equal(ext_of(cuh_freebins_find(&bins, 1536, 512)), &pool[5]);
     assert_ptr_equal(ext_of(cuh_freebins_find(&bins, 1024, 512)), &pool[1]);
     assert_ptr_equal(ext_of(cuh_freebins_find(&bins, 4097, 512)), &pool[4]);
     assert_null(cuh_freebins_find(&bins, 8193, 512));
@@ -193,8 +198,8 @@ static void test_aligned_search_skips_nodes_the_padding_does_not_fit(void **stat
     /* 96 KiB at an address 512 past a 64 KiB boundary holds no aligned 64 KiB. */
     pool[0] = (extent_t){.size = 96 * KiB, .addr = 0x10000200, .in = 1};
     pool[1] = (extent_t){.size = 192 * KiB, .addr = 0x20000200, .in = 1};
-    cuh_freebins_insert(&bins, &pool[0].node, pool[0].size, pool[0].addr);
-    cuh_freebins_insert(&bins, &pool[1].node, pool[1].size, pool[1].addr);
+    cuh_freebins_insert(&bins, &pool[0].node, pool[0].size, pool[0].addr, 0);
+    cuh_freebins_insert(&bins, &pool[1].node, pool[1].size, pool[1].addr, 0);
     assert_ptr_equal(ext_of(cuh_freebins_find(&bins, 64 * KiB, 512)), &pool[0]);
     assert_ptr_equal(ext_of(cuh_freebins_find(&bins, 64 * KiB, 64 * KiB)), &pool[1]);
     cuh_freebins_remove(&bins, &pool[1].node);
@@ -206,7 +211,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_operations_match_the_model_seed1),
         cmocka_unit_test(test_random_operations_match_the_model_seed2),
-        cmocka_unit_test(test_exact_bins_return_the_exact_best_fit_lowest_address_first),
+        cmocka_unit_test(test_exact_bins_return_the_exact_best_fit_first_by_rank_then_address),
         cmocka_unit_test(test_aligned_search_skips_nodes_the_padding_does_not_fit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

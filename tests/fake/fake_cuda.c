@@ -10,8 +10,10 @@
  *                   cuCtxSetCurrent or cuCtxPushCurrent_v2 puts one there; a
  *                   primary context is active while retained; any other
  *                   context counts as device 0's;
- *   cuMemAlloc      aligned host memory, counted against FAKE_CUDA_CAPACITY
- *                   per device (bytes, default 256 MiB) on the current
+ *   cuMemAlloc      aligned host memory (at a 2 MiB boundary from 2 MiB
+ *                   up, as the driver places large allocations), counted
+ *                   against FAKE_CUDA_CAPACITY per device (bytes, default
+ *                   256 MiB) on the current
  *                   context's device (virtual memory pages count on device
  *                   0), remembered in a table so that
  *                   freeing an address that starts no allocation is refused
@@ -753,9 +755,11 @@ static CUresult allocate(CUdeviceptr *p, size_t size, int managed)
     const int device = current_device();
     if (!managed && !take(device, size))
         return OUT_OF_MEMORY;
-    size_t rounded = (size + ALLOCATION_ALIGNMENT - 1) & ~(ALLOCATION_ALIGNMENT - 1);
+    /* From 2 MiB up at a 2 MiB boundary, as the driver places them. */
+    const size_t alignment = size >= PAGE ? PAGE : ALLOCATION_ALIGNMENT;
+    size_t rounded = (size + alignment - 1) & ~(alignment - 1);
     allocation_t *a = malloc(sizeof *a);
-    void *m = a && rounded >= size ? aligned_alloc(ALLOCATION_ALIGNMENT, rounded) : NULL;
+    void *m = a && rounded >= size ? aligned_alloc(alignment, rounded) : NULL;
     if (!m) {
         free(a);
         if (!managed)
