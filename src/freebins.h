@@ -9,9 +9,10 @@
  * of exact best fit. Below 32 KiB every bin holds one size exactly. Among
  * extents of one size the lowest rank wins, then the lowest address: the
  * arena ranks an extent by its segment's creation, so which one is chosen
- * does not depend on where the driver put the segments (on an H200 the
- * CUDA driver hands out lower addresses for later segments, the simulated
- * device higher ones: ranked by address, replays and real runs parted).
+ * does not depend on where the driver put the segments (on an H200 it put
+ * allocations from 64 MiB up each below the last and smaller ones above,
+ * bench/gpu/segment_addresses.cu; the simulated device puts each above the
+ * last: ranked by address, replays and real runs parted).
  *
  * Intrusive: the node lives in the extent, so the index never allocates.
  */
