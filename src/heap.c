@@ -1853,8 +1853,11 @@ static uint64_t gen_open_locked(cuh_heap_t *h)
  * events, 8,000 waits and 1.7 ms of CPU per take-back. So when it is cheaper,
  * the events are first joined on the default stream: it waits for the other
  * streams' events and records one event, and every other stream waits for
- * that one (streams + events calls; ordering is transitive). 0 if a wait or
- * a record could not be enqueued (the caller makes the CPU wait instead). */
+ * that one (streams + events calls; ordering is transitive). A device-wide
+ * event (where[k] == ALL_STREAMS) takes one device-wide wait. 1 when done; 0
+ * if a wait or a record could not be enqueued (the caller makes the CPU wait
+ * instead); -1 if a graph capture is underway (nothing was enqueued, and no
+ * event call may be made now). */
 static int order_streams_after_locked(cuh_heap_t *h, cuh_event_t **running, const cuh_stream_t *where, size_t n)
 {
     const size_t num_streams = covered_streams_locked(h);
@@ -1866,7 +1869,7 @@ static int order_streams_after_locked(cuh_heap_t *h, cuh_event_t **running, cons
             cuh_dev_status_t rc = h->dev->ops->wait_all(h->dev, *running[k]);
             if (rc != CUH_DEV_OK) {
                 device_fences_refused_locked(h, rc);
-                return 0;
+                return rc == CUH_DEV_CAPTURING ? -1 : 0;
             }
         } else if (running[k]) {
             num_running++;
@@ -1955,8 +1958,17 @@ static int take_back_all_locked(cuh_heap_t *h)
         for (size_t e = 0; waited && e < n; e++)
             if (h->dev->ops->event_query(h->dev, *running[e]) == CUH_DEV_OK)
                 running[e] = NULL;   /* complete: none older on its stream runs */
-        if ((others || device_wide) && waited)
-            waited = order_streams_after_locked(h, running, where, n);
+        if ((others || device_wide) && waited) {
+            const int ordered = order_streams_after_locked(h, running, where, n);
+            if (ordered < 0) {
+                /* A capture began since the batches closed: they wait for
+                 * its end (no event call now, the CPU's wait included). */
+                free(running);
+                free(where);
+                return h->held_bytes < held_before;
+            }
+            waited = ordered;
+        }
         if (!waited) {   /* the CPU waits instead */
             for (free_batch_t *b = h->closed_batches; b; b = b->next)
                 events_done_locked(h, b->events, &b->num_events, 1);
@@ -2057,7 +2069,7 @@ static int take_back_private_locked(cuh_heap_t *h)
     for (size_t k = 0; ok && k < n; k++)
         if (h->dev->ops->event_query(h->dev, *running[k]) == CUH_DEV_OK)
             running[k] = NULL;   /* complete: nothing to wait for */
-    ok = ok && n && order_streams_after_locked(h, running, where, n);
+    ok = ok && n && order_streams_after_locked(h, running, where, n) > 0;
     for (size_t k = 0; ok && k < n; k++) {
         stream_state_t *st = owner[k];
         if (h->vm && running[k] && !keep_until_done_locked(h, st)) {
@@ -2514,7 +2526,6 @@ hit:
             if (grew == GROW_ERROR)
                 cuh_log("%s; the block is cut from a free segment instead", cuh_get_error());
         }
-
     }
     if (cuh_unlikely(e->segment->virtual_space) && at_growth_edge(h, e)) {
         cuh_extent_t *inside = smallest_fit_by_bins_locked(h, size, align, st->tag, mapped_fits_off_the_edge);
@@ -3516,10 +3527,9 @@ void cuh_heap_destroy(cuh_heap_t *h)
  * synchronizes): a freed buffer waits until all work issued before the free
  * has finished. A fence is what a device-wide batch waits for - one
  * device-wide event, or an event on the default stream and on every live
- * stream the heap knows - kept apart
- * from the batches, whose take-backs let the GPU, not the host, wait: host
- * memory is written by the host. The fence's type is defined with the
- * batches (cuh_heap_fence_s). */
+ * stream the heap knows - kept apart from the batches, whose take-backs let
+ * the GPU, not the host, wait: host memory is written by the host. The
+ * fence's type is defined with the batches (cuh_heap_fence_s). */
 
 /* Records the fence's events (one device-wide event when it can); on any
  * failure synchronizes the device instead (slow, never wrong), leaving no
@@ -4034,9 +4044,8 @@ static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch, uint64_t gen
 
 /* Closes the open batch: one device-wide event (record_all_locked), or one
  * event on every live stream the heap knows and on the default stream. If an
- * event cannot be recorded the device is
- * synchronized instead and the batch is finished at once (slow, never
- * wrong). Never during a graph capture. */
+ * event cannot be recorded the device is synchronized instead and the batch
+ * is finished at once (slow, never wrong). Never during a graph capture. */
 static void batch_close_locked(cuh_heap_t *h)
 {
     free_batch_t *batch = h->open_batch;

@@ -1843,8 +1843,27 @@ static void test_device_fences_fall_back_and_keep_out_of_captures(void **state)
     assert_int_equal(c, a);   /* taken back once the capture is over */
     assert_int_equal(c1.events_recorded_all - c0.events_recorded_all, 1);
     heap_ok(t.heap);
+
+    /* A capture that begins after a batch closed, before it comes back: the
+     * device-wide wait is refused, so the batch waits for the capture's end,
+     * and neither the GPU nor the CPU waits now. */
+    uintptr_t d, e;
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, c), CUHEAP_OK);   /* closes under a device-wide event */
+    cuh_sim_capturing(t.dev, 1);
+    cuh_sim_counters(t.dev, &c0);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &d), CUHEAP_OK);
+    cuh_sim_counters(t.dev, &c1);
+    assert_false(overlaps(c, 64 * MiB, d, 64 * MiB));
+    assert_int_equal(c1.waits_all, c0.waits_all);
+    assert_int_equal(c1.stream_waits, c0.stream_waits);
+    assert_int_equal(c1.event_waits + c1.synchronizes, c0.event_waits + c0.synchronizes);
+    cuh_sim_capturing(t.dev, 0);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &e), CUHEAP_OK);
+    assert_int_equal(e, c);   /* back once the capture is over */
+    heap_ok(t.heap);
     assert_int_equal(cuh_heap_free_device_wide(t.heap, b), CUHEAP_OK);
-    assert_int_equal(cuh_heap_free_device_wide(t.heap, c), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, d), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, e), CUHEAP_OK);
     cuh_sim_complete_all(t.dev);
     test_heap_free(&t);
 }
