@@ -209,11 +209,13 @@ int cuh_cuda_device_ordinal(int cudev);
 int cuh_cuda_context_device(void *ctx);
 /* 1 when `stream` is being captured into a CUDA graph. */
 int cuh_cuda_stream_capturing(const void *stream);
-/* A graph capture began, or an end of one was called, on `stream` (0 with
- * per_thread_default: the calling thread's per-thread default stream).
- * While a capture may be underway the device-wide fences answer
- * CUH_DEV_CAPTURING (the driver would invalidate the capture). */
-void cuh_cuda_capture_began(const void *stream, int per_thread_default);
+/* A graph capture is about to begin on `stream` (0 with per_thread_default:
+ * the calling thread's per-thread default stream), its begin call returned
+ * (began: successfully), or an end of one was called. While a capture may be
+ * underway the device-wide fences answer CUH_DEV_CAPTURING (the driver would
+ * invalidate the capture). */
+void cuh_cuda_capture_beginning(const void *stream, int per_thread_default);
+void cuh_cuda_capture_begin_returned(const void *stream, int per_thread_default, int began);
 void cuh_cuda_capture_ended(const void *stream, int per_thread_default);
 /* Bit d set for every device whose primary context is active (the program
  * has used the device); 0 when the driver is not loaded. */

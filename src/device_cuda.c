@@ -605,13 +605,17 @@ static cuh_dev_status_t cuda_synchronize(cuh_device_t *dev)
  * whichever entry point: hook_driver.c); while one may be underway, both ops
  * answer CUH_DEV_CAPTURING and call nothing. The registry is a short list of
  * the capturing streams: an entry whose stream no longer captures (an end
- * the hooks missed) is dropped when a fence looks, by asking the driver. */
+ * the hooks missed) is dropped when a fence looks, by asking the driver. A
+ * begin is registered before it is called and counted until it returns, and
+ * a fence holds the registry's lock from its look to its call, so no capture
+ * can begin in between. */
 
 #define CAPTURES_MAX 64
 static struct {
     pthread_mutex_t lock;
     int count;              /* entries in stream[] */
     int overflow;           /* more captures began at once than there is room for: for good */
+    int beginning;          /* begins called and not yet returned */
     uintptr_t stream[CAPTURES_MAX];
     int per_thread[CAPTURES_MAX];   /* the per-thread default stream: only its own thread can ask */
 } g_captures = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -627,12 +631,13 @@ static int stream_capture_status(uintptr_t stream)
     return status != 0;
 }
 
-void cuh_cuda_capture_began(const void *stream, int per_thread_default)
+void cuh_cuda_capture_beginning(const void *stream, int per_thread_default)
 {
     uintptr_t s = (uintptr_t)stream;
     if (s == 0 && per_thread_default)
         s = 0x2;   /* CU_STREAM_PER_THREAD */
     pthread_mutex_lock(&g_captures.lock);
+    g_captures.beginning++;
     if (g_captures.count == CAPTURES_MAX) {
         g_captures.overflow = 1;
     } else {
@@ -640,6 +645,15 @@ void cuh_cuda_capture_began(const void *stream, int per_thread_default)
         g_captures.stream[g_captures.count++] = s;
     }
     pthread_mutex_unlock(&g_captures.lock);
+}
+
+void cuh_cuda_capture_begin_returned(const void *stream, int per_thread_default, int began)
+{
+    pthread_mutex_lock(&g_captures.lock);
+    g_captures.beginning--;
+    pthread_mutex_unlock(&g_captures.lock);
+    if (!began)
+        cuh_cuda_capture_ended(stream, per_thread_default);
 }
 
 void cuh_cuda_capture_ended(const void *stream, int per_thread_default)
@@ -662,10 +676,11 @@ void cuh_cuda_capture_ended(const void *stream, int per_thread_default)
     pthread_mutex_unlock(&g_captures.lock);
 }
 
-/* 1 while a capture may be underway. */
-static int captures_underway(void)
+/* 1 while a capture may be underway (the registry's lock held). */
+static int captures_underway_locked(void)
 {
-    pthread_mutex_lock(&g_captures.lock);
+    if (g_captures.beginning)
+        return 1;
     for (int i = 0; i < g_captures.count;) {
         if (!g_captures.per_thread[i] && stream_capture_status(g_captures.stream[i]) == 0) {
             g_captures.count--;
@@ -675,9 +690,7 @@ static int captures_underway(void)
             i++;
         }
     }
-    int underway = g_captures.count != 0 || g_captures.overflow;
-    pthread_mutex_unlock(&g_captures.lock);
-    return underway;
+    return g_captures.count != 0 || g_captures.overflow;
 }
 
 /* One of the two device-wide calls: OK, UNSUPPORTED (no such call in this
@@ -692,14 +705,19 @@ static cuh_dev_status_t cuda_fence_all(cuh_device_t *dev, CUresult (*call)(CUcon
         snprintf(dev->last_error, sizeof dev->last_error, "the CUDA driver has no %s (before CUDA 12.5)", name);
         return CUH_DEV_UNSUPPORTED;
     }
-    if (captures_underway()) {
+    pthread_mutex_lock(&g_captures.lock);
+    if (captures_underway_locked()) {
+        pthread_mutex_unlock(&g_captures.lock);
         snprintf(dev->last_error, sizeof dev->last_error, "%s: a CUDA graph capture is underway", name);
         return CUH_DEV_CAPTURING;
     }
     int pushed;
-    CUDA_ENTER(d, pushed, name);
-    CUresult r = call(d->ctx, (CUevent)(void *)event);
-    cuda_ctx_leave(pushed);
+    CUresult r = cuda_ctx_enter(d, &pushed);
+    if (r == CUDA_SUCCESS) {
+        r = call(d->ctx, (CUevent)(void *)event);
+        cuda_ctx_leave(pushed);
+    }
+    pthread_mutex_unlock(&g_captures.lock);
     if (r == CUDA_SUCCESS)
         return CUH_DEV_OK;
     cuda_dev_error(dev, r, "%s", name);

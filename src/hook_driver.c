@@ -249,10 +249,9 @@ typedef void *CUgraph;
     CUresult name params                                                       \
     {                                                                          \
         REAL(type, #name);                                                     \
-        cuh_cuda_capture_began(stream, per_thread);                            \
+        cuh_cuda_capture_beginning(stream, per_thread);                        \
         CUresult code = fn args;                                               \
-        if (code != CUH_CUDA_SUCCESS)                                          \
-            cuh_cuda_capture_ended(stream, per_thread);                        \
+        cuh_cuda_capture_begin_returned(stream, per_thread, code == CUH_CUDA_SUCCESS); \
         return code;                                                           \
     }
 CAPTURE_BEGIN(cuStreamBeginCapture, 0, (CUstream stream), (stream), CUresult (*)(CUstream))
