@@ -694,9 +694,9 @@ static int captures_underway_locked(void)
 }
 
 /* One of the two device-wide calls: OK, UNSUPPORTED (no such call in this
- * driver, or a capture the hooks never saw was underway: the driver has
- * broken it, and fencing per stream from now on breaks no other), CAPTURING
- * or ERROR. */
+ * driver), CAPTURING, or ERROR (last_error says why; for a capture the hooks
+ * never saw, which the driver has now broken, it says so: the heap prints it
+ * and fences stream by stream from then on, breaking no other). */
 static cuh_dev_status_t cuda_fence_all(cuh_device_t *dev, CUresult (*call)(CUcontext, CUevent), const char *name,
                                        cuh_event_t event)
 {
@@ -728,7 +728,6 @@ static cuh_dev_status_t cuda_fence_all(cuh_device_t *dev, CUresult (*call)(CUcon
         snprintf(dev->last_error + len, sizeof dev->last_error - len,
                  ": a CUDA graph capture that cuheap did not see was underway, and the driver has "
                  "invalidated it; cuheap fences stream by stream from now on");
-        return CUH_DEV_UNSUPPORTED;
     }
     return CUH_DEV_ERROR;
 }

@@ -116,6 +116,11 @@ for runtime in shared static; do
     preload $p-capfence $p capture-fences
     expect_pass $p-capfence capture-fences \
         "$r: no device-wide fence while a capture is underway (the capture ends whole), one a take-back before and after"
+    preload $p-unseencap $p unseen-capture
+    expect_pass $p-unseencap unseen-capture \
+        "$r: a capture begun behind the hooks: the one device-wide fence that broke it is the last"
+    check "$r: ... and stderr says so, naming the setting off" \
+        'grep -q "device-wide fences turned off: cuCtxRecordEvent.*did not see" "$TMP/$p-unseencap.err"'
     preload $p-ipc-safe $p ipc-safe CUHEAP_CONF=ipc_safe:1
     expect_pass $p-ipc-safe ipc-safe "$r: with ipc_safe:1 every block, small ones too, gets a handle that names it"
     preload $p-ipc-callers $p ipc-callers NCCL_FAKE_LIB="$programs/libnccl_fake.so"

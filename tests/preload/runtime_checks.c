@@ -235,6 +235,38 @@ static void check_capture_fences(void)
     expect(cudaStreamDestroy(s) == cudaSuccess, "cudaStreamDestroy failed");
 }
 
+/* A capture cuheap did not see (begun behind its hooks): the first
+ * device-wide fence breaks it, as the driver would. cuheap says so on
+ * stderr, turns device-wide fences off and fences stream by stream from then
+ * on, and the program's memory stays as it should. */
+static void check_unseen_capture(void)
+{
+    start_runtime();
+    cudaStream_t s = NULL;
+    expect(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "stream creation failed");
+    fake.set_capturing(s, 1);   /* behind the hooks */
+    fake_cuda_calls_t c0 = fake_calls(&fake);
+    void *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+    expect(cudaMalloc(&a, 4 * MiB) == cudaSuccess && a, "cudaMalloc failed");
+    expect(cudaFree(a) == cudaSuccess, "cudaFree failed");
+    expect(cudaMalloc(&b, 4 * MiB) == cudaSuccess && b, "cudaMalloc failed");
+    fake_cuda_calls_t c1 = fake_calls(&fake);
+    expect(c1.captures_broken == c0.captures_broken + 1, "%lu captures broken, not 1",
+           c1.captures_broken - c0.captures_broken);
+    fake.set_capturing(s, 0);
+    expect(cudaFree(b) == cudaSuccess, "cudaFree failed");
+    expect(cudaMalloc(&c, 4 * MiB) == cudaSuccess && c, "cudaMalloc failed");
+    pattern_fill(c, 4 * MiB, 5);
+    expect(cudaFree(c) == cudaSuccess, "cudaFree failed");
+    expect(cudaMalloc(&d, 4 * MiB) == cudaSuccess && d, "cudaMalloc failed");
+    fake_cuda_calls_t c2 = fake_calls(&fake);
+    expect(c2.ctx_records == c1.ctx_records && c2.ctx_waits == c1.ctx_waits,
+           "device-wide fences still used after one broke a capture");
+    expect(c2.captures_broken == c1.captures_broken, "another capture broken");
+    expect(cudaFree(d) == cudaSuccess, "cudaFree failed");
+    expect(cudaStreamDestroy(s) == cudaSuccess, "cudaStreamDestroy failed");
+}
+
 /* ---- g: program errors are refused, the heap carries on ---------------------- */
 
 static void check_double_free(void)
@@ -923,6 +955,8 @@ int main(int argc, char **argv)
         check_capture();
     else if (!strcmp(mode, "capture-fences"))
         check_capture_fences();
+    else if (!strcmp(mode, "unseen-capture"))
+        check_unseen_capture();
     else if (!strcmp(mode, "ipc-safe"))
         check_ipc_safe();
     else if (!strcmp(mode, "ipc-callers"))
@@ -959,7 +993,7 @@ int main(int argc, char **argv)
         check_pinned_off();
     else {
         fprintf(stderr, "usage: %s threads|entry-point|pass-through|double-free|zero-and-alignment|"
-                        "out-of-memory|fork|ipc|ipc-safe|ipc-callers|capture|capture-fences|new-stream-after-reuse|free-ordering|free-ordering-unseen-stream|stream-destroy|async-reuse|async-reuse-off|"
+                        "out-of-memory|fork|ipc|ipc-safe|ipc-callers|capture|capture-fences|unseen-capture|new-stream-after-reuse|free-ordering|free-ordering-unseen-stream|stream-destroy|async-reuse|async-reuse-off|"
                         "meminfo|meminfo-right-after-free|meminfo-uncached|device-reset|pinned|pinned-double-free|"
                         "pinned-ordering|pinned-off\n", argv[0]);
         return 2;
