@@ -362,46 +362,6 @@ static cuh_dev_status_t cpu_wait_device(cuh_heap_t *h)
     return h->dev->ops->synchronize(h->dev);
 }
 
-/* ---- device-wide fences ------------------------------------------------------
- * cudaFree's promise covers every stream. With CUDA 12.5's device-wide event
- * and wait (device.h: event_record_all, wait_all) that costs two calls
- * whatever the number of streams (about 0.3 us each on an H200 with 33 or
- * 161 streams, against 70 us and 262 us for an event and a wait per stream:
- * bench/gpu/ctx_fence.cu), and streams cuheap never heard of are covered
- * too. Without them (device_fences:0, an older driver, a capture underway)
- * every known stream gets an event and a wait. */
-
-/* The stream a device-wide event stands for in a batch's event_streams and
- * a take-back's list: all of them. */
-#define ALL_STREAMS ((cuh_stream_t)UINTPTR_MAX)
-
-/* A device-wide call answered rc: a capture underway only defers it; a
- * device without them, or an error, turns them off for good (an error is
- * told: the caller fences stream by stream instead, never wrong). */
-static void device_fences_refused_locked(cuh_heap_t *h, cuh_dev_status_t rc)
-{
-    if (rc == CUH_DEV_CAPTURING)
-        return;
-    if (rc != CUH_DEV_UNSUPPORTED)
-        cuh_log("device-wide fences turned off: %s", h->dev->last_error);
-    h->device_fences = 0;
-}
-
-/* Records `e` over the work issued so far on every stream: CUH_DEV_OK;
- * CUH_DEV_CAPTURING while a graph capture is underway (no event call may be
- * made now: an event recorded on a capturing stream would join the graph);
- * anything else when device-wide fences are off (the caller fences stream
- * by stream). */
-static cuh_dev_status_t record_all_locked(cuh_heap_t *h, cuh_event_t e)
-{
-    if (!h->device_fences || h->captures)
-        return CUH_DEV_UNSUPPORTED;
-    cuh_dev_status_t rc = h->dev->ops->event_record_all(h->dev, e);
-    if (rc != CUH_DEV_OK)
-        device_fences_refused_locked(h, rc);
-    return rc;
-}
-
 /* A block that must start a segment of its own: every block with ipc_safe:1,
  * and the one being allocated by cuh_heap_malloc_shareable. Not under
  * virtual memory, which legacy IPC cannot share anyway. */
@@ -483,6 +443,53 @@ static void event_put_locked(cuh_heap_t *h, cuh_event_t e)
         h->cap_spare_events = cap;
     }
     h->spare_events[h->num_spare_events++] = e;
+}
+
+/* ---- device-wide fences ------------------------------------------------------
+ * cudaFree's promise covers every stream. With CUDA 12.5's device-wide event
+ * and wait (device.h: event_record_all, wait_all) that costs two calls
+ * whatever the number of streams (about 0.3 us each on an H200 with 33 or
+ * 161 streams, against 70 us and 262 us for an event and a wait per stream:
+ * bench/gpu/ctx_fence.cu), and streams cuheap never heard of are covered
+ * too. Without them (device_fences:0, an older driver, a capture underway)
+ * every known stream gets an event and a wait. */
+
+/* The stream a device-wide event stands for in a batch's event_streams and
+ * a take-back's list: all of them. */
+#define ALL_STREAMS ((cuh_stream_t)UINTPTR_MAX)
+
+/* A device-wide call answered rc: a capture underway only defers it; a
+ * device without them, or an error, turns them off for good (an error is
+ * told: the caller fences stream by stream instead, never wrong). */
+static void device_fences_refused_locked(cuh_heap_t *h, cuh_dev_status_t rc)
+{
+    if (rc == CUH_DEV_CAPTURING)
+        return;
+    if (rc != CUH_DEV_UNSUPPORTED)
+        cuh_log("device-wide fences turned off: %s", h->dev->last_error);
+    h->device_fences = 0;
+}
+
+/* An event over the work issued so far on every stream, in *out:
+ * CUH_DEV_OK; CUH_DEV_CAPTURING while a graph capture is underway (no event
+ * call may be made now: an event recorded on a capturing stream would join
+ * the graph); anything else when device-wide fences are off or no event was
+ * to be had (the caller fences stream by stream). */
+static cuh_dev_status_t record_all_locked(cuh_heap_t *h, cuh_event_t *out)
+{
+    if (!h->device_fences || h->captures)
+        return CUH_DEV_UNSUPPORTED;
+    cuh_event_t e = event_get_locked(h);
+    if (!e)
+        return CUH_DEV_UNSUPPORTED;
+    cuh_dev_status_t rc = h->dev->ops->event_record_all(h->dev, e);
+    if (rc != CUH_DEV_OK) {
+        event_put_locked(h, e);
+        device_fences_refused_locked(h, rc);
+        return rc;
+    }
+    *out = e;
+    return CUH_DEV_OK;
 }
 
 static int stream_is_drained(const cuh_heap_t *h, const stream_state_t *st)
@@ -3537,15 +3544,13 @@ void cuh_heap_destroy(cuh_heap_t *h)
 static void fence_record_locked(cuh_heap_t *h, cuh_heap_fence_t *f, size_t cap)
 {
     cuh_stream_t handle;
-    cuh_event_t all = h->device_fences && cap ? event_get_locked(h) : NULL;
-    cuh_dev_status_t fenced = all ? record_all_locked(h, all) : CUH_DEV_UNSUPPORTED;
+    cuh_event_t all = NULL;
+    const cuh_dev_status_t fenced = cap ? record_all_locked(h, &all) : CUH_DEV_UNSUPPORTED;
     if (fenced == CUH_DEV_OK) {
         f->recorded = 1;
         f->events[f->num_events++] = all;
         return;
     }
-    if (all)
-        event_put_locked(h, all);
     if (fenced == CUH_DEV_CAPTURING)
         return;   /* recorded later (cuh_heap_fence_passed), as during the heap's own captures */
     f->recorded = 1;
@@ -4051,10 +4056,8 @@ static void batch_close_locked(cuh_heap_t *h)
     free_batch_t *batch = h->open_batch;
     if (!batch || h->captures)
         return;
-    cuh_event_t all = h->device_fences ? event_get_locked(h) : NULL;
-    cuh_dev_status_t fenced = all ? record_all_locked(h, all) : CUH_DEV_UNSUPPORTED;
-    if (fenced != CUH_DEV_OK && all)
-        event_put_locked(h, all);
+    cuh_event_t all = NULL;
+    const cuh_dev_status_t fenced = record_all_locked(h, &all);
     if (fenced == CUH_DEV_CAPTURING)
         return;   /* stays open until the capture ends */
     const int fenced_all = fenced == CUH_DEV_OK;
