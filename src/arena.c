@@ -48,10 +48,23 @@ static void record_delete(cuh_arena_t *a, cuh_extent_t *e)
 
 /* ---- free index ---------------------------------------------------------- */
 
+/* The bins free extent e is found in. */
+static cuh_freebins_t *bins_of(cuh_arena_t *a, const cuh_extent_t *e)
+{
+    return &a->tags[e->tag].bins[e->segment->region];
+}
+
+/* Puts e in its bins, ranked by its segment's creation (freebins.h: ties go
+ * to the oldest segment, whatever addresses the device handed out). */
+static void bins_insert(cuh_arena_t *a, cuh_extent_t *e)
+{
+    cuh_freebins_insert(bins_of(a, e), &e->node, e->size, e->addr, e->segment->serial);
+}
+
 static void index_insert(cuh_arena_t *a, cuh_extent_t *e)
 {
     cuh_tag_books_t *b = &a->tags[e->tag];
-    cuh_freebins_insert(&b->bins[e->segment->region], &e->node, e->size, e->addr, e->segment->serial);
+    bins_insert(a, e);
     e->tag_prev = NULL;
     e->tag_next = b->list;
     if (b->list)
@@ -72,7 +85,7 @@ static void index_insert(cuh_arena_t *a, cuh_extent_t *e)
 static void index_remove(cuh_arena_t *a, cuh_extent_t *e)
 {
     cuh_tag_books_t *b = &a->tags[e->tag];
-    cuh_freebins_remove(&b->bins[e->segment->region], &e->node);
+    cuh_freebins_remove(bins_of(a, e), &e->node);
     if (e->tag_prev)
         e->tag_prev->tag_next = e->tag_next;
     else
@@ -247,13 +260,12 @@ cuh_extent_t *cuh_arena_find_others_first(cuh_arena_t *a, size_t size, size_t al
     unsigned n = 0;
     cuh_extent_t *e = best;
     while (e && last(e) && n < CUH_ARENA_SET_ASIDE) {
-        cuh_freebins_remove(&a->tags[e->tag].bins[e->segment->region], &e->node);
+        cuh_freebins_remove(bins_of(a, e), &e->node);
         aside[n++] = e;
         e = cuh_arena_find(a, size, align, tag);
     }
     while (n--)
-        cuh_freebins_insert(&a->tags[aside[n]->tag].bins[aside[n]->segment->region], &aside[n]->node, aside[n]->size,
-                            aside[n]->addr, aside[n]->segment->serial);
+        bins_insert(a, aside[n]);
     return e && !last(e) ? e : best;
 }
 
