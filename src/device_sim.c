@@ -102,7 +102,39 @@ typedef struct sim_device_s {
 
 static sim_device_t *sim_of(cuh_device_t *dev) { return (sim_device_t *)dev; }
 
-static int clock_raise(uint64_t **clock, size_t *num, size_t j, uint64_t pos);
+/* Raises clock[j] to at least pos, growing the clock; 0 out of memory. */
+static int clock_raise(uint64_t **clock, size_t *num, size_t j, uint64_t pos)
+{
+    if (j >= *num) {
+        uint64_t *grown = realloc(*clock, (j + 1) * sizeof *grown);
+        if (!grown)
+            return 0;
+        memset(grown + *num, 0, (j + 1 - *num) * sizeof *grown);
+        *clock = grown;
+        *num = j + 1;
+    }
+    if ((*clock)[j] < pos)
+        (*clock)[j] = pos;
+    return 1;
+}
+
+/* Raises every clock[j] to at least from[j]; 0 out of memory. */
+static int clock_merge(uint64_t **clock, size_t *num, const uint64_t *from, size_t n)
+{
+    for (size_t j = 0; j < n; j++)
+        if (!clock_raise(clock, num, j, from[j]))
+            return 0;
+    return 1;
+}
+
+/* st's work from now on waits for the positions of `clock`. 0 out of memory. */
+static int stream_waits_on(sim_stream_t *st, const uint64_t *clock, size_t n)
+{
+    if (!clock_merge(&st->dep, &st->num_dep, clock, n))
+        return 0;
+    st->dep_changed |= n != 0;
+    return 1;
+}
 
 static sim_stream_t *stream_state(sim_device_t *s, cuh_stream_t handle)
 {
@@ -126,31 +158,12 @@ static sim_stream_t *stream_state(sim_device_t *s, cuh_stream_t handle)
     st->done_dep = NULL;
     st->num_done_dep = 0;
     st->dep_changed = 0;
-    for (size_t j = 0; j < s->num_all_dep; j++) {
-        if (!clock_raise(&st->dep, &st->num_dep, j, s->all_dep[j])) {
-            free(st->dep);
-            s->num_streams--;
-            return NULL;
-        }
-        st->dep_changed = 1;
+    if (!stream_waits_on(st, s->all_dep, s->num_all_dep)) {
+        free(st->dep);
+        s->num_streams--;
+        return NULL;
     }
     return st;
-}
-
-/* Raises clock[j] to at least pos, growing the clock; 0 out of memory. */
-static int clock_raise(uint64_t **clock, size_t *num, size_t j, uint64_t pos)
-{
-    if (j >= *num) {
-        uint64_t *grown = realloc(*clock, (j + 1) * sizeof *grown);
-        if (!grown)
-            return 0;
-        memset(grown + *num, 0, (j + 1 - *num) * sizeof *grown);
-        *clock = grown;
-        *num = j + 1;
-    }
-    if ((*clock)[j] < pos)
-        (*clock)[j] = pos;
-    return 1;
 }
 
 /* A record on st (an event or a piece of work): what completing st's work
@@ -159,9 +172,8 @@ static int note_record(sim_stream_t *st)
 {
     if (!st->dep_changed)
         return 1;
-    for (size_t j = 0; j < st->num_dep; j++)
-        if (!clock_raise(&st->done_dep, &st->num_done_dep, j, st->dep[j]))
-            return 0;
+    if (!clock_merge(&st->done_dep, &st->num_done_dep, st->dep, st->num_dep))
+        return 0;
     st->dep_changed = 0;
     return 1;
 }
@@ -327,12 +339,10 @@ static cuh_dev_status_t sim_event_record(cuh_device_t *dev, cuh_event_t event, c
         /* The event stands for its stream's work so far and for all the work
          * that work waited for. */
         size_t self = (size_t)(st - s->streams);
-        int ok = 1;
         if (event->num_clock)
             memset(event->clock, 0, event->num_clock * sizeof *event->clock);
-        for (size_t j = 0; ok && j < st->num_dep; j++)
-            ok = clock_raise(&event->clock, &event->num_clock, j, st->dep[j]);
-        if (!ok || !clock_raise(&event->clock, &event->num_clock, self, st->recorded)) {
+        if (!clock_merge(&event->clock, &event->num_clock, st->dep, st->num_dep) ||
+            !clock_raise(&event->clock, &event->num_clock, self, st->recorded)) {
             snprintf(dev->last_error, sizeof dev->last_error, "sim: out of host memory");
             rc = CUH_DEV_ERROR;
         }
@@ -387,10 +397,8 @@ static cuh_dev_status_t sim_stream_wait(cuh_device_t *dev, cuh_stream_t stream, 
     s->counters.stream_waits++;
     sim_stream_t *st = stream_state(s, stream);
     int ok = st && event && event->magic == EVENT_MAGIC;
-    for (size_t j = 0; ok && event->recorded && j < event->num_clock; j++)
-        ok = clock_raise(&st->dep, &st->num_dep, j, event->clock[j]);
     if (ok && event->recorded)
-        st->dep_changed = 1;
+        ok = stream_waits_on(st, event->clock, event->num_clock);
     if (!ok) {
         snprintf(dev->last_error, sizeof dev->last_error, "sim: bad event or out of memory");
         rc = CUH_DEV_ERROR;
@@ -432,8 +440,7 @@ static cuh_dev_status_t sim_event_record_all(cuh_device_t *dev, cuh_event_t even
         int ok = 1;
         for (size_t i = 0; ok && i < s->num_streams; i++) {
             sim_stream_t *st = &s->streams[i];
-            for (size_t j = 0; ok && j < st->num_dep; j++)
-                ok = clock_raise(&event->clock, &event->num_clock, j, st->dep[j]);
+            ok = clock_merge(&event->clock, &event->num_clock, st->dep, st->num_dep);
             if (ok && !st->idle && (ok = note_record(st))) {
                 st->recorded++;
                 if (!s->hold)
@@ -465,15 +472,9 @@ static cuh_dev_status_t sim_wait_all(cuh_device_t *dev, cuh_event_t event)
     pthread_mutex_lock(&s->lock);
     cuh_dev_status_t rc = sim_fences_usable(s, dev, event);
     if (rc == CUH_DEV_OK && event->recorded) {
-        int ok = 1;
-        for (size_t j = 0; ok && j < event->num_clock; j++)
-            ok = clock_raise(&s->all_dep, &s->num_all_dep, j, event->clock[j]);
-        for (size_t i = 0; ok && i < s->num_streams; i++) {
-            sim_stream_t *st = &s->streams[i];
-            for (size_t j = 0; ok && j < event->num_clock; j++)
-                ok = clock_raise(&st->dep, &st->num_dep, j, event->clock[j]);
-            st->dep_changed = 1;
-        }
+        int ok = clock_merge(&s->all_dep, &s->num_all_dep, event->clock, event->num_clock);
+        for (size_t i = 0; ok && i < s->num_streams; i++)
+            ok = stream_waits_on(&s->streams[i], event->clock, event->num_clock);
         if (!ok) {
             snprintf(dev->last_error, sizeof dev->last_error, "sim: out of host memory");
             rc = CUH_DEV_ERROR;
