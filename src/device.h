@@ -209,14 +209,14 @@ int cuh_cuda_device_ordinal(int cudev);
 int cuh_cuda_context_device(void *ctx);
 /* 1 when `stream` is being captured into a CUDA graph. */
 int cuh_cuda_stream_capturing(const void *stream);
-/* A graph capture is about to begin on `stream` (0 with per_thread_default:
+/* A graph capture is about to begin on `stream` (CU_STREAM_PER_THREAD, 0x2:
  * the calling thread's per-thread default stream), its begin call returned
  * (began: successfully), or an end of one was called. While a capture may be
  * underway the device-wide fences answer CUH_DEV_CAPTURING (the driver would
  * invalidate the capture). */
-void cuh_cuda_capture_beginning(const void *stream, int per_thread_default);
-void cuh_cuda_capture_begin_returned(const void *stream, int per_thread_default, int began);
-void cuh_cuda_capture_ended(const void *stream, int per_thread_default);
+void cuh_cuda_capture_beginning(const void *stream);
+void cuh_cuda_capture_begin_returned(const void *stream, int began);
+void cuh_cuda_capture_ended(const void *stream);
 /* Bit d set for every device whose primary context is active (the program
  * has used the device); 0 when the driver is not loaded. */
 uint64_t cuh_cuda_active_devices(void);

@@ -66,6 +66,7 @@ typedef struct CUstream_st *CUstream;
 #define CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
 #define CU_EVENT_DISABLE_TIMING 0x2u
 #define CU_STREAM_CAPTURE_MODE_RELAXED 2   /* CUstreamCaptureMode */
+#define CU_STREAM_PER_THREAD ((uintptr_t)0x2)
 
 #define CUH_CUDA_LIBRARY "libcuda.so.1"
 /* Devices whose CUdevice handle is remembered for cuh_cuda_current_device. */
@@ -621,7 +622,7 @@ static struct {
 } g_captures = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* The driver's answer for `stream` (the calling thread's per-thread default
- * stream for 0x2): 1 capturing (or invalidated but not ended), 0 not, -1
+ * stream for CU_STREAM_PER_THREAD): 1 capturing (or invalidated but not ended), 0 not, -1
  * cannot tell. */
 static int stream_capture_status(uintptr_t stream)
 {
@@ -631,36 +632,40 @@ static int stream_capture_status(uintptr_t stream)
     return status != 0;
 }
 
-void cuh_cuda_capture_beginning(const void *stream, int per_thread_default)
+/* Drops entry i (the registry's lock held). */
+static void capture_drop_locked(int i)
+{
+    g_captures.count--;
+    g_captures.stream[i] = g_captures.stream[g_captures.count];
+    g_captures.per_thread[i] = g_captures.per_thread[g_captures.count];
+}
+
+void cuh_cuda_capture_beginning(const void *stream)
 {
     uintptr_t s = (uintptr_t)stream;
-    if (s == 0 && per_thread_default)
-        s = 0x2;   /* CU_STREAM_PER_THREAD */
     pthread_mutex_lock(&g_captures.lock);
     g_captures.beginning++;
     if (g_captures.count == CAPTURES_MAX) {
         g_captures.overflow = 1;
     } else {
-        g_captures.per_thread[g_captures.count] = s == 0x2;
+        g_captures.per_thread[g_captures.count] = s == CU_STREAM_PER_THREAD;
         g_captures.stream[g_captures.count++] = s;
     }
     pthread_mutex_unlock(&g_captures.lock);
 }
 
-void cuh_cuda_capture_begin_returned(const void *stream, int per_thread_default, int began)
+void cuh_cuda_capture_begin_returned(const void *stream, int began)
 {
     pthread_mutex_lock(&g_captures.lock);
     g_captures.beginning--;
     pthread_mutex_unlock(&g_captures.lock);
     if (!began)
-        cuh_cuda_capture_ended(stream, per_thread_default);
+        cuh_cuda_capture_ended(stream);
 }
 
-void cuh_cuda_capture_ended(const void *stream, int per_thread_default)
+void cuh_cuda_capture_ended(const void *stream)
 {
     uintptr_t s = (uintptr_t)stream;
-    if (s == 0 && per_thread_default)
-        s = 0x2;
     /* An end that failed (not the stream the capture began on) leaves the
      * capture going: ask rather than assume. */
     if (stream_capture_status(s) == 1)
@@ -668,9 +673,7 @@ void cuh_cuda_capture_ended(const void *stream, int per_thread_default)
     pthread_mutex_lock(&g_captures.lock);
     for (int i = 0; i < g_captures.count; i++)
         if (g_captures.stream[i] == s) {
-            g_captures.count--;
-            g_captures.stream[i] = g_captures.stream[g_captures.count];
-            g_captures.per_thread[i] = g_captures.per_thread[g_captures.count];
+            capture_drop_locked(i);
             break;
         }
     pthread_mutex_unlock(&g_captures.lock);
@@ -682,13 +685,10 @@ static int captures_underway_locked(void)
     if (g_captures.beginning)
         return 1;
     for (int i = 0; i < g_captures.count;) {
-        if (!g_captures.per_thread[i] && stream_capture_status(g_captures.stream[i]) == 0) {
-            g_captures.count--;
-            g_captures.stream[i] = g_captures.stream[g_captures.count];
-            g_captures.per_thread[i] = g_captures.per_thread[g_captures.count];
-        } else {
+        if (!g_captures.per_thread[i] && stream_capture_status(g_captures.stream[i]) == 0)
+            capture_drop_locked(i);
+        else
             i++;
-        }
     }
     return g_captures.count != 0 || g_captures.overflow;
 }

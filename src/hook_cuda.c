@@ -36,11 +36,14 @@ void *cuh_hook_real(void *(*lookup)(const char *), const char *name, void *_Atom
     return fn;
 }
 
+const void *cuh_hook_stream_handle(const void *stream, int per_thread_default)
+{
+    return stream == NULL && per_thread_default ? (const void *)STREAM_PER_THREAD : stream;
+}
+
 int cuh_hook_capturing(const void *stream, int per_thread_default)
 {
-    uintptr_t s = (uintptr_t)stream;
-    if (s == 0 && per_thread_default)
-        s = STREAM_PER_THREAD;
+    uintptr_t s = (uintptr_t)cuh_hook_stream_handle(stream, per_thread_default);
     if (s == 0 || s == STREAM_LEGACY)
         return 0;
     return cuh_cuda_stream_capturing((const void *)s);

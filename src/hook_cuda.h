@@ -45,6 +45,9 @@ cuh_hook_stream_t cuh_hook_stream(const void *stream, int per_thread_default);
 /* 1 when `stream` is being captured into a CUDA graph. Stream-ordered
  * allocations there go to CUDA (they become the graph's memory nodes). */
 int cuh_hook_capturing(const void *stream, int per_thread_default);
+/* The handle that names `stream` everywhere: stream 0 of an entry point with
+ * the per-thread default stream (_ptsz) is CU_STREAM_PER_THREAD. */
+const void *cuh_hook_stream_handle(const void *stream, int per_thread_default);
 
 /* A stream-ordered free of `ptr` during a capture: 1 when it is cuheap's,
  * which then keeps the block (a replay may use it at any later time; the

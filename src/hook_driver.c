@@ -249,9 +249,10 @@ typedef void *CUgraph;
     CUresult name params                                                       \
     {                                                                          \
         REAL(type, #name);                                                     \
-        cuh_cuda_capture_beginning(stream, per_thread);                        \
+        cuh_cuda_capture_beginning(cuh_hook_stream_handle(stream, per_thread)); \
         CUresult code = fn args;                                               \
-        cuh_cuda_capture_begin_returned(stream, per_thread, code == CUH_CUDA_SUCCESS); \
+        cuh_cuda_capture_begin_returned(cuh_hook_stream_handle(stream, per_thread), \
+                                        code == CUH_CUDA_SUCCESS);             \
         return code;                                                           \
     }
 CAPTURE_BEGIN(cuStreamBeginCapture, 0, (CUstream stream), (stream), CUresult (*)(CUstream))
@@ -275,7 +276,7 @@ CAPTURE_BEGIN(cuStreamBeginCaptureToGraph_ptsz, 1,
     {                                                                          \
         REAL(CUresult (*)(CUstream, CUgraph *), #name);                        \
         CUresult code = fn(stream, graph);                                     \
-        cuh_cuda_capture_ended(stream, per_thread);                            \
+        cuh_cuda_capture_ended(cuh_hook_stream_handle(stream, per_thread));    \
         return code;                                                           \
     }
 CAPTURE_END(cuStreamEndCapture, 0)
