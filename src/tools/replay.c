@@ -328,6 +328,18 @@ static long g_lag;                 /* --lag, for every replay */
 static long g_streams;             /* --streams, for every replay */
 static long g_busy_streams;        /* --busy-streams */
 
+/* The handle of the k-th busy stream (--busy-streams). */
+static cuh_stream_t busy_stream(long k) { return (cuh_stream_t)(0x20000000 + (uintptr_t)k * 0x100); }
+
+/* A busy stream always has work running, done at the GPU's next catch-up
+ * (what a device-wide event waits for; an event per stream is work of its
+ * own): a piece of work on each. */
+static void busy_streams_work(cuh_device_t *dev)
+{
+    for (long k = 0; k < g_busy_streams; k++)
+        cuh_sim_enqueue_work(dev, busy_stream(k));
+}
+
 /* For each block holding the most stranded memory at an out-of-memory at
  * event `at`: the allocation event still live then whose block starts at
  * its address (SIZE_MAX for a slab of small blocks, which no event names). */
@@ -382,7 +394,7 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
         st = cuh_heap_register_stream(heap, idle);
     }
     for (long k = 0; k < g_busy_streams && st == CUHEAP_OK; k++)
-        st = cuh_heap_register_stream(heap, (cuh_stream_t)(0x20000000 + (uintptr_t)k * 0x100));
+        st = cuh_heap_register_stream(heap, busy_stream(k));
     if (st != CUHEAP_OK) {
         fprintf(stderr, PROG ": %s: cannot register %ld streams: %s\n", t->path, g_streams + g_busy_streams,
                 cuheap_last_error());
@@ -390,11 +402,8 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
         dev->ops->destroy(dev);
         return -1;
     }
-    /* A busy stream always has work running, done at the GPU's next catch-up
-     * (what a device-wide event waits for; an event per stream is work of
-     * its own). */
-    for (long k = 0; lag > 0 && k < g_busy_streams; k++)
-        cuh_sim_enqueue_work(dev, (cuh_stream_t)(0x20000000 + (uintptr_t)k * 0x100));
+    if (lag > 0)
+        busy_streams_work(dev);
     for (i = 0; i < n; i++) {
         if (g_cudafree_lag >= 0) {
             /* cudaMalloc and cudaFree: any stream may use the block. */
@@ -409,8 +418,7 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
         }
         if (lag > 0 && i % (size_t)lag == 0) {
             cuh_sim_complete_all(dev);
-            for (long k = 0; k < g_busy_streams; k++)
-                cuh_sim_enqueue_work(dev, (cuh_stream_t)(0x20000000 + (uintptr_t)k * 0x100));
+            busy_streams_work(dev);
         }
         if (cuh_unlikely(st != CUHEAP_OK))
             break;
