@@ -1697,13 +1697,7 @@ static void test_placement_does_not_depend_on_segment_addresses(void **state)
     for (int lag = 0; lag <= 1; lag++) {
         test_heap_t t[2];
         for (int k = 0; k < 2; k++) {
-            char err[256] = "";
-            cuh_config_t cfg;
-            cuh_config_defaults(&cfg);
-            t[k].dev = cuh_sim_create(&(cuh_sim_params_t){.capacity = 8 * GiB, .top_down = k});
-            assert_non_null(t[k].dev);
-            t[k].heap = cuh_heap_create(t[k].dev, &cfg, err, sizeof err);
-            assert_non_null(t[k].heap);
+            t[k] = test_heap_on(&(cuh_sim_params_t){.capacity = 8 * GiB, .top_down = k}, NULL);
             cuh_sim_hold_events(t[k].dev, lag);
         }
         enum { N = 256, OPS = 6000 };

@@ -28,8 +28,9 @@ typedef struct test_heap_s {
     cuh_heap_t *heap;
 } test_heap_t;
 
-/* A heap on a simulated device of `capacity` bytes with settings `conf`. */
-static inline test_heap_t test_heap_new(size_t capacity, const char *conf)
+/* A heap with settings `conf` (NULL: the defaults) on a simulated device
+ * made with `params`. */
+static inline test_heap_t test_heap_on(const cuh_sim_params_t *params, const char *conf)
 {
     test_heap_t t;
     char err[512] = "";
@@ -37,12 +38,18 @@ static inline test_heap_t test_heap_new(size_t capacity, const char *conf)
     cuh_config_defaults(&cfg);
     if (conf && cuh_config_parse(conf, &cfg, err, sizeof err))
         fail_msg("bad test settings '%s': %s", conf, err);
-    t.dev = cuh_sim_create(&(cuh_sim_params_t){.capacity = capacity, .ordinal = 0});
+    t.dev = cuh_sim_create(params);
     assert_non_null(t.dev);
     t.heap = cuh_heap_create(t.dev, &cfg, err, sizeof err);
     if (!t.heap)
         fail_msg("heap creation failed: %s", err);
     return t;
+}
+
+/* A heap on a simulated device of `capacity` bytes with settings `conf`. */
+static inline test_heap_t test_heap_new(size_t capacity, const char *conf)
+{
+    return test_heap_on(&(cuh_sim_params_t){.capacity = capacity, .ordinal = 0}, conf);
 }
 
 static inline void test_heap_free(test_heap_t *t)
