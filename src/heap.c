@@ -142,6 +142,7 @@ typedef struct hold_s {
     size_t requested;
     uint32_t free_tag;           /* stream it was freed on */
     uint64_t pool;               /* graph pool, 0 if none */
+    int pool_released;           /* the pool was released during another capture: goes at its end */
     size_t num_events;
     cuh_event_t events[];
 } hold_t;
@@ -1086,9 +1087,12 @@ static uintptr_t page_va(const cuh_heap_t *h, size_t p) { return h->vm->base + (
 /* The work that memory handed to other streams early may still see
  * (keep_until_done_locked): unmapping is not stream-ordered, so no page
  * moves before it is done. Drops the events that have completed; with
- * `wait`, the CPU waits for the rest. 1 when none is left. */
+ * `wait`, the CPU waits for the rest. 1 when none is left. During a graph
+ * capture it makes no event call: what is left stays. */
 static int settle_unsettled_locked(cuh_heap_t *h, int wait)
 {
+    if (h->captures)
+        return h->num_unsettled == 0;   /* no event call during a capture */
     size_t kept = 0;
     for (size_t i = 0; i < h->num_unsettled; i++) {
         cuh_event_t e = h->unsettled[i].event;
@@ -1107,9 +1111,12 @@ static int settle_unsettled_locked(cuh_heap_t *h, int wait)
 /* The newest take-back generation whose running work has completed, and
  * every older one's: pages stamped with it or below may be unmapped. Drops
  * the completed events, oldest first (one stream: they complete in order);
- * with `wait`, the CPU waits for the newest first. */
+ * with `wait`, the CPU waits for the newest first. During a graph capture it
+ * makes no event call: the generation known settled before it. */
 static uint64_t settled_gen_locked(cuh_heap_t *h, int wait)
 {
+    if (h->captures)
+        return h->settled_gen;   /* no event call during a capture */
     if (wait && h->num_gen_events)
         cpu_wait_event(h, h->gen_events[h->num_gen_events - 1].event);
     size_t done = 0;
@@ -1171,9 +1178,11 @@ static void unmap_drain_locked(cuh_heap_t *h, const cuh_extent_t *x)
 
 /* Unmaps the old mappings of every drain whose event has completed (with
  * `wait`: of every drain, the CPU waiting for their events). 1 when none is
- * left. */
+ * left. During a graph capture it makes no event call and unmaps nothing. */
 static int drains_poll_locked(cuh_heap_t *h, int wait)
 {
+    if (h->captures)
+        return h->drains == NULL;   /* no event call during a capture */
     vm_drain_t **link = &h->drains;
     while (*link) {
         vm_drain_t *d = *link;
@@ -4287,25 +4296,28 @@ void cuh_heap_capture_begin(cuh_heap_t *h, uint64_t pool)
     cuh_unlock(&h->lock);
 }
 
+static void release_held_pools_locked(cuh_heap_t *h, uint64_t pool);
+
 void cuh_heap_capture_end(cuh_heap_t *h)
 {
     cuh_lock(&h->lock);
     if (h->captures)
         h->captures--;
+    if (!h->captures)
+        release_held_pools_locked(h, 0);   /* pools released during the capture */
     atomic_store_explicit(&h->tcache_closed, h->captures != 0, memory_order_release);
     cuh_unlock(&h->lock);
 }
 
-void cuh_heap_release_pool(cuh_heap_t *h, uint64_t pool)
+/* Frees the held blocks of graph pool `pool` (0: of every pool released
+ * while a capture was underway). Replays of its graphs may still be
+ * running: the CPU waits for the device once. */
+static void release_held_pools_locked(cuh_heap_t *h, uint64_t pool)
 {
-    cuh_lock(&h->lock);
-    unpark_all_locked(h);
-    if (!pool)
-        pool = 1;
-    /* Replays of the graph may still be running: wait for the device once. */
     int synced = 0;
     for (size_t k = 0; k < h->num_holds;) {
-        if (h->holds[k]->pool != pool) {
+        hold_t *hd = h->holds[k];
+        if (!hd->pool || (pool ? hd->pool != pool : !hd->pool_released)) {
             k++;
             continue;
         }
@@ -4313,11 +4325,29 @@ void cuh_heap_release_pool(cuh_heap_t *h, uint64_t pool)
             cpu_wait_device(h);
             synced = 1;
         }
-        h->holds[k]->pool = 0;
-        for (size_t i = 0; i < h->holds[k]->num_events; i++)
-            event_put_locked(h, h->holds[k]->events[i]);
-        h->holds[k]->num_events = 0;
+        hd->pool = 0;
+        hd->pool_released = 0;
+        for (size_t i = 0; i < hd->num_events; i++)
+            event_put_locked(h, hd->events[i]);
+        hd->num_events = 0;
         hold_finish_locked(h, k);
+    }
+}
+
+/* During a capture (of another pool) the device cannot be waited for: the
+ * pool's held blocks stay held until the last capture ends. */
+void cuh_heap_release_pool(cuh_heap_t *h, uint64_t pool)
+{
+    cuh_lock(&h->lock);
+    unpark_all_locked(h);
+    if (!pool)
+        pool = 1;
+    if (h->captures) {
+        for (size_t k = 0; k < h->num_holds; k++)
+            if (h->holds[k]->pool == pool)
+                h->holds[k]->pool_released = 1;
+    } else {
+        release_held_pools_locked(h, pool);
     }
     /* Live blocks of the pool are now ordinary blocks. */
     for (size_t i = 0; i <= h->graph.mask; i++)
@@ -4535,12 +4565,15 @@ void cuh_heap_reset_peaks(cuh_heap_t *h)
     cuh_unlock(&h->lock);
 }
 
+/* During a graph capture nothing goes back: freeing device memory (or
+ * waiting for the frees before it) would invalidate the capture. */
 cuheap_status_t cuh_heap_release_cached(cuh_heap_t *h)
 {
     cuh_lock(&h->lock);
     unpark_all_locked(h);
     settle_all_locked(h);
-    release_free_segments_locked(h);
+    if (!h->captures)
+        release_free_segments_locked(h);
     refresh_stats_locked(h);
     cuh_unlock(&h->lock);
     return CUHEAP_OK;

@@ -525,6 +525,155 @@ static void test_device_wide_free_of_a_graph_block_waits_for_its_pool(void **sta
     test_heap_free(&t);
 }
 
+/* The device calls a graph capture cannot take: an event recorded, queried
+ * or waited for, a stream wait, a device synchronize, a segment or a page
+ * freed. 1 if the counters moved by any of them. */
+static int capture_breaking_calls(const cuh_sim_counters_t *a, const cuh_sim_counters_t *b)
+{
+    return a->events_recorded != b->events_recorded || a->event_queries != b->event_queries ||
+           a->event_waits != b->event_waits || a->stream_waits != b->stream_waits ||
+           a->synchronizes != b->synchronizes || a->mem_frees != b->mem_frees || a->vm_releases != b->vm_releases;
+}
+
+/* empty_cache during a capture gives nothing back (a segment freed, or the
+ * CPU waiting for frees first, would invalidate the capture); after it, all. */
+static void test_release_cached_during_a_capture_gives_nothing_back(void **state)
+{
+    (void)state;
+    static const char *const confs[] = {NULL, "vmm:1"};
+    for (int c = 0; c < 2; c++) {
+        test_heap_t t = test_heap_new(GiB, confs[c]);
+        cuh_sim_hold_events(t.dev, 1);
+        uintptr_t a = must_alloc(t.heap, 8 * MiB, S1), b = 0;
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 8 * MiB, &b), CUHEAP_OK);
+        must_free(t.heap, a, S1);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, b), CUHEAP_OK);
+        cuh_sim_complete_all(t.dev);
+        cuh_heap_poll(t.heap);   /* all of it free for every stream: it could go back */
+        cuh_sim_counters_t c0, c1;
+        cuh_sim_counters(t.dev, &c0);
+        cuh_heap_capture_begin(t.heap, 5);
+        assert_int_equal(cuh_heap_release_cached(t.heap), CUHEAP_OK);
+        cuh_sim_counters(t.dev, &c1);
+        assert_false(capture_breaking_calls(&c0, &c1));
+        cuh_heap_capture_end(t.heap);
+        cuh_sim_complete_all(t.dev);
+        assert_int_equal(cuh_heap_release_cached(t.heap), CUHEAP_OK);
+        cuheap_stats_t st;
+        cuh_heap_stats(t.heap, &st);
+        assert_int_equal(st.reserved.current, 0);
+        heap_ok(t.heap);
+        test_heap_free(&t);
+    }
+}
+
+/* Under vmm:1 the page bookkeeping makes no event call during a capture
+ * either: what the heap has not yet seen done stays where it is. Three ways
+ * in, each found by tests/fuzz/fuzz_heap.c (the sizes are the ones it found):
+ *  - a block needing pages, while pages cudaFree gave back carry a take-back
+ *    generation still running (settled_gen_locked);
+ *  - a block needing pages, while memory another stream freed was handed
+ *    over before its work ran (reuse_across_streams; settle_unsettled_locked);
+ *  - a poll, while pages a stream lent its own next block leave their old
+ *    mappings to drain (drains_poll_locked). */
+static void test_pages_move_during_a_capture_without_an_event_call(void **state)
+{
+    (void)state;
+    cuh_sim_counters_t c0, c1;
+    {
+        test_heap_t t = test_heap_new(GiB, "vmm:1,vmm_margin:0");
+        cuh_sim_hold_events(t.dev, 1);
+        uintptr_t x = 0;
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 4838017, &x), CUHEAP_OK);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, x), CUHEAP_OK);
+        uintptr_t y = must_alloc(t.heap, 9947905, S1);   /* takes it back while its work runs */
+        cuh_sim_counters(t.dev, &c0);
+        cuh_heap_capture_begin(t.heap, 3);
+        uintptr_t big = must_alloc(t.heap, 32 * MiB, S1);
+        cuh_sim_counters(t.dev, &c1);
+        assert_false(capture_breaking_calls(&c0, &c1));
+        cuh_heap_capture_end(t.heap);
+        must_free(t.heap, big, S1);
+        must_free(t.heap, y, S1);
+        cuh_heap_release_pool(t.heap, 3);
+        cuh_sim_complete_all(t.dev);
+        all_freed(t.heap);
+        test_heap_free(&t);
+    }
+    {
+        test_heap_t t = test_heap_new(GiB, "vmm:1,vmm_margin:0,reuse_across_streams:1,workspace:32M");
+        cuh_sim_hold_events(t.dev, 1);
+        uintptr_t x = must_alloc(t.heap, 4831105, S2), z = 0;
+        must_free(t.heap, x, S2);
+        uintptr_t y = must_alloc(t.heap, 1430449, S1);   /* S2's frees, handed over early */
+        cuh_sim_counters(t.dev, &c0);
+        cuh_heap_capture_begin(t.heap, 2);
+        assert_int_equal(cuh_heap_malloc_shareable(t.heap, 1, &z), CUHEAP_OK);
+        cuh_sim_counters(t.dev, &c1);
+        assert_false(capture_breaking_calls(&c0, &c1));
+        cuh_heap_capture_end(t.heap);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, z), CUHEAP_OK);
+        must_free(t.heap, y, S1);
+        cuh_heap_release_pool(t.heap, 2);
+        cuh_sim_complete_all(t.dev);
+        all_freed(t.heap);
+        test_heap_free(&t);
+    }
+    {
+        test_heap_t t = test_heap_new(GiB, "vmm:1");
+        cuh_sim_hold_events(t.dev, 1);
+        uintptr_t a = must_alloc(t.heap, 24 * MiB, S1);
+        assert_int_equal(cuh_heap_record_stream(t.heap, a, S2), CUHEAP_OK);
+        uintptr_t b = must_alloc(t.heap, 12 * MiB, 0);
+        must_free(t.heap, b, 0);
+        must_free(t.heap, a, S1);
+        uintptr_t c = must_alloc(t.heap, 22 * MiB, 0);   /* lent its own pages: old mappings drain */
+        cuh_sim_counters(t.dev, &c0);
+        cuh_heap_capture_begin(t.heap, 3);
+        cuh_heap_poll(t.heap);
+        cuh_sim_counters(t.dev, &c1);
+        assert_false(capture_breaking_calls(&c0, &c1));
+        cuh_heap_capture_end(t.heap);
+        must_free(t.heap, c, 0);
+        cuh_sim_complete_all(t.dev);
+        all_freed(t.heap);
+        test_heap_free(&t);
+    }
+}
+
+/* A graph pool released while another graph is being captured cannot wait
+ * for the device: its blocks stay held until the capture ends, and only
+ * then become free. */
+static void test_a_pool_released_during_another_capture_waits_for_its_end(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    cuh_sim_hold_events(t.dev, 1);
+    cuh_heap_capture_begin(t.heap, 1);
+    uintptr_t in_graph = must_alloc(t.heap, 4 * MiB, S1);
+    cuh_heap_capture_end(t.heap);
+    must_free(t.heap, in_graph, S1);   /* held for pool 1 */
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    cuh_heap_capture_begin(t.heap, 2);
+    cuh_heap_release_pool(t.heap, 1);
+    cuh_sim_counters(t.dev, &c1);
+    assert_false(capture_breaking_calls(&c0, &c1));
+    uintptr_t during = must_alloc(t.heap, 4 * MiB, S1);
+    assert_false(overlaps(during, 4 * MiB, in_graph, 4 * MiB));   /* still held */
+    cuh_heap_capture_end(t.heap);
+    cuh_sim_counters(t.dev, &c1);
+    assert_int_equal(c1.synchronizes, c0.synchronizes + 1);   /* pool 1's replays are waited for now */
+    uintptr_t after = must_alloc(t.heap, 4 * MiB, S1);
+    assert_int_equal(after, in_graph);   /* free again */
+    must_free(t.heap, after, S1);
+    must_free(t.heap, during, S1);
+    cuh_heap_release_pool(t.heap, 2);
+    cuh_sim_complete_all(t.dev);
+    all_freed(t.heap);
+    test_heap_free(&t);
+}
+
 /* cudaFree then cudaMalloc of the same size while the GPU lags (PyTorch
  * without its cache): rather than reserve a second copy, the allocation
  * takes back the batch that holds the first and every stream waits for it on
@@ -3770,6 +3919,9 @@ int main(void)
         cmocka_unit_test(test_device_wide_frees_cost_events_per_batch_not_per_free),
         cmocka_unit_test(test_device_wide_malloc_takes_only_memory_every_stream_may_use),
         cmocka_unit_test(test_device_wide_free_of_a_graph_block_waits_for_its_pool),
+        cmocka_unit_test(test_release_cached_during_a_capture_gives_nothing_back),
+        cmocka_unit_test(test_pages_move_during_a_capture_without_an_event_call),
+        cmocka_unit_test(test_a_pool_released_during_another_capture_waits_for_its_end),
         cmocka_unit_test(test_random_device_wide_frees_are_never_reused_early),
         cmocka_unit_test(test_device_wide_malloc_waits_for_a_batch_rather_than_grow),
         cmocka_unit_test(test_ipc_safe_blocks_start_their_own_segments),
