@@ -254,6 +254,11 @@ static int set_value(const option_t *opt, const char *value, cuh_config_t *cfg, 
                 snprintf(err, errlen, "limit:%s is not a fraction of the device in (0, 1]", value);
                 return -1;
             }
+            if (f < 1e-30) {
+                snprintf(err, errlen, "limit:%s is a fraction too small to mean anything (below 1e-30 of the device)",
+                         value);
+                return -1;
+            }
             cfg->limit_fraction = f;
             cfg->limit_bytes = 0;
             return 0;
@@ -400,10 +405,14 @@ void cuh_config_format(const cuh_config_t *cfg, char *buf, size_t len)
         snprintf(limit, sizeof limit, "%zu", cfg->limit_bytes);
     else if (cfg->limit_fraction > 0)
     {
-        /* Always with a decimal point: "limit:1" would read back as 1 byte. */
-        snprintf(limit, sizeof limit, "%g", cfg->limit_fraction);
-        if (!strpbrk(limit, ".e"))
-            strcat(limit, ".0");
+        /* Always with a decimal point and never an exponent ("limit:1" would
+         * read back as 1 byte, "7e-08" as no number at all): the fewest
+         * decimals that read back as the same fraction. */
+        for (int digits = 1; digits <= 60; digits++) {   /* 1e-30, the least, needs 47 */
+            snprintf(limit, sizeof limit, "%.*f", digits, cfg->limit_fraction);
+            if (strtod(limit, NULL) == cfg->limit_fraction)
+                break;
+        }
     }
     else
         snprintf(limit, sizeof limit, "none");

@@ -444,7 +444,11 @@ static void test_print_table_lists_every_key(void **state)
 static void test_formatted_settings_parse_back_to_the_same_values(void **state)
 {
     (void)state;
-    const char *inputs[] = {"limit:100%", "limit:1.0", "limit:0.5", "limit:40G,workspace:2G", "grow_fraction:0"};
+    /* limit:7e-6% once formatted as limit:7e-08, which reads as no number
+     * (found by tests/fuzz/fuzz_config.c). */
+    const char *inputs[] = {"limit:100%",          "limit:1.0",      "limit:0.5",
+                            "limit:40G,workspace:2G", "grow_fraction:0", "limit:7e-6%",
+                            "limit:0.123456789012345", "limit:1e-27%", "limit:0.3%"};
     for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++) {
         cuh_config_t a, b;
         char err[256], text[512];
