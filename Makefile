@@ -47,7 +47,7 @@ SAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
 TSAN_LIB_OBJS := $(LIB_SRCS:src/%.c=$(BUILD)/tsan/obj/%.o)
 TSAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/tsan/obj/%.o)
 
-.PHONY: all lib tools demo test test-plain test-san test-tsan preload-tests bench gpu-check gpu-bench deps deps-test clean
+.PHONY: all lib tools demo test test-plain test-san test-tsan preload-tests bench fuzz gpu-check gpu-bench deps deps-test clean
 all: lib tools
 
 lib: $(BUILD)/libcuheap.so $(BUILD)/libcuheap.a
@@ -134,6 +134,22 @@ $(BUILD)/san/tests/%: tests/%.c tests/test_util.h $(SAN_TOOL_OBJS) $(BUILD)/san/
 $(BUILD)/tsan/tests/%: tests/%.c tests/test_util.h $(TSAN_TOOL_OBJS) $(BUILD)/tsan/libcuheap.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -O1 -g $(TSAN) -Wno-missing-prototypes -o $@ $< $(TSAN_TOOL_OBJS) $(BUILD)/tsan/libcuheap.a -lcmocka -lz -ldl -lm
+
+# The fuzz targets of tests/fuzz, built without libFuzzer (FUZZ_MAIN): `make
+# test` replays their corpora (tests/test_fuzz_corpus.sh), plain and under the
+# sanitizers; `make fuzz` builds them with clang's libFuzzer and searches.
+FUZZ_NAMES := heap trace json config report
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_main.h $(TOOL_OBJS) $(BUILD)/libcuheap.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(OPT) -DFUZZ_MAIN -Itests/fuzz -o $@ $< $(TOOL_OBJS) $(BUILD)/libcuheap.a -lz -ldl -lm
+
+$(BUILD)/san/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_main.h $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -DFUZZ_MAIN -Itests/fuzz -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a \
+	    -lz -ldl -lm
+
+fuzz: all
+	@scripts/fuzz.sh $(BUILD)
 
 # The real driver path runs in CI against a fake libcuda.so.1 (host memory for
 # device memory), found through the test binary's run path.
@@ -224,11 +240,11 @@ preload-tests: $(PRELOAD_PROGRAMS) $(FAKE_CUDA) $(FAKE_CUDART) $(BUILD)/libcuhea
 test: test-plain test-san test-tsan
 
 test-plain: deps-test $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/cuheap-replay $(BUILD)/cuheap-report $(BUILD)/libcuheap.so \
-            preload-tests $(BUILD)/bench_heap $(BUILD)/bench_preload
+            preload-tests $(BUILD)/bench_heap $(BUILD)/bench_preload $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
 	@scripts/run-tests.sh $(BUILD) plain $(TESTS)
 
 test-san: deps-test $(TESTS:%=$(BUILD)/san/tests/%) $(BUILD)/san/cuheap-replay $(BUILD)/san/cuheap-report \
-          $(BUILD)/san/libcuheap-asan.so \
+          $(BUILD)/san/libcuheap-asan.so $(FUZZ_NAMES:%=$(BUILD)/san/fuzz/fuzz_%) \
           preload-tests
 	@scripts/run-tests.sh $(BUILD)/san sanitized $(TESTS)
 

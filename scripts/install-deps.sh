@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# install-deps.sh [test] - installs the Debian packages cuheap's build needs, if
-# they are missing: a C compiler, make, zlib and cmocka (headers and
+# install-deps.sh [test|fuzz] - installs the Debian packages cuheap's build
+# needs, if they are missing: a C compiler, make, zlib and cmocka (headers and
 # libraries), python3, and curl and bzip2 (scripts/build-jemalloc.sh fetches
 # and unpacks Debian's jemalloc source); with `test`, also g++ (one test builds a C++ probe) and
-# chromium (the HTML report is rendered headless). Silent when all is there.
+# chromium (the HTML report is rendered headless); with `fuzz`, clang with
+# its libFuzzer runtime (`make fuzz`). Silent when all is there.
 set -euo pipefail
 
 missing=()
@@ -13,6 +14,17 @@ command -v make >/dev/null 2>&1 || missing+=(make)
 if [ "${1:-}" = test ]; then
     command -v g++ >/dev/null 2>&1 || missing+=(g++)
     command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+fi
+links_libfuzzer() {
+    printf 'int LLVMFuzzerTestOneInput(const char *d, long n);\nint LLVMFuzzerTestOneInput(const char *d, long n) { (void)d; (void)n; return 0; }\n' |
+        clang -fsanitize=fuzzer -x c - -o /dev/null >/dev/null 2>&1
+}
+if [ "${1:-}" = fuzz ]; then
+    if ! command -v clang >/dev/null 2>&1; then
+        missing+=(clang)
+    elif ! links_libfuzzer; then
+        missing+=("libclang-rt-$(clang -dumpversion | cut -d. -f1)-dev")
+    fi
 fi
 have_header zlib.h || missing+=(zlib1g-dev)
 printf '#include <stdarg.h>\n#include <stddef.h>\n#include <stdint.h>\n#include <setjmp.h>\n#include <cmocka.h>\n' |
@@ -31,3 +43,7 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq >/dev/null
 $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+if [ "${1:-}" = fuzz ] && ! links_libfuzzer; then
+    # The libFuzzer runtime is only recommended by Debian's clang.
+    $sudo apt-get install -y -qq "libclang-rt-$(clang -dumpversion | cut -d. -f1)-dev" >/dev/null
+fi

@@ -1,0 +1,586 @@
+/* fuzz_heap.c - a coverage-guided search for a broken rule of the heap.
+ *
+ * The random-operation models of tests/test_heap.c draw their operations
+ * from a seed; this target reads them from its input, so that libFuzzer can
+ * steer towards code the seeds never reach: every setting that changes a
+ * path (vmm, page size and margin, thread caches, slabs, IPC-safe blocks,
+ * reuse across streams, the workspace, limits, a device without
+ * device-wide fences, falling segment addresses), device-wide and
+ * stream-ordered frees, record_stream, graph captures and their pools,
+ * partial completion of streams' work, polls, cache releases, limit
+ * changes, memory other processes take, streams destroyed and made again,
+ * double frees and foreign pointers; and it renders every report of the
+ * heap's state now and then.
+ *
+ * After every step it checks what DESIGN.md promises:
+ *  - a block is aligned to 512 bytes and overlaps no live block;
+ *  - bytes a block freed on stream s used (by address, and under vmm:1 by
+ *    physical page) go to another stream only once s's work up to the free
+ *    is done or that stream waits for it; a block freed device-wide counts as
+ *    used by every stream, one allocated device-wide is used by every stream
+ *    at once; a block of a graph pool waits for the pool's release too;
+ *  - a page stays mapped where it was while work on it may still run;
+ *  - no event call, device synchronize or segment free during a capture;
+ *  - a double free says so, a pointer inside a block or outside the heap
+ *    is refused, and neither changes anything;
+ *  - an allocation fails only with CUHEAP_ERR_OUT_OF_MEMORY, and under
+ *    vmm:1 never while free memory is plentiful;
+ *  - requested bytes equal the live requests, the books are sound
+ *    (cuh_heap_check), and at the end every byte and event goes back.
+ * A broken rule aborts with a message naming the step.
+ *
+ * Built with clang's -fsanitize=fuzzer by `make fuzz`; built without it
+ * (FUZZ_MAIN) it runs the files or folders given on the command line, which
+ * is how `make test` replays tests/fuzz/corpus/heap.
+ */
+#include "device.h"
+#include "heap.h"
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+#define GiB ((size_t)1 << 30)
+
+enum { SLOTS = 48, NSTREAMS = 3, MAX_PIECES = 100000, MAX_OPS = 4000 };
+
+/* A stream that never runs work: waits_for on it means "done". */
+#define PROBE ((cuh_stream_t)0x9000)
+
+static const cuh_stream_t streams[NSTREAMS] = {0, (cuh_stream_t)0x1000, (cuh_stream_t)0x2000};
+
+typedef struct input_s {
+    const uint8_t *p;
+    size_t left;
+} input_t;
+
+static unsigned take8(input_t *in)
+{
+    if (!in->left)
+        return 0;
+    in->left--;
+    return *in->p++;
+}
+
+static unsigned take16(input_t *in)
+{
+    unsigned lo = take8(in);
+    return lo | take8(in) << 8;
+}
+
+/* What a freed block leaves behind in one page (see page_rule_model in
+ * tests/test_heap.c): unsafe for streams other than `stream` until its work
+ * at `pos` is done and, for a graph pool's block, until the pool goes. */
+typedef struct piece_s {
+    uintptr_t va;
+    uint64_t handle;
+    size_t lo, hi;
+    cuh_stream_t stream;
+    uint64_t pos;
+    uint64_t pool;
+} piece_t;
+
+typedef struct slot_s {
+    uintptr_t addr;
+    size_t size;
+    cuh_stream_t stream;
+    int device_wide;
+    unsigned users;   /* bit k: streams[k] uses it too (record_stream) */
+    uint64_t pool;    /* allocated during a capture into this pool, else 0 */
+} slot_t;
+
+typedef struct run_s {
+    cuh_device_t *dev;
+    cuh_heap_t *heap;
+    size_t page;        /* granule of the page model: vmm_page, or 2 MiB */
+    size_t capacity;
+    int vmm;
+    int limited;             /* a limit is set */
+    int external;            /* others hold device memory */
+    slot_t slot[SLOTS];
+    piece_t *pieces;
+    size_t num_pieces;
+    uint64_t capture_pool;   /* 0: none underway */
+    int pool_live[4];        /* pools 1..3 captured and not yet released */
+    cuh_sim_counters_t at_capture;
+    int op;
+    int verbose;             /* FUZZ_HEAP_VERBOSE set: each step on stderr */
+    char conf[256];
+} run_t;
+
+#define SAY(r, ...)                           \
+    do {                                      \
+        if ((r)->verbose)                     \
+            fprintf(stderr, __VA_ARGS__);     \
+    } while (0)
+
+__attribute__((format(printf, 2, 3), noreturn)) static void broken(const run_t *r, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "fuzz_heap: settings '%s', step %d: ", r->conf, r->op);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    abort();
+}
+
+static int overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) { return a < b + bn && b < a + an; }
+
+static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
+static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
+
+/* Settings from the input's first two bytes. */
+static void settings(input_t *in, run_t *r, int *device_fences, int *top_down)
+{
+    unsigned a = take8(in), b = take8(in);
+    static const char *const limits[] = {"", ",limit:64M", ",limit:160M", ",limit:400M"};
+    static const char *const small[] = {"", ",small_max:0", ",small_max:1M", ""};
+    r->vmm = a & 1;
+    r->page = r->vmm && (b & 0x10) ? 4 * MiB : 2 * MiB;
+    r->limited = (b & 3) != 0;
+    snprintf(r->conf, sizeof r->conf, "vmm:%d%s%s%s%s%s%s%s%s%s%s", r->vmm, r->page == 4 * MiB ? ",vmm_page:4M" : "",
+             r->vmm && (b & 0x20) ? ",vmm_margin:0" : "", small[(a >> 1) & 3], (a & 8) ? ",thread_cache:0" : "",
+             !r->vmm && (a & 0x10) ? ",ipc_safe:1" : "", (a & 0x20) ? ",reuse_across_streams:1" : "",
+             (a & 0x40) ? ",wait_before_grow:0" : "", (b & 4) && !(!r->vmm && (a & 0x10)) ? ",workspace:32M" : "",
+             (b & 8) && !r->vmm ? ",grow_fraction:0,segment_min:20M" : "", limits[b & 3]);
+    *device_fences = !(a & 0x80);
+    *top_down = (b & 0x40) != 0;
+}
+
+/* The size of an allocation from two input bytes and a kind. */
+static size_t size_of(unsigned kind, unsigned v)
+{
+    switch (kind % 5) {
+    case 0:
+        return 1 + v % (96 * KiB);   /* slabs */
+    case 1:
+        return 1 + (size_t)v * 48;   /* up to 3 MiB */
+    case 2:
+        return 1 + (size_t)v * 384;  /* up to 24 MiB */
+    case 3:
+        return (1 + v % 3) * 12 * MiB;   /* recurring sizes */
+    default:
+        return (size_t)(1 + v % 16) * 2 * MiB;   /* whole pages */
+    }
+}
+
+/* Records the pages of slot s, freed by `user`'s work at pos. */
+static void pieces_add(run_t *r, const slot_t *s, cuh_stream_t user, uint64_t pos, uint64_t pool)
+{
+    for (uintptr_t pva = s->addr & ~(uintptr_t)(r->page - 1); pva < s->addr + s->size; pva += r->page) {
+        if (r->num_pieces == MAX_PIECES)
+            broken(r, "the model's %d pieces are full: make MAX_PIECES larger", MAX_PIECES);
+        piece_t *p = &r->pieces[r->num_pieces++];
+        p->va = pva;
+        p->handle = cuh_sim_handle_at(r->dev, pva);
+        p->lo = max_size(s->addr, pva) - pva;
+        p->hi = min_size(s->addr + s->size, pva + r->page) - pva;
+        p->stream = user;
+        p->pos = pos;
+        p->pool = pool;
+    }
+}
+
+/* 1 while the piece's bytes may still be touched by someone other than `user`. */
+static int unsafe_for(const run_t *r, const piece_t *p, cuh_stream_t user)
+{
+    if (p->pool && r->pool_live[p->pool])
+        return 1;
+    if (p->stream == user)
+        return 0;
+    return !cuh_sim_stream_waits_for(r->dev, user, p->stream, p->pos);
+}
+
+static void check_new_block(run_t *r, int i)
+{
+    const slot_t *s = &r->slot[i];
+    if (!s->addr || s->addr % 512)
+        broken(r, "block 0x%lx of %zu bytes is not aligned to 512", (unsigned long)s->addr, s->size);
+    for (int k = 0; k < SLOTS; k++)
+        if (k != i && r->slot[k].addr && overlaps(s->addr, s->size, r->slot[k].addr, r->slot[k].size))
+            broken(r, "block 0x%lx+%zu overlaps live block 0x%lx+%zu", (unsigned long)s->addr, s->size,
+                   (unsigned long)r->slot[k].addr, r->slot[k].size);
+    for (uintptr_t pva = s->addr & ~(uintptr_t)(r->page - 1); pva < s->addr + s->size; pva += r->page) {
+        uint64_t h = cuh_sim_handle_at(r->dev, pva);
+        size_t lo = max_size(s->addr, pva) - pva, hi = min_size(s->addr + s->size, pva + r->page) - pva;
+        for (size_t k = 0; k < r->num_pieces; k++) {
+            const piece_t *p = &r->pieces[k];
+            int same = (p->va == pva && p->lo < hi && lo < p->hi) || (h && p->handle == h && p->lo < hi && lo < p->hi);
+            if (!same)
+                continue;
+            for (int u = 0; u < NSTREAMS; u++) {
+                cuh_stream_t user = s->device_wide ? streams[u] : s->stream;
+                if (unsafe_for(r, p, user))
+                    broken(r, "block 0x%lx+%zu for stream %#lx uses bytes freed on stream %#lx%s before %s",
+                           (unsigned long)s->addr, s->size, (unsigned long)user, (unsigned long)p->stream,
+                           p->va == pva ? "" : " (its page moved)",
+                           p->pool && r->pool_live[p->pool] ? "their graph pool was released" : "that work ran");
+                if (!s->device_wide)
+                    break;
+            }
+        }
+    }
+}
+
+/* Forgets pieces nobody can touch any more; a page under work that may run
+ * must still be mapped where it was. */
+static void pieces_prune(run_t *r)
+{
+    size_t kept = 0;
+    for (size_t k = 0; k < r->num_pieces; k++) {
+        const piece_t *p = &r->pieces[k];
+        int pending = !cuh_sim_stream_waits_for(r->dev, PROBE, p->stream, p->pos);
+        if (r->vmm && pending && cuh_sim_handle_at(r->dev, p->va) != p->handle)
+            broken(r, "the page at 0x%lx was unmapped while work on it could still run", (unsigned long)p->va);
+        if (pending || (p->pool && r->pool_live[p->pool]))
+            r->pieces[kept++] = *p;
+    }
+    r->num_pieces = kept;
+}
+
+static size_t live_requested(const run_t *r)
+{
+    size_t n = 0;
+    for (int k = 0; k < SLOTS; k++)
+        if (r->slot[k].addr)
+            n += r->slot[k].size;
+    return n;
+}
+
+static void books_ok(run_t *r)
+{
+    char msg[512];
+    if (cuh_heap_check(r->heap, msg, sizeof msg))
+        broken(r, "books unsound: %s", msg);
+    cuheap_stats_t st;
+    cuh_heap_stats(r->heap, &st);
+    if (st.requested.current != live_requested(r))
+        broken(r, "requested bytes %llu, live requests %zu", (unsigned long long)st.requested.current,
+               live_requested(r));
+}
+
+static void do_alloc(run_t *r, int i, unsigned how, size_t size)
+{
+    slot_t *s = &r->slot[i];
+    s->size = size;
+    s->stream = streams[how % NSTREAMS];
+    s->device_wide = (how >> 2) % 4 == 0;
+    s->users = 0;
+    s->pool = r->capture_pool;
+    int shareable = s->device_wide && (how >> 4) % 4 == 0;
+    cuheap_stats_t st;
+    cuh_heap_stats(r->heap, &st);
+    SAY(r, "  malloc%s %zu on %#lx\n", shareable ? "_shareable" : s->device_wide ? "_device_wide" : "", size,
+        (unsigned long)s->stream);
+    cuheap_status_t rc = shareable       ? cuh_heap_malloc_shareable(r->heap, size, &s->addr)
+                         : s->device_wide ? cuh_heap_malloc_device_wide(r->heap, size, &s->addr)
+                                          : cuh_heap_malloc(r->heap, size, s->stream, &s->addr);
+    if (rc == CUHEAP_ERR_OUT_OF_MEMORY) {
+        /* Under vmm:1 free pages move to where they are needed: with room
+         * for every live block twice over (a page each besides), no limit
+         * and nobody else on the device, a request must succeed. */
+        size_t need = 2 * (live_requested(r) + size) + (SLOTS + 2) * 2 * r->page + 64 * MiB;
+        int pools = r->pool_live[1] || r->pool_live[2] || r->pool_live[3];
+        if (r->vmm && !r->limited && !r->external && !pools && need <= r->capacity)
+            broken(r, "malloc of %zu bytes ran out of memory with %zu live on a %zu-byte device", size,
+                   live_requested(r), r->capacity);
+        s->addr = 0;
+        return;
+    }
+    if (rc != CUHEAP_OK)
+        broken(r, "malloc of %zu bytes failed: %s", size, cuheap_status_string(rc));
+    check_new_block(r, i);
+    if (!s->device_wide && (how >> 6) % 4 == 0) {
+        int u = (int)((how >> 8) % NSTREAMS);
+        if (streams[u] != s->stream) {
+            SAY(r, "  record_stream 0x%lx on %#lx\n", (unsigned long)s->addr, (unsigned long)streams[u]);
+            if (cuh_heap_record_stream(r->heap, s->addr, streams[u]) != CUHEAP_OK)
+                broken(r, "record_stream on a live block failed");
+            s->users |= 1u << u;
+        }
+    }
+}
+
+static void do_free(run_t *r, int i, unsigned how)
+{
+    slot_t *s = &r->slot[i];
+    int wide = s->device_wide || (how & 3) == 0;
+    /* The block's last kernels: on every stream before a device-wide free,
+     * else on its stream and the streams record_stream added. */
+    uint64_t pool = s->pool ? s->pool : r->capture_pool;
+    for (int k = 0; k < NSTREAMS; k++) {
+        if (!wide && streams[k] != s->stream && !(s->users >> k & 1))
+            continue;
+        pieces_add(r, s, streams[k], cuh_sim_enqueue_work(r->dev, streams[k]), pool);
+    }
+    SAY(r, "  free%s 0x%lx (%zu) on %#lx\n", wide ? "_device_wide" : "", (unsigned long)s->addr, s->size,
+        (unsigned long)s->stream);
+    cuheap_status_t rc = wide ? cuh_heap_free_device_wide(r->heap, s->addr) : cuh_heap_free(r->heap, s->addr, s->stream);
+    if (rc != CUHEAP_OK)
+        broken(r, "free of live block 0x%lx failed: %s", (unsigned long)s->addr, cuheap_status_string(rc));
+    uintptr_t gone = s->addr;
+    s->addr = 0;
+    if ((how >> 2) % 8 == 0) {
+        /* Freed again at once: a double free, and nothing changes. */
+        cuheap_stats_t a, b;
+        cuh_heap_stats(r->heap, &a);
+        SAY(r, "  free%s 0x%lx again\n", (how >> 5) & 1 ? "_device_wide" : "", (unsigned long)gone);
+        rc = (how >> 5) & 1 ? cuh_heap_free_device_wide(r->heap, gone) : cuh_heap_free(r->heap, gone, s->stream);
+        if (rc != CUHEAP_ERR_DOUBLE_FREE)
+            broken(r, "a second free of 0x%lx answered %s, not a double free", (unsigned long)gone,
+                   cuheap_status_string(rc));
+        cuh_heap_stats(r->heap, &b);
+        if (a.num_frees != b.num_frees || a.requested.current != b.requested.current)
+            broken(r, "a double free changed the statistics");
+    }
+}
+
+static void do_foreign_free(run_t *r, int i, unsigned how)
+{
+    const slot_t *s = &r->slot[i];
+    cuheap_stats_t a, b;
+    cuh_heap_stats(r->heap, &a);
+    cuheap_status_t rc;
+    if (s->addr && s->size > 512) {
+        uintptr_t inside = s->addr + (s->size > 1024 && how % 2 ? 1024 : 512);
+        SAY(r, "  free 0x%lx, inside block 0x%lx (%zu)\n", (unsigned long)inside, (unsigned long)s->addr, s->size);
+        rc = cuh_heap_free(r->heap, inside, s->stream);
+        if (rc != CUHEAP_ERR_INVALID_ARGUMENT && rc != CUHEAP_ERR_NOT_OWNED)
+            broken(r, "a free inside live block 0x%lx answered %s", (unsigned long)s->addr, cuheap_status_string(rc));
+    } else {
+        rc = cuh_heap_free(r->heap, (uintptr_t)0x10000 + 512 * how, streams[how % NSTREAMS]);
+        if (rc != CUHEAP_ERR_NOT_OWNED)
+            broken(r, "a free of a pointer outside the heap answered %s", cuheap_status_string(rc));
+    }
+    cuh_heap_stats(r->heap, &b);
+    if (a.num_frees != b.num_frees || a.requested.current != b.requested.current)
+        broken(r, "a refused free changed the statistics");
+}
+
+/* The heap as every report shows it, rendered where nobody reads it: the
+ * renderers must take any state the heap can be in. */
+static void render_reports(run_t *r)
+{
+    cuh_heap_snapshot_t *snap = cuh_heap_snapshot(r->heap, 0);
+    if (!snap)
+        broken(r, "no snapshot");
+    FILE *out = fopen("/dev/null", "w");
+    if (!out)
+        abort();
+    cuh_report_origin_t origin = cuh_report_origin_now();
+    cuh_report_text(out, origin, &snap, 1, NULL);
+    cuh_report_json(out, origin, &snap, 1, NULL);
+    cuh_report_html(out, origin, &snap, 1, NULL);
+    fclose(out);
+    cuh_heap_snapshot_free(snap);
+}
+
+static void capture_begin(run_t *r, unsigned pool)
+{
+    if (r->capture_pool)
+        return;
+    r->capture_pool = 1 + pool % 3;
+    SAY(r, "  capture into pool %llu\n", (unsigned long long)r->capture_pool);
+    r->pool_live[r->capture_pool] = 1;
+    cuh_sim_counters(r->dev, &r->at_capture);
+    cuh_sim_capturing(r->dev, 1);
+    cuh_heap_capture_begin(r->heap, r->capture_pool);
+}
+
+/* During a capture the heap made no event call, waited for nothing and
+ * freed no segment: any of them would break the capture. */
+static void capture_check(run_t *r)
+{
+    if (!r->capture_pool)
+        return;
+    cuh_sim_counters_t c;
+    cuh_sim_counters(r->dev, &c);
+    const cuh_sim_counters_t *b = &r->at_capture;
+    if (c.events_recorded != b->events_recorded || c.event_queries != b->event_queries ||
+        c.event_waits != b->event_waits || c.stream_waits != b->stream_waits || c.synchronizes != b->synchronizes ||
+        c.mem_frees != b->mem_frees || c.vm_releases != b->vm_releases)
+        broken(r, "during a capture: %llu events recorded, %llu queried, %llu waited for, %llu stream waits, %llu "
+                  "synchronizes, %llu segments and %llu pages freed",
+               (unsigned long long)(c.events_recorded - b->events_recorded),
+               (unsigned long long)(c.event_queries - b->event_queries),
+               (unsigned long long)(c.event_waits - b->event_waits),
+               (unsigned long long)(c.stream_waits - b->stream_waits),
+               (unsigned long long)(c.synchronizes - b->synchronizes),
+               (unsigned long long)(c.mem_frees - b->mem_frees), (unsigned long long)(c.vm_releases - b->vm_releases));
+}
+
+static void capture_end(run_t *r)
+{
+    if (!r->capture_pool)
+        return;
+    capture_check(r);
+    cuh_heap_capture_end(r->heap);
+    cuh_sim_capturing(r->dev, 0);
+    r->capture_pool = 0;
+}
+
+static void release_pool(run_t *r, unsigned pool)
+{
+    uint64_t p = 1 + pool % 3;
+    if (r->capture_pool == p || !r->pool_live[p])
+        return;
+    SAY(r, "  release pool %llu\n", (unsigned long long)p);
+    cuh_heap_release_pool(r->heap, p);
+    r->pool_live[p] = 0;
+    for (int k = 0; k < SLOTS; k++)
+        if (r->slot[k].pool == p)
+            r->slot[k].pool = 0;   /* live blocks become ordinary ones */
+}
+
+static void one_run(const uint8_t *data, size_t size)
+{
+    input_t in = {data, size};
+    run_t *r = calloc(1, sizeof *r);
+    if (!r)
+        abort();
+    int device_fences, top_down;
+    settings(&in, r, &device_fences, &top_down);
+    r->capacity = GiB;
+    cuh_config_t cfg;
+    char err[512];
+    cuh_config_defaults(&cfg);
+    if (cuh_config_parse(r->conf, &cfg, err, sizeof err))
+        broken(r, "settings refused: %s", err);
+    r->dev = cuh_sim_create(&(cuh_sim_params_t){.capacity = r->capacity, .top_down = top_down});
+    if (!r->dev)
+        abort();
+    cuh_sim_hold_events(r->dev, 1);
+    cuh_sim_device_fences(r->dev, device_fences);
+    r->heap = cuh_heap_create(r->dev, &cfg, err, sizeof err);
+    if (!r->heap)
+        broken(r, "heap creation failed: %s", err);
+    for (int k = 1; k < NSTREAMS; k++)
+        if (cuh_heap_register_stream(r->heap, streams[k]) != CUHEAP_OK)
+            broken(r, "register_stream failed");
+    r->pieces = malloc(MAX_PIECES * sizeof *r->pieces);
+    if (!r->pieces)
+        abort();
+    r->verbose = getenv("FUZZ_HEAP_VERBOSE") != NULL;
+    SAY(r, "settings %s, device-wide fences %d, falling addresses %d\n", r->conf, device_fences, top_down);
+    for (r->op = 0; in.left && r->op < MAX_OPS; r->op++) {
+        unsigned op = take8(&in), arg = take8(&in);
+        int i = (int)(arg % SLOTS);
+        static const char *const names[] = {"malloc/free", "malloc/free", "malloc/free", "malloc/free",
+                                            "malloc/free", "malloc/free", "complete stream", "complete up to",
+                                            "poll", "release cached", "foreign free", "capture begin/end",
+                                            "release pool", "set limit", "assume contention", "external memory",
+                                            "reports", "retire stream"};
+        SAY(r, "step %d: %s, slot %d, arg %u\n", r->op, names[op % 18], i, arg);
+        switch (op % 18) {
+        case 0: case 1: case 2: case 3: case 4: case 5:
+            if (r->slot[i].addr)
+                do_free(r, i, take8(&in));
+            else {
+                unsigned how = take16(&in);
+                do_alloc(r, i, how, size_of(op / 16, take16(&in)));
+            }
+            break;
+        case 6:
+            cuh_sim_complete_stream(r->dev, streams[arg % NSTREAMS]);
+            break;
+        case 7:
+            if (r->num_pieces) {
+                const piece_t *p = &r->pieces[take16(&in) % r->num_pieces];
+                cuh_sim_complete_stream_upto(r->dev, p->stream, p->pos);
+            }
+            break;
+        case 8:
+            cuh_heap_poll(r->heap);
+            break;
+        case 9:
+            if (cuh_heap_release_cached(r->heap) != CUHEAP_OK)
+                broken(r, "release_cached failed");
+            break;
+        case 10:
+            do_foreign_free(r, i, take8(&in));
+            break;
+        case 11:
+            if (r->capture_pool)
+                capture_end(r);
+            else
+                capture_begin(r, arg);
+            break;
+        case 12:
+            release_pool(r, arg);
+            break;
+        case 13: {
+            static const size_t limits[] = {0, 96 * MiB, 256 * MiB, 768 * MiB};
+            r->limited = (arg & 3) != 0;
+            cuh_heap_set_limit(r->heap, limits[arg & 3]);
+            break;
+        }
+        case 14:
+            cuh_heap_assume_contention(r->heap, 1 + arg % 64);
+            break;
+        case 15:
+            cuh_sim_set_external(r->dev, (size_t)(arg % 4) * 256 * MiB);
+            r->external = arg % 4 != 0;
+            break;
+        case 16:
+            render_reports(r);
+            break;
+        default:
+            /* The program destroys a stream and makes another with the
+             * same handle: a new stream to the heap. */
+            if (!r->capture_pool) {
+                cuh_heap_retire_stream(r->heap, streams[1 + arg % 2]);
+                if (cuh_heap_register_stream(r->heap, streams[1 + arg % 2]) != CUHEAP_OK)
+                    broken(r, "register_stream after a retirement failed");
+            }
+            break;
+        }
+        capture_check(r);
+        pieces_prune(r);
+        books_ok(r);
+    }
+    capture_end(r);
+    for (int k = 0; k < SLOTS; k++)
+        if (r->slot[k].addr)
+            do_free(r, k, 1);
+    for (uint64_t p = 1; p <= 3; p++)
+        release_pool(r, (unsigned)p - 1);
+    cuh_sim_complete_all(r->dev);
+    pieces_prune(r);
+    if (cuh_heap_release_cached(r->heap) != CUHEAP_OK)
+        broken(r, "release_cached failed");
+    books_ok(r);
+    cuheap_stats_t st;
+    cuh_heap_stats(r->heap, &st);
+    if (st.allocated.current || st.pending.current)
+        broken(r, "after every free: %llu bytes allocated, %llu pending", (unsigned long long)st.allocated.current,
+               (unsigned long long)st.pending.current);
+    cuh_sim_counters_t c;
+    cuh_sim_counters(r->dev, &c);
+    if (st.num_cpu_waits != c.event_waits + c.synchronizes)
+        broken(r, "%llu CPU waits counted, the device saw %llu", (unsigned long long)st.num_cpu_waits,
+               (unsigned long long)(c.event_waits + c.synchronizes));
+    cuh_heap_destroy(r->heap);
+    cuh_sim_counters(r->dev, &c);
+    if (c.used || c.live_events)
+        broken(r, "destroyed, the heap left %zu bytes and %llu events on the device", c.used,
+               (unsigned long long)c.live_events);
+    r->dev->ops->destroy(r->dev);
+    free(r->pieces);
+    free(r);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    one_run(data, size);
+    return 0;
+}
+
+#ifdef FUZZ_MAIN
+#include "fuzz_main.h"
+#endif
