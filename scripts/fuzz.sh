@@ -62,9 +62,13 @@ for t in "${targets[@]}"; do
     log="$BUILD/fuzz/$t.log"
     echo "fuzz: $t for $SECONDS_EACH s (log: $log)"
     status=0
-    quiet=()
-    [ "$t" = report ] && quiet=(-close_fd_mask=2)   # the tool's refusals; crash reports still show
-    "$out/fuzz_$t" -max_total_time="$SECONDS_EACH" -max_len="$max_len" "${quiet[@]}" \
+    extra=()
+    [ "$t" = report ] && extra=(-close_fd_mask=2)   # the tool's refusals; crash reports still show
+    # A heap input is a run of operations: long ones from the start, where
+    # libFuzzer would grow the length limit slowly (the states worth reaching
+    # take hundreds of operations).
+    [ "$t" = heap ] && extra=(-len_control=0)
+    "$out/fuzz_$t" -max_total_time="$SECONDS_EACH" -max_len="$max_len" "${extra[@]}" \
         -artifact_prefix="$artifacts/" "$corpus" > "$log" 2>&1 || status=$?
     runs=$(grep -o 'Done [0-9]* runs' "$log" | grep -o '[0-9]*' || echo "?")
     found=$(ls "$artifacts" | wc -l)

@@ -127,8 +127,9 @@ void cuh_sim_capturing(cuh_device_t *dev, int on);
 /* Completes all work recorded so far on `stream`, or on every stream. */
 void cuh_sim_complete_stream(cuh_device_t *dev, cuh_stream_t stream);
 void cuh_sim_complete_all(cuh_device_t *dev);
-/* Completes the work on `stream` up to position `pos` (cuh_sim_enqueue_work)
- * and leaves what was recorded after it running. */
+/* Completes the work on `stream` up to position `pos` (cuh_sim_enqueue_work),
+ * and the work on other streams it waited for, and leaves what was recorded
+ * after it running. */
 void cuh_sim_complete_stream_upto(cuh_device_t *dev, cuh_stream_t stream, uint64_t pos);
 /* `stream` runs no work: events recorded on it complete at once, even while
  * events are held (a stream a program created and left idle). */

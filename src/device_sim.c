@@ -54,6 +54,15 @@ typedef struct sim_stream_s {
     uint64_t *done_dep;
     size_t num_done_dep;
     int dep_changed;             /* dep grew since done_dep was taken */
+    /* dep as it was from each position on where it grew, for completing the
+     * work only up to a position (cuh_sim_complete_stream_upto); positions
+     * the stream has completed are dropped. */
+    struct sim_mark_s {
+        uint64_t pos;            /* the first record that waited for clock */
+        uint64_t *clock;
+        size_t num_clock;
+    } *marks;
+    size_t num_marks, cap_marks;
 } sim_stream_t;
 
 struct cuh_event_s {
@@ -158,6 +167,8 @@ static sim_stream_t *stream_state(sim_device_t *s, cuh_stream_t handle)
     st->done_dep = NULL;
     st->num_done_dep = 0;
     st->dep_changed = 0;
+    st->marks = NULL;
+    st->num_marks = st->cap_marks = 0;
     if (!stream_waits_on(st, s->all_dep, s->num_all_dep)) {
         free(st->dep);
         s->num_streams--;
@@ -174,6 +185,21 @@ static int note_record(sim_stream_t *st)
         return 1;
     if (!clock_merge(&st->done_dep, &st->num_done_dep, st->dep, st->num_dep))
         return 0;
+    if (st->num_marks == st->cap_marks) {
+        size_t cap = st->cap_marks ? 2 * st->cap_marks : 4;
+        struct sim_mark_s *grown = realloc(st->marks, cap * sizeof *grown);
+        if (!grown)
+            return 0;
+        st->marks = grown;
+        st->cap_marks = cap;
+    }
+    struct sim_mark_s *m = &st->marks[st->num_marks];
+    m->pos = st->recorded + 1;
+    m->clock = NULL;
+    m->num_clock = 0;
+    if (!clock_merge(&m->clock, &m->num_clock, st->dep, st->num_dep))
+        return 0;
+    st->num_marks++;
     st->dep_changed = 0;
     return 1;
 }
@@ -196,10 +222,30 @@ static int clock_done(const sim_device_t *s, const uint64_t *clock, size_t num, 
     return 1;
 }
 
+/* st's work up to position pos has completed, and so has what that work
+ * waited for: a GPU runs no work past a stream wait before the event waited
+ * for has completed. */
+static void complete_stream_to(sim_device_t *s, sim_stream_t *st, uint64_t pos)
+{
+    if (pos > st->completed)
+        st->completed = pos;
+    size_t applied = 0;
+    while (applied < st->num_marks && st->marks[applied].pos <= pos)
+        applied++;
+    if (!applied)
+        return;
+    /* dep only grows: the last mark reached holds every earlier one. */
+    complete_clock(s, st->marks[applied - 1].clock, st->marks[applied - 1].num_clock);
+    for (size_t i = 0; i < applied; i++)
+        free(st->marks[i].clock);
+    st->num_marks -= applied;
+    memmove(st->marks, st->marks + applied, st->num_marks * sizeof *st->marks);
+}
+
 /* All of st's work so far has completed, and so has what it waited for. */
 static void complete_stream(sim_device_t *s, sim_stream_t *st)
 {
-    st->completed = st->recorded;
+    complete_stream_to(s, st, st->recorded);
     complete_clock(s, st->done_dep, st->num_done_dep);
 }
 
@@ -724,6 +770,9 @@ static void sim_destroy(cuh_device_t *dev)
     for (size_t i = 0; i < s->num_streams; i++) {
         free(s->streams[i].dep);
         free(s->streams[i].done_dep);
+        for (size_t m = 0; m < s->streams[i].num_marks; m++)
+            free(s->streams[i].marks[m].clock);
+        free(s->streams[i].marks);
     }
     free(s->streams);
     free(s->all_dep);
@@ -845,7 +894,7 @@ void cuh_sim_complete_stream_upto(cuh_device_t *dev, cuh_stream_t stream, uint64
     pthread_mutex_lock(&s->lock);
     sim_stream_t *st = stream_state(s, stream);
     if (st && pos > st->completed && pos <= st->recorded)
-        st->completed = pos;
+        complete_stream_to(s, st, pos);
     pthread_mutex_unlock(&s->lock);
 }
 

@@ -350,6 +350,41 @@ static void test_held_event_waits_for_its_own_stream(void **state)
     d->ops->destroy(d);
 }
 
+/* Completing a stream's work only up to a position completes the work on
+ * other streams that it waited for, as a GPU would (the heap reads a
+ * completed fence on s1 as "what s1 waited for is done"), and not what s1
+ * waited for only later. Before, only a whole stream's completion did: the
+ * heap fuzz target then saw memory handed over through s1's fence reused
+ * while the stream it came from still "ran". */
+static void test_complete_upto_completes_what_that_work_waited_for(void **state)
+{
+    (void)state;
+    cuh_device_t *d = sim_new(GiB, 0);
+    cuh_sim_hold_events(d, 1);
+    const cuh_stream_t s1 = 0x1111, s2 = 0x2222, s3 = 0x3333;
+    cuh_event_t on_s2 = new_event(d), on_s3 = new_event(d);
+    uint64_t s2_work = cuh_sim_enqueue_work(d, s2);
+    assert_int_equal(d->ops->event_record(d, on_s2, s2), CUH_DEV_OK);
+    uint64_t s3_work = cuh_sim_enqueue_work(d, s3);
+    assert_int_equal(d->ops->event_record(d, on_s3, s3), CUH_DEV_OK);
+    uint64_t before_wait = cuh_sim_enqueue_work(d, s1);
+    assert_int_equal(d->ops->stream_wait(d, s1, on_s2), CUH_DEV_OK);
+    uint64_t after_wait = cuh_sim_enqueue_work(d, s1);
+    assert_int_equal(d->ops->stream_wait(d, s1, on_s3), CUH_DEV_OK);
+    uint64_t after_both = cuh_sim_enqueue_work(d, s1);
+    cuh_sim_complete_stream_upto(d, s1, before_wait);
+    assert_false(cuh_sim_work_done(d, s2, s2_work));
+    cuh_sim_complete_stream_upto(d, s1, after_wait);
+    assert_true(cuh_sim_work_done(d, s2, s2_work));
+    assert_int_equal(d->ops->event_query(d, on_s2), CUH_DEV_OK);
+    assert_false(cuh_sim_work_done(d, s3, s3_work));   /* waited for after that work */
+    cuh_sim_complete_stream_upto(d, s1, after_both);
+    assert_true(cuh_sim_work_done(d, s3, s3_work));
+    d->ops->event_destroy(d, on_s2);
+    d->ops->event_destroy(d, on_s3);
+    d->ops->destroy(d);
+}
+
 /* Completing a stream up to a position completes what was recorded up to
  * it there and nothing after; a position already passed changes nothing. */
 static void test_complete_upto_completes_a_prefix_of_its_stream(void **state)
@@ -651,6 +686,7 @@ int main(void)
         cmocka_unit_test(test_without_hold_recorded_event_completes_at_once),
         cmocka_unit_test(test_held_event_waits_for_its_own_stream),
         cmocka_unit_test(test_complete_upto_completes_a_prefix_of_its_stream),
+        cmocka_unit_test(test_complete_upto_completes_what_that_work_waited_for),
         cmocka_unit_test(test_complete_all_and_synchronize_complete_every_stream),
         cmocka_unit_test(test_event_wait_completes_earlier_events_of_its_stream_only),
         cmocka_unit_test(test_work_done_means_what_it_waited_for_is_done),
