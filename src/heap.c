@@ -142,7 +142,6 @@ typedef struct hold_s {
     size_t requested;
     uint32_t free_tag;           /* stream it was freed on */
     uint64_t pool;               /* graph pool, 0 if none */
-    int pool_released;           /* the pool was released during another capture: goes at its end */
     size_t num_events;
     cuh_event_t events[];
 } hold_t;
@@ -338,6 +337,10 @@ struct cuh_heap_s {
     uint64_t sample_every, ops_since_sample;
     size_t last_sampled_reserved;
     uint64_t capture_pool;
+    /* Graph pools released while a capture was underway: released when the
+     * last capture ends (cuh_heap_release_pool). */
+    uint64_t *pools_to_release;
+    size_t num_pools_to_release;
 };
 
 /* ---- statistics ------------------------------------------------------------ */
@@ -3471,6 +3474,7 @@ void cuh_heap_destroy(cuh_heap_t *h)
         free(h->holds[k]);
     }
     free(h->holds);
+    free(h->pools_to_release);
     if (h->open_batch) {
         h->open_batch->next = h->closed_batches;
         h->closed_batches = h->open_batch;
@@ -4296,46 +4300,56 @@ void cuh_heap_capture_begin(cuh_heap_t *h, uint64_t pool)
     cuh_unlock(&h->lock);
 }
 
-static void release_held_pools_locked(cuh_heap_t *h, uint64_t pool);
+static void release_pool_locked(cuh_heap_t *h, uint64_t pool, int *synced);
 
 void cuh_heap_capture_end(cuh_heap_t *h)
 {
     cuh_lock(&h->lock);
     if (h->captures)
         h->captures--;
-    if (!h->captures)
-        release_held_pools_locked(h, 0);   /* pools released during the capture */
+    if (!h->captures && h->num_pools_to_release) {
+        int synced = 0;
+        for (size_t i = 0; i < h->num_pools_to_release; i++)
+            release_pool_locked(h, h->pools_to_release[i], &synced);
+        h->num_pools_to_release = 0;
+        refresh_stats_locked(h);
+    }
     atomic_store_explicit(&h->tcache_closed, h->captures != 0, memory_order_release);
     cuh_unlock(&h->lock);
 }
 
-/* Frees the held blocks of graph pool `pool` (0: of every pool released
- * while a capture was underway). Replays of its graphs may still be
- * running: the CPU waits for the device once. */
-static void release_held_pools_locked(cuh_heap_t *h, uint64_t pool)
+/* Frees the held blocks of graph pool `pool` and makes its live blocks
+ * ordinary ones. Replays of its graphs may still be running: before the
+ * first held block, the CPU waits for the device, once (*synced says whether
+ * it has). */
+static void release_pool_locked(cuh_heap_t *h, uint64_t pool, int *synced)
 {
-    int synced = 0;
     for (size_t k = 0; k < h->num_holds;) {
         hold_t *hd = h->holds[k];
-        if (!hd->pool || (pool ? hd->pool != pool : !hd->pool_released)) {
+        if (hd->pool != pool) {
             k++;
             continue;
         }
-        if (!synced) {
+        if (!*synced) {
             cpu_wait_device(h);
-            synced = 1;
+            *synced = 1;
         }
         hd->pool = 0;
-        hd->pool_released = 0;
         for (size_t i = 0; i < hd->num_events; i++)
             event_put_locked(h, hd->events[i]);
         hd->num_events = 0;
         hold_finish_locked(h, k);
     }
+    for (size_t i = 0; i <= h->graph.mask; i++)
+        if (h->graph.slots[i].key && (uint64_t)(uintptr_t)h->graph.slots[i].value == pool) {
+            cuh_ptrmap_remove(&h->graph, h->graph.slots[i].key);
+            i--;   /* backward shift may have moved a later entry here */
+        }
 }
 
 /* During a capture (of another pool) the device cannot be waited for: the
- * pool's held blocks stay held until the last capture ends. */
+ * pool is released, its held blocks freed and its live blocks made
+ * ordinary, when the last capture ends. */
 void cuh_heap_release_pool(cuh_heap_t *h, uint64_t pool)
 {
     cuh_lock(&h->lock);
@@ -4343,18 +4357,23 @@ void cuh_heap_release_pool(cuh_heap_t *h, uint64_t pool)
     if (!pool)
         pool = 1;
     if (h->captures) {
-        for (size_t k = 0; k < h->num_holds; k++)
-            if (h->holds[k]->pool == pool)
-                h->holds[k]->pool_released = 1;
-    } else {
-        release_held_pools_locked(h, pool);
-    }
-    /* Live blocks of the pool are now ordinary blocks. */
-    for (size_t i = 0; i <= h->graph.mask; i++)
-        if (h->graph.slots[i].key && (uint64_t)(uintptr_t)h->graph.slots[i].value == pool) {
-            cuh_ptrmap_remove(&h->graph, h->graph.slots[i].key);
-            i--;   /* backward shift may have moved a later entry here */
+        size_t i = 0;
+        while (i < h->num_pools_to_release && h->pools_to_release[i] != pool)
+            i++;
+        if (i == h->num_pools_to_release) {
+            uint64_t *grown = realloc(h->pools_to_release, (i + 1) * sizeof *grown);
+            if (grown) {
+                h->pools_to_release = grown;
+                h->pools_to_release[h->num_pools_to_release++] = pool;
+            } else {
+                cuh_log("device %d: out of host memory: graph pool %llu stays reserved", h->dev->ordinal,
+                        (unsigned long long)pool);
+            }
         }
+    } else {
+        int synced = 0;
+        release_pool_locked(h, pool, &synced);
+    }
     refresh_stats_locked(h);
     cuh_unlock(&h->lock);
 }

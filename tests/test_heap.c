@@ -653,20 +653,29 @@ static void test_a_pool_released_during_another_capture_waits_for_its_end(void *
     uintptr_t in_graph = must_alloc(t.heap, 4 * MiB, S1);
     cuh_heap_capture_end(t.heap);
     must_free(t.heap, in_graph, S1);   /* held for pool 1 */
+    cuh_heap_capture_begin(t.heap, 3);
+    uintptr_t in_graph3 = must_alloc(t.heap, 6 * MiB, S1);
+    cuh_heap_capture_end(t.heap);
+    must_free(t.heap, in_graph3, S1);   /* held for pool 3 */
     cuh_sim_counters_t c0, c1;
     cuh_sim_counters(t.dev, &c0);
     cuh_heap_capture_begin(t.heap, 2);
     cuh_heap_release_pool(t.heap, 1);
+    cuh_heap_release_pool(t.heap, 3);
+    cuh_heap_release_pool(t.heap, 1);   /* twice: still one release */
     cuh_sim_counters(t.dev, &c1);
     assert_false(capture_breaking_calls(&c0, &c1));
     uintptr_t during = must_alloc(t.heap, 4 * MiB, S1);
     assert_false(overlaps(during, 4 * MiB, in_graph, 4 * MiB));   /* still held */
     cuh_heap_capture_end(t.heap);
     cuh_sim_counters(t.dev, &c1);
-    assert_int_equal(c1.synchronizes, c0.synchronizes + 1);   /* pool 1's replays are waited for now */
+    assert_int_equal(c1.synchronizes, c0.synchronizes + 1);   /* both pools' replays, waited for once */
     uintptr_t after = must_alloc(t.heap, 4 * MiB, S1);
     assert_int_equal(after, in_graph);   /* free again */
+    uintptr_t after3 = must_alloc(t.heap, 6 * MiB, S1);
+    assert_int_equal(after3, in_graph3);
     must_free(t.heap, after, S1);
+    must_free(t.heap, after3, S1);
     must_free(t.heap, during, S1);
     cuh_heap_release_pool(t.heap, 2);
     cuh_sim_complete_all(t.dev);
