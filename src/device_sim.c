@@ -47,22 +47,19 @@ typedef struct sim_stream_s {
      * through stream waits on events (a vector clock). */
     uint64_t *dep;
     size_t num_dep;
-    /* dep as it was at the stream's last record (an event or a piece of
-     * work): completing the stream's work completes that much of the other
-     * streams' work too, since a GPU runs no work past a wait before the
-     * event waited for has completed. */
-    uint64_t *done_dep;
-    size_t num_done_dep;
-    int dep_changed;             /* dep grew since done_dep was taken */
-    /* dep as it was from each position on where it grew, for completing the
-     * work only up to a position (cuh_sim_complete_stream_upto); positions
-     * the stream has completed are dropped. */
+    /* dep as it was from each position on where it grew (at the stream's
+     * next record, an event or a piece of work): completing the stream's
+     * work up to a position completes the other streams' work of the last
+     * mark it reaches too, since a GPU runs no work past a wait before the
+     * event waited for has completed. Marks the stream has completed are
+     * dropped. */
     struct sim_mark_s {
         uint64_t pos;            /* the first record that waited for clock */
         uint64_t *clock;
         size_t num_clock;
     } *marks;
     size_t num_marks, cap_marks;
+    int dep_changed;             /* dep grew since the last mark */
 } sim_stream_t;
 
 struct cuh_event_s {
@@ -164,11 +161,9 @@ static sim_stream_t *stream_state(sim_device_t *s, cuh_stream_t handle)
     st->idle = 0;
     st->dep = NULL;
     st->num_dep = 0;
-    st->done_dep = NULL;
-    st->num_done_dep = 0;
-    st->dep_changed = 0;
     st->marks = NULL;
     st->num_marks = st->cap_marks = 0;
+    st->dep_changed = 0;
     if (!stream_waits_on(st, s->all_dep, s->num_all_dep)) {
         free(st->dep);
         s->num_streams--;
@@ -183,8 +178,6 @@ static int note_record(sim_stream_t *st)
 {
     if (!st->dep_changed)
         return 1;
-    if (!clock_merge(&st->done_dep, &st->num_done_dep, st->dep, st->num_dep))
-        return 0;
     if (st->num_marks == st->cap_marks) {
         size_t cap = st->cap_marks ? 2 * st->cap_marks : 4;
         struct sim_mark_s *grown = realloc(st->marks, cap * sizeof *grown);
@@ -246,7 +239,6 @@ static void complete_stream_to(sim_device_t *s, sim_stream_t *st, uint64_t pos)
 static void complete_stream(sim_device_t *s, sim_stream_t *st)
 {
     complete_stream_to(s, st, st->recorded);
-    complete_clock(s, st->done_dep, st->num_done_dep);
 }
 
 /* The next `size` bytes of the device's slice, 2 MiB apart from the rest;
@@ -769,7 +761,6 @@ static void sim_destroy(cuh_device_t *dev)
     cuh_ptrmap_destroy(&s->mappings);
     for (size_t i = 0; i < s->num_streams; i++) {
         free(s->streams[i].dep);
-        free(s->streams[i].done_dep);
         for (size_t m = 0; m < s->streams[i].num_marks; m++)
             free(s->streams[i].marks[m].clock);
         free(s->streams[i].marks);
