@@ -142,6 +142,8 @@ typedef struct hold_s {
     size_t requested;
     uint32_t free_tag;           /* stream it was freed on */
     uint64_t pool;               /* graph pool, 0 if none */
+    uint64_t capture_pool;       /* a block of `pool` freed while another pool's graph was
+                                  * captured: that pool too, 0 if none */
     size_t num_events;
     cuh_event_t events[];
 } hold_t;
@@ -3978,11 +3980,15 @@ static int holds_poll_locked(cuh_heap_t *h, int wait)
  * 0 if the block may be freed now. */
 static int maybe_hold_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested, stream_state_t *st)
 {
-    uint64_t pool = 0;
+    uint64_t pool = 0, captured = 0;
     if (cuh_unlikely(h->graph.count))
         pool = (uint64_t)(uintptr_t)cuh_ptrmap_remove(&h->graph, addr);
-    if (!pool && h->captures)
-        pool = h->capture_pool;   /* freed during a capture: the graph may use it */
+    if (h->captures && h->capture_pool != pool)
+        captured = h->capture_pool;   /* freed during a capture: that graph may use it too */
+    if (!pool) {
+        pool = captured;
+        captured = 0;
+    }
     use_list_t *uses = h->uses.count ? cuh_ptrmap_remove(&h->uses, addr) : NULL;
     if (!pool && !uses)
         return 0;
@@ -3990,7 +3996,8 @@ static int maybe_hold_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t 
     hold_t *hd = calloc(1, sizeof *hd + n * sizeof(cuh_event_t));
     int synced = 0;
     if (hd) {
-        *hd = (hold_t){.addr = addr, .size = size, .requested = requested, .free_tag = st->tag, .pool = pool};
+        *hd = (hold_t){.addr = addr, .size = size, .requested = requested, .free_tag = st->tag, .pool = pool,
+                       .capture_pool = captured};
         for (size_t i = 0; !pool && i < n; i++) {
             if (uses->streams[i] == st->handle)
                 continue;   /* ordered after the free's own stream already */
@@ -4318,23 +4325,32 @@ void cuh_heap_capture_end(cuh_heap_t *h)
     cuh_unlock(&h->lock);
 }
 
-/* Frees the held blocks of graph pool `pool` and makes its live blocks
- * ordinary ones. Replays of its graphs may still be running: before the
- * first held block, the CPU waits for the device, once (*synced says whether
- * it has). */
+/* Frees the held blocks of graph pool `pool` (those no other pool holds
+ * too) and makes its live blocks ordinary ones. Replays of its graphs may
+ * still be running: before the first held block, the CPU waits for the
+ * device, once (*synced says whether it has). */
 static void release_pool_locked(cuh_heap_t *h, uint64_t pool, int *synced)
 {
     for (size_t k = 0; k < h->num_holds;) {
         hold_t *hd = h->holds[k];
-        if (hd->pool != pool) {
+        if (hd->pool != pool && hd->capture_pool != pool) {
             k++;
+            continue;
+        }
+        if (hd->capture_pool == pool)
+            hd->capture_pool = 0;
+        if (hd->pool == pool) {
+            hd->pool = hd->capture_pool;
+            hd->capture_pool = 0;
+        }
+        if (hd->pool) {
+            k++;   /* the other pool still holds it */
             continue;
         }
         if (!*synced) {
             cpu_wait_device(h);
             *synced = 1;
         }
-        hd->pool = 0;
         for (size_t i = 0; i < hd->num_events; i++)
             event_put_locked(h, hd->events[i]);
         hd->num_events = 0;

@@ -683,6 +683,43 @@ static void test_a_pool_released_during_another_capture_waits_for_its_end(void *
     test_heap_free(&t);
 }
 
+/* A block of one graph's pool freed while another graph is captured is
+ * held until both pools are released, in either order: the first graph's
+ * replays write it, the second's captured work used it before the free
+ * (found by tests/fuzz/fuzz_heap.c, with pool 1 released during the
+ * capture of pool 2). */
+static void test_a_pool_block_freed_in_another_capture_waits_for_both_pools(void **state)
+{
+    (void)state;
+    for (int order = 0; order < 2; order++) {
+        test_heap_t t = test_heap_new(GiB, NULL);
+        cuh_sim_hold_events(t.dev, 1);
+        cuh_heap_capture_begin(t.heap, 1);
+        uintptr_t a = must_alloc(t.heap, 4 * MiB, S1);
+        cuh_heap_capture_end(t.heap);
+        cuh_heap_capture_begin(t.heap, 2);
+        if (order == 0)
+            cuh_heap_release_pool(t.heap, 1);   /* takes effect at the capture's end */
+        must_free(t.heap, a, S1);
+        cuh_heap_capture_end(t.heap);
+        cuh_heap_release_pool(t.heap, order == 0 ? 3 : 2);   /* another pool: no effect on a */
+        cuh_sim_complete_all(t.dev);
+        uintptr_t x = must_alloc(t.heap, 4 * MiB, S1);
+        assert_false(overlaps(x, 4 * MiB, a, 4 * MiB));   /* one pool still holds it */
+        must_free(t.heap, x, S1);
+        cuh_heap_release_pool(t.heap, order == 0 ? 2 : 1);
+        if (order == 1)
+            cuh_heap_release_pool(t.heap, 2);
+        cuh_sim_complete_all(t.dev);
+        uintptr_t y = must_alloc(t.heap, 4 * MiB, S1);
+        assert_int_equal(y, a);   /* both released: free again */
+        must_free(t.heap, y, S1);
+        cuh_sim_complete_all(t.dev);
+        all_freed(t.heap);
+        test_heap_free(&t);
+    }
+}
+
 /* cudaFree then cudaMalloc of the same size while the GPU lags (PyTorch
  * without its cache): rather than reserve a second copy, the allocation
  * takes back the batch that holds the first and every stream waits for it on
@@ -3931,6 +3968,7 @@ int main(void)
         cmocka_unit_test(test_release_cached_during_a_capture_gives_nothing_back),
         cmocka_unit_test(test_pages_move_during_a_capture_without_an_event_call),
         cmocka_unit_test(test_a_pool_released_during_another_capture_waits_for_its_end),
+        cmocka_unit_test(test_a_pool_block_freed_in_another_capture_waits_for_both_pools),
         cmocka_unit_test(test_random_device_wide_frees_are_never_reused_early),
         cmocka_unit_test(test_device_wide_malloc_waits_for_a_batch_rather_than_grow),
         cmocka_unit_test(test_ipc_safe_blocks_start_their_own_segments),

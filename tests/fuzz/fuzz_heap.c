@@ -81,7 +81,7 @@ typedef struct piece_s {
     size_t lo, hi;
     cuh_stream_t stream;
     uint64_t pos;
-    uint64_t pool;
+    uint64_t pool, also_pool;   /* its graph pool, and the pool captured when it was freed */
 } piece_t;
 
 typedef struct slot_s {
@@ -170,7 +170,8 @@ static size_t size_of(unsigned kind, unsigned v)
 }
 
 /* Records the pages of slot s, freed by `user`'s work at pos. */
-static void pieces_add(run_t *r, const slot_t *s, cuh_stream_t user, uint64_t pos, uint64_t pool)
+static void pieces_add(run_t *r, const slot_t *s, cuh_stream_t user, uint64_t pos, uint64_t pool,
+                       uint64_t also_pool)
 {
     for (uintptr_t pva = s->addr & ~(uintptr_t)(r->page - 1); pva < s->addr + s->size; pva += r->page) {
         if (r->num_pieces == MAX_PIECES)
@@ -183,13 +184,20 @@ static void pieces_add(run_t *r, const slot_t *s, cuh_stream_t user, uint64_t po
         p->stream = user;
         p->pos = pos;
         p->pool = pool;
+        p->also_pool = also_pool;
     }
 }
 
 /* 1 while the piece's bytes may still be touched by someone other than `user`. */
+/* 1 while a graph pool that may use the piece lives. */
+static int pool_holds(const run_t *r, const piece_t *p)
+{
+    return (p->pool && r->pool_live[p->pool]) || (p->also_pool && r->pool_live[p->also_pool]);
+}
+
 static int unsafe_for(const run_t *r, const piece_t *p, cuh_stream_t user)
 {
-    if (p->pool && r->pool_live[p->pool])
+    if (pool_holds(r, p))
         return 1;
     if (p->stream == user)
         return 0;
@@ -219,7 +227,7 @@ static void check_new_block(run_t *r, int i)
                     broken(r, "block 0x%lx+%zu for stream %#lx uses bytes freed on stream %#lx%s before %s",
                            (unsigned long)s->addr, s->size, (unsigned long)user, (unsigned long)p->stream,
                            p->va == pva ? "" : " (its page moved)",
-                           p->pool && r->pool_live[p->pool] ? "their graph pool was released" : "that work ran");
+                           pool_holds(r, p) ? "their graph pool was released" : "that work ran");
                 if (!s->device_wide)
                     break;
             }
@@ -237,7 +245,7 @@ static void pieces_prune(run_t *r)
         int pending = !cuh_sim_stream_waits_for(r->dev, PROBE, p->stream, p->pos);
         if (r->vmm && pending && cuh_sim_handle_at(r->dev, p->va) != p->handle)
             broken(r, "the page at 0x%lx was unmapped while work on it could still run", (unsigned long)p->va);
-        if (pending || (p->pool && r->pool_live[p->pool]))
+        if (pending || pool_holds(r, p))
             r->pieces[kept++] = *p;
     }
     r->num_pieces = kept;
@@ -312,11 +320,13 @@ static void do_free(run_t *r, int i, unsigned how)
     int wide = s->device_wide || (how & 3) == 0;
     /* The block's last kernels: on every stream before a device-wide free,
      * else on its stream and the streams record_stream added. */
-    uint64_t pool = s->pool ? s->pool : r->capture_pool;
+    /* A block of one pool freed while another's graph is captured: both
+     * graphs may use it. */
+    uint64_t also = r->capture_pool != s->pool ? r->capture_pool : 0;
     for (int k = 0; k < NSTREAMS; k++) {
         if (!wide && streams[k] != s->stream && !(s->users >> k & 1))
             continue;
-        pieces_add(r, s, streams[k], cuh_sim_enqueue_work(r->dev, streams[k]), pool);
+        pieces_add(r, s, streams[k], cuh_sim_enqueue_work(r->dev, streams[k]), s->pool, also);
     }
     SAY(r, "  free%s 0x%lx (%zu) on %#lx\n", wide ? "_device_wide" : "", (unsigned long)s->addr, s->size,
         (unsigned long)s->stream);
