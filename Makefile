@@ -138,7 +138,7 @@ $(BUILD)/tsan/tests/%: tests/%.c tests/test_util.h $(TSAN_TOOL_OBJS) $(BUILD)/ts
 # The fuzz targets of tests/fuzz, built without libFuzzer (FUZZ_MAIN): `make
 # test` replays their corpora (tests/test_fuzz_corpus.sh), plain and under the
 # sanitizers; `make fuzz` builds them with clang's libFuzzer and searches.
-FUZZ_NAMES := heap trace json config report
+FUZZ_NAMES := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_main.h $(TOOL_OBJS) $(BUILD)/libcuheap.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(OPT) -DFUZZ_MAIN -Itests/fuzz -o $@ $< $(TOOL_OBJS) $(BUILD)/libcuheap.a -lz -ldl -lm
@@ -149,7 +149,7 @@ $(BUILD)/san/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_main.h $(SAN_TOOL_
 	    -lz -ldl -lm
 
 fuzz: all
-	@scripts/fuzz.sh $(BUILD)
+	@FUZZ_SOURCES="$(LIB_SRCS) $(TOOL_SRCS)" scripts/fuzz.sh $(BUILD)
 
 # The real driver path runs in CI against a fake libcuda.so.1 (host memory for
 # device memory), found through the test binary's run path.

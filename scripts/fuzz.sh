@@ -10,7 +10,9 @@
 #   config  CUHEAP_CONF strings
 #   report  JSON reports given to cuheap-report
 #
-# FUZZ_TARGETS picks targets (default all, comma-separated). Each corpus
+# FUZZ_TARGETS picks targets (default every tests/fuzz/fuzz_*.c,
+# comma-separated); FUZZ_SOURCES, set by the Makefile, names the library's
+# and the tools' sources the targets link. Each corpus
 # starts from tests/fuzz/corpus/TARGET.tar.gz and the inputs of
 # tests/fuzz/regressions/TARGET, and grows in BUILD/fuzz/corpus/TARGET
 # (FUZZ_SAVE=1 writes its smallest equivalent back into the tarball);
@@ -24,19 +26,22 @@ set -euo pipefail
 BUILD="${1:-build}"
 cd "$(dirname "$0")/.."
 SECONDS_EACH="${FUZZ_SECONDS:-60}"
-IFS=, read -r -a targets <<< "${FUZZ_TARGETS:-heap,trace,json,config,report}"
+if [ -z "${FUZZ_SOURCES:-}" ]; then
+    echo "fuzz.sh: run it as make fuzz (the Makefile names the sources to build)" >&2
+    exit 2
+fi
+all_targets=$(ls tests/fuzz/fuzz_*.c | sed 's|tests/fuzz/fuzz_||; s|\.c$||' | paste -sd,)
+IFS=, read -r -a targets <<< "${FUZZ_TARGETS:-$all_targets}"
 
 scripts/install-deps.sh fuzz
-make lib BUILD="$BUILD" >/dev/null   # jemalloc, for the pinned cache's source
 
 out="$BUILD/fuzz/libfuzzer"
 mkdir -p "$out/obj"
 CFLAGS=(-std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -Iinclude -Isrc -Itests/fuzz
         -isystem "$BUILD/jemalloc-5.3.0/include" -pthread)
 SAN=(-fsanitize=address,undefined -fno-sanitize-recover=undefined)
-sources=$(sed -n '/^LIB_SRCS/,/^[A-Z_]* :=/p;/^TOOL_SRCS/p' Makefile | grep -o 'src/[a-z_]*\.c' | sort -u)
 objs=()
-for src in $sources; do
+for src in $FUZZ_SOURCES; do
     obj="$out/obj/$(basename "$src" .c).o"
     if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ] || [ -n "$(find src -name '*.h' -newer "$obj")" ]; then
         clang "${CFLAGS[@]}" "${SAN[@]}" -fsanitize=fuzzer-no-link -c "$src" -o "$obj"

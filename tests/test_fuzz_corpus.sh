@@ -12,7 +12,9 @@ cd "$(dirname "$0")/.."
 passed=0; failed=0
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-for t in heap trace json config report; do
+for src in tests/fuzz/fuzz_*.c; do
+    t=$(basename "$src" .c)
+    t=${t#fuzz_}
     mkdir -p "$work/$t"
     if ! tar -C "$work/$t" -xzf "tests/fuzz/corpus/$t.tar.gz" || [ -z "$(ls "$work/$t")" ]; then
         echo "test_fuzz_corpus: tests/fuzz/corpus/$t.tar.gz is missing or empty"
