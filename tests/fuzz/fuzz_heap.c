@@ -33,6 +33,7 @@
  * (FUZZ_MAIN) it runs the files or folders given on the command line, which
  * is how `make test` replays tests/fuzz/corpus/heap.
  */
+#include "common.h"
 #include "device.h"
 #include "heap.h"
 
@@ -42,9 +43,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KiB ((size_t)1 << 10)
-#define MiB ((size_t)1 << 20)
-#define GiB ((size_t)1 << 30)
+#define KiB CUH_KiB
+#define MiB CUH_MiB
+#define GiB CUH_GiB
 
 enum { SLOTS = 48, NSTREAMS = 3, MAX_PIECES = 100000, MAX_OPS = 4000 };
 
@@ -131,8 +132,13 @@ __attribute__((format(printf, 2, 3), noreturn)) static void broken(const run_t *
 
 static int overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) { return a < b + bn && b < a + an; }
 
-static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
-static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
+/* The bytes of block [addr, addr + size) in the page at pva, as offsets
+ * [*lo, *hi) into that page. */
+static void bytes_in_page(const run_t *r, uintptr_t addr, size_t size, uintptr_t pva, size_t *lo, size_t *hi)
+{
+    *lo = cuh_max_size(addr, pva) - pva;
+    *hi = cuh_min_size(addr + size, pva + r->page) - pva;
+}
 
 /* Settings from the input's first two bytes. */
 static void settings(input_t *in, run_t *r, int *device_fences, int *top_down)
@@ -179,8 +185,7 @@ static void pieces_add(run_t *r, const slot_t *s, cuh_stream_t user, uint64_t po
         piece_t *p = &r->pieces[r->num_pieces++];
         p->va = pva;
         p->handle = cuh_sim_handle_at(r->dev, pva);
-        p->lo = max_size(s->addr, pva) - pva;
-        p->hi = min_size(s->addr + s->size, pva + r->page) - pva;
+        bytes_in_page(r, s->addr, s->size, pva, &p->lo, &p->hi);
         p->stream = user;
         p->pos = pos;
         p->pool = pool;
@@ -215,7 +220,8 @@ static void check_new_block(run_t *r, int i)
                    (unsigned long)r->slot[k].addr, r->slot[k].size);
     for (uintptr_t pva = s->addr & ~(uintptr_t)(r->page - 1); pva < s->addr + s->size; pva += r->page) {
         uint64_t h = cuh_sim_handle_at(r->dev, pva);
-        size_t lo = max_size(s->addr, pva) - pva, hi = min_size(s->addr + s->size, pva + r->page) - pva;
+        size_t lo, hi;
+        bytes_in_page(r, s->addr, s->size, pva, &lo, &hi);
         for (size_t k = 0; k < r->num_pieces; k++) {
             const piece_t *p = &r->pieces[k];
             int same = (p->va == pva && p->lo < hi && lo < p->hi) || (h && p->handle == h && p->lo < hi && lo < p->hi);
