@@ -66,6 +66,8 @@ for t in "${targets[@]}"; do
     esac
     log="$BUILD/fuzz/$t.log"
     echo "fuzz: $t for $SECONDS_EACH s (log: $log)"
+    stamp="$BUILD/fuzz/$t.start"
+    touch "$stamp"   # inputs written before this run are not this run's findings
     status=0
     extra=()
     [ "$t" = report ] && extra=(-close_fd_mask=2)   # the tool's refusals; crash reports still show
@@ -76,7 +78,7 @@ for t in "${targets[@]}"; do
     "$out/fuzz_$t" -max_total_time="$SECONDS_EACH" -max_len="$max_len" "${extra[@]}" \
         -artifact_prefix="$artifacts/" "$corpus" > "$log" 2>&1 || status=$?
     runs=$(grep -o 'Done [0-9]* runs' "$log" | grep -o '[0-9]*' || echo "?")
-    found=$(ls "$artifacts" | wc -l)
+    found=$(find "$artifacts" -type f -newer "$stamp" | wc -l)
     if [ "$status" -ne 0 ]; then
         rc=1
         grep -m1 -E 'fuzz_heap:|ERROR: ' "$log" || true
