@@ -7,8 +7,10 @@
  * scheduled, several microseconds in which nobody holds the lock, and the
  * threads queue behind it (a lock convoy). This one spins on the lock word
  * for a bounded time first (a waiter usually gets it within one holder's
- * critical section) and only then sleeps on a futex, so a machine with more
- * threads than cores still makes progress. The protocol is the classic
+ * critical section), looking at it after longer and longer pauses so that
+ * waiters do not keep its cache line from the holder, and only then sleeps
+ * on a futex, so a machine with more threads than cores still makes
+ * progress. The protocol is the classic
  * three-state futex mutex: 0 free, 1 held, 2 held with sleepers.
  *
  * A thread cache's lock is another kind (cuh_spinlock_t): its own thread
