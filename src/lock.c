@@ -14,7 +14,7 @@
 /* How many pauses a waiter spins before it sleeps: 15-190 us at 3 GHz (a
  * pause takes 10-140 cycles, by core), many critical sections of a heap
  * that 16 threads contend for. On the 16-core H200 host 500 was slower
- * than glibc's adaptive mutex and 4000 faster (README, "Benchmarks"). */
+ * than glibc's adaptive mutex and 4000 faster (bench/HISTORY.md). */
 #ifndef CUH_LOCK_SPINS
 #define CUH_LOCK_SPINS 4000
 #endif
@@ -25,9 +25,10 @@
  * had to take the word's cache line back from all of them, and each failed
  * compare-and-swap took it away from the new holder again, so hand-overs
  * grew slower with every waiter. Against looking at every pause, on the
- * H200's 16-core host: 4 KiB pairs without thread caches 2.2-4.8x more
- * throughput at 2-16 threads, random large sizes 1.1-3.4x; on the 2-core
- * machine 1.2-2.9x. 1024 and 4096 measured the same as 256, 16 and 64 less
+ * H200's 16-core host: 4 KiB pairs without thread caches 2.1-4.9x the
+ * throughput at 2-16 threads, random large sizes 1.3-3.4x at 2-8 threads
+ * and 1.0-1.2x at 16; on the 2-core machine 0.8-3.3x, better in 22 of 24
+ * cells. 1024 and 4096 measured the same as 256, 16 and 64 less
  * (bench/HISTORY.md, "The heap's lock backs off"). */
 #ifndef CUH_LOCK_BACKOFF_MAX
 #define CUH_LOCK_BACKOFF_MAX 256
