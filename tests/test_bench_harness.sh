@@ -76,6 +76,11 @@ rows = {line.split("|")[2].strip(): line for line in t.splitlines()[2:]}
 expect("| 1.500 |" in rows["cuheap-vmm-limit"], "step time as a ratio to native in the same run")
 expect("within native spread" in rows["cuheap-vmm-limit"], "losses judged against two native runs' spread")
 expect("limit 1.050 GiB" in rows["cuheap-vmm-limit"], "the limit is shown")
+expect("| 2.000 | 2.000 | - |" in rows["native"], "no device peak where NVML could not say")
+t2 = run_modes.table([dict(results[0], device_peak=(2 << 30) + (512 << 20)), dict(results[2], device_peak=None)])
+rows2 = {line.split("|")[2].strip(): line for line in t2.splitlines()[2:]}
+expect("peak on the device GiB" in t2.splitlines()[0] and "| 2.000 | 2.000 | 2.500 |" in rows2["native"],
+       "the device peak beside peak reserved and reserved / live")
 expect("OUT OF MEMORY at step 1" in rows["native-limit"] and "2 cache-release retries" in rows["native-limit"]
        and "| - |" in rows["native-limit"], "an out-of-memory is a result: its step, no step time, the retries")
 

@@ -6,7 +6,11 @@ Each (job, mode) runs in its own process (bench/torch/train_job.py) with the
 environment that selects the mode; jobs run in the order given, modes
 interleaved, so the machine's drift touches all modes alike. Prints a table:
 step time as a ratio to native in the same run, peak reserved, peak reserved
-over peak live, and whether the losses equal native's bit for bit.
+over peak live, the peak on the device (peak reserved plus what the process
+holds outside its allocator: under LD_PRELOAD cuheap also serves what
+libraries such as cuBLAS take with cudaMalloc themselves, which PyTorch's
+modes do not count in their reserved), and whether the losses equal native's
+bit for bit.
 
 Modes: native, native-again (native once more: where losses are not bitwise
 reproducible - cuDNN's attention backward is not deterministic - the losses
@@ -186,14 +190,14 @@ def losses_vs_native(r, n, again, key="losses", diff=max_loss_diff):
 
 def table(results):
     rounds = max((len(r.get("step_ms_rounds", [])) for r in results), default=1)
-    rows = ["| job | mode | step ms%s | vs native | peak reserved GiB | reserved / live | losses vs native | notes |" %
-            (" (median of %d rounds; range)" % rounds if rounds > 1 else ""),
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| job | mode | step ms%s | vs native | peak reserved GiB | reserved / live | peak on the device GiB | "
+            "losses vs native | notes |" % (" (median of %d rounds; range)" % rounds if rounds > 1 else ""),
+            "|---|---|---|---|---|---|---|---|---|"]
     native = {r["job"]: r for r in results if r["mode"] == "native" and "error" not in r}
     again = {r["job"]: r for r in results if r["mode"] == "native-again" and "error" not in r}
     for r in results:
         if "error" in r:
-            rows.append("| %s | %s | failed | | | | | %s |" % (r["job"], r["mode"], r["error"].strip().splitlines()[-1][:120]))
+            rows.append("| %s | %s | failed | | | | | | %s |" % (r["job"], r["mode"], r["error"].strip().splitlines()[-1][:120]))
             continue
         n = native.get(r["job"])
         ratio = "%.3f" % (r["step_ms"] / n["step_ms"]) if n and r.get("step_ms") else "-"
@@ -211,8 +215,9 @@ def table(results):
         step = "%.1f" % r["step_ms"] if r.get("step_ms") else "-"
         if len(r.get("step_ms_rounds", [])) > 1:
             step += " (%.1f-%.1f)" % (min(r["step_ms_rounds"]), max(r["step_ms_rounds"]))
-        rows.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            r["job"], r["mode"], step, ratio, gib(r["peak_reserved"]), frag, same, "; ".join(notes)))
+        rows.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            r["job"], r["mode"], step, ratio, gib(r["peak_reserved"]), frag, gib(r.get("device_peak")), same,
+            "; ".join(notes)))
     return "\n".join(rows)
 
 

@@ -26,6 +26,11 @@ Jobs (random data, fixed seeds, bf16 autocast as in bench/traces):
 Prints: job, mode, step times (median of the steps after 3 warm-up steps, and every
 step's in step_ms_each),
 losses (as float.hex, so runs compare bitwise), peak reserved and peak live,
+what the process holds on the GPU beside its allocator at the end
+(outside_allocator: the CUDA context, kernels, libraries' own cudaMalloc's,
+by NVML) and device_peak, the two added: the one figure that compares
+LD_PRELOAD, where cuheap also serves the libraries' own cudaMalloc's, with
+PyTorch's modes, which count only PyTorch's tensors,
 the allocator's cache-release retries, cuheap's CPU waits for the GPU
 (cpu_waits; None in PyTorch's own modes), and an out-of-memory as a result
 ("oom": the step and PyTorch's message) rather than a crash.
@@ -122,6 +127,54 @@ def peaks():
     if base_mode_name() == "nocache":
         return None, torch.cuda.max_memory_allocated()
     return torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()
+
+
+def reserved_now():
+    """What this process's allocator holds now, in bytes (None without a cache)."""
+    if mode_name().startswith("preload"):
+        return preload_stats().reserved.current
+    if mode_name().startswith("cuheap"):
+        return sys.modules["cuheap_torch"].memory_stats()["reserved_bytes.all.current"]
+    if base_mode_name() == "nocache":
+        return None
+    return torch.cuda.memory_reserved()
+
+
+class NvmlMemory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+def device_used():
+    """Bytes in use on this process's GPU as the driver counts them (NVML, which
+    no allocator's hooks reach), or None where NVML cannot say."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+    if nvml.nvmlInit_v2() != 0:
+        return None
+    handle = ctypes.c_void_p()
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    try:
+        bus = "%08x:%02x:%02x.0" % (props.pci_domain_id, props.pci_bus_id, props.pci_device_id)
+        found = nvml.nvmlDeviceGetHandleByPciBusId_v2(bus.encode(), ctypes.byref(handle)) == 0
+    except AttributeError:
+        found = False
+    if not found:
+        return None
+    mem = NvmlMemory()
+    return mem.used if nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem)) == 0 else None
+
+
+def outside_allocator():
+    """Bytes this process holds on the GPU that its allocator does not count:
+    the CUDA context, loaded kernels, and what libraries take with cudaMalloc
+    themselves (cuBLAS's default workspaces: under LD_PRELOAD cuheap serves and
+    counts those, in PyTorch's own modes nobody does). Measured at the end,
+    after every kernel and library has loaded; None where it cannot be."""
+    torch.cuda.synchronize()
+    used, held = device_used(), reserved_now()
+    return used - held if used is not None and held is not None else None
 
 
 def cpu_waits():
@@ -384,13 +437,16 @@ def main():
         times.append((time.perf_counter() - t0) * 1e3)
         losses.append(float(loss))
     reserved, live = peaks()
+    outside = outside_allocator()
     timed = times[3:] if len(times) > 3 else times
     result = {
         "job": args.job, "mode": mode_name(), "steps": args.steps,
         "step_ms": statistics.median(timed) if timed else None,
         "step_ms_each": [round(t, 1) for t in times],
         "losses": [x.hex() for x in losses], "last_loss": losses[-1] if losses else None,
-        "peak_reserved": reserved, "peak_live": live, "limit": memory_limit(), "retries": retries(),
+        "peak_reserved": reserved, "peak_live": live, "outside_allocator": outside,
+        "device_peak": reserved + outside if reserved is not None and outside is not None else None,
+        "limit": memory_limit(), "retries": retries(),
         "cpu_waits": cpu_waits(),
         "oom": oom, "torch": torch.__version__, "strict": strict(),
     }
