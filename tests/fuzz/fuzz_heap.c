@@ -82,7 +82,7 @@ typedef struct piece_s {
     size_t lo, hi;
     cuh_stream_t stream;
     uint64_t pos;
-    uint64_t pool, also_pool;   /* its graph pool, and the pool captured when it was freed */
+    uint64_t pool, also_pool;   /* its graph pool, and the pool captured when it was freed (generations) */
 } piece_t;
 
 typedef struct slot_s {
@@ -91,7 +91,7 @@ typedef struct slot_s {
     cuh_stream_t stream;
     int device_wide;
     unsigned users;   /* bit k: streams[k] uses it too (record_stream) */
-    uint64_t pool;    /* allocated during a capture into this pool, else 0 */
+    uint64_t pool;    /* allocated during a capture into this pool's generation, else 0 */
 } slot_t;
 
 typedef struct run_s {
@@ -107,6 +107,11 @@ typedef struct run_s {
     size_t num_pieces;
     uint64_t capture_pool;   /* 0: none underway */
     int pool_live[4];        /* pools 1..3 captured and not yet released */
+    /* The heap knows pools 1..3 by number, and a number captured into again
+     * after its release is a new pool (a new graph): the model tells them
+     * apart by generation, numbered from 1 across all pools. */
+    uint64_t pool_gen[4];
+    uint64_t last_gen;
     cuh_sim_counters_t at_capture;
     int op;
     int verbose;             /* FUZZ_HEAP_VERBOSE set: each step on stderr */
@@ -195,10 +200,21 @@ static void pieces_add(run_t *r, const slot_t *s, cuh_stream_t user, uint64_t po
 
 /* 1 while the piece's bytes may still be touched by someone other than `user`. */
 /* 1 while a graph pool that may use the piece lives. */
+static int generation_live(const run_t *r, uint64_t gen)
+{
+    for (int p = 1; p <= 3; p++)
+        if (gen && r->pool_live[p] && r->pool_gen[p] == gen)
+            return 1;
+    return 0;
+}
+
 static int pool_holds(const run_t *r, const piece_t *p)
 {
-    return (p->pool && r->pool_live[p->pool]) || (p->also_pool && r->pool_live[p->also_pool]);
+    return generation_live(r, p->pool) || generation_live(r, p->also_pool);
 }
+
+/* The generation of the pool being captured, or 0. */
+static uint64_t capture_gen(const run_t *r) { return r->capture_pool ? r->pool_gen[r->capture_pool] : 0; }
 
 static int unsafe_for(const run_t *r, const piece_t *p, cuh_stream_t user)
 {
@@ -285,7 +301,7 @@ static void do_alloc(run_t *r, int i, unsigned how, size_t size)
     s->stream = streams[how % NSTREAMS];
     s->device_wide = (how >> 2) % 4 == 0;
     s->users = 0;
-    s->pool = r->capture_pool;
+    s->pool = capture_gen(r);
     int shareable = s->device_wide && (how >> 4) % 4 == 0;
     cuheap_stats_t st;
     cuh_heap_stats(r->heap, &st);
@@ -328,7 +344,7 @@ static void do_free(run_t *r, int i, unsigned how)
      * else on its stream and the streams record_stream added. */
     /* A block of one pool freed while another's graph is captured: both
      * graphs may use it. */
-    uint64_t also = r->capture_pool != s->pool ? r->capture_pool : 0;
+    uint64_t also = capture_gen(r) != s->pool ? capture_gen(r) : 0;
     for (int k = 0; k < NSTREAMS; k++) {
         if (!wide && streams[k] != s->stream && !(s->users >> k & 1))
             continue;
@@ -402,6 +418,8 @@ static void capture_begin(run_t *r, unsigned pool)
         return;
     r->capture_pool = 1 + pool % 3;
     SAY(r, "  capture into pool %llu\n", (unsigned long long)r->capture_pool);
+    if (!r->pool_live[r->capture_pool])
+        r->pool_gen[r->capture_pool] = ++r->last_gen;
     r->pool_live[r->capture_pool] = 1;
     cuh_sim_counters(r->dev, &r->at_capture);
     cuh_sim_capturing(r->dev, 1);
@@ -449,7 +467,7 @@ static void release_pool(run_t *r, unsigned pool)
     cuh_heap_release_pool(r->heap, p);
     r->pool_live[p] = 0;
     for (int k = 0; k < SLOTS; k++)
-        if (r->slot[k].pool == p)
+        if (r->slot[k].pool == r->pool_gen[p])
             r->slot[k].pool = 0;   /* live blocks become ordinary ones */
 }
 
