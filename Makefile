@@ -123,15 +123,15 @@ $(TOOL_OBJS) $(SAN_TOOL_OBJS) $(TSAN_TOOL_OBJS): | deps
 .SECONDARY: $(TSAN_TOOL_OBJS)
 
 # ---- tests ---------------------------------------------------------------
-$(BUILD)/tests/%: tests/%.c tests/test_util.h $(TOOL_OBJS) $(BUILD)/libcuheap.a
+$(BUILD)/tests/%: tests/%.c tests/test_util.h tests/heap_model.h $(TOOL_OBJS) $(BUILD)/libcuheap.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(OPT) -Wno-missing-prototypes -o $@ $< $(TOOL_OBJS) $(BUILD)/libcuheap.a -lcmocka -lz -ldl -lm
 
-$(BUILD)/san/tests/%: tests/%.c tests/test_util.h $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a
+$(BUILD)/san/tests/%: tests/%.c tests/test_util.h tests/heap_model.h $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -Wno-missing-prototypes -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lcmocka -lz -ldl -lm
 
-$(BUILD)/tsan/tests/%: tests/%.c tests/test_util.h $(TSAN_TOOL_OBJS) $(BUILD)/tsan/libcuheap.a
+$(BUILD)/tsan/tests/%: tests/%.c tests/test_util.h tests/heap_model.h $(TSAN_TOOL_OBJS) $(BUILD)/tsan/libcuheap.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -O1 -g $(TSAN) -Wno-missing-prototypes -o $@ $< $(TSAN_TOOL_OBJS) $(BUILD)/tsan/libcuheap.a -lcmocka -lz -ldl -lm
 
@@ -139,11 +139,11 @@ $(BUILD)/tsan/tests/%: tests/%.c tests/test_util.h $(TSAN_TOOL_OBJS) $(BUILD)/ts
 # test` replays their corpora (tests/test_fuzz_corpus.sh), plain and under the
 # sanitizers; `make fuzz` builds them with clang's libFuzzer and searches.
 FUZZ_NAMES := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
-$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_main.h $(TOOL_OBJS) $(BUILD)/libcuheap.a
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_main.h tests/heap_model.h $(TOOL_OBJS) $(BUILD)/libcuheap.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(OPT) -DFUZZ_MAIN -Itests/fuzz -o $@ $< $(TOOL_OBJS) $(BUILD)/libcuheap.a -lz -ldl -lm
 
-$(BUILD)/san/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_main.h $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a
+$(BUILD)/san/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_main.h tests/heap_model.h $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -DFUZZ_MAIN -Itests/fuzz -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a \
 	    -lz -ldl -lm

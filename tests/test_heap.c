@@ -11,6 +11,7 @@
  *   heap's books (heap_ok).
  */
 #include "test_util.h"
+#include "heap_model.h"
 #include "common.h"
 
 #include <inttypes.h>
@@ -2779,23 +2780,17 @@ static void test_random_operations_on_three_streams_keep_the_books(void **state)
     random_operations(NULL, 8 * GiB, 20000, 40 * MiB, 97, 7);
 }
 
-/* What a block freed on stream `s` leaves behind: its bytes, by address and,
- * page by page, by physical page and offset, unsafe for any other stream
- * until the work at `pos` on `s` (the block's last kernel) is done. */
-typedef struct freed_piece_s {
-    uintptr_t va;          /* the page's address when freed */
-    uint64_t handle;       /* the physical page mapped there */
-    size_t lo, hi;         /* the block's bytes within that page */
-    cuh_stream_t stream;
-    uint64_t pos;
-} freed_piece_t;
+/* A page_rule_model failure: the settings, seed and operation, then what broke. */
+typedef struct page_rule_run_s {
+    const char *conf;
+    uint64_t seed;
+    int op;
+} page_rule_run_t;
 
-/* The bytes of block [addr, addr + size) that lie in the page at pva, as
- * offsets [*lo, *hi) into that page. */
-static void bytes_in_page(uintptr_t addr, size_t size, uintptr_t pva, size_t page, size_t *lo, size_t *hi)
+static void page_rule_fail(void *ctx, const char *what)
 {
-    *lo = cuh_max_size(addr, pva) - pva;
-    *hi = cuh_min_size(addr + size, pva + page) - pva;
+    const page_rule_run_t *run = ctx;
+    fail_msg("%s, seed %llu, op %d: %s", run->conf, (unsigned long long)run->seed, run->op, what);
 }
 
 /* A model of the page rule of vmm:1 over random operations on three streams
@@ -2830,11 +2825,11 @@ static size_t page_rule_model(const char *conf, size_t page, unsigned wide, uint
     cuh_stream_t stream[SLOTS];
     int device_wide[SLOTS];
     unsigned users[SLOTS];   /* extras: streams record_stream added */
-    freed_piece_t *pieces = malloc(MAX_PIECES * sizeof *pieces);
-    assert_non_null(pieces);
-    size_t num = 0, own_reuse = 0;
-    const uint64_t first_seed = seed;
+    page_rule_run_t run = {conf, seed, 0};
+    heap_model_t model = heap_model_new(t.dev, page, S3, MAX_PIECES, page_rule_fail, &run);
+    size_t own_reuse = 0;
     for (int op = 0; op < OPS; op++) {
+        run.op = op;
         uint64_t r = test_rand(&seed);
         int i = (int)(r % SLOTS);
         if (addr[i]) {
@@ -2844,13 +2839,7 @@ static size_t page_rule_model(const char *conf, size_t page, unsigned wide, uint
             for (int k = 0; k < 3; k++) {
                 if (!wide_free && streams[k] != stream[i] && !(users[i] >> k & 1))
                     continue;
-                uint64_t pos = cuh_sim_enqueue_work(t.dev, streams[k]);
-                for (uintptr_t pva = addr[i] & ~(uintptr_t)(page - 1); pva < addr[i] + size[i]; pva += page) {
-                    assert_true(num < MAX_PIECES);
-                    size_t lo, hi;
-                    bytes_in_page(addr[i], size[i], pva, page, &lo, &hi);
-                    pieces[num++] = (freed_piece_t){pva, cuh_sim_handle_at(t.dev, pva), lo, hi, streams[k], pos};
-                }
+                heap_model_add(&model, addr[i], size[i], streams[k], cuh_sim_enqueue_work(t.dev, streams[k]), 0, 0);
             }
             if (wide_free)
                 assert_int_equal(cuh_heap_free_device_wide(t.heap, addr[i]), CUHEAP_OK);
@@ -2879,32 +2868,7 @@ static size_t page_rule_model(const char *conf, size_t page, unsigned wide, uint
                     users[i] |= 1u << u;
                 }
             }
-            for (uintptr_t pva = addr[i] & ~(uintptr_t)(page - 1); pva < addr[i] + size[i]; pva += page) {
-                uint64_t h = cuh_sim_handle_at(t.dev, pva);
-                size_t lo, hi;
-                bytes_in_page(addr[i], size[i], pva, page, &lo, &hi);
-                /* h is 0 on plain segments and in the workspace: addresses only */
-                for (size_t k = 0; k < num; k++) {
-                    const freed_piece_t *f = &pieces[k];
-                    int same_bytes = (f->va == pva && f->lo < hi && lo < f->hi) ||
-                                     (h && f->handle == h && f->lo < hi && lo < f->hi);
-                    if (!same_bytes)
-                        continue;
-                    for (int u = 0; u < 3; u++) {
-                        cuh_stream_t user = device_wide[i] ? streams[u] : stream[i];
-                        if (f->stream == user) {
-                            own_reuse += !device_wide[i] && f->handle == h && f->va != pva;
-                        } else if (!cuh_sim_stream_waits_for(t.dev, user, f->stream, f->pos)) {
-                            fail_msg("%s, seed %llu, op %d: a block for stream %p at 0x%lx+%zu uses bytes freed on "
-                                     "stream %p before its work ran (%s)",
-                                     conf, (unsigned long long)first_seed, op, (void *)user, (unsigned long)addr[i], size[i], (void *)f->stream,
-                                     f->va == pva ? "same address" : "the same page, moved");
-                        }
-                        if (!device_wide[i])
-                            break;
-                    }
-                }
-            }
+            own_reuse += heap_model_check(&model, addr[i], size[i], stream[i], device_wide[i], streams, 3);
         }
         /* Work done: forget it. Not done: its page must still be mapped
          * where it was. */
@@ -2914,17 +2878,7 @@ static size_t page_rule_model(const char *conf, size_t page, unsigned wide, uint
             cuh_heap_poll(t.heap);
         if (extras && op % 700 == 699)
             assert_int_equal(cuh_heap_release_cached(t.heap), CUHEAP_OK);
-        size_t kept = 0;
-        for (size_t k = 0; k < num; k++) {
-            if (cuh_sim_stream_waits_for(t.dev, S3, pieces[k].stream, pieces[k].pos))
-                continue;
-            if (cuh_sim_handle_at(t.dev, pieces[k].va) != pieces[k].handle)
-                fail_msg("%s, seed %llu, op %d: the page at 0x%lx was unmapped while work on it could still run", conf,
-                         (unsigned long long)first_seed, op,
-                         (unsigned long)pieces[k].va);
-            pieces[kept++] = pieces[k];
-        }
-        num = kept;
+        heap_model_prune(&model);
         if (op % 500 == 0)
             heap_ok(t.heap);
     }
@@ -2937,7 +2891,7 @@ static size_t page_rule_model(const char *conf, size_t page, unsigned wide, uint
         }
     cuh_sim_complete_all(t.dev);
     heap_ok(t.heap);
-    free(pieces);
+    free(model.pieces);
     test_heap_free(&t);
     return own_reuse;
 }

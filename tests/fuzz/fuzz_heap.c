@@ -36,6 +36,7 @@
 #include "common.h"
 #include "device.h"
 #include "heap.h"
+#include "../heap_model.h"
 
 #include <stdarg.h>
 #include <stdint.h>
@@ -73,18 +74,6 @@ static unsigned take16(input_t *in)
     return lo | take8(in) << 8;
 }
 
-/* What a freed block leaves behind in one page (see page_rule_model in
- * tests/test_heap.c): unsafe for streams other than `stream` until its work
- * at `pos` is done and, for a graph pool's block, until the pool goes. */
-typedef struct piece_s {
-    uintptr_t va;
-    uint64_t handle;
-    size_t lo, hi;
-    cuh_stream_t stream;
-    uint64_t pos;
-    uint64_t pool, also_pool;   /* its graph pool, and the pool captured when it was freed (generations) */
-} piece_t;
-
 typedef struct slot_s {
     uintptr_t addr;
     size_t size;
@@ -103,8 +92,7 @@ typedef struct run_s {
     int limited;             /* a limit is set */
     int external;            /* others hold device memory */
     slot_t slot[SLOTS];
-    piece_t *pieces;
-    size_t num_pieces;
+    heap_model_t model;      /* what frees left behind (tests/heap_model.h) */
     uint64_t capture_pool;   /* 0: none underway */
     int pool_live[4];        /* pools 1..3 captured and not yet released */
     /* The heap knows pools 1..3 by number, and a number captured into again
@@ -136,14 +124,6 @@ __attribute__((format(printf, 2, 3), noreturn)) static void broken(const run_t *
 }
 
 static int overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) { return a < b + bn && b < a + an; }
-
-/* The bytes of block [addr, addr + size) in the page at pva, as offsets
- * [*lo, *hi) into that page. */
-static void bytes_in_page(const run_t *r, uintptr_t addr, size_t size, uintptr_t pva, size_t *lo, size_t *hi)
-{
-    *lo = cuh_max_size(addr, pva) - pva;
-    *hi = cuh_min_size(addr + size, pva + r->page) - pva;
-}
 
 /* Settings from the input's first two bytes. */
 static void settings(input_t *in, run_t *r, int *device_fences, int *top_down)
@@ -180,26 +160,6 @@ static size_t size_of(unsigned kind, unsigned v)
     }
 }
 
-/* Records the pages of slot s, freed by `user`'s work at pos. */
-static void pieces_add(run_t *r, const slot_t *s, cuh_stream_t user, uint64_t pos, uint64_t pool,
-                       uint64_t also_pool)
-{
-    for (uintptr_t pva = s->addr & ~(uintptr_t)(r->page - 1); pva < s->addr + s->size; pva += r->page) {
-        if (r->num_pieces == MAX_PIECES)
-            broken(r, "the model's %d pieces are full: make MAX_PIECES larger", MAX_PIECES);
-        piece_t *p = &r->pieces[r->num_pieces++];
-        p->va = pva;
-        p->handle = cuh_sim_handle_at(r->dev, pva);
-        bytes_in_page(r, s->addr, s->size, pva, &p->lo, &p->hi);
-        p->stream = user;
-        p->pos = pos;
-        p->pool = pool;
-        p->also_pool = also_pool;
-    }
-}
-
-/* 1 while the piece's bytes may still be touched by someone other than `user`. */
-/* 1 while a graph pool that may use the piece lives. */
 static int generation_live(const run_t *r, uint64_t gen)
 {
     for (int p = 1; p <= 3; p++)
@@ -208,22 +168,13 @@ static int generation_live(const run_t *r, uint64_t gen)
     return 0;
 }
 
-static int pool_holds(const run_t *r, const piece_t *p)
-{
-    return generation_live(r, p->pool) || generation_live(r, p->also_pool);
-}
+/* The model's question: is that pool generation not yet released? */
+static int model_pool_live(void *ctx, uint64_t gen) { return generation_live(ctx, gen); }
+
+static void model_fail(void *ctx, const char *what) { broken(ctx, "%s", what); }
 
 /* The generation of the pool being captured, or 0. */
 static uint64_t capture_gen(const run_t *r) { return r->capture_pool ? r->pool_gen[r->capture_pool] : 0; }
-
-static int unsafe_for(const run_t *r, const piece_t *p, cuh_stream_t user)
-{
-    if (pool_holds(r, p))
-        return 1;
-    if (p->stream == user)
-        return 0;
-    return !cuh_sim_stream_waits_for(r->dev, user, p->stream, p->pos);
-}
 
 static void check_new_block(run_t *r, int i)
 {
@@ -234,43 +185,7 @@ static void check_new_block(run_t *r, int i)
         if (k != i && r->slot[k].addr && overlaps(s->addr, s->size, r->slot[k].addr, r->slot[k].size))
             broken(r, "block 0x%lx+%zu overlaps live block 0x%lx+%zu", (unsigned long)s->addr, s->size,
                    (unsigned long)r->slot[k].addr, r->slot[k].size);
-    for (uintptr_t pva = s->addr & ~(uintptr_t)(r->page - 1); pva < s->addr + s->size; pva += r->page) {
-        uint64_t h = cuh_sim_handle_at(r->dev, pva);
-        size_t lo, hi;
-        bytes_in_page(r, s->addr, s->size, pva, &lo, &hi);
-        for (size_t k = 0; k < r->num_pieces; k++) {
-            const piece_t *p = &r->pieces[k];
-            int same = (p->va == pva && p->lo < hi && lo < p->hi) || (h && p->handle == h && p->lo < hi && lo < p->hi);
-            if (!same)
-                continue;
-            for (int u = 0; u < NSTREAMS; u++) {
-                cuh_stream_t user = s->device_wide ? streams[u] : s->stream;
-                if (unsafe_for(r, p, user))
-                    broken(r, "block 0x%lx+%zu for stream %#lx uses bytes freed on stream %#lx%s before %s",
-                           (unsigned long)s->addr, s->size, (unsigned long)user, (unsigned long)p->stream,
-                           p->va == pva ? "" : " (its page moved)",
-                           pool_holds(r, p) ? "their graph pool was released" : "that work ran");
-                if (!s->device_wide)
-                    break;
-            }
-        }
-    }
-}
-
-/* Forgets pieces nobody can touch any more; a page under work that may run
- * must still be mapped where it was. */
-static void pieces_prune(run_t *r)
-{
-    size_t kept = 0;
-    for (size_t k = 0; k < r->num_pieces; k++) {
-        const piece_t *p = &r->pieces[k];
-        int pending = !cuh_sim_stream_waits_for(r->dev, PROBE, p->stream, p->pos);
-        if (r->vmm && pending && cuh_sim_handle_at(r->dev, p->va) != p->handle)
-            broken(r, "the page at 0x%lx was unmapped while work on it could still run", (unsigned long)p->va);
-        if (pending || pool_holds(r, p))
-            r->pieces[kept++] = *p;
-    }
-    r->num_pieces = kept;
+    heap_model_check(&r->model, s->addr, s->size, s->stream, s->device_wide, streams, NSTREAMS);
 }
 
 static size_t live_requested(const run_t *r)
@@ -348,7 +263,8 @@ static void do_free(run_t *r, int i, unsigned how)
     for (int k = 0; k < NSTREAMS; k++) {
         if (!wide && streams[k] != s->stream && !(s->users >> k & 1))
             continue;
-        pieces_add(r, s, streams[k], cuh_sim_enqueue_work(r->dev, streams[k]), s->pool, also);
+        heap_model_add(&r->model, s->addr, s->size, streams[k], cuh_sim_enqueue_work(r->dev, streams[k]), s->pool,
+                       also);
     }
     SAY(r, "  free%s 0x%lx (%zu) on %#lx\n", wide ? "_device_wide" : "", (unsigned long)s->addr, s->size,
         (unsigned long)s->stream);
@@ -496,9 +412,8 @@ static void one_run(const uint8_t *data, size_t size)
     for (int k = 1; k < NSTREAMS; k++)
         if (cuh_heap_register_stream(r->heap, streams[k]) != CUHEAP_OK)
             broken(r, "register_stream failed");
-    r->pieces = malloc(MAX_PIECES * sizeof *r->pieces);
-    if (!r->pieces)
-        abort();
+    r->model = heap_model_new(r->dev, r->page, PROBE, MAX_PIECES, model_fail, r);
+    r->model.pool_live = model_pool_live;
     r->verbose = getenv("FUZZ_HEAP_VERBOSE") != NULL;
     SAY(r, "settings %s, device-wide fences %d, falling addresses %d\n", r->conf, device_fences, top_down);
     for (r->op = 0; in.left && r->op < MAX_OPS; r->op++) {
@@ -523,8 +438,8 @@ static void one_run(const uint8_t *data, size_t size)
             cuh_sim_complete_stream(r->dev, streams[arg % NSTREAMS]);
             break;
         case 7:
-            if (r->num_pieces) {
-                const piece_t *p = &r->pieces[take16(&in) % r->num_pieces];
+            if (r->model.num) {
+                const heap_model_piece_t *p = &r->model.pieces[take16(&in) % r->model.num];
                 cuh_sim_complete_stream_upto(r->dev, p->stream, p->pos);
             }
             break;
@@ -574,7 +489,7 @@ static void one_run(const uint8_t *data, size_t size)
             break;
         }
         capture_check(r);
-        pieces_prune(r);
+        heap_model_prune(&r->model);
         books_ok(r);
     }
     capture_end(r);
@@ -584,7 +499,7 @@ static void one_run(const uint8_t *data, size_t size)
     for (uint64_t p = 1; p <= 3; p++)
         release_pool(r, (unsigned)p - 1);
     cuh_sim_complete_all(r->dev);
-    pieces_prune(r);
+    heap_model_prune(&r->model);
     if (cuh_heap_release_cached(r->heap) != CUHEAP_OK)
         broken(r, "release_cached failed");
     books_ok(r);
@@ -604,7 +519,7 @@ static void one_run(const uint8_t *data, size_t size)
         broken(r, "destroyed, the heap left %zu bytes and %llu events on the device", c.used,
                (unsigned long long)c.live_events);
     r->dev->ops->destroy(r->dev);
-    free(r->pieces);
+    free(r->model.pieces);
     free(r);
 }
 
