@@ -13,7 +13,9 @@
  * checks every new block against it (heap_model_check), and forgets what
  * nobody can touch any more (heap_model_prune), which is where it checks
  * the mappings. A broken rule goes to the caller's on_fail callback with a
- * sentence that names it.
+ * sentence that names it. Beside the model, the two checks both callers
+ * make of every block and every capture: blocks that overlap, and device
+ * calls a graph capture cannot take.
  */
 #ifndef CUH_TEST_HEAP_MODEL_H
 #define CUH_TEST_HEAP_MODEL_H
@@ -25,6 +27,19 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+/* 1 if blocks [a, a + an) and [b, b + bn) share a byte. */
+static inline int heap_model_overlap(uintptr_t a, size_t an, uintptr_t b, size_t bn) { return a < b + bn && b < a + an; }
+
+/* The device calls a graph capture cannot take: an event recorded, queried
+ * or waited for, a stream wait, a device synchronize, a segment or a page
+ * freed. 1 if the counters moved from a to b by any of them. */
+static inline int heap_model_capture_broken(const cuh_sim_counters_t *a, const cuh_sim_counters_t *b)
+{
+    return a->events_recorded != b->events_recorded || a->event_queries != b->event_queries ||
+           a->event_waits != b->event_waits || a->stream_waits != b->stream_waits ||
+           a->synchronizes != b->synchronizes || a->mem_frees != b->mem_frees || a->vm_releases != b->vm_releases;
+}
 
 /* What a freed block leaves in one page. */
 typedef struct heap_model_piece_s {

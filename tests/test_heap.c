@@ -24,13 +24,11 @@
 #define S2 ((cuh_stream_t)0x2000)
 #define S3 ((cuh_stream_t)0x3000)
 
-static int overlaps(uintptr_t a, size_t as, uintptr_t b, size_t bs) { return a < b + bs && b < a + as; }
-
-/* Makes the heap know 32 more streams, as PyTorch's stream pool does (they
- * stay idle unless a test gives them work). */
 /* Waits the heap enqueued on the GPU: stream by stream, or device-wide. */
 static uint64_t gpu_waits(const cuh_sim_counters_t *c) { return c->stream_waits + c->waits_all; }
 
+/* Makes the heap know 32 more streams, as PyTorch's stream pool does (they
+ * stay idle unless a test gives them work). */
 static void register_pool_streams(cuh_heap_t *heap)
 {
     for (uintptr_t i = 0; i < 32; i++)
@@ -55,7 +53,7 @@ static void test_every_block_is_512_aligned_and_disjoint(void **state)
     }
     for (int i = 0; i < N; i++)
         for (int j = i + 1; j < N; j++)
-            if (overlaps(addr[i], size[i], addr[j], size[j]))
+            if (heap_model_overlap(addr[i], size[i], addr[j], size[j]))
                 fail_msg("blocks %d and %d overlap", i, j);
     heap_ok(t.heap);
     for (int i = 0; i < N; i++)
@@ -109,7 +107,7 @@ static void test_other_stream_reuses_only_after_the_event_completes(void **state
     /* S1's work may still read them: S2 must get other memory. */
     uintptr_t b = must_alloc(t.heap, 8 * MiB, S2);
     uintptr_t b_small = must_alloc(t.heap, 3000, S2);
-    assert_false(overlaps(a, 8 * MiB, b, 8 * MiB));
+    assert_false(heap_model_overlap(a, 8 * MiB, b, 8 * MiB));
     assert_true(b_small != small);
     cuh_sim_counters_t c;
     cuh_sim_counters(t.dev, &c);
@@ -145,7 +143,7 @@ static void test_reuse_across_streams_orders_the_new_user_after_the_free(void **
         cuheap_stats_t s;
         cuh_heap_stats(t.heap, &s);
         if (!reuse) {
-            assert_false(overlaps(a, 8 * MiB, b, 8 * MiB));
+            assert_false(heap_model_overlap(a, 8 * MiB, b, 8 * MiB));
             assert_int_equal(s.num_segment_allocs, 2);
             assert_false(cuh_sim_stream_waits_for(t.dev, S2, S1, work1));
         } else {
@@ -271,7 +269,7 @@ static void test_a_retired_stream_is_never_touched_again(void **state)
     /* A new stream that happens to get the same handle is a different stream:
      * the old stream's work may still use the block. */
     uintptr_t b = must_alloc(t.heap, 8 * MiB, S1);
-    assert_false(overlaps(a, 8 * MiB, b, 8 * MiB));
+    assert_false(heap_model_overlap(a, 8 * MiB, b, 8 * MiB));
     must_free(t.heap, b, S1);
     /* Settling waits on the old fence but records nothing on the old stream. */
     cuh_heap_release_cached(t.heap);
@@ -299,7 +297,7 @@ static void test_record_stream_holds_the_block_until_every_user_finished(void **
     /* S2 still reads them: not even S1 may have them back. */
     uintptr_t b2 = must_alloc(t.heap, 8 * MiB, S1);
     uintptr_t s2 = must_alloc(t.heap, 2000, S1);
-    assert_false(overlaps(big, 8 * MiB, b2, 8 * MiB));
+    assert_false(heap_model_overlap(big, 8 * MiB, b2, 8 * MiB));
     assert_true(s2 != small);
     assert_int_equal(cuh_heap_free(t.heap, big, S1), CUHEAP_ERR_DOUBLE_FREE);
     cuheap_stats_t st;
@@ -365,7 +363,7 @@ static void test_device_wide_free_waits_for_every_stream_without_blocking(void *
          * stream may still read them. */
         uintptr_t b2 = must_alloc(t.heap, 8 * MiB, S1);
         uintptr_t s2 = must_alloc(t.heap, 2000, S1);
-        assert_false(overlaps(big, 8 * MiB, b2, 8 * MiB));
+        assert_false(heap_model_overlap(big, 8 * MiB, b2, 8 * MiB));
         assert_true(s2 != small);
         cuh_sim_complete_stream(t.dev, S1);
         cuh_sim_complete_stream(t.dev, 0);
@@ -374,7 +372,7 @@ static void test_device_wide_free_waits_for_every_stream_without_blocking(void *
         cuh_heap_stats(t.heap, &st);
         assert_true(st.pending.current >= 8 * MiB + 2048);   /* S3 has not finished */
         uintptr_t b3 = must_alloc(t.heap, 8 * MiB, 0);
-        assert_false(overlaps(big, 8 * MiB, b3, 8 * MiB));
+        assert_false(heap_model_overlap(big, 8 * MiB, b3, 8 * MiB));
         heap_ok(t.heap);
 
         /* S3 finishes: the first batch is done and the second goes out (with
@@ -452,7 +450,7 @@ static void test_device_wide_malloc_takes_only_memory_every_stream_may_use(void 
     uintptr_t b2 = 0, s2 = 0;
     assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 8 * MiB, &b2), CUHEAP_OK);
     assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 2000, &s2), CUHEAP_OK);
-    assert_false(overlaps(big, 8 * MiB, b2, 8 * MiB));
+    assert_false(heap_model_overlap(big, 8 * MiB, b2, 8 * MiB));
     assert_true(s2 != small);
     assert_int_equal(b2 % 512, 0);
     heap_ok(t.heap);
@@ -507,8 +505,8 @@ static void test_device_wide_free_of_a_graph_block_waits_for_its_pool(void **sta
     for (int i = 0; i < 4; i++) {
         uintptr_t x = 0;
         assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 4 * MiB, &x), CUHEAP_OK);
-        assert_false(overlaps(x, 4 * MiB, in_graph, 4 * MiB));
-        assert_false(overlaps(x, 4 * MiB, tmp, 4 * MiB));
+        assert_false(heap_model_overlap(x, 4 * MiB, in_graph, 4 * MiB));
+        assert_false(heap_model_overlap(x, 4 * MiB, tmp, 4 * MiB));
         assert_int_equal(cuh_heap_free_device_wide(t.heap, x), CUHEAP_OK);
         cuh_sim_complete_all(t.dev);
     }
@@ -524,16 +522,6 @@ static void test_device_wide_free_of_a_graph_block_waits_for_its_pool(void **sta
     assert_int_equal(st.allocated.current, 0);
     heap_ok(t.heap);
     test_heap_free(&t);
-}
-
-/* The device calls a graph capture cannot take: an event recorded, queried
- * or waited for, a stream wait, a device synchronize, a segment or a page
- * freed. 1 if the counters moved by any of them. */
-static int capture_breaking_calls(const cuh_sim_counters_t *a, const cuh_sim_counters_t *b)
-{
-    return a->events_recorded != b->events_recorded || a->event_queries != b->event_queries ||
-           a->event_waits != b->event_waits || a->stream_waits != b->stream_waits ||
-           a->synchronizes != b->synchronizes || a->mem_frees != b->mem_frees || a->vm_releases != b->vm_releases;
 }
 
 /* empty_cache during a capture gives nothing back (a segment freed, or the
@@ -556,7 +544,7 @@ static void test_release_cached_during_a_capture_gives_nothing_back(void **state
         cuh_heap_capture_begin(t.heap, 5);
         assert_int_equal(cuh_heap_release_cached(t.heap), CUHEAP_OK);
         cuh_sim_counters(t.dev, &c1);
-        assert_false(capture_breaking_calls(&c0, &c1));
+        assert_false(heap_model_capture_broken(&c0, &c1));
         cuh_heap_capture_end(t.heap);
         cuh_sim_complete_all(t.dev);
         assert_int_equal(cuh_heap_release_cached(t.heap), CUHEAP_OK);
@@ -592,7 +580,7 @@ static void test_pages_move_during_a_capture_without_an_event_call(void **state)
         cuh_heap_capture_begin(t.heap, 3);
         uintptr_t big = must_alloc(t.heap, 32 * MiB, S1);
         cuh_sim_counters(t.dev, &c1);
-        assert_false(capture_breaking_calls(&c0, &c1));
+        assert_false(heap_model_capture_broken(&c0, &c1));
         cuh_heap_capture_end(t.heap);
         must_free(t.heap, big, S1);
         must_free(t.heap, y, S1);
@@ -611,7 +599,7 @@ static void test_pages_move_during_a_capture_without_an_event_call(void **state)
         cuh_heap_capture_begin(t.heap, 2);
         assert_int_equal(cuh_heap_malloc_shareable(t.heap, 1, &z), CUHEAP_OK);
         cuh_sim_counters(t.dev, &c1);
-        assert_false(capture_breaking_calls(&c0, &c1));
+        assert_false(heap_model_capture_broken(&c0, &c1));
         cuh_heap_capture_end(t.heap);
         assert_int_equal(cuh_heap_free_device_wide(t.heap, z), CUHEAP_OK);
         must_free(t.heap, y, S1);
@@ -633,7 +621,7 @@ static void test_pages_move_during_a_capture_without_an_event_call(void **state)
         cuh_heap_capture_begin(t.heap, 3);
         cuh_heap_poll(t.heap);
         cuh_sim_counters(t.dev, &c1);
-        assert_false(capture_breaking_calls(&c0, &c1));
+        assert_false(heap_model_capture_broken(&c0, &c1));
         cuh_heap_capture_end(t.heap);
         must_free(t.heap, c, 0);
         cuh_sim_complete_all(t.dev);
@@ -665,9 +653,9 @@ static void test_a_pool_released_during_another_capture_waits_for_its_end(void *
     cuh_heap_release_pool(t.heap, 3);
     cuh_heap_release_pool(t.heap, 1);   /* twice: still one release */
     cuh_sim_counters(t.dev, &c1);
-    assert_false(capture_breaking_calls(&c0, &c1));
+    assert_false(heap_model_capture_broken(&c0, &c1));
     uintptr_t during = must_alloc(t.heap, 4 * MiB, S1);
-    assert_false(overlaps(during, 4 * MiB, in_graph, 4 * MiB));   /* still held */
+    assert_false(heap_model_overlap(during, 4 * MiB, in_graph, 4 * MiB));   /* still held */
     cuh_heap_capture_end(t.heap);
     cuh_sim_counters(t.dev, &c1);
     assert_int_equal(c1.synchronizes, c0.synchronizes + 1);   /* both pools' replays, waited for once */
@@ -706,7 +694,7 @@ static void test_a_pool_block_freed_in_another_capture_waits_for_both_pools(void
         cuh_heap_release_pool(t.heap, order == 0 ? 3 : 2);   /* another pool: no effect on a */
         cuh_sim_complete_all(t.dev);
         uintptr_t x = must_alloc(t.heap, 4 * MiB, S1);
-        assert_false(overlaps(x, 4 * MiB, a, 4 * MiB));   /* one pool still holds it */
+        assert_false(heap_model_overlap(x, 4 * MiB, a, 4 * MiB));   /* one pool still holds it */
         must_free(t.heap, x, S1);
         cuh_heap_release_pool(t.heap, order == 0 ? 2 : 1);
         if (order == 1)
@@ -764,7 +752,7 @@ static void test_device_wide_malloc_waits_for_a_batch_rather_than_grow(void **st
             assert_int_equal(st1.reserved.current, st0.reserved.current);
         } else {
             assert_int_equal(c1.event_waits, c0.event_waits);
-            assert_false(overlaps(a, 64 * MiB, b, 64 * MiB));
+            assert_false(heap_model_overlap(a, 64 * MiB, b, 64 * MiB));
             assert_true(st1.reserved.current > st0.reserved.current);
         }
         assert_int_equal(cuh_heap_free_device_wide(t.heap, b), CUHEAP_OK);
@@ -1324,7 +1312,7 @@ static void test_random_device_wide_frees_are_never_reused_early(void **state)
                     done &= cuh_sim_work_done(t.dev, streams[k], unsafe_work[u][k]);
                 if (done)
                     continue;
-                if (overlaps(addr[i], size[i], unsafe_addr[u], unsafe_len[u]))
+                if (heap_model_overlap(addr[i], size[i], unsafe_addr[u], unsafe_len[u]))
                     fail_msg("op %d: 0x%lx was freed device-wide and handed out before every stream finished", op,
                              (unsigned long)unsafe_addr[u]);
                 unsafe_addr[kept] = unsafe_addr[u];
@@ -1372,13 +1360,13 @@ static void test_graph_capture_makes_no_event_call_and_holds_its_blocks(void **s
     cuh_sim_counters(t.dev, &c1);
     assert_int_equal(c1.events_recorded, c0.events_recorded);
     assert_int_equal(c1.event_waits, c0.event_waits);
-    assert_false(overlaps(in_graph, 4 * MiB, before, 4 * MiB));
+    assert_false(heap_model_overlap(in_graph, 4 * MiB, before, 4 * MiB));
     /* After the capture neither block is reused while the graph lives. */
     must_free(t.heap, in_graph, S1);
     for (int i = 0; i < 4; i++) {
         uintptr_t x = must_alloc(t.heap, 4 * MiB, S1);
-        assert_false(overlaps(x, 4 * MiB, in_graph, 4 * MiB));
-        assert_false(overlaps(x, 4 * MiB, tmp, 4 * MiB));
+        assert_false(heap_model_overlap(x, 4 * MiB, in_graph, 4 * MiB));
+        assert_false(heap_model_overlap(x, 4 * MiB, tmp, 4 * MiB));
         must_free(t.heap, x, S1);
     }
     heap_ok(t.heap);
@@ -1390,8 +1378,8 @@ static void test_graph_capture_makes_no_event_call_and_holds_its_blocks(void **s
     assert_int_equal(st.allocated.current, 0);
     /* The pool's blocks are S1's again. */
     uintptr_t x = must_alloc(t.heap, 4 * MiB, S1), y = must_alloc(t.heap, 4 * MiB, S1);
-    assert_true(overlaps(x, 4 * MiB, in_graph, 4 * MiB) || overlaps(x, 4 * MiB, tmp, 4 * MiB));
-    assert_true(overlaps(y, 4 * MiB, in_graph, 4 * MiB) || overlaps(y, 4 * MiB, tmp, 4 * MiB));
+    assert_true(heap_model_overlap(x, 4 * MiB, in_graph, 4 * MiB) || heap_model_overlap(x, 4 * MiB, tmp, 4 * MiB));
+    assert_true(heap_model_overlap(y, 4 * MiB, in_graph, 4 * MiB) || heap_model_overlap(y, 4 * MiB, tmp, 4 * MiB));
     must_free(t.heap, x, S1);
     must_free(t.heap, y, S1);
     heap_ok(t.heap);
@@ -1694,7 +1682,7 @@ static void test_a_huge_size_released_idle_gets_its_own_segment_when_it_returns(
         uintptr_t a = must_alloc(t.heap, half, 0);
         uintptr_t b2 = must_alloc(t.heap, whole, 0);
         assert_int_equal(b2, b);
-        assert_false(overlaps(a, half, b, whole));
+        assert_false(heap_model_overlap(a, half, b, whole));
         must_free(t.heap, a, 0);
         must_free(t.heap, b2, 0);
     }
@@ -1734,7 +1722,7 @@ static void test_a_released_huge_size_with_a_live_block_cuts_instead_of_growing(
     assert_int_equal(s.num_segment_frees, 2);
     must_free(t.heap, b, 0);
     uintptr_t a2 = must_alloc(t.heap, half, 0);   /* grown again, in place of a cut */
-    assert_false(overlaps(a2, half, b, whole));
+    assert_false(heap_model_overlap(a2, half, b, whole));
     cuh_heap_stats(t.heap, &s);
     const uint64_t grown = s.num_segment_allocs;
     uintptr_t a3 = must_alloc(t.heap, half, 0);   /* a2 is live: cut */
@@ -2019,7 +2007,7 @@ static void test_device_fences_fall_back_and_keep_out_of_captures(void **state)
     assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &b), CUHEAP_OK);
     cuh_heap_poll(t.heap);
     cuh_sim_counters(t.dev, &c1);
-    assert_false(overlaps(a, 64 * MiB, b, 64 * MiB));   /* a waits out the capture */
+    assert_false(heap_model_overlap(a, 64 * MiB, b, 64 * MiB));   /* a waits out the capture */
     assert_int_equal(c1.events_recorded, c0.events_recorded);
     assert_int_equal(c1.event_queries, c0.event_queries);
     assert_int_equal(c1.stream_waits, c0.stream_waits);
@@ -2043,7 +2031,7 @@ static void test_device_fences_fall_back_and_keep_out_of_captures(void **state)
     cuh_sim_counters(t.dev, &c0);
     assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &d), CUHEAP_OK);
     cuh_sim_counters(t.dev, &c1);
-    assert_false(overlaps(c, 64 * MiB, d, 64 * MiB));
+    assert_false(heap_model_overlap(c, 64 * MiB, d, 64 * MiB));
     assert_int_equal(c1.waits_all, c0.waits_all);
     assert_int_equal(c1.stream_waits, c0.stream_waits);
     assert_int_equal(c1.event_waits + c1.synchronizes, c0.event_waits + c0.synchronizes);
@@ -2558,7 +2546,7 @@ static void test_a_new_slab_never_comes_from_a_streams_pending_frees(void **stat
     must_free(t.heap, big, S1);
     uintptr_t a = must_alloc(t.heap, 40 * KiB, S1);
     uintptr_t b = must_alloc(t.heap, 40 * KiB, S2);
-    if (overlaps(b, 40 * KiB, big, 2 * MiB))
+    if (heap_model_overlap(b, 40 * KiB, big, 2 * MiB))
         assert_true(cuh_sim_stream_waits_for(t.dev, S2, S1, pos));
     heap_ok(t.heap);
     must_free(t.heap, a, S1);
@@ -2755,7 +2743,7 @@ static void random_operations(const char *conf, size_t capacity, int ops, size_t
             stream[i] = streams[(r >> 8) % 3];
             addr[i] = must_alloc(t.heap, size[i], stream[i]);
             for (int k = 0; k < SLOTS; k++)
-                if (k != i && addr[k] && overlaps(addr[i], size[i], addr[k], size[k]))
+                if (k != i && addr[k] && heap_model_overlap(addr[i], size[i], addr[k], size[k]))
                     fail_msg("op %d: block %d overlaps live block %d", op, i, k);
         }
         if (op % complete_every == 0)
@@ -2986,7 +2974,7 @@ static void set_add(interval_set_t *set, uintptr_t a, size_t len)
 {
     pthread_mutex_lock(&set->lock);
     for (size_t i = 0; i < set->n; i++)
-        if (overlaps(a, len, set->start[i], set->len[i]))
+        if (heap_model_overlap(a, len, set->start[i], set->len[i]))
             set->overlap_seen = 1;
     set->start[set->n] = a;
     set->len[set->n++] = len;

@@ -123,7 +123,6 @@ __attribute__((format(printf, 2, 3), noreturn)) static void broken(const run_t *
     abort();
 }
 
-static int overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) { return a < b + bn && b < a + an; }
 
 /* Settings from the input's first two bytes. */
 static void settings(input_t *in, run_t *r, int *device_fences, int *top_down)
@@ -182,7 +181,7 @@ static void check_new_block(run_t *r, int i)
     if (!s->addr || s->addr % 512)
         broken(r, "block 0x%lx of %zu bytes is not aligned to 512", (unsigned long)s->addr, s->size);
     for (int k = 0; k < SLOTS; k++)
-        if (k != i && r->slot[k].addr && overlaps(s->addr, s->size, r->slot[k].addr, r->slot[k].size))
+        if (k != i && r->slot[k].addr && heap_model_overlap(s->addr, s->size, r->slot[k].addr, r->slot[k].size))
             broken(r, "block 0x%lx+%zu overlaps live block 0x%lx+%zu", (unsigned long)s->addr, s->size,
                    (unsigned long)r->slot[k].addr, r->slot[k].size);
     heap_model_check(&r->model, s->addr, s->size, s->stream, s->device_wide, streams, NSTREAMS);
@@ -351,9 +350,7 @@ static void capture_check(run_t *r)
     cuh_sim_counters_t c;
     cuh_sim_counters(r->dev, &c);
     const cuh_sim_counters_t *b = &r->at_capture;
-    if (c.events_recorded != b->events_recorded || c.event_queries != b->event_queries ||
-        c.event_waits != b->event_waits || c.stream_waits != b->stream_waits || c.synchronizes != b->synchronizes ||
-        c.mem_frees != b->mem_frees || c.vm_releases != b->vm_releases)
+    if (heap_model_capture_broken(b, &c))
         broken(r, "during a capture: %llu events recorded, %llu queried, %llu waited for, %llu stream waits, %llu "
                   "synchronizes, %llu segments and %llu pages freed",
                (unsigned long long)(c.events_recorded - b->events_recorded),
