@@ -102,7 +102,7 @@ def train(args, rank, local_rank):
     if prof:
         prof.__exit__(None, None, None)
         write_profile(prof, profile_to % rank if "%d" in profile_to else profile_to, times[-2:])
-    reserved, live = train_job.peaks()
+    reserved, live, _ = train_job.allocator_bytes()
     timed = times[WARMUP:] if len(times) > WARMUP else times
     return {"rank": rank, "local_rank": local_rank, "mode": train_job.mode_name(),
             "step_ms": statistics.median(timed) if timed else None, "losses": [x.hex() for x in losses],
@@ -168,7 +168,7 @@ def main():
         if rank == 0:
             print(json.dumps(summary(args, ranks)), flush=True)
         dist.destroy_process_group()
-    except BaseException as e:   # SystemExit too: train_job.peaks() raises it
+    except BaseException as e:   # SystemExit too: train_job.allocator_bytes() raises it
         traceback.print_exc()
         sys.stderr.write("ddp_job rank %d failed: %s: %s\n" % (rank, type(e).__name__, " ".join(str(e).split())[:300]))
         sys.stderr.flush()

@@ -113,31 +113,22 @@ def base_mode_name():
     return "native"
 
 
-def peaks():
-    """(peak reserved, peak live) of this process's allocator, in bytes."""
+def allocator_bytes():
+    """(peak reserved, peak live, reserved now) of this process's allocator, in
+    bytes; reserved is None where nothing is cached (nocache)."""
     if mode_name().startswith("preload"):
         # cuheap holds every byte: its peaks are the process's.
         st = preload_stats()
         if st.num_allocs == 0:
             raise SystemExit("libcuheap.so is preloaded but served no allocation")
-        return st.reserved.peak, st.requested.peak
+        return st.reserved.peak, st.requested.peak, st.reserved.current
     if mode_name().startswith("cuheap"):
         stats = sys.modules["cuheap_torch"].memory_stats()
-        return stats["reserved_bytes.all.peak"], stats["requested_bytes.all.peak"]
+        return (stats["reserved_bytes.all.peak"], stats["requested_bytes.all.peak"],
+                stats["reserved_bytes.all.current"])
     if base_mode_name() == "nocache":
-        return None, torch.cuda.max_memory_allocated()
-    return torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()
-
-
-def reserved_now():
-    """What this process's allocator holds now, in bytes (None without a cache)."""
-    if mode_name().startswith("preload"):
-        return preload_stats().reserved.current
-    if mode_name().startswith("cuheap"):
-        return sys.modules["cuheap_torch"].memory_stats()["reserved_bytes.all.current"]
-    if base_mode_name() == "nocache":
-        return None
-    return torch.cuda.memory_reserved()
+        return None, torch.cuda.max_memory_allocated(), None
+    return torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated(), torch.cuda.memory_reserved()
 
 
 class NvmlMemory(ctypes.Structure):
@@ -166,14 +157,14 @@ def device_used():
     return mem.used if nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem)) == 0 else None
 
 
-def outside_allocator():
-    """Bytes this process holds on the GPU that its allocator does not count:
-    the CUDA context, loaded kernels, and what libraries take with cudaMalloc
-    themselves (cuBLAS's default workspaces: under LD_PRELOAD cuheap serves and
+def outside_allocator(held):
+    """Bytes this process holds on the GPU that its allocator (holding `held`
+    bytes now) does not count: the CUDA context, loaded kernels, and what
+    libraries take with cudaMalloc themselves (cuBLAS's default workspaces: under LD_PRELOAD cuheap serves and
     counts those, in PyTorch's own modes nobody does). Measured at the end,
     after every kernel and library has loaded; None where it cannot be."""
     torch.cuda.synchronize()
-    used, held = device_used(), reserved_now()
+    used = device_used()
     return used - held if used is not None and held is not None else None
 
 
@@ -436,8 +427,8 @@ def main():
             break
         times.append((time.perf_counter() - t0) * 1e3)
         losses.append(float(loss))
-    reserved, live = peaks()
-    outside = outside_allocator()
+    reserved, live, held = allocator_bytes()
+    outside = outside_allocator(held)
     timed = times[3:] if len(times) > 3 else times
     result = {
         "job": args.job, "mode": mode_name(), "steps": args.steps,
