@@ -1735,8 +1735,9 @@ static void test_a_released_huge_size_with_a_live_block_cuts_instead_of_growing(
     test_heap_free(&t);
 }
 
-/* Room beside a lone huge block (heap.c) is used last: a block put there
- * would pin the segment, which is whole again once its one block is freed.
+/* Room beside a lone huge block ("room in a huge segment" in heap.c) is
+ * used last: a block put there would pin the segment, which is whole again
+ * once its one block is freed.
  * Another fit comes first, even a larger one; without one the room serves
  * before the heap grows. A small block cut from a whole free huge segment
  * is no tenant: the next one goes beside it, not into another segment. */
@@ -1779,6 +1780,90 @@ static void test_room_beside_a_lone_huge_block_is_used_last(void **state)
     must_free(t.heap, fill, 0);
     must_free(t.heap, small, 0);
     must_free(t.heap, b, 0);
+    test_heap_free(&t);
+}
+
+/* Room in a huge segment (heap.c) in its order: beside a lone block that is
+ * not huge itself before a cut of a whole free huge segment at least half
+ * as large again as the tenant's, after the cut of a smaller one; room
+ * beside a lone huge block after both. The strict GPT-2: a 768 MiB tensor
+ * alone in the 1.5 GiB logits segment, two 192 MiB ones cut a free 3 GiB
+ * segment instead of going beside it, and the peak's three 3 GiB logits
+ * needed a fourth segment. */
+static void test_room_in_huge_segments_comes_in_order(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(64 * GiB, NULL);
+    const size_t half = 1536 * MiB, whole = 3072 * MiB;
+    cuheap_stats_t s;
+    uintptr_t base, seg_m, seg_w;
+    size_t size;
+    uintptr_t a = must_alloc(t.heap, half, 0), w = must_alloc(t.heap, whole, 0);
+    assert_true(cuh_heap_segment_of(t.heap, w, &seg_w, &size) && size == whole);
+    must_free(t.heap, a, 0);
+    uintptr_t m = must_alloc(t.heap, 768 * MiB, 0);   /* cuts a's free segment: not huge */
+    assert_true(cuh_heap_segment_of(t.heap, m, &seg_m, &size) && size == half);
+    must_free(t.heap, w, 0);
+    cuh_heap_stats(t.heap, &s);
+    const uint64_t segments = s.num_segment_allocs;
+    uintptr_t p1 = must_alloc(t.heap, 192 * MiB, 0), p2 = must_alloc(t.heap, 192 * MiB, 0);
+    assert_true(cuh_heap_segment_of(t.heap, p1, &base, &size) && base == seg_m);
+    assert_true(cuh_heap_segment_of(t.heap, p2, &base, &size) && base == seg_m);
+    uintptr_t w2 = must_alloc(t.heap, whole, 0);   /* the 3 GiB segment is still whole */
+    assert_int_equal(w2, w);
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.num_segment_allocs, segments);
+    heap_ok(t.heap);
+    must_free(t.heap, w2, 0);
+    must_free(t.heap, p2, 0);
+    must_free(t.heap, p1, 0);
+    must_free(t.heap, m, 0);
+    test_heap_free(&t);
+
+    /* A whole free segment less than half as large again (2 GiB beside
+     * 1.5): the cut comes first. */
+    t = test_heap_new(64 * GiB, NULL);
+    a = must_alloc(t.heap, half, 0);
+    w = must_alloc(t.heap, 2048 * MiB, 0);
+    assert_true(cuh_heap_segment_of(t.heap, w, &seg_w, &size) && size == 2048 * MiB);
+    must_free(t.heap, a, 0);
+    m = must_alloc(t.heap, 768 * MiB, 0);
+    assert_true(cuh_heap_segment_of(t.heap, m, &seg_m, &size) && size == half);
+    must_free(t.heap, w, 0);
+    p1 = must_alloc(t.heap, 192 * MiB, 0);
+    assert_true(cuh_heap_segment_of(t.heap, p1, &base, &size) && base == seg_w);
+    heap_ok(t.heap);
+    must_free(t.heap, p1, 0);
+    must_free(t.heap, m, 0);
+    test_heap_free(&t);
+
+    /* A lone huge block: a cut of a whole free huge segment comes first. */
+    t = test_heap_new(64 * GiB, NULL);
+    uintptr_t x = must_alloc(t.heap, whole, 0), y = must_alloc(t.heap, whole, 0);
+    must_free(t.heap, x, 0);
+    must_free(t.heap, y, 0);
+    uintptr_t big = must_alloc(t.heap, half, 0);   /* cuts one 3 GiB segment, a huge tenant */
+    uintptr_t seg_big, seg_small;
+    assert_true(cuh_heap_segment_of(t.heap, big, &seg_big, &size) && size == whole);
+    uintptr_t small = must_alloc(t.heap, 64 * MiB, 0);
+    assert_true(cuh_heap_segment_of(t.heap, small, &seg_small, &size) && size == whole);
+    assert_true(seg_small != seg_big);
+    heap_ok(t.heap);
+    must_free(t.heap, small, 0);
+    must_free(t.heap, big, 0);
+    test_heap_free(&t);
+
+    /* ... even where the free segment is twice the lone huge block's. */
+    t = test_heap_new(64 * GiB, NULL);
+    x = must_alloc(t.heap, whole, 0);
+    big = must_alloc(t.heap, half - 1536 * KiB, 0);   /* 1.5 MiB of room beside it */
+    assert_true(cuh_heap_segment_of(t.heap, big, &seg_big, &size) && size == half);
+    must_free(t.heap, x, 0);
+    small = must_alloc(t.heap, MiB, 0);
+    assert_true(cuh_heap_segment_of(t.heap, small, &seg_small, &size) && size == whole);
+    heap_ok(t.heap);
+    must_free(t.heap, small, 0);
+    must_free(t.heap, big, 0);
     test_heap_free(&t);
 }
 
@@ -3872,6 +3957,7 @@ int main(void)
         cmocka_unit_test(test_a_huge_size_released_idle_gets_its_own_segment_when_it_returns),
         cmocka_unit_test(test_a_released_huge_size_with_a_live_block_cuts_instead_of_growing),
         cmocka_unit_test(test_room_beside_a_lone_huge_block_is_used_last),
+        cmocka_unit_test(test_room_in_huge_segments_comes_in_order),
         cmocka_unit_test(test_cudafree_memory_comes_back_before_a_huge_segment_is_cut),
         cmocka_unit_test(test_device_fences_take_back_at_every_malloc_and_cover_every_stream),
         cmocka_unit_test(test_device_fences_take_back_whatever_is_held_before_a_search),
