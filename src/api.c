@@ -5,6 +5,7 @@
  * CUHEAP_CONF. A bad CUHEAP_CONF stops the program with a message naming the
  * key: a job must not run on settings it did not ask for.
  */
+#include "callers.h"
 #include "common.h"
 #include "pinned.h"
 #include "runtime.h"
@@ -135,6 +136,7 @@ void cuh_runtime_reset(void)
     cuh_trace_writer_close(rt.trace);
     rt.trace = NULL;
     rt.sim_capacity = 0;
+    cuh_callers_reset();
     pthread_mutex_unlock(&runtime_lock);
 }
 
@@ -394,6 +396,7 @@ void cuh_runtime_drop_heap(int device)
     atomic_fetch_add(&rt.heap_generation[device], 1);
     pthread_mutex_unlock(&runtime_lock);
     retire_pinned_of(device);
+    cuh_callers_forget_device(device);   /* its blocks are gone with it */
     if (h)
         cuh_heap_destroy(h);
     if (dev)
@@ -748,7 +751,10 @@ static cuheap_status_t dump_all(const char *path, cuheap_report_format_t format,
         cuheap_get_host_stats(&host);   /* takes back finished frees first: pending is as of now */
     else if (cache)
         cuh_pinned_stats(cache, &host);   /* no poll: it queries events, and the driver may be gone */
-    const cuheap_host_stats_t *pinned = host.num_allocs || host.reserved.peak ? &host : NULL;
+    cuh_caller_stat_t callers[CUH_CALLERS_MAX];
+    cuh_report_extra_t extra = {.pinned = host.num_allocs || host.reserved.peak ? &host : NULL,
+                                .callers = callers,
+                                .num_callers = cuh_callers_snapshot(callers, CUH_CALLERS_MAX)};
     char file[4096];
     expand_path(path, file, sizeof file);
     int to_stdout = strcmp(file, "-") == 0;
@@ -768,11 +774,11 @@ static cuheap_status_t dump_all(const char *path, cuheap_report_format_t format,
         status = CUHEAP_ERR_IO;
     } else {
         if (format == CUHEAP_REPORT_JSON)
-            cuh_report_json(out, cuh_report_origin_now(), snaps, n, pinned);
+            cuh_report_json(out, cuh_report_origin_now(), snaps, n, &extra);
         else if (format == CUHEAP_REPORT_HTML)
-            cuh_report_html(out, cuh_report_origin_now(), snaps, n, pinned);
+            cuh_report_html(out, cuh_report_origin_now(), snaps, n, &extra);
         else
-            cuh_report_text(out, cuh_report_origin_now(), snaps, n, pinned);
+            cuh_report_text(out, cuh_report_origin_now(), snaps, n, &extra);
         if (to_stdout ? fflush(out) != 0 : fclose(out) != 0) {
             cuh_set_error("writing the report %s failed: %s", file, strerror(errno));
             status = CUHEAP_ERR_IO;

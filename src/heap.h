@@ -26,6 +26,7 @@
 #ifndef CUH_HEAP_H
 #define CUH_HEAP_H
 
+#include "callers.h"
 #include "config.h"
 #include "device.h"
 #include "sizeclass.h"
@@ -286,16 +287,25 @@ typedef struct cuh_report_origin_s {
 } cuh_report_origin_t;
 cuh_report_origin_t cuh_report_origin_now(void);
 
+/* What a report shows after its devices, each part only when there is
+ * something to show: the pinned host memory cache's statistics (NULL when
+ * the process never used pinned memory: no such section, and no
+ * "pinned_host" in the JSON), and the device memory by the library that
+ * asked for it (under LD_PRELOAD; none: no section, no "callers"). */
+typedef struct cuh_report_extra_s {
+    const cuheap_host_stats_t *pinned;
+    const cuh_caller_stat_t *callers;
+    size_t num_callers;
+} cuh_report_extra_t;
+
 /* report.c, report_html.c: render snapshots (several devices make one report)
- * and the pinned host memory cache's statistics after them. pinned is NULL
- * when the process never used pinned memory: the report then has no such
- * section (and its JSON no "pinned_host"). */
+ * and then `extra` (NULL: nothing more). */
 void cuh_report_text(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n,
-                     const cuheap_host_stats_t *pinned);
+                     const cuh_report_extra_t *extra);
 void cuh_report_json(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n,
-                     const cuheap_host_stats_t *pinned);
+                     const cuh_report_extra_t *extra);
 void cuh_report_html(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n,
-                     const cuheap_host_stats_t *pinned);
+                     const cuh_report_extra_t *extra);
 /* The free bytes snapshot segment g strands, as an out-of-memory record
  * counts them (cuh_oom_info_t.stranded): all of a plain segment's free bytes
  * (not the workspace's) when at most 1/8 of it, and some, is in blocks and

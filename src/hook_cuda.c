@@ -9,6 +9,7 @@
  */
 #include "hook_cuda.h"
 
+#include "callers.h"
 #include "common.h"
 #include "pinned.h"
 #include "runtime.h"
@@ -110,41 +111,53 @@ static int cuda_code(cuheap_status_t status)
     }
 }
 
-/* 1 when `caller` lies in a shared library whose file name contains the
- * ipc_callers text. dladdr walks the loaded objects and reading the settings
+/* What the hooks know of a caller: whether it lies in a shared library
+ * whose file name contains the ipc_callers text (its blocks may be shared),
+ * and that library's number in the report's table of callers (-1 if dladdr
+ * cannot name it). dladdr walks the loaded objects and reading the settings
  * takes the runtime's lock, so each thread keeps its last answers (the
  * settings no longer change once a heap serves allocations): allocations
  * come from few call sites. */
-static int caller_shares_blocks(const void *caller)
+typedef struct caller_info_s {
+    int shares;
+    int library;
+} caller_info_t;
+
+static caller_info_t caller_info(const void *caller)
 {
     enum { REMEMBERED = 8 };
     static _Thread_local const void *seen[REMEMBERED];
-    static _Thread_local unsigned char answer[REMEMBERED];
+    static _Thread_local caller_info_t answer[REMEMBERED];
     static _Thread_local unsigned next;
+    caller_info_t info = {0, -1};
     if (!caller)
-        return 0;
+        return info;
     for (unsigned i = 0; i < REMEMBERED; i++)
         if (seen[i] == caller)
             return answer[i];
     const char *text = cuh_runtime_config()->ipc_callers;
-    Dl_info info;
-    int shares = 0;
-    if (text[0] && dladdr(caller, &info) && info.dli_fname) {
-        const char *name = strrchr(info.dli_fname, '/');
-        shares = strstr(name ? name + 1 : info.dli_fname, text) != NULL;
+    Dl_info where;
+    if (dladdr(caller, &where) && where.dli_fname) {
+        const char *name = strrchr(where.dli_fname, '/');
+        name = name ? name + 1 : where.dli_fname;
+        info.shares = text[0] && strstr(name, text) != NULL;
+        info.library = cuh_callers_id(name);
     }
     seen[next % REMEMBERED] = caller;
-    answer[next % REMEMBERED] = (unsigned char)shares;
+    answer[next % REMEMBERED] = info;
     next++;
-    return shares;
+    return info;
 }
 
 int cuh_hook_malloc(const char *fn, void **ptr, size_t size, int device, cuh_hook_stream_t stream,
                     const void *caller)
 {
     interposing();
-    int shareable = stream.device_wide && caller_shares_blocks(caller);
+    caller_info_t who = caller_info(caller);
+    int shareable = stream.device_wide && who.shares;
     cuheap_status_t status = cuh_runtime_malloc(fn, ptr, size, device, stream.device_wide, shareable, stream.stream);
+    if (status == CUHEAP_OK)
+        cuh_callers_alloc((uintptr_t)*ptr, size, device, who.library);
     /* Out of memory was explained already; anything else is unexpected (at
      * most a line a second: a program may retry in a loop). */
     if (status != CUHEAP_OK && status != CUHEAP_ERR_OUT_OF_MEMORY) {
@@ -186,6 +199,8 @@ int cuh_hook_free(const char *fn, void *ptr, cuh_hook_stream_t stream, int *code
     cuheap_status_t status = cuh_runtime_free_owned(fn, ptr, stream.device_wide, stream.stream);
     if (status == CUHEAP_ERR_NOT_OWNED)
         return 0;
+    if (status == CUHEAP_OK)
+        cuh_callers_free((uintptr_t)ptr);
     if (status != CUHEAP_OK)
         print_program_error(fn, ptr);
     *code = cuda_code(status);

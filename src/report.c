@@ -6,7 +6,9 @@
  * "cuheap-report", "version": 1, schema in include/cuheap_report.schema.json).
  * The pinned host memory cache is one per process, not per device: its
  * statistics follow the devices ("pinned_host" in JSON), and only when the
- * process used it, so that reports of device-only jobs stay as they were.
+ * process used it, so that reports of device-only jobs stay as they were;
+ * so does the device memory by the library that asked for it ("callers",
+ * under LD_PRELOAD only).
  */
 #include "common.h"
 #include "heap.h"
@@ -220,13 +222,26 @@ static void text_pinned(FILE *out, const cuheap_host_stats_t *p)
             p->num_allocs, p->num_frees, p->num_waits, p->num_ooms);
 }
 
+/* Device memory by the library that asked for it (LD_PRELOAD): bytes live
+ * now, the most live at once, allocations. */
+static void text_callers(FILE *out, const cuh_caller_stat_t *c, size_t n)
+{
+    char a[32], b[32];
+    fprintf(out, "== device memory by caller (LD_PRELOAD) ==\n");
+    fprintf(out, "  %-40s %14s %14s %12s\n", "library", "live", "peak", "allocations");
+    for (size_t i = 0; i < n; i++)
+        fprintf(out, "  %-40s %14s %14s %12" PRIu64 "\n", c[i].library, cuh_format_bytes(a, sizeof a, c[i].live),
+                cuh_format_bytes(b, sizeof b, c[i].peak), c[i].allocs);
+    fprintf(out, "\n");
+}
+
 cuh_report_origin_t cuh_report_origin_now(void)
 {
     return (cuh_report_origin_t){.pid = (int)getpid(), .time = (long long)time(NULL), .version = CUHEAP_VERSION};
 }
 
 void cuh_report_text(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n,
-                     const cuheap_host_stats_t *pinned)
+                     const cuh_report_extra_t *extra)
 {
     char when[64];
     time_t at = (time_t)origin.time;
@@ -237,8 +252,10 @@ void cuh_report_text(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t 
         fprintf(out, "no device has been used.\n");
     for (size_t i = 0; i < n; i++)
         text_one(out, snaps[i]);
-    if (pinned)
-        text_pinned(out, pinned);
+    if (extra && extra->pinned)
+        text_pinned(out, extra->pinned);
+    if (extra && extra->num_callers)
+        text_callers(out, extra->callers, extra->num_callers);
 }
 
 static void json_stat(FILE *out, const char *name, const cuheap_stat_t *s, int comma)
@@ -398,8 +415,21 @@ static void json_pinned(FILE *out, const cuheap_host_stats_t *p)
             p->num_allocs, p->num_frees, p->num_chunks, p->num_chunk_allocs, p->num_waits, p->num_ooms, p->chunk_size);
 }
 
+/* ,"callers":[{"library":...,"live":...,"peak":...,"allocs":...},...] */
+static void json_callers(FILE *out, const cuh_caller_stat_t *c, size_t n)
+{
+    fputs(",\"callers\":[", out);
+    for (size_t i = 0; i < n; i++) {
+        fputs(i ? ",{\"library\":" : "{\"library\":", out);
+        cuh_json_write_string(out, c[i].library);
+        fprintf(out, ",\"live\":%" PRIu64 ",\"peak\":%" PRIu64 ",\"allocs\":%" PRIu64 "}", c[i].live, c[i].peak,
+                c[i].allocs);
+    }
+    fputc(']', out);
+}
+
 void cuh_report_json(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n,
-                     const cuheap_host_stats_t *pinned)
+                     const cuh_report_extra_t *extra)
 {
     fprintf(out, "{\"schema\":\"cuheap-report\",\"version\":1,\"cuheap\":\"%s\",\"pid\":%d,\"time\":%lld,\"devices\":[",
             origin.version, origin.pid, origin.time);
@@ -409,7 +439,9 @@ void cuh_report_json(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t 
         json_one(out, snaps[i]);
     }
     fputc(']', out);
-    if (pinned)
-        json_pinned(out, pinned);
+    if (extra && extra->pinned)
+        json_pinned(out, extra->pinned);
+    if (extra && extra->num_callers)
+        json_callers(out, extra->callers, extra->num_callers);
     fputs("}\n", out);
 }

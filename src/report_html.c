@@ -7,7 +7,8 @@
  * proof, a timeline of live / reserved / cached bytes, a map of every
  * segment and its blocks, size-class occupancy, and the streams; after the
  * devices, when the process used it, a card for the pinned host memory cache
- * (one per process, not per device).
+ * (one per process, not per device), and under LD_PRELOAD one for the device
+ * memory by the library that asked for it.
  */
 #include "common.h"
 #include "heap.h"
@@ -323,8 +324,23 @@ static void pinned_card(FILE *out, const cuheap_host_stats_t *p)
             p->num_allocs, p->num_frees, p->num_waits, p->num_ooms);
 }
 
+/* Device memory by the library that asked for it (LD_PRELOAD) as a card. */
+static void callers_card(FILE *out, const cuh_caller_stat_t *c, size_t n)
+{
+    char a[32], b[32];
+    fprintf(out, "<section class=card id=callers><h2>Device memory by caller (LD_PRELOAD)</h2>\n"
+                 "<table class=stats><tr><th>library</th><th>live</th><th>peak</th><th>allocations</th></tr>\n");
+    for (size_t i = 0; i < n; i++) {
+        fputs("<tr><td>", out);
+        html_text(out, c[i].library);
+        fprintf(out, "</td><td>%s</td><td>%s</td><td>%" PRIu64 "</td></tr>\n", bytes(a, c[i].live), bytes(b, c[i].peak),
+                c[i].allocs);
+    }
+    fprintf(out, "</table></section>\n");
+}
+
 void cuh_report_html(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t *const *snaps, size_t n,
-                     const cuheap_host_stats_t *pinned)
+                     const cuh_report_extra_t *extra)
 {
     char when[64];
     time_t at = (time_t)origin.time;
@@ -369,7 +385,9 @@ void cuh_report_html(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t 
         classes_table(out, s);
         streams_table(out, s);
     }
-    if (pinned)
-        pinned_card(out, pinned);
+    if (extra && extra->pinned)
+        pinned_card(out, extra->pinned);
+    if (extra && extra->num_callers)
+        callers_card(out, extra->callers, extra->num_callers);
     fprintf(out, "</body></html>\n");
 }

@@ -9,7 +9,8 @@
 # driver symbols, dlsym, cuGetProcAddress, cudaGetDriverEntryPoint); foreign
 # memory passed through; double frees and inner pointers refused; zero sizes
 # and alignment; out of memory; fork; IPC handles (a library named in
-# ipc_callers gets them for its blocks); cudaFree's ordering against
+# ipc_callers gets them for its blocks; the report names it and the program
+# with the bytes each asked for); cudaFree's ordering against
 # pretend kernels on a non-blocking stream; stream destruction; cudaMemGetInfo;
 # cudaDeviceReset; two devices; peer access to virtual memory; pinned host
 # memory (cudaHostAlloc & co. from cuheap's cache: flags, pass-through,
@@ -126,6 +127,21 @@ for runtime in shared static; do
     preload $p-ipc-callers $p ipc-callers NCCL_FAKE_LIB="$programs/libnccl_fake.so"
     expect_pass $p-ipc-callers ipc-callers \
         "$r: a library named libnccl* (its runtime compiled in) gets IPC handles for its blocks, the program not"
+    preload $p-callers $p ipc-callers NCCL_FAKE_LIB="$programs/libnccl_fake.so" CUHEAP_CONF="report:$TMP/$p-callers.json"
+    expect_pass $p-callers ipc-callers "$r: the same with a JSON report written at exit"
+    check "$r: the report's callers: the library (2 allocations, peak 1 MiB + 1000 B) and the program, nothing live" \
+        'python3 - "$TMP/$p-callers.json" "$p" <<'"'"'PY'"'"'
+import json, sys
+callers = {c["library"]: c for c in json.load(open(sys.argv[1]))["callers"]}
+lib, prog = callers["libnccl_fake.so"], callers[sys.argv[2]]
+assert (lib["allocs"], lib["peak"], lib["live"]) == (2, (1 << 20) + 1000, 0), lib
+assert prog["allocs"] >= 2 and prog["peak"] >= 2 << 20 and prog["live"] == 0, prog
+PY'
+    check "$r: cuheap-report renders the callers again (text, HTML), and its JSON is the file itself" \
+        '"$build/cuheap-report" --text "$TMP/$p-callers.json" | grep -A4 "== device memory by caller (LD_PRELOAD) ==" | grep -q "^  libnccl_fake.so  *0 B  *1.00 MiB  *2$" &&
+         "$build/cuheap-report" --json "$TMP/$p-callers.json" | cmp -s - "$TMP/$p-callers.json" &&
+         "$build/cuheap-report" --html "$TMP/$p-callers.json" | grep -q "<section class=card id=callers>.*" &&
+         "$build/cuheap-report" --html "$TMP/$p-callers.json" | grep -q "<tr><td>libnccl_fake.so</td><td>0 B</td>"'
     preload $p-ipc-callers-off $p ipc-callers NCCL_FAKE_LIB="$programs/libnccl_fake.so" CUHEAP_CONF=ipc_callers:none
     check "$r: with ipc_callers:none the library's block is refused, naming ipc_callers" \
         'grep -q "ipc_callers" "$TMP/$p-ipc-callers-off.err" && ! grep -qx "ok ipc-callers" "$TMP/$p-ipc-callers-off.out"'

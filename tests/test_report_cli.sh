@@ -11,11 +11,13 @@
 # present in one report only are listed as such; --merge sets three reports
 # in one table with exact sums and names the out-of-memory. The pinned host
 # memory section ("pinned_host", added to a replay's report as the library
-# writes it) round-trips and is rendered after the devices in text and HTML;
-# a report without it gets none. Broken inputs: a truncated
+# writes it) and the device memory by caller ("callers", after it) round-trip
+# and are rendered after the devices in text and HTML; a report without them
+# gets none. Broken inputs: a truncated
 # file, bad JSON, a wrong schema or version, a missing or mistyped field,
-# pinned_host included (status 1, with file:line:column or the field's JSON
-# path); parts that contradict each other (extents that do not tile their
+# pinned_host and callers included (status 1, with file:line:column or the
+# field's JSON path; a library with more bytes live than its peak, more
+# libraries than a report can hold); parts that contradict each other (extents that do not tile their
 # segment, overlapping segments, more requested than a block holds, a plain
 # segment not mapped whole, a timeline out of order or with more live than
 # reserved, a reserved total other than the segments'), each named; 200
@@ -233,6 +235,62 @@ if [ "$merge_rc" -eq 0 ] && [ "$rc" -eq 0 ]; then
 else
     not_ok "pinned: --merge and --compare read a report with pinned_host" \
         "$(cat "$TMP/pinned_merge.err" "$TMP/pinned_cmp.err")"
+fi
+
+# ---- device memory by caller -------------------------------------------------------
+# A replay has no callers: no section in any form. The array as the library
+# writes it under LD_PRELOAD (tests/test_preload.sh checks one a program
+# wrote), after the devices and pinned_host.
+if ! grep -q '"callers"' "$TMP/ok.json" "$TMP/ok.json.out" && ! grep -q 'by caller' "$TMP/ok.txt.out" &&
+    ! grep -q 'id=callers' "$TMP/ok.html.out"; then
+    ok "a report without callers has no callers section (JSON, text, HTML)"
+else
+    not_ok "a report without callers has no callers section" "$(grep -l 'callers' "$TMP"/ok.*)"
+fi
+callers='"callers":[{"library":"libc10_cuda.so","live":25769803776,"peak":26306674688,"allocs":29131},'
+callers+='{"library":"libcublasLt.so.13","live":67108864,"peak":67108864,"allocs":8}]'
+sed '$ s/}$/,'"$callers"'}/' "$TMP/pinned.json" >"$TMP/callers.json"
+run callers_json --json "$TMP/callers.json"
+if [ "$rc" -eq 0 ] && cmp -s "$TMP/callers_json.out" "$TMP/callers.json" && [[ "$(tail -n 1 "$TMP/callers.json")" == *",$callers}" ]]; then
+    ok "callers: --json reproduces a report with callers byte for byte"
+else
+    not_ok "callers: --json reproduces callers" "status $rc: $(cat "$TMP/callers_json.err")
+$(cmp "$TMP/callers_json.out" "$TMP/callers.json" 2>&1)"
+fi
+{
+    echo "== device memory by caller (LD_PRELOAD) =="
+    printf '  %-40s %14s %14s %12s\n' library live peak allocations
+    printf '  %-40s %14s %14s %12s\n' libc10_cuda.so "24.00 GiB" "24.50 GiB" 29131
+    printf '  %-40s %14s %14s %12s\n' libcublasLt.so.13 "64.00 MiB" "64.00 MiB" 8
+    echo
+} >"$TMP/callers.want"
+run callers_text --text "$TMP/callers.json"
+if [ "$rc" -ne 0 ]; then
+    not_ok "callers: --text exits 0" "status $rc: $(cat "$TMP/callers_text.err")"
+elif ! diff <(cat "$TMP/ok.txt.out" "$TMP/pinned.want" "$TMP/callers.want") "$TMP/callers_text.out" >"$TMP/diff" 2>&1; then
+    not_ok "callers: --text is the report's text, the pinned section, then the callers" "$(cat "$TMP/diff")"
+else
+    ok "callers: --text is the report's text, the pinned section, then the callers with every figure"
+fi
+run callers_html --html "$TMP/callers.json"
+card=$(sed -n '/<section class=card id=callers>/,/<\/section>/p' "$TMP/callers_html.out")
+if [ "$rc" -eq 0 ] && grep -q '<h2>Device memory by caller (LD_PRELOAD)</h2>' <<<"$card" &&
+    grep -q '<tr><td>libc10_cuda.so</td><td>24.00 GiB</td><td>24.50 GiB</td><td>29131</td></tr>' <<<"$card" &&
+    grep -q '<tr><td>libcublasLt.so.13</td><td>64.00 MiB</td><td>64.00 MiB</td><td>8</td></tr>' <<<"$card" &&
+    diff <(grep -v 'id=callers' "$TMP/pinned_html.out") <(sed '/<section class=card id=callers>/,/<\/section>/d' "$TMP/callers_html.out") >/dev/null; then
+    ok "callers: --html adds the callers card after the pinned one, and nothing else"
+else
+    not_ok "callers: --html shows the callers card" "status $rc: $(cat "$TMP/callers_html.err")
+$card"
+fi
+run callers_merge --merge "$TMP/callers.json" "$TMP/oom.json"
+merge_rc=$rc
+run callers_cmp --compare "$TMP/callers.json" "$TMP/ok.json"
+if [ "$merge_rc" -eq 0 ] && [ "$rc" -eq 0 ]; then
+    ok "callers: --merge and --compare read a report with callers"
+else
+    not_ok "callers: --merge and --compare read a report with callers" \
+        "$(cat "$TMP/callers_merge.err" "$TMP/callers_cmp.err")"
 fi
 
 # ---- --compare ---------------------------------------------------------------------
@@ -467,6 +525,26 @@ refused_naming "a malformed pinned_host exits 1 naming the key" \
     "pinned_missing:pinned_host\.reserved\.peak: missing" \
     "pinned_nokey:pinned_host\.chunk_size: missing" \
     "pinned_array:pinned_host: expected an object, found an array"
+
+# A malformed callers array is named too.
+python3 - "$TMP/callers.json" "$TMP" <<'PY'
+import json, sys
+src, tmp = sys.argv[1], sys.argv[2]
+def write(name, change):
+    d = json.load(open(src))
+    change(d)
+    json.dump(d, open(tmp + "/" + name + ".json", "w"), indent=1)
+write("callers_object", lambda d: d.update(callers={"library": "x"}))
+write("callers_above", lambda d: d["callers"][1].update(live=67108865))
+write("callers_nolib", lambda d: d["callers"][0].pop("library"))
+write("callers_many", lambda d: d.update(callers=[{"library": "l%d" % i, "live": 0, "peak": 1, "allocs": 1}
+                                                  for i in range(33)]))
+PY
+refused_naming "a malformed callers array exits 1 naming the place" \
+    "callers_object:callers: expected an array, found an object" \
+    "callers_above:callers\[1\]: 67108865 bytes live, above the peak of 67108864" \
+    "callers_nolib:callers\[0\]\.library: missing" \
+    "callers_many:callers: 33 libraries (at most 32)"
 
 # Parts that contradict each other: refused, naming the place.
 python3 - "$TMP/oom.json" "$TMP" <<'PY'

@@ -17,8 +17,10 @@
  * out-of-memory named.
  *
  * The optional "pinned_host" (the pinned host memory cache's statistics,
- * present when the process used it) is read back too and rendered after
- * the devices; --compare and --merge look at the devices only.
+ * present when the process used it) and "callers" (device memory by the
+ * library that asked for it, under LD_PRELOAD) are read back too and
+ * rendered after the devices; --compare and --merge look at the devices
+ * only.
  *
  * Every field the schema requires must be there with the right type: a
  * missing or wrong one is named by its JSON path
@@ -72,6 +74,8 @@ typedef struct report_s {
     const cuh_json_t **device_nodes;   /* devices[i], for messages */
     int has_pinned;                    /* "pinned_host" was there */
     cuheap_host_stats_t pinned;
+    cuh_caller_stat_t callers[CUH_CALLERS_MAX];   /* "callers", when there */
+    size_t num_callers;
 } report_t;
 
 static void usage(FILE *f)
@@ -1001,6 +1005,33 @@ static void read_pinned(reader_t *r, const cuh_json_t *root, report_t *rep)
     path_pop(r, saved);
 }
 
+/* The optional top-level "callers" (device memory by the library that
+ * asked for it, under LD_PRELOAD): an array of at most CUH_CALLERS_MAX
+ * objects with "library", "live", "peak" and "allocs", no library's live
+ * bytes above its peak. */
+static void read_callers(reader_t *r, const cuh_json_t *root, report_t *rep)
+{
+    size_t saved, item;
+    const cuh_json_t *a = opt_node(r, root, "callers", CUH_JSON_ARRAY, &saved);
+    if (a && a->v.array.n > CUH_CALLERS_MAX)
+        fail(r, a, "%zu libraries (at most %d)", a->v.array.n, CUH_CALLERS_MAX);
+    for (size_t i = 0; a && !r->failed && i < a->v.array.n; i++) {
+        const cuh_json_t *o = get_item(r, a, i, &item);
+        if (o) {
+            cuh_caller_stat_t *c = &rep->callers[rep->num_callers];
+            copy_string(r, o, "library", 1, c->library, sizeof c->library);
+            c->live = get_u64(r, o, "live", UINT64_MAX);
+            c->peak = get_u64(r, o, "peak", UINT64_MAX);
+            c->allocs = get_u64(r, o, "allocs", UINT64_MAX);
+            if (!r->failed && c->live > c->peak)
+                fail(r, o, "%" PRIu64 " bytes live, above the peak of %" PRIu64, c->live, c->peak);
+            rep->num_callers++;
+        }
+        path_pop(r, item);
+    }
+    path_pop(r, saved);
+}
+
 static void report_free(report_t *rep)
 {
     for (size_t i = 0; i < rep->num_snaps; i++)
@@ -1089,6 +1120,8 @@ static int report_load(const char *file, report_t *rep)
     path_pop(&r, saved);
     if (!r.failed)
         read_pinned(&r, root, rep);
+    if (!r.failed)
+        read_callers(&r, root, rep);
     if (r.failed)
         return -1;
     rep->origin.version = rep->version;
@@ -1097,11 +1130,14 @@ static int report_load(const char *file, report_t *rep)
 
 /* ---- output ---------------------------------------------------------------- */
 
-/* What the renderers take: NULL for a report without "pinned_host", so that
- * one without it is rendered again without it. */
-static const cuheap_host_stats_t *report_pinned(const report_t *rep)
+/* What the renderers take after the devices: no pinned statistics for a
+ * report without "pinned_host", no callers for one without "callers", so
+ * that a report is rendered again as it was. */
+static cuh_report_extra_t report_extra(const report_t *rep)
 {
-    return rep->has_pinned ? &rep->pinned : NULL;
+    return (cuh_report_extra_t){.pinned = rep->has_pinned ? &rep->pinned : NULL,
+                                .callers = rep->callers,
+                                .num_callers = rep->num_callers};
 }
 
 static FILE *open_output(const char *path)
@@ -1586,6 +1622,7 @@ int main(int argc, char **argv)
     if (rc == 0 && !out)
         rc = 1;
     if (out) {
+        const cuh_report_extra_t extra = report_extra(&reps[0]);
         if (o.merge && o.format == FORMAT_JSON)
             merge_json(out, reps, o.num_files);
         else if (o.merge)
@@ -1595,11 +1632,11 @@ int main(int argc, char **argv)
         else if (o.compare)
             compare_text(out, &reps[0], &reps[1], devices, num_devices);
         else if (o.format == FORMAT_JSON)
-            cuh_report_json(out, reps[0].origin, reps[0].snaps, reps[0].num_snaps, report_pinned(&reps[0]));
+            cuh_report_json(out, reps[0].origin, reps[0].snaps, reps[0].num_snaps, &extra);
         else if (o.format == FORMAT_HTML)
-            cuh_report_html(out, reps[0].origin, reps[0].snaps, reps[0].num_snaps, report_pinned(&reps[0]));
+            cuh_report_html(out, reps[0].origin, reps[0].snaps, reps[0].num_snaps, &extra);
         else
-            cuh_report_text(out, reps[0].origin, reps[0].snaps, reps[0].num_snaps, report_pinned(&reps[0]));
+            cuh_report_text(out, reps[0].origin, reps[0].snaps, reps[0].num_snaps, &extra);
         if (close_output(out, o.output) != 0)
             rc = 1;
     }
