@@ -201,7 +201,7 @@ int cuh_hook_free(const char *fn, void *ptr, cuh_hook_stream_t stream, int *code
         return 0;
     if (status == CUHEAP_OK)
         cuh_callers_free((uintptr_t)ptr);
-    if (status != CUHEAP_OK)
+    else
         print_program_error(fn, ptr);
     *code = cuda_code(status);
     return 1;

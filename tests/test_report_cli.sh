@@ -178,19 +178,41 @@ if ! grep -q '"pinned_host"' "$TMP/ok.json" "$TMP/ok.json.out" && ! grep -q 'pin
 else
     not_ok "a report without pinned memory has no pinned section" "$(grep -l 'pinned' "$TMP"/ok.*)"
 fi
+# A section after the devices, as the library writes it: with_section NAME
+# KEY FRAGMENT BASE writes $TMP/NAME.json, BASE's report with FRAGMENT (the
+# top-level member KEY) added at its end, and checks that --json reproduces
+# it byte for byte.
+with_section() {
+    local name=$1 key=$2 fragment=$3 base=$4
+    sed '$ s/}$/,'"$fragment"'}/' "$base" >"$TMP/$name.json"
+    run "${name}_json" --json "$TMP/$name.json"
+    if [ "$rc" -eq 0 ] && cmp -s "$TMP/${name}_json.out" "$TMP/$name.json" &&
+        [[ "$(tail -n 1 "$TMP/$name.json")" == *",$fragment}" ]]; then
+        ok "$name: --json reproduces a report with $key byte for byte"
+    else
+        not_ok "$name: --json reproduces $key" "status $rc: $(cat "$TMP/${name}_json.err")
+$(cmp "$TMP/${name}_json.out" "$TMP/$name.json" 2>&1)"
+    fi
+}
+# merge_and_compare_read NAME KEY: --merge and --compare read $TMP/NAME.json.
+merge_and_compare_read() {
+    local name=$1 key=$2 merge_rc
+    run "${name}_merge" --merge "$TMP/$name.json" "$TMP/oom.json"
+    merge_rc=$rc
+    run "${name}_cmp" --compare "$TMP/$name.json" "$TMP/ok.json"
+    if [ "$merge_rc" -eq 0 ] && [ "$rc" -eq 0 ]; then
+        ok "$name: --merge and --compare read a report with $key"
+    else
+        not_ok "$name: --merge and --compare read a report with $key" \
+            "$(cat "$TMP/${name}_merge.err" "$TMP/${name}_cmp.err")"
+    fi
+}
 # The object as the library writes it, after the devices (tests/test_api.c
 # checks a report of real pinned allocations).
 pinned='"pinned_host":{"requested":{"current":5000,"peak":1053576},"allocated":{"current":8192,"peak":1056768},'
 pinned+='"reserved":{"current":67108864,"peak":67108864},"pending":{"current":1048576,"peak":1048576},"num_allocs":7,'
 pinned+='"num_frees":6,"num_chunks":2,"num_chunk_allocs":3,"num_waits":4,"num_ooms":1,"chunk_size":33554432}'
-sed '$ s/}$/,'"$pinned"'}/' "$TMP/ok.json" >"$TMP/pinned.json"
-run pinned_json --json "$TMP/pinned.json"
-if [ "$rc" -eq 0 ] && cmp -s "$TMP/pinned_json.out" "$TMP/pinned.json" && grep -q "$pinned}\$" "$TMP/pinned.json"; then
-    ok "pinned: --json reproduces a report with pinned_host byte for byte"
-else
-    not_ok "pinned: --json reproduces pinned_host" "status $rc: $(cat "$TMP/pinned_json.err")
-$(cmp "$TMP/pinned_json.out" "$TMP/pinned.json" 2>&1)"
-fi
+with_section pinned pinned_host "$pinned" "$TMP/ok.json"
 row() { printf '  %-22s %14s %14s\n' "$@"; }
 {
     echo "== pinned host memory =="
@@ -227,15 +249,7 @@ else
     not_ok "pinned: --html shows the pinned card after the devices" "status $rc: $(cat "$TMP/pinned_html.err")
 $card"
 fi
-run pinned_merge --merge "$TMP/pinned.json" "$TMP/oom.json"
-merge_rc=$rc
-run pinned_cmp --compare "$TMP/pinned.json" "$TMP/ok.json"
-if [ "$merge_rc" -eq 0 ] && [ "$rc" -eq 0 ]; then
-    ok "pinned: --merge and --compare read a report with pinned_host"
-else
-    not_ok "pinned: --merge and --compare read a report with pinned_host" \
-        "$(cat "$TMP/pinned_merge.err" "$TMP/pinned_cmp.err")"
-fi
+merge_and_compare_read pinned pinned_host
 
 # ---- device memory by caller -------------------------------------------------------
 # A replay has no callers: no section in any form. The array as the library
@@ -249,14 +263,7 @@ else
 fi
 callers='"callers":[{"library":"libc10_cuda.so","live":25769803776,"peak":26306674688,"allocs":29131},'
 callers+='{"library":"libcublasLt.so.13","live":67108864,"peak":67108864,"allocs":8}]'
-sed '$ s/}$/,'"$callers"'}/' "$TMP/pinned.json" >"$TMP/callers.json"
-run callers_json --json "$TMP/callers.json"
-if [ "$rc" -eq 0 ] && cmp -s "$TMP/callers_json.out" "$TMP/callers.json" && [[ "$(tail -n 1 "$TMP/callers.json")" == *",$callers}" ]]; then
-    ok "callers: --json reproduces a report with callers byte for byte"
-else
-    not_ok "callers: --json reproduces callers" "status $rc: $(cat "$TMP/callers_json.err")
-$(cmp "$TMP/callers_json.out" "$TMP/callers.json" 2>&1)"
-fi
+with_section callers callers "$callers" "$TMP/pinned.json"
 {
     echo "== device memory by caller (LD_PRELOAD) =="
     printf '  %-40s %14s %14s %12s\n' library live peak allocations
@@ -283,15 +290,7 @@ else
     not_ok "callers: --html shows the callers card" "status $rc: $(cat "$TMP/callers_html.err")
 $card"
 fi
-run callers_merge --merge "$TMP/callers.json" "$TMP/oom.json"
-merge_rc=$rc
-run callers_cmp --compare "$TMP/callers.json" "$TMP/ok.json"
-if [ "$merge_rc" -eq 0 ] && [ "$rc" -eq 0 ]; then
-    ok "callers: --merge and --compare read a report with callers"
-else
-    not_ok "callers: --merge and --compare read a report with callers" \
-        "$(cat "$TMP/callers_merge.err" "$TMP/callers_cmp.err")"
-fi
+merge_and_compare_read callers callers
 
 # ---- --compare ---------------------------------------------------------------------
 run cmp_text --compare "$TMP/oom.json" "$TMP/ok.json"
