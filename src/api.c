@@ -843,10 +843,24 @@ static int write_configured_report(int ask_device)
     return written;
 }
 
+/* Under LD_PRELOAD, adds to the out-of-memory error the libraries that hold
+ * device memory now: whether the framework itself, or a library beside it,
+ * holds what is missing. The C API and the plugin record no callers. */
+static void name_callers_in_error(void)
+{
+    char clause[CUH_CALLERS_SUMMARY_MAX];
+    if (!cuh_callers_live_summary(clause, sizeof clause))
+        return;
+    char error[CUH_ERROR_MAX];
+    snprintf(error, sizeof error, "%s", cuh_get_error());
+    cuh_set_error("%s; %s", error, clause);
+}
+
 /* An out-of-memory: its explanation on stderr and the report, each at most
  * once a second. */
 static void explain_oom(void)
 {
+    name_callers_in_error();
     cuh_log_error_rate_limited("CUDA out of memory");
     if (!rt.reports_armed)
         return;

@@ -13,6 +13,7 @@
 #include "ptrmap.h"
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -160,6 +161,42 @@ size_t cuh_callers_snapshot(cuh_caller_stat_t *out, size_t max)
         kept = max;
     memcpy(out, all, kept * sizeof all[0]);
     return kept;
+}
+
+/* Appends to out (len bytes, used of them taken), cutting what does not
+ * fit; returns the length now. */
+static size_t append(char *out, size_t len, size_t used, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(out + used, len - used, fmt, ap);
+    va_end(ap);
+    used += w > 0 ? (size_t)w : 0;
+    return used < len ? used : len - 1;
+}
+
+size_t cuh_callers_live_summary(char *out, size_t len)
+{
+    enum { SHOWN = 3 };
+    if (!len)
+        return 0;
+    out[0] = '\0';
+    cuh_caller_stat_t callers[CUH_CALLERS_MAX];
+    size_t n = cuh_callers_snapshot(callers, CUH_CALLERS_MAX);
+    size_t holding = 0;
+    while (holding < n && callers[holding].live)
+        holding++;   /* most bytes live first */
+    if (!holding)
+        return 0;
+    size_t used = append(out, len, 0, "device memory live by calling library (every device):");
+    for (size_t i = 0; i < holding && i < SHOWN; i++) {
+        char bytes[32];
+        used = append(out, len, used, "%s %s %s", i ? "," : "", callers[i].library,
+                      cuh_format_bytes(bytes, sizeof bytes, callers[i].live));
+    }
+    if (holding > SHOWN)
+        used = append(out, len, used, " and %zu more (a report:PATH names each)", holding - SHOWN);
+    return used;
 }
 
 void cuh_callers_reset(void)

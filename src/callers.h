@@ -41,6 +41,13 @@ void cuh_callers_free(uintptr_t ptr);
 /* Up to `max` libraries, most bytes live first (ties: the higher peak, then
  * the name); returns how many. */
 size_t cuh_callers_snapshot(cuh_caller_stat_t *out, size_t max);
+/* Room for cuh_callers_live_summary's text. */
+#define CUH_CALLERS_SUMMARY_MAX (3 * (CUH_CALLER_NAME_MAX + 24) + 128)
+/* For an out-of-memory message: "device memory live by calling library
+ * (every device): A 1.00 GiB, B 64.00 MiB, C 1.00 KiB and 2 more (a
+ * report:PATH names each)", the three with the most bytes live; returns its
+ * length, 0 (and an empty string) when no library holds any. */
+size_t cuh_callers_live_summary(char *out, size_t len);
 /* The blocks of `device` are gone with it (a device reset): their bytes no
  * longer count as live. */
 void cuh_callers_forget_device(int device);

@@ -92,8 +92,9 @@ void cuh_escape_unprintable(const char *in, char *out, size_t len);
 char *cuh_format_bytes(char *buf, size_t len, uint64_t bytes);
 
 /* Room for an error message: an out-of-memory's is the longest (its
- * figures, what strands memory, and up to 383 bytes of advice). */
-#define CUH_ERROR_MAX 1024
+ * figures, what strands memory, up to 383 bytes of advice, and under
+ * LD_PRELOAD up to about 400 bytes naming the libraries that hold memory). */
+#define CUH_ERROR_MAX 2048
 
 /* The calling thread's last error message (what cuheap_last_error returns). */
 void cuh_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

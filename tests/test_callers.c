@@ -8,7 +8,9 @@
  * between (a free that was missed) counts once; a device's reset takes its
  * blocks out of the live bytes, even from long probe runs of the maps, and
  * leaves other devices' alone. The snapshot lists the most bytes live
- * first and leaves out libraries that never allocated. Eight threads that
+ * first and leaves out libraries that never allocated. The out-of-memory
+ * summary names the three with the most bytes live, counts the rest, says
+ * nothing when none holds any, and is cut to its buffer. Eight threads that
  * allocate and free their own blocks leave every count exact (and
  * ThreadSanitizer sees no race).
  */
@@ -103,6 +105,38 @@ static void test_live_peak_and_allocations_follow_allocs_and_frees(void **state)
     assert_int_equal(find(c, n, "libc10_cuda.so")->peak, 7500);
 }
 
+static void test_the_live_summary_names_the_three_holding_most(void **state)
+{
+    (void)state;
+    char text[CUH_CALLERS_SUMMARY_MAX];
+    assert_int_equal(cuh_callers_live_summary(text, sizeof text), 0);   /* nobody allocated */
+    assert_string_equal(text, "");
+    int freed = cuh_callers_id("libfreed.so");
+    cuh_callers_alloc(0x90000, 1 << 20, 0, freed);
+    cuh_callers_free(0x90000);
+    assert_int_equal(cuh_callers_live_summary(text, sizeof text), 0);   /* nothing live */
+    cuh_callers_alloc(0x10000, 1024, 0, cuh_callers_id("libc.so"));
+    cuh_callers_alloc(0x20000, (size_t)3 << 30, 1, cuh_callers_id("libc10_cuda.so"));
+    cuh_callers_alloc(0x30000, 512, 0, cuh_callers_id("libd.so"));
+    cuh_callers_alloc(0x40000, 64 << 20, 0, cuh_callers_id("libcublas.so.13"));
+    cuh_callers_alloc(0x50000, 100, 0, cuh_callers_id("libe.so"));
+    const char *want = "device memory live by calling library (every device): libc10_cuda.so 3.00 GiB, "
+                       "libcublas.so.13 64.00 MiB, libc.so 1.00 KiB and 2 more (a report:PATH names each)";
+    assert_int_equal(cuh_callers_live_summary(text, sizeof text), strlen(want));
+    assert_string_equal(text, want);
+    /* Cut to what fits, the length what was written. */
+    char small[40];
+    assert_int_equal(cuh_callers_live_summary(small, sizeof small), sizeof small - 1);
+    assert_memory_equal(small, want, sizeof small - 1);
+    assert_int_equal(small[sizeof small - 1], '\0');
+    cuh_callers_free(0x30000);
+    cuh_callers_free(0x50000);
+    cuh_callers_free(0x10000);
+    want = "device memory live by calling library (every device): libc10_cuda.so 3.00 GiB, libcublas.so.13 64.00 MiB";
+    assert_int_equal(cuh_callers_live_summary(text, sizeof text), strlen(want));
+    assert_string_equal(text, want);
+}
+
 static void test_a_reset_device_takes_its_blocks_out(void **state)
 {
     (void)state;
@@ -165,6 +199,7 @@ int main(void)
         cmocka_unit_test_setup(test_names_get_one_number_each, reset),
         cmocka_unit_test_setup(test_after_31_libraries_the_rest_are_other_libraries, reset),
         cmocka_unit_test_setup(test_live_peak_and_allocations_follow_allocs_and_frees, reset),
+        cmocka_unit_test_setup(test_the_live_summary_names_the_three_holding_most, reset),
         cmocka_unit_test_setup(test_a_reset_device_takes_its_blocks_out, reset),
         cmocka_unit_test_setup(test_threads_leave_every_count_exact, reset),
     };

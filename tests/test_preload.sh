@@ -8,7 +8,7 @@
 # way in (runtime symbols, static runtime through dlsym + cuGetProcAddress,
 # driver symbols, dlsym, cuGetProcAddress, cudaGetDriverEntryPoint); foreign
 # memory passed through; double frees and inner pointers refused; zero sizes
-# and alignment; out of memory; fork; IPC handles (a library named in
+# and alignment; out of memory (the error names the library holding memory); fork; IPC handles (a library named in
 # ipc_callers gets them for its blocks; the report names it and the program
 # with the bytes each asked for); cudaFree's ordering against
 # pretend kernels on a non-blocking stream; stream destruction; cudaMemGetInfo;
@@ -97,6 +97,8 @@ for runtime in shared static; do
     expect_pass $p-oom out-of-memory "$r: a request beyond the device returns 2 (cudaErrorMemoryAllocation)"
     check "$r: cuheap explains the out-of-memory on stderr" \
         'grep -q "cuheap: CUDA out of memory: out of memory on device 0" "$TMP/$p-oom.err"'
+    check "$r: the out-of-memory names the program as holding its 3 MiB" \
+        'grep -q "; device memory live by calling library (every device): $p 3.00 MiB$" "$TMP/$p-oom.err"'
 
     mkdir -p "$TMP/reports-$p"
     preload $p-fork $p fork CUHEAP_CONF="report:$TMP/reports-$p/r-%p.json"

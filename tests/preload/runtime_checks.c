@@ -331,6 +331,8 @@ static void check_out_of_memory(void)
 {
     start_runtime();
     fake_cuda_calls_t fc = fake_calls(&fake);
+    void *held = NULL;   /* the error names the program as holding it */
+    expect(cudaMalloc(&held, 3 * MiB) == cudaSuccess && held, "cudaMalloc(3 MiB) failed");
     void *p = (void *)1;
     int rc = cudaMalloc(&p, fc.capacity + 64 * MiB);
     expect(rc == cudaErrorMemoryAllocation, "cudaMalloc beyond the device returned %d, not 2", rc);
@@ -338,6 +340,7 @@ static void check_out_of_memory(void)
     void *small = NULL;
     expect(cudaMalloc(&small, 1 * MiB) == cudaSuccess && small, "cudaMalloc after an OOM failed");
     cudaFree(small);
+    cudaFree(held);
     cuheap_stats_t st;
     heap_stats(&st);
     expect(st.num_ooms >= 1, "cuheap counted no out-of-memory");
