@@ -4973,6 +4973,7 @@ cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h, int ask_device)
     snap->device_kind = h->dev->kind;
     snap->config = h->cfg;
     snap->device_total = h->device_total;
+    snap->device_free_unknown = !ask_device;
     if (ask_device)
         h->dev->ops->mem_info(h->dev, &snap->device_free, &snap->device_total);
     size_t num_extents = 0;

@@ -255,6 +255,7 @@ typedef struct cuh_heap_snapshot_s {
     cuheap_stats_t stats;
     cuh_config_t config;
     size_t device_free, device_total;
+    int device_free_unknown;  /* the device was not asked (a report at exit): device_free is 0 */
     cuh_snap_segment_t *segments;
     size_t num_segments;
     cuh_snap_extent_t *extents;
@@ -274,7 +275,8 @@ typedef struct cuh_heap_snapshot_s {
 
 /* A consistent copy of the heap's state; NULL if out of host memory.
  * ask_device 0 makes no device call (at process exit the driver may be
- * gone): device_free is then 0 and device_total the one known. */
+ * gone): device_free is then 0, device_free_unknown 1, and device_total
+ * the one known. */
 cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *heap, int ask_device);
 void cuh_heap_snapshot_free(cuh_heap_snapshot_t *snap);
 

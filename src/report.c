@@ -129,9 +129,13 @@ static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
     cuh_report_stranded_note(s, note, sizeof note);
     if (note[0])
         fprintf(out, "; stranded %s", note);
-    fprintf(out, "\n  device: %s free of %s", cuh_format_bytes(a, sizeof a, s->device_free),
-            cuh_format_bytes(b, sizeof b, s->device_total));
-    if (s->device_total > s->device_free + st->reserved.current)
+    if (s->device_free_unknown)
+        fprintf(out, "\n  device: %s; free not asked (a report at exit makes no device call)",
+                cuh_format_bytes(b, sizeof b, s->device_total));
+    else
+        fprintf(out, "\n  device: %s free of %s", cuh_format_bytes(a, sizeof a, s->device_free),
+                cuh_format_bytes(b, sizeof b, s->device_total));
+    if (!s->device_free_unknown && s->device_total > s->device_free + st->reserved.current)
         fprintf(out, ", %s used outside cuheap",
                 cuh_format_bytes(c, sizeof c, s->device_total - s->device_free - st->reserved.current));
     if (st->limit)
@@ -321,7 +325,8 @@ static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
             st->num_allocs, st->num_frees, st->num_segment_allocs, st->num_segment_frees, st->num_cache_hits,
             st->num_retries, st->num_ooms, st->largest_free_extent, st->num_free_extents, fragmentation(st), st->limit,
             st->workspace, st->num_cpu_waits);
-    fprintf(out, "\"device_memory\":{\"free\":%zu,\"total\":%zu},\"segments\":[", s->device_free, s->device_total);
+    fprintf(out, "\"device_memory\":{\"free\":%zu,\"total\":%zu%s},\"segments\":[", s->device_free, s->device_total,
+            s->device_free_unknown ? ",\"free_unknown\":true" : "");
     for (size_t i = 0; i < s->num_segments; i++) {
         const cuh_snap_segment_t *g = &s->segments[i];
         fprintf(out, "%s{\"base\":%" PRIu64 ",\"size\":%" PRIu64 ",\"workspace\":%s,\"virtual\":%s,\"mapped\":%" PRIu64,

@@ -374,7 +374,9 @@ void cuh_report_html(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t 
         cuh_config_format(&s->config, conf, sizeof conf);
         fprintf(out, "<h2>Device %d (%s)</h2>\n<p class=counts>settings: %s &middot; device %s", s->device,
                 s->device_kind, conf, bytes(a, s->device_total));
-        if (s->device_free)
+        if (s->device_free_unknown)
+            fprintf(out, ", free not asked (a report at exit makes no device call)");
+        else
             fprintf(out, ", %s free", bytes(b, s->device_free));
         fprintf(out, "</p>\n");
         if (s->has_oom)

@@ -139,6 +139,9 @@ lib, prog = callers["libnccl_fake.so"], callers[sys.argv[2]]
 assert (lib["allocs"], lib["peak"], lib["live"]) == (2, (1 << 20) + 1000, 0), lib
 assert prog["allocs"] >= 2 and prog["peak"] >= 2 << 20 and prog["live"] == 0, prog
 PY'
+    check "$r: the report at exit did not ask the device how much is free, and says so" \
+        'grep -q "\"device_memory\":{\"free\":0,\"total\":[0-9]*,\"free_unknown\":true}" "$TMP/$p-callers.json" &&
+         "$build/cuheap-report" --text "$TMP/$p-callers.json" | grep -q "^  device: .*; free not asked (a report at exit makes no device call)$"'
     check "$r: cuheap-report renders the callers again (text, HTML), and its JSON is the file itself" \
         '"$build/cuheap-report" --text "$TMP/$p-callers.json" | grep -A4 "== device memory by caller (LD_PRELOAD) ==" | grep -q "^  libnccl_fake.so  *0 B  *1.00 MiB  *2$" &&
          "$build/cuheap-report" --json "$TMP/$p-callers.json" | cmp -s - "$TMP/$p-callers.json" &&

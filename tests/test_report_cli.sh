@@ -20,7 +20,9 @@
 # libraries than a report can hold); parts that contradict each other (extents that do not tile their
 # segment, overlapping segments, more requested than a block holds, a plain
 # segment not mapped whole, a timeline out of order or with more live than
-# reserved, a reserved total other than the segments'), each named; 200
+# reserved, a reserved total other than the segments', free bytes with
+# free_unknown), each named; a report that did not ask the device
+# (free_unknown) says so and claims no memory used outside cuheap; 200
 # seeded edits of a report that keep it valid JSON, each rendered
 # or refused naming the field; usage errors
 # (status 2). Run from the repository root:
@@ -576,6 +578,8 @@ def order(dev):
 write("c_time", order)
 write("c_reserved", lambda dev: dev["stats"]["reserved"].update(current=dev["stats"]["reserved"]["current"] + 512))
 write("c_live", lambda dev: dev["timeline"][3].update(live=dev["timeline"][3]["reserved"] + 1))
+write("c_unknown", lambda dev: dev["device_memory"].update(free=4096, free_unknown=True))
+write("unasked", lambda dev: dev["device_memory"].update(free=0, free_unknown=True))
 PY
 refused_naming "parts that contradict each other exit 1 naming the place" \
     "c_gap:devices\[0\]\.segments\[2\]\.extents\[1\]: starts at 0x[0-9a-f]*, but the extent before it ends at" \
@@ -585,7 +589,22 @@ refused_naming "parts that contradict each other exit 1 naming the place" \
     "c_mapped:devices\[0\]\.segments\[1\]: [0-9]* bytes mapped in a segment of [0-9]* bytes (a segment that is not" \
     "c_time:devices\[0\]\.timeline\[5\]: a sample at [-0-9.e]* s, before the sample listed before it" \
     "c_reserved:devices\[0\]\.stats\.reserved\.current: [0-9]* bytes, but the segments hold [0-9]*" \
-    "c_live:devices\[0\]\.timeline\[3\]: [0-9]* bytes live and [0-9]* cached of [0-9]* reserved"
+    "c_live:devices\[0\]\.timeline\[3\]: [0-9]* bytes live and [0-9]* cached of [0-9]* reserved" \
+    "c_unknown:devices\[0\]\.device_memory\.free: 4096 with free_unknown true"
+
+# A report written at exit did not ask the device how much is free: it says
+# so, and claims nothing about memory used outside cuheap.
+run unasked_text --text "$TMP/unasked.json"
+run unasked_html --html "$TMP/unasked.json"
+run unasked_json --json "$TMP/unasked.json"
+if grep -q "^  device: [0-9.]* [KMG]*i*B; free not asked (a report at exit makes no device call)$" "$TMP/unasked_text.out" &&
+    ! grep "^  device: " "$TMP/unasked_text.out" | grep -q "used outside cuheap" &&
+    grep -q "free not asked (a report at exit makes no device call)</p>" "$TMP/unasked_html.out" &&
+    grep -q '"device_memory":{"free":0,"total":[0-9]*,"free_unknown":true}' "$TMP/unasked_json.out"; then
+    ok "a report that did not ask the device says so in text and HTML, and keeps free_unknown in JSON"
+else
+    not_ok "a report that did not ask the device says so" "$(grep -h "device" "$TMP"/unasked_*.out | head -3)"
+fi
 
 run nofile "$TMP/no-such-report.json"
 if [ "$rc" -eq 1 ] && grep -q "no-such-report.json" "$TMP/nofile.err"; then

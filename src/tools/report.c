@@ -957,6 +957,13 @@ static cuh_heap_snapshot_t *read_device(reader_t *r, const cuh_json_t *d)
     if (mem) {
         s->device_free = get_size(r, mem, "free");
         s->device_total = get_size(r, mem, "total");
+        s->device_free_unknown = opt_bool(r, mem, "free_unknown");   /* older reports lack it */
+        if (s->device_free_unknown && s->device_free && !r->failed) {
+            size_t saved_free = path_key(r, "free");
+            fail(r, cuh_json_get(mem, "free"), "%zu with free_unknown true: a report that did not ask the device "
+                 "has 0 there", s->device_free);
+            path_pop(r, saved_free);
+        }
     }
     path_pop(r, saved);
     /* Not in the report: the heap's own idea of the device, the same number. */
