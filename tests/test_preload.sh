@@ -8,9 +8,10 @@
 # way in (runtime symbols, static runtime through dlsym + cuGetProcAddress,
 # driver symbols, dlsym, cuGetProcAddress, cudaGetDriverEntryPoint); foreign
 # memory passed through; double frees and inner pointers refused; zero sizes
-# and alignment; out of memory (the error names the library holding memory); fork; IPC handles (a library named in
-# ipc_callers gets them for its blocks; the report names it and the program
-# with the bytes each asked for); cudaFree's ordering against
+# and alignment; out of memory (the error names the library holding memory);
+# fork; IPC handles (a library named in ipc_callers gets them for its blocks;
+# the report, written at exit without asking the device, names it and the
+# program with the bytes each asked for); cudaFree's ordering against
 # pretend kernels on a non-blocking stream; stream destruction; cudaMemGetInfo;
 # cudaDeviceReset; two devices; peer access to virtual memory; pinned host
 # memory (cudaHostAlloc & co. from cuheap's cache: flags, pass-through,
