@@ -27,6 +27,12 @@ prints PASS or FAIL with what it saw; a Markdown table ends the output.
            shapes) trains with the same losses natively, with cuheap as
            plugin (plain CUDA graphs: cuheap_torch turns graph trees off) and
            under LD_PRELOAD (graph trees, PyTorch's allocator over cuheap)
+  preloadoom under LD_PRELOAD without PyTorch's cache, an out-of-memory after a
+           matrix product raises an error saying out of memory, and cuheap's line on
+           stderr names PyTorch's library and cuBLAS's as holding memory;
+           its report (written at the failure) has the device's free bytes and
+           cuBLAS among the callers; a run without an out-of-memory writes
+           its report at exit, saying it did not ask the device
   ipc      a CUDA tensor sent to a child process (torch.multiprocessing,
            spawn): under LD_PRELOAD with ipc_safe:1 the child reads it and
            writes through it; with the default settings it works or is
@@ -97,6 +103,44 @@ def oom():
                        CUHEAP_TORCH="1", CUHEAP_CONF="limit:2G")
     line = next((l for l in err.splitlines() if "cuheap: CUDA out of memory" in l), "")
     return rc == 0 and out == "RuntimeError True" and "cause: limit" in line, (out + " | " + line)[:300]
+
+
+@check("preloadoom")
+def preload_oom():
+    import json
+    import tempfile
+    folder = tempfile.mkdtemp()
+    lib = os.path.join(ROOT, "build", "libcuheap.so")
+    matmul = ("import torch\n"
+              "a = torch.randn(1024, 1024, device='cuda')\n"
+              "b = a @ a\n"
+              "torch.cuda.synchronize()\n")
+    rc, out, err = run(matmul + "try:\n"
+                       "    torch.empty(3 << 30, dtype=torch.uint8, device='cuda')\n"
+                       "except Exception as e:\n"
+                       "    print(type(e).__name__, 'out of memory' in str(e).lower())\n",
+                       LD_PRELOAD=lib, PYTORCH_NO_CUDA_MEMORY_CACHING="1",
+                       CUHEAP_CONF="limit:2G,report:%s/oom.json" % folder)
+    line = next((l for l in err.splitlines() if "cuheap: CUDA out of memory" in l), "")
+    named = line.split("device memory live by calling library (every device):")[-1] if "calling library" in line else ""
+    # Without an out-of-memory the report is written at exit, asking the device nothing.
+    rc2, _, err2 = run(matmul, LD_PRELOAD=lib, PYTORCH_NO_CUDA_MEMORY_CACHING="1",
+                       CUHEAP_CONF="report:%s/exit.json" % folder)
+    reports = {}
+    for name in ("oom", "exit"):
+        try:
+            r = json.load(open("%s/%s.json" % (folder, name)))
+            reports[name] = (r["devices"][0]["device_memory"], {c["library"] for c in r.get("callers", [])})
+        except (OSError, ValueError, KeyError, IndexError) as e:
+            reports[name] = ({"error": repr(e)}, set())
+    oom_mem, oom_libs = reports["oom"]
+    exit_mem, exit_libs = reports["exit"]
+    ok = (rc == 0 and out.endswith(" True") and "cause: limit" in line and "libc10_cuda.so" in named
+          and "libcublas" in named and oom_mem.get("free", 0) > 0 and "free_unknown" not in oom_mem
+          and any(l.startswith("libcublas") for l in oom_libs) and rc2 == 0 and exit_mem.get("free_unknown") is True
+          and exit_mem.get("free") == 0 and any(l.startswith("libcublas") for l in exit_libs))
+    return ok, "%s | named:%s | device_memory at the OOM %s, at exit %s%s" % (
+        out, named[:110], oom_mem, exit_mem, "" if rc2 == 0 else " | exit run failed: " + err2[-150:])
 
 
 @check("cache")
