@@ -196,6 +196,22 @@ with_section() {
 $(cmp "$TMP/${name}_json.out" "$TMP/$name.json" 2>&1)"
     fi
 }
+
+# text_is NAME WHAT FILE...: cuheap-report --text on $TMP/NAME.json exits 0
+# and prints exactly the FILEs one after another (WHAT says what they are).
+text_is() {
+    local name=$1 what=$2
+    shift 2
+    run "${name}_text" --text "$TMP/$name.json"
+    if [ "$rc" -ne 0 ]; then
+        not_ok "$name: --text exits 0" "status $rc: $(cat "$TMP/${name}_text.err")"
+    elif ! diff <(cat "$@") "$TMP/${name}_text.out" >"$TMP/diff" 2>&1; then
+        not_ok "$name: --text is $what" "$(cat "$TMP/diff")"
+    else
+        ok "$name: --text is $what with every figure"
+    fi
+}
+
 # merge_and_compare_read NAME KEY: --merge and --compare read $TMP/NAME.json.
 merge_and_compare_read() {
     local name=$1 key=$2 merge_rc
@@ -229,14 +245,7 @@ row() { printf '  %-22s %14s %14s\n' "$@"; }
     echo "  allocations 7, frees 6, waits for GPU work 4, OOMs 1"
     echo
 } >"$TMP/pinned.want"
-run pinned_text --text "$TMP/pinned.json"
-if [ "$rc" -ne 0 ]; then
-    not_ok "pinned: --text exits 0" "status $rc: $(cat "$TMP/pinned_text.err")"
-elif ! diff <(cat "$TMP/ok.txt.out" "$TMP/pinned.want") "$TMP/pinned_text.out" >"$TMP/diff" 2>&1; then
-    not_ok "pinned: --text is the report's text, then the pinned section" "$(cat "$TMP/diff")"
-else
-    ok "pinned: --text is the report's text, then the pinned section with every figure"
-fi
+text_is pinned "the report's text, then the pinned section" "$TMP/ok.txt.out" "$TMP/pinned.want"
 run pinned_html --html "$TMP/pinned.json"
 card=$(sed -n '/<section class=card id=pinned>/,/<\/section>/p' "$TMP/pinned_html.out")
 if [ "$rc" -eq 0 ] && grep -q '<h2>Pinned host memory</h2>' <<<"$card" &&
@@ -273,14 +282,8 @@ with_section callers callers "$callers" "$TMP/pinned.json"
     printf '  %-40s %14s %14s %12s\n' libcublasLt.so.13 "64.00 MiB" "64.00 MiB" 8
     echo
 } >"$TMP/callers.want"
-run callers_text --text "$TMP/callers.json"
-if [ "$rc" -ne 0 ]; then
-    not_ok "callers: --text exits 0" "status $rc: $(cat "$TMP/callers_text.err")"
-elif ! diff <(cat "$TMP/ok.txt.out" "$TMP/pinned.want" "$TMP/callers.want") "$TMP/callers_text.out" >"$TMP/diff" 2>&1; then
-    not_ok "callers: --text is the report's text, the pinned section, then the callers" "$(cat "$TMP/diff")"
-else
-    ok "callers: --text is the report's text, the pinned section, then the callers with every figure"
-fi
+text_is callers "the report's text, the pinned section, then the callers" "$TMP/ok.txt.out" "$TMP/pinned.want" \
+    "$TMP/callers.want"
 run callers_html --html "$TMP/callers.json"
 card=$(sed -n '/<section class=card id=callers>/,/<\/section>/p' "$TMP/callers_html.out")
 if [ "$rc" -eq 0 ] && grep -q '<h2>Device memory by caller (LD_PRELOAD)</h2>' <<<"$card" &&
