@@ -83,13 +83,17 @@ if want torchlat; then
     fi
 fi
 
-if want jobs && [[ "${GPU_TORCH:-1}" != 0 ]] && python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-    section "training jobs (bench/torch/run_modes.py)"
-    timeout 1200 python3 bench/torch/run_modes.py \
-        --jobs "${BENCH_JOBS:-resnet50,gpt2,bert_varlen,llama_ckpt,kv_generate}" \
-        --modes "${BENCH_MODES:-native,expandable,async,cuheap,preload}" \
-        --steps "${TORCH_STEPS:-20}" --out "$BUILD/gpu_bench_jobs.json" || rc=1
-else
-    echo "PyTorch with CUDA not found: training jobs skipped"
+if want jobs; then
+    if [[ "${GPU_TORCH:-1}" == 0 ]]; then
+        echo "training jobs skipped: GPU_TORCH=0"
+    elif ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+        echo "PyTorch with CUDA not found: training jobs skipped"
+    else
+        section "training jobs (bench/torch/run_modes.py)"
+        timeout 1200 python3 bench/torch/run_modes.py \
+            --jobs "${BENCH_JOBS:-resnet50,gpt2,bert_varlen,llama_ckpt,kv_generate}" \
+            --modes "${BENCH_MODES:-native,expandable,async,cuheap,preload}" \
+            --steps "${TORCH_STEPS:-20}" --out "$BUILD/gpu_bench_jobs.json" || rc=1
+    fi
 fi
 exit $rc
