@@ -225,6 +225,20 @@ merge_and_compare_read() {
             "$(cat "$TMP/${name}_merge.err" "$TMP/${name}_cmp.err")"
     fi
 }
+# Renders $TMP/NAME.json as HTML (run NAME_html) into $card, the card
+# <section class=card id=ID>; true when it exits 0, the card holds each
+# STRING as written, and the page without the card is BEFORE without it.
+html_card() {
+    local name=$1 id=$2 before=$3 want
+    shift 3
+    run "${name}_html" --html "$TMP/$name.json"
+    card=$(sed -n "/<section class=card id=$id>/,/<\/section>/p" "$TMP/${name}_html.out")
+    [ "$rc" -eq 0 ] || return 1
+    for want; do
+        grep -qF -- "$want" <<<"$card" || return 1
+    done
+    diff <(grep -v "id=$id" "$before") <(sed "/<section class=card id=$id>/,/<\/section>/d" "$TMP/${name}_html.out") >/dev/null
+}
 # The object as the library writes it, after the devices (tests/test_api.c
 # checks a report of real pinned allocations).
 pinned='"pinned_host":{"requested":{"current":5000,"peak":1053576},"allocated":{"current":8192,"peak":1056768},'
@@ -246,15 +260,12 @@ row() { printf '  %-22s %14s %14s\n' "$@"; }
     echo
 } >"$TMP/pinned.want"
 text_is pinned "the report's text, then the pinned section" "$TMP/ok.txt.out" "$TMP/pinned.want"
-run pinned_html --html "$TMP/pinned.json"
-card=$(sed -n '/<section class=card id=pinned>/,/<\/section>/p' "$TMP/pinned_html.out")
-if [ "$rc" -eq 0 ] && grep -q '<h2>Pinned host memory</h2>' <<<"$card" &&
-    grep -q 'reserved in 2 chunks of 32.00 MiB or more; 3 taken from CUDA in all' <<<"$card" &&
-    grep -q '<tr><td>reserved</td><td>64.00 MiB</td><td>64.00 MiB</td></tr>' <<<"$card" &&
-    grep -q '<tr><td>pending</td><td>1.00 MiB</td><td>1.00 MiB</td></tr>' <<<"$card" &&
-    grep -q 'waits for GPU work 4 &middot; out-of-memory 1' <<<"$card" &&
-    [ "$(grep -n 'id=pinned' "$TMP/pinned_html.out" | cut -d: -f1)" -gt "$(grep -n '<h2>Streams</h2>' "$TMP/pinned_html.out" | cut -d: -f1)" ] &&
-    diff <(grep -v 'id=pinned' "$TMP/ok.html.out") <(sed '/<section class=card id=pinned>/,/<\/section>/d' "$TMP/pinned_html.out") >/dev/null; then
+if html_card pinned pinned "$TMP/ok.html.out" '<h2>Pinned host memory</h2>' \
+    'reserved in 2 chunks of 32.00 MiB or more; 3 taken from CUDA in all' \
+    '<tr><td>reserved</td><td>64.00 MiB</td><td>64.00 MiB</td></tr>' \
+    '<tr><td>pending</td><td>1.00 MiB</td><td>1.00 MiB</td></tr>' \
+    'waits for GPU work 4 &middot; out-of-memory 1' &&
+    [ "$(grep -n 'id=pinned' "$TMP/pinned_html.out" | cut -d: -f1)" -gt "$(grep -n '<h2>Streams</h2>' "$TMP/pinned_html.out" | cut -d: -f1)" ]; then
     ok "pinned: --html adds the pinned card after the devices, and nothing else"
 else
     not_ok "pinned: --html shows the pinned card after the devices" "status $rc: $(cat "$TMP/pinned_html.err")
@@ -284,12 +295,9 @@ with_section callers callers "$callers" "$TMP/pinned.json"
 } >"$TMP/callers.want"
 text_is callers "the report's text, the pinned section, then the callers" "$TMP/ok.txt.out" "$TMP/pinned.want" \
     "$TMP/callers.want"
-run callers_html --html "$TMP/callers.json"
-card=$(sed -n '/<section class=card id=callers>/,/<\/section>/p' "$TMP/callers_html.out")
-if [ "$rc" -eq 0 ] && grep -q '<h2>Device memory by caller (LD_PRELOAD)</h2>' <<<"$card" &&
-    grep -q '<tr><td>libc10_cuda.so</td><td>24.00 GiB</td><td>24.50 GiB</td><td>29131</td></tr>' <<<"$card" &&
-    grep -q '<tr><td>libcublasLt.so.13</td><td>64.00 MiB</td><td>64.00 MiB</td><td>8</td></tr>' <<<"$card" &&
-    diff <(grep -v 'id=callers' "$TMP/pinned_html.out") <(sed '/<section class=card id=callers>/,/<\/section>/d' "$TMP/callers_html.out") >/dev/null; then
+if html_card callers callers "$TMP/pinned_html.out" '<h2>Device memory by caller (LD_PRELOAD)</h2>' \
+    '<tr><td>libc10_cuda.so</td><td>24.00 GiB</td><td>24.50 GiB</td><td>29131</td></tr>' \
+    '<tr><td>libcublasLt.so.13</td><td>64.00 MiB</td><td>64.00 MiB</td><td>8</td></tr>'; then
     ok "callers: --html adds the callers card after the pinned one, and nothing else"
 else
     not_ok "callers: --html shows the callers card" "status $rc: $(cat "$TMP/callers_html.err")
