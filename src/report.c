@@ -129,15 +129,16 @@ static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
     cuh_report_stranded_note(s, note, sizeof note);
     if (note[0])
         fprintf(out, "; stranded %s", note);
-    if (s->device_free_unknown)
+    if (s->device_free_unknown) {
         fprintf(out, "\n  device: %s; free not asked (a report at exit makes no device call)",
                 cuh_format_bytes(b, sizeof b, s->device_total));
-    else
+    } else {
         fprintf(out, "\n  device: %s free of %s", cuh_format_bytes(a, sizeof a, s->device_free),
                 cuh_format_bytes(b, sizeof b, s->device_total));
-    if (!s->device_free_unknown && s->device_total > s->device_free + st->reserved.current)
-        fprintf(out, ", %s used outside cuheap",
-                cuh_format_bytes(c, sizeof c, s->device_total - s->device_free - st->reserved.current));
+        if (s->device_total > s->device_free + st->reserved.current)
+            fprintf(out, ", %s used outside cuheap",
+                    cuh_format_bytes(c, sizeof c, s->device_total - s->device_free - st->reserved.current));
+    }
     if (st->limit)
         fprintf(out, "; limit %s", cuh_format_bytes(c, sizeof c, st->limit));
     fprintf(out, "\n\n  segments: %zu\n", s->num_segments);
