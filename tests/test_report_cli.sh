@@ -503,14 +503,24 @@ else
     not_ok "a negative byte count exits 1" "status $rc: $(cat "$TMP/negative.err")"
 fi
 
-# A malformed pinned_host is named like any other field.
-python3 - "$TMP/pinned.json" "$TMP" <<'PY'
+# variants SRC: runs the Python lines on stdin with write(NAME, CHANGE) defined:
+# each writes $TMP/NAME.json, the report SRC with CHANGE(report) applied.
+variants() {
+    {
+        cat <<'PY'
 import json, sys
 src, tmp = sys.argv[1], sys.argv[2]
 def write(name, change):
     d = json.load(open(src))
     change(d)
     json.dump(d, open(tmp + "/" + name + ".json", "w"), indent=1)
+PY
+        cat
+    } | python3 - "$1" "$TMP"
+}
+
+# A malformed pinned_host is named like any other field.
+variants "$TMP/pinned.json" <<'PY'
 write("pinned_string", lambda d: d["pinned_host"].update(num_waits="many"))
 write("pinned_missing", lambda d: d["pinned_host"]["reserved"].pop("peak"))
 write("pinned_nokey", lambda d: d["pinned_host"].pop("chunk_size"))
@@ -539,13 +549,7 @@ refused_naming "a malformed pinned_host exits 1 naming the key" \
     "pinned_array:pinned_host: expected an object, found an array"
 
 # A malformed callers array is named too.
-python3 - "$TMP/callers.json" "$TMP" <<'PY'
-import json, sys
-src, tmp = sys.argv[1], sys.argv[2]
-def write(name, change):
-    d = json.load(open(src))
-    change(d)
-    json.dump(d, open(tmp + "/" + name + ".json", "w"), indent=1)
+variants "$TMP/callers.json" <<'PY'
 write("callers_object", lambda d: d.update(callers={"library": "x"}))
 write("callers_above", lambda d: d["callers"][1].update(live=67108865))
 write("callers_nolib", lambda d: d["callers"][0].pop("library"))
