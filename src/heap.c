@@ -3029,6 +3029,19 @@ static void tcache_exit_key_create(void)
     tcache_exit_key_ok = pthread_key_create(&tcache_exit_key, tcache_thread_exit) == 0;
 }
 
+/* Heap h is being destroyed: threads free their caches of it when they next
+ * look or exit. */
+static void tcaches_orphan(cuh_heap_t *h)
+{
+    pthread_mutex_lock(&tcache_registry);
+    for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next) {
+        cuh_spin_lock(&tc->lock);
+        tc->dead = 1;
+        cuh_spin_unlock(&tc->lock);
+    }
+    pthread_mutex_unlock(&tcache_registry);
+}
+
 /* This thread's cache of heap h, made on first use; NULL if none can be
  * (out of host memory: the heap then serves the thread without one). */
 static cuh_tcache_t *tcache_mine_locked(cuh_heap_t *h)
@@ -3450,6 +3463,29 @@ static cuheap_status_t large_slot_take_back_locked(cuh_heap_t *h, cuh_extent_t *
     return CUHEAP_OK;
 }
 
+/* The block parked or held for a request of `size` bytes on st, as its own
+ * thread's fast path would take it, counted as live; NULL if none. */
+static cuh_extent_t *take_parked_locked(cuh_heap_t *h, stream_state_t *st, size_t size)
+{
+    cuh_extent_t *e = h->parked;
+    size_t block = cuh_align_up(size, CUH_ALIGN);
+    if (e && st == h->parked_st && block == e->size) {
+        h->parked = NULL;
+        large_mark_live_locked(h, e, size);
+        /* Its own thread took it again: that thread holds its blocks again. */
+        cuh_tcache_t *mine = h->parked_tc ? my_tcache(h) : NULL;
+        if (mine && mine == h->parked_tc) {
+            cuh_spin_lock(&mine->lock);
+            mine->large_misses = 0;
+            cuh_spin_unlock(&mine->lock);
+        }
+        h->parked_tc = NULL;
+    } else {
+        e = h->large_tcs ? large_slot_claim_locked(h, st, block, size) : NULL;
+    }
+    return e;
+}
+
 /* ---- public heap API -------------------------------------------------------------- */
 
 cuh_heap_t *cuh_heap_create(cuh_device_t *dev, const cuh_config_t *cfg, char *err, size_t errlen)
@@ -3510,14 +3546,7 @@ void cuh_heap_destroy(cuh_heap_t *h)
 {
     if (!h)
         return;
-    /* Threads free their caches of this heap when they next look or exit. */
-    pthread_mutex_lock(&tcache_registry);
-    for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next) {
-        cuh_spin_lock(&tc->lock);
-        tc->dead = 1;
-        cuh_spin_unlock(&tc->lock);
-    }
-    pthread_mutex_unlock(&tcache_registry);
+    tcaches_orphan(h);
     for (uint32_t i = 0; i < h->num_streams; i++) {
         stream_state_t *st = h->streams[i];
         for (size_t f = 0; f < st->num_fences; f++)
@@ -3789,24 +3818,7 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
     cuheap_status_t status;
     stream_state_t *st = device_wide ? &h->device_wide : stream_get_locked(h, stream);
     if (cuh_unlikely(h->parked != NULL || h->large_tcs != NULL) && !device_wide && st && size > h->cfg.small_max) {
-        /* The block parked or held for this size and stream, as its own
-         * thread's fast path would take it. */
-        cuh_extent_t *e = h->parked;
-        size_t block = cuh_align_up(size, CUH_ALIGN);
-        if (e && st == h->parked_st && block == e->size) {
-            h->parked = NULL;
-            large_mark_live_locked(h, e, size);
-            /* Its own thread took it again: that thread holds its blocks again. */
-            cuh_tcache_t *mine = h->parked_tc ? my_tcache(h) : NULL;
-            if (mine && mine == h->parked_tc) {
-                cuh_spin_lock(&mine->lock);
-                mine->large_misses = 0;
-                cuh_spin_unlock(&mine->lock);
-            }
-            h->parked_tc = NULL;
-        } else {
-            e = h->large_tcs ? large_slot_claim_locked(h, st, block, size) : NULL;
-        }
+        cuh_extent_t *e = take_parked_locked(h, st, size);
         if (e) {
             e->tag = st->tag;
             h->num_cache_hits++;
