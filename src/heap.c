@@ -39,320 +39,13 @@
  * fast paths use without the heap's lock. Lock order: the registry of
  * thread caches, then a heap, then a thread cache.
  */
-#include "heap.h"
-
-#include "arena.h"
-#include "common.h"
-#include "lock.h"
-#include "ptrmap.h"
-#include "sizeclass.h"
-#include "slab.h"
-#include "tcache.h"
+#include "heap_internal.h"
 
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-/* ---- types ----------------------------------------------------------------- */
-
-typedef struct small_entry_s {
-    uintptr_t addr;
-    uint64_t epoch;
-} small_entry_t;
-
-/* Deque of freed small objects of one class on one stream, oldest at head.
- * Epochs rise from head to tail: reuse pops the newest (warmest), fences
- * release the oldest. */
-typedef struct small_ring_s {
-    small_entry_t *entries;
-    uint32_t capacity;   /* power of two, or 0 */
-    uint32_t head;
-    uint32_t count;
-} small_ring_t;
-
-typedef struct fence_s {
-    cuh_event_t event;
-    uint64_t number;
-} fence_t;
-
-typedef struct stream_state_s {
-    cuh_stream_t handle;
-    uint32_t tag;
-    int retired;                 /* the program destroyed the stream: never record on it again */
-    uint64_t completed;          /* fences [0, completed) have completed */
-    fence_t *fences;             /* outstanding, oldest first */
-    size_t num_fences, cap_fences;
-    size_t small_unfenced;       /* bytes in the rings no fence covers yet */
-    size_t small_fenced;         /* bytes in the rings a fence covers */
-    small_ring_t small[CUH_MAX_CLASSES];
-} stream_state_t;
-
-typedef struct size_class_s {
-    size_t size;
-    size_t slab_bytes;
-    cuh_slab_t *partial;         /* slabs with avail objects */
-} size_class_t;
-
-typedef struct stat_s {
-    size_t current;
-    size_t peak;
-} stat_t;
-
-typedef enum { GROW_OK, GROW_LIMIT, GROW_DEVICE, GROW_ERROR } grow_result_t;
-
-/* Old mappings of pages that moved before the GPU passed their frees, as
- * DRAIN extents: they are unmapped, and the extents freed, once `event`
- * (recorded on the freeing stream after the move) has completed
- * (drains_poll_locked). */
-typedef struct vm_drain_s {
-    struct vm_drain_s *next;
-    cuh_event_t event;
-    size_t num_extents;
-    cuh_extent_t *extents[];
-} vm_drain_t;
-
-/* An event kept until it completes (unsettled_add_locked). */
-typedef struct kept_event_s {
-    cuh_event_t event;
-    cuh_stream_t stream;
-} kept_event_t;
-
-/* An event recorded on the default stream behind the work a take-back left
- * running, and the generation of the pages that take-back returned
- * (take_back_all_locked). */
-typedef struct gen_event_s {
-    cuh_event_t event;
-    uint64_t gen;
-} gen_event_t;
-
-/* Take-backs whose work is followed one by one; beyond, the newest event
- * stands for the take-backs after it too (one stream: a later event
- * completes after an earlier one). */
-#define GEN_EVENTS_MAX 32
-
-/* A freed block held back: until every event in it has completed (streams
- * that used the block, from record_stream), or until its graph pool is
- * released (blocks a CUDA graph captured: replays still write them). Then it
- * is freed on the stream the program freed it on. */
-typedef struct hold_s {
-    uintptr_t addr;
-    size_t size;                 /* block bytes */
-    size_t requested;
-    uint32_t free_tag;           /* stream it was freed on */
-    uint64_t pool;               /* graph pool, 0 if none */
-    uint64_t capture_pool;       /* a block of `pool` freed while another pool's graph was
-                                  * captured: that pool too, 0 if none */
-    size_t num_events;
-    cuh_event_t events[];
-} hold_t;
-
-/* Blocks freed device-wide (cudaFree's promise: after all work issued before
- * the free, on every stream) wait in batches. The open batch collects them;
- * closing it records one event on every stream the heap knows and on the
- * default stream; when all of those have completed, the batch's blocks turn
- * global. A batch closes when none is in flight (so a run of frees costs one
- * event per stream per batch, not per free), when memory runs short, and
- * when everything is settled. No free waits on the GPU. */
-typedef struct batch_entry_s {
-    uintptr_t addr;
-    size_t size;                 /* block bytes */
-    size_t requested;
-} batch_entry_t;
-
-typedef struct free_batch_s {
-    struct free_batch_s *next;   /* closed batches, oldest first */
-    batch_entry_t *entries;      /* in the held map too, with the batch as value */
-    size_t num_entries, cap_entries;
-    size_t num_events;
-    cuh_event_t *events;
-    cuh_stream_t *event_streams;  /* the stream each event was recorded on */
-} free_batch_t;
-
-/* A fence for memory outside the heap (cuh_heap_fence): like a closed
- * batch's events, without blocks. */
-struct cuh_heap_fence_s {
-    cuh_heap_fence_t *prev, *next;   /* the heap's outstanding fences */
-    int recorded;                    /* 0: made during a graph capture, events still to record */
-    size_t num_events, cap;
-    cuh_event_t events[];
-};
-
-typedef struct use_list_s {
-    size_t count, capacity;
-    cuh_stream_t streams[];
-} use_list_t;
-
-/* A live block found from its address. */
-typedef struct live_block_s {
-    cuh_extent_t *ext;           /* large block, or NULL */
-    cuh_slab_t *slab;            /* small object's slab, or NULL */
-    uint32_t index;              /* small object's index in its slab */
-    size_t size;                 /* block bytes */
-    size_t requested;
-} live_block_t;
-
-/* How many block sizes the heap follows for recurring page moves. */
-#define MOVERS 16
-
-/* Geometric growth (segment_size_for) stops at this size: a larger segment
- * was sized to the one request it was made for. */
-#define GROW_CAP CUH_GiB
-
-/* How many sizes of such segments, released idle to make room for a larger
- * one, the heap remembers (see "a huge size comes back"). */
-#define RELEASED_HUGE_MAX 8
-
-struct cuh_heap_s {
-    /* The lock has its cache lines to itself (two: a core may fetch lines
-     * in pairs): waiters spin reading it, and every read takes the line
-     * from the holder, which would then miss on whatever shared the line
-     * with it (the settings below, read by every thread cache's fast path
-     * without the lock). */
-    _Alignas(128) cuh_lock_t lock;
-    _Alignas(128) cuh_device_t *dev;
-    cuh_config_t cfg;
-    /* Thread caches: read by their fast paths without the lock, so kept
-     * apart from what the lock's holders write. */
-    uint64_t id;                 /* unique among the process's heaps, ever */
-    _Atomic int tcache_closed;   /* a graph capture is underway: fast paths stay shut */
-    cuh_tcache_t *tcaches;       /* every thread's cache of this heap (under the lock) */
-    size_t device_total;
-    size_t limit;
-    int started;
-    cuh_segment_t *workspace;
-
-    cuh_arena_t arena;
-    cuh_ptrmap_t blocks;         /* large block address -> extent */
-    cuh_pagemap_t pages;         /* 64 KiB page -> slab */
-    cuh_slab_t *last_slab;       /* the slab of the last small lookup, or NULL */
-    size_class_t classes[CUH_MAX_CLASSES];
-    unsigned num_classes;
-
-    stream_state_t **streams;    /* index = tag - 1 */
-    /* Allocations for no stream (cudaMalloc: any stream may use the block at
-     * once) take global memory only: this state has the global tag, no
-     * handle, and is never fenced or listed. */
-    stream_state_t device_wide;
-    uint32_t num_streams, cap_streams;
-    uint32_t live_other_streams; /* streams neither retired nor the default one (what next_live_stream
-                                    walks, kept: every device-wide malloc and poll asks) */
-    stream_state_t *last_stream;
-
-    cuh_event_t *spare_events;
-    size_t num_spare_events, cap_spare_events;
-
-    size_t small_fenced_total;
-    stat_t requested, allocated, reserved, cached, pending;
-    uint64_t num_allocs, num_frees, num_segment_allocs, num_segment_frees;
-    uint64_t num_cache_hits, num_retries, num_ooms;
-    uint64_t num_cpu_waits;      /* times the CPU waited for the GPU (an event or the device) */
-
-    int has_oom;
-    cuh_oom_info_t last_oom;
-
-    /* Blocks the program freed that nobody may reuse yet (see "holds"). */
-    cuh_ptrmap_t held;           /* address -> hold_t */
-    hold_t **holds;
-    size_t num_holds, cap_holds;
-    size_t held_bytes;
-    int took_back;               /* streams waited stream by stream: new streams must wait too (stream_joins_locked) */
-    int device_fences;           /* cfg.device_fences, while the device has them (record_all_locked) */
-    uint64_t allocs_at_take_back; /* num_allocs at the last take-back (take_back_all_locked) */
-    /* Under vmm:1, the events recorded when other streams got memory before
-     * the GPU passed its frees (reuse_across_streams): that memory is theirs
-     * at once, but no page may be unmapped (steal_pages_locked) before these
-     * complete. */
-    kept_event_t *unsettled;
-    size_t num_unsettled, cap_unsettled;
-    /* Under vmm:1, a take-back that leaves work running stamps the pages of
-     * the blocks it returns with its generation (page_gen) and keeps an
-     * event that completes after that work, oldest first (gen_events). A
-     * page stamped above settled_gen may still be touched by the work
-     * before those frees and is not unmapped; the others move while later
-     * take-backs' work still runs (settled_gen_locked). */
-    gen_event_t gen_events[GEN_EVENTS_MAX];
-    size_t num_gen_events;
-    uint64_t take_back_gen;      /* the generation of the last take-back that left work running */
-    uint64_t settled_gen;        /* every take-back up to this generation has its work done */
-    uint64_t allocs_at_close;    /* num_allocs when the last batch closed (batches_poll_locked) */
-    double closed_at;            /* seconds_since(born) when the last batch closed (cuh_heap_poll) */
-    size_t held_requested;
-    free_batch_t *open_batch;    /* device-wide frees no event covers yet */
-    free_batch_t *closed_batches;
-    cuh_heap_fence_t *fences;    /* outstanding fences for memory outside the heap (cuh_heap_fence) */
-    cuh_ptrmap_t uses;           /* address -> use_list_t: streams from record_stream */
-    cuh_ptrmap_t graph;          /* address -> graph pool id, for blocks allocated in a capture */
-    /* Virtual memory (vmm:1): the general region is one reservation whose
-     * pages are mapped on demand; page_handle[i] is the physical page behind
-     * page i, 0 when unmapped. */
-    cuh_segment_t *vm;
-    size_t vm_page;
-    uint64_t *page_handle;
-    uint64_t *page_mapped;       /* bit i: page_handle[i] != 0 (ranges test 64 pages a word) */
-    uint64_t *page_gen;          /* the last take-back generation that returned memory on page i */
-    size_t num_pages, mapped_pages;
-    size_t physical_pages;       /* held: mapped, or in hand while moving */
-    size_t pages_high;           /* no page at or above this index was ever mapped */
-    uint64_t num_page_maps, num_page_steals;
-    /* Block sizes (in pages) that needed pages while the heap was above its
-     * margin, with the story of their last mappings (mover_recurs). */
-    struct {
-        size_t pages;
-        uint8_t history;         /* bit i: the mapping i+1 back needed moved pages */
-        uint8_t seen;            /* mappings recorded, up to 255 */
-    } movers[MOVERS];
-    unsigned movers_next;        /* the entry a new size takes */
-    /* Sizes of segments larger than GROW_CAP released idle before a growth
-     * (release_idle_segments_locked), 0 when taken; next: the entry the
-     * next one takes. */
-    size_t released_huge[RELEASED_HUGE_MAX];
-    unsigned released_huge_next;
-    /* Pages a stream's own recent frees lent to its next block before the
-     * GPU passed those frees (lend_own_pages_locked): each physical page is
-     * mapped at its new place and still at its old one, whose address range
-     * is a DRAIN extent until the stream's work up to the move is done. */
-    vm_drain_t *drains;          /* oldest first */
-    uint32_t last_take_tag;      /* the tag of the free extent take_locked cut from last */
-    /* The last large block freed on a stream, not yet given back to the
-     * arena (see "the parked block"): still in the block map, counted as
-     * freed. Any other heap operation gives it back first. */
-    cuh_extent_t *parked;
-    stream_state_t *parked_st;   /* the stream it was freed on */
-    uint64_t parked_epoch;       /* that stream's fences recorded at the free */
-    const cuh_tcache_t *parked_tc;   /* the freeing thread's cache (compared, never followed) */
-    /* Thread caches that hold a large block (see "a thread's large block"),
-     * and how many more uncontended allocations and frees the heap treats as
-     * contended since one found its lock held. */
-    cuh_tcache_t *large_tcs;
-    uint32_t contended;
-    int captures;                /* graph captures underway on this device */
-    int shareable_call;          /* the allocation underway must start a segment of its own */
-
-    /* Timeline for reports: a sample every sample_every operations and at
-     * every change of reserved bytes; when full, every other sample goes and
-     * the interval doubles, so it always spans the heap's whole life. */
-    struct timespec born;
-    cuh_sample_t timeline[CUH_TIMELINE_SAMPLES];
-    size_t num_samples;
-    uint64_t sample_every, ops_since_sample;
-    size_t last_sampled_reserved;
-    uint64_t capture_pool;
-    /* Graph pools released while a capture was underway: released when the
-     * last capture ends (cuh_heap_release_pool). */
-    uint64_t *pools_to_release;
-    size_t num_pools_to_release;
-};
 
 /* ---- statistics ------------------------------------------------------------ */
-
-static inline void stat_set(stat_t *s, size_t value)
-{
-    s->current = value;
-    if (value > s->peak)
-        s->peak = value;
-}
 
 /* The only two ways the heap makes the CPU wait for the GPU, counted: a
  * user whose job runs slower under cuheap can see whether it stalled. */
@@ -368,31 +61,7 @@ static cuh_dev_status_t cpu_wait_device(cuh_heap_t *h)
     return h->dev->ops->synchronize(h->dev);
 }
 
-/* A block that must start a segment of its own: every block with ipc_safe:1,
- * and the one being allocated by cuh_heap_malloc_shareable. Not under
- * virtual memory, which legacy IPC cannot share anyway. */
-static inline int own_segment_locked(const cuh_heap_t *h)
-{
-    return h->cfg.ipc_safe || (h->shareable_call && !h->vm);
-}
-
-/* Device memory the heap holds: its segments, and under virtual memory the
- * pages mapped in the reservation (the reservation itself is address space). */
-static size_t reserved_bytes(const cuh_heap_t *h)
-{
-    if (!h->vm)
-        return h->arena.reserved;
-    return h->arena.reserved - h->vm->size + h->physical_pages * h->vm_page;
-}
-
-static double seconds_since(const struct timespec *born)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (double)(now.tv_sec - born->tv_sec) + (double)(now.tv_nsec - born->tv_nsec) * 1e-9;
-}
-
-static __attribute__((noinline)) void sample_locked(cuh_heap_t *h)
+__attribute__((noinline)) void cuh_hp_sample_locked(cuh_heap_t *h)
 {
     if (h->num_samples == CUH_TIMELINE_SAMPLES) {
         for (size_t i = 0; i < CUH_TIMELINE_SAMPLES / 2; i++)
@@ -401,20 +70,10 @@ static __attribute__((noinline)) void sample_locked(cuh_heap_t *h)
         h->sample_every *= 2;
     }
     h->timeline[h->num_samples++] = (cuh_sample_t){
-        .t = seconds_since(&h->born), .live = h->requested.current, .reserved = h->reserved.current,
+        .t = cuh_hp_seconds_since(&h->born), .live = h->requested.current, .reserved = h->reserved.current,
         .cached = h->cached.current};
     h->ops_since_sample = 0;
     h->last_sampled_reserved = h->reserved.current;
-}
-
-static inline void refresh_stats_locked(cuh_heap_t *h)
-{
-    size_t reserved = reserved_bytes(h);
-    stat_set(&h->reserved, reserved);
-    stat_set(&h->cached, reserved - h->allocated.current);
-    stat_set(&h->pending, cuh_arena_pending_bytes(&h->arena) + h->small_fenced_total + h->held_bytes);
-    if (cuh_unlikely(++h->ops_since_sample >= h->sample_every || reserved != h->last_sampled_reserved))
-        sample_locked(h);
 }
 
 /* ---- events and streams ------------------------------------------------------ */
@@ -459,10 +118,6 @@ static void event_put_locked(cuh_heap_t *h, cuh_event_t e)
  * bench/gpu/ctx_fence.cu), and streams cuheap never heard of are covered
  * too. Without them (device_fences:0, an older driver, a capture underway)
  * every known stream gets an event and a wait. */
-
-/* The stream a device-wide event stands for in a batch's event_streams and
- * a take-back's list: all of them. */
-#define ALL_STREAMS ((cuh_stream_t)UINTPTR_MAX)
 
 /* A device-wide call answered rc: a capture underway only defers it; a
  * device without them, or an error, turns them off for good (an error is
@@ -550,7 +205,7 @@ static void stream_joins_locked(cuh_heap_t *h, const stream_state_t *joining)
     }
 }
 
-static stream_state_t *stream_find_locked(cuh_heap_t *h, cuh_stream_t handle)
+stream_state_t *cuh_hp_stream_find_locked(cuh_heap_t *h, cuh_stream_t handle)
 {
     stream_state_t *reusable = NULL;
     for (uint32_t i = 0; i < h->num_streams; i++) {
@@ -590,17 +245,6 @@ static stream_state_t *stream_find_locked(cuh_heap_t *h, cuh_stream_t handle)
     h->live_other_streams += handle != 0;
     stream_joins_locked(h, st);
     return h->last_stream = st;
-}
-
-/* The state of stream `handle`, created if new; NULL when out of host
- * memory. The stream of the last call is checked first (inline: every
- * malloc and free asks). */
-static inline stream_state_t *stream_get_locked(cuh_heap_t *h, cuh_stream_t handle)
-{
-    stream_state_t *last = h->last_stream;
-    if (cuh_likely(last && last->handle == handle && !last->retired))
-        return last;
-    return stream_find_locked(h, handle);
 }
 
 static int stream_has_unfenced(const cuh_heap_t *h, const stream_state_t *st)
@@ -681,19 +325,6 @@ static void slab_unlist(size_class_t *c, cuh_slab_t *s)
     s->listed = 0;
 }
 
-/* The slab holding addr, or NULL. The last one found is checked first: a
- * program's small frees and reuses come in runs on the same slab. */
-static inline cuh_slab_t *slab_of_locked(cuh_heap_t *h, uintptr_t addr)
-{
-    cuh_slab_t *s = h->last_slab;
-    if (s && addr - s->base < s->span)
-        return s;
-    s = cuh_pagemap_get(&h->pages, addr);
-    if (s)
-        h->last_slab = s;
-    return s;
-}
-
 static void slab_forget_locked(cuh_heap_t *h, cuh_slab_t *s)
 {
     if (h->last_slab == s)
@@ -705,7 +336,7 @@ static void slab_forget_locked(cuh_heap_t *h, cuh_slab_t *s)
  * slab left with no object in use or cached goes back to the arena. */
 static void slab_object_home_locked(cuh_heap_t *h, uintptr_t addr)
 {
-    cuh_slab_t *s = slab_of_locked(h, addr);
+    cuh_slab_t *s = cuh_hp_slab_of_locked(h, addr);
     size_class_t *c = &h->classes[s->size_class];
     cuh_slab_give_back(s, (uint32_t)cuh_slab_index(s, addr));
     if (s->num_avail == s->num_objs) {
@@ -886,27 +517,15 @@ static void settle_all_locked(cuh_heap_t *h)
  * cap and the fraction bound the memory a fresh segment can leave idle. */
 static size_t segment_size_for(const cuh_heap_t *h, size_t needed)
 {
-    if (own_segment_locked(h))
+    if (cuh_hp_own_segment_locked(h))
         return needed;   /* a segment per block */
     size_t seg = cuh_max_size(needed, h->cfg.segment_min);
-    size_t geometric = (size_t)((double)reserved_bytes(h) * h->cfg.grow_fraction);
+    size_t geometric = (size_t)((double)cuh_hp_reserved_bytes(h) * h->cfg.grow_fraction);
     geometric = cuh_align_up(cuh_min_size(geometric, GROW_CAP), CUH_SEGMENT_GRAIN);
     return cuh_max_size(seg, geometric);
 }
 
 static void return_segment_locked(cuh_heap_t *h, cuh_segment_t *s);
-
-/* A segment that may go back to the device when nothing is left in it: a
- * plain general segment (not the workspace, not the vmm:1 reservation). */
-static int returnable_segment(const cuh_segment_t *s) { return s->region == CUH_REGION_GENERAL && !s->virtual_space; }
-
-/* A returnable segment larger than GROW_CAP: sized to the one request it was
- * grown for (segment_size_for). */
-static int huge_segment(const cuh_segment_t *s) { return s->size > GROW_CAP && returnable_segment(s); }
-
-/* 1 if `have` bytes are `size` to the 2 MiB grain segments come in: what
- * "a huge size comes back" counts as the same size. */
-static int same_size_to_grain(size_t have, size_t size) { return have >= size && have - size < CUH_SEGMENT_GRAIN; }
 
 /* After a free on st that leaves `used` bytes in use in seg: a segment left
  * idle can go back to the device when the heap next grows
@@ -915,7 +534,7 @@ static int same_size_to_grain(size_t have, size_t size) { return have >= size &&
  * where one recorded then would not be. */
 static void fence_if_left_idle_locked(cuh_heap_t *h, stream_state_t *st, const cuh_segment_t *seg, size_t used)
 {
-    if (!used && !st->num_fences && returnable_segment(seg))
+    if (!used && !st->num_fences && cuh_hp_returnable_segment(seg))
         stream_fence_locked(h, st);
 }
 
@@ -926,7 +545,7 @@ static stream_state_t *stream_of_tag(const cuh_heap_t *h, uint32_t tag) { return
  * bytes (release_idle_segments_locked). */
 static int idle_for_growth(const cuh_segment_t *s, size_t needed)
 {
-    return returnable_segment(s) && !s->used_bytes && s->size < needed;
+    return cuh_hp_returnable_segment(s) && !s->used_bytes && s->size < needed;
 }
 
 /* 1 if st's private free memory lies in a segment idle_for_growth. */
@@ -987,7 +606,7 @@ static size_t release_idle_segments_locked(cuh_heap_t *h, size_t needed)
     for (cuh_segment_t *s = h->arena.segments, *next; s; s = next) {
         next = s->next;
         if (idle_for_growth(s, needed) && cuh_arena_segment_is_free(s)) {
-            if (huge_segment(s)) {
+            if (cuh_hp_huge_segment(s)) {
                 h->released_huge[h->released_huge_next] = s->size;
                 h->released_huge_next = (h->released_huge_next + 1) % RELEASED_HUGE_MAX;
             }
@@ -1013,11 +632,11 @@ static grow_result_t grow_locked(cuh_heap_t *h, size_t size, size_t align)
      * make the heap ask for them again (with grow_fraction:0, resnet50's
      * replay returned 333 segments in 12 steps, 140 with this rule). */
     size_t seg = segment_size_for(h, needed);
-    if (reserved_bytes(h) + seg > h->reserved.peak && release_idle_segments_locked(h, needed))
+    if (cuh_hp_reserved_bytes(h) + seg > h->reserved.peak && release_idle_segments_locked(h, needed))
         seg = segment_size_for(h, needed);
-    if (h->limit && reserved_bytes(h) + seg > h->limit) {
+    if (h->limit && cuh_hp_reserved_bytes(h) + seg > h->limit) {
         seg = needed;
-        if (reserved_bytes(h) + seg > h->limit)
+        if (cuh_hp_reserved_bytes(h) + seg > h->limit)
             return GROW_LIMIT;
     }
     uintptr_t base = 0;
@@ -1043,7 +662,6 @@ static grow_result_t grow_locked(cuh_heap_t *h, size_t size, size_t align)
 }
 
 static void unpark_locked(cuh_heap_t *h);
-typedef enum { LARGE_MINE_HELD, LARGE_ALL_HELD, LARGE_ALL } large_which_t;
 static size_t large_slots_empty_locked(cuh_heap_t *h, large_which_t which);
 static int large_slot_empty_locked(cuh_heap_t *h, cuh_tcache_t *tc);
 static void large_unlist_locked(cuh_heap_t *h, cuh_tcache_t *tc);
@@ -1068,7 +686,7 @@ static size_t release_free_segments_locked(cuh_heap_t *h)
     cuh_segment_t *s = h->arena.segments;
     while (s) {
         cuh_segment_t *next = s->next;
-        if (returnable_segment(s) && cuh_arena_segment_is_free(s)) {
+        if (cuh_hp_returnable_segment(s) && cuh_arena_segment_is_free(s)) {
             return_segment_locked(h, s);
             released++;
         }
@@ -1086,8 +704,6 @@ static size_t release_free_segments_locked(cuh_heap_t *h)
  * mapped again behind the new block. Only when there is no such page is the
  * device asked for a new one. Free memory therefore never sits in pieces too
  * small to use: it is moved, a page at a time, to where it is needed. */
-
-static uintptr_t page_va(const cuh_heap_t *h, size_t p) { return h->vm->base + (uintptr_t)p * h->vm_page; }
 
 /* The work that memory handed to other streams early may still see
  * (keep_until_done_locked): unmapping is not stream-ordered, so no page
@@ -1251,8 +867,8 @@ static size_t lend_own_pages_locked(cuh_heap_t *h, stream_state_t *own, uint64_t
                 }
                 *d = (vm_drain_t){.event = ev};
             }
-            cuh_extent_t *x = cuh_arena_take_at(&h->arena, rest, page_va(h, p), (run - p) * page, CUH_EXTENT_DRAIN,
-                                                own->tag);
+            cuh_extent_t *x = cuh_arena_take_at(&h->arena, rest, cuh_hp_page_va(h, p), (run - p) * page,
+                                                CUH_EXTENT_DRAIN, own->tag);
             if (!x)
                 break;   /* out of host memory for records: lend what there is */
             d->extents[d->num_extents++] = x;
@@ -1315,7 +931,7 @@ static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want, int 
         for (size_t p = first; p < end && got < want; p++) {
             if (!h->page_handle[p] || h->page_gen[p] > settled)
                 continue;
-            if (h->dev->ops->vm_unmap(h->dev, page_va(h, p), page) != CUH_DEV_OK) {
+            if (h->dev->ops->vm_unmap(h->dev, cuh_hp_page_va(h, p), page) != CUH_DEV_OK) {
                 cuh_log("device %d: %s", h->dev->ordinal, h->dev->last_error);
                 continue;
             }
@@ -1325,12 +941,6 @@ static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want, int 
     n = lend_own_pages_locked(h, own, out + got, cuh_min_size(want - got, lend_max), settled);
     *lent += n;
     return got + n;
-}
-
-/* 1 if page p of the reservation lies wholly inside [addr, addr + size). */
-static int page_inside(const cuh_heap_t *h, size_t p, uintptr_t addr, size_t size)
-{
-    return page_va(h, p) >= addr && page_va(h, p) + h->vm_page <= addr + size;
 }
 
 /* ---- recurring moves --------------------------------------------------------------
@@ -1399,7 +1009,7 @@ static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_s
     for (size_t p = first; p < end; p++)
         if (!h->page_handle[p]) {
             need++;
-            whole += (size_t)page_inside(h, p, addr, size);
+            whole += (size_t)cuh_hp_page_inside(h, p, addr, size);
         }
     const size_t block_pages = (size + page - 1) / page;
     if (!need) {
@@ -1423,7 +1033,7 @@ static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_s
      * most the program has had live: below that margin take them from the
      * device; above it, move free pages (each move is an unmap and a map). */
     size_t live_peak = cuh_max_size(h->allocated.peak, h->allocated.current + size);
-    const double held = (double)(reserved_bytes(h) + need * page);
+    const double held = (double)(cuh_hp_reserved_bytes(h) + need * page);
     int move_first = held > (double)live_peak * (1.0 + h->cfg.vmm_margin);
     if (mover_recurs_locked(h, block_pages, move_first) &&
         held <= (double)live_peak * (1.0 + RECURRING_MARGINS * h->cfg.vmm_margin))
@@ -1450,13 +1060,13 @@ static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_s
             STEAL(0, st);
     }
     while (got < need) {
-        if (!move_first && got == 0 && h->limit && reserved_bytes(h) + need * page > h->limit) {
+        if (!move_first && got == 0 && h->limit && cuh_hp_reserved_bytes(h) + need * page > h->limit) {
             /* The limit would refuse: move free pages after all. */
             STEAL(1, st);
             move_first = 1;
             continue;
         }
-        if (h->limit && reserved_bytes(h) + page > h->limit) {
+        if (h->limit && cuh_hp_reserved_bytes(h) + page > h->limit) {
             *why = GROW_LIMIT;
             break;
         }
@@ -1489,12 +1099,12 @@ static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_s
             next_lent++;
         while (next_other < got && lent_flag[next_other])
             next_other++;
-        size_t k = page_inside(h, p, addr, size) && next_lent < got ? next_lent++ : next_other++;
+        size_t k = cuh_hp_page_inside(h, p, addr, size) && next_lent < got ? next_lent++ : next_other++;
         if (k >= got) {
             ok = 0;   /* no page may go here (a shortfall) */
             continue;
         }
-        if (h->dev->ops->vm_map(h->dev, page_va(h, p), page, handles[k]) != CUH_DEV_OK) {
+        if (h->dev->ops->vm_map(h->dev, cuh_hp_page_va(h, p), page, handles[k]) != CUH_DEV_OK) {
             cuh_set_error("device %d: %s", h->dev->ordinal, h->dev->last_error);
             h->dev->ops->vm_release(h->dev, handles[k]);
             h->physical_pages--;
@@ -1603,7 +1213,7 @@ const char *cuh_oom_cause_name(cuh_oom_cause_t cause)
 /* 1 if a plain segment is mostly empty: in use, but at most 1/8 of it. */
 static int stranding_segment(const cuh_segment_t *s)
 {
-    return returnable_segment(s) && s->used_bytes && s->used_bytes <= s->size / 8;
+    return cuh_hp_returnable_segment(s) && s->used_bytes && s->used_bytes <= s->size / 8;
 }
 
 /* Fills o->stranded (see cuh_oom_info_t) for a request of `block` bytes;
@@ -1658,10 +1268,11 @@ static void find_partial_pages_locked(const cuh_heap_t *h, cuh_oom_info_t *o)
         const size_t first = (size_t)(e->addr - h->vm->base) / page;
         const size_t last = (size_t)(e->addr + e->size - 1 - h->vm->base) / page;
         for (size_t p = first; p <= last; p = p == last ? last + 1 : last) {
-            if (p >= h->pages_high || !h->page_handle[p] || page_inside(h, p, e->addr, e->size))
+            if (p >= h->pages_high || !h->page_handle[p] || cuh_hp_page_inside(h, p, e->addr, e->size))
                 continue;
-            uintptr_t lo = page_va(h, p) > e->addr ? page_va(h, p) : e->addr;
-            uintptr_t hi = page_va(h, p) + page < e->addr + e->size ? page_va(h, p) + page : e->addr + e->size;
+            uintptr_t lo = cuh_hp_page_va(h, p) > e->addr ? cuh_hp_page_va(h, p) : e->addr;
+            uintptr_t hi =
+                cuh_hp_page_va(h, p) + page < e->addr + e->size ? cuh_hp_page_va(h, p) + page : e->addr + e->size;
             o->partial_pages.free += (size_t)(hi - lo);
             if (p != counted)
                 o->partial_pages.pages++;
@@ -1680,7 +1291,7 @@ static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
     o->stream = st->handle;
     o->live = h->requested.current;
     o->allocated = h->allocated.current;
-    o->reserved = reserved_bytes(h);
+    o->reserved = cuh_hp_reserved_bytes(h);
     o->cached = o->reserved - h->allocated.current;
     /* Pending for this request: what it cannot use until GPU work finishes:
      * memory other streams freed (fenced or not), and held blocks. */
@@ -1694,7 +1305,7 @@ static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
     o->largest_free = largest_free_locked(h, o->cached);
     o->num_free_extents = h->arena.free_extents;
     o->limit = h->limit;
-    o->t = seconds_since(&h->born);
+    o->t = cuh_hp_seconds_since(&h->born);
     for (uint32_t i = 0; i < h->num_streams; i++) {
         const stream_state_t *s = h->streams[i];
         if (s == st)
@@ -1765,7 +1376,7 @@ static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
     }
     h->has_oom = 1;
     h->num_ooms++;
-    sample_locked(h);
+    cuh_hp_sample_locked(h);
     char stranded[192] = "";
     if (o->cause == CUH_OOM_FRAGMENTATION && o->partial_pages.pages)
         snprintf(stranded, sizeof stranded, "; %zu of the cached bytes lie in %zu page%s that blocks partly use",
@@ -1788,27 +1399,13 @@ static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
 static cuh_extent_t *take_locked(cuh_heap_t *h, cuh_extent_t *free_ext, size_t size, size_t align,
                                  cuh_extent_state_t state, stream_state_t *st)
 {
-    if (cuh_unlikely(own_segment_locked(h)))
+    if (cuh_unlikely(cuh_hp_own_segment_locked(h)))
         size = free_ext->size;   /* the whole segment (find_fit_locked) */
     h->last_take_tag = free_ext->tag;
     return cuh_arena_take(&h->arena, free_ext, size, align, state, st->tag);
 }
 
 static int events_done_locked(cuh_heap_t *h, cuh_event_t *events, size_t *num_events, int wait);
-
-/* How many streams a batch's events and a take-back's waits cover: the live
- * streams the heap knows and the default stream. */
-static uint64_t covered_streams_locked(const cuh_heap_t *h) { return (uint64_t)h->live_other_streams + 1; }
-
-/* 1 if the heap knows a live stream besides the default stream. */
-static int other_streams_locked(const cuh_heap_t *h) { return h->live_other_streams != 0; }
-
-/* 1 if a batch close or a take-back costs calls on every known stream: no
- * device-wide fences now, and streams besides the default one known. */
-static int fences_per_stream_locked(const cuh_heap_t *h)
-{
-    return other_streams_locked(h) && !(h->device_fences && !h->captures);
-}
 
 /* Keeps `e`, recorded on `stream` just now, until it completes
  * (settle_unsettled_locked). Work on a stream completes in order, so it
@@ -1881,7 +1478,7 @@ static uint64_t gen_open_locked(cuh_heap_t *h)
  * event call may be made now). */
 static int order_streams_after_locked(cuh_heap_t *h, cuh_event_t **running, const cuh_stream_t *where, size_t n)
 {
-    const size_t num_streams = covered_streams_locked(h);
+    const size_t num_streams = cuh_hp_covered_streams_locked(h);
     size_t num_running = 0;
     int default_running = 0;
     for (size_t k = 0; k < n; k++) {
@@ -1949,7 +1546,7 @@ static int take_back_all_locked(cuh_heap_t *h)
         return 0;
     const size_t held_before = h->held_bytes;
     batch_close_locked(h);   /* may finish it at once, or leave it open (a capture underway) */
-    const int others = other_streams_locked(h);
+    const int others = cuh_hp_other_streams_locked(h);
     int per_stream = 0, device_wide = 0;   /* batches fenced stream by stream, and over the device */
     for (free_batch_t *b = h->closed_batches; b; b = b->next)
         for (size_t e = 0; e < b->num_events; e++) {
@@ -2164,8 +1761,6 @@ static int take_private_locked(cuh_heap_t *h, stream_state_t *st, size_t size)
  * bytes at an `align`-aligned start and that `accept` takes, or NULL. A walk
  * of the free lists, for the rare fits that the size-indexed search cannot
  * judge (first among equals wins). */
-typedef int (*extent_test_t)(const cuh_heap_t *h, const cuh_extent_t *e, size_t size);
-
 static cuh_extent_t *smallest_free_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag, extent_test_t accept)
 {
     cuh_extent_t *best = NULL;
@@ -2326,8 +1921,8 @@ static cuh_extent_t *fewest_new_pages_fit_locked(cuh_heap_t *h, size_t size, siz
             const size_t last = cuh_min_size((size_t)(end - h->vm->base + page - 1) / page, h->pages_high);
             while ((p = cuh_bits_next(h->page_mapped, p, last, 1)) < last) {
                 size_t q = cuh_bits_next(h->page_mapped, p, last, 0);
-                uintptr_t lo = page_va(h, p) > e->addr ? page_va(h, p) : e->addr;
-                uintptr_t hi = page_va(h, q) < end ? page_va(h, q) : end;
+                uintptr_t lo = cuh_hp_page_va(h, p) > e->addr ? cuh_hp_page_va(h, p) : e->addr;
+                uintptr_t hi = cuh_hp_page_va(h, q) < end ? cuh_hp_page_va(h, q) : end;
                 consider_placement(h, &best, e, cuh_addr_align_up(lo, align), size, reach, (size_t)(hi - lo));
                 if (hi - e->addr >= size)
                     consider_placement(h, &best, e, (hi - size) & ~((uintptr_t)align - 1), size, reach,
@@ -2339,7 +1934,7 @@ static cuh_extent_t *fewest_new_pages_fit_locked(cuh_heap_t *h, size_t size, siz
     return best.extent;
 }
 
-/* For a block that must start its own segment (own_segment_locked) only a
+/* For a block that must start its own segment (cuh_hp_own_segment_locked) only a
  * whole free segment no more than a quarter larger than a new one would be
  * will do: the block takes it whole, so that it starts its segment (an IPC
  * handle names exactly it) and no other block ever shares the segment. */
@@ -2371,14 +1966,14 @@ static int whole_segment_fits(const cuh_heap_t *h, const cuh_extent_t *e, size_t
 static int cuts_huge_segment(const cuh_extent_t *e, size_t size)
 {
     const cuh_segment_t *seg = e->segment;
-    return huge_segment(seg) && e->addr == seg->base && e->size == seg->size && size <= seg->size / 2;
+    return cuh_hp_huge_segment(seg) && e->addr == seg->base && e->size == seg->size && size <= seg->size / 2;
 }
 
 /* The lone block of a huge segment, if it takes at least a quarter of it;
  * else NULL. */
 static const cuh_extent_t *lone_tenant(const cuh_segment_t *s)
 {
-    if (!huge_segment(s) || !s->used_bytes)
+    if (!cuh_hp_huge_segment(s) || !s->used_bytes)
         return NULL;
     const cuh_extent_t *tenant = NULL;
     for (const cuh_extent_t *x = s->first; x; x = x->next)
@@ -2460,7 +2055,7 @@ static cuh_extent_t *huge_room_fit_locked(cuh_heap_t *h, cuh_extent_t *best, siz
 static cuh_extent_t *find_fit_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag)
 {
     cuh_extent_t *e = cuh_arena_find(&h->arena, size, align, tag);
-    if (cuh_likely(!own_segment_locked(h))) {
+    if (cuh_likely(!cuh_hp_own_segment_locked(h))) {
         if (cuh_unlikely(e && e->segment->size > GROW_CAP) && in_huge_room(e, size)) {
             e = cuh_arena_find_others_first(&h->arena, size, align, tag, in_huge_room);
             if (in_huge_room(e, size))
@@ -2483,7 +2078,7 @@ static int size_live_in_huge_segments(const cuh_heap_t *h, size_t size)
     for (const cuh_segment_t *s = h->arena.segments; s; s = s->next)
         if (s->size > GROW_CAP)
             for (const cuh_extent_t *x = s->first; x; x = x->next)
-                if (x->state == CUH_EXTENT_BLOCK && same_size_to_grain(x->size, size))
+                if (x->state == CUH_EXTENT_BLOCK && cuh_hp_same_size_to_grain(x->size, size))
                     return 1;
     return 0;
 }
@@ -2492,7 +2087,7 @@ static int size_live_in_huge_segments(const cuh_heap_t *h, size_t size)
 static int take_released_huge_locked(cuh_heap_t *h, size_t size)
 {
     for (unsigned i = 0; i < RELEASED_HUGE_MAX; i++)
-        if (same_size_to_grain(h->released_huge[i], size)) {
+        if (cuh_hp_same_size_to_grain(h->released_huge[i], size)) {
             h->released_huge[i] = 0;
             return 1;
         }
@@ -2524,12 +2119,12 @@ static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
      * creates 32 streams for its pool, used or not. */
     cuh_extent_t *e;
     int tried_vm_take_back = 0, tried_page_aligned = 0, tried_private = 0, tried_huge_cut = 0;
-    if (h->held_bytes && !fences_per_stream_locked(h)) {
+    if (h->held_bytes && !cuh_hp_fences_per_stream_locked(h)) {
         take_back_all_locked(h);
     } else if (h->held_bytes >= size) {
         batches_poll_locked(h, 0);   /* those the GPU has passed: no wait */
         if (h->held_bytes >= size &&
-            h->num_allocs - h->allocs_at_take_back >= TAKE_BACK_EVERY * covered_streams_locked(h))
+            h->num_allocs - h->allocs_at_take_back >= TAKE_BACK_EVERY * cuh_hp_covered_streams_locked(h))
             take_back_all_locked(h);
     }
     e = find_fit_locked(h, size, align, st->tag);
@@ -2691,8 +2286,8 @@ host_oom:
 static void large_mark_live_locked(cuh_heap_t *h, cuh_extent_t *e, size_t size)
 {
     e->requested = size;
-    stat_set(&h->requested, h->requested.current + size);
-    stat_set(&h->allocated, h->allocated.current + e->size);   /* > the rounded size only for an own segment */
+    cuh_hp_stat_set(&h->requested, h->requested.current + size);
+    cuh_hp_stat_set(&h->allocated, h->allocated.current + e->size);   /* > the rounded size only for an own segment */
 }
 
 static cuheap_status_t large_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, uintptr_t *addr)
@@ -2722,8 +2317,8 @@ static void small_mark_live_locked(cuh_heap_t *h, cuh_slab_t *s, uintptr_t addr,
     cuh_slab_set(s->live, i);
     s->requested[i] = (uint32_t)size;
     s->num_live++;
-    stat_set(&h->requested, h->requested.current + size);
-    stat_set(&h->allocated, h->allocated.current + s->obj_size);
+    cuh_hp_stat_set(&h->requested, h->requested.current + size);
+    cuh_hp_stat_set(&h->allocated, h->allocated.current + s->obj_size);
 }
 
 /* Puts object addr of slab s into stream st's cache, covered by st's next
@@ -2830,7 +2425,7 @@ static cuheap_status_t small_alloc_locked(cuh_heap_t *h, stream_state_t *st, siz
             slab_to_own_cache_locked(h, st, c, s);
     }
 found:
-    small_mark_live_locked(h, slab_of_locked(h, a), a, size);
+    small_mark_live_locked(h, cuh_hp_slab_of_locked(h, a), a, size);
     *addr = a;
     return CUHEAP_OK;
 }
@@ -2886,13 +2481,13 @@ static void tcache_return_locked(cuh_heap_t *h, cuh_tcache_t *tc, cuh_tc_entry_t
     cuh_stream_t stream = (cuh_stream_t)e->stream;
     cuh_tcache_hand_out(tc, e, e->size);
     cuh_tcache_remove(tc, e);
-    cuh_slab_t *s = slab_of_locked(h, addr);
+    cuh_slab_t *s = cuh_hp_slab_of_locked(h, addr);
     live_block_t b = {.slab = s, .index = (uint32_t)cuh_slab_index(s, addr), .size = size, .requested = size};
     cuh_slab_clear(s->tcached, b.index);
-    stat_set(&h->requested, h->requested.current - size);
-    stat_set(&h->allocated, h->allocated.current - size);
+    cuh_hp_stat_set(&h->requested, h->requested.current - size);
+    cuh_hp_stat_set(&h->allocated, h->allocated.current - size);
     /* The stream was known when the object came in: found, not created. */
-    stream_state_t *st = stream_get_locked(h, stream);
+    stream_state_t *st = cuh_hp_stream_get_locked(h, stream);
     if (cuh_likely(st != NULL)) {
         release_block_locked(h, &b, addr, st);
         return;
@@ -2916,7 +2511,7 @@ static void tcache_return_binned_locked(cuh_heap_t *h, cuh_tcache_t *tc, unsigne
 /* Makes an object the cache handed out an ordinary live block of the heap's. */
 static void tcache_disown_live_locked(cuh_heap_t *h, cuh_tcache_t *tc, cuh_tc_entry_t *e)
 {
-    cuh_slab_t *s = slab_of_locked(h, e->addr);
+    cuh_slab_t *s = cuh_hp_slab_of_locked(h, e->addr);
     uint32_t i = (uint32_t)cuh_slab_index(s, e->addr);
     s->requested[i] = e->requested;
     cuh_slab_clear(s->tcached, i);
@@ -3128,8 +2723,8 @@ static int tcache_adopt_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t a
     if (took) {
         s->requested[b->index] = (uint32_t)b->size;
         cuh_slab_set(s->tcached, b->index);
-        stat_set(&h->requested, h->requested.current + b->size);
-        stat_set(&h->allocated, h->allocated.current + b->size);
+        cuh_hp_stat_set(&h->requested, h->requested.current + b->size);
+        cuh_hp_stat_set(&h->allocated, h->allocated.current + b->size);
     }
     return took;
 }
@@ -3258,25 +2853,12 @@ static void unpark_one_locked(cuh_heap_t *h)
  * exact; peaks are exact while nobody contends, and while threads do they
  * may count other threads' held blocks. */
 
-#define CONTENDED_HOLD 4096
 /* A thread whose held blocks went back unused this many times in a row
  * parks its frees as before (in the heap's one parked block, under the
  * lock), until it takes one of those back: a thread whose large requests
  * never repeat a size would only pay for the slot and hide its frees from
  * the other threads (at 16 threads on random large sizes, 20-45% slower). */
 #define LARGE_MISSES_OFF 4
-
-/* The heap's lock, for an allocation or a free: notes whether it was held. */
-static inline void heap_lock(cuh_heap_t *h)
-{
-    if (cuh_likely(cuh_trylock(&h->lock))) {
-        if (cuh_unlikely(h->contended))
-            h->contended--;
-        return;
-    }
-    cuh_lock(&h->lock);
-    h->contended = CONTENDED_HOLD;
-}
 
 /* A held block leaves tc's books and the heap's count of allocated bytes
  * (tc's lock held); the slot is the caller's to clear. */
@@ -3600,7 +3182,7 @@ void cuh_heap_destroy(cuh_heap_t *h)
             h->drains = NULL;
             for (size_t p = 0; p < h->pages_high; p++)
                 if (h->page_handle[p]) {
-                    h->dev->ops->vm_unmap(h->dev, page_va(h, p), h->vm_page);
+                    h->dev->ops->vm_unmap(h->dev, cuh_hp_page_va(h, p), h->vm_page);
                     h->dev->ops->vm_release(h->dev, h->page_handle[p]);
                 }
             h->dev->ops->vm_unreserve(h->dev, s->base, s->size);
@@ -3672,7 +3254,7 @@ static void fence_record_locked(cuh_heap_t *h, cuh_heap_fence_t *f, size_t cap)
 cuh_heap_fence_t *cuh_heap_fence(cuh_heap_t *h)
 {
     cuh_lock(&h->lock);
-    size_t cap = (size_t)covered_streams_locked(h);
+    size_t cap = (size_t)cuh_hp_covered_streams_locked(h);
     cuh_heap_fence_t *f = calloc(1, sizeof *f + cap * sizeof f->events[0]);
     if (!f) {
         cpu_wait_device(h);   /* no room to remember: wait now */
@@ -3785,7 +3367,7 @@ static void start_locked(cuh_heap_t *h)
         h->workspace = cuh_arena_add_segment(&h->arena, base, h->cfg.workspace, CUH_REGION_WORKSPACE);
         if (h->workspace) {
             h->num_segment_allocs++;
-            refresh_stats_locked(h);
+            cuh_hp_refresh_stats_locked(h);
             return;
         }
         h->dev->ops->mem_free(h->dev, base, h->cfg.workspace);
@@ -3812,11 +3394,11 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
     }
     if (!device_wide && (*addr = tcache_alloc(h, size, stream)))
         return CUHEAP_OK;
-    heap_lock(h);
+    cuh_hp_heap_lock(h);
     if (cuh_unlikely(!h->started))
         start_locked(h);
     cuheap_status_t status;
-    stream_state_t *st = device_wide ? &h->device_wide : stream_get_locked(h, stream);
+    stream_state_t *st = device_wide ? &h->device_wide : cuh_hp_stream_get_locked(h, stream);
     if (cuh_unlikely(h->parked != NULL || h->large_tcs != NULL) && !device_wide && st && size > h->cfg.small_max) {
         cuh_extent_t *e = take_parked_locked(h, st, size);
         if (e) {
@@ -3824,7 +3406,7 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
             h->num_cache_hits++;
             h->num_allocs++;
             *addr = e->addr;
-            refresh_stats_locked(h);
+            cuh_hp_refresh_stats_locked(h);
             cuh_unlock(&h->lock);
             return CUHEAP_OK;
         }
@@ -3834,7 +3416,7 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
     if (!st) {
         cuh_set_error("out of host memory for stream records");
         status = CUHEAP_ERR_OUT_OF_MEMORY;
-    } else if (size <= h->cfg.small_max && !own_segment_locked(h)) {
+    } else if (size <= h->cfg.small_max && !cuh_hp_own_segment_locked(h)) {
         status = small_alloc_locked(h, st, size, addr);
     } else {
         status = large_alloc_locked(h, st, size, addr);
@@ -3850,7 +3432,7 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
             status = CUHEAP_ERR_OUT_OF_MEMORY;
         }
     }
-    refresh_stats_locked(h);
+    cuh_hp_refresh_stats_locked(h);
     cuh_unlock(&h->lock);
     return status;
 }
@@ -3918,7 +3500,7 @@ static cuheap_status_t find_live_locked(cuh_heap_t *h, uintptr_t addr, live_bloc
             b->requested = b->ext->requested;
             return CUHEAP_OK;
         }
-        if (!(s = slab_of_locked(h, addr)))
+        if (!(s = cuh_hp_slab_of_locked(h, addr)))
             return diagnose_free_locked(h, addr);
     }
     int64_t idx = cuh_slab_index(s, addr);
@@ -4152,7 +3734,7 @@ static void batch_close_locked(cuh_heap_t *h)
     const int fenced_all = fenced == CUH_DEV_OK;
     h->open_batch = NULL;
     h->allocs_at_close = h->num_allocs;
-    h->closed_at = seconds_since(&h->born);
+    h->closed_at = cuh_hp_seconds_since(&h->born);
     batch->events = malloc((h->num_streams + 1) * sizeof *batch->events);
     batch->event_streams = malloc((h->num_streams + 1) * sizeof *batch->event_streams);
     int synced = !batch->events || !batch->event_streams;
@@ -4210,7 +3792,8 @@ static int batches_poll_locked(cuh_heap_t *h, int wait)
      * would pay one per cudaFree (33 event records with PyTorch's stream
      * pool). A device-wide event costs one. */
     if (!h->closed_batches && h->open_batch &&
-        (wait || !fences_per_stream_locked(h) || h->num_allocs - h->allocs_at_close >= covered_streams_locked(h)))
+        (wait || !cuh_hp_fences_per_stream_locked(h) ||
+         h->num_allocs - h->allocs_at_close >= cuh_hp_covered_streams_locked(h)))
         batch_close_locked(h);
     return any;
 }
@@ -4246,18 +3829,18 @@ cuheap_status_t cuh_heap_free_device_wide(cuh_heap_t *h, uintptr_t addr)
     live_block_t b;
     cuheap_status_t status = find_live_locked(h, addr, &b);
     if (status == CUHEAP_OK) {
-        stat_set(&h->requested, h->requested.current - b.requested);
-        stat_set(&h->allocated, h->allocated.current - b.size);
+        cuh_hp_stat_set(&h->requested, h->requested.current - b.requested);
+        cuh_hp_stat_set(&h->allocated, h->allocated.current - b.size);
         h->num_frees++;
         /* Streams that record_stream named must be covered by the batch's
          * events: make sure the heap knows them. */
         use_list_t *uses = h->uses.count ? cuh_ptrmap_remove(&h->uses, addr) : NULL;
         for (size_t i = 0; uses && i < uses->count; i++)
-            stream_get_locked(h, uses->streams[i]);
+            cuh_hp_stream_get_locked(h, uses->streams[i]);
         free(uses);
         stream_state_t *st0 = NULL;
         int graph = h->captures || (h->graph.count && cuh_ptrmap_get(&h->graph, addr));
-        if (graph && (st0 = stream_get_locked(h, 0)) && maybe_hold_locked(h, addr, b.size, b.requested, st0)) {
+        if (graph && (st0 = cuh_hp_stream_get_locked(h, 0)) && maybe_hold_locked(h, addr, b.size, b.requested, st0)) {
             /* held for its graph pool, freed when the pool is released */
         } else if (batch_add_locked(h, addr, b.size, b.requested)) {
             /* No room to track it: wait for the whole device instead. */
@@ -4270,7 +3853,7 @@ cuheap_status_t cuh_heap_free_device_wide(cuh_heap_t *h, uintptr_t addr)
         if (cuh_unlikely(h->num_holds))
             holds_poll_locked(h, 0);
     }
-    refresh_stats_locked(h);
+    cuh_hp_refresh_stats_locked(h);
     cuh_unlock(&h->lock);
     return status;
 }
@@ -4279,7 +3862,7 @@ cuheap_status_t cuh_heap_register_stream(cuh_heap_t *h, cuh_stream_t stream)
 {
     cuh_lock(&h->lock);
     cuheap_status_t status = CUHEAP_OK;
-    if (!stream_get_locked(h, stream)) {
+    if (!cuh_hp_stream_get_locked(h, stream)) {
         cuh_set_error("out of host memory for stream records");
         status = CUHEAP_ERR_OUT_OF_MEMORY;
     }
@@ -4293,17 +3876,17 @@ cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
         return CUHEAP_OK;
     if (tcache_free(h, addr, stream))
         return CUHEAP_OK;
-    heap_lock(h);
+    cuh_hp_heap_lock(h);
     unpark_locked(h);
     cuheap_status_t status;
     live_block_t b;
-    stream_state_t *st = stream_get_locked(h, stream);
+    stream_state_t *st = cuh_hp_stream_get_locked(h, stream);
     if (!st) {
         cuh_set_error("out of host memory for stream records");
         status = CUHEAP_ERR_OUT_OF_MEMORY;
     } else if ((status = find_live_locked(h, addr, &b)) == CUHEAP_OK) {
-        stat_set(&h->requested, h->requested.current - b.requested);
-        stat_set(&h->allocated, h->allocated.current - b.size);
+        cuh_hp_stat_set(&h->requested, h->requested.current - b.requested);
+        cuh_hp_stat_set(&h->allocated, h->allocated.current - b.size);
         int held = cuh_unlikely(h->graph.count || h->captures || h->uses.count) &&
                    maybe_hold_locked(h, addr, b.size, b.requested, st);
         if (held || (b.slab && tcache_adopt_locked(h, &b, addr, stream))) {
@@ -4320,7 +3903,7 @@ cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
         if (cuh_unlikely(h->closed_batches != NULL))
             batches_poll_locked(h, 0);
     }
-    refresh_stats_locked(h);
+    cuh_hp_refresh_stats_locked(h);
     cuh_unlock(&h->lock);
     return status;
 }
@@ -4388,7 +3971,7 @@ void cuh_heap_capture_end(cuh_heap_t *h)
         for (size_t i = 0; i < h->num_pools_to_release; i++)
             release_pool_locked(h, h->pools_to_release[i], &synced);
         h->num_pools_to_release = 0;
-        refresh_stats_locked(h);
+        cuh_hp_refresh_stats_locked(h);
     }
     atomic_store_explicit(&h->tcache_closed, h->captures != 0, memory_order_release);
     cuh_unlock(&h->lock);
@@ -4459,7 +4042,7 @@ void cuh_heap_release_pool(cuh_heap_t *h, uint64_t pool)
         int synced = 0;
         release_pool_locked(h, pool, &synced);
     }
-    refresh_stats_locked(h);
+    cuh_hp_refresh_stats_locked(h);
     cuh_unlock(&h->lock);
 }
 
@@ -4468,11 +4051,11 @@ void cuh_heap_set_limit(cuh_heap_t *h, size_t limit)
     cuh_lock(&h->lock);
     unpark_all_locked(h);
     h->limit = limit;
-    if (limit && reserved_bytes(h) > limit && !h->captures) {
+    if (limit && cuh_hp_reserved_bytes(h) > limit && !h->captures) {
         settle_all_locked(h);
         release_free_segments_locked(h);
     }
-    refresh_stats_locked(h);
+    cuh_hp_refresh_stats_locked(h);
     cuh_unlock(&h->lock);
 }
 
@@ -4511,7 +4094,7 @@ void cuh_heap_retire_stream(cuh_heap_t *h, cuh_stream_t stream)
         if (h->last_stream == st)
             h->last_stream = NULL;
     }
-    refresh_stats_locked(h);
+    cuh_hp_refresh_stats_locked(h);
     cuh_unlock(&h->lock);
 }
 
@@ -4531,7 +4114,7 @@ cuheap_status_t cuh_heap_allow_peer(cuh_heap_t *h, int peer)
             size_t end = p;
             while (end < h->pages_high && h->page_handle[end])
                 end++;
-            ok = ops->vm_allow_peer(h->dev, peer, page_va(h, p), (end - p) * h->vm_page) == CUH_DEV_OK;
+            ok = ops->vm_allow_peer(h->dev, peer, cuh_hp_page_va(h, p), (end - p) * h->vm_page) == CUH_DEV_OK;
             p = end;
         }
         if (!ok) {
@@ -4553,9 +4136,9 @@ void cuh_heap_poll(cuh_heap_t *h)
      * counts it as free): the open batch goes out, at most once a
      * millisecond (libraries may ask for memory info often), or a program
      * that frees and then waits for free memory would wait for ever. */
-    if (!h->closed_batches && h->open_batch && seconds_since(&h->born) - h->closed_at >= POLL_CLOSE_SECONDS)
+    if (!h->closed_batches && h->open_batch && cuh_hp_seconds_since(&h->born) - h->closed_at >= POLL_CLOSE_SECONDS)
         batch_close_locked(h);
-    refresh_stats_locked(h);
+    cuh_hp_refresh_stats_locked(h);
     cuh_unlock(&h->lock);
 }
 
@@ -4637,7 +4220,7 @@ static void cuh_heap_stats_locked(cuh_heap_t *h, cuheap_stats_t *out)
     /* Cached is what is reserved and not allocated, counted now: moves
      * between thread caches and the heap's books do not refresh the heap's
      * own figure at once. */
-    out->reserved.current = reserved_bytes(h);
+    out->reserved.current = cuh_hp_reserved_bytes(h);
     if (out->reserved.peak < out->reserved.current)
         out->reserved.peak = out->reserved.current;
     out->cached.current = out->reserved.current - out->allocated.current;
@@ -4678,7 +4261,7 @@ cuheap_status_t cuh_heap_release_cached(cuh_heap_t *h)
     settle_all_locked(h);
     if (!h->captures)
         release_free_segments_locked(h);
-    refresh_stats_locked(h);
+    cuh_hp_refresh_stats_locked(h);
     cuh_unlock(&h->lock);
     return CUHEAP_OK;
 }
@@ -4759,7 +4342,7 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
             mapped += h->page_handle[p] != 0;
             if (!rc && ((h->page_mapped[p >> 6] >> (p & 63)) & 1) != (h->page_handle[p] != 0)) {
                 snprintf(msg, len, "vmm: the mapped-page bitmap disagrees with page 0x%llx",
-                         (unsigned long long)page_va(h, p));
+                         (unsigned long long)cuh_hp_page_va(h, p));
                 rc = -1;
             }
         }
@@ -4795,7 +4378,7 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
             for (size_t p = first; p < end; p++)
                 if (!h->page_handle[p]) {
                     snprintf(msg, len, "vmm: block at 0x%llx has an unmapped page at 0x%llx",
-                             (unsigned long long)e->addr, (unsigned long long)page_va(h, p));
+                             (unsigned long long)e->addr, (unsigned long long)cuh_hp_page_va(h, p));
                     rc = -1;
                     break;
                 }
@@ -4868,7 +4451,7 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
             if (!e->addr)
                 continue;
             entries++;
-            cuh_slab_t *s = slab_of_locked(h, e->addr);
+            cuh_slab_t *s = cuh_hp_slab_of_locked(h, e->addr);
             int64_t idx = s ? cuh_slab_index(s, e->addr) : -1;
             if (idx < 0 || !cuh_slab_bit(s->tcached, (uint32_t)idx) || s->obj_size != e->size) {
                 snprintf(msg, len, "thread cache: 0x%llx is not a tcached object of its size",
@@ -4953,7 +4536,7 @@ static void snapshot_runs_locked(const cuh_heap_t *h, cuh_heap_snapshot_t *snap,
         return;
     for (size_t p = 0; (p = cuh_bits_next(h->page_mapped, p, h->pages_high, 1)) < h->pages_high;) {
         size_t q = cuh_bits_next(h->page_mapped, p, h->pages_high, 0);
-        snap->runs[snap->num_runs++] = (cuh_snap_run_t){page_va(h, p), (uint64_t)(q - p) * h->vm_page};
+        snap->runs[snap->num_runs++] = (cuh_snap_run_t){cuh_hp_page_va(h, p), (uint64_t)(q - p) * h->vm_page};
         p = q;
     }
     ss->num_runs = snap->num_runs - ss->first_run;
@@ -5062,7 +4645,7 @@ cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h, int ask_device)
     }
     snap->has_oom = h->has_oom;
     snap->oom = h->last_oom;
-    snap->uptime = seconds_since(&h->born);
+    snap->uptime = cuh_hp_seconds_since(&h->born);
     snap->timeline = malloc((h->num_samples + 1) * sizeof *snap->timeline);
     if (snap->timeline) {
         memcpy(snap->timeline, h->timeline, h->num_samples * sizeof *snap->timeline);
