@@ -3,6 +3,7 @@
  * The heap of one device (heap.h is its public interface, and lists the
  * rules it keeps) lives in rooms, one concern each, over this header:
  *   heap.c             the front, and all that is not in a room of its own yet
+ *   heap_stats.c       statistics and the timeline, the consistency check, snapshots
  *
  * Names: a function another room calls is cuh_hp_NAME, declared here, or
  * defined here inline when it is small or on every malloc and free (the
@@ -207,7 +208,7 @@ struct cuh_heap_s {
      * handle, and is never fenced or listed. */
     stream_state_t device_wide;
     uint32_t num_streams, cap_streams;
-    uint32_t live_other_streams; /* streams neither retired nor the default one (what next_live_stream
+    uint32_t live_other_streams; /* streams neither retired nor the default one (what cuh_hp_next_live_stream
                                     walks, kept: every device-wide malloc and poll asks) */
     stream_state_t *last_stream;
 
@@ -335,8 +336,13 @@ typedef int (*extent_test_t)(const cuh_heap_t *h, const cuh_extent_t *e, size_t 
 /* ---- what the rooms call of each other ---------------------------------------- */
 
 /* heap.c: the front */
-void cuh_hp_sample_locked(cuh_heap_t *h);
+int cuh_hp_next_live_stream(const cuh_heap_t *h, uint32_t *i, cuh_stream_t *handle);
 stream_state_t *cuh_hp_stream_find_locked(cuh_heap_t *h, cuh_stream_t handle);
+size_t cuh_hp_largest_free_locked(const cuh_heap_t *h, size_t cached);
+void cuh_hp_unpark_all_locked(cuh_heap_t *h);
+
+/* heap_stats.c: statistics, check, snapshots */
+void cuh_hp_sample_locked(cuh_heap_t *h);
 
 /* ---- inline: small, or on every malloc and free ---------------------------------- */
 
