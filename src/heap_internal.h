@@ -3,6 +3,7 @@
  * The heap of one device (heap.h is its public interface, and lists the
  * rules it keeps) lives in rooms, one concern each, over this header:
  *   heap.c             the front, and all that is not in a room of its own yet
+ *   heap_oom.c         out of memory: the record that proves its cause
  *   heap_stats.c       statistics and the timeline, the consistency check, snapshots
  *
  * Names: a function another room calls is cuh_hp_NAME, declared here, or
@@ -340,6 +341,10 @@ int cuh_hp_next_live_stream(const cuh_heap_t *h, uint32_t *i, cuh_stream_t *hand
 stream_state_t *cuh_hp_stream_find_locked(cuh_heap_t *h, cuh_stream_t handle);
 size_t cuh_hp_largest_free_locked(const cuh_heap_t *h, size_t cached);
 void cuh_hp_unpark_all_locked(cuh_heap_t *h);
+
+/* heap_oom.c: out of memory */
+void cuh_hp_record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request, size_t block, size_t align,
+                              grow_result_t why);
 
 /* heap_stats.c: statistics, check, snapshots */
 void cuh_hp_sample_locked(cuh_heap_t *h);
