@@ -1,17 +1,6 @@
 /* heap.c - one device's heap: streams, fences, the allocation ladder, small
  * objects and statistics (the rules it keeps are listed in heap.h).
  *
- * Stream-ordered reuse. Memory freed on stream s becomes s's private memory
- * (arena tag of s; for small objects, s's per-class cache): s may reuse it at
- * once, since its own work is ordered. Other streams may not until an event
- * recorded on s after the free has completed. cuheap records such events
- * (fences) lazily: only when another stream would otherwise have to grow the
- * heap, when memory runs short, or when a free leaves a segment with no block
- * (so that it can go back to the device). A fence covers every private byte freed on
- * s before it; when it completes those bytes become global. A busy stream's
- * fence completes later, so until then it keeps using its own memory and
- * nobody waits: the CPU blocks only on the out-of-memory path.
- *
  * Device-wide frees (cudaFree: no stream, all earlier work on every stream
  * may still use the block) wait in batches fenced on every known stream;
  * see free_batch_t.
@@ -45,209 +34,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The only two ways the heap makes the CPU wait for the GPU, counted: a
- * user whose job runs slower under cuheap can see whether it stalled. */
-static cuh_dev_status_t cpu_wait_event(cuh_heap_t *h, cuh_event_t e)
-{
-    h->num_cpu_waits++;
-    return h->dev->ops->event_wait(h->dev, e);
-}
-
-static cuh_dev_status_t cpu_wait_device(cuh_heap_t *h)
-{
-    h->num_cpu_waits++;
-    return h->dev->ops->synchronize(h->dev);
-}
-
-/* ---- events and streams ------------------------------------------------------ */
-
 /* Fenced stream by stream with streams besides the default one known, a
  * take-back (and a batch close) costs calls on every stream: at most one per
  * TAKE_BACK_EVERY allocations per known stream. A poll closes a batch at
  * most once per POLL_CLOSE_SECONDS. */
 #define TAKE_BACK_EVERY 1u
 #define POLL_CLOSE_SECONDS 0.001
-
-static cuh_event_t event_get_locked(cuh_heap_t *h)
-{
-    if (h->num_spare_events)
-        return h->spare_events[--h->num_spare_events];
-    cuh_event_t e = NULL;
-    if (h->dev->ops->event_create(h->dev, &e) != CUH_DEV_OK)
-        return NULL;
-    return e;
-}
-
-static void event_put_locked(cuh_heap_t *h, cuh_event_t e)
-{
-    if (h->num_spare_events == h->cap_spare_events) {
-        size_t cap = h->cap_spare_events ? 2 * h->cap_spare_events : 16;
-        cuh_event_t *grown = realloc(h->spare_events, cap * sizeof *grown);
-        if (!grown) {
-            h->dev->ops->event_destroy(h->dev, e);
-            return;
-        }
-        h->spare_events = grown;
-        h->cap_spare_events = cap;
-    }
-    h->spare_events[h->num_spare_events++] = e;
-}
-
-/* ---- device-wide fences ------------------------------------------------------
- * cudaFree's promise covers every stream. With CUDA 12.5's device-wide event
- * and wait (device.h: event_record_all, wait_all) that costs two calls
- * whatever the number of streams (about 0.3 us each on an H200 with 33 or
- * 161 streams, against 70 us and 262 us for an event and a wait per stream:
- * bench/gpu/ctx_fence.cu), and streams cuheap never heard of are covered
- * too. Without them (device_fences:0, an older driver, a capture underway)
- * every known stream gets an event and a wait. */
-
-/* A device-wide call answered rc: a capture underway only defers it; a
- * device without them, or an error, turns them off for good (an error is
- * told: the caller fences stream by stream instead, never wrong). */
-static void device_fences_refused_locked(cuh_heap_t *h, cuh_dev_status_t rc)
-{
-    if (rc == CUH_DEV_CAPTURING)
-        return;
-    if (rc != CUH_DEV_UNSUPPORTED)
-        cuh_log("device-wide fences turned off: %s", h->dev->last_error);
-    h->device_fences = 0;
-}
-
-/* An event over the work issued so far on every stream, in *out:
- * CUH_DEV_OK; CUH_DEV_CAPTURING while a graph capture is underway (no event
- * call may be made now: an event recorded on a capturing stream would join
- * the graph); anything else when device-wide fences are off or no event was
- * to be had (the caller fences stream by stream). */
-static cuh_dev_status_t record_all_locked(cuh_heap_t *h, cuh_event_t *out)
-{
-    if (!h->device_fences || h->captures)
-        return CUH_DEV_UNSUPPORTED;
-    cuh_event_t e = event_get_locked(h);
-    if (!e)
-        return CUH_DEV_UNSUPPORTED;
-    cuh_dev_status_t rc = h->dev->ops->event_record_all(h->dev, e);
-    if (rc != CUH_DEV_OK) {
-        event_put_locked(h, e);
-        device_fences_refused_locked(h, rc);
-        return rc;
-    }
-    *out = e;
-    return CUH_DEV_OK;
-}
-
-static int stream_is_drained(const cuh_heap_t *h, const stream_state_t *st)
-{
-    const cuh_tag_books_t *b = &h->arena.tags[st->tag];
-    return !st->num_fences && !b->unfenced_bytes && !b->fenced_bytes && !st->small_unfenced && !st->small_fenced;
-}
-
-/* Walks the live streams the heap knows, then the default stream (0) once:
- *     for (uint32_t i = 0; cuh_hp_next_live_stream(h, &i, &handle);) ...
- * The streams every device-wide event, wait and take-back must cover. */
-int cuh_hp_next_live_stream(const cuh_heap_t *h, uint32_t *i, cuh_stream_t *handle)
-{
-    while (*i < h->num_streams) {
-        const stream_state_t *st = h->streams[(*i)++];
-        if (!st->retired && st->handle) {
-            *handle = st->handle;
-            return 1;
-        }
-    }
-    if (*i == h->num_streams) {
-        (*i)++;
-        *handle = 0;
-        return 1;
-    }
-    return 0;
-}
-
-/* A stream the heap hears of for the first time, after cudaFree'd blocks
- * were taken back with GPU-side waits (take_back_all_locked): those
- * waits were enqueued on the streams known then, so this one must also start
- * after everything issued so far on them, or it could touch a reused block
- * while older work still uses it. If that cannot be enqueued, the device is
- * synchronized (slow, never wrong). */
-static void stream_joins_locked(cuh_heap_t *h, const stream_state_t *joining)
-{
-    if (!h->took_back || !joining->handle || h->captures)
-        return;
-    cuh_stream_t other;
-    for (uint32_t i = 0; cuh_hp_next_live_stream(h, &i, &other);) {
-        if (other == joining->handle)
-            continue;
-        cuh_event_t ev = event_get_locked(h);
-        int ok = ev && h->dev->ops->event_record(h->dev, ev, other) == CUH_DEV_OK &&
-                 h->dev->ops->stream_wait(h->dev, joining->handle, ev) == CUH_DEV_OK;
-        if (ev)
-            event_put_locked(h, ev);   /* the wait took the event's state as it is now */
-        if (!ok) {
-            cpu_wait_device(h);
-            return;
-        }
-    }
-}
-
-stream_state_t *cuh_hp_stream_find_locked(cuh_heap_t *h, cuh_stream_t handle)
-{
-    stream_state_t *reusable = NULL;
-    for (uint32_t i = 0; i < h->num_streams; i++) {
-        stream_state_t *st = h->streams[i];
-        if (st->retired) {
-            if (!reusable && stream_is_drained(h, st))
-                reusable = st;
-        } else if (st->handle == handle) {
-            return h->last_stream = st;
-        }
-    }
-    if (reusable) {
-        /* A retired stream whose memory has all turned global: its tag can
-         * serve the new stream (its fence counter only ever grows). */
-        reusable->handle = handle;
-        reusable->retired = 0;
-        h->live_other_streams += handle != 0;
-        stream_joins_locked(h, reusable);
-        return h->last_stream = reusable;
-    }
-    if (h->num_streams == h->cap_streams) {
-        uint32_t cap = h->cap_streams ? 2 * h->cap_streams : 8;
-        stream_state_t **grown = realloc(h->streams, cap * sizeof *grown);
-        if (!grown)
-            return NULL;
-        h->streams = grown;
-        h->cap_streams = cap;
-    }
-    stream_state_t *st = calloc(1, sizeof *st);
-    if (!st || cuh_arena_reserve_tags(&h->arena, h->num_streams + 2)) {
-        free(st);
-        return NULL;
-    }
-    st->handle = handle;
-    st->tag = h->num_streams + 1;
-    h->streams[h->num_streams++] = st;
-    h->live_other_streams += handle != 0;
-    stream_joins_locked(h, st);
-    return h->last_stream = st;
-}
-
-static int stream_has_unfenced(const cuh_heap_t *h, const stream_state_t *st)
-{
-    uint64_t recorded = h->arena.tags[st->tag].fences_recorded;
-    if (h->arena.tags[st->tag].unfenced_bytes || st->small_unfenced ||
-        (h->parked && h->parked_st == st && h->parked_epoch >= recorded))
-        return 1;
-    /* Large blocks threads hold, freed on st since its last fence. */
-    int any = 0;
-    for (cuh_tcache_t *tc = h->large_tcs; tc && !any; tc = tc->large_next) {
-        if (tc->large.stream_state != st)
-            continue;
-        cuh_spin_lock(&tc->lock);
-        any = tc->large.state == CUH_TC_CACHED &&
-              (tc->large.epoch == CUH_TC_EPOCH_UNKNOWN || tc->large.epoch >= recorded);
-        cuh_spin_unlock(&tc->lock);
-    }
-    return any;
-}
 
 /* ---- small-object rings ------------------------------------------------------ */
 
@@ -276,7 +68,7 @@ static small_entry_t ring_pop_newest(small_ring_t *r)
     return r->entries[(r->head + r->count) & (r->capacity - 1)];
 }
 
-static small_entry_t ring_pop_oldest(small_ring_t *r)
+small_entry_t cuh_hp_ring_pop_oldest(small_ring_t *r)
 {
     small_entry_t e = r->entries[r->head];
     r->head = (r->head + 1) & (r->capacity - 1);
@@ -317,7 +109,7 @@ static void slab_forget_locked(cuh_heap_t *h, cuh_slab_t *s)
 
 /* Returns a small object to its slab (it is now free for every stream); a
  * slab left with no object in use or cached goes back to the arena. */
-static void slab_object_home_locked(cuh_heap_t *h, uintptr_t addr)
+void cuh_hp_slab_object_home_locked(cuh_heap_t *h, uintptr_t addr)
 {
     cuh_slab_t *s = cuh_hp_slab_of_locked(h, addr);
     size_class_t *c = &h->classes[s->size_class];
@@ -333,163 +125,7 @@ static void slab_object_home_locked(cuh_heap_t *h, uintptr_t addr)
     }
 }
 
-/* ---- fences ------------------------------------------------------------------ */
-
-/* Fences [0, completed) of st are done: its private memory they cover turns
- * global. */
-static void stream_globalize_locked(cuh_heap_t *h, stream_state_t *st)
-{
-    cuh_arena_fence_completed(&h->arena, st->tag, st->completed);
-    for (unsigned c = 0; c < h->num_classes; c++) {
-        small_ring_t *r = &st->small[c];
-        while (r->count && r->entries[r->head].epoch < st->completed) {
-            small_entry_t e = ring_pop_oldest(r);
-            st->small_fenced -= h->classes[c].size;
-            h->small_fenced_total -= h->classes[c].size;
-            slab_object_home_locked(h, e.addr);
-        }
-    }
-}
-
-/* Everything recorded on st so far has finished (after a synchronize, or
- * when an event could not be used), or every stream waits for it on the GPU
- * (take_back_private_locked): its fences are done with. */
-static void stream_all_done_locked(cuh_heap_t *h, stream_state_t *st)
-{
-    for (size_t i = 0; i < st->num_fences; i++)
-        event_put_locked(h, st->fences[i].event);
-    st->num_fences = 0;
-    st->completed = h->arena.tags[st->tag].fences_recorded;
-    stream_globalize_locked(h, st);
-}
-
-/* Records a fence on st covering its private memory. 0 if none was needed or
- * one was recorded; -1 on a device error (then the device was synchronized
- * and the memory made global, which is always safe). */
-static int stream_fence_locked(cuh_heap_t *h, stream_state_t *st)
-{
-    if (st->retired || h->captures || !stream_has_unfenced(h, st))
-        return 0;
-    if (st->num_fences == st->cap_fences) {
-        size_t cap = st->cap_fences ? 2 * st->cap_fences : 4;
-        fence_t *grown = realloc(st->fences, cap * sizeof *grown);
-        if (!grown)
-            goto fallback;
-        st->fences = grown;
-        st->cap_fences = cap;
-    }
-    cuh_event_t ev = event_get_locked(h);
-    if (!ev)
-        goto fallback;
-    if (h->dev->ops->event_record(h->dev, ev, st->handle) != CUH_DEV_OK) {
-        event_put_locked(h, ev);
-        goto fallback;
-    }
-    st->fences[st->num_fences++] = (fence_t){ev, cuh_arena_fence_recorded(&h->arena, st->tag)};
-    st->small_fenced += st->small_unfenced;
-    h->small_fenced_total += st->small_unfenced;
-    st->small_unfenced = 0;
-    return 0;
-fallback:
-    /* No event (a destroyed stream, an exhausted driver): wait for the whole
-     * device instead. Slow, rare, and never wrong. */
-    cuh_arena_fence_recorded(&h->arena, st->tag);
-    st->small_fenced += st->small_unfenced;
-    h->small_fenced_total += st->small_unfenced;
-    st->small_unfenced = 0;
-    cpu_wait_device(h);
-    stream_all_done_locked(h, st);
-    return -1;
-}
-
-/* Queries st's outstanding fences in order; returns 1 if any completed. */
-static int stream_poll_locked(cuh_heap_t *h, stream_state_t *st, int wait)
-{
-    size_t done = 0;
-    int failed = 0;
-    while (done < st->num_fences) {
-        cuh_dev_status_t rc = wait ? cpu_wait_event(h, st->fences[done].event)
-                                   : h->dev->ops->event_query(h->dev, st->fences[done].event);
-        if (rc == CUH_DEV_NOT_READY)
-            break;
-        if (rc != CUH_DEV_OK) {
-            failed = 1;
-            break;
-        }
-        st->completed = st->fences[done].number + 1;
-        event_put_locked(h, st->fences[done].event);
-        done++;
-    }
-    if (failed) {
-        cpu_wait_device(h);
-        stream_all_done_locked(h, st);
-        return 1;
-    }
-    if (!done)
-        return 0;
-    memmove(st->fences, st->fences + done, (st->num_fences - done) * sizeof *st->fences);
-    st->num_fences -= done;
-    stream_globalize_locked(h, st);
-    return 1;
-}
-
-static int holds_poll_locked(cuh_heap_t *h, int wait);
-static int batches_poll_locked(cuh_heap_t *h, int wait);
-
-/* Collects completed fences, holds and batches (wait: waits for them). Not
- * while a graph capture is underway: event calls then would invalidate it. */
-static int poll_all_locked(cuh_heap_t *h, int wait)
-{
-    int any = 0;
-    if (h->captures)
-        return 0;
-    if (h->num_holds)
-        any |= holds_poll_locked(h, wait);
-    if (h->closed_batches || h->open_batch)
-        any |= batches_poll_locked(h, wait);
-    for (uint32_t i = 0; i < h->num_streams; i++)
-        if (h->streams[i]->num_fences)
-            any |= stream_poll_locked(h, h->streams[i], wait);
-    return any;
-}
-
-/* Fences the other streams whose unfenced private memory could serve a
- * request of `size` bytes. A stream with a fence still in flight is left
- * alone: polling will collect it, and recording more events on a busy
- * stream would only add driver calls. Returns 1 if any fence was recorded. */
-static int fence_others_locked(cuh_heap_t *h, const stream_state_t *except, size_t size)
-{
-    int any = 0;
-    if (h->captures)
-        return 0;
-    for (uint32_t i = 0; i < h->num_streams; i++) {
-        stream_state_t *st = h->streams[i];
-        if (st == except || st->num_fences)
-            continue;
-        if (h->arena.tags[st->tag].unfenced_bytes + st->small_unfenced >= size) {
-            stream_fence_locked(h, st);
-            any = 1;
-        }
-    }
-    return any;
-}
-
-static void batch_close_locked(cuh_heap_t *h);
 static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch, uint64_t gen);
-static void tcache_flush_locked(cuh_heap_t *h);
-
-/* Makes all freed memory global, what thread caches hold included: fence
- * every stream and wait. */
-static void settle_all_locked(cuh_heap_t *h)
-{
-    tcache_flush_locked(h);   /* what thread caches hold is freed memory too */
-    if (h->captures)
-        return;
-    batch_close_locked(h);
-    for (uint32_t i = 0; i < h->num_streams; i++)
-        stream_fence_locked(h, h->streams[i]);
-    poll_all_locked(h, 1);
-}
 
 /* ---- segments ---------------------------------------------------------------- */
 
@@ -518,7 +154,7 @@ static void return_segment_locked(cuh_heap_t *h, cuh_segment_t *s);
 static void fence_if_left_idle_locked(cuh_heap_t *h, stream_state_t *st, const cuh_segment_t *seg, size_t used)
 {
     if (!used && !st->num_fences && cuh_hp_returnable_segment(seg))
-        stream_fence_locked(h, st);
+        cuh_hp_stream_fence_locked(h, st);
 }
 
 /* The state of the stream that owns private memory tagged `tag`. */
@@ -575,16 +211,16 @@ static size_t release_idle_segments_locked(cuh_heap_t *h, size_t needed)
         candidates = 1;
         for (cuh_extent_t *e = s->first; e; e = e->next)
             if (e->tag != CUH_TAG_GLOBAL)
-                stream_fence_locked(h, stream_of_tag(h, e->tag));
+                cuh_hp_stream_fence_locked(h, stream_of_tag(h, e->tag));
     }
     if (!candidates)
         return 0;
-    poll_all_locked(h, 0);
+    cuh_hp_poll_all_locked(h, 0);
     /* What the GPU has not passed yet: wait (a poll merges extents, so each
      * stream's memory is looked for afresh). */
     for (uint32_t i = 0; i < h->num_streams; i++)
         if (h->streams[i]->num_fences && stream_frees_in_idle_segments(h, h->streams[i], needed))
-            stream_poll_locked(h, h->streams[i], 1);
+            cuh_hp_stream_poll_locked(h, h->streams[i], 1);
     size_t released = 0;
     for (cuh_segment_t *s = h->arena.segments, *next; s; s = next) {
         next = s->next;
@@ -705,8 +341,8 @@ static int settle_unsettled_locked(cuh_heap_t *h, int wait)
             continue;
         }
         if (wait)
-            cpu_wait_event(h, e);
-        event_put_locked(h, e);
+            cuh_hp_cpu_wait_event(h, e);
+        cuh_hp_event_put_locked(h, e);
     }
     h->num_unsettled = kept;
     return kept == 0;
@@ -722,11 +358,11 @@ static uint64_t settled_gen_locked(cuh_heap_t *h, int wait)
     if (h->captures)
         return h->settled_gen;   /* no event call during a capture */
     if (wait && h->num_gen_events)
-        cpu_wait_event(h, h->gen_events[h->num_gen_events - 1].event);
+        cuh_hp_cpu_wait_event(h, h->gen_events[h->num_gen_events - 1].event);
     size_t done = 0;
     while (done < h->num_gen_events && h->dev->ops->event_query(h->dev, h->gen_events[done].event) == CUH_DEV_OK) {
         h->settled_gen = h->gen_events[done].gen;
-        event_put_locked(h, h->gen_events[done++].event);
+        cuh_hp_event_put_locked(h, h->gen_events[done++].event);
     }
     h->num_gen_events -= done;
     memmove(h->gen_events, h->gen_events + done, h->num_gen_events * sizeof *h->gen_events);
@@ -795,14 +431,14 @@ static int drains_poll_locked(cuh_heap_t *h, int wait)
                 link = &d->next;
                 continue;
             }
-            cpu_wait_event(h, d->event);
+            cuh_hp_cpu_wait_event(h, d->event);
         }
         for (size_t i = 0; i < d->num_extents; i++) {
             unmap_drain_locked(h, d->extents[i]);
             cuh_arena_release(&h->arena, d->extents[i], CUH_TAG_GLOBAL);   /* the GPU passed the frees */
         }
         if (d->event)
-            event_put_locked(h, d->event);
+            cuh_hp_event_put_locked(h, d->event);
         *link = d->next;
         free(d);
     }
@@ -843,7 +479,7 @@ static size_t lend_own_pages_locked(cuh_heap_t *h, stream_state_t *own, uint64_t
                 run++;
             if (!d) {
                 d = malloc(sizeof *d + want * sizeof d->extents[0]);
-                cuh_event_t ev = d ? event_get_locked(h) : NULL;
+                cuh_event_t ev = d ? cuh_hp_event_get_locked(h) : NULL;
                 if (!ev) {
                     free(d);
                     return 0;
@@ -865,15 +501,15 @@ static size_t lend_own_pages_locked(cuh_heap_t *h, stream_state_t *own, uint64_t
     if (!d)
         return 0;
     if (!d->num_extents) {
-        event_put_locked(h, d->event);
+        cuh_hp_event_put_locked(h, d->event);
         free(d);
         return 0;
     }
     if (h->dev->ops->event_record(h->dev, d->event, own->handle) != CUH_DEV_OK) {
         /* No event: wait for the whole device, and unmap the old mappings now. */
-        event_put_locked(h, d->event);
+        cuh_hp_event_put_locked(h, d->event);
         d->event = NULL;
-        cpu_wait_device(h);
+        cuh_hp_cpu_wait_device(h);
     }
     vm_drain_t **link = &h->drains;
     while (*link)
@@ -1038,8 +674,8 @@ static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_s
          * fence them all (our own too: unmapping is not stream-ordered). */
         for (uint32_t i = 0; i < h->num_streams; i++)
             if (!h->streams[i]->num_fences)
-                stream_fence_locked(h, h->streams[i]);
-        if (poll_all_locked(h, 0))
+                cuh_hp_stream_fence_locked(h, h->streams[i]);
+        if (cuh_hp_poll_all_locked(h, 0))
             STEAL(0, st);
     }
     while (got < need) {
@@ -1066,7 +702,7 @@ static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_s
         h->num_segment_allocs++;
     }
     if (got < need && *why != GROW_ERROR && !h->captures) {
-        settle_all_locked(h);
+        cuh_hp_settle_all_locked(h);
         STEAL(1, NULL);
     }
 #undef STEAL
@@ -1169,8 +805,6 @@ static cuh_extent_t *take_locked(cuh_heap_t *h, cuh_extent_t *free_ext, size_t s
     return cuh_arena_take(&h->arena, free_ext, size, align, state, st->tag);
 }
 
-static int events_done_locked(cuh_heap_t *h, cuh_event_t *events, size_t *num_events, int wait);
-
 /* Keeps `e`, recorded on `stream` just now, until it completes
  * (settle_unsettled_locked). Work on a stream completes in order, so it
  * stands for every event kept for its stream and takes their place: at most
@@ -1181,7 +815,7 @@ static void unsettled_add_locked(cuh_heap_t *h, cuh_event_t e, cuh_stream_t stre
     for (size_t i = 0; i < h->num_unsettled; i++) {
         kept_event_t *k = &h->unsettled[i];
         if (k->stream == stream)
-            event_put_locked(h, k->event);   /* the new one stands for it */
+            cuh_hp_event_put_locked(h, k->event);   /* the new one stands for it */
         else
             h->unsettled[kept++] = *k;
     }
@@ -1190,8 +824,8 @@ static void unsettled_add_locked(cuh_heap_t *h, cuh_event_t e, cuh_stream_t stre
         size_t cap = h->cap_unsettled ? 2 * h->cap_unsettled : 8;
         kept_event_t *grown = realloc(h->unsettled, cap * sizeof *grown);
         if (!grown) {
-            cpu_wait_event(h, e);
-            event_put_locked(h, e);
+            cuh_hp_cpu_wait_event(h, e);
+            cuh_hp_event_put_locked(h, e);
             return;
         }
         h->unsettled = grown;
@@ -1208,17 +842,17 @@ static void unsettled_add_locked(cuh_heap_t *h, cuh_event_t e, cuh_stream_t stre
  * be recorded. */
 static uint64_t gen_open_locked(cuh_heap_t *h)
 {
-    cuh_event_t e = event_get_locked(h);
+    cuh_event_t e = cuh_hp_event_get_locked(h);
     if (!e || h->dev->ops->event_record(h->dev, e, 0) != CUH_DEV_OK) {
         if (e)
-            event_put_locked(h, e);
+            cuh_hp_event_put_locked(h, e);
         return 0;
     }
     (void)settled_gen_locked(h, 0);   /* drop those done */
     const uint64_t gen = h->take_back_gen + 1;
     if (h->num_gen_events == GEN_EVENTS_MAX) {
         /* The newest stands for the one it replaces, and for its generation. */
-        event_put_locked(h, h->gen_events[GEN_EVENTS_MAX - 1].event);
+        cuh_hp_event_put_locked(h, h->gen_events[GEN_EVENTS_MAX - 1].event);
         h->gen_events[GEN_EVENTS_MAX - 1] = (gen_event_t){e, gen};
     } else {
         h->gen_events[h->num_gen_events++] = (gen_event_t){e, gen};
@@ -1250,7 +884,7 @@ static int order_streams_after_locked(cuh_heap_t *h, cuh_event_t **running, cons
             /* A device-wide event: one device-wide wait, streams to come included. */
             cuh_dev_status_t rc = h->dev->ops->wait_all(h->dev, *running[k]);
             if (rc != CUH_DEV_OK) {
-                device_fences_refused_locked(h, rc);
+                cuh_hp_device_fences_refused_locked(h, rc);
                 return rc == CUH_DEV_CAPTURING ? -1 : 0;
             }
         } else if (running[k]) {
@@ -1271,7 +905,7 @@ static int order_streams_after_locked(cuh_heap_t *h, cuh_event_t **running, cons
                     return 0;
         return 1;
     }
-    cuh_event_t join = event_get_locked(h);
+    cuh_event_t join = cuh_hp_event_get_locked(h);
     int ok = join != NULL;
     for (size_t k = 0; ok && k < n; k++)
         if (running[k] && where[k] != 0 && where[k] != ALL_STREAMS)
@@ -1283,7 +917,7 @@ static int order_streams_after_locked(cuh_heap_t *h, cuh_event_t **running, cons
     /* A wait holds the record it was enqueued behind: the event may be
      * recorded again for something else at once. */
     if (join)
-        event_put_locked(h, join);
+        cuh_hp_event_put_locked(h, join);
     return ok;
 }
 
@@ -1309,7 +943,7 @@ static int take_back_all_locked(cuh_heap_t *h)
     if (!h->cfg.wait_before_grow || h->captures || (!h->open_batch && !h->closed_batches))
         return 0;
     const size_t held_before = h->held_bytes;
-    batch_close_locked(h);   /* may finish it at once, or leave it open (a capture underway) */
+    cuh_hp_batch_close_locked(h);   /* may finish it at once, or leave it open (a capture underway) */
     const int others = cuh_hp_other_streams_locked(h);
     int per_stream = 0, device_wide = 0;   /* batches fenced stream by stream, and over the device */
     for (free_batch_t *b = h->closed_batches; b; b = b->next)
@@ -1353,7 +987,7 @@ static int take_back_all_locked(cuh_heap_t *h)
         }
         if (!waited) {   /* the CPU waits instead */
             for (free_batch_t *b = h->closed_batches; b; b = b->next)
-                events_done_locked(h, b->events, &b->num_events, 1);
+                cuh_hp_events_done_locked(h, b->events, &b->num_events, 1);
         } else if (h->vm) {
             /* No page of these blocks may be unmapped before the running
              * work is done: their pages are stamped with a new generation
@@ -1364,7 +998,7 @@ static int take_back_all_locked(cuh_heap_t *h)
             if (any_running && !(stamp = gen_open_locked(h)))
                 for (size_t e = 0; e < n; e++)
                     if (running[e])
-                        cpu_wait_event(h, *running[e]);   /* no event: the CPU waits instead */
+                        cuh_hp_cpu_wait_event(h, *running[e]);   /* no event: the CPU waits instead */
         }
         free(running);
         free(where);
@@ -1388,10 +1022,10 @@ static int take_back_all_locked(cuh_heap_t *h)
  * unsettled_add_locked). 0 if none could be recorded. */
 static int keep_until_done_locked(cuh_heap_t *h, stream_state_t *st)
 {
-    cuh_event_t done = event_get_locked(h);
+    cuh_event_t done = cuh_hp_event_get_locked(h);
     if (!done || h->dev->ops->event_record(h->dev, done, st->handle) != CUH_DEV_OK) {
         if (done)
-            event_put_locked(h, done);
+            cuh_hp_event_put_locked(h, done);
         return 0;
     }
     unsettled_add_locked(h, done, st->handle);
@@ -1442,7 +1076,7 @@ static int take_back_private_locked(cuh_heap_t *h)
     int ok = running && where && owner, any = 0;
     for (uint32_t i = 0; ok && i < h->num_streams; i++) {
         stream_state_t *st = h->streams[i];
-        if (stream_fence_locked(h, st) < 0 || !st->num_fences)
+        if (cuh_hp_stream_fence_locked(h, st) < 0 || !st->num_fences)
             continue;   /* nothing private, or made global by a synchronize */
         running[n] = &st->fences[st->num_fences - 1].event;   /* the newest stands for the older */
         where[n] = st->handle;
@@ -1458,7 +1092,7 @@ static int take_back_private_locked(cuh_heap_t *h)
             ok = 0;   /* no event to keep: this and the rest stay private */
             break;
         }
-        stream_all_done_locked(h, st);   /* every stream is ordered after its fences */
+        cuh_hp_stream_all_done_locked(h, st);   /* every stream is ordered after its fences */
         any = 1;
     }
     if (any)
@@ -1490,7 +1124,7 @@ static int borrow_private_locked(cuh_heap_t *h, stream_state_t *to)
         const cuh_tag_books_t *books = &h->arena.tags[st->tag];
         if (st == to || (!books->unfenced_bytes && !books->fenced_bytes))
             continue;
-        if (stream_fence_locked(h, st) < 0) {
+        if (cuh_hp_stream_fence_locked(h, st) < 0) {
             any = 1;   /* the device was synchronized: all of it is global */
             continue;
         }
@@ -1498,7 +1132,7 @@ static int borrow_private_locked(cuh_heap_t *h, stream_state_t *to)
             continue;
         const fence_t *newest = &st->fences[st->num_fences - 1];
         if (h->dev->ops->event_query(h->dev, newest->event) == CUH_DEV_OK) {
-            any |= stream_poll_locked(h, st, 0);
+            any |= cuh_hp_stream_poll_locked(h, st, 0);
             continue;
         }
         if (h->vm && !keep_until_done_locked(h, st))
@@ -1886,7 +1520,7 @@ static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
     if (h->held_bytes && !cuh_hp_fences_per_stream_locked(h)) {
         take_back_all_locked(h);
     } else if (h->held_bytes >= size) {
-        batches_poll_locked(h, 0);   /* those the GPU has passed: no wait */
+        cuh_hp_batches_poll_locked(h, 0);   /* those the GPU has passed: no wait */
         if (h->held_bytes >= size &&
             h->num_allocs - h->allocs_at_take_back >= TAKE_BACK_EVERY * cuh_hp_covered_streams_locked(h))
             take_back_all_locked(h);
@@ -1895,9 +1529,9 @@ static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
     if (cuh_likely(e != NULL))
         goto hit;
 retry_after_take_back:
-    if (poll_all_locked(h, 0) && (e = find_fit_locked(h, size, align, st->tag)))
+    if (cuh_hp_poll_all_locked(h, 0) && (e = find_fit_locked(h, size, align, st->tag)))
         goto hit;
-    if (fence_others_locked(h, st, size) && poll_all_locked(h, 0) &&
+    if (cuh_hp_fence_others_locked(h, st, size) && cuh_hp_poll_all_locked(h, 0) &&
         (e = find_fit_locked(h, size, align, st->tag)))
         goto hit;
 
@@ -1919,7 +1553,7 @@ retry_after_take_back:
     if (why == GROW_OK)
         goto grown;
     /* Refused: wait for all freed memory, then give back what is whole. */
-    settle_all_locked(h);
+    cuh_hp_settle_all_locked(h);
     if ((e = find_fit_locked(h, size, align, st->tag)))
         goto hit;
     h->num_retries++;
@@ -2095,19 +1729,6 @@ static int cache_small_locked(cuh_heap_t *h, stream_state_t *st, const cuh_slab_
     return 0;
 }
 
-/* Waits until the GPU has passed stream st's work so far (the whole device's
- * during a capture, where no event may be recorded): what cannot wait in a
- * cache for a fence is made safe for everyone the slow way. */
-static void wait_for_stream_locked(cuh_heap_t *h, stream_state_t *st)
-{
-    if (!h->captures) {
-        stream_fence_locked(h, st);
-        stream_poll_locked(h, st, 1);
-    } else {
-        cpu_wait_device(h);
-    }
-}
-
 /* Moves every avail object of slab s (just cut from stream st's private
  * memory) into st's cache for class c, fenced by st's next fence. If the
  * cache cannot grow, st's work is waited for instead and they stay. */
@@ -2117,7 +1738,7 @@ static void slab_to_own_cache_locked(cuh_heap_t *h, stream_state_t *st, size_cla
         int64_t i = cuh_slab_take(s);
         if (cache_small_locked(h, st, s, s->base + (uintptr_t)i * s->obj_size) != 0) {
             cuh_slab_give_back(s, (uint32_t)i);
-            wait_for_stream_locked(h, st);
+            cuh_hp_wait_for_stream_locked(h, st);
             return;
         }
     }
@@ -2153,7 +1774,7 @@ static cuheap_status_t small_alloc_locked(cuh_heap_t *h, stream_state_t *st, siz
         }
         a = e.addr;
         h->num_cache_hits++;
-    } else if ((a = small_from_slabs_locked(c)) || (poll_all_locked(h, 0) && (a = small_from_slabs_locked(c)))) {
+    } else if ((a = small_from_slabs_locked(c)) || (cuh_hp_poll_all_locked(h, 0) && (a = small_from_slabs_locked(c)))) {
         h->num_cache_hits++;
     } else {
         cuheap_status_t status = CUHEAP_OK;
@@ -2260,8 +1881,8 @@ static void tcache_return_locked(cuh_heap_t *h, cuh_tcache_t *tc, cuh_tc_entry_t
      * slow way. */
     cuh_slab_clear(s->live, b.index);
     s->num_live--;
-    cpu_wait_device(h);
-    slab_object_home_locked(h, addr);
+    cuh_hp_cpu_wait_device(h);
+    cuh_hp_slab_object_home_locked(h, addr);
 }
 
 /* Gives back item i of class c's bin. */
@@ -2286,7 +1907,7 @@ static void tcache_disown_live_locked(cuh_heap_t *h, cuh_tcache_t *tc, cuh_tc_en
 
 /* Gives back what one cache holds (all streams, or only `stream`'s); with
  * forget_live, its handed-out objects become the heap's live blocks too. */
-static void tcache_flush_one_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_streams, cuh_stream_t stream,
+void cuh_hp_tcache_flush_one_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_streams, cuh_stream_t stream,
                                     int forget_live)
 {
     cuh_spin_lock(&tc->lock);
@@ -2305,10 +1926,10 @@ static void tcache_flush_one_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_str
     cuh_spin_unlock(&tc->lock);
 }
 
-static void tcache_flush_locked(cuh_heap_t *h)
+void cuh_hp_tcache_flush_locked(cuh_heap_t *h)
 {
     for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next)
-        tcache_flush_one_locked(h, tc, 1, 0, 0);
+        cuh_hp_tcache_flush_one_locked(h, tc, 1, 0, 0);
     if (h->large_tcs)
         large_slots_empty_locked(h, LARGE_ALL_HELD);
 }
@@ -2344,7 +1965,7 @@ static cuheap_status_t tcache_take_locked(cuh_heap_t *h, const cuh_slab_t *s, ui
 /* Unlinks a cache from its heap after giving everything back. */
 static void tcache_detach_locked(cuh_heap_t *h, cuh_tcache_t *tc)
 {
-    tcache_flush_one_locked(h, tc, 1, 0, 1);
+    cuh_hp_tcache_flush_one_locked(h, tc, 1, 0, 1);
     if (tc->large_listed) {
         cuh_spin_lock(&tc->lock);
         large_slot_empty_locked(h, tc);
@@ -2976,101 +2597,6 @@ void cuh_heap_destroy(cuh_heap_t *h)
     free(h);
 }
 
-/* ---- fences for memory outside the heap ------------------------------------ *
- * Pinned host memory obeys cudaFree's rule too (the real cudaFreeHost
- * synchronizes): a freed buffer waits until all work issued before the free
- * has finished. A fence is what a device-wide batch waits for - one
- * device-wide event, or an event on the default stream and on every live
- * stream the heap knows - kept apart from the batches, whose take-backs let
- * the GPU, not the host, wait: host memory is written by the host. The
- * fence's type is defined with the batches (cuh_heap_fence_s). */
-
-/* Records the fence's events (one device-wide event when it can); on any
- * failure synchronizes the device instead (slow, never wrong), leaving no
- * event to wait for. */
-static void fence_record_locked(cuh_heap_t *h, cuh_heap_fence_t *f, size_t cap)
-{
-    cuh_stream_t handle;
-    cuh_event_t all = NULL;
-    const cuh_dev_status_t fenced = cap ? record_all_locked(h, &all) : CUH_DEV_UNSUPPORTED;
-    if (fenced == CUH_DEV_OK) {
-        f->recorded = 1;
-        f->events[f->num_events++] = all;
-        return;
-    }
-    if (fenced == CUH_DEV_CAPTURING)
-        return;   /* recorded later (cuh_heap_fence_passed), as during the heap's own captures */
-    f->recorded = 1;
-    for (uint32_t i = 0; cuh_hp_next_live_stream(h, &i, &handle);) {
-        cuh_event_t ev = f->num_events < cap ? event_get_locked(h) : NULL;
-        if (!ev || h->dev->ops->event_record(h->dev, ev, handle) != CUH_DEV_OK) {
-            if (ev)
-                event_put_locked(h, ev);
-            while (f->num_events)
-                event_put_locked(h, f->events[--f->num_events]);
-            cpu_wait_device(h);
-            return;
-        }
-        f->events[f->num_events++] = ev;
-    }
-}
-
-cuh_heap_fence_t *cuh_heap_fence(cuh_heap_t *h)
-{
-    cuh_lock(&h->lock);
-    size_t cap = (size_t)cuh_hp_covered_streams_locked(h);
-    cuh_heap_fence_t *f = calloc(1, sizeof *f + cap * sizeof f->events[0]);
-    if (!f) {
-        cpu_wait_device(h);   /* no room to remember: wait now */
-        cuh_unlock(&h->lock);
-        return NULL;
-    }
-    f->cap = cap;
-    if (!h->captures)
-        fence_record_locked(h, f, cap);
-    f->next = h->fences;
-    if (h->fences)
-        h->fences->prev = f;
-    h->fences = f;
-    cuh_unlock(&h->lock);
-    return f;
-}
-
-int cuh_heap_fence_passed(cuh_heap_t *h, cuh_heap_fence_t *f, int wait)
-{
-    if (!f)
-        return 1;
-    cuh_lock(&h->lock);
-    int passed = 0;
-    /* Made during a capture: work issued before the free was issued before
-     * now too, so events recorded now cover it (with more streams known
-     * than there is room for, fence_record_locked synchronizes instead). */
-    if (!f->recorded && !h->captures)
-        fence_record_locked(h, f, f->cap);
-    /* Still capturing: no event may be recorded and no wait made now. */
-    if (f->recorded)
-        passed = events_done_locked(h, f->events, &f->num_events, wait);
-    cuh_unlock(&h->lock);
-    return passed;
-}
-
-void cuh_heap_fence_free(cuh_heap_t *h, cuh_heap_fence_t *f)
-{
-    if (!f)
-        return;
-    cuh_lock(&h->lock);
-    while (f->num_events)
-        event_put_locked(h, f->events[--f->num_events]);
-    if (f->prev)
-        f->prev->next = f->next;
-    else
-        h->fences = f->next;
-    if (f->next)
-        f->next->prev = f->prev;
-    cuh_unlock(&h->lock);
-    free(f);
-}
-
 /* Sets up the virtual-memory reservation (vmm:1): four times the device's
  * memory of address space, so that free address ranges whose pages moved
  * elsewhere never crowd out new blocks. A device without virtual memory
@@ -3307,29 +2833,11 @@ static void release_block_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t
     if (cache_small_locked(h, st, s, addr) == 0)
         return;
     /* No room to cache it: make it safe for everyone the slow way. */
-    wait_for_stream_locked(h, st);
-    slab_object_home_locked(h, addr);
+    cuh_hp_wait_for_stream_locked(h, st);
+    cuh_hp_slab_object_home_locked(h, addr);
 }
 
 /* ---- holds ------------------------------------------------------------------------ */
-
-/* Polls a list of events from its end (wait: waits for them), returning
- * each completed one to the spares; 1 when none is left. An event that
- * fails is answered by synchronizing the device, which is never wrong. */
-static int events_done_locked(cuh_heap_t *h, cuh_event_t *events, size_t *num_events, int wait)
-{
-    while (*num_events) {
-        cuh_event_t ev = events[*num_events - 1];
-        cuh_dev_status_t rc = wait ? cpu_wait_event(h, ev) : h->dev->ops->event_query(h->dev, ev);
-        if (rc == CUH_DEV_NOT_READY)
-            return 0;
-        if (rc != CUH_DEV_OK)
-            cpu_wait_device(h);
-        event_put_locked(h, ev);
-        (*num_events)--;
-    }
-    return 1;
-}
 
 /* Takes a held block off the held books; 1 with its live block in *b. */
 static int unhold_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested, live_block_t *b)
@@ -3364,7 +2872,7 @@ static void hold_finish_locked(cuh_heap_t *h, size_t k)
     hold_t *hd = h->holds[k];
     h->holds[k] = h->holds[--h->num_holds];
     for (size_t i = 0; i < hd->num_events; i++)
-        event_put_locked(h, hd->events[i]);
+        cuh_hp_event_put_locked(h, hd->events[i]);
     live_block_t b;
     if (unhold_locked(h, hd->addr, hd->size, hd->requested, &b))
         release_block_locked(h, &b, hd->addr, h->streams[hd->free_tag - 1]);
@@ -3373,14 +2881,14 @@ static void hold_finish_locked(cuh_heap_t *h, size_t k)
 
 /* Finishes every hold whose events have completed (wait: waits for them).
  * Never during a graph capture: event calls would break it. */
-static int holds_poll_locked(cuh_heap_t *h, int wait)
+int cuh_hp_holds_poll_locked(cuh_heap_t *h, int wait)
 {
     int any = 0;
     if (h->captures)
         return 0;
     for (size_t k = 0; k < h->num_holds;) {
         hold_t *hd = h->holds[k];
-        if (!hd->pool && events_done_locked(h, hd->events, &hd->num_events, wait)) {
+        if (!hd->pool && cuh_hp_events_done_locked(h, hd->events, &hd->num_events, wait)) {
             hold_finish_locked(h, k);
             any = 1;
         } else {
@@ -3416,11 +2924,11 @@ static int maybe_hold_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t 
         for (size_t i = 0; !pool && i < n; i++) {
             if (uses->streams[i] == st->handle)
                 continue;   /* ordered after the free's own stream already */
-            cuh_event_t ev = event_get_locked(h);
+            cuh_event_t ev = cuh_hp_event_get_locked(h);
             if (!ev || h->dev->ops->event_record(h->dev, ev, uses->streams[i]) != CUH_DEV_OK) {
                 if (ev)
-                    event_put_locked(h, ev);
-                cpu_wait_device(h);   /* cannot fence it: wait for everything */
+                    cuh_hp_event_put_locked(h, ev);
+                cuh_hp_cpu_wait_device(h);   /* cannot fence it: wait for everything */
                 synced = 1;
                 break;
             }
@@ -3431,11 +2939,11 @@ static int maybe_hold_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t 
     if (!hd || synced || (!pool && !hd->num_events) || hold_add_locked(h, hd)) {
         if (hd) {
             for (size_t i = 0; i < hd->num_events; i++)
-                event_put_locked(h, hd->events[i]);
+                cuh_hp_event_put_locked(h, hd->events[i]);
             if (!synced && hd->num_events)
-                cpu_wait_device(h);
+                cuh_hp_cpu_wait_device(h);
         } else if (!pool) {
-            cpu_wait_device(h);
+            cuh_hp_cpu_wait_device(h);
         }
         free(hd);
         /* A graph pool's block that cannot be tracked stays out of reuse for
@@ -3458,7 +2966,7 @@ static void release_block_global_locked(cuh_heap_t *h, const live_block_t *b, ui
     }
     cuh_slab_clear(b->slab->live, b->index);
     b->slab->num_live--;
-    slab_object_home_locked(h, addr);
+    cuh_hp_slab_object_home_locked(h, addr);
 }
 
 /* The batch's events have all completed, or a take-back returns its blocks
@@ -3475,24 +2983,24 @@ static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch, uint64_t gen
             release_block_global_locked(h, &b, x->addr);
     }
     for (size_t i = 0; i < batch->num_events; i++)
-        event_put_locked(h, batch->events[i]);
+        cuh_hp_event_put_locked(h, batch->events[i]);
     free(batch->events);
     free(batch->event_streams);
     free(batch->entries);
     free(batch);
 }
 
-/* Closes the open batch: one device-wide event (record_all_locked), or one
+/* Closes the open batch: one device-wide event (cuh_hp_record_all_locked), or one
  * event on every live stream the heap knows and on the default stream. If an
  * event cannot be recorded the device is synchronized instead and the batch
  * is finished at once (slow, never wrong). Never during a graph capture. */
-static void batch_close_locked(cuh_heap_t *h)
+void cuh_hp_batch_close_locked(cuh_heap_t *h)
 {
     free_batch_t *batch = h->open_batch;
     if (!batch || h->captures)
         return;
     cuh_event_t all = NULL;
-    const cuh_dev_status_t fenced = record_all_locked(h, &all);
+    const cuh_dev_status_t fenced = cuh_hp_record_all_locked(h, &all);
     if (fenced == CUH_DEV_CAPTURING)
         return;   /* stays open until the capture ends */
     const int fenced_all = fenced == CUH_DEV_OK;
@@ -3506,14 +3014,14 @@ static void batch_close_locked(cuh_heap_t *h)
         batch->event_streams[0] = ALL_STREAMS;
         batch->events[batch->num_events++] = all;
     } else if (fenced_all) {
-        event_put_locked(h, all);   /* no room for it: the device is synchronized below */
+        cuh_hp_event_put_locked(h, all);   /* no room for it: the device is synchronized below */
     }
     cuh_stream_t handle;
     for (uint32_t i = 0; !synced && !fenced_all && cuh_hp_next_live_stream(h, &i, &handle);) {
-        cuh_event_t ev = event_get_locked(h);
+        cuh_event_t ev = cuh_hp_event_get_locked(h);
         if (!ev || h->dev->ops->event_record(h->dev, ev, handle) != CUH_DEV_OK) {
             if (ev)
-                event_put_locked(h, ev);
+                cuh_hp_event_put_locked(h, ev);
             synced = 1;
             break;
         }
@@ -3521,7 +3029,7 @@ static void batch_close_locked(cuh_heap_t *h)
         batch->events[batch->num_events++] = ev;
     }
     if (synced) {
-        cpu_wait_device(h);
+        cuh_hp_cpu_wait_device(h);
         batch_finish_locked(h, batch, 0);
         return;
     }
@@ -3535,14 +3043,14 @@ static void batch_close_locked(cuh_heap_t *h)
  * them); then, if none is left in flight, closes the open one so the next
  * frees are already on their way (rationed with other streams known).
  * Returns 1 if any batch finished. */
-static int batches_poll_locked(cuh_heap_t *h, int wait)
+int cuh_hp_batches_poll_locked(cuh_heap_t *h, int wait)
 {
     int any = 0;
     if (h->captures)
         return 0;
     for (free_batch_t **p = &h->closed_batches; *p;) {
         free_batch_t *batch = *p;
-        if (!events_done_locked(h, batch->events, &batch->num_events, wait)) {
+        if (!cuh_hp_events_done_locked(h, batch->events, &batch->num_events, wait)) {
             p = &batch->next;
             continue;
         }
@@ -3558,7 +3066,7 @@ static int batches_poll_locked(cuh_heap_t *h, int wait)
     if (!h->closed_batches && h->open_batch &&
         (wait || !cuh_hp_fences_per_stream_locked(h) ||
          h->num_allocs - h->allocs_at_close >= cuh_hp_covered_streams_locked(h)))
-        batch_close_locked(h);
+        cuh_hp_batch_close_locked(h);
     return any;
 }
 
@@ -3609,27 +3117,15 @@ cuheap_status_t cuh_heap_free_device_wide(cuh_heap_t *h, uintptr_t addr)
         } else if (batch_add_locked(h, addr, b.size, b.requested)) {
             /* No room to track it: wait for the whole device instead. */
             if (!h->captures)
-                cpu_wait_device(h);
+                cuh_hp_cpu_wait_device(h);
             release_block_global_locked(h, &b, addr);
         } else {
-            batches_poll_locked(h, 0);
+            cuh_hp_batches_poll_locked(h, 0);
         }
         if (cuh_unlikely(h->num_holds))
-            holds_poll_locked(h, 0);
+            cuh_hp_holds_poll_locked(h, 0);
     }
     cuh_hp_refresh_stats_locked(h);
-    cuh_unlock(&h->lock);
-    return status;
-}
-
-cuheap_status_t cuh_heap_register_stream(cuh_heap_t *h, cuh_stream_t stream)
-{
-    cuh_lock(&h->lock);
-    cuheap_status_t status = CUHEAP_OK;
-    if (!cuh_hp_stream_get_locked(h, stream)) {
-        cuh_set_error("out of host memory for stream records");
-        status = CUHEAP_ERR_OUT_OF_MEMORY;
-    }
     cuh_unlock(&h->lock);
     return status;
 }
@@ -3663,9 +3159,9 @@ cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
         }
         h->num_frees++;
         if (cuh_unlikely(h->num_holds))
-            holds_poll_locked(h, 0);
+            cuh_hp_holds_poll_locked(h, 0);
         if (cuh_unlikely(h->closed_batches != NULL))
-            batches_poll_locked(h, 0);
+            cuh_hp_batches_poll_locked(h, 0);
     }
     cuh_hp_refresh_stats_locked(h);
     cuh_unlock(&h->lock);
@@ -3764,11 +3260,11 @@ static void release_pool_locked(cuh_heap_t *h, uint64_t pool, int *synced)
             continue;
         }
         if (!*synced) {
-            cpu_wait_device(h);
+            cuh_hp_cpu_wait_device(h);
             *synced = 1;
         }
         for (size_t i = 0; i < hd->num_events; i++)
-            event_put_locked(h, hd->events[i]);
+            cuh_hp_event_put_locked(h, hd->events[i]);
         hd->num_events = 0;
         hold_finish_locked(h, k);
     }
@@ -3816,7 +3312,7 @@ void cuh_heap_set_limit(cuh_heap_t *h, size_t limit)
     cuh_hp_unpark_all_locked(h);
     h->limit = limit;
     if (limit && cuh_hp_reserved_bytes(h) > limit && !h->captures) {
-        settle_all_locked(h);
+        cuh_hp_settle_all_locked(h);
         release_free_segments_locked(h);
     }
     cuh_hp_refresh_stats_locked(h);
@@ -3835,31 +3331,6 @@ int cuh_heap_segment_of(cuh_heap_t *h, uintptr_t addr, uintptr_t *base, size_t *
     }
     cuh_unlock(&h->lock);
     return seg != NULL;
-}
-
-void cuh_heap_retire_stream(cuh_heap_t *h, cuh_stream_t stream)
-{
-    cuh_lock(&h->lock);
-    cuh_hp_unpark_all_locked(h);
-    for (uint32_t i = 0; i < h->num_streams; i++) {
-        stream_state_t *st = h->streams[i];
-        if (st->retired || st->handle != stream)
-            continue;
-        /* What thread caches hold for it joins its ring first; what they
-         * handed out on it they forget (a new stream may get its handle). */
-        for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next)
-            tcache_flush_one_locked(h, tc, 0, stream, 1);
-        /* The last event ever recorded on it covers all it freed; it stays
-         * valid after the stream is destroyed. */
-        stream_fence_locked(h, st);
-        stream_poll_locked(h, st, 0);
-        st->retired = 1;
-        h->live_other_streams -= st->handle != 0;
-        if (h->last_stream == st)
-            h->last_stream = NULL;
-    }
-    cuh_hp_refresh_stats_locked(h);
-    cuh_unlock(&h->lock);
 }
 
 cuheap_status_t cuh_heap_allow_peer(cuh_heap_t *h, int peer)
@@ -3893,7 +3364,7 @@ cuheap_status_t cuh_heap_allow_peer(cuh_heap_t *h, int peer)
 void cuh_heap_poll(cuh_heap_t *h)
 {
     cuh_lock(&h->lock);
-    poll_all_locked(h, 0);
+    cuh_hp_poll_all_locked(h, 0);
     if (h->drains)
         drains_poll_locked(h, 0);
     /* Whoever polls wants to see freed memory come back (cudaMemGetInfo
@@ -3901,7 +3372,7 @@ void cuh_heap_poll(cuh_heap_t *h)
      * millisecond (libraries may ask for memory info often), or a program
      * that frees and then waits for free memory would wait for ever. */
     if (!h->closed_batches && h->open_batch && cuh_hp_seconds_since(&h->born) - h->closed_at >= POLL_CLOSE_SECONDS)
-        batch_close_locked(h);
+        cuh_hp_batch_close_locked(h);
     cuh_hp_refresh_stats_locked(h);
     cuh_unlock(&h->lock);
 }
@@ -3951,7 +3422,7 @@ cuheap_status_t cuh_heap_release_cached(cuh_heap_t *h)
 {
     cuh_lock(&h->lock);
     cuh_hp_unpark_all_locked(h);
-    settle_all_locked(h);
+    cuh_hp_settle_all_locked(h);
     if (!h->captures)
         release_free_segments_locked(h);
     cuh_hp_refresh_stats_locked(h);

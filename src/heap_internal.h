@@ -3,6 +3,7 @@
  * The heap of one device (heap.h is its public interface, and lists the
  * rules it keeps) lives in rooms, one concern each, over this header:
  *   heap.c             the front, and all that is not in a room of its own yet
+ *   heap_streams.c     streams, events and fences; fences for memory outside the heap
  *   heap_oom.c         out of memory: the record that proves its cause
  *   heap_stats.c       statistics and the timeline, the consistency check, snapshots
  *
@@ -231,7 +232,7 @@ struct cuh_heap_s {
     size_t num_holds, cap_holds;
     size_t held_bytes;
     int took_back;               /* streams waited stream by stream: new streams must wait too (stream_joins_locked) */
-    int device_fences;           /* cfg.device_fences, while the device has them (record_all_locked) */
+    int device_fences;           /* cfg.device_fences, while the device has them (cuh_hp_record_all_locked) */
     uint64_t allocs_at_take_back; /* num_allocs at the last take-back (take_back_all_locked) */
     /* Under vmm:1, the events recorded when other streams got memory before
      * the GPU passed its frees (reuse_across_streams): that memory is theirs
@@ -249,7 +250,7 @@ struct cuh_heap_s {
     size_t num_gen_events;
     uint64_t take_back_gen;      /* the generation of the last take-back that left work running */
     uint64_t settled_gen;        /* every take-back up to this generation has its work done */
-    uint64_t allocs_at_close;    /* num_allocs when the last batch closed (batches_poll_locked) */
+    uint64_t allocs_at_close;    /* num_allocs when the last batch closed (cuh_hp_batches_poll_locked) */
     double closed_at;            /* cuh_hp_seconds_since(born) when the last batch closed (cuh_heap_poll) */
     size_t held_requested;
     free_batch_t *open_batch;    /* device-wide frees no event covers yet */
@@ -337,10 +338,34 @@ typedef int (*extent_test_t)(const cuh_heap_t *h, const cuh_extent_t *e, size_t 
 /* ---- what the rooms call of each other ---------------------------------------- */
 
 /* heap.c: the front */
+small_entry_t cuh_hp_ring_pop_oldest(small_ring_t *r);
+void cuh_hp_slab_object_home_locked(cuh_heap_t *h, uintptr_t addr);
+size_t cuh_hp_largest_free_locked(const cuh_heap_t *h, size_t cached);
+void cuh_hp_tcache_flush_one_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_streams, cuh_stream_t stream,
+                                    int forget_live);
+void cuh_hp_tcache_flush_locked(cuh_heap_t *h);
+void cuh_hp_unpark_all_locked(cuh_heap_t *h);
+int cuh_hp_holds_poll_locked(cuh_heap_t *h, int wait);
+void cuh_hp_batch_close_locked(cuh_heap_t *h);
+int cuh_hp_batches_poll_locked(cuh_heap_t *h, int wait);
+
+/* heap_streams.c: streams, events, fences */
+cuh_dev_status_t cuh_hp_cpu_wait_event(cuh_heap_t *h, cuh_event_t e);
+cuh_dev_status_t cuh_hp_cpu_wait_device(cuh_heap_t *h);
+cuh_event_t cuh_hp_event_get_locked(cuh_heap_t *h);
+void cuh_hp_event_put_locked(cuh_heap_t *h, cuh_event_t e);
+void cuh_hp_device_fences_refused_locked(cuh_heap_t *h, cuh_dev_status_t rc);
+cuh_dev_status_t cuh_hp_record_all_locked(cuh_heap_t *h, cuh_event_t *out);
 int cuh_hp_next_live_stream(const cuh_heap_t *h, uint32_t *i, cuh_stream_t *handle);
 stream_state_t *cuh_hp_stream_find_locked(cuh_heap_t *h, cuh_stream_t handle);
-size_t cuh_hp_largest_free_locked(const cuh_heap_t *h, size_t cached);
-void cuh_hp_unpark_all_locked(cuh_heap_t *h);
+void cuh_hp_stream_all_done_locked(cuh_heap_t *h, stream_state_t *st);
+int cuh_hp_stream_fence_locked(cuh_heap_t *h, stream_state_t *st);
+int cuh_hp_stream_poll_locked(cuh_heap_t *h, stream_state_t *st, int wait);
+int cuh_hp_poll_all_locked(cuh_heap_t *h, int wait);
+int cuh_hp_fence_others_locked(cuh_heap_t *h, const stream_state_t *except, size_t size);
+void cuh_hp_settle_all_locked(cuh_heap_t *h);
+void cuh_hp_wait_for_stream_locked(cuh_heap_t *h, stream_state_t *st);
+int cuh_hp_events_done_locked(cuh_heap_t *h, cuh_event_t *events, size_t *num_events, int wait);
 
 /* heap_oom.c: out of memory */
 void cuh_hp_record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request, size_t block, size_t align,
