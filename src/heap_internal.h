@@ -4,6 +4,7 @@
  * rules it keeps) lives in rooms, one concern each, over this header:
  *   heap.c             the front, and all that is not in a room of its own yet
  *   heap_streams.c     streams, events and fences; fences for memory outside the heap
+ *   heap_small.c       small objects: size-class slabs and each stream's rings of freed objects
  *   heap_oom.c         out of memory: the record that proves its cause
  *   heap_stats.c       statistics and the timeline, the consistency check, snapshots
  *
@@ -338,9 +339,9 @@ typedef int (*extent_test_t)(const cuh_heap_t *h, const cuh_extent_t *e, size_t 
 /* ---- what the rooms call of each other ---------------------------------------- */
 
 /* heap.c: the front */
-small_entry_t cuh_hp_ring_pop_oldest(small_ring_t *r);
-void cuh_hp_slab_object_home_locked(cuh_heap_t *h, uintptr_t addr);
 size_t cuh_hp_largest_free_locked(const cuh_heap_t *h, size_t cached);
+cuh_extent_t *cuh_hp_extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, size_t align,
+                                         cuh_extent_state_t state, cuheap_status_t *status, grow_result_t *why_out);
 void cuh_hp_tcache_flush_one_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_streams, cuh_stream_t stream,
                                     int forget_live);
 void cuh_hp_tcache_flush_locked(cuh_heap_t *h);
@@ -366,6 +367,12 @@ int cuh_hp_fence_others_locked(cuh_heap_t *h, const stream_state_t *except, size
 void cuh_hp_settle_all_locked(cuh_heap_t *h);
 void cuh_hp_wait_for_stream_locked(cuh_heap_t *h, stream_state_t *st);
 int cuh_hp_events_done_locked(cuh_heap_t *h, cuh_event_t *events, size_t *num_events, int wait);
+
+/* heap_small.c: small objects */
+small_entry_t cuh_hp_ring_pop_oldest(small_ring_t *r);
+void cuh_hp_slab_object_home_locked(cuh_heap_t *h, uintptr_t addr);
+int cuh_hp_cache_small_locked(cuh_heap_t *h, stream_state_t *st, const cuh_slab_t *s, uintptr_t addr);
+cuheap_status_t cuh_hp_small_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, uintptr_t *addr);
 
 /* heap_oom.c: out of memory */
 void cuh_hp_record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request, size_t block, size_t align,
