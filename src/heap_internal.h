@@ -5,6 +5,7 @@
  *   heap.c             the front, and all that is not in a room of its own yet
  *   heap_streams.c     streams, events and fences; fences for memory outside the heap
  *   heap_small.c       small objects: size-class slabs and each stream's rings of freed objects
+ *   heap_tcache.c      thread caches and the parked block: where frees wait outside the arena
  *   heap_oom.c         out of memory: the record that proves its cause
  *   heap_stats.c       statistics and the timeline, the consistency check, snapshots
  *
@@ -333,19 +334,18 @@ typedef enum { LARGE_MINE_HELD, LARGE_ALL_HELD, LARGE_ALL } large_which_t;
 typedef int (*extent_test_t)(const cuh_heap_t *h, const cuh_extent_t *e, size_t size);
 
 /* After an allocation or a free found the heap's lock held, how many more
- * the heap treats as contended (heap.c, "a thread's large block"). */
+ * the heap treats as contended (heap_tcache.c, "a thread's large block"). */
 #define CONTENDED_HOLD 4096
 
 /* ---- what the rooms call of each other ---------------------------------------- */
 
 /* heap.c: the front */
+void cuh_hp_fence_if_left_idle_locked(cuh_heap_t *h, stream_state_t *st, const cuh_segment_t *seg, size_t used);
 size_t cuh_hp_largest_free_locked(const cuh_heap_t *h, size_t cached);
 cuh_extent_t *cuh_hp_extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, size_t align,
                                          cuh_extent_state_t state, cuheap_status_t *status, grow_result_t *why_out);
-void cuh_hp_tcache_flush_one_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_streams, cuh_stream_t stream,
-                                    int forget_live);
-void cuh_hp_tcache_flush_locked(cuh_heap_t *h);
-void cuh_hp_unpark_all_locked(cuh_heap_t *h);
+void cuh_hp_large_mark_live_locked(cuh_heap_t *h, cuh_extent_t *e, size_t size);
+void cuh_hp_release_block_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr, stream_state_t *st);
 int cuh_hp_holds_poll_locked(cuh_heap_t *h, int wait);
 void cuh_hp_batch_close_locked(cuh_heap_t *h);
 int cuh_hp_batches_poll_locked(cuh_heap_t *h, int wait);
@@ -373,6 +373,23 @@ small_entry_t cuh_hp_ring_pop_oldest(small_ring_t *r);
 void cuh_hp_slab_object_home_locked(cuh_heap_t *h, uintptr_t addr);
 int cuh_hp_cache_small_locked(cuh_heap_t *h, stream_state_t *st, const cuh_slab_t *s, uintptr_t addr);
 cuheap_status_t cuh_hp_small_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, uintptr_t *addr);
+
+/* heap_tcache.c: thread caches and the parked block */
+void cuh_hp_tcache_flush_one_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_streams, cuh_stream_t stream,
+                                    int forget_live);
+void cuh_hp_tcache_flush_locked(cuh_heap_t *h);
+cuheap_status_t cuh_hp_tcache_take_locked(cuh_heap_t *h, const cuh_slab_t *s, uintptr_t addr);
+void cuh_hp_tcaches_orphan(cuh_heap_t *h);
+int cuh_hp_tcache_adopt_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr, cuh_stream_t stream);
+uintptr_t cuh_hp_tcache_alloc(cuh_heap_t *h, size_t size, cuh_stream_t stream);
+int cuh_hp_tcache_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream);
+void cuh_hp_park_locked(cuh_heap_t *h, const live_block_t *b, stream_state_t *st);
+size_t cuh_hp_large_slots_empty_locked(cuh_heap_t *h, large_which_t which);
+void cuh_hp_unpark_locked(cuh_heap_t *h);
+void cuh_hp_unpark_all_locked(cuh_heap_t *h);
+int cuh_hp_large_slot_adopt_locked(cuh_heap_t *h, const live_block_t *b, stream_state_t *st, cuh_stream_t stream);
+cuheap_status_t cuh_hp_large_slot_take_back_locked(cuh_heap_t *h, cuh_extent_t *e);
+cuh_extent_t *cuh_hp_take_parked_locked(cuh_heap_t *h, stream_state_t *st, size_t size);
 
 /* heap_oom.c: out of memory */
 void cuh_hp_record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request, size_t block, size_t align,
