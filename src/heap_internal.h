@@ -6,6 +6,7 @@
  *   heap_streams.c     streams, events and fences; fences for memory outside the heap
  *   heap_small.c       small objects: size-class slabs and each stream's rings of freed objects
  *   heap_tcache.c      thread caches and the parked block: where frees wait outside the arena
+ *   heap_segments.c    growth and release of plain segments
  *   heap_oom.c         out of memory: the record that proves its cause
  *   heap_stats.c       statistics and the timeline, the consistency check, snapshots
  *
@@ -340,7 +341,7 @@ typedef int (*extent_test_t)(const cuh_heap_t *h, const cuh_extent_t *e, size_t 
 /* ---- what the rooms call of each other ---------------------------------------- */
 
 /* heap.c: the front */
-void cuh_hp_fence_if_left_idle_locked(cuh_heap_t *h, stream_state_t *st, const cuh_segment_t *seg, size_t used);
+size_t cuh_hp_release_free_pages_locked(cuh_heap_t *h);
 size_t cuh_hp_largest_free_locked(const cuh_heap_t *h, size_t cached);
 cuh_extent_t *cuh_hp_extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, size_t align,
                                          cuh_extent_state_t state, cuheap_status_t *status, grow_result_t *why_out);
@@ -390,6 +391,11 @@ void cuh_hp_unpark_all_locked(cuh_heap_t *h);
 int cuh_hp_large_slot_adopt_locked(cuh_heap_t *h, const live_block_t *b, stream_state_t *st, cuh_stream_t stream);
 cuheap_status_t cuh_hp_large_slot_take_back_locked(cuh_heap_t *h, cuh_extent_t *e);
 cuh_extent_t *cuh_hp_take_parked_locked(cuh_heap_t *h, stream_state_t *st, size_t size);
+
+/* heap_segments.c: growth and release */
+void cuh_hp_fence_if_left_idle_locked(cuh_heap_t *h, stream_state_t *st, const cuh_segment_t *seg, size_t used);
+grow_result_t cuh_hp_grow_locked(cuh_heap_t *h, size_t size, size_t align);
+size_t cuh_hp_release_free_segments_locked(cuh_heap_t *h);
 
 /* heap_oom.c: out of memory */
 void cuh_hp_record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request, size_t block, size_t align,
