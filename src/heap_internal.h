@@ -7,6 +7,7 @@
  *   heap_small.c       small objects: size-class slabs and each stream's rings of freed objects
  *   heap_tcache.c      thread caches and the parked block: where frees wait outside the arena
  *   heap_segments.c    growth and release of plain segments
+ *   heap_pages.c       virtual memory (vmm:1): pages mapped, lent, moved and released
  *   heap_oom.c         out of memory: the record that proves its cause
  *   heap_stats.c       statistics and the timeline, the consistency check, snapshots
  *
@@ -82,7 +83,7 @@ typedef enum { GROW_OK, GROW_LIMIT, GROW_DEVICE, GROW_ERROR } grow_result_t;
 /* Old mappings of pages that moved before the GPU passed their frees, as
  * DRAIN extents: they are unmapped, and the extents freed, once `event`
  * (recorded on the freeing stream after the move) has completed
- * (drains_poll_locked). */
+ * (cuh_hp_drains_poll_locked). */
 typedef struct vm_drain_s {
     struct vm_drain_s *next;
     cuh_event_t event;
@@ -341,8 +342,6 @@ typedef int (*extent_test_t)(const cuh_heap_t *h, const cuh_extent_t *e, size_t 
 /* ---- what the rooms call of each other ---------------------------------------- */
 
 /* heap.c: the front */
-size_t cuh_hp_release_free_pages_locked(cuh_heap_t *h);
-size_t cuh_hp_largest_free_locked(const cuh_heap_t *h, size_t cached);
 cuh_extent_t *cuh_hp_extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, size_t align,
                                          cuh_extent_state_t state, cuheap_status_t *status, grow_result_t *why_out);
 void cuh_hp_large_mark_live_locked(cuh_heap_t *h, cuh_extent_t *e, size_t size);
@@ -396,6 +395,18 @@ cuh_extent_t *cuh_hp_take_parked_locked(cuh_heap_t *h, stream_state_t *st, size_
 void cuh_hp_fence_if_left_idle_locked(cuh_heap_t *h, stream_state_t *st, const cuh_segment_t *seg, size_t used);
 grow_result_t cuh_hp_grow_locked(cuh_heap_t *h, size_t size, size_t align);
 size_t cuh_hp_release_free_segments_locked(cuh_heap_t *h);
+
+/* heap_pages.c: virtual memory */
+void cuh_hp_stamp_pages_locked(cuh_heap_t *h, uintptr_t addr, size_t size, uint64_t gen);
+void cuh_hp_unmap_drain_locked(cuh_heap_t *h, const cuh_extent_t *x);
+int cuh_hp_drains_poll_locked(cuh_heap_t *h, int wait);
+int cuh_hp_map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_state_t *st, grow_result_t *why);
+int cuh_hp_needs_pages_locked(const cuh_heap_t *h, uintptr_t addr, size_t size);
+size_t cuh_hp_release_free_pages_locked(cuh_heap_t *h);
+size_t cuh_hp_largest_free_locked(const cuh_heap_t *h, size_t cached);
+uint64_t cuh_hp_gen_open_locked(cuh_heap_t *h);
+int cuh_hp_keep_until_done_locked(cuh_heap_t *h, stream_state_t *st);
+void cuh_hp_start_vm_locked(cuh_heap_t *h);
 
 /* heap_oom.c: out of memory */
 void cuh_hp_record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request, size_t block, size_t align,
