@@ -6,6 +6,7 @@
  *   heap_streams.c     streams, events and fences; fences for memory outside the heap
  *   heap_small.c       small objects: size-class slabs and each stream's rings of freed objects
  *   heap_tcache.c      thread caches and the parked block: where frees wait outside the arena
+ *   heap_place.c       placement: which free extent a block takes (huge rooms, mapped fits)
  *   heap_segments.c    growth and release of plain segments
  *   heap_pages.c       virtual memory (vmm:1): pages mapped, lent, moved and released
  *   heap_oom.c         out of memory: the record that proves its cause
@@ -292,7 +293,7 @@ struct cuh_heap_s {
      * mapped at its new place and still at its old one, whose address range
      * is a DRAIN extent until the stream's work up to the move is done. */
     vm_drain_t *drains;          /* oldest first */
-    uint32_t last_take_tag;      /* the tag of the free extent take_locked cut from last */
+    uint32_t last_take_tag;      /* the tag of the free extent cuh_hp_take_locked cut from last */
     /* The last large block freed on a stream, not yet given back to the
      * arena (see "the parked block"): still in the block map, counted as
      * freed. Any other heap operation gives it back first. */
@@ -332,7 +333,7 @@ struct cuh_heap_s {
 typedef enum { LARGE_MINE_HELD, LARGE_ALL_HELD, LARGE_ALL } large_which_t;
 
 /* Whether free extent e may serve `size` bytes: the test of a placement
- * search (heap.c). */
+ * search (heap_place.c). */
 typedef int (*extent_test_t)(const cuh_heap_t *h, const cuh_extent_t *e, size_t size);
 
 /* After an allocation or a free found the heap's lock held, how many more
@@ -390,6 +391,21 @@ void cuh_hp_unpark_all_locked(cuh_heap_t *h);
 int cuh_hp_large_slot_adopt_locked(cuh_heap_t *h, const live_block_t *b, stream_state_t *st, cuh_stream_t stream);
 cuheap_status_t cuh_hp_large_slot_take_back_locked(cuh_heap_t *h, cuh_extent_t *e);
 cuh_extent_t *cuh_hp_take_parked_locked(cuh_heap_t *h, stream_state_t *st, size_t size);
+
+/* heap_place.c: placement */
+cuh_extent_t *cuh_hp_take_locked(cuh_heap_t *h, cuh_extent_t *free_ext, size_t size, size_t align,
+                                 cuh_extent_state_t state, stream_state_t *st);
+int cuh_hp_at_growth_edge(const cuh_heap_t *h, const cuh_extent_t *e);
+int cuh_hp_mapped_fits_off_the_edge(const cuh_heap_t *h, const cuh_extent_t *e, size_t size);
+cuh_extent_t *cuh_hp_smallest_fit_by_bins_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag,
+                                                 extent_test_t accept);
+cuh_extent_t *cuh_hp_smallest_mapped_fit_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag);
+cuh_extent_t *cuh_hp_fewest_new_pages_fit_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag,
+                                                 uintptr_t *at);
+int cuh_hp_cuts_huge_segment(const cuh_extent_t *e, size_t size);
+cuh_extent_t *cuh_hp_find_fit_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag);
+int cuh_hp_size_live_in_huge_segments(const cuh_heap_t *h, size_t size);
+int cuh_hp_take_released_huge_locked(cuh_heap_t *h, size_t size);
 
 /* heap_segments.c: growth and release */
 void cuh_hp_fence_if_left_idle_locked(cuh_heap_t *h, stream_state_t *st, const cuh_segment_t *seg, size_t used);
