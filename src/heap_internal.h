@@ -9,6 +9,7 @@
  *   heap_place.c       placement: which free extent a block takes (huge rooms, mapped fits)
  *   heap_segments.c    growth and release of plain segments
  *   heap_pages.c       virtual memory (vmm:1): pages mapped, lent, moved and released
+ *   heap_holds.c       blocks held for record_stream's streams and graph pools; captures
  *   heap_oom.c         out of memory: the record that proves its cause
  *   heap_stats.c       statistics and the timeline, the consistency check, snapshots
  *
@@ -346,8 +347,8 @@ typedef int (*extent_test_t)(const cuh_heap_t *h, const cuh_extent_t *e, size_t 
 cuh_extent_t *cuh_hp_extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, size_t align,
                                          cuh_extent_state_t state, cuheap_status_t *status, grow_result_t *why_out);
 void cuh_hp_large_mark_live_locked(cuh_heap_t *h, cuh_extent_t *e, size_t size);
+cuheap_status_t cuh_hp_find_live_locked(cuh_heap_t *h, uintptr_t addr, live_block_t *b);
 void cuh_hp_release_block_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr, stream_state_t *st);
-int cuh_hp_holds_poll_locked(cuh_heap_t *h, int wait);
 void cuh_hp_batch_close_locked(cuh_heap_t *h);
 int cuh_hp_batches_poll_locked(cuh_heap_t *h, int wait);
 
@@ -423,6 +424,11 @@ size_t cuh_hp_largest_free_locked(const cuh_heap_t *h, size_t cached);
 uint64_t cuh_hp_gen_open_locked(cuh_heap_t *h);
 int cuh_hp_keep_until_done_locked(cuh_heap_t *h, stream_state_t *st);
 void cuh_hp_start_vm_locked(cuh_heap_t *h);
+
+/* heap_holds.c: held blocks and captures */
+int cuh_hp_unhold_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested, live_block_t *b);
+int cuh_hp_holds_poll_locked(cuh_heap_t *h, int wait);
+int cuh_hp_maybe_hold_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested, stream_state_t *st);
 
 /* heap_oom.c: out of memory */
 void cuh_hp_record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request, size_t block, size_t align,

@@ -30,7 +30,7 @@ static void large_unlist_locked(cuh_heap_t *h, cuh_tcache_t *tc);
  * they may overstate by what the caches held at the time.
  *
  * Every heap path that takes a live block (free, record_stream) first takes
- * it from the cache that owns it (find_live_locked): a held object freed
+ * it from the cache that owns it (cuh_hp_find_live_locked): a held object freed
  * again is a double free; one handed out becomes an ordinary live block. The
  * caches give all they hold back before the heap reports out of memory, on
  * release_cached and when over a new limit, a stream's objects when the
