@@ -2,13 +2,14 @@
  *
  * The heap of one device (heap.h is its public interface, and lists the
  * rules it keeps) lives in rooms, one concern each, over this header:
- *   heap.c             the front, and all that is not in a room of its own yet
+ *   heap.c             the front: the public heap API, a request's path, the allocation ladder
  *   heap_streams.c     streams, events and fences; fences for memory outside the heap
  *   heap_small.c       small objects: size-class slabs and each stream's rings of freed objects
  *   heap_tcache.c      thread caches and the parked block: where frees wait outside the arena
  *   heap_place.c       placement: which free extent a block takes (huge rooms, mapped fits)
  *   heap_segments.c    growth and release of plain segments
  *   heap_pages.c       virtual memory (vmm:1): pages mapped, lent, moved and released
+ *   heap_devicewide.c  device-wide frees in batches, take-backs, reuse across streams
  *   heap_holds.c       blocks held for record_stream's streams and graph pools; captures
  *   heap_oom.c         out of memory: the record that proves its cause
  *   heap_stats.c       statistics and the timeline, the consistency check, snapshots
@@ -101,7 +102,7 @@ typedef struct kept_event_s {
 
 /* An event recorded on the default stream behind the work a take-back left
  * running, and the generation of the pages that take-back returned
- * (take_back_all_locked). */
+ * (cuh_hp_take_back_all_locked). */
 typedef struct gen_event_s {
     cuh_event_t event;
     uint64_t gen;
@@ -239,7 +240,7 @@ struct cuh_heap_s {
     size_t held_bytes;
     int took_back;               /* streams waited stream by stream: new streams must wait too (stream_joins_locked) */
     int device_fences;           /* cfg.device_fences, while the device has them (cuh_hp_record_all_locked) */
-    uint64_t allocs_at_take_back; /* num_allocs at the last take-back (take_back_all_locked) */
+    uint64_t allocs_at_take_back; /* num_allocs at the last take-back (cuh_hp_take_back_all_locked) */
     /* Under vmm:1, the events recorded when other streams got memory before
      * the GPU passed its frees (reuse_across_streams): that memory is theirs
      * at once, but no page may be unmapped (steal_pages_locked) before these
@@ -349,8 +350,6 @@ cuh_extent_t *cuh_hp_extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
 void cuh_hp_large_mark_live_locked(cuh_heap_t *h, cuh_extent_t *e, size_t size);
 cuheap_status_t cuh_hp_find_live_locked(cuh_heap_t *h, uintptr_t addr, live_block_t *b);
 void cuh_hp_release_block_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr, stream_state_t *st);
-void cuh_hp_batch_close_locked(cuh_heap_t *h);
-int cuh_hp_batches_poll_locked(cuh_heap_t *h, int wait);
 
 /* heap_streams.c: streams, events, fences */
 cuh_dev_status_t cuh_hp_cpu_wait_event(cuh_heap_t *h, cuh_event_t e);
@@ -424,6 +423,15 @@ size_t cuh_hp_largest_free_locked(const cuh_heap_t *h, size_t cached);
 uint64_t cuh_hp_gen_open_locked(cuh_heap_t *h);
 int cuh_hp_keep_until_done_locked(cuh_heap_t *h, stream_state_t *st);
 void cuh_hp_start_vm_locked(cuh_heap_t *h);
+
+/* heap_devicewide.c: device-wide frees and take-backs */
+int cuh_hp_take_back_all_locked(cuh_heap_t *h);
+int cuh_hp_may_take_private_locked(const cuh_heap_t *h, const stream_state_t *st, size_t size);
+int cuh_hp_take_private_locked(cuh_heap_t *h, stream_state_t *st, size_t size);
+void cuh_hp_release_block_global_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr);
+void cuh_hp_batch_close_locked(cuh_heap_t *h);
+int cuh_hp_batches_poll_locked(cuh_heap_t *h, int wait);
+int cuh_hp_batch_add_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested);
 
 /* heap_holds.c: held blocks and captures */
 int cuh_hp_unhold_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested, live_block_t *b);

@@ -135,7 +135,7 @@ int cuh_hp_next_live_stream(const cuh_heap_t *h, uint32_t *i, cuh_stream_t *hand
 }
 
 /* A stream the heap hears of for the first time, after cudaFree'd blocks
- * were taken back with GPU-side waits (take_back_all_locked): those
+ * were taken back with GPU-side waits (cuh_hp_take_back_all_locked): those
  * waits were enqueued on the streams known then, so this one must also start
  * after everything issued so far on them, or it could touch a reused block
  * while older work still uses it. If that cannot be enqueued, the device is
