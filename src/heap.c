@@ -259,6 +259,9 @@ static cuheap_status_t large_alloc_locked(cuh_heap_t *h, stream_state_t *st, siz
     return CUHEAP_OK;
 }
 
+/* Heap ids, never the same twice in a process: a thread cache knows its heap
+ * by address and id (tcache.h, heap_id), and a new heap may get a destroyed
+ * one's address. */
 static _Atomic uint64_t next_heap_id = 1;
 
 /* ---- public heap API -------------------------------------------------------------- */

@@ -16,7 +16,146 @@
 
 #include <stdlib.h>
 
-static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch, uint64_t gen);
+/* ---- device-wide frees -------------------------------------------------------------- */
+
+/* Turns a live block into global free memory: the caller knows no work on
+ * any stream can still touch it. */
+void cuh_hp_release_block_global_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr)
+{
+    if (b->ext) {
+        cuh_ptrmap_remove(&h->blocks, addr);
+        cuh_arena_release(&h->arena, b->ext, CUH_TAG_GLOBAL);
+        return;
+    }
+    cuh_slab_clear(b->slab->live, b->index);
+    b->slab->num_live--;
+    cuh_hp_slab_object_home_locked(h, addr);
+}
+
+/* The batch's events have all completed, or a take-back returns its blocks
+ * early: they become global. A nonzero `gen` is that take-back's generation
+ * (cuh_hp_gen_open_locked), stamped on their pages. */
+static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch, uint64_t gen)
+{
+    for (size_t i = 0; i < batch->num_entries; i++) {
+        const batch_entry_t *x = &batch->entries[i];
+        live_block_t b;
+        if (cuh_unlikely(gen))
+            cuh_hp_stamp_pages_locked(h, x->addr, x->size, gen);
+        if (cuh_hp_unhold_locked(h, x->addr, x->size, x->requested, &b))
+            cuh_hp_release_block_global_locked(h, &b, x->addr);
+    }
+    for (size_t i = 0; i < batch->num_events; i++)
+        cuh_hp_event_put_locked(h, batch->events[i]);
+    free(batch->events);
+    free(batch->event_streams);
+    free(batch->entries);
+    free(batch);
+}
+
+/* Closes the open batch: one device-wide event (cuh_hp_record_all_locked), or one
+ * event on every live stream the heap knows and on the default stream. If an
+ * event cannot be recorded the device is synchronized instead and the batch
+ * is finished at once (slow, never wrong). Never during a graph capture. */
+void cuh_hp_batch_close_locked(cuh_heap_t *h)
+{
+    free_batch_t *batch = h->open_batch;
+    if (!batch || h->captures)
+        return;
+    cuh_event_t all = NULL;
+    const cuh_dev_status_t fenced = cuh_hp_record_all_locked(h, &all);
+    if (fenced == CUH_DEV_CAPTURING)
+        return;   /* stays open until the capture ends */
+    const int fenced_all = fenced == CUH_DEV_OK;
+    h->open_batch = NULL;
+    h->allocs_at_close = h->num_allocs;
+    h->closed_at = cuh_hp_seconds_since(&h->born);
+    batch->events = malloc((h->num_streams + 1) * sizeof *batch->events);
+    batch->event_streams = malloc((h->num_streams + 1) * sizeof *batch->event_streams);
+    int synced = !batch->events || !batch->event_streams;
+    if (fenced_all && !synced) {
+        batch->event_streams[0] = ALL_STREAMS;
+        batch->events[batch->num_events++] = all;
+    } else if (fenced_all) {
+        cuh_hp_event_put_locked(h, all);   /* no room for it: the device is synchronized below */
+    }
+    cuh_stream_t handle;
+    for (uint32_t i = 0; !synced && !fenced_all && cuh_hp_next_live_stream(h, &i, &handle);) {
+        cuh_event_t ev = cuh_hp_event_get_locked(h);
+        if (!ev || h->dev->ops->event_record(h->dev, ev, handle) != CUH_DEV_OK) {
+            if (ev)
+                cuh_hp_event_put_locked(h, ev);
+            synced = 1;
+            break;
+        }
+        batch->event_streams[batch->num_events] = handle;
+        batch->events[batch->num_events++] = ev;
+    }
+    if (synced) {
+        cuh_hp_cpu_wait_device(h);
+        batch_finish_locked(h, batch, 0);
+        return;
+    }
+    free_batch_t **tail = &h->closed_batches;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = batch;
+}
+
+/* Finishes every closed batch whose events have completed (wait: waits for
+ * them); then, if none is left in flight, closes the open one so the next
+ * frees are already on their way (rationed with other streams known).
+ * Returns 1 if any batch finished. */
+int cuh_hp_batches_poll_locked(cuh_heap_t *h, int wait)
+{
+    int any = 0;
+    if (h->captures)
+        return 0;
+    for (free_batch_t **p = &h->closed_batches; *p;) {
+        free_batch_t *batch = *p;
+        if (!cuh_hp_events_done_locked(h, batch->events, &batch->num_events, wait)) {
+            p = &batch->next;
+            continue;
+        }
+        *p = batch->next;
+        batch_finish_locked(h, batch, 0);
+        any = 1;
+    }
+    /* Fenced stream by stream, a close records an event on every known
+     * stream: with other streams than the default one, at most once per N
+     * allocations with N streams known, or a program whose GPU keeps up
+     * would pay one per cudaFree (33 event records with PyTorch's stream
+     * pool). A device-wide event costs one. */
+    if (!h->closed_batches && h->open_batch &&
+        (wait || !cuh_hp_fences_per_stream_locked(h) ||
+         h->num_allocs - h->allocs_at_close >= cuh_hp_covered_streams_locked(h)))
+        cuh_hp_batch_close_locked(h);
+    return any;
+}
+
+/* Adds a block to the open batch. -1 when host memory runs out. */
+int cuh_hp_batch_add_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested)
+{
+    free_batch_t *batch = h->open_batch;
+    if (!batch && !(batch = h->open_batch = calloc(1, sizeof *batch)))
+        return -1;
+    if (batch->num_entries == batch->cap_entries) {
+        size_t cap = batch->cap_entries ? 2 * batch->cap_entries : 64;
+        batch_entry_t *grown = realloc(batch->entries, cap * sizeof *grown);
+        if (!grown)
+            return -1;
+        batch->entries = grown;
+        batch->cap_entries = cap;
+    }
+    if (cuh_ptrmap_insert(&h->held, addr, batch))
+        return -1;
+    batch->entries[batch->num_entries++] = (batch_entry_t){addr, size, requested};
+    h->held_bytes += size;
+    h->held_requested += requested;
+    return 0;
+}
+
+/* ---- take-backs: the GPU waits, not the CPU ----------------------------------------- */
 
 /* Orders the work every live stream (and the default stream) is given from
  * now on after the running events: running[k], recorded on where[k], or NULL
@@ -171,6 +310,8 @@ int cuh_hp_take_back_all_locked(cuh_heap_t *h)
     return h->held_bytes < held_before;
 }
 
+/* ---- reuse across streams ----------------------------------------------------------- */
+
 /* 1 if reuse_across_streams may give st (or a device-wide request) `size`
  * bytes: memory the other streams freed in order that no fence has shown
  * the GPU has passed yet, what only its stream may reuse otherwise. */
@@ -292,143 +433,4 @@ int cuh_hp_take_private_locked(cuh_heap_t *h, stream_state_t *st, size_t size)
     if (!cuh_hp_may_take_private_locked(h, st, size))
         return 0;
     return st == &h->device_wide ? take_back_private_locked(h) : borrow_private_locked(h, st);
-}
-
-/* ---- device-wide frees -------------------------------------------------------------- */
-
-/* Turns a live block into global free memory: the caller knows no work on
- * any stream can still touch it. */
-void cuh_hp_release_block_global_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr)
-{
-    if (b->ext) {
-        cuh_ptrmap_remove(&h->blocks, addr);
-        cuh_arena_release(&h->arena, b->ext, CUH_TAG_GLOBAL);
-        return;
-    }
-    cuh_slab_clear(b->slab->live, b->index);
-    b->slab->num_live--;
-    cuh_hp_slab_object_home_locked(h, addr);
-}
-
-/* The batch's events have all completed, or a take-back returns its blocks
- * early: they become global. A nonzero `gen` is that take-back's generation
- * (cuh_hp_gen_open_locked), stamped on their pages. */
-static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch, uint64_t gen)
-{
-    for (size_t i = 0; i < batch->num_entries; i++) {
-        const batch_entry_t *x = &batch->entries[i];
-        live_block_t b;
-        if (cuh_unlikely(gen))
-            cuh_hp_stamp_pages_locked(h, x->addr, x->size, gen);
-        if (cuh_hp_unhold_locked(h, x->addr, x->size, x->requested, &b))
-            cuh_hp_release_block_global_locked(h, &b, x->addr);
-    }
-    for (size_t i = 0; i < batch->num_events; i++)
-        cuh_hp_event_put_locked(h, batch->events[i]);
-    free(batch->events);
-    free(batch->event_streams);
-    free(batch->entries);
-    free(batch);
-}
-
-/* Closes the open batch: one device-wide event (cuh_hp_record_all_locked), or one
- * event on every live stream the heap knows and on the default stream. If an
- * event cannot be recorded the device is synchronized instead and the batch
- * is finished at once (slow, never wrong). Never during a graph capture. */
-void cuh_hp_batch_close_locked(cuh_heap_t *h)
-{
-    free_batch_t *batch = h->open_batch;
-    if (!batch || h->captures)
-        return;
-    cuh_event_t all = NULL;
-    const cuh_dev_status_t fenced = cuh_hp_record_all_locked(h, &all);
-    if (fenced == CUH_DEV_CAPTURING)
-        return;   /* stays open until the capture ends */
-    const int fenced_all = fenced == CUH_DEV_OK;
-    h->open_batch = NULL;
-    h->allocs_at_close = h->num_allocs;
-    h->closed_at = cuh_hp_seconds_since(&h->born);
-    batch->events = malloc((h->num_streams + 1) * sizeof *batch->events);
-    batch->event_streams = malloc((h->num_streams + 1) * sizeof *batch->event_streams);
-    int synced = !batch->events || !batch->event_streams;
-    if (fenced_all && !synced) {
-        batch->event_streams[0] = ALL_STREAMS;
-        batch->events[batch->num_events++] = all;
-    } else if (fenced_all) {
-        cuh_hp_event_put_locked(h, all);   /* no room for it: the device is synchronized below */
-    }
-    cuh_stream_t handle;
-    for (uint32_t i = 0; !synced && !fenced_all && cuh_hp_next_live_stream(h, &i, &handle);) {
-        cuh_event_t ev = cuh_hp_event_get_locked(h);
-        if (!ev || h->dev->ops->event_record(h->dev, ev, handle) != CUH_DEV_OK) {
-            if (ev)
-                cuh_hp_event_put_locked(h, ev);
-            synced = 1;
-            break;
-        }
-        batch->event_streams[batch->num_events] = handle;
-        batch->events[batch->num_events++] = ev;
-    }
-    if (synced) {
-        cuh_hp_cpu_wait_device(h);
-        batch_finish_locked(h, batch, 0);
-        return;
-    }
-    free_batch_t **tail = &h->closed_batches;
-    while (*tail)
-        tail = &(*tail)->next;
-    *tail = batch;
-}
-
-/* Finishes every closed batch whose events have completed (wait: waits for
- * them); then, if none is left in flight, closes the open one so the next
- * frees are already on their way (rationed with other streams known).
- * Returns 1 if any batch finished. */
-int cuh_hp_batches_poll_locked(cuh_heap_t *h, int wait)
-{
-    int any = 0;
-    if (h->captures)
-        return 0;
-    for (free_batch_t **p = &h->closed_batches; *p;) {
-        free_batch_t *batch = *p;
-        if (!cuh_hp_events_done_locked(h, batch->events, &batch->num_events, wait)) {
-            p = &batch->next;
-            continue;
-        }
-        *p = batch->next;
-        batch_finish_locked(h, batch, 0);
-        any = 1;
-    }
-    /* Fenced stream by stream, a close records an event on every known
-     * stream: with other streams than the default one, at most once per N
-     * allocations with N streams known, or a program whose GPU keeps up
-     * would pay one per cudaFree (33 event records with PyTorch's stream
-     * pool). A device-wide event costs one. */
-    if (!h->closed_batches && h->open_batch &&
-        (wait || !cuh_hp_fences_per_stream_locked(h) ||
-         h->num_allocs - h->allocs_at_close >= cuh_hp_covered_streams_locked(h)))
-        cuh_hp_batch_close_locked(h);
-    return any;
-}
-
-/* Adds a block to the open batch. -1 when host memory runs out. */
-int cuh_hp_batch_add_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested)
-{
-    free_batch_t *batch = h->open_batch;
-    if (!batch && !(batch = h->open_batch = calloc(1, sizeof *batch)))
-        return -1;
-    if (batch->num_entries == batch->cap_entries) {
-        size_t cap = batch->cap_entries ? 2 * batch->cap_entries : 64;
-        batch_entry_t *grown = realloc(batch->entries, cap * sizeof *grown);
-        if (!grown)
-            return -1;
-        batch->entries = grown;
-        batch->cap_entries = cap;
-    }
-    if (cuh_ptrmap_insert(&h->held, addr, batch))
-        return -1;
-    batch->entries[batch->num_entries++] = (batch_entry_t){addr, size, requested};
-    h->held_bytes += size;
-    h->held_requested += requested;
-    return 0;
 }

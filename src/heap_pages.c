@@ -500,6 +500,8 @@ size_t cuh_hp_largest_free_locked(const cuh_heap_t *h, size_t cached)
     return largest;
 }
 
+/* ---- memory handed over while its work runs ------------------------------------ */
+
 /* Keeps `e`, recorded on `stream` just now, until it completes
  * (settle_unsettled_locked). Work on a stream completes in order, so it
  * stands for every event kept for its stream and takes their place: at most
@@ -573,6 +575,8 @@ int cuh_hp_keep_until_done_locked(cuh_heap_t *h, stream_state_t *st)
     unsettled_add_locked(h, done, st->handle);
     return 1;
 }
+
+/* ---- the reservation, and peers ------------------------------------------------ */
 
 /* Sets up the virtual-memory reservation (vmm:1): four times the device's
  * memory of address space, so that free address ranges whose pages moved
