@@ -126,15 +126,17 @@ $(TOOL_OBJS) $(SAN_TOOL_OBJS) $(TSAN_TOOL_OBJS): | deps
 .SECONDARY: $(TSAN_TOOL_OBJS)
 
 # ---- tests ---------------------------------------------------------------
-$(BUILD)/tests/%: tests/%.c tests/test_util.h tests/heap_model.h $(TOOL_OBJS) $(BUILD)/libcuheap.a
+$(BUILD)/tests/%: tests/%.c tests/test_util.h tests/heap_model.h tests/heap_test.h $(TOOL_OBJS) $(BUILD)/libcuheap.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(OPT) -Wno-missing-prototypes -o $@ $< $(TOOL_OBJS) $(BUILD)/libcuheap.a -lcmocka -lz -ldl -lm
 
-$(BUILD)/san/tests/%: tests/%.c tests/test_util.h tests/heap_model.h $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a
+$(BUILD)/san/tests/%: tests/%.c tests/test_util.h tests/heap_model.h tests/heap_test.h $(SAN_TOOL_OBJS) \
+                      $(BUILD)/san/libcuheap.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -Wno-missing-prototypes -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lcmocka -lz -ldl -lm
 
-$(BUILD)/tsan/tests/%: tests/%.c tests/test_util.h tests/heap_model.h $(TSAN_TOOL_OBJS) $(BUILD)/tsan/libcuheap.a
+$(BUILD)/tsan/tests/%: tests/%.c tests/test_util.h tests/heap_model.h tests/heap_test.h $(TSAN_TOOL_OBJS) \
+                       $(BUILD)/tsan/libcuheap.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -O1 -g $(TSAN) -Wno-missing-prototypes -o $@ $< $(TSAN_TOOL_OBJS) $(BUILD)/tsan/libcuheap.a -lcmocka -lz -ldl -lm
 
