@@ -31,6 +31,8 @@ LIB_SRCS := src/log.c src/callers.c src/config.c src/sizeclass.c src/freebins.c 
 HOOK_SRCS := src/hook_cuda.c src/hook_runtime.c src/hook_driver.c
 # Tool-side code (reads gzip traces, so it links zlib); never in the .so.
 TOOL_SRCS := src/trace_read.c src/json_read.c src/torch_model.c
+# cuheap-report: the command line, reading, checking and rendering.
+REPORT_SRCS := src/tools/report.c src/tools/report_read.c src/tools/report_check.c src/tools/report_render.c
 
 # jemalloc, for the pinned host memory cache: Debian's 5.3.0 source built by
 # scripts/build-jemalloc.sh with its symbols renamed (cuh_je_*) and
@@ -114,11 +116,12 @@ $(BUILD)/cuheap-replay: src/tools/replay.c src/tools/cli.h $(TOOL_OBJS) $(BUILD)
 $(BUILD)/san/cuheap-replay: src/tools/replay.c src/tools/cli.h $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lz -ldl -lm
 
-$(BUILD)/cuheap-report: src/tools/report.c src/tools/cli.h $(TOOL_OBJS) $(BUILD)/libcuheap.a
-	$(CC) $(CFLAGS_BASE) $(OPT) -o $@ $< $(TOOL_OBJS) $(BUILD)/libcuheap.a -lz -ldl -lm
+$(BUILD)/cuheap-report: $(REPORT_SRCS) src/tools/report_tool.h src/tools/cli.h $(TOOL_OBJS) $(BUILD)/libcuheap.a
+	$(CC) $(CFLAGS_BASE) $(OPT) -o $@ $(REPORT_SRCS) $(TOOL_OBJS) $(BUILD)/libcuheap.a -lz -ldl -lm
 
-$(BUILD)/san/cuheap-report: src/tools/report.c src/tools/cli.h $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a
-	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lz -ldl -lm
+$(BUILD)/san/cuheap-report: $(REPORT_SRCS) src/tools/report_tool.h src/tools/cli.h $(SAN_TOOL_OBJS) \
+                            $(BUILD)/san/libcuheap.a
+	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -o $@ $(REPORT_SRCS) $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lz -ldl -lm
 
 # Tools and tests need zlib and cmocka; the library itself needs neither.
 $(TOOL_OBJS) $(SAN_TOOL_OBJS) $(TSAN_TOOL_OBJS): | deps
@@ -152,6 +155,9 @@ $(BUILD)/san/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_main.h tests/heap_
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -DFUZZ_MAIN -Itests/fuzz -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a \
 	    -lz -ldl -lm
+
+# fuzz_report compiles cuheap-report's own sources in.
+$(BUILD)/fuzz/fuzz_report $(BUILD)/san/fuzz/fuzz_report: $(REPORT_SRCS) src/tools/report_tool.h src/tools/cli.h
 
 fuzz: all
 	@FUZZ_SOURCES="$(LIB_SRCS) $(TOOL_SRCS)" scripts/fuzz.sh $(BUILD)
