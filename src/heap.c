@@ -457,6 +457,7 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
     cuheap_status_t status;
     stream_state_t *st = device_wide ? &h->device_wide : cuh_hp_stream_get_locked(h, stream);
     if (cuh_unlikely(h->parked != NULL || h->large_tcs != NULL) && !device_wide && st && size > h->cfg.small_max) {
+        /* The block parked or held for this size and stream (heap_tcache.c). */
         cuh_extent_t *e = cuh_hp_take_parked_locked(h, st, size);
         if (e) {
             e->tag = st->tag;
