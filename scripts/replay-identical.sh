@@ -32,7 +32,10 @@
 #     limits and IPC-safe blocks that no trace exercises, the frees naming
 #     the addresses the heap handed out;
 #   - every input of tests/fuzz/corpus/trace replayed as a trace: standard
-#     output, error and exit status.
+#     output, error and exit status;
+#   - every input of tests/fuzz/corpus/report given to cuheap-report (--text,
+#     --html, --json, --compare with itself, --merge with itself): what it
+#     prints or refuses, and its exit status.
 # Exit status: 0 identical; 1 a difference (each named by trace and mode,
 # with the first fields that differ); 2 usage or build error.
 set -uo pipefail
@@ -160,12 +163,21 @@ for t in "${traces[@]}"; do
     done
 done
 # The trace reader's fuzz corpus: the inputs that are traces replay.
-mkdir -p "$work/trace_corpus" "$work/heap_corpus"
+mkdir -p "$work/trace_corpus" "$work/heap_corpus" "$work/report_corpus"
 tar -C "$work/trace_corpus" -xzf "$root/tests/fuzz/corpus/trace.tar.gz" 2>/dev/null
 for f in "$work"/trace_corpus/*; do
     [ -f "$f" ] || continue
     for m in "default|" "vmm1|--conf vmm:1"; do
         printf 'corpus|%s|%s|%s\n' "$((n += 1))_${m%%|*}" "${m#*|}" "$f" >>"$jobs_file"
+    done
+done
+
+# cuheap-report's fuzz corpus: reports valid and broken, rendered or refused.
+tar -C "$work/report_corpus" -xzf "$root/tests/fuzz/corpus/report.tar.gz" 2>/dev/null
+for f in "$work"/report_corpus/*; do
+    [ -f "$f" ] || continue
+    for m in "text|--text" "html|--html" "json|--json" "compare|--compare SELF" "merge|--merge SELF"; do
+        printf 'report|%s|%s|%s\n' "$((n += 1))_${m%%|*}" "${m#*|}" "$f" >>"$jobs_file"
     done
 done
 
@@ -237,6 +249,16 @@ run_job() {
     IFS='|' read -r kind id opts trace <<<"$1"
     local a=$work/a/$id b=$work/b/$id what
     what="$trace, mode ${id#*_}${opts:+ ($opts)}"
+    if [ "$kind" = report ]; then
+        # SELF: the report again (--compare and --merge take two)
+        local args=${opts/SELF/$trace}
+        # shellcheck disable=SC2086
+        { "$A/cuheap-report" $args "$trace" 2>&1; echo "exit $?"; } >"$a.out"
+        # shellcheck disable=SC2086
+        { "$B/cuheap-report" $args "$trace" 2>&1; echo "exit $?"; } >"$b.out"
+        cmp -s "$a.out" "$b.out" || differs "$id" "$trace: cuheap-report $opts" "$a.out" "$b.out"
+        return
+    fi
     if [ "$kind" = corpus ]; then
         # shellcheck disable=SC2086
         (cd "$root" && "$A/cuheap-replay" --json $opts "$trace" >"$a.out" 2>"$a.err"; echo $? >"$a.rc")
@@ -293,8 +315,8 @@ run_job() {
 export -f run_job strip_json strip_report json_diff differs
 export work A B root
 
-echo "replay-identical: $base ($short) against the working tree ($B): $(wc -l <"$jobs_file") replays" \
-     "(${#traces[@]} traces x ${#modes[@]} modes, and the trace fuzz corpus) on $jobs jobs"
+echo "replay-identical: $base ($short) against the working tree ($B): $(wc -l <"$jobs_file") runs" \
+     "(${#traces[@]} traces x ${#modes[@]} modes, the trace and report fuzz corpora) on $jobs jobs"
 xargs -P "$jobs" -d '\n' -n 1 bash -c 'run_job "$1"' _ <"$jobs_file"
 
 # ---- what needs several jobs' outputs, and fuzz_heap ---------------------------------
@@ -336,5 +358,5 @@ if [ ${#found[@]} -gt 0 ]; then
     echo "replay-identical: ${#found[@]} difference(s) between $base ($short) and the working tree"
     exit 1
 fi
-echo "replay-identical: identical: $(wc -l <"$jobs_file") replays, their reports and renderings, and" \
-     "$(grep -c '^input ' "$work/b/fuzz_heap") fuzz_heap inputs step by step"
+echo "replay-identical: identical: $(wc -l <"$jobs_file") runs (replays, their reports and renderings," \
+     "cuheap-report on its corpus), and $(grep -c '^input ' "$work/b/fuzz_heap") fuzz_heap inputs step by step"
