@@ -382,8 +382,6 @@ void cuh_hp_tcache_flush_locked(cuh_heap_t *h);
 cuheap_status_t cuh_hp_tcache_take_locked(cuh_heap_t *h, const cuh_slab_t *s, uintptr_t addr);
 void cuh_hp_tcaches_orphan(cuh_heap_t *h);
 int cuh_hp_tcache_adopt_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr, cuh_stream_t stream);
-uintptr_t cuh_hp_tcache_alloc(cuh_heap_t *h, size_t size, cuh_stream_t stream);
-int cuh_hp_tcache_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream);
 void cuh_hp_park_locked(cuh_heap_t *h, const live_block_t *b, stream_state_t *st);
 size_t cuh_hp_large_slots_empty_locked(cuh_heap_t *h, large_which_t which);
 void cuh_hp_unpark_locked(cuh_heap_t *h);
@@ -571,6 +569,76 @@ static inline void cuh_hp_heap_lock(cuh_heap_t *h)
     }
     cuh_lock(&h->lock);
     h->contended = CONTENDED_HOLD;
+}
+
+
+/* ---- the thread caches' fast paths (heap_tcache.c keeps their rules) ---------- */
+
+/* This thread's caches, one per heap it used: defined in heap_tcache.c, read
+ * here by the fast paths of every malloc and free, which take no heap lock. */
+extern _Thread_local cuh_tcache_t *cuh_hp_my_tcaches;
+
+static inline cuh_tcache_t *cuh_hp_my_tcache(const cuh_heap_t *h)
+{
+    for (cuh_tcache_t *tc = cuh_hp_my_tcaches; tc; tc = tc->thread_next)
+        if (tc->heap == h && tc->heap_id == h->id)
+            return tc;
+    return NULL;
+}
+
+static inline int cuh_hp_tcache_open(cuh_heap_t *h)
+{
+    return !atomic_load_explicit(&h->tcache_closed, memory_order_acquire);
+}
+
+/* Fast path of cuh_heap_malloc: an object of size's class this thread
+ * freed on `stream`, from its cache, or for a large request the block the
+ * cache holds if it has the request's size and was freed on `stream`. 0 if
+ * there is none. */
+static inline uintptr_t cuh_hp_tcache_alloc(cuh_heap_t *h, size_t size, cuh_stream_t stream)
+{
+    cuh_tcache_t *tc = cuh_hp_my_tcache(h);
+    if (!tc)
+        return 0;
+    uintptr_t addr = 0;
+    cuh_spin_lock(&tc->lock);
+    if (cuh_likely(!tc->dead && cuh_hp_tcache_open(h))) {
+        if (size > h->cfg.small_max) {
+            addr = cuh_tcache_large_take(tc, cuh_align_up(size, CUH_ALIGN), size, (uintptr_t)stream);
+        } else if ((addr = cuh_tcache_pop(tc, cuh_sizeclass_index(size), (uintptr_t)stream))) {
+            cuh_tcache_hand_out(tc, cuh_tcache_find(tc, addr), (uint32_t)size);
+        }
+        tc->num_allocs += addr != 0;
+    }
+    cuh_spin_unlock(&tc->lock);
+    return addr;
+}
+
+/* Fast path of cuh_heap_free: an object or the large block this thread's
+ * cache handed out, freed on the stream it was allocated on, goes back to
+ * the cache. 0 if the heap must see the free (not the cache's, another
+ * stream, no room). */
+static inline int cuh_hp_tcache_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream)
+{
+    cuh_tcache_t *tc = cuh_hp_my_tcache(h);
+    if (!tc)
+        return 0;
+    int done = 0;
+    cuh_spin_lock(&tc->lock);
+    if (cuh_likely(!tc->dead && cuh_hp_tcache_open(h))) {
+        cuh_tc_entry_t *e;
+        if (tc->large.addr == addr) {
+            done = cuh_tcache_large_give(tc, addr, (uintptr_t)stream);
+        } else if ((e = cuh_tcache_find(tc, addr)) && e->state == CUH_TC_LIVE && e->stream == (uintptr_t)stream &&
+                   tc->cached_bytes + e->size <= h->cfg.thread_cache &&
+                   cuh_tcache_push(tc, e->size_class, addr, (uintptr_t)stream) == 0) {
+            cuh_tcache_hold(tc, e, (uintptr_t)stream);
+            done = 1;
+        }
+        tc->num_frees += (uint64_t)done;
+    }
+    cuh_spin_unlock(&tc->lock);
+    return done;
 }
 
 #endif /* CUH_HEAP_INTERNAL_H */

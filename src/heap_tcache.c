@@ -37,24 +37,11 @@ static void large_unlist_locked(cuh_heap_t *h, cuh_tcache_t *tc);
  * stream is retired, and everything when their thread exits. The fast paths
  * stay shut during graph captures, whose allocations must be recorded. */
 
-static _Thread_local cuh_tcache_t *my_tcaches;      /* this thread's, one per heap */
+_Thread_local cuh_tcache_t *cuh_hp_my_tcaches;   /* this thread's, one per heap */
 static pthread_mutex_t tcache_registry = PTHREAD_MUTEX_INITIALIZER;
 static pthread_key_t tcache_exit_key;
 static pthread_once_t tcache_exit_once = PTHREAD_ONCE_INIT;
 static int tcache_exit_key_ok;
-
-static inline cuh_tcache_t *my_tcache(const cuh_heap_t *h)
-{
-    for (cuh_tcache_t *tc = my_tcaches; tc; tc = tc->thread_next)
-        if (tc->heap == h && tc->heap_id == h->id)
-            return tc;
-    return NULL;
-}
-
-static inline int tcache_open(cuh_heap_t *h)
-{
-    return !atomic_load_explicit(&h->tcache_closed, memory_order_acquire);
-}
 
 /* Gives cached object `addr` (its entry e, freed on `stream`, already out of
  * its bin) back to the heap as that stream's free; the entry goes. */
@@ -188,7 +175,7 @@ static void tcache_thread_exit(void *unused)
 {
     (void)unused;
     pthread_mutex_lock(&tcache_registry);
-    for (cuh_tcache_t *tc = my_tcaches, *next; tc; tc = next) {
+    for (cuh_tcache_t *tc = cuh_hp_my_tcaches, *next; tc; tc = next) {
         next = tc->thread_next;
         if (!tc->dead) {
             cuh_heap_t *h = (cuh_heap_t *)(uintptr_t)tc->heap;
@@ -199,7 +186,7 @@ static void tcache_thread_exit(void *unused)
         }
         cuh_tcache_destroy(tc);
     }
-    my_tcaches = NULL;
+    cuh_hp_my_tcaches = NULL;
     pthread_mutex_unlock(&tcache_registry);
 }
 
@@ -225,7 +212,7 @@ void cuh_hp_tcaches_orphan(cuh_heap_t *h)
  * (out of host memory: the heap then serves the thread without one). */
 static cuh_tcache_t *tcache_mine_locked(cuh_heap_t *h)
 {
-    cuh_tcache_t *tc = my_tcache(h);
+    cuh_tcache_t *tc = cuh_hp_my_tcache(h);
     if (tc)
         return tc;
     pthread_once(&tcache_exit_once, tcache_exit_key_create);
@@ -233,7 +220,7 @@ static cuh_tcache_t *tcache_mine_locked(cuh_heap_t *h)
     if (!tcache_exit_key_ok || pthread_setspecific(tcache_exit_key, (void *)1) != 0)
         return NULL;
     /* Caches of heaps destroyed since go now. */
-    for (cuh_tcache_t **link = &my_tcaches; *link;) {
+    for (cuh_tcache_t **link = &cuh_hp_my_tcaches; *link;) {
         cuh_tcache_t *old = *link;
         cuh_spin_lock(&old->lock);
         int dead = old->dead;
@@ -253,8 +240,8 @@ static cuh_tcache_t *tcache_mine_locked(cuh_heap_t *h)
     if (h->tcaches)
         h->tcaches->heap_prev = tc;
     h->tcaches = tc;
-    tc->thread_next = my_tcaches;
-    my_tcaches = tc;
+    tc->thread_next = cuh_hp_my_tcaches;
+    cuh_hp_my_tcaches = tc;
     return tc;
 }
 
@@ -313,56 +300,6 @@ int cuh_hp_tcache_adopt_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t a
     return took;
 }
 
-/* Fast path of cuh_heap_malloc: an object of size's class this thread
- * freed on `stream`, from its cache, or for a large request the block the
- * cache holds if it has the request's size and was freed on `stream`. 0 if
- * there is none. */
-uintptr_t cuh_hp_tcache_alloc(cuh_heap_t *h, size_t size, cuh_stream_t stream)
-{
-    cuh_tcache_t *tc = my_tcache(h);
-    if (!tc)
-        return 0;
-    uintptr_t addr = 0;
-    cuh_spin_lock(&tc->lock);
-    if (cuh_likely(!tc->dead && tcache_open(h))) {
-        if (size > h->cfg.small_max) {
-            addr = cuh_tcache_large_take(tc, cuh_align_up(size, CUH_ALIGN), size, (uintptr_t)stream);
-        } else if ((addr = cuh_tcache_pop(tc, cuh_sizeclass_index(size), (uintptr_t)stream))) {
-            cuh_tcache_hand_out(tc, cuh_tcache_find(tc, addr), (uint32_t)size);
-        }
-        tc->num_allocs += addr != 0;
-    }
-    cuh_spin_unlock(&tc->lock);
-    return addr;
-}
-
-/* Fast path of cuh_heap_free: an object or the large block this thread's
- * cache handed out, freed on the stream it was allocated on, goes back to
- * the cache. 0 if the heap must see the free (not the cache's, another
- * stream, no room). */
-int cuh_hp_tcache_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream)
-{
-    cuh_tcache_t *tc = my_tcache(h);
-    if (!tc)
-        return 0;
-    int done = 0;
-    cuh_spin_lock(&tc->lock);
-    if (cuh_likely(!tc->dead && tcache_open(h))) {
-        cuh_tc_entry_t *e;
-        if (tc->large.addr == addr) {
-            done = cuh_tcache_large_give(tc, addr, (uintptr_t)stream);
-        } else if ((e = cuh_tcache_find(tc, addr)) && e->state == CUH_TC_LIVE && e->stream == (uintptr_t)stream &&
-                   tc->cached_bytes + e->size <= h->cfg.thread_cache &&
-                   cuh_tcache_push(tc, e->size_class, addr, (uintptr_t)stream) == 0) {
-            cuh_tcache_hold(tc, e, (uintptr_t)stream);
-            done = 1;
-        }
-        tc->num_frees += (uint64_t)done;
-    }
-    cuh_spin_unlock(&tc->lock);
-    return done;
-}
-
 /* ---- the parked block ----------------------------------------------------------- *
  * A program that frees a large block and asks for the same size again on the
  * same stream (a loop's buffer, a layer's activations) would pay for a
@@ -380,7 +317,7 @@ void cuh_hp_park_locked(cuh_heap_t *h, const live_block_t *b, stream_state_t *st
     h->parked = b->ext;
     h->parked_st = st;
     h->parked_epoch = h->arena.tags[st->tag].fences_recorded;
-    h->parked_tc = my_tcache(h);
+    h->parked_tc = cuh_hp_my_tcache(h);
     const cuh_segment_t *seg = b->ext->segment;
     cuh_hp_fence_if_left_idle_locked(h, st, seg, seg->used_bytes - b->ext->size);
 }
@@ -505,7 +442,7 @@ static void large_unlist_locked(cuh_heap_t *h, cuh_tcache_t *tc)
  * or all slots. Returns how many held blocks went back to the arena. */
 size_t cuh_hp_large_slots_empty_locked(cuh_heap_t *h, large_which_t which)
 {
-    cuh_tcache_t *mine = which == LARGE_MINE_HELD ? my_tcache(h) : NULL;
+    cuh_tcache_t *mine = which == LARGE_MINE_HELD ? cuh_hp_my_tcache(h) : NULL;
     size_t gave = 0;
     for (cuh_tcache_t **link = &h->large_tcs; *link;) {
         cuh_tcache_t *tc = *link;
@@ -639,7 +576,7 @@ cuh_extent_t *cuh_hp_take_parked_locked(cuh_heap_t *h, stream_state_t *st, size_
         h->parked = NULL;
         cuh_hp_large_mark_live_locked(h, e, size);
         /* Its own thread took it again: that thread holds its blocks again. */
-        cuh_tcache_t *mine = h->parked_tc ? my_tcache(h) : NULL;
+        cuh_tcache_t *mine = h->parked_tc ? cuh_hp_my_tcache(h) : NULL;
         if (mine && mine == h->parked_tc) {
             cuh_spin_lock(&mine->lock);
             mine->large_misses = 0;
