@@ -6,6 +6,7 @@
 #   make test       every test, again under AddressSanitizer + UBSan, and the unit
 #                   tests under ThreadSanitizer
 #   make bench      heap and replay benchmarks on the simulated device (no GPU)
+#   make corpus     every job of the corpus replayed in each way in, beside PyTorch (no GPU)
 #   make gpu-check  on a machine with a GPU: build the real device and test it
 #   make gpu-bench  on a machine with a GPU: allocation latency, event costs, training jobs
 #   make clean
@@ -47,11 +48,11 @@ SAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
 TSAN_LIB_OBJS := $(LIB_SRCS:src/%.c=$(BUILD)/tsan/obj/%.o)
 TSAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/tsan/obj/%.o)
 
-.PHONY: all lib tools demo test test-plain test-san test-tsan preload-tests bench fuzz gpu-check gpu-bench deps deps-test clean
+.PHONY: all lib tools demo corpus test test-plain test-san test-tsan preload-tests bench fuzz gpu-check gpu-bench deps deps-test clean
 all: lib tools
 
 lib: $(BUILD)/libcuheap.so $(BUILD)/libcuheap.a
-tools: $(BUILD)/cuheap-replay $(BUILD)/cuheap-report
+tools: $(BUILD)/cuheap-replay $(BUILD)/cuheap-report $(BUILD)/cuheap-corpus
 
 deps:
 	@scripts/install-deps.sh
@@ -110,6 +111,12 @@ $(BUILD)/cuheap-replay: src/tools/replay.c src/tools/cli.h $(TOOL_OBJS) $(BUILD)
 
 $(BUILD)/san/cuheap-replay: src/tools/replay.c src/tools/cli.h $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lz -ldl -lm
+
+$(BUILD)/cuheap-corpus: src/tools/corpus.c src/tools/cli.h $(BUILD)/obj/json_read.o
+	$(CC) $(CFLAGS_BASE) $(OPT) -o $@ $< $(BUILD)/obj/json_read.o -lm
+
+$(BUILD)/san/cuheap-corpus: src/tools/corpus.c src/tools/cli.h $(BUILD)/san/obj/json_read.o
+	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -o $@ $< $(BUILD)/san/obj/json_read.o -lm
 
 $(BUILD)/cuheap-report: src/tools/report.c src/tools/cli.h $(TOOL_OBJS) $(BUILD)/libcuheap.a
 	$(CC) $(CFLAGS_BASE) $(OPT) -o $@ $< $(TOOL_OBJS) $(BUILD)/libcuheap.a -lz -ldl -lm
@@ -239,11 +246,13 @@ preload-tests: $(PRELOAD_PROGRAMS) $(FAKE_CUDA) $(FAKE_CUDART) $(BUILD)/libcuhea
 
 test: test-plain test-san test-tsan
 
-test-plain: deps-test $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/cuheap-replay $(BUILD)/cuheap-report $(BUILD)/libcuheap.so \
+test-plain: deps-test $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/cuheap-replay $(BUILD)/cuheap-report $(BUILD)/cuheap-corpus \
+            $(BUILD)/libcuheap.so \
             preload-tests $(BUILD)/bench_heap $(BUILD)/bench_preload $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
 	@scripts/run-tests.sh $(BUILD) plain $(TESTS)
 
 test-san: deps-test $(TESTS:%=$(BUILD)/san/tests/%) $(BUILD)/san/cuheap-replay $(BUILD)/san/cuheap-report \
+          $(BUILD)/san/cuheap-corpus \
           $(BUILD)/san/libcuheap-asan.so $(FUZZ_NAMES:%=$(BUILD)/san/fuzz/fuzz_%) \
           preload-tests
 	@scripts/run-tests.sh $(BUILD)/san sanitized $(TESTS)
@@ -257,6 +266,9 @@ test-tsan: deps-test $(TESTS:%=$(BUILD)/tsan/tests/%)
 # ---- demo, benchmarks, GPU -----------------------------------------------
 demo: all
 	@scripts/demo.sh $(BUILD)
+
+corpus: all
+	@$(BUILD)/cuheap-corpus
 
 bench: all $(BUILD)/bench_heap $(BUILD)/bench_preload $(FAKE_CUDA) $(FAKE_CUDART)
 	@scripts/bench.sh $(BUILD)
