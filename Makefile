@@ -28,7 +28,7 @@ LIB_SRCS := src/log.c src/callers.c src/config.c src/sizeclass.c src/freebins.c 
 # links libcuheap.a keeps its own CUDA runtime.
 HOOK_SRCS := src/hook_cuda.c src/hook_runtime.c src/hook_driver.c
 # Tool-side code (reads gzip traces, so it links zlib); never in the .so.
-TOOL_SRCS := src/trace_read.c src/json_read.c src/torch_model.c
+TOOL_SRCS := src/trace_read.c src/json_read.c src/torch_model.c src/device_fault.c
 
 # jemalloc, for the pinned host memory cache: Debian's 5.3.0 source built by
 # scripts/build-jemalloc.sh with its symbols renamed (cuh_je_*) and

@@ -176,6 +176,39 @@ int cuh_sim_host_chunk(cuh_device_t *dev, const void *ptr, uintptr_t *base, size
 /* At most `bytes` of page-locked host memory at once (0: unlimited). */
 void cuh_sim_set_host_capacity(cuh_device_t *dev, size_t bytes);
 
+/* ---- a device that fails on purpose (device_fault.c; tools and tests) -- */
+
+/* The calls a fault plan can fail (those that return a status). */
+typedef enum cuh_fault_call_e {
+    CUH_FAULT_MEM_ALLOC = 0, CUH_FAULT_MEM_FREE, CUH_FAULT_MEM_INFO,
+    CUH_FAULT_EVENT_CREATE, CUH_FAULT_EVENT_RECORD, CUH_FAULT_EVENT_QUERY, CUH_FAULT_EVENT_WAIT,
+    CUH_FAULT_STREAM_WAIT, CUH_FAULT_RECORD_ALL, CUH_FAULT_WAIT_ALL, CUH_FAULT_SYNCHRONIZE,
+    CUH_FAULT_VM_RESERVE, CUH_FAULT_VM_CREATE, CUH_FAULT_VM_MAP, CUH_FAULT_VM_UNMAP, CUH_FAULT_VM_ALLOW_PEER,
+    CUH_FAULT_HOST_ALLOC,
+    CUH_FAULT_NUM_CALLS
+} cuh_fault_call_t;
+
+/* Wraps `inner` (it is destroyed with the wrapper): every call goes through
+ * unless the plan fails it. NULL out of memory. */
+cuh_device_t *cuh_fault_wrap(cuh_device_t *inner);
+cuh_device_t *cuh_fault_inner(cuh_device_t *dev);
+/* The n-th call of `call` from now (1: the next) fails with `status`
+ * (CUH_DEV_ERROR, or CUH_DEV_OOM for an allocation); n = 0 cancels. */
+void cuh_fault_nth(cuh_device_t *dev, cuh_fault_call_t call, uint64_t n, cuh_dev_status_t status);
+/* Each call of `call` fails with probability p (a seeded, repeatable draw). */
+void cuh_fault_random(cuh_device_t *dev, cuh_fault_call_t call, double p, uint64_t seed, cuh_dev_status_t status);
+/* From the `after`-th call of any kind from now on, every call fails with
+ * `status`: a lost context. 0 cancels one that has not struck. */
+void cuh_fault_sticky(cuh_device_t *dev, uint64_t after, cuh_dev_status_t status);
+/* No more planned failures (a sticky error that struck is forgotten too). */
+void cuh_fault_clear(cuh_device_t *dev);
+int cuh_fault_is_sticky(cuh_device_t *dev);
+/* Calls of `call` failed on purpose so far. */
+uint64_t cuh_fault_injected(cuh_device_t *dev, cuh_fault_call_t call);
+const char *cuh_fault_call_name(cuh_fault_call_t call);
+/* The call named `name` ("vm_map"), or -1. */
+int cuh_fault_call_by_name(const char *name);
+
 /* ---- CUDA device (device_cuda.c) ------------------------------------- */
 
 /* Loads the driver (once per process) and opens device `ordinal` through its
