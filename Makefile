@@ -8,6 +8,7 @@
 #   make bench      heap and replay benchmarks on the simulated device (no GPU)
 #   make gpu-check  on a machine with a GPU: build the real device and test it
 #   make gpu-bench  on a machine with a GPU: allocation latency, event costs, training jobs
+#   make settings-doc  write docs/settings.md from the code's option table
 #   make clean
 
 CC      ?= gcc
@@ -47,7 +48,7 @@ SAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
 TSAN_LIB_OBJS := $(LIB_SRCS:src/%.c=$(BUILD)/tsan/obj/%.o)
 TSAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/tsan/obj/%.o)
 
-.PHONY: all lib tools demo test test-plain test-san test-tsan preload-tests bench fuzz gpu-check gpu-bench deps deps-test clean
+.PHONY: all lib tools settings-doc demo test test-plain test-san test-tsan preload-tests bench fuzz gpu-check gpu-bench deps deps-test clean
 all: lib tools
 
 lib: $(BUILD)/libcuheap.so $(BUILD)/libcuheap.a
@@ -270,6 +271,11 @@ $(BUILD)/bench_heap: bench/bench_heap.c $(BUILD)/libcuheap.a
 $(BUILD)/bench_preload: bench/bench_preload.c $(TOOL_OBJS) $(BUILD)/obj/log.o $(FAKE_CUDART) $(FAKE_DEV_LINKS)
 	$(CC) $(CFLAGS_BASE) -O2 -g -Wno-missing-prototypes -Itests/fake -o $@ $< $(TOOL_OBJS) $(BUILD)/obj/log.o \
 	    -L$(BUILD)/fake -lcudart -lz -ldl $(FAKE_RPATH)
+
+# The settings page is generated, so that it cannot drift from src/config.c's
+# table (tests/test_readme.sh checks it is current).
+settings-doc: $(BUILD)/cuheap-replay
+	@scripts/settings-doc.sh $(BUILD) > docs/settings.md
 
 gpu-check:
 	@scripts/gpu-check.sh $(BUILD)

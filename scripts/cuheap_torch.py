@@ -8,7 +8,7 @@ beyond the first:
     PYTHONPATH=/path/to/cuheap/scripts python -m cuheap_torch train.py args...
 
 The library is found from CUHEAP_LIB, else ../build/libcuheap.so next to this
-file. Settings come from CUHEAP_CONF (see the README); as PyTorch's allocator
+file. Settings come from CUHEAP_CONF (docs/settings.md); as PyTorch's allocator
 cuheap runs on CUDA virtual memory (vmm:1) unless CUHEAP_CONF sets vmm.
 
 Then memory_stats() answers with the keys of torch.cuda.memory_stats() (whose

@@ -59,7 +59,7 @@ static void configure_from_env_locked(void)
         return;
     cuh_config_defaults(&rt.cfg);
     /* As PyTorch's allocator the heap runs on virtual memory unless
-     * CUHEAP_CONF says otherwise (README, "Choosing vmm"): fragmentation is
+     * CUHEAP_CONF says otherwise (docs/design.md, "Choosing vmm"): fragmentation is
      * what PyTorch's users run out of memory on, and a page move's cost is
      * paid where a plain segment would have had to grow. */
     if (rt.plugin)
@@ -70,7 +70,7 @@ static void configure_from_env_locked(void)
      * wait on the GPU (cudaMemPoolReuseAllowInternalDependencies, on by
      * default), and a real cudaFree waits for the whole device. Without it a
      * program that frees on many streams while the GPU runs behind holds
-     * many times its live bytes (README, "LD_PRELOAD"). */
+     * many times its live bytes (docs/preload.md). */
     if (rt.interposer)
         rt.cfg.reuse_across_streams = 1;
     const char *env = getenv("CUHEAP_CONF");
