@@ -1,7 +1,8 @@
 # cuheap - build menu. Out-of-tree build in build/ (sanitized copies in build/san/
 # and build/tsan/).
 #
-#   make            library (build/libcuheap.so, build/libcuheap.a) and tools
+#   make            library (build/libcuheap.so, build/libcuheap.a), tools and the
+#                   launcher (build/cuheap)
 #   make demo       install what is missing, build, replay the bundled traces
 #   make test       every test, again under AddressSanitizer + UBSan, and the unit
 #                   tests under ThreadSanitizer
@@ -52,7 +53,7 @@ TSAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/tsan/obj/%.o)
 all: lib tools
 
 lib: $(BUILD)/libcuheap.so $(BUILD)/libcuheap.a
-tools: $(BUILD)/cuheap-replay $(BUILD)/cuheap-report
+tools: $(BUILD)/cuheap-replay $(BUILD)/cuheap-report $(BUILD)/cuheap
 
 deps:
 	@scripts/install-deps.sh
@@ -117,6 +118,11 @@ $(BUILD)/cuheap-report: src/tools/report.c src/tools/cli.h $(TOOL_OBJS) $(BUILD)
 
 $(BUILD)/san/cuheap-report: src/tools/report.c src/tools/cli.h $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lz -ldl -lm
+
+# The launcher: it checks --conf with the library's own parser (config.o and
+# the message helpers, from the static library), and finds libcuheap.so beside it.
+$(BUILD)/cuheap: src/tools/launch.c src/tools/cli.h $(BUILD)/libcuheap.a
+	$(CC) $(CFLAGS_BASE) $(OPT) -o $@ $< $(BUILD)/libcuheap.a -ldl -lm
 
 # Tools and tests need zlib and cmocka; the library itself needs neither.
 $(TOOL_OBJS) $(SAN_TOOL_OBJS) $(TSAN_TOOL_OBJS): | deps
@@ -240,13 +246,13 @@ preload-tests: $(PRELOAD_PROGRAMS) $(FAKE_CUDA) $(FAKE_CUDART) $(BUILD)/libcuhea
 
 test: test-plain test-san test-tsan
 
-test-plain: deps-test $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/cuheap-replay $(BUILD)/cuheap-report $(BUILD)/libcuheap.so \
+test-plain: deps-test $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/cuheap-replay $(BUILD)/cuheap-report $(BUILD)/cuheap $(BUILD)/libcuheap.so \
             preload-tests $(BUILD)/bench_heap $(BUILD)/bench_preload $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
 	@scripts/run-tests.sh $(BUILD) plain $(TESTS)
 
 test-san: deps-test $(TESTS:%=$(BUILD)/san/tests/%) $(BUILD)/san/cuheap-replay $(BUILD)/san/cuheap-report \
           $(BUILD)/san/libcuheap-asan.so $(FUZZ_NAMES:%=$(BUILD)/san/fuzz/fuzz_%) \
-          preload-tests
+          preload-tests $(BUILD)/cuheap
 	@scripts/run-tests.sh $(BUILD)/san sanitized $(TESTS)
 
 # The unit tests again under ThreadSanitizer (the threads of the heap, its
