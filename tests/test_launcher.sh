@@ -57,30 +57,7 @@ check "the launcher exits with the command's status (got $rc)" '[ $rc -eq 7 ]'
 
 # --torch: the environment activation, checked by a stand-in torch that
 # records the allocator PyTorch is given.
-mkdir -p "$TMP/fake/torch/cuda"
-cat > "$TMP/fake/torch/__init__.py" <<'PY'
-from . import cuda
-PY
-cat > "$TMP/fake/torch/cuda/__init__.py" <<'PY'
-from . import memory
-def current_device():
-    return 0
-PY
-cat > "$TMP/fake/torch/cuda/memory.py" <<'PY'
-import ctypes
-CURRENT = []
-class _Backend:
-    def __getattr__(self, name):
-        return lambda address: None
-class CUDAPluggableAllocator:
-    def __init__(self, path, alloc, free):
-        lib = ctypes.CDLL(path)
-        self.path, self.alloc = path, getattr(lib, alloc)
-    def allocator(self):
-        return _Backend()
-def change_current_allocator(allocator):
-    CURRENT.append(allocator.path)
-PY
+stand_in_torch "$TMP/fake"
 PYTHONPATH="$TMP/fake" launch torchenv --torch -- env
 check "--torch: CUHEAP_TORCH=1, CUHEAP_LIB, the helper first on PYTHONPATH, no LD_PRELOAD (got: $(grep -E '^(CUHEAP_|PYTHONPATH|LD_PRELOAD)' "$TMP/torchenv.out" | tr '\n' ' '))" \
     '[ "$(var CUHEAP_TORCH torchenv)" = 1 ] && [ "$(var CUHEAP_LIB torchenv)" = "$lib" ] &&
