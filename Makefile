@@ -10,6 +10,8 @@
 #   make gpu-check  on a machine with a GPU: build the real device and test it
 #   make gpu-bench  on a machine with a GPU: allocation latency, event costs, training jobs
 #   make settings-doc  write docs/settings.md from the code's option table
+#   make install    PREFIX=/usr/local (and DESTDIR): libraries, header, pkg-config file,
+#                   tools, launcher, PyTorch module; make uninstall removes them
 #   make clean
 
 CC      ?= gcc
@@ -49,7 +51,7 @@ SAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
 TSAN_LIB_OBJS := $(LIB_SRCS:src/%.c=$(BUILD)/tsan/obj/%.o)
 TSAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/tsan/obj/%.o)
 
-.PHONY: all lib tools settings-doc demo test test-plain test-san test-tsan preload-tests bench fuzz gpu-check gpu-bench deps deps-test clean
+.PHONY: all lib tools settings-doc install uninstall demo test test-plain test-san test-tsan preload-tests bench fuzz gpu-check gpu-bench deps deps-test clean
 all: lib tools
 
 lib: $(BUILD)/libcuheap.so $(BUILD)/libcuheap.a
@@ -260,6 +262,39 @@ test-san: deps-test $(TESTS:%=$(BUILD)/san/tests/%) $(BUILD)/san/cuheap-replay $
 # the run. The command-line tests run the tools, single-threaded, above.
 test-tsan: deps-test $(TESTS:%=$(BUILD)/tsan/tests/%)
 	@TSAN_OPTIONS="halt_on_error=1 exitcode=66 $${TSAN_OPTIONS:-}" UNIT_ONLY=1 scripts/run-tests.sh $(BUILD)/tsan threads $(TESTS)
+
+# ---- install ---------------------------------------------------------------
+# PREFIX is where cuheap will live (cuheap.pc names it); DESTDIR, if set, is
+# prepended to every path written (a staging folder for packagers). The
+# launcher finds ../lib/libcuheap.so and ../share/cuheap/python beside itself;
+# the Python package finds the library through its link libcuheap.so.
+PREFIX  ?= /usr/local
+VERSION := $(shell sed -n 's/^\#define CUHEAP_VERSION "\(.*\)"/\1/p' include/cuheap.h)
+I_BIN   := $(DESTDIR)$(PREFIX)/bin
+I_LIB   := $(DESTDIR)$(PREFIX)/lib
+I_INC   := $(DESTDIR)$(PREFIX)/include
+I_SHARE := $(DESTDIR)$(PREFIX)/share/cuheap
+I_PY    := $(I_SHARE)/python
+INSTALL_TOOLS := cuheap cuheap-replay cuheap-report
+INSTALL_PY    := cuheap/__init__.py cuheap/__main__.py cuheap_torch.py sitecustomize.py
+
+install: lib tools
+	install -d $(I_BIN) $(I_LIB)/pkgconfig $(I_INC) $(I_PY)/cuheap
+	install -m 755 $(BUILD)/libcuheap.so $(I_LIB)/libcuheap.so
+	install -m 644 $(BUILD)/libcuheap.a $(I_LIB)/libcuheap.a
+	sed 's|@PREFIX@|$(PREFIX)|; s|@VERSION@|$(VERSION)|' src/cuheap.pc.in > $(I_LIB)/pkgconfig/cuheap.pc
+	install -m 644 include/cuheap.h $(I_INC)/cuheap.h
+	install -m 644 include/cuheap_report.schema.json $(I_SHARE)/cuheap_report.schema.json
+	install -m 755 $(INSTALL_TOOLS:%=$(BUILD)/%) $(I_BIN)
+	for f in $(INSTALL_PY); do install -m 644 scripts/$$f $(I_PY)/$$f || exit 1; done
+	ln -sfn ../../../../lib/libcuheap.so $(I_PY)/cuheap/libcuheap.so
+
+# Everything install wrote, and share/cuheap whole (Python may have left its
+# byte-code there); the folders bin, lib, include stay.
+uninstall:
+	rm -f $(I_LIB)/libcuheap.so $(I_LIB)/libcuheap.a $(I_LIB)/pkgconfig/cuheap.pc $(I_INC)/cuheap.h \
+	    $(INSTALL_TOOLS:%=$(I_BIN)/%)
+	rm -rf $(I_SHARE)
 
 # ---- demo, benchmarks, GPU -----------------------------------------------
 demo: all
