@@ -53,6 +53,8 @@ stand_in_torch "$site"
 out=$(clean CUHEAP_TORCH=1 "$py" -c 'import torch, sys; print(sys.modules["cuheap"].installed(), *torch.cuda.memory.CURRENT)' 2>&1)
 check "CUHEAP_TORCH=1 alone, no PYTHONPATH: cuheap is torch's allocator at import torch (got: $out)" \
     '[ "$out" = "True $site/cuheap/libcuheap.so" ]'
+out=$(clean CUHEAP_TORCH=1 "$py" -c 'import torch, sys; print(sys.modules["cuheap_torch"] is sys.modules["cuheap"])' 2>&1)
+check "turned on, it answers to the old name too, sys.modules[\"cuheap_torch\"] (got: $out)" '[ "$out" = True ]'
 out=$(clean "$py" -c 'import sys, torch; print("cuheap" in sys.modules, torch.cuda.memory.CURRENT)' 2>&1)
 check "without CUHEAP_TORCH nothing of cuheap is imported (got: $out)" '[ "$out" = "False []" ]'
 out=$(clean CUHEAP_TORCH=0 "$py" -c 'import sys, torch; print("cuheap" in sys.modules)' 2>&1)

@@ -119,12 +119,20 @@ def installed():
     return _allocator is not None
 
 
+def _answer_to_old_name():
+    """Programs written for the module's old name look it up as
+    sys.modules["cuheap_torch"] (bench/torch/train_job.py does, to read the
+    statistics): once cuheap is turned on it is there under both names."""
+    sys.modules.setdefault("cuheap_torch", sys.modules[__name__])
+
+
 def install():
     """Makes cuheap PyTorch's CUDA allocator. Call before the first CUDA tensor;
     afterwards PyTorch cannot switch allocators and this raises RuntimeError."""
     global _allocator
     if _allocator is not None:
         return
+    _answer_to_old_name()
     import torch
 
     lib = _load()
@@ -557,6 +565,7 @@ def activate_from_environment():
     """With CUHEAP_TORCH=1, installs cuheap when torch is imported."""
     if not environment_asks():
         return
+    _answer_to_old_name()
     # Right after `import torch` finishes, before the program can make a
     # CUDA tensor.
     _after_import("torch", lambda module: install())
@@ -599,11 +608,9 @@ def main(argv, prog="cuheap"):
                          "  without: says which library would be loaded, and how cuheap is turned on\n" % prog)
         return 0 if argv[1] in ("-h", "--help") else 2
     import torch  # noqa: F401  (install needs it)
-    # The script's own `import cuheap` or `import cuheap_torch` must find
-    # this module, not a second copy that would try to install again.
-    module = sys.modules[__name__]
-    for name in ("cuheap", "cuheap_torch"):
-        sys.modules.setdefault(name, module)
+    # The script's own `import cuheap` finds this module (python -m runs
+    # __main__.py, which imported it as cuheap), and install() puts it under
+    # the old name too: no second copy tries to install again.
     install()
     script = argv[1]
     sys.argv = argv[1:]
