@@ -218,12 +218,14 @@ int main(int argc, char **argv)
         cuh_config_t cfg;
         char err[1024];
         cuh_config_defaults(&cfg);
-        if (cuh_config_parse(conf, &cfg, err, sizeof err)) {
+        int bad = cuh_config_parse(conf, &cfg, err, sizeof err);
+        if (bad)
             cuh_log("CUHEAP_CONF=\"%s\": %s", conf, err);
-            return 2;
-        }
-        setenv("CUHEAP_CONF", conf, 1);
+        else
+            setenv("CUHEAP_CONF", conf, 1);
         free(conf);
+        if (bad)
+            return 2;
     }
 
     char folder[PATH_MAX], lib[PATH_MAX];
