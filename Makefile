@@ -1,7 +1,8 @@
 # cuheap - build menu. Out-of-tree build in build/ (sanitized copies in build/san/
 # and build/tsan/).
 #
-#   make            library (build/libcuheap.so, build/libcuheap.a) and tools
+#   make            library (build/libcuheap.so, build/libcuheap.a), tools and the
+#                   launcher (build/cuheap)
 #   make demo       install what is missing, build, replay the bundled traces
 #   make test       every test, again under AddressSanitizer + UBSan, and the unit
 #                   tests under ThreadSanitizer
@@ -9,6 +10,9 @@
 #   make corpus     every job of the corpus replayed in each way in, beside PyTorch (no GPU)
 #   make gpu-check  on a machine with a GPU: build the real device and test it
 #   make gpu-bench  on a machine with a GPU: allocation latency, event costs, training jobs
+#   make settings-doc  write docs/settings.md from the code's option table
+#   make install    PREFIX=/usr/local (and DESTDIR): libraries, header, pkg-config file,
+#                   tools, launcher, PyTorch module; make uninstall removes them
 #   make clean
 
 CC      ?= gcc
@@ -48,11 +52,11 @@ SAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
 TSAN_LIB_OBJS := $(LIB_SRCS:src/%.c=$(BUILD)/tsan/obj/%.o)
 TSAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/tsan/obj/%.o)
 
-.PHONY: all lib tools demo corpus test test-plain test-san test-tsan preload-tests bench fuzz gpu-check gpu-bench deps deps-test clean
+.PHONY: all lib tools settings-doc install uninstall demo corpus test test-plain test-san test-tsan preload-tests bench fuzz gpu-check gpu-bench deps deps-test clean
 all: lib tools
 
 lib: $(BUILD)/libcuheap.so $(BUILD)/libcuheap.a
-tools: $(BUILD)/cuheap-replay $(BUILD)/cuheap-report $(BUILD)/cuheap-corpus
+tools: $(BUILD)/cuheap-replay $(BUILD)/cuheap-report $(BUILD)/cuheap-corpus $(BUILD)/cuheap
 
 deps:
 	@scripts/install-deps.sh
@@ -123,6 +127,11 @@ $(BUILD)/cuheap-report: src/tools/report.c src/tools/cli.h $(TOOL_OBJS) $(BUILD)
 
 $(BUILD)/san/cuheap-report: src/tools/report.c src/tools/cli.h $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lz -ldl -lm
+
+# The launcher: it checks --conf with the library's own parser (config.o and
+# the message helpers, from the static library), and finds libcuheap.so beside it.
+$(BUILD)/cuheap: src/tools/launch.c src/tools/cli.h $(BUILD)/libcuheap.a
+	$(CC) $(CFLAGS_BASE) $(OPT) -o $@ $< $(BUILD)/libcuheap.a -ldl -lm
 
 # Tools and tests need zlib and cmocka; the library itself needs neither.
 $(TOOL_OBJS) $(SAN_TOOL_OBJS) $(TSAN_TOOL_OBJS): | deps
@@ -247,14 +256,14 @@ preload-tests: $(PRELOAD_PROGRAMS) $(FAKE_CUDA) $(FAKE_CUDART) $(BUILD)/libcuhea
 test: test-plain test-san test-tsan
 
 test-plain: deps-test $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/cuheap-replay $(BUILD)/cuheap-report $(BUILD)/cuheap-corpus \
-            $(BUILD)/libcuheap.so \
+            $(BUILD)/cuheap $(BUILD)/libcuheap.so \
             preload-tests $(BUILD)/bench_heap $(BUILD)/bench_preload $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
 	@scripts/run-tests.sh $(BUILD) plain $(TESTS)
 
 test-san: deps-test $(TESTS:%=$(BUILD)/san/tests/%) $(BUILD)/san/cuheap-replay $(BUILD)/san/cuheap-report \
           $(BUILD)/san/cuheap-corpus \
           $(BUILD)/san/libcuheap-asan.so $(FUZZ_NAMES:%=$(BUILD)/san/fuzz/fuzz_%) \
-          preload-tests
+          preload-tests $(BUILD)/cuheap
 	@scripts/run-tests.sh $(BUILD)/san sanitized $(TESTS)
 
 # The unit tests again under ThreadSanitizer (the threads of the heap, its
@@ -262,6 +271,39 @@ test-san: deps-test $(TESTS:%=$(BUILD)/san/tests/%) $(BUILD)/san/cuheap-replay $
 # the run. The command-line tests run the tools, single-threaded, above.
 test-tsan: deps-test $(TESTS:%=$(BUILD)/tsan/tests/%)
 	@TSAN_OPTIONS="halt_on_error=1 exitcode=66 $${TSAN_OPTIONS:-}" UNIT_ONLY=1 scripts/run-tests.sh $(BUILD)/tsan threads $(TESTS)
+
+# ---- install ---------------------------------------------------------------
+# PREFIX is where cuheap will live (cuheap.pc names it); DESTDIR, if set, is
+# prepended to every path written (a staging folder for packagers). The
+# launcher finds ../lib/libcuheap.so and ../share/cuheap/python beside itself;
+# the Python package finds the library through its link libcuheap.so.
+PREFIX  ?= /usr/local
+VERSION := $(shell sed -n 's/^\#define CUHEAP_VERSION "\(.*\)"/\1/p' include/cuheap.h)
+I_BIN   := $(DESTDIR)$(PREFIX)/bin
+I_LIB   := $(DESTDIR)$(PREFIX)/lib
+I_INC   := $(DESTDIR)$(PREFIX)/include
+I_SHARE := $(DESTDIR)$(PREFIX)/share/cuheap
+I_PY    := $(I_SHARE)/python
+INSTALL_TOOLS := cuheap cuheap-replay cuheap-report
+INSTALL_PY    := cuheap/__init__.py cuheap/__main__.py cuheap_torch.py sitecustomize.py
+
+install: lib tools
+	install -d $(I_BIN) $(I_LIB)/pkgconfig $(I_INC) $(I_PY)/cuheap
+	install -m 755 $(BUILD)/libcuheap.so $(I_LIB)/libcuheap.so
+	install -m 644 $(BUILD)/libcuheap.a $(I_LIB)/libcuheap.a
+	sed 's|@PREFIX@|$(PREFIX)|; s|@VERSION@|$(VERSION)|' src/cuheap.pc.in > $(I_LIB)/pkgconfig/cuheap.pc
+	install -m 644 include/cuheap.h $(I_INC)/cuheap.h
+	install -m 644 include/cuheap_report.schema.json $(I_SHARE)/cuheap_report.schema.json
+	install -m 755 $(INSTALL_TOOLS:%=$(BUILD)/%) $(I_BIN)
+	for f in $(INSTALL_PY); do install -m 644 scripts/$$f $(I_PY)/$$f || exit 1; done
+	ln -sfn ../../../../lib/libcuheap.so $(I_PY)/cuheap/libcuheap.so
+
+# Everything install wrote, and share/cuheap whole (Python may have left its
+# byte-code there); the folders bin, lib, include stay.
+uninstall:
+	rm -f $(I_LIB)/libcuheap.so $(I_LIB)/libcuheap.a $(I_LIB)/pkgconfig/cuheap.pc $(I_INC)/cuheap.h \
+	    $(INSTALL_TOOLS:%=$(I_BIN)/%)
+	rm -rf $(I_SHARE)
 
 # ---- demo, benchmarks, GPU -----------------------------------------------
 demo: all
@@ -282,6 +324,11 @@ $(BUILD)/bench_heap: bench/bench_heap.c $(BUILD)/libcuheap.a
 $(BUILD)/bench_preload: bench/bench_preload.c $(TOOL_OBJS) $(BUILD)/obj/log.o $(FAKE_CUDART) $(FAKE_DEV_LINKS)
 	$(CC) $(CFLAGS_BASE) -O2 -g -Wno-missing-prototypes -Itests/fake -o $@ $< $(TOOL_OBJS) $(BUILD)/obj/log.o \
 	    -L$(BUILD)/fake -lcudart -lz -ldl $(FAKE_RPATH)
+
+# The settings page is generated, so that it cannot drift from src/config.c's
+# table (tests/test_readme.sh checks it is current).
+settings-doc: $(BUILD)/cuheap-replay
+	@scripts/settings-doc.sh $(BUILD) > docs/settings.md
 
 gpu-check:
 	@scripts/gpu-check.sh $(BUILD)

@@ -2,7 +2,7 @@
 # test_bench_harness.sh BUILD_DIR - the PyTorch job harness's own logic,
 # without torch or a GPU: bench/torch/run_modes.py and run_ddp.py choose each
 # mode's environment (the *-limit modes' byte limit, NCCL's settings) and
-# turn results into the tables the README carries. A wrong environment or a
+# turn results into the tables docs/benchmarks.md carries. A wrong environment or a
 # misread result would put wrong figures there, so they are checked here on
 # made-up results.
 set -uo pipefail
