@@ -265,13 +265,14 @@ test: test-plain test-san test-tsan
 
 test-plain: deps-test $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/cuheap-replay $(BUILD)/cuheap-report $(BUILD)/cuheap-corpus \
             $(BUILD)/cuheap $(BUILD)/libcuheap.so \
-            preload-tests $(BUILD)/bench_heap $(BUILD)/bench_preload $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
+            preload-tests $(BUILD)/bench_heap $(BUILD)/bench_preload $(BUILD)/bench_per_tensor \
+            $(BUILD)/bench_per_tensor_sim $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
 	@scripts/run-tests.sh $(BUILD) plain $(TESTS)
 
 test-san: deps-test $(TESTS:%=$(BUILD)/san/tests/%) $(BUILD)/san/cuheap-replay $(BUILD)/san/cuheap-report \
           $(BUILD)/san/cuheap-corpus \
           $(BUILD)/san/libcuheap-asan.so $(FUZZ_NAMES:%=$(BUILD)/san/fuzz/fuzz_%) \
-          preload-tests $(BUILD)/cuheap
+          preload-tests $(BUILD)/cuheap $(BUILD)/bench_per_tensor $(BUILD)/bench_per_tensor_sim
 	@scripts/run-tests.sh $(BUILD)/san sanitized $(TESTS)
 
 # The unit tests again under ThreadSanitizer (the threads of the heap, its
@@ -333,7 +334,8 @@ demo: all
 corpus: all
 	@$(BUILD)/cuheap-corpus
 
-bench: all $(BUILD)/bench_heap $(BUILD)/bench_preload $(FAKE_CUDA) $(FAKE_CUDART)
+bench: all $(BUILD)/bench_heap $(BUILD)/bench_preload $(BUILD)/bench_per_tensor $(BUILD)/bench_per_tensor_sim floor \
+       $(FAKE_CUDA) $(FAKE_CUDART)
 	@scripts/bench.sh $(BUILD)
 
 $(BUILD)/bench_heap: bench/bench_heap.c $(BUILD)/libcuheap.a
@@ -345,6 +347,15 @@ $(BUILD)/bench_heap: bench/bench_heap.c $(BUILD)/libcuheap.a
 $(BUILD)/bench_preload: bench/bench_preload.c $(TOOL_OBJS) $(BUILD)/obj/log.o $(FAKE_CUDART) $(FAKE_DEV_LINKS)
 	$(CC) $(CFLAGS_BASE) -O2 -g -Wno-missing-prototypes -Itests/fake -o $@ $< $(TOOL_OBJS) $(BUILD)/obj/log.o \
 	    -L$(BUILD)/fake -lcudart -lz -ldl $(FAKE_RPATH)
+
+# What one tensor costs the CPU on each way in, with the driver calls it makes
+# (bench/bench_per_tensor.c): on the fake driver and runtime, and on the
+# simulated device (the same source with libcuheap.a).
+$(BUILD)/bench_per_tensor: bench/bench_per_tensor.c $(FAKE_CUDART) $(FAKE_DEV_LINKS) tests/fake/fake_cuda.h
+	$(CC) $(CFLAGS_BASE) -O2 -g -Wno-missing-prototypes -Itests/fake -o $@ $< -L$(BUILD)/fake -lcudart -ldl $(FAKE_RPATH)
+
+$(BUILD)/bench_per_tensor_sim: bench/bench_per_tensor.c $(BUILD)/libcuheap.a
+	$(CC) $(CFLAGS_BASE) -O2 -g -Wno-missing-prototypes -DPER_TENSOR_SIM -o $@ $< $(BUILD)/libcuheap.a -ldl -lm
 
 # The settings page is generated, so that it cannot drift from src/config.c's
 # table (tests/test_readme.sh checks it is current).
