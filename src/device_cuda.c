@@ -1166,6 +1166,15 @@ int cuh_cuda_current_context(int *device)
         return CUH_CTX_ERROR;
     if (ctx == NULL)
         return CUH_CTX_NONE;
+    /* Every allocation under LD_PRELOAD asks this: a primary context
+     * already known is answered without asking the driver for its device
+     * (cuheap retains it, so its handle names no other context). */
+    int known = __atomic_load_n(&g_cu.ready, __ATOMIC_ACQUIRE) ? g_cu.device_count : 0;
+    for (int i = 0; i < known && i < CUH_CUDA_MAX_DEVICES; i++)
+        if (g_cu.primary[i] == ctx) {
+            *device = i;
+            return CUH_CTX_PRIMARY;
+        }
     if (cuda_ready(err, sizeof err) != 0)
         return CUH_CTX_ERROR;
     CUdevice cudev;
