@@ -28,7 +28,10 @@
  * (a lock per call) is in the figures: they bound cuheap's CPU cost from
  * above, and the calls are what a GPU's driver would be asked.
  *
- * usage: bench_per_tensor [--pairs N] plugin LIB | runtime
+ * usage: bench_per_tensor [--pairs N] [--size BYTES] plugin LIB | runtime
+ *   --pairs N      pairs per round (3 rounds, the median; default 200000)
+ *   --size BYTES   that size alone, 0 the mixed live set alone (to profile one:
+ *                  valgrind --tool=callgrind, perf record)
  */
 #include <dlfcn.h>
 #include <stdint.h>
@@ -223,18 +226,21 @@ static void measure(const char *label, size_t size, long n)
 
 int main(int argc, char **argv)
 {
-    long n = 200000;
+    long n = 200000, only = -1;
     int i = 1;
-    if (i + 1 < argc && !strcmp(argv[i], "--pairs")) {
-        n = atol(argv[i + 1]);
-        i += 2;
-    }
+    for (; i + 1 < argc && argv[i][0] == '-'; i += 2)
+        if (!strcmp(argv[i], "--pairs"))
+            n = atol(argv[i + 1]);
+        else if (!strcmp(argv[i], "--size"))
+            only = atol(argv[i + 1]);
+        else
+            n = 0;   /* a usage error below */
     const char *way = i < argc ? argv[i] : "";
     const char *lib = i + 1 < argc ? argv[i + 1] : NULL;
     const char *conf = getenv("CUHEAP_CONF");
 #ifdef PER_TENSOR_SIM
     if (n < 1 || strcmp(way, "plugin") != 0 || lib) {
-        fprintf(stderr, "usage: bench_per_tensor_sim [--pairs N] plugin\n");
+        fprintf(stderr, "usage: bench_per_tensor_sim [--pairs N] [--size BYTES] plugin\n");
         return 2;
     }
     if (cuh_runtime_use_sim((size_t)80 << 30) != 0)
@@ -245,7 +251,7 @@ int main(int argc, char **argv)
     printf("cuheap plugin on the simulated device (CUHEAP_CONF=%s)\n", conf ? conf : "");
 #else
     if (n < 1 || !((!strcmp(way, "plugin") && lib) || (!strcmp(way, "runtime") && !lib))) {
-        fprintf(stderr, "usage: bench_per_tensor [--pairs N] plugin LIB | runtime\n");
+        fprintf(stderr, "usage: bench_per_tensor [--pairs N] [--size BYTES] plugin LIB | runtime\n");
         return 2;
     }
     void *driver = dlopen("libcuda.so.1", RTLD_NOW);
@@ -288,6 +294,12 @@ int main(int argc, char **argv)
                conf ? conf : "");
     }
 #endif
+    if (only >= 0) {
+        char label[32];
+        snprintf(label, sizeof label, only ? "%ld B" : "mixed", only);
+        measure(label, (size_t)only, n);
+        return 0;
+    }
     measure("512 B", 512, n);
     measure("64 KiB", 64 << 10, n);
     measure("1 MiB", MiB, n);
