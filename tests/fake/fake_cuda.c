@@ -118,6 +118,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static size_t capacity;              /* per device */
 static size_t used[MAX_DEVICES];     /* device allocations; virtual memory pages count on device 0 */
 static int num_devices = 1;          /* FAKE_CUDA_DEVICES, 1 to MAX_DEVICES */
+static int no_ctx_events;            /* FAKE_CUDA_NO_CTX_EVENTS: a driver before CUDA 12.5 */
 static int initialized;
 static char primary_contexts[MAX_DEVICES];   /* their addresses are the context handles */
 static int primary_retains[MAX_DEVICES];
@@ -236,6 +237,9 @@ API CUresult cuInit(unsigned flags)
         num_devices = n ? atoi(n) : 1;
         if (num_devices < 1 || num_devices > MAX_DEVICES)
             num_devices = 1;
+        /* Read once: a benchmark calls cuCtxRecordEvent for every cudaFree. */
+        const char *v = getenv("FAKE_CUDA_NO_CTX_EVENTS");
+        no_ctx_events = v && *v && strcmp(v, "0") != 0;
         initialized = 1;
     }
     pthread_mutex_unlock(&lock);
@@ -744,8 +748,7 @@ API CUresult cuEventSynchronize(CUevent event)
  * (FAKE_CUDA_NO_CTX_EVENTS), and not during a capture, which it breaks. */
 static CUresult ctx_call_locked(void)
 {
-    const char *v = getenv("FAKE_CUDA_NO_CTX_EVENTS");
-    if (v && *v && strcmp(v, "0") != 0)
+    if (no_ctx_events)
         return NOT_SUPPORTED;
     return break_captures_locked() ? STREAM_CAPTURE_UNSUPPORTED : OK;
 }
