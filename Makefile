@@ -10,6 +10,7 @@
 #   make corpus     every job of the corpus replayed in each way in, beside PyTorch (no GPU)
 #   make gpu-check  on a machine with a GPU: build the real device and test it
 #   make gpu-bench  on a machine with a GPU: allocation latency, event costs, training jobs
+#                   (BENCH_PARTS=pertensor: one tensor through PyTorch in each mode, beside the floor)
 #   make floor      the floor: allocators that only hand out memory, the per-tensor yardstick
 #   make settings-doc  write docs/settings.md from the code's option table
 #   make install    PREFIX=/usr/local (and DESTDIR): libraries, header, pkg-config file,

@@ -118,11 +118,13 @@ static void pairs(long n, size_t size)
     void *live[MIXED_WINDOW] = {0};
     size_t live_size[MIXED_WINDOW] = {0};
     for (long i = 0; i < n; i++) {
-        size_t k = (size_t)i % MIXED_WINDOW;
+        /* The new one first, then the oldest goes, as per_tensor.py's deque. */
+        size_t k = (size_t)i % MIXED_WINDOW, size_now = mixed_sizes[(size_t)i % NUM_MIXED];
+        void *p = take(size_now);
         if (live[k])
             give(live[k], live_size[k]);
-        live_size[k] = mixed_sizes[(size_t)i % NUM_MIXED];
-        live[k] = take(live_size[k]);
+        live[k] = p;
+        live_size[k] = size_now;
     }
     for (size_t k = 0; k < MIXED_WINDOW; k++)
         if (live[k])
