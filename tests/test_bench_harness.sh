@@ -188,7 +188,9 @@ fixed = [
     {"mode": "floor-plugin", "round": 0, "us": {"512": 2.0, "65536": 2.0, "1048576": 2.0, "67108864": 2.0, "mixed": 1.7}},
     {"mode": "preload", "round": 0, "error": "Traceback (most recent call last):\nRuntimeError: CUDA error"},
     {"mode": "floor-plugin", "round": 1, "us": {"512": 2.2, "65536": 2.1, "1048576": 2.0, "67108864": 2.0, "mixed": 1.9}},
-    {"mode": "cuheap", "round": 1, "us": {"512": 3.59, "65536": 3.88, "1048576": 3.65, "67108864": 3.46, "mixed": 3.11}},
+    {"mode": "cuheap", "round": 1, "us": {"512": 3.59, "65536": 3.88, "1048576": 3.65, "67108864": 3.46, "mixed": 3.11},
+     "cpu_us": {"512": 3.5, "65536": 3.8, "1048576": 3.6, "67108864": 1.0, "mixed": 3.1},
+     "cuheap": {"512": {"cpu_waits": 0, "segments": 0}, "67108864": {"cpu_waits": 2, "segments": 1}}},
     {"mode": "native", "round": 1, "us": {"512": 2.27, "65536": 3.29, "1048576": 2.31, "67108864": 2.07, "mixed": 1.97}},
 ]
 with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
@@ -207,6 +209,10 @@ expect([l.split("|")[1].strip() for l in lines[4:8]] == ["PyTorch native", "cuhe
 expect(rows["cuheap LD_PRELOAD, PyTorch's cache off"].count("|") == 7 and
        "failed: RuntimeError: CUDA error" in rows["cuheap LD_PRELOAD, PyTorch's cache off"],
        "per-tensor: a failed mode is a row that says why")
+expect([l for l in lines if l.startswith("- ")] ==
+       ["- cuheap plugin (default, vmm:1), 64 MiB: 1.00 of 3.41 us on the CPU, the rest waiting",
+        "- cuheap plugin (default, vmm:1), 64 MiB: cuheap waited for the GPU 2 times and took 1 segments while timed"],
+       "per-tensor: a loop that waited, and cuheap's waits and segments while timed, are named under the table")
 over = [l for l in lines if l.startswith("| cuheap plugin (default, vmm:1) | floor plugin |")]
 expect(over == ["| cuheap plugin (default, vmm:1) | floor plugin | +1.44 | +1.88 | +1.70 | +1.41 | +1.36 |"],
        "per-tensor: the cuheap plugin over the floor plugin, size by size")

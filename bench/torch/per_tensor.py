@@ -9,7 +9,9 @@ Python loop, Python's own cost included, for 512 B, 64 KiB, 1 MiB and 64 MiB,
 and a mixed live set (MIXED_WINDOW tensors live, MIXED_SIZES in turn, each new
 one made before the oldest is freed): microseconds per tensor. Each size is
 warmed up, then timed --repeat times in a rotating order; a size's figure is
-the median of its repeats. The child prints one JSON line.
+the median of its repeats, with the CPU time beside it (below the wall
+time: the thread waited) and, where cuheap serves, its waits for the GPU and
+new segments during the timed loops. The child prints one JSON line.
 
 The driver runs each mode in a process of its own, all modes in each of
 --rounds rounds (at least 2), the order reversed every other round, so that
@@ -107,30 +109,46 @@ def mode_now():
 
 
 def timed(torch, size, n):
-    """Microseconds per tensor over n tensors of `size` bytes, or of the mixed
-    live set (size "mixed")."""
+    """(wall, CPU) microseconds per tensor over n tensors of `size` bytes, or
+    of the mixed live set (size "mixed"). CPU time below wall time is time the
+    thread waited (for the driver, the GPU, a lock)."""
     import collections
     import time
     empty, u8 = torch.empty, torch.uint8
     torch.cuda.synchronize()
     if size == "mixed":
         sizes, k, window = MIXED_SIZES, len(MIXED_SIZES), collections.deque()
-        t0 = time.perf_counter_ns()
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         for i in range(n):
             window.append(empty(sizes[i % k], dtype=u8, device="cuda"))
             if len(window) > MIXED_WINDOW:
                 window.popleft()
-        t1 = time.perf_counter_ns()
+        t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
         window.clear()
     else:
         nbytes = int(size)
-        t0 = time.perf_counter_ns()
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         for _ in range(n):
             t = empty(nbytes, dtype=u8, device="cuda")
             del t
-        t1 = time.perf_counter_ns()
+        t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
     torch.cuda.synchronize()
-    return (t1 - t0) / n / 1e3
+    return (t1 - t0) / n / 1e3, (c1 - c0) / n / 1e3
+
+
+def cuheap_counters(torch):
+    """cuheap's CPU waits and segments so far, where cuheap serves this
+    process (a wait or a new segment per tensor would show where time goes);
+    None in the other modes."""
+    mode = mode_now()
+    if mode.startswith("cuheap"):
+        stats = sys.modules["cuheap_torch"].memory_stats()
+        return {"cpu_waits": stats["num_sync_all_streams"], "segments": stats["segment.all.allocated"]}
+    if mode.startswith("preload"):
+        import train_job
+        st = train_job.preload_stats()
+        return {"cpu_waits": st.num_cpu_waits, "segments": st.num_segment_allocs}
+    return None
 
 
 def child(iterations, repeat):
@@ -143,12 +161,23 @@ def child(iterations, repeat):
     for k in keys:
         timed(torch, k, max(1, iterations // 10))
     rounds = {k: [] for k in keys}
+    cpu = {k: [] for k in keys}
+    counted = {k: {"cpu_waits": 0, "segments": 0} for k in keys}
     for r in range(repeat):
         for k in keys[r % len(keys):] + keys[:r % len(keys)]:
-            rounds[k].append(round(timed(torch, k, iterations), 4))
-    print(json.dumps({"mode": mode_now(), "torch": torch.__version__, "iterations": iterations,
-                      "us": {k: statistics.median(v) for k, v in rounds.items()}, "us_repeats": rounds}),
-          flush=True)
+            before = cuheap_counters(torch)
+            wall, on_cpu = timed(torch, k, iterations)
+            after = cuheap_counters(torch)
+            rounds[k].append(round(wall, 4))
+            cpu[k].append(round(on_cpu, 4))
+            for name in counted[k] if before else ():
+                counted[k][name] += after[name] - before[name]
+    result = {"mode": mode_now(), "torch": torch.__version__, "iterations": iterations,
+              "us": {k: statistics.median(v) for k, v in rounds.items()}, "us_repeats": rounds,
+              "cpu_us": {k: statistics.median(v) for k, v in cpu.items()}}
+    if cuheap_counters(torch) is not None:
+        result["cuheap"] = counted   # over the timed loops of each size
+    print(json.dumps(result), flush=True)
 
 
 # ---- the driver ---------------------------------------------------------------------
@@ -173,8 +202,9 @@ def run(mode, build, iterations, repeat, timeout):
 
 def combine(results):
     """One row per mode, in the order first seen: per size the median of the
-    rounds that ran and every round's figure ("rounds"); a failed round makes
-    the row failed."""
+    rounds that ran and every round's figure ("rounds"), the median CPU time
+    ("cpu_us") and cuheap's waits and segments added up ("cuheap"); a failed
+    round makes the row failed."""
     rows, order = {}, []
     for r in results:
         mode = r["mode"]
@@ -188,9 +218,20 @@ def combine(results):
         for k, _ in SIZES:
             if r.get("us", {}).get(k) is not None:
                 row["rounds"][k].append(r["us"][k])
+        for name in ("cpu_us", "cuheap"):
+            if name in r:
+                row.setdefault(name + "_rounds", []).append(r[name])
     for mode in order:
         row = rows[mode]
         row["us"] = {k: run_modes.median(v) if v else None for k, v in row["rounds"].items()}
+        cpu = row.pop("cpu_us_rounds", [])
+        if cpu:
+            seen = {k: [c[k] for c in cpu if c.get(k) is not None] for k, _ in SIZES}
+            row["cpu_us"] = {k: run_modes.median(v) if v else None for k, v in seen.items()}
+        counted = row.pop("cuheap_rounds", [])
+        if counted:
+            row["cuheap"] = {k: {n: sum(c.get(k, {}).get(n, 0) for c in counted) for n in ("cpu_waits", "segments")}
+                             for k, _ in SIZES}
     return [rows[m] for m in order]
 
 
@@ -204,8 +245,10 @@ def cell(row, key):
 
 
 def table(results):
-    """The table of combined results: microseconds per tensor; then the
-    cuheap rows over their way in's floor, where both ran."""
+    """The table of combined results: microseconds per tensor; a note where a
+    loop spent less than 90% of its time on the CPU, or cuheap waited for the
+    GPU or took segments while timed; then the cuheap rows over their way
+    in's floor, where both ran."""
     rounds = max((len(v) for r in results for v in r["rounds"].values()), default=0)
     head = "microseconds per tensor (torch.empty + del), " + (
         "median of %d rounds (range)" % rounds if rounds > 1 else "one round" if rounds else "no round ran")
@@ -219,6 +262,19 @@ def table(results):
             lines.append("| %s | failed: %s |" % (label, last[:160]) + " |" * (len(SIZES) - 1))
         else:
             lines.append("| %s | " % label + " | ".join(cell(r, k) for k, _ in SIZES) + " |")
+    notes = []
+    for r in results:
+        for k, c in SIZES:
+            wall, cpu = r.get("us", {}).get(k), r.get("cpu_us", {}).get(k)
+            if wall and cpu is not None and cpu < 0.9 * wall:
+                notes.append("%s, %s: %.2f of %.2f us on the CPU, the rest waiting" % (
+                    LABELS.get(r["mode"], r["mode"]), c, cpu, wall))
+            counted = r.get("cuheap", {}).get(k, {})
+            if counted.get("cpu_waits") or counted.get("segments"):
+                notes.append("%s, %s: cuheap waited for the GPU %d times and took %d segments while timed" % (
+                    LABELS.get(r["mode"], r["mode"]), c, counted.get("cpu_waits", 0), counted.get("segments", 0)))
+    if notes:
+        lines += [""] + ["- " + n for n in notes]
     by_mode = {r["mode"]: r for r in results if "error" not in r}
     over = [(m, f) for m, f in FLOOR_OF.items() if m in by_mode and f in by_mode]
     if over:
