@@ -10,6 +10,8 @@
 #   make corpus     every job of the corpus replayed in each way in, beside PyTorch (no GPU)
 #   make gpu-check  on a machine with a GPU: build the real device and test it
 #   make gpu-bench  on a machine with a GPU: allocation latency, event costs, training jobs
+#                   (BENCH_PARTS=pertensor: one tensor through PyTorch in each mode, beside the floor)
+#   make floor      the floor: allocators that only hand out memory, the per-tensor yardstick
 #   make settings-doc  write docs/settings.md from the code's option table
 #   make install    PREFIX=/usr/local (and DESTDIR): libraries, header, pkg-config file,
 #                   tools, launcher, PyTorch module; make uninstall removes them
@@ -52,7 +54,7 @@ SAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
 TSAN_LIB_OBJS := $(LIB_SRCS:src/%.c=$(BUILD)/tsan/obj/%.o)
 TSAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/tsan/obj/%.o)
 
-.PHONY: all lib tools settings-doc install uninstall demo corpus test test-plain test-san test-tsan preload-tests bench fuzz gpu-check gpu-bench deps deps-test clean
+.PHONY: all lib tools settings-doc install uninstall demo corpus test test-plain test-san test-tsan preload-tests floor bench fuzz gpu-check gpu-bench deps deps-test clean
 all: lib tools
 
 lib: $(BUILD)/libcuheap.so $(BUILD)/libcuheap.a
@@ -200,7 +202,8 @@ FAKE_CUDART := $(BUILD)/fake/libcudart.so.13
 FAKE_DEV_LINKS := $(BUILD)/fake/libcudart.so $(BUILD)/fake/libcuda.so
 PRELOAD_DIR := $(BUILD)/tests/preload
 PRELOAD_PROGRAMS := $(PRELOAD_DIR)/runtime_shared $(PRELOAD_DIR)/runtime_static $(PRELOAD_DIR)/driver_checks \
-                    $(PRELOAD_DIR)/no_cuda $(PRELOAD_DIR)/rtld_next $(PRELOAD_DIR)/libnccl_fake.so
+                    $(PRELOAD_DIR)/no_cuda $(PRELOAD_DIR)/rtld_next $(PRELOAD_DIR)/libnccl_fake.so \
+                    $(PRELOAD_DIR)/floor_checks
 PRELOAD_CFLAGS := -std=c11 -O1 -g -Wall -Wextra -Werror -Iinclude -Itests/fake -Itests/preload -pthread
 PRELOAD_SUPPORT := tests/preload/support.c tests/preload/support.h tests/fake/fake_cuda.h include/cuheap.h
 
@@ -251,19 +254,26 @@ $(PRELOAD_DIR)/rtld_next: tests/preload/rtld_next.c $(PRELOAD_DIR)/libprobe_firs
 	$(CC) $(PRELOAD_CFLAGS) -o $@ $< -L$(PRELOAD_DIR) -Wl,--no-as-needed -lprobe_first -lprobe_second -Wl,--as-needed -ldl \
 	    -Wl,-rpath,$(abspath $(PRELOAD_DIR)) -Wl,--disable-new-dtags
 
-preload-tests: $(PRELOAD_PROGRAMS) $(FAKE_CUDA) $(FAKE_CUDART) $(BUILD)/libcuheap.so
+# The floor's checks (tests/test_floor.sh): its libraries on the fake driver.
+$(PRELOAD_DIR)/floor_checks: tests/preload/floor_checks.c tests/fake/fake_cudart.h $(PRELOAD_SUPPORT) \
+                             $(FAKE_CUDART) $(FAKE_DEV_LINKS)
+	@mkdir -p $(dir $@)
+	$(CC) $(PRELOAD_CFLAGS) -o $@ $< tests/preload/support.c -L$(BUILD)/fake -lcudart -ldl $(FAKE_RPATH)
+
+preload-tests: $(PRELOAD_PROGRAMS) $(FAKE_CUDA) $(FAKE_CUDART) $(BUILD)/libcuheap.so floor
 
 test: test-plain test-san test-tsan
 
 test-plain: deps-test $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/cuheap-replay $(BUILD)/cuheap-report $(BUILD)/cuheap-corpus \
             $(BUILD)/cuheap $(BUILD)/libcuheap.so \
-            preload-tests $(BUILD)/bench_heap $(BUILD)/bench_preload $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
+            preload-tests $(BUILD)/bench_heap $(BUILD)/bench_preload $(BUILD)/bench_per_tensor \
+            $(BUILD)/bench_per_tensor_sim $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
 	@scripts/run-tests.sh $(BUILD) plain $(TESTS)
 
 test-san: deps-test $(TESTS:%=$(BUILD)/san/tests/%) $(BUILD)/san/cuheap-replay $(BUILD)/san/cuheap-report \
           $(BUILD)/san/cuheap-corpus \
           $(BUILD)/san/libcuheap-asan.so $(FUZZ_NAMES:%=$(BUILD)/san/fuzz/fuzz_%) \
-          preload-tests $(BUILD)/cuheap
+          preload-tests $(BUILD)/cuheap $(BUILD)/bench_per_tensor $(BUILD)/bench_per_tensor_sim
 	@scripts/run-tests.sh $(BUILD)/san sanitized $(TESTS)
 
 # The unit tests again under ThreadSanitizer (the threads of the heap, its
@@ -271,6 +281,19 @@ test-san: deps-test $(TESTS:%=$(BUILD)/san/tests/%) $(BUILD)/san/cuheap-replay $
 # the run. The command-line tests run the tools, single-threaded, above.
 test-tsan: deps-test $(TESTS:%=$(BUILD)/tsan/tests/%)
 	@TSAN_OPTIONS="halt_on_error=1 exitcode=66 $${TSAN_OPTIONS:-}" UNIT_ONLY=1 scripts/run-tests.sh $(BUILD)/tsan threads $(TESTS)
+
+# ---- the floor -------------------------------------------------------------
+# What a tensor costs through PyTorch's plugin interface or LD_PRELOAD with an
+# allocator that only hands out memory taken once (bench/torch/floor.h): the
+# yardstick of `BENCH_PARTS=pertensor make gpu-bench`. No CUDA library is
+# linked; the driver and the runtime are found at run time.
+FLOOR_LIBS := $(BUILD)/floor/libfloor_plugin.so $(BUILD)/floor/libfloor_preload.so
+$(BUILD)/floor/libfloor_%.so: bench/torch/floor_%.c bench/torch/floor.c bench/torch/floor.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -pthread $(OPT) -shared -Wl,-z,defs \
+	    -o $@ $< bench/torch/floor.c -ldl
+
+floor: $(FLOOR_LIBS)
 
 # ---- install ---------------------------------------------------------------
 # PREFIX is where cuheap will live (cuheap.pc names it); DESTDIR, if set, is
@@ -312,7 +335,8 @@ demo: all
 corpus: all
 	@$(BUILD)/cuheap-corpus
 
-bench: all $(BUILD)/bench_heap $(BUILD)/bench_preload $(FAKE_CUDA) $(FAKE_CUDART)
+bench: all $(BUILD)/bench_heap $(BUILD)/bench_preload $(BUILD)/bench_per_tensor $(BUILD)/bench_per_tensor_sim floor \
+       $(FAKE_CUDA) $(FAKE_CUDART)
 	@scripts/bench.sh $(BUILD)
 
 $(BUILD)/bench_heap: bench/bench_heap.c $(BUILD)/libcuheap.a
@@ -324,6 +348,15 @@ $(BUILD)/bench_heap: bench/bench_heap.c $(BUILD)/libcuheap.a
 $(BUILD)/bench_preload: bench/bench_preload.c $(TOOL_OBJS) $(BUILD)/obj/log.o $(FAKE_CUDART) $(FAKE_DEV_LINKS)
 	$(CC) $(CFLAGS_BASE) -O2 -g -Wno-missing-prototypes -Itests/fake -o $@ $< $(TOOL_OBJS) $(BUILD)/obj/log.o \
 	    -L$(BUILD)/fake -lcudart -lz -ldl $(FAKE_RPATH)
+
+# What one tensor costs the CPU on each way in, with the driver calls it makes
+# (bench/bench_per_tensor.c): on the fake driver and runtime, and on the
+# simulated device (the same source with libcuheap.a).
+$(BUILD)/bench_per_tensor: bench/bench_per_tensor.c $(FAKE_CUDART) $(FAKE_DEV_LINKS) tests/fake/fake_cuda.h
+	$(CC) $(CFLAGS_BASE) -O2 -g -Wno-missing-prototypes -Itests/fake -o $@ $< -L$(BUILD)/fake -lcudart -ldl $(FAKE_RPATH)
+
+$(BUILD)/bench_per_tensor_sim: bench/bench_per_tensor.c $(BUILD)/libcuheap.a
+	$(CC) $(CFLAGS_BASE) -O2 -g -Wno-missing-prototypes -DPER_TENSOR_SIM -o $@ $< $(BUILD)/libcuheap.a -ldl -lm
 
 # The settings page is generated, so that it cannot drift from src/config.c's
 # table (tests/test_readme.sh checks it is current).

@@ -234,7 +234,10 @@ void *cuh_cuda_runtime_function(const char *name);
 /* What the calling thread's current context is; *device is its device
  * ordinal (-1 unless PRIMARY or OTHER). cuheap serves a thread only through
  * the primary context (the runtime's): blocks from it are not usable in
- * other contexts. */
+ * other contexts. Every allocation under LD_PRELOAD asks: a primary context
+ * seen before costs one driver call (cuCtxGetCurrent), no more; so does
+ * cuh_cuda_current_device (every call of the C API with
+ * CUHEAP_CURRENT_DEVICE). */
 enum { CUH_CTX_ERROR = -1, CUH_CTX_NONE = 0, CUH_CTX_PRIMARY = 1, CUH_CTX_OTHER = 2 };
 int cuh_cuda_current_context(int *device);
 /* The ordinal of a CUdevice handle, or -1. */

@@ -1046,6 +1046,19 @@ cuh_device_t *cuh_cuda_open(int ordinal, char *errbuf, size_t errlen)
     return &d->base;
 }
 
+/* The device whose primary context `ctx` is, among the primary contexts
+ * cuheap knows, or -1: answered without asking the driver for the context's
+ * device (cuheap retains each one it knows, so its handle names no other
+ * context). */
+static int known_primary_device(CUcontext ctx)
+{
+    int known = __atomic_load_n(&g_cu.ready, __ATOMIC_ACQUIRE) ? g_cu.device_count : 0;
+    for (int i = 0; ctx && i < known && i < CUH_CUDA_MAX_DEVICES; i++)
+        if (g_cu.primary[i] == ctx)
+            return i;
+    return -1;
+}
+
 int cuh_cuda_current_device(char *errbuf, size_t errlen)
 {
     CUcontext ctx = NULL;
@@ -1062,6 +1075,9 @@ int cuh_cuda_current_device(char *errbuf, size_t errlen)
     }
     if (ctx == NULL)
         return 0;   /* what the CUDA runtime would pick */
+    int known = known_primary_device(ctx);   /* every call with CUHEAP_CURRENT_DEVICE */
+    if (known >= 0)
+        return known;
     r = g_cu.cuCtxGetDevice(&cudev);
     if (r != CUDA_SUCCESS) {
         if (errbuf != NULL && errlen > 0)
@@ -1166,6 +1182,12 @@ int cuh_cuda_current_context(int *device)
         return CUH_CTX_ERROR;
     if (ctx == NULL)
         return CUH_CTX_NONE;
+    /* Every allocation under LD_PRELOAD asks this. */
+    int known = known_primary_device(ctx);
+    if (known >= 0) {
+        *device = known;
+        return CUH_CTX_PRIMARY;
+    }
     if (cuda_ready(err, sizeof err) != 0)
         return CUH_CTX_ERROR;
     CUdevice cudev;

@@ -48,6 +48,8 @@ typedef unsigned long (*fake_cuda_corrupt_bytes_fn)(void);
 typedef int (*fake_cuda_alloc_foreign_fn)(unsigned long long *dptr, size_t size);
 typedef int (*fake_cuda_stream_create_unseen_fn)(void **stream, unsigned int flags);
 typedef void (*fake_cuda_set_capturing_fn)(void *stream, int on);
+typedef unsigned long (*fake_cuda_count_fn)(const char *name);
+typedef int (*fake_cuda_count_list_fn)(const char **names, unsigned long *counts, int max);
 
 /* fake_cuda_calls(out): the counters above. */
 /* fake_cuda_hold(on): while on, pretend kernels wait in their stream's queue;
@@ -71,5 +73,12 @@ typedef void (*fake_cuda_set_capturing_fn)(void *stream, int on);
  * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED. */
 /* fake_cuda_stream_create_unseen(stream, flags): a stream as cuStreamCreate
  * makes it, under a name no hook catches (a stream cuheap never hears of). */
+/* fake_cuda_count(name): the calls of the driver function `name` so far
+ * (its exported name: "cuCtxGetCurrent", "cuEventRecord"); NULL: the calls
+ * of every driver function added up. A _ptsz form counts as its plain form,
+ * cuGetProcAddress as cuGetProcAddress_v2. For tests and benchmarks that
+ * hold a path to the driver calls it makes: take the count before and after. */
+/* fake_cuda_count_list(names, counts, max): every driver function called so
+ * far and its calls, up to max of them; returns how many were written. */
 
 #endif /* FAKE_CUDA_H */
