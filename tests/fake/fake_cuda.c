@@ -64,6 +64,8 @@
  * It is linked with -Bsymbolic: its own references (the cuGetProcAddress
  * table, calls between its functions) name its own definitions, as in the
  * real driver, never those of a preloaded library. Everything is thread-safe.
+ * Any driver call may be made to fail by a fault plan (FAKE_CUDA_FAULTS,
+ * fake_faults.c).
  * Counters for tests: fake_cuda_counters() (virtual memory),
  * fake_cuda_calls() and the calls of each driver function, fake_cuda_count()
  * (fake_cuda.h).
@@ -152,14 +154,34 @@ static int count_slot(const char *name)
     return i < MAX_COUNTED ? i : -1;
 }
 
-#define CALLED()                                                                         \
+/* Counts the call of the function it stands in; n_ gets its number. */
+#define COUNT_CALL(n_)                                                                   \
     do {                                                                                 \
         static int slot_ = -2;                                                           \
         int s_ = __atomic_load_n(&slot_, __ATOMIC_ACQUIRE);                              \
         if (s_ == -2)                                                                    \
             __atomic_store_n(&slot_, s_ = count_slot(__func__), __ATOMIC_RELEASE);      \
-        if (s_ >= 0)                                                                     \
-            __atomic_fetch_add(&counted[s_].n, 1, __ATOMIC_RELAXED);                     \
+        (n_) = s_ >= 0 ? __atomic_add_fetch(&counted[s_].n, 1, __ATOMIC_RELAXED) : 0;    \
+    } while (0)
+
+/* At the top of every driver function: counted, and failed at once when
+ * the fault plan says so (fake_faults.c). */
+#define CALLED()                                                                         \
+    do {                                                                                 \
+        unsigned long n_;                                                                \
+        COUNT_CALL(n_);                                                                  \
+        int f_ = fake_fault_planned(__func__, n_);                                       \
+        if (f_)                                                                          \
+            return f_;                                                                   \
+    } while (0)
+
+/* The same for the few that never fail, as a real driver answers them even
+ * after a sticky error. */
+#define CALLED_NEVER_FAILS()                                                             \
+    do {                                                                                 \
+        unsigned long n_;                                                                \
+        COUNT_CALL(n_);                                                                  \
+        (void)n_;                                                                        \
     } while (0)
 
 API unsigned long fake_cuda_count(const char *name)
@@ -215,13 +237,13 @@ API void fake_cuda_counters(unsigned long out[5])
 
 API CUresult cuGetErrorName(CUresult e, const char **s)
 {
-    CALLED();
+    CALLED_NEVER_FAILS();
     *s = e == OUT_OF_MEMORY ? "CUDA_ERROR_OUT_OF_MEMORY" : e == INVALID_VALUE ? "CUDA_ERROR_INVALID_VALUE" : "CUDA_ERROR_FAKE";
     return OK;
 }
 API CUresult cuGetErrorString(CUresult e, const char **s)
 {
-    CALLED();
+    CALLED_NEVER_FAILS();
     *s = e == OUT_OF_MEMORY ? "out of memory" : "error in the fake driver";
     return OK;
 }
@@ -1265,6 +1287,7 @@ static const struct {
     SAME(cuCtxRecordEvent), SAME(cuCtxWaitEvent), SAME(cuStreamBeginCapture_v2), SAME(cuStreamBeginCapture_v2_ptsz),
     SAME(cuStreamEndCapture), SAME(cuStreamEndCapture_ptsz),
     SAME(fake_cuda_counters), SAME(fake_cuda_calls), SAME(fake_cuda_count), SAME(fake_cuda_count_list),
+    SAME(fake_cuda_faults), SAME(fake_cuda_faults_injected),
     SAME(fake_cuda_hold), SAME(fake_cuda_enqueue_check), SAME(fake_cuda_enqueue_fill), SAME(cuStreamWaitEvent),
     SAME(fake_cuda_complete), SAME(fake_cuda_complete_all), SAME(fake_cuda_corrupt_bytes),
     SAME(fake_cuda_alloc_foreign), SAME(fake_cuda_stream_create_unseen), SAME(fake_cuda_set_capturing),
@@ -1289,7 +1312,7 @@ static const struct {
 
 static any_function_t lookup(const char *symbol, unsigned long long flags)
 {
-    CALLED();
+    CALLED_NEVER_FAILS();
     if (flags & GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
         for (size_t i = 0; i < COUNT(per_thread); i++)
             if (strcmp(symbol, per_thread[i].name) == 0)
@@ -1306,7 +1329,7 @@ static any_function_t lookup(const char *symbol, unsigned long long flags)
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version, unsigned long long flags,
                              int *symbol_status)
 {
-    CALLED();
+    CALLED_NEVER_FAILS();
     (void)cuda_version;
     if (!symbol || !pfn)
         return INVALID_VALUE;

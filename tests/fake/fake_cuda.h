@@ -81,4 +81,15 @@ typedef int (*fake_cuda_count_list_fn)(const char **names, unsigned long *counts
 /* fake_cuda_count_list(names, counts, max): every driver function called so
  * far and its calls, up to max of them; returns how many were written. */
 
+/* The fault plan (fake_faults.c): FAKE_CUDA_FAULTS's rules, replaced by
+ * `spec` (the same syntax; "" for none) with the sticky rule's count
+ * starting again; -1 for a malformed plan (said on stderr), which is then
+ * no plan. */
+int fake_cuda_faults(const char *spec);
+/* Calls failed on purpose so far. */
+unsigned long fake_cuda_faults_injected(void);
+/* For the driver's own functions: the code the plan makes the nth call of
+ * `name` return, 0 to let it run. */
+int fake_fault_planned(const char *name, unsigned long nth);
+
 #endif /* FAKE_CUDA_H */
