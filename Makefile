@@ -174,10 +174,10 @@ fuzz: all
 # -Bsymbolic: the fake's own references (its cuGetProcAddress table) name its
 # own functions, as the real driver's do, never a preloaded library's.
 FAKE_CUDA := $(BUILD)/fake/libcuda.so.1
-$(FAKE_CUDA): tests/fake/fake_cuda.c tests/fake/fake_cuda.h
+$(FAKE_CUDA): tests/fake/fake_cuda.c tests/fake/fake_faults.c tests/fake/fake_cuda.h
 	@mkdir -p $(dir $@)
 	$(CC) -shared -fPIC -std=c11 -O1 -g -Wall -Wextra -Werror -fvisibility=hidden -Wl,-Bsymbolic \
-	    -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
+	    -Wl,-soname,libcuda.so.1 -o $@ tests/fake/fake_cuda.c tests/fake/fake_faults.c -lpthread
 
 FAKE_RPATH = -Wl,-rpath,$(abspath $(BUILD)/fake) -Wl,--disable-new-dtags
 $(BUILD)/tests/test_device_cuda: tests/test_device_cuda.c tests/test_util.h $(TOOL_OBJS) $(BUILD)/libcuheap.a $(FAKE_CUDA)
@@ -201,7 +201,7 @@ $(BUILD)/tsan/tests/test_device_cuda: tests/test_device_cuda.c tests/test_util.h
 FAKE_CUDART := $(BUILD)/fake/libcudart.so.13
 FAKE_DEV_LINKS := $(BUILD)/fake/libcudart.so $(BUILD)/fake/libcuda.so
 PRELOAD_DIR := $(BUILD)/tests/preload
-PRELOAD_PROGRAMS := $(PRELOAD_DIR)/runtime_shared $(PRELOAD_DIR)/runtime_static $(PRELOAD_DIR)/driver_checks \
+PRELOAD_PROGRAMS := $(PRELOAD_DIR)/fault_checks $(PRELOAD_DIR)/runtime_shared $(PRELOAD_DIR)/runtime_static $(PRELOAD_DIR)/driver_checks \
                     $(PRELOAD_DIR)/no_cuda $(PRELOAD_DIR)/rtld_next $(PRELOAD_DIR)/libnccl_fake.so \
                     $(PRELOAD_DIR)/floor_checks
 PRELOAD_CFLAGS := -std=c11 -O1 -g -Wall -Wextra -Werror -Iinclude -Itests/fake -Itests/preload -pthread
@@ -220,6 +220,11 @@ $(BUILD)/fake/libcuda.so: $(FAKE_CUDA)
 
 $(PRELOAD_DIR)/runtime_shared: tests/preload/runtime_checks.c tests/fake/fake_cudart.h $(PRELOAD_SUPPORT) \
                                $(FAKE_CUDART) $(FAKE_DEV_LINKS)
+	@mkdir -p $(dir $@)
+	$(CC) $(PRELOAD_CFLAGS) -o $@ $< tests/preload/support.c -L$(BUILD)/fake -lcudart -ldl $(FAKE_RPATH)
+
+$(PRELOAD_DIR)/fault_checks: tests/preload/fault_checks.c tests/fake/fake_cudart.h $(PRELOAD_SUPPORT) \
+                             $(FAKE_CUDART) $(FAKE_DEV_LINKS)
 	@mkdir -p $(dir $@)
 	$(CC) $(PRELOAD_CFLAGS) -o $@ $< tests/preload/support.c -L$(BUILD)/fake -lcudart -ldl $(FAKE_RPATH)
 

@@ -257,6 +257,11 @@ void cuh_cuda_capture_ended(const void *stream);
 /* Bit d set for every device whose primary context is active (the program
  * has used the device); 0 when the driver is not loaded. */
 uint64_t cuh_cuda_active_devices(void);
+/* The CUresult of the calling thread's last driver call that failed inside
+ * an op of a CUDA device (0 if none since the last clear): the error CUDA
+ * itself would give the program for a call cuheap made on its behalf. */
+int cuh_cuda_last_failure(void);
+void cuh_cuda_clear_failure(void);
 /* 1 when the program has loaded libcuda.so.1 (cuheap loads nothing). */
 int cuh_cuda_driver_loaded(void);
 

@@ -368,11 +368,19 @@ static cuh_cuda_device_t *cuda_dev(cuh_device_t *dev)
     return (cuh_cuda_device_t *)(void *)dev;
 }
 
+/* The driver's code of the calling thread's last failed call made for an
+ * op (cuh_cuda_last_failure): what the hooks give the program. */
+static _Thread_local int last_failure;
+
+int cuh_cuda_last_failure(void) { return last_failure; }
+void cuh_cuda_clear_failure(void) { last_failure = 0; }
+
 /* Writes "<what> on device N failed: <CUDA error>" into dev->last_error. */
 static void cuda_dev_error(cuh_device_t *dev, CUresult r, const char *what, ...)
     __attribute__((format(printf, 3, 4)));
 static void cuda_dev_error(cuh_device_t *dev, CUresult r, const char *what, ...)
 {
+    last_failure = (int)r;
     va_list ap;
     va_start(ap, what);
     cuda_vformat_error(dev->last_error, sizeof dev->last_error, r, dev->ordinal, what, ap);
