@@ -1,13 +1,20 @@
 # cuheap - build menu. Out-of-tree build in build/ (sanitized copies in build/san/
 # and build/tsan/).
 #
-#   make            library (build/libcuheap.so, build/libcuheap.a) and tools
+#   make            library (build/libcuheap.so, build/libcuheap.a), tools and the
+#                   launcher (build/cuheap)
 #   make demo       install what is missing, build, replay the bundled traces
 #   make test       every test, again under AddressSanitizer + UBSan, and the unit
 #                   tests under ThreadSanitizer
 #   make bench      heap and replay benchmarks on the simulated device (no GPU)
+#   make corpus     every job of the corpus replayed in each way in, beside PyTorch (no GPU)
 #   make gpu-check  on a machine with a GPU: build the real device and test it
 #   make gpu-bench  on a machine with a GPU: allocation latency, event costs, training jobs
+#                   (BENCH_PARTS=pertensor: one tensor through PyTorch in each mode, beside the floor)
+#   make floor      the floor: allocators that only hand out memory, the per-tensor yardstick
+#   make settings-doc  write docs/settings.md from the code's option table
+#   make install    PREFIX=/usr/local (and DESTDIR): libraries, header, pkg-config file,
+#                   tools, launcher, PyTorch module; make uninstall removes them
 #   make clean
 
 CC      ?= gcc
@@ -30,7 +37,7 @@ LIB_SRCS := src/log.c src/callers.c src/config.c src/sizeclass.c src/freebins.c 
 # links libcuheap.a keeps its own CUDA runtime.
 HOOK_SRCS := src/hook_cuda.c src/hook_runtime.c src/hook_driver.c
 # Tool-side code (reads gzip traces, so it links zlib); never in the .so.
-TOOL_SRCS := src/trace_read.c src/json_read.c src/torch_model.c
+TOOL_SRCS := src/trace_read.c src/json_read.c src/torch_model.c src/device_fault.c
 # cuheap-report: the command line, reading, checking and rendering.
 REPORT_SRCS := src/tools/report.c src/tools/report_read.c src/tools/report_check.c src/tools/report_render.c
 
@@ -52,11 +59,11 @@ SAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
 TSAN_LIB_OBJS := $(LIB_SRCS:src/%.c=$(BUILD)/tsan/obj/%.o)
 TSAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/tsan/obj/%.o)
 
-.PHONY: all lib tools demo test test-plain test-san test-tsan preload-tests bench fuzz gpu-check gpu-bench deps deps-test clean
+.PHONY: all lib tools settings-doc install uninstall demo corpus test test-plain test-san test-tsan preload-tests floor bench fuzz gpu-check gpu-bench deps deps-test clean
 all: lib tools
 
 lib: $(BUILD)/libcuheap.so $(BUILD)/libcuheap.a
-tools: $(BUILD)/cuheap-replay $(BUILD)/cuheap-report
+tools: $(BUILD)/cuheap-replay $(BUILD)/cuheap-report $(BUILD)/cuheap-corpus $(BUILD)/cuheap
 
 deps:
 	@scripts/install-deps.sh
@@ -116,12 +123,23 @@ $(BUILD)/cuheap-replay: src/tools/replay.c src/tools/cli.h $(TOOL_OBJS) $(BUILD)
 $(BUILD)/san/cuheap-replay: src/tools/replay.c src/tools/cli.h $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lz -ldl -lm
 
+$(BUILD)/cuheap-corpus: src/tools/corpus.c src/tools/cli.h $(BUILD)/obj/json_read.o
+	$(CC) $(CFLAGS_BASE) $(OPT) -o $@ $< $(BUILD)/obj/json_read.o -lm
+
+$(BUILD)/san/cuheap-corpus: src/tools/corpus.c src/tools/cli.h $(BUILD)/san/obj/json_read.o
+	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -o $@ $< $(BUILD)/san/obj/json_read.o -lm
+
 $(BUILD)/cuheap-report: $(REPORT_SRCS) src/tools/report_tool.h src/tools/cli.h $(TOOL_OBJS) $(BUILD)/libcuheap.a
 	$(CC) $(CFLAGS_BASE) $(OPT) -o $@ $(REPORT_SRCS) $(TOOL_OBJS) $(BUILD)/libcuheap.a -lz -ldl -lm
 
 $(BUILD)/san/cuheap-report: $(REPORT_SRCS) src/tools/report_tool.h src/tools/cli.h $(SAN_TOOL_OBJS) \
                             $(BUILD)/san/libcuheap.a
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -o $@ $(REPORT_SRCS) $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lz -ldl -lm
+
+# The launcher: it checks --conf with the library's own parser (config.o and
+# the message helpers, from the static library), and finds libcuheap.so beside it.
+$(BUILD)/cuheap: src/tools/launch.c src/tools/cli.h $(BUILD)/libcuheap.a
+	$(CC) $(CFLAGS_BASE) $(OPT) -o $@ $< $(BUILD)/libcuheap.a -ldl -lm
 
 # Tools and tests need zlib and cmocka; the library itself needs neither.
 $(TOOL_OBJS) $(SAN_TOOL_OBJS) $(TSAN_TOOL_OBJS): | deps
@@ -167,10 +185,10 @@ fuzz: all
 # -Bsymbolic: the fake's own references (its cuGetProcAddress table) name its
 # own functions, as the real driver's do, never a preloaded library's.
 FAKE_CUDA := $(BUILD)/fake/libcuda.so.1
-$(FAKE_CUDA): tests/fake/fake_cuda.c tests/fake/fake_cuda.h
+$(FAKE_CUDA): tests/fake/fake_cuda.c tests/fake/fake_faults.c tests/fake/fake_cuda.h
 	@mkdir -p $(dir $@)
 	$(CC) -shared -fPIC -std=c11 -O1 -g -Wall -Wextra -Werror -fvisibility=hidden -Wl,-Bsymbolic \
-	    -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
+	    -Wl,-soname,libcuda.so.1 -o $@ tests/fake/fake_cuda.c tests/fake/fake_faults.c -lpthread
 
 FAKE_RPATH = -Wl,-rpath,$(abspath $(BUILD)/fake) -Wl,--disable-new-dtags
 $(BUILD)/tests/test_device_cuda: tests/test_device_cuda.c tests/test_util.h $(TOOL_OBJS) $(BUILD)/libcuheap.a $(FAKE_CUDA)
@@ -194,8 +212,9 @@ $(BUILD)/tsan/tests/test_device_cuda: tests/test_device_cuda.c tests/test_util.h
 FAKE_CUDART := $(BUILD)/fake/libcudart.so.13
 FAKE_DEV_LINKS := $(BUILD)/fake/libcudart.so $(BUILD)/fake/libcuda.so
 PRELOAD_DIR := $(BUILD)/tests/preload
-PRELOAD_PROGRAMS := $(PRELOAD_DIR)/runtime_shared $(PRELOAD_DIR)/runtime_static $(PRELOAD_DIR)/driver_checks \
-                    $(PRELOAD_DIR)/no_cuda $(PRELOAD_DIR)/rtld_next $(PRELOAD_DIR)/libnccl_fake.so
+PRELOAD_PROGRAMS := $(PRELOAD_DIR)/fault_checks $(PRELOAD_DIR)/runtime_shared $(PRELOAD_DIR)/runtime_static $(PRELOAD_DIR)/driver_checks \
+                    $(PRELOAD_DIR)/no_cuda $(PRELOAD_DIR)/rtld_next $(PRELOAD_DIR)/libnccl_fake.so \
+                    $(PRELOAD_DIR)/floor_checks
 PRELOAD_CFLAGS := -std=c11 -O1 -g -Wall -Wextra -Werror -Iinclude -Itests/fake -Itests/preload -pthread
 PRELOAD_SUPPORT := tests/preload/support.c tests/preload/support.h tests/fake/fake_cuda.h include/cuheap.h
 
@@ -212,6 +231,11 @@ $(BUILD)/fake/libcuda.so: $(FAKE_CUDA)
 
 $(PRELOAD_DIR)/runtime_shared: tests/preload/runtime_checks.c tests/fake/fake_cudart.h $(PRELOAD_SUPPORT) \
                                $(FAKE_CUDART) $(FAKE_DEV_LINKS)
+	@mkdir -p $(dir $@)
+	$(CC) $(PRELOAD_CFLAGS) -o $@ $< tests/preload/support.c -L$(BUILD)/fake -lcudart -ldl $(FAKE_RPATH)
+
+$(PRELOAD_DIR)/fault_checks: tests/preload/fault_checks.c tests/fake/fake_cudart.h $(PRELOAD_SUPPORT) \
+                             $(FAKE_CUDART) $(FAKE_DEV_LINKS)
 	@mkdir -p $(dir $@)
 	$(CC) $(PRELOAD_CFLAGS) -o $@ $< tests/preload/support.c -L$(BUILD)/fake -lcudart -ldl $(FAKE_RPATH)
 
@@ -246,17 +270,26 @@ $(PRELOAD_DIR)/rtld_next: tests/preload/rtld_next.c $(PRELOAD_DIR)/libprobe_firs
 	$(CC) $(PRELOAD_CFLAGS) -o $@ $< -L$(PRELOAD_DIR) -Wl,--no-as-needed -lprobe_first -lprobe_second -Wl,--as-needed -ldl \
 	    -Wl,-rpath,$(abspath $(PRELOAD_DIR)) -Wl,--disable-new-dtags
 
-preload-tests: $(PRELOAD_PROGRAMS) $(FAKE_CUDA) $(FAKE_CUDART) $(BUILD)/libcuheap.so
+# The floor's checks (tests/test_floor.sh): its libraries on the fake driver.
+$(PRELOAD_DIR)/floor_checks: tests/preload/floor_checks.c tests/fake/fake_cudart.h $(PRELOAD_SUPPORT) \
+                             $(FAKE_CUDART) $(FAKE_DEV_LINKS)
+	@mkdir -p $(dir $@)
+	$(CC) $(PRELOAD_CFLAGS) -o $@ $< tests/preload/support.c -L$(BUILD)/fake -lcudart -ldl $(FAKE_RPATH)
+
+preload-tests: $(PRELOAD_PROGRAMS) $(FAKE_CUDA) $(FAKE_CUDART) $(BUILD)/libcuheap.so floor
 
 test: test-plain test-san test-tsan
 
-test-plain: deps-test $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/cuheap-replay $(BUILD)/cuheap-report $(BUILD)/libcuheap.so \
-            preload-tests $(BUILD)/bench_heap $(BUILD)/bench_preload $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
+test-plain: deps-test $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/cuheap-replay $(BUILD)/cuheap-report $(BUILD)/cuheap-corpus \
+            $(BUILD)/cuheap $(BUILD)/libcuheap.so \
+            preload-tests $(BUILD)/bench_heap $(BUILD)/bench_preload $(BUILD)/bench_per_tensor \
+            $(BUILD)/bench_per_tensor_sim $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
 	@scripts/run-tests.sh $(BUILD) plain $(TESTS)
 
 test-san: deps-test $(TESTS:%=$(BUILD)/san/tests/%) $(BUILD)/san/cuheap-replay $(BUILD)/san/cuheap-report \
+          $(BUILD)/san/cuheap-corpus \
           $(BUILD)/san/libcuheap-asan.so $(FUZZ_NAMES:%=$(BUILD)/san/fuzz/fuzz_%) \
-          preload-tests
+          preload-tests $(BUILD)/cuheap $(BUILD)/bench_per_tensor $(BUILD)/bench_per_tensor_sim
 	@scripts/run-tests.sh $(BUILD)/san sanitized $(TESTS)
 
 # The unit tests again under ThreadSanitizer (the threads of the heap, its
@@ -265,11 +298,61 @@ test-san: deps-test $(TESTS:%=$(BUILD)/san/tests/%) $(BUILD)/san/cuheap-replay $
 test-tsan: deps-test $(TESTS:%=$(BUILD)/tsan/tests/%)
 	@TSAN_OPTIONS="halt_on_error=1 exitcode=66 $${TSAN_OPTIONS:-}" UNIT_ONLY=1 scripts/run-tests.sh $(BUILD)/tsan threads $(TESTS)
 
+# ---- the floor -------------------------------------------------------------
+# What a tensor costs through PyTorch's plugin interface or LD_PRELOAD with an
+# allocator that only hands out memory taken once (bench/torch/floor.h): the
+# yardstick of `BENCH_PARTS=pertensor make gpu-bench`. No CUDA library is
+# linked; the driver and the runtime are found at run time.
+FLOOR_LIBS := $(BUILD)/floor/libfloor_plugin.so $(BUILD)/floor/libfloor_preload.so
+$(BUILD)/floor/libfloor_%.so: bench/torch/floor_%.c bench/torch/floor.c bench/torch/floor.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -pthread $(OPT) -shared -Wl,-z,defs \
+	    -o $@ $< bench/torch/floor.c -ldl
+
+floor: $(FLOOR_LIBS)
+
+# ---- install ---------------------------------------------------------------
+# PREFIX is where cuheap will live (cuheap.pc names it); DESTDIR, if set, is
+# prepended to every path written (a staging folder for packagers). The
+# launcher finds ../lib/libcuheap.so and ../share/cuheap/python beside itself;
+# the Python package finds the library through its link libcuheap.so.
+PREFIX  ?= /usr/local
+VERSION := $(shell sed -n 's/^\#define CUHEAP_VERSION "\(.*\)"/\1/p' include/cuheap.h)
+I_BIN   := $(DESTDIR)$(PREFIX)/bin
+I_LIB   := $(DESTDIR)$(PREFIX)/lib
+I_INC   := $(DESTDIR)$(PREFIX)/include
+I_SHARE := $(DESTDIR)$(PREFIX)/share/cuheap
+I_PY    := $(I_SHARE)/python
+INSTALL_TOOLS := cuheap cuheap-replay cuheap-report
+INSTALL_PY    := cuheap/__init__.py cuheap/__main__.py cuheap_torch.py sitecustomize.py
+
+install: lib tools
+	install -d $(I_BIN) $(I_LIB)/pkgconfig $(I_INC) $(I_PY)/cuheap
+	install -m 755 $(BUILD)/libcuheap.so $(I_LIB)/libcuheap.so
+	install -m 644 $(BUILD)/libcuheap.a $(I_LIB)/libcuheap.a
+	sed 's|@PREFIX@|$(PREFIX)|; s|@VERSION@|$(VERSION)|' src/cuheap.pc.in > $(I_LIB)/pkgconfig/cuheap.pc
+	install -m 644 include/cuheap.h $(I_INC)/cuheap.h
+	install -m 644 include/cuheap_report.schema.json $(I_SHARE)/cuheap_report.schema.json
+	install -m 755 $(INSTALL_TOOLS:%=$(BUILD)/%) $(I_BIN)
+	for f in $(INSTALL_PY); do install -m 644 scripts/$$f $(I_PY)/$$f || exit 1; done
+	ln -sfn ../../../../lib/libcuheap.so $(I_PY)/cuheap/libcuheap.so
+
+# Everything install wrote, and share/cuheap whole (Python may have left its
+# byte-code there); the folders bin, lib, include stay.
+uninstall:
+	rm -f $(I_LIB)/libcuheap.so $(I_LIB)/libcuheap.a $(I_LIB)/pkgconfig/cuheap.pc $(I_INC)/cuheap.h \
+	    $(INSTALL_TOOLS:%=$(I_BIN)/%)
+	rm -rf $(I_SHARE)
+
 # ---- demo, benchmarks, GPU -----------------------------------------------
 demo: all
 	@scripts/demo.sh $(BUILD)
 
-bench: all $(BUILD)/bench_heap $(BUILD)/bench_preload $(FAKE_CUDA) $(FAKE_CUDART)
+corpus: all
+	@$(BUILD)/cuheap-corpus
+
+bench: all $(BUILD)/bench_heap $(BUILD)/bench_preload $(BUILD)/bench_per_tensor $(BUILD)/bench_per_tensor_sim floor \
+       $(FAKE_CUDA) $(FAKE_CUDART)
 	@scripts/bench.sh $(BUILD)
 
 $(BUILD)/bench_heap: bench/bench_heap.c $(BUILD)/libcuheap.a
@@ -281,6 +364,20 @@ $(BUILD)/bench_heap: bench/bench_heap.c $(BUILD)/libcuheap.a
 $(BUILD)/bench_preload: bench/bench_preload.c $(TOOL_OBJS) $(BUILD)/obj/log.o $(FAKE_CUDART) $(FAKE_DEV_LINKS)
 	$(CC) $(CFLAGS_BASE) -O2 -g -Wno-missing-prototypes -Itests/fake -o $@ $< $(TOOL_OBJS) $(BUILD)/obj/log.o \
 	    -L$(BUILD)/fake -lcudart -lz -ldl $(FAKE_RPATH)
+
+# What one tensor costs the CPU on each way in, with the driver calls it makes
+# (bench/bench_per_tensor.c): on the fake driver and runtime, and on the
+# simulated device (the same source with libcuheap.a).
+$(BUILD)/bench_per_tensor: bench/bench_per_tensor.c $(FAKE_CUDART) $(FAKE_DEV_LINKS) tests/fake/fake_cuda.h
+	$(CC) $(CFLAGS_BASE) -O2 -g -Wno-missing-prototypes -Itests/fake -o $@ $< -L$(BUILD)/fake -lcudart -ldl $(FAKE_RPATH)
+
+$(BUILD)/bench_per_tensor_sim: bench/bench_per_tensor.c $(BUILD)/libcuheap.a
+	$(CC) $(CFLAGS_BASE) -O2 -g -Wno-missing-prototypes -DPER_TENSOR_SIM -o $@ $< $(BUILD)/libcuheap.a -ldl -lm
+
+# The settings page is generated, so that it cannot drift from src/config.c's
+# table (tests/test_readme.sh checks it is current).
+settings-doc: $(BUILD)/cuheap-replay
+	@scripts/settings-doc.sh $(BUILD) > docs/settings.md
 
 gpu-check:
 	@scripts/gpu-check.sh $(BUILD)

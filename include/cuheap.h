@@ -172,6 +172,14 @@ CUHEAP_API cuheap_status_t cuheap_get_host_stats(cuheap_host_stats_t *stats);
 /* Writes a report of every used device to `path` ("-" is stdout). */
 CUHEAP_API cuheap_status_t cuheap_dump_report(const char *path, cuheap_report_format_t format);
 
+/* Writes a mark into the trace being recorded (CUHEAP_CONF trace:PATH) as
+ * "# mark <t_us> <label>", between the events before and after the call: a
+ * training loop marks each step so that a replay can tell the steps apart.
+ * `label`: 1 to 200 printable characters, no line break
+ * (CUHEAP_ERR_INVALID_ARGUMENT otherwise). CUHEAP_ERR_CONFIG when no trace is
+ * being recorded: trace: is not set, or no allocation has opened it yet. */
+CUHEAP_API cuheap_status_t cuheap_trace_mark(const char *label);
+
 CUHEAP_API const char *cuheap_status_string(cuheap_status_t status);
 
 /* The message of the calling thread's last failed call, or "" if none. */

@@ -18,6 +18,12 @@
 #     one command's time, run the jobs in two calls (BENCH_JOBS=...).
 #  4. where PyTorch is installed, bench/torch/alloc_latency_torch.cpp: the same
 #     latency loop as 1. against PyTorch's caching allocator (part torchlat).
+#  5. part pertensor, only when asked (BENCH_PARTS=pertensor): where PyTorch
+#     is installed, bench/torch/per_tensor.py: torch.empty + del per tensor in
+#     PyTorch's three modes, cuheap's plugin (vmm:1, vmm:0) and LD_PRELOAD, and
+#     the floor (bench/torch/floor.h, built here with `make floor`) as plugin
+#     and preload; PER_TENSOR_ROUNDS rounds (default 2) of every mode, about
+#     5 minutes.
 # BENCH_PARTS picks parts (default latency,sync,vm,pinned,torchlat,jobs).
 # Argument 1 is the build directory (default build). Exit status 0 only if
 # every part ran.
@@ -94,6 +100,16 @@ if want jobs; then
             --jobs "${BENCH_JOBS:-resnet50,gpt2,bert_varlen,llama_ckpt,kv_generate}" \
             --modes "${BENCH_MODES:-native,expandable,async,cuheap,preload}" \
             --steps "${TORCH_STEPS:-20}" --out "$BUILD/gpu_bench_jobs.json" || rc=1
+    fi
+fi
+if want pertensor; then
+    section "one tensor through PyTorch, beside the floor (bench/torch/per_tensor.py)"
+    make floor BUILD="$BUILD"
+    if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+        echo "PyTorch with CUDA not found: per-tensor benchmark skipped"
+    else
+        timeout 1500 python3 bench/torch/per_tensor.py --build "$BUILD" --rounds "${PER_TENSOR_ROUNDS:-2}" \
+            --out "$BUILD/gpu_bench_per_tensor.json" || rc=1
     fi
 fi
 exit $rc

@@ -2,8 +2,10 @@
 # install-deps.sh [test|fuzz] - installs the Debian packages cuheap's build
 # needs, if they are missing: a C compiler, make, zlib and cmocka (headers and
 # libraries), python3, and curl and bzip2 (scripts/build-jemalloc.sh fetches
-# and unpacks Debian's jemalloc source); with `test`, also g++ (one test builds a C++ probe) and
-# chromium (the HTML report is rendered headless); with `fuzz`, clang with
+# and unpacks Debian's jemalloc source); with `test`, also g++ (one test builds a C++ probe),
+# chromium (the HTML report is rendered headless), pkg-config (tests/test_install.sh
+# builds against the installed cuheap.pc) and, where python3 cannot make a venv with
+# pip, python3-venv (tests/test_pip.sh); with `fuzz`, clang with
 # its libFuzzer runtime (`make fuzz`). Silent when all is there.
 set -euo pipefail
 
@@ -14,6 +16,9 @@ command -v make >/dev/null 2>&1 || missing+=(make)
 if [ "${1:-}" = test ]; then
     command -v g++ >/dev/null 2>&1 || missing+=(g++)
     command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+    command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+    command -v python3 >/dev/null 2>&1 && ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1 &&
+        missing+=(python3-venv)
 fi
 links_libfuzzer() {
     printf 'int LLVMFuzzerTestOneInput(const char *d, long n);\nint LLVMFuzzerTestOneInput(const char *d, long n) { (void)d; (void)n; return 0; }\n' |

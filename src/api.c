@@ -53,26 +53,17 @@ static struct {
 
 /* ---- runtime ---------------------------------------------------------------- */
 
+/* The defaults of the ways this process reaches the heap by. */
+static void way_defaults_locked(cuh_config_t *cfg)
+{
+    cuh_config_defaults_for(cfg, (rt.plugin ? CUH_WAY_PLUGIN : 0u) | (rt.interposer ? CUH_WAY_INTERPOSER : 0u));
+}
+
 static void configure_from_env_locked(void)
 {
     if (rt.configured)
         return;
-    cuh_config_defaults(&rt.cfg);
-    /* As PyTorch's allocator the heap runs on virtual memory unless
-     * CUHEAP_CONF says otherwise (README, "Choosing vmm"): fragmentation is
-     * what PyTorch's users run out of memory on, and a page move's cost is
-     * paid where a plain segment would have had to grow. */
-    if (rt.plugin)
-        rt.cfg.vmm = 1;
-    /* In place of CUDA's own allocation calls (LD_PRELOAD) the heap orders
-     * streams as the calls it replaces do: CUDA's stream-ordered pools hand
-     * memory freed on one stream to another at once and make the new user
-     * wait on the GPU (cudaMemPoolReuseAllowInternalDependencies, on by
-     * default), and a real cudaFree waits for the whole device. Without it a
-     * program that frees on many streams while the GPU runs behind holds
-     * many times its live bytes (README, "LD_PRELOAD"). */
-    if (rt.interposer)
-        rt.cfg.reuse_across_streams = 1;
+    way_defaults_locked(&rt.cfg);
     const char *env = getenv("CUHEAP_CONF");
     char err[512];
     if (env && cuh_config_parse(env, &rt.cfg, err, sizeof err)) {
@@ -231,7 +222,7 @@ cuheap_status_t cuheap_configure(const char *conf)
     for (int i = 0; i < CUH_MAX_DEVICES; i++)
         started |= rt.heaps[i] != NULL;
     cuh_config_t cfg;
-    cuh_config_defaults(&cfg);
+    way_defaults_locked(&cfg);
     char err[512];
     if (started) {
         cuh_set_error("cuheap_configure: a heap is already in use; configure before the first allocation");
@@ -963,6 +954,35 @@ static void arm_reports_locked(void)
     sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGUSR1, &sa, NULL);
+}
+
+cuheap_status_t cuheap_trace_mark(const char *label)
+{
+    cuh_clear_error();
+    if (!label) {
+        cuh_set_error("cuheap_trace_mark: label is NULL");
+        return CUHEAP_ERR_INVALID_ARGUMENT;
+    }
+    size_t n = strlen(label);
+    if (n == 0 || n > 200) {
+        cuh_set_error("cuheap_trace_mark: the label must be 1 to 200 characters (it has %zu)", n);
+        return CUHEAP_ERR_INVALID_ARGUMENT;
+    }
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)label[i] < 0x20 || label[i] == 0x7f) {
+            cuh_set_error("cuheap_trace_mark: the label holds a control character at byte %zu: one printable line "
+                          "only", i);
+            return CUHEAP_ERR_INVALID_ARGUMENT;
+        }
+    cuh_trace_writer_t *trace = rt.trace;
+    if (!trace) {
+        cuh_set_error("cuheap_trace_mark: no trace is being recorded (%s)",
+                      rt.cfg.trace[0] ? "trace: is set, but no allocation has opened it yet"
+                                      : "set trace:PATH in CUHEAP_CONF");
+        return CUHEAP_ERR_CONFIG;
+    }
+    cuh_trace_writer_mark(trace, label);
+    return CUHEAP_OK;
 }
 
 const char *cuheap_status_string(cuheap_status_t status)

@@ -156,6 +156,26 @@ void cuh_config_defaults(cuh_config_t *cfg)
     snprintf(cfg->ipc_callers, sizeof cfg->ipc_callers, "libnccl");
 }
 
+void cuh_config_defaults_for(cuh_config_t *cfg, unsigned ways)
+{
+    cuh_config_defaults(cfg);
+    /* As PyTorch's allocator the heap runs on virtual memory
+     * (docs/design.md, "Choosing vmm"): fragmentation is what PyTorch's
+     * users run out of memory on, and a page move's cost is paid where a
+     * plain segment would have had to grow. */
+    if (ways & CUH_WAY_PLUGIN)
+        cfg->vmm = 1;
+    /* In place of CUDA's own allocation calls (LD_PRELOAD) the heap orders
+     * streams as the calls it replaces do: CUDA's stream-ordered pools hand
+     * memory freed on one stream to another at once and make the new user
+     * wait on the GPU (cudaMemPoolReuseAllowInternalDependencies, on by
+     * default), and a real cudaFree waits for the whole device. Without it a
+     * program that frees on many streams while the GPU runs behind holds
+     * many times its live bytes (docs/preload.md). */
+    if (ways & CUH_WAY_INTERPOSER)
+        cfg->reuse_across_streams = 1;
+}
+
 static void list_keys(char *buf, size_t len)
 {
     size_t used = 0;

@@ -37,6 +37,16 @@ typedef struct cuh_config_s {
 
 void cuh_config_defaults(cuh_config_t *cfg);
 
+/* The ways in, whose defaults differ from the C API's: as PyTorch's
+ * allocator (the plugin) and in place of CUDA's own calls (LD_PRELOAD). */
+#define CUH_WAY_PLUGIN 1u
+#define CUH_WAY_INTERPOSER 2u
+
+/* The defaults of a heap reached through `ways` (CUH_WAY_* bits; 0 is the C
+ * API): one place for every way's defaults, used by the library and by
+ * cuheap-replay --way alike. */
+void cuh_config_defaults_for(cuh_config_t *cfg, unsigned ways);
+
 /* Parses `text` over the values already in *cfg. Returns 0, or -1 with a
  * message in err that names the key and lists the valid ones. */
 int cuh_config_parse(const char *text, cuh_config_t *cfg, char *err, size_t errlen);

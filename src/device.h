@@ -176,6 +176,39 @@ int cuh_sim_host_chunk(cuh_device_t *dev, const void *ptr, uintptr_t *base, size
 /* At most `bytes` of page-locked host memory at once (0: unlimited). */
 void cuh_sim_set_host_capacity(cuh_device_t *dev, size_t bytes);
 
+/* ---- a device that fails on purpose (device_fault.c; tools and tests) -- */
+
+/* The calls a fault plan can fail (those that return a status). */
+typedef enum cuh_fault_call_e {
+    CUH_FAULT_MEM_ALLOC = 0, CUH_FAULT_MEM_FREE, CUH_FAULT_MEM_INFO,
+    CUH_FAULT_EVENT_CREATE, CUH_FAULT_EVENT_RECORD, CUH_FAULT_EVENT_QUERY, CUH_FAULT_EVENT_WAIT,
+    CUH_FAULT_STREAM_WAIT, CUH_FAULT_RECORD_ALL, CUH_FAULT_WAIT_ALL, CUH_FAULT_SYNCHRONIZE,
+    CUH_FAULT_VM_RESERVE, CUH_FAULT_VM_CREATE, CUH_FAULT_VM_MAP, CUH_FAULT_VM_UNMAP, CUH_FAULT_VM_ALLOW_PEER,
+    CUH_FAULT_HOST_ALLOC,
+    CUH_FAULT_NUM_CALLS
+} cuh_fault_call_t;
+
+/* Wraps `inner` (it is destroyed with the wrapper): every call goes through
+ * unless the plan fails it. NULL out of memory. */
+cuh_device_t *cuh_fault_wrap(cuh_device_t *inner);
+cuh_device_t *cuh_fault_inner(cuh_device_t *dev);
+/* The n-th call of `call` from now (1: the next) fails with `status`
+ * (CUH_DEV_ERROR, or CUH_DEV_OOM for an allocation); n = 0 cancels. */
+void cuh_fault_nth(cuh_device_t *dev, cuh_fault_call_t call, uint64_t n, cuh_dev_status_t status);
+/* Each call of `call` fails with probability p (a seeded, repeatable draw). */
+void cuh_fault_random(cuh_device_t *dev, cuh_fault_call_t call, double p, uint64_t seed, cuh_dev_status_t status);
+/* From the `after`-th call of any kind from now on, every call fails with
+ * `status`: a lost context. 0 cancels one that has not struck. */
+void cuh_fault_sticky(cuh_device_t *dev, uint64_t after, cuh_dev_status_t status);
+/* No more planned failures (a sticky error that struck is forgotten too). */
+void cuh_fault_clear(cuh_device_t *dev);
+int cuh_fault_is_sticky(cuh_device_t *dev);
+/* Calls of `call` failed on purpose so far. */
+uint64_t cuh_fault_injected(cuh_device_t *dev, cuh_fault_call_t call);
+const char *cuh_fault_call_name(cuh_fault_call_t call);
+/* The call named `name` ("vm_map"), or -1. */
+int cuh_fault_call_by_name(const char *name);
+
 /* ---- CUDA device (device_cuda.c) ------------------------------------- */
 
 /* Loads the driver (once per process) and opens device `ordinal` through its
@@ -201,7 +234,10 @@ void *cuh_cuda_runtime_function(const char *name);
 /* What the calling thread's current context is; *device is its device
  * ordinal (-1 unless PRIMARY or OTHER). cuheap serves a thread only through
  * the primary context (the runtime's): blocks from it are not usable in
- * other contexts. */
+ * other contexts. Every allocation under LD_PRELOAD asks: a primary context
+ * seen before costs one driver call (cuCtxGetCurrent), no more; so does
+ * cuh_cuda_current_device (every call of the C API with
+ * CUHEAP_CURRENT_DEVICE). */
 enum { CUH_CTX_ERROR = -1, CUH_CTX_NONE = 0, CUH_CTX_PRIMARY = 1, CUH_CTX_OTHER = 2 };
 int cuh_cuda_current_context(int *device);
 /* The ordinal of a CUdevice handle, or -1. */
@@ -221,6 +257,11 @@ void cuh_cuda_capture_ended(const void *stream);
 /* Bit d set for every device whose primary context is active (the program
  * has used the device); 0 when the driver is not loaded. */
 uint64_t cuh_cuda_active_devices(void);
+/* The CUresult of the calling thread's last driver call that failed inside
+ * an op of a CUDA device (0 if none since the last clear): the error CUDA
+ * itself would give the program for a call cuheap made on its behalf. */
+int cuh_cuda_last_failure(void);
+void cuh_cuda_clear_failure(void);
 /* 1 when the program has loaded libcuda.so.1 (cuheap loads nothing). */
 int cuh_cuda_driver_loaded(void);
 

@@ -368,11 +368,19 @@ static cuh_cuda_device_t *cuda_dev(cuh_device_t *dev)
     return (cuh_cuda_device_t *)(void *)dev;
 }
 
+/* The driver's code of the calling thread's last failed call made for an
+ * op (cuh_cuda_last_failure): what the hooks give the program. */
+static _Thread_local int last_failure;
+
+int cuh_cuda_last_failure(void) { return last_failure; }
+void cuh_cuda_clear_failure(void) { last_failure = 0; }
+
 /* Writes "<what> on device N failed: <CUDA error>" into dev->last_error. */
 static void cuda_dev_error(cuh_device_t *dev, CUresult r, const char *what, ...)
     __attribute__((format(printf, 3, 4)));
 static void cuda_dev_error(cuh_device_t *dev, CUresult r, const char *what, ...)
 {
+    last_failure = (int)r;
     va_list ap;
     va_start(ap, what);
     cuda_vformat_error(dev->last_error, sizeof dev->last_error, r, dev->ordinal, what, ap);
@@ -1046,6 +1054,19 @@ cuh_device_t *cuh_cuda_open(int ordinal, char *errbuf, size_t errlen)
     return &d->base;
 }
 
+/* The device whose primary context `ctx` is, among the primary contexts
+ * cuheap knows, or -1: answered without asking the driver for the context's
+ * device (cuheap retains each one it knows, so its handle names no other
+ * context). */
+static int known_primary_device(CUcontext ctx)
+{
+    int known = __atomic_load_n(&g_cu.ready, __ATOMIC_ACQUIRE) ? g_cu.device_count : 0;
+    for (int i = 0; ctx && i < known && i < CUH_CUDA_MAX_DEVICES; i++)
+        if (g_cu.primary[i] == ctx)
+            return i;
+    return -1;
+}
+
 int cuh_cuda_current_device(char *errbuf, size_t errlen)
 {
     CUcontext ctx = NULL;
@@ -1062,6 +1083,9 @@ int cuh_cuda_current_device(char *errbuf, size_t errlen)
     }
     if (ctx == NULL)
         return 0;   /* what the CUDA runtime would pick */
+    int known = known_primary_device(ctx);   /* every call with CUHEAP_CURRENT_DEVICE */
+    if (known >= 0)
+        return known;
     r = g_cu.cuCtxGetDevice(&cudev);
     if (r != CUDA_SUCCESS) {
         if (errbuf != NULL && errlen > 0)
@@ -1166,6 +1190,12 @@ int cuh_cuda_current_context(int *device)
         return CUH_CTX_ERROR;
     if (ctx == NULL)
         return CUH_CTX_NONE;
+    /* Every allocation under LD_PRELOAD asks this. */
+    int known = known_primary_device(ctx);
+    if (known >= 0) {
+        *device = known;
+        return CUH_CTX_PRIMARY;
+    }
     if (cuda_ready(err, sizeof err) != 0)
         return CUH_CTX_ERROR;
     CUdevice cudev;

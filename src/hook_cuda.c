@@ -96,8 +96,33 @@ static void print_program_error(const char *fn, const void *ptr)
                 n == MAX_PRINTED_ERRORS - 1 ? " (further such errors are not printed)" : "");
 }
 
-static int cuda_code(cuheap_status_t status)
+/* CUDA's sticky errors: after one the context is lost, and CUDA answers
+ * every later call with the same error (an illegal address, a failed or
+ * timed-out launch, an uncorrectable ECC error, a destroyed context, ...). */
+static int sticky_error(int code)
 {
+    switch (code) {
+    case 3: case 4:                     /* not initialized, deinitialized */
+    case 214:                           /* ECC uncorrectable */
+    case 700: case 702: case 709:       /* illegal address, launch timeout, context destroyed */
+    case 714: case 715: case 716: case 717: case 718: case 719:   /* hardware faults in a kernel, launch failed */
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* The CUDA code of a hooked call's outcome, as CUDA itself would have
+ * given it: when a driver call cuheap made on the program's behalf failed
+ * with a sticky error, that error (CUDA would answer it to any call now);
+ * an allocation that failed, for whatever reason, out of memory (cuheap's
+ * message on stderr names the driver call); a free refused in its argument,
+ * invalid value. The runtime's codes equal the driver's for these. */
+static int cuda_code(cuheap_status_t status, int allocation)
+{
+    int failed = cuh_cuda_last_failure();
+    if (status != CUHEAP_OK && sticky_error(failed))
+        return failed;
     switch (status) {
     case CUHEAP_OK:
         return CUH_CUDA_SUCCESS;
@@ -106,6 +131,8 @@ static int cuda_code(cuheap_status_t status)
     case CUHEAP_ERR_INVALID_ARGUMENT:
     case CUHEAP_ERR_DOUBLE_FREE:
         return CUH_CUDA_INVALID_VALUE;
+    case CUHEAP_ERR_DEVICE:
+        return allocation ? CUH_CUDA_OUT_OF_MEMORY : failed ? failed : CUH_CUDA_UNKNOWN;
     default:
         return CUH_CUDA_UNKNOWN;
     }
@@ -153,6 +180,7 @@ int cuh_hook_malloc(const char *fn, void **ptr, size_t size, int device, cuh_hoo
                     const void *caller)
 {
     interposing();
+    cuh_cuda_clear_failure();
     caller_info_t who = caller_info(caller);
     int shareable = stream.device_wide && who.shares;
     cuheap_status_t status = cuh_runtime_malloc(fn, ptr, size, device, stream.device_wide, shareable, stream.stream);
@@ -165,7 +193,7 @@ int cuh_hook_malloc(const char *fn, void **ptr, size_t size, int device, cuh_hoo
         snprintf(what, sizeof what, "%s(%zu bytes) on device %d failed", fn, size, device);
         cuh_log_error_rate_limited(what);
     }
-    return cuda_code(status);
+    return cuda_code(status, 1);
 }
 
 int cuh_hook_malloc_pitch(const char *fn, void **ptr, size_t *pitch, size_t width, size_t height, int device,
@@ -196,6 +224,7 @@ int cuh_hook_keep_captured_free(const char *fn, void *ptr)
 int cuh_hook_free(const char *fn, void *ptr, cuh_hook_stream_t stream, int *code)
 {
     interposing();
+    cuh_cuda_clear_failure();
     cuheap_status_t status = cuh_runtime_free_owned(fn, ptr, stream.device_wide, stream.stream);
     if (status == CUHEAP_ERR_NOT_OWNED)
         return 0;
@@ -203,7 +232,7 @@ int cuh_hook_free(const char *fn, void *ptr, cuh_hook_stream_t stream, int *code
         cuh_callers_free((uintptr_t)ptr);
     else
         print_program_error(fn, ptr);
-    *code = cuda_code(status);
+    *code = cuda_code(status, 0);
     return 1;
 }
 
@@ -217,6 +246,7 @@ int cuh_hook_host_alloc(const char *fn, void **ptr, size_t size, unsigned flags,
         atomic_store_explicit(&serve, on = cuh_runtime_config()->pinned != 0, memory_order_relaxed);
     if (!on || !ptr || size == 0 || (flags & ~CUH_PINNED_SERVED_FLAGS))
         return 0;
+    cuh_cuda_clear_failure();
     int device = cuh_hook_device(runtime_api);
     if (device < 0)
         return 0;
@@ -226,19 +256,20 @@ int cuh_hook_host_alloc(const char *fn, void **ptr, size_t size, unsigned flags,
     if (status != CUHEAP_OK)
         cuh_log_error_rate_limited(status == CUHEAP_ERR_OUT_OF_MEMORY ? "out of pinned host memory"
                                                                         : "pinned host memory");
-    *code = cuda_code(status);
+    *code = cuda_code(status, 1);
     return 1;
 }
 
 int cuh_hook_host_free(const char *fn, void *ptr, int *code)
 {
     interposing();
+    cuh_cuda_clear_failure();
     cuheap_status_t status = cuh_runtime_host_free(fn, ptr);
     if (status == CUHEAP_ERR_NOT_OWNED)
         return 0;
     if (status != CUHEAP_OK)
         print_program_error(fn, ptr);
-    *code = cuda_code(status);
+    *code = cuda_code(status, 0);
     return 1;
 }
 

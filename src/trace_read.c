@@ -421,6 +421,94 @@ static int is_cuheap_recording(const cuh_trace_t *t)
     return t->description && strncmp(t->description, CUHEAP_SOURCE, strlen(CUHEAP_SOURCE)) == 0;
 }
 
+const char *cuh_trace_mode_name(cuh_trace_mode_t mode)
+{
+    switch (mode) {
+    case CUH_TRACE_MODE_NATIVE: return "native";
+    case CUH_TRACE_MODE_EXPANDABLE: return "expandable";
+    case CUH_TRACE_MODE_ASYNC: return "async";
+    case CUH_TRACE_NUM_MODES: break;
+    }
+    return "?";
+}
+
+/* The value of "key=value" among the words of [s, end), or NULL. */
+static const char *word_value(const char *s, const char *end, const char *key, size_t *len)
+{
+    size_t kn = strlen(key);
+    while (s < end) {
+        while (s < end && is_space(*s))
+            s++;
+        const char *w = s;
+        while (s < end && !is_space(*s))
+            s++;
+        if ((size_t)(s - w) > kn && memcmp(w, key, kn) == 0 && w[kn] == '=') {
+            *len = (size_t)(s - w) - kn - 1;
+            return w + kn + 1;
+        }
+    }
+    return NULL;
+}
+
+/* "# pytorch mode=M peak_reserved=B peak_allocated=B total_ms=T ...": what
+ * the recording run measured of one of PyTorch's modes. */
+static int v1_measured(loader_t *L, size_t line, const char *s, const char *end)
+{
+    size_t n;
+    const char *v = word_value(s, end, "mode", &n);
+    int mode = -1;
+    for (int m = 0; v && m < CUH_TRACE_NUM_MODES; m++)
+        if (strlen(cuh_trace_mode_name((cuh_trace_mode_t)m)) == n &&
+            memcmp(v, cuh_trace_mode_name((cuh_trace_mode_t)m), n) == 0)
+            mode = m;
+    if (mode < 0)
+        return fail(L, line, "'# pytorch' line without a known mode= (native, expandable or async)");
+    cuh_trace_measured_t *m = &L->t->measured[mode];
+    if (m->present)
+        return fail(L, line, "a second '# pytorch' line for mode %s", cuh_trace_mode_name((cuh_trace_mode_t)mode));
+    static const char *const keys[] = {"peak_reserved", "peak_allocated"};
+    uint64_t *fields[] = {&m->peak_reserved, &m->peak_allocated};
+    for (int k = 0; k < 2; k++) {
+        v = word_value(s, end, keys[k], &n);
+        if (!v || parse_u64(v, n, fields[k]) != 0)
+            return fail(L, line, "'# pytorch' line for mode %s: %s must be a number of bytes, not '%.*s'",
+                        cuh_trace_mode_name((cuh_trace_mode_t)mode), keys[k], clip(v ? n : 0, 40), v ? v : "");
+    }
+    v = word_value(s, end, "total_ms", &n);
+    char num[48];
+    char *stop = NULL;
+    if (v && n < sizeof num) {
+        memcpy(num, v, n);
+        num[n] = '\0';
+        m->total_ms = strtod(num, &stop);
+    }
+    if (!v || n == 0 || n >= sizeof num || *stop != '\0' || !(m->total_ms >= 0))
+        return fail(L, line, "'# pytorch' line for mode %s: total_ms must be a number of milliseconds, not '%.*s'",
+                    cuh_trace_mode_name((cuh_trace_mode_t)mode), clip(v ? n : 0, 40), v ? v : "");
+    m->present = 1;
+    return 0;
+}
+
+/* "# corpus job=NAME way=WAY ...": which job of the corpus this is. */
+static int v1_corpus(loader_t *L, size_t line, const char *s, const char *end)
+{
+    size_t jn, wn;
+    const char *job = word_value(s, end, "job", &jn), *way = word_value(s, end, "way", &wn);
+    if (!job || jn == 0 || jn >= sizeof L->t->job || !way || wn == 0 || wn >= sizeof L->t->way)
+        return fail(L, line, "'# corpus' line needs job=NAME (1 to %zu characters) and way=WAY (1 to %zu)",
+                    sizeof L->t->job - 1, sizeof L->t->way - 1);
+    memcpy(L->t->job, job, jn);
+    L->t->job[jn] = '\0';
+    memcpy(L->t->way, way, wn);
+    L->t->way[wn] = '\0';
+    size_t cn;
+    const char *cache = word_value(s, end, "pytorch_cache", &cn);
+    if (cache && !((cn == 2 && memcmp(cache, "on", 2) == 0) || (cn == 3 && memcmp(cache, "off", 3) == 0)))
+        return fail(L, line, "'# corpus' line: pytorch_cache must be on or off, not '%.*s'", clip(cn, 40), cache);
+    L->t->pytorch_cache = cache ? cn == 2 : -1;
+    return 0;
+}
+
 static int v1_comment(loader_t *L, size_t line, const char *s, size_t n)
 {
     const char *end = s + n;
@@ -431,6 +519,12 @@ static int v1_comment(loader_t *L, size_t line, const char *s, size_t n)
         end--;
     if (end - s >= 4 && memcmp(s, "end ", 4) == 0)
         L->saw_end = 1;   /* the closing line of trace:PATH */
+    if (end - s >= 5 && memcmp(s, "mark ", 5) == 0)
+        L->t->num_marks++;
+    if (end - s >= 8 && memcmp(s, "pytorch ", 8) == 0 && v1_measured(L, line, s + 8, end) != 0)
+        return -1;
+    if (end - s >= 7 && memcmp(s, "corpus ", 7) == 0 && v1_corpus(L, line, s + 7, end) != 0)
+        return -1;
     if (!L->have_desc) {
         size_t dn = (size_t)(end - s);
         char *d = malloc(dn + 1);
@@ -821,6 +915,7 @@ int cuh_trace_load(const char *path, cuh_trace_t *out, char *err, size_t errlen)
     memset(&L, 0, sizeof L);
     memset(&r, 0, sizeof r);
     memset(out, 0, sizeof *out);
+    out->pytorch_cache = -1;
     if (err && errlen > 0)
         err[0] = '\0';
     L.path = path ? path : "(null)";

@@ -42,6 +42,23 @@ typedef struct cuh_trace_event_s {
     uint8_t kind;      /* cuh_trace_kind_t */
 } cuh_trace_event_t;
 
+/* What the recording run measured of PyTorch's own allocator modes on the
+ * same job ("# pytorch mode=M peak_reserved=B peak_allocated=B total_ms=T":
+ * the corpus's traces carry one line per mode, bench/corpus/record.py). */
+typedef enum cuh_trace_mode_e {
+    CUH_TRACE_MODE_NATIVE = 0,      /* PyTorch's caching allocator, default settings */
+    CUH_TRACE_MODE_EXPANDABLE,      /* expandable_segments:True */
+    CUH_TRACE_MODE_ASYNC,           /* backend:cudaMallocAsync */
+    CUH_TRACE_NUM_MODES
+} cuh_trace_mode_t;
+
+typedef struct cuh_trace_measured_s {
+    int present;                /* the trace carries this mode's line */
+    uint64_t peak_reserved;     /* PyTorch's max_memory_reserved() */
+    uint64_t peak_allocated;    /* PyTorch's max_memory_allocated() */
+    double total_ms;            /* every step after the first, each synchronized */
+} cuh_trace_measured_t;
+
 typedef struct cuh_trace_s {
     char *path;                 /* the file name as given to cuh_trace_load */
     char *description;          /* first comment line without "# " ("" if none) */
@@ -62,6 +79,11 @@ typedef struct cuh_trace_s {
                                  * recorded until then */
     uint32_t cut_line;          /* of such a trace: its last line, cut short without a
                                  * newline and left out (0: none) */
+    cuh_trace_measured_t measured[CUH_TRACE_NUM_MODES];
+    char job[64];               /* "# corpus job=NAME way=WAY ...": "" if absent */
+    char way[16];               /* "plugin" or "preload" */
+    int pytorch_cache;          /* "pytorch_cache=on|off" there: 1, 0; -1 when not said */
+    size_t num_marks;           /* "# mark T LABEL" lines (cuheap_trace_mark): the steps' starts */
 } cuh_trace_t;
 
 /* Reads the trace at `path` (format detected from the first non-empty line,
@@ -71,6 +93,9 @@ int cuh_trace_load(const char *path, cuh_trace_t *out, char *err, size_t errlen)
 
 /* Frees what cuh_trace_load allocated and zeroes *trace. */
 void cuh_trace_free(cuh_trace_t *trace);
+
+/* "native", "expandable" or "async". */
+const char *cuh_trace_mode_name(cuh_trace_mode_t mode);
 
 /* "alloc" or "free". */
 const char *cuh_trace_kind_name(cuh_trace_kind_t kind);

@@ -154,6 +154,14 @@ void cuh_trace_writer_free(cuh_trace_writer_t *w, uintptr_t ptr)
     pthread_mutex_unlock(&w->lock);
 }
 
+void cuh_trace_writer_mark(cuh_trace_writer_t *w, const char *label)
+{
+    pthread_mutex_lock(&w->lock);
+    if (!w->finished)
+        emit_locked(w, "# mark %llu %s\n", (unsigned long long)micros(w), label);
+    pthread_mutex_unlock(&w->lock);
+}
+
 void cuh_trace_writer_finish(cuh_trace_writer_t *w)
 {
     if (!w)

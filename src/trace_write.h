@@ -17,6 +17,10 @@ cuh_trace_writer_t *cuh_trace_writer_open(const char *path, char *err, size_t er
 void cuh_trace_writer_alloc(cuh_trace_writer_t *w, uintptr_t ptr, size_t size, uintptr_t stream);
 /* A free of a pointer the writer never saw allocated is ignored. */
 void cuh_trace_writer_free(cuh_trace_writer_t *w, uintptr_t ptr);
+/* Writes "# mark <t_us> <label>": a point the program named (a training
+ * step's start), at its place among the events. `label` is one line of
+ * printable text (the caller checks). */
+void cuh_trace_writer_mark(cuh_trace_writer_t *w, const char *label);
 /* Writes the closing line and the buffer, only in the process that opened
  * it (a forked child writes nothing), and closes the file; later calls on
  * the writer do nothing. For process exit: the writer is not freed, since

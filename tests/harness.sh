@@ -8,6 +8,9 @@
 #                          $TMP/NAME.out and $TMP/NAME.err (set BIN and TMP)
 #   finish NAME            prints "NAME: P passed, F failed" and exits with
 #                          status 0 only if nothing failed
+#   stand_in_torch DIR     writes DIR/torch, the least of torch that cuheap's
+#                          install() needs; torch.cuda.memory.CURRENT lists
+#                          the libraries made PyTorch's allocator
 passed=0
 failed=0
 
@@ -43,4 +46,24 @@ finish() {
     echo "$1: $passed passed, $failed failed"
     [ "$failed" -eq 0 ]
     exit
+}
+
+stand_in_torch() {
+    mkdir -p "$1/torch/cuda"
+    echo 'from . import cuda' >"$1/torch/__init__.py"
+    printf 'from . import memory\ndef current_device():\n    return 0\n' >"$1/torch/cuda/__init__.py"
+    cat >"$1/torch/cuda/memory.py" <<'PY'
+import ctypes
+CURRENT = []
+class _Backend:
+    def __getattr__(self, name):
+        return lambda address: None
+class CUDAPluggableAllocator:
+    def __init__(self, path, alloc, free):
+        self.path, self.alloc = path, getattr(ctypes.CDLL(path), alloc)
+    def allocator(self):
+        return _Backend()
+def change_current_allocator(allocator):
+    CURRENT.append(allocator.path)
+PY
 }

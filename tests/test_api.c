@@ -355,6 +355,10 @@ static void test_reuse_across_streams_follows_the_way_in(void **state)
     cuh_runtime_as_interposer();
     assert_int_equal(cuh_runtime_config()->reuse_across_streams, 1);
 
+    /* cuheap_configure starts from the way's defaults too. */
+    assert_int_equal(cuheap_configure("limit:1G"), CUHEAP_OK);
+    assert_int_equal(cuh_runtime_config()->reuse_across_streams, 1);
+
     cuh_runtime_reset();
     assert_int_equal(cuh_runtime_use_sim(GiB), 0);
     setenv("CUHEAP_CONF", "reuse_across_streams:0", 1);
@@ -489,12 +493,28 @@ static void test_trace_records_a_job_that_cuheap_replay_replays(void **state)
     snprintf(conf, sizeof conf, "trace:%s/job-%%p.trace", dir);
     snprintf(path, sizeof path, "%s/job-%d.trace", dir, (int)getpid());
     char cmd[2048];
+    assert_int_equal(cuheap_trace_mark("too early"), CUHEAP_ERR_CONFIG);   /* no trace open yet */
+    assert_non_null(strstr(cuheap_last_error(), "set trace:PATH"));
     assert_int_equal(cuheap_configure(conf), CUHEAP_OK);
+    assert_int_equal(cuheap_trace_mark("too early"), CUHEAP_ERR_CONFIG);
+    assert_non_null(strstr(cuheap_last_error(), "no allocation has opened it yet"));
     /* 30 blocks on two streams, every third freed: live peak known. */
     void *p[30];
     size_t live = 0, peak = 0;
     for (int i = 0; i < 30; i++) {
         size_t size = (size_t)(i + 1) * 100000 + 7;
+        if (i == 1) {   /* a mark between the first and the second allocation */
+            assert_int_equal(cuheap_trace_mark("step 1"), CUHEAP_OK);
+            assert_int_equal(cuheap_trace_mark(NULL), CUHEAP_ERR_INVALID_ARGUMENT);
+            assert_int_equal(cuheap_trace_mark(""), CUHEAP_ERR_INVALID_ARGUMENT);
+            assert_int_equal(cuheap_trace_mark("two\nlines"), CUHEAP_ERR_INVALID_ARGUMENT);
+            assert_non_null(strstr(cuheap_last_error(), "control character at byte 3"));
+            char longer[202];
+            memset(longer, 'x', sizeof longer - 1);
+            longer[sizeof longer - 1] = '\0';
+            assert_int_equal(cuheap_trace_mark(longer), CUHEAP_ERR_INVALID_ARGUMENT);
+            assert_non_null(strstr(cuheap_last_error(), "1 to 200 characters (it has 201)"));
+        }
         assert_int_equal(cuheap_malloc(&p[i], size, 0, i % 2 ? (cuheap_stream_t)0x77 : NULL), CUHEAP_OK);
         live += size;
         peak = live > peak ? live : peak;
@@ -510,9 +530,10 @@ static void test_trace_records_a_job_that_cuheap_replay_replays(void **state)
     snprintf(cmd, sizeof cmd,
              "build/cuheap-replay --json %s | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); "
              "assert (r[\"allocs\"], r[\"frees\"], r[\"peak_live\"]) == (30, 10, %zu), r; "
-             "assert r[\"oom\"] is None and r[\"unfinished\"] is False' && "
-             "grep -q \"^# end allocs=30 frees=10 live_at_end=20\" %s && grep -q \"^a [0-9]* 1 200007 1$\" %s",
-             path, peak, path, path);
+             "assert r[\"oom\"] is None and r[\"unfinished\"] is False and r[\"marks\"] == 1, r' && "
+             "grep -q \"^# end allocs=30 frees=10 live_at_end=20\" %s && grep -q \"^a [0-9]* 1 200007 1$\" %s && "
+             "sed -n 3p %s | grep -q \"^# mark [0-9]* step 1$\" && [ $(grep -c \"^# mark\" %s) = 1 ]",
+             path, peak, path, path, path, path);
     assert_int_equal(system(cmd), 0);
     /* A program killed while recording leaves a trace without its closing
      * line: it still replays, and says it is unfinished. */

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test_bench_harness.sh BUILD_DIR - the PyTorch job harness's own logic,
-# without torch or a GPU: bench/torch/run_modes.py and run_ddp.py choose each
-# mode's environment (the *-limit modes' byte limit, NCCL's settings) and
-# turn results into the tables the README carries. A wrong environment or a
+# without torch or a GPU: bench/torch/run_modes.py, run_ddp.py and
+# per_tensor.py choose each mode's environment (the *-limit modes' byte limit,
+# NCCL's settings, the floor's libraries) and turn results into the tables
+# docs/benchmarks.md carries. A wrong environment or a
 # misread result would put wrong figures there, so they are checked here on
 # made-up results.
 set -uo pipefail
@@ -126,6 +127,95 @@ expect("median of 3 rounds" in t and "100.0 (99.0-130.0)" in rows["preload"] and
        "DDP --repeat: the range of the rounds is shown and the ratio is of medians")
 c = run_modes.combine([ddp("native", 100), ddp("preload", 100), ddp("native", 100), ddp("preload", None, err="boom")])
 expect("failed" in run_ddp.table(c).splitlines()[3], "DDP --repeat: a round that failed fails the row")
+
+# ---- per_tensor.py: one tensor through PyTorch in each mode, beside the floor ----
+import contextlib, io, json, re, subprocess, tempfile
+import per_tensor
+os.environ["CUHEAP_CONF"] = "stale:1"
+os.environ[per_tensor.FLOOR_ENV] = "/stale/floor.so"
+env = per_tensor.environment("floor-plugin", "/b")
+expect(env.get(per_tensor.FLOOR_ENV) == "/b/floor/libfloor_plugin.so" and "LD_PRELOAD" not in env
+       and "CUHEAP_TORCH" not in env and "CUHEAP_CONF" not in env and "PYTORCH_NO_CUDA_MEMORY_CACHING" not in env,
+       "per-tensor floor-plugin: the floor plugin of BUILD/floor, PyTorch's cache and cuheap out of the way")
+env = per_tensor.environment("floor-preload", "/b")
+expect(env.get("LD_PRELOAD") == "/b/floor/libfloor_preload.so" and env.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1"
+       and per_tensor.FLOOR_ENV not in env and "CUHEAP_CONF" not in env,
+       "per-tensor floor-preload: the floor preloaded, PyTorch's cache off")
+env = per_tensor.environment("cuheap-plain")
+expect(env.get("CUHEAP_TORCH") == "1" and env.get("CUHEAP_CONF") == "vmm:0" and per_tensor.FLOOR_ENV not in env,
+       "per-tensor cuheap-plain: run_modes.py's plugin on plain segments, no stale floor")
+env = per_tensor.environment("preload")
+expect(env.get("LD_PRELOAD", "").endswith("build/libcuheap.so") and env.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1",
+       "per-tensor preload: run_modes.py's, PyTorch's cache off")
+del os.environ[per_tensor.FLOOR_ENV]
+for bad in (["--rounds", "1"], ["--modes", "native,bogus"], ["--iterations", "0"]):
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            per_tensor.arguments(bad)
+        expect(False, "per-tensor %s is refused" % " ".join(bad))
+    except SystemExit:
+        expect(True, "per-tensor %s is refused" % " ".join(bad))
+src = open(os.path.join(per_tensor.ROOT, "bench", "bench_per_tensor.c")).read()
+c_sizes = eval("[" + re.search(r"mixed_sizes\[\] = \{([^}]*)\}", src).group(1) + "]")
+c_window = int(re.search(r"#define MIXED_WINDOW (\d+)", src).group(1))
+expect(c_sizes == per_tensor.MIXED_SIZES and c_window == per_tensor.MIXED_WINDOW,
+       "per-tensor: the mixed live set is the one bench_per_tensor.c makes")
+
+answers = {"native": (0, {"mode": "native"}), "cuheap": (0, {"mode": "native"}), "preload": (1, None)}
+def fake_child(cmd, env=None, **kwargs):
+    mode = "cuheap" if env.get("CUHEAP_TORCH") else "preload" if env.get("LD_PRELOAD") else "native"
+    rc, line = answers[mode]
+    return subprocess.CompletedProcess(cmd, rc, json.dumps(dict(line, us={})) + "\n" if line else "", "Boom: no GPU\n")
+real_run, per_tensor.subprocess.run = per_tensor.subprocess.run, fake_child
+r = per_tensor.run("cuheap", "/b", 10, 1, 5)
+expect("error" in r and "asked for mode cuheap, the child ran in native" in r["error"],
+       "per-tensor: a child that ran in another mode is a failed row")
+r = per_tensor.run("preload", "/b", 10, 1, 5)
+expect(r.get("error") == "Boom: no GPU", "per-tensor: a child that failed is a failed row with its last words")
+per_tensor.subprocess.run = real_run
+order = []
+real_child_run = per_tensor.run
+per_tensor.run = lambda mode, *a: order.append(mode) or {"mode": mode, "us": {"512": 1.0}}
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    rc = per_tensor.main(["--modes", "native,cuheap,floor-plugin", "--rounds", "3"])
+per_tensor.run = real_child_run
+expect(order == ["native", "cuheap", "floor-plugin", "floor-plugin", "cuheap", "native", "native", "cuheap",
+                "floor-plugin"] and rc == 0, "per-tensor: every mode in every round, the order reversed every other round")
+
+fixed = [
+    {"mode": "native", "round": 0, "us": {"512": 2.17, "65536": 3.39, "1048576": 2.21, "67108864": 2.17, "mixed": 1.87}},
+    {"mode": "cuheap", "round": 0, "us": {"512": 3.49, "65536": 3.98, "1048576": 3.75, "67108864": 3.36, "mixed": 3.21}},
+    {"mode": "floor-plugin", "round": 0, "us": {"512": 2.0, "65536": 2.0, "1048576": 2.0, "67108864": 2.0, "mixed": 1.7}},
+    {"mode": "preload", "round": 0, "error": "Traceback (most recent call last):\nRuntimeError: CUDA error"},
+    {"mode": "floor-plugin", "round": 1, "us": {"512": 2.2, "65536": 2.1, "1048576": 2.0, "67108864": 2.0, "mixed": 1.9}},
+    {"mode": "cuheap", "round": 1, "us": {"512": 3.59, "65536": 3.88, "1048576": 3.65, "67108864": 3.46, "mixed": 3.11},
+     "cpu_us": {"512": 3.5, "65536": 3.8, "1048576": 3.6, "67108864": 1.0, "mixed": 3.1},
+     "cuheap": {"512": {"cpu_waits": 0, "segments": 0}, "67108864": {"cpu_waits": 2, "segments": 1}}},
+    {"mode": "native", "round": 1, "us": {"512": 2.27, "65536": 3.29, "1048576": 2.31, "67108864": 2.07, "mixed": 1.97}},
+]
+with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+    json.dump(fixed, f)
+p = subprocess.run([sys.executable, "per_tensor.py", "--results", f.name], capture_output=True, text=True)
+os.unlink(f.name)
+lines = p.stdout.splitlines()
+rows = {line.split("|")[1].strip(): line for line in lines if line.startswith("| ") and "---" not in line}
+expect(p.returncode == 1 and lines[0].endswith("median of 2 rounds (range)") and
+       lines[2] == "| mode | 512 B | 64 KiB | 1 MiB | 64 MiB | mixed live set |",
+       "per-tensor --results: the table of a results file, without torch; a failed row fails the run")
+expect(rows["PyTorch native"] == "| PyTorch native | 2.22 (2.17-2.27) | 3.34 (3.29-3.39) | 2.26 (2.21-2.31) | "
+       "2.12 (2.07-2.17) | 1.92 (1.87-1.97) |", "per-tensor: a row is the median of the rounds and their range")
+expect([l.split("|")[1].strip() for l in lines[4:8]] == ["PyTorch native", "cuheap plugin (default, vmm:1)",
+       "cuheap LD_PRELOAD, PyTorch's cache off", "floor plugin"], "per-tensor: rows in the modes' order, named")
+expect(rows["cuheap LD_PRELOAD, PyTorch's cache off"].count("|") == 7 and
+       "failed: RuntimeError: CUDA error" in rows["cuheap LD_PRELOAD, PyTorch's cache off"],
+       "per-tensor: a failed mode is a row that says why")
+expect([l for l in lines if l.startswith("- ")] ==
+       ["- cuheap plugin (default, vmm:1), 64 MiB: 1.00 of 3.41 us on the CPU, the rest waiting",
+        "- cuheap plugin (default, vmm:1), 64 MiB: cuheap waited for the GPU 2 times and took 1 segments while timed"],
+       "per-tensor: a loop that waited, and cuheap's waits and segments while timed, are named under the table")
+over = [l for l in lines if l.startswith("| cuheap plugin (default, vmm:1) | floor plugin |")]
+expect(over == ["| cuheap plugin (default, vmm:1) | floor plugin | +1.44 | +1.88 | +1.70 | +1.41 | +1.36 |"],
+       "per-tensor: the cuheap plugin over the floor plugin, size by size")
 PY
 )
 while IFS= read -r line; do

@@ -43,6 +43,26 @@ static int intact(const void *p, size_t n, unsigned seed)
     return 1;
 }
 
+/* The fake driver's function `name`. */
+static void *driver(const char *name)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    assert_non_null(lib);
+    void *fn = dlsym(lib, name);
+    assert_non_null(fn);
+    dlclose(lib);
+    return fn;
+}
+
+/* Calls of the driver function `name` so far (the fake's counter). */
+static unsigned long driver_calls(const char *name)
+{
+    fake_cuda_count_fn count;
+    void *fn = driver("fake_cuda_count");
+    memcpy(&count, &fn, sizeof fn);
+    return count(name);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -126,6 +146,48 @@ static void moves_pages_and_keeps_data(const char *conf, size_t hole)
     assert_int_equal(s.reserved.current, 0);
     fake_counters(after);
     assert_int_equal(after[2], after[3]);   /* every physical page went back */
+}
+
+/* The C API with CUHEAP_CURRENT_DEVICE asks for the thread's current context
+ * on every call; once its primary context is known, nothing more: the
+ * context's device is not asked for again (issue 45: a driver call per
+ * allocation is a cost per tensor). */
+static void test_current_device_costs_one_driver_call_once_its_context_is_known(void **state)
+{
+    (void)state;
+    typedef int (*init_fn)(unsigned);
+    typedef int (*retain_fn)(void **, int);
+    typedef int (*set_fn)(void *);
+    typedef int (*release_fn)(int);
+    init_fn init;
+    retain_fn retain;
+    set_fn set_current;
+    release_fn release;
+    void *sym = driver("cuInit");
+    memcpy(&init, &sym, sizeof sym);
+    sym = driver("cuDevicePrimaryCtxRetain");
+    memcpy(&retain, &sym, sizeof sym);
+    sym = driver("cuCtxSetCurrent");
+    memcpy(&set_current, &sym, sizeof sym);
+    sym = driver("cuDevicePrimaryCtxRelease_v2");
+    memcpy(&release, &sym, sizeof sym);
+    void *ctx = NULL;
+    /* As the CUDA runtime leaves a thread: device 0's primary context current. */
+    assert_int_equal(init(0), 0);
+    assert_int_equal(retain(&ctx, 0), 0);
+    assert_int_equal(set_current(ctx), 0);
+    void *p;
+    assert_int_equal(cuheap_malloc(&p, 4096, CUHEAP_CURRENT_DEVICE, NULL), CUHEAP_OK);
+    assert_int_equal(cuheap_free(p, CUHEAP_CURRENT_DEVICE, NULL), CUHEAP_OK);
+    unsigned long all = driver_calls(NULL), current = driver_calls("cuCtxGetCurrent");
+    for (int i = 0; i < 100; i++) {
+        assert_int_equal(cuheap_malloc(&p, 4096, CUHEAP_CURRENT_DEVICE, NULL), CUHEAP_OK);
+        assert_int_equal(cuheap_free(p, CUHEAP_CURRENT_DEVICE, NULL), CUHEAP_OK);
+    }
+    assert_int_equal(driver_calls("cuCtxGetCurrent") - current, 200);
+    assert_int_equal(driver_calls(NULL) - all, 200);   /* no cuCtxGetDevice, nothing else */
+    assert_int_equal(set_current(NULL), 0);
+    assert_int_equal(release(0), 0);
 }
 
 static void test_vmm_moves_pages_and_every_block_keeps_its_data(void **state)
@@ -229,6 +291,8 @@ int main(void)
     unsetenv("CUHEAP_CONF");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_driver_path_serves_blocks_that_hold_data, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_current_device_costs_one_driver_call_once_its_context_is_known, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_vmm_moves_pages_and_every_block_keeps_its_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_vmm_pages_of_two_granules_move_whole_and_keep_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_vmm_lent_pages_keep_old_mappings_until_queued_work_ran, setup, teardown),

@@ -773,7 +773,7 @@ fi
 # ---- PyTorch's own allocator, modelled (src/torch_model.c) --------------------
 # The bundled traces carry what PyTorch reserved when they were recorded: the
 # model of its native allocator must give exactly that. The plugin traces are
-# the jobs the H200 ran under PyTorch's modes too (README, "Benchmarks"; bench/HISTORY.md):
+# the jobs the H200 ran under PyTorch's modes too (docs/benchmarks.md; bench/HISTORY.md):
 # native reserved 24.451 GiB (GPT-2), 27.928 (BERT) and 6.990 (ResNet-50),
 # expandable_segments 16.797 (BERT) and 6,192,889,856 bytes (ResNet-50); under
 # set_per_process_memory_fraction at 1.05x the live peak native ran GPT-2 in
@@ -813,8 +813,8 @@ else
 fi
 
 # llama_ckpt and kv_generate, recorded the same way (12 steps, vmm:1, 2026-12-01):
-# the model gives PyTorch's peaks the H200 measured on 2026-11-30 (README,
-# "Benchmarks"). The replay with the GPU behind gave the plain-segment peaks
+# the model gives PyTorch's peaks the H200 measured on 2026-11-30 (docs/benchmarks.md,
+# "End to end"). The replay with the GPU behind gave the plain-segment peaks
 # cuheap reached there, 12.324 and 1.559 GiB, until a growth to a new peak
 # waited for the frees that left segments idle: 10.533 and 1.346 GiB since.
 run torch_more --json $plugin_dir/llama_ckpt_plugin.trace.gz $plugin_dir/kv_generate_plugin.trace.gz

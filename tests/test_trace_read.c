@@ -250,6 +250,64 @@ static void test_pytorch_peak_only_from_last_comment(void **state)
                       "bad pytorch_peak_reserved value '12x'");
 }
 
+/* The corpus's header lines (bench/corpus/record.py): which job and way,
+ * PyTorch's three modes as measured when the trace was recorded, the marks
+ * cuheap_trace_mark wrote; a malformed one names the line and the field. */
+static void test_corpus_header_lines(void **state)
+{
+    (void)state;
+    char path[512], err[1024];
+    cuh_trace_t t;
+    write_plain(path, sizeof path, "corpus.trace",
+                "# trace v1 source=cuheap-0.1.0 pid=1\n"
+                "# corpus job=tiny_job way=preload pytorch_cache=off steps=2 seed=0\n"
+                "# about a tiny job\n"
+                "# pytorch mode=native peak_reserved=4096 peak_allocated=2048 total_ms=12.50 warm_up=yes steps_ms=1,2\n"
+                "# pytorch mode=async peak_reserved=3072 peak_allocated=2000 total_ms=0\n"
+                "a 1 0 1000 0\n# mark 2 step 0\nf 3 0\n# mark 4 step 1\n# mark 5 end\n"
+                "# end allocs=1 frees=1 live_at_end=0\n");
+    assert_int_equal(cuh_trace_load(path, &t, err, sizeof err), 0);
+    assert_string_equal(t.job, "tiny_job");
+    assert_string_equal(t.way, "preload");
+    assert_int_equal(t.pytorch_cache, 0);
+    assert_int_equal(t.num_marks, 3);
+    assert_true(t.measured[CUH_TRACE_MODE_NATIVE].present);
+    assert_int_equal(t.measured[CUH_TRACE_MODE_NATIVE].peak_reserved, 4096);
+    assert_int_equal(t.measured[CUH_TRACE_MODE_NATIVE].peak_allocated, 2048);
+    assert_float_equal(t.measured[CUH_TRACE_MODE_NATIVE].total_ms, 12.5, 1e-9);
+    assert_false(t.measured[CUH_TRACE_MODE_EXPANDABLE].present);
+    assert_int_equal(t.measured[CUH_TRACE_MODE_ASYNC].peak_reserved, 3072);
+    assert_string_equal(cuh_trace_mode_name(CUH_TRACE_MODE_EXPANDABLE), "expandable");
+    cuh_trace_free(&t);
+
+    /* A trace from elsewhere says nothing of a job. */
+    write_plain(path, sizeof path, "plain.trace", "a 1 0 10 0\n");
+    assert_int_equal(cuh_trace_load(path, &t, err, sizeof err), 0);
+    assert_string_equal(t.job, "");
+    assert_int_equal(t.pytorch_cache, -1);
+    assert_int_equal(t.num_marks, 0);
+    assert_false(t.measured[CUH_TRACE_MODE_NATIVE].present);
+    cuh_trace_free(&t);
+
+    expect_error_text("mode.trace", "# x\n# pytorch mode=fast peak_reserved=1 peak_allocated=1 total_ms=1\n", 2,
+                      "without a known mode=");
+    expect_error_text("twice.trace",
+                      "# x\n# pytorch mode=async peak_reserved=1 peak_allocated=1 total_ms=1\n"
+                      "# pytorch mode=async peak_reserved=2 peak_allocated=1 total_ms=1\n", 3,
+                      "a second '# pytorch' line for mode async");
+    expect_error_text("bytes.trace", "# x\na 1 0 10 0\n# pytorch mode=native peak_reserved=12G peak_allocated=1 total_ms=1\n",
+                      3, "peak_reserved must be a number of bytes, not '12G'");
+    expect_error_text("noalloc.trace", "# pytorch mode=native peak_reserved=1 total_ms=1\n", 1,
+                      "peak_allocated must be a number of bytes, not ''");
+    expect_error_text("ms.trace", "# pytorch mode=native peak_reserved=1 peak_allocated=1 total_ms=-3\n", 1,
+                      "total_ms must be a number of milliseconds, not '-3'");
+    expect_error_text("ms2.trace", "# pytorch mode=native peak_reserved=1 peak_allocated=1 total_ms=1.5x\n", 1,
+                      "total_ms must be a number of milliseconds, not '1.5x'");
+    expect_error_text("job.trace", "# corpus way=plugin\n", 1, "'# corpus' line needs job=NAME");
+    expect_error_text("cache.trace", "# corpus job=j way=preload pytorch_cache=maybe\n", 1,
+                      "pytorch_cache must be on or off, not 'maybe'");
+}
+
 static void test_peak_live(void **state)
 {
     (void)state;
@@ -913,6 +971,7 @@ int main(void)
         cmocka_unit_test(test_gzip_good),
         cmocka_unit_test(test_gzip_detected_by_magic),
         cmocka_unit_test(test_pytorch_peak_only_from_last_comment),
+        cmocka_unit_test(test_corpus_header_lines),
         cmocka_unit_test(test_peak_live),
         cmocka_unit_test(test_long_lines_and_crlf_csv),
         cmocka_unit_test(test_error_unknown_kind),

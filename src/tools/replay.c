@@ -49,7 +49,8 @@ typedef struct options_s {
     long lag;                 /* --lag N: stream-ordered replay, events between GPU catch-ups */
     long streams;             /* --streams N: idle streams the program has created */
     long busy_streams;        /* --busy-streams N: streams whose work runs as long as the default stream's */
-    cuh_config_t cfg;
+    cuh_config_t cfg;         /* the way's defaults, then every --conf in order */
+    const char *way;          /* --way: "capi" (the default), "plugin" or "preload" */
     int json;
     int min_capacity;
     const char *report;       /* --report PATH ("%t" = trace name), or NULL */
@@ -93,7 +94,14 @@ static void usage(FILE *f)
             "options:\n"
             "  --capacity BYTES   device memory (default 80G; suffixes K, M, G, T are\n"
             "                     binary units)\n"
-            "  --conf STRING      heap settings, CUHEAP_CONF syntax (key:value,...)\n"
+            "  --conf STRING      heap settings, CUHEAP_CONF syntax (key:value,...),\n"
+            "                     over the defaults of the way in (--way)\n"
+            "  --way WAY          replay as the heap runs behind one way in, with its\n"
+            "                     defaults: capi (the C API, the default), plugin\n"
+            "                     (PyTorch's allocator: stream-ordered frees) or\n"
+            "                     preload (LD_PRELOAD: every allocation a cudaMalloc,\n"
+            "                     every free a cudaFree; --cudafree 1000 --streams 32\n"
+            "                     unless given)\n"
             "  --external BYTES   device memory used by others (other processes), which\n"
             "                     cuheap cannot have\n"
             "  --cudafree LAG     replay as a program run under LD_PRELOAD would: every\n"
@@ -199,9 +207,11 @@ static void parse_options(int argc, char **argv, options_t *o)
     o->capacity = DEFAULT_CAPACITY;
     o->cudafree_lag = -1;
     o->report_at = REPORT_AT_END;
-    cuh_config_defaults(&o->cfg);
+    o->way = "capi";
     o->traces = calloc((size_t)argc, sizeof *o->traces);
-    if (!o->traces) {
+    const char **confs = calloc((size_t)argc, sizeof *confs);
+    int num_confs = 0, streams_given = 0;
+    if (!o->traces || !confs) {
         fprintf(stderr, PROG ": out of memory\n");
         exit(1);
     }
@@ -227,6 +237,7 @@ static void parse_options(int argc, char **argv, options_t *o)
                           (name_len == 14 && strncmp(a, "--busy-streams", 14) == 0) ||
                           (name_len == 5 && strncmp(a, "--lag", 5) == 0) ||
                           (name_len == 6 && strncmp(a, "--conf", 6) == 0) ||
+                          (name_len == 5 && strncmp(a, "--way", 5) == 0) ||
                           (name_len == 8 && strncmp(a, "--report", 8) == 0) ||
                           (name_len == 11 && strncmp(a, "--report-at", 11) == 0);
         if (takes_value && !value) {
@@ -248,11 +259,11 @@ static void parse_options(int argc, char **argv, options_t *o)
                 usage_error("bad --capacity value '%s' (expected a number of bytes > 0, "
                             "e.g. 80G, 512M, 1.5G, 1073741824)", value);
         } else if (name_len == 6 && strncmp(a, "--conf", 6) == 0) {
-            char err[1024] = "";
-            if (cuh_config_parse(value, &o->cfg, err, sizeof err) != 0) {
-                fprintf(stderr, PROG ": %s\n", err[0] ? err : "bad --conf value");
-                exit(2);
-            }
+            confs[num_confs++] = value;
+        } else if (name_len == 5 && strncmp(a, "--way", 5) == 0) {
+            if (strcmp(value, "capi") != 0 && strcmp(value, "plugin") != 0 && strcmp(value, "preload") != 0)
+                usage_error("bad --way value '%s' (expected capi, plugin or preload)", value);
+            o->way = value;
         } else if (name_len == 10 && strncmp(a, "--external", 10) == 0) {
             if (parse_bytes(value, &o->external) != 0)
                 usage_error("bad --external value '%s' (expected a number of bytes, e.g. 4G)", value);
@@ -262,6 +273,7 @@ static void parse_options(int argc, char **argv, options_t *o)
             o->lag = count_value("--lag", value, LONG_MAX, "a number of events, 0 or more");
         } else if (name_len == 9 && strncmp(a, "--streams", 9) == 0) {
             o->streams = count_value("--streams", value, 4096, "a number of streams, 0 to 4096");
+            streams_given = 1;
         } else if (name_len == 14 && strncmp(a, "--busy-streams", 14) == 0) {
             o->busy_streams = count_value("--busy-streams", value, 4096, "a number of streams, 0 to 4096");
         } else if (name_len == 8 && strncmp(a, "--report", 8) == 0) {
@@ -290,6 +302,29 @@ static void parse_options(int argc, char **argv, options_t *o)
             usage_error("unknown option '%s'", a);
         }
     }
+    unsigned ways = 0;
+    if (strcmp(o->way, "plugin") == 0) {
+        if (o->cudafree_lag >= 0)
+            usage_error("--way plugin replays stream-ordered frees; --cudafree is the preload way's");
+        ways = CUH_WAY_PLUGIN;
+    } else if (strcmp(o->way, "preload") == 0) {
+        if (o->lag)
+            usage_error("--way preload replays cudaFree's; give its lag with --cudafree LAG, not --lag");
+        ways = CUH_WAY_INTERPOSER;
+        if (o->cudafree_lag < 0)
+            o->cudafree_lag = 1000;
+        if (!streams_given)
+            o->streams = 32;
+    }
+    cuh_config_defaults_for(&o->cfg, ways);
+    for (int k = 0; k < num_confs; k++) {
+        char err[1024] = "";
+        if (cuh_config_parse(confs[k], &o->cfg, err, sizeof err) != 0) {
+            fprintf(stderr, PROG ": %s\n", err[0] ? err : "bad --conf value");
+            exit(2);
+        }
+    }
+    free(confs);
     if (o->num_traces == 0)
         usage_error("no trace given");
     if (o->lag && o->cudafree_lag >= 0)
@@ -707,6 +742,33 @@ static void print_json(const result_t *r)
     }
     if (r->have_report_event)
         fprintf(f, ",\"report_event\":%zu", r->report_event);
+    fputs(",\"job\":", f);
+    if (t->job[0])
+        cuh_json_write_string(f, t->job);
+    else
+        fputs("null", f);
+    fprintf(f, ",\"pytorch_cache\":%s,\"marks\":%zu,\"measured\":",
+            t->pytorch_cache < 0 ? "null" : t->pytorch_cache ? "true" : "false", t->num_marks);
+    int any = 0;
+    for (int m = 0; m < CUH_TRACE_NUM_MODES; m++)
+        any |= t->measured[m].present;
+    if (!any)
+        fputs("null", f);
+    for (int m = 0, first = 1; any && m < CUH_TRACE_NUM_MODES; m++) {
+        const cuh_trace_measured_t *me = &t->measured[m];
+        if (!me->present)
+            continue;
+        fprintf(f, "%s\"%s\":{\"peak_reserved\":%" PRIu64 ",\"peak_allocated\":%" PRIu64 ",\"total_ms\":%.2f",
+                first ? "{" : ",", cuh_trace_mode_name((cuh_trace_mode_t)m), me->peak_reserved, me->peak_allocated,
+                me->total_ms);
+        if (t->peak_live)
+            fprintf(f, ",\"ratio\":%.4f}", ratio_of(me->peak_reserved, t->peak_live));
+        else
+            fputs(",\"ratio\":null}", f);
+        first = 0;
+    }
+    if (any)
+        fputc('}', f);
     fprintf(f, ",\"unfinished\":%s", t->unfinished ? "true" : "false");
     if (t->cut_line)
         fprintf(f, ",\"cut_line\":%" PRIu32, t->cut_line);
@@ -843,6 +905,19 @@ static void print_row(const result_t *r, int name_width)
     }
     if (r->have_report_event)
         printf("%-*s   report taken after event %zu of %zu\n", name_width, "", r->report_event, t->num_events);
+    for (int m = 0, first = 1; m < CUH_TRACE_NUM_MODES; m++) {
+        const cuh_trace_measured_t *me = &t->measured[m];
+        if (!me->present)
+            continue;
+        if (first)
+            printf("%-*s   PyTorch measured when the trace was recorded, peak reserved over this trace's live peak:",
+                   name_width, "");
+        printf("%s %s %.4f", first ? "" : ",", cuh_trace_mode_name((cuh_trace_mode_t)m),
+               ratio_of(me->peak_reserved, t->peak_live));
+        first = 0;
+        if (m == CUH_TRACE_NUM_MODES - 1 || !t->measured[m + 1].present)
+            putchar('\n');
+    }
     if (t->unfinished)
         printf("%-*s   the trace lacks the line trace:PATH writes at exit: the program stopped before it exited "
                "(killed or crashed?), and this is what it recorded until then\n",

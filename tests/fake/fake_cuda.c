@@ -64,8 +64,11 @@
  * It is linked with -Bsymbolic: its own references (the cuGetProcAddress
  * table, calls between its functions) name its own definitions, as in the
  * real driver, never those of a preloaded library. Everything is thread-safe.
- * Counters for tests: fake_cuda_counters() (virtual memory) and
- * fake_cuda_calls() (fake_cuda.h).
+ * Any driver call may be made to fail by a fault plan (FAKE_CUDA_FAULTS,
+ * fake_faults.c).
+ * Counters for tests: fake_cuda_counters() (virtual memory),
+ * fake_cuda_calls() and the calls of each driver function, fake_cuda_count()
+ * (fake_cuda.h).
  */
 #define _GNU_SOURCE
 #include "fake_cuda.h"
@@ -117,11 +120,92 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static size_t capacity;              /* per device */
 static size_t used[MAX_DEVICES];     /* device allocations; virtual memory pages count on device 0 */
 static int num_devices = 1;          /* FAKE_CUDA_DEVICES, 1 to MAX_DEVICES */
+static int no_ctx_events;            /* FAKE_CUDA_NO_CTX_EVENTS: a driver before CUDA 12.5 */
 static int initialized;
 static char primary_contexts[MAX_DEVICES];   /* their addresses are the context handles */
 static int primary_retains[MAX_DEVICES];
 static unsigned long maps, unmaps, creates, releases, set_access;
 static fake_cuda_calls_t calls;
+
+/* ---- calls by function ------------------------------------------------------ *
+ * Every driver entry point counts its calls under its own name (CALLED() at
+ * its top), so that a test or a benchmark can say which driver calls a path
+ * makes and how many (fake_cuda_count, fake_cuda_count_list). A form that
+ * only forwards (the _ptsz forms, cuGetProcAddress) counts as the function it
+ * forwards to. Slots are taken at a function's first call and never freed. */
+
+#define MAX_COUNTED 96
+static struct {
+    const char *name;
+    unsigned long n;
+} counted[MAX_COUNTED];
+static int num_counted;
+static pthread_mutex_t counted_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int count_slot(const char *name)
+{
+    pthread_mutex_lock(&counted_lock);
+    int i = 0;
+    while (i < num_counted && strcmp(counted[i].name, name) != 0)
+        i++;
+    if (i == num_counted && num_counted < MAX_COUNTED)
+        counted[num_counted++].name = name;
+    pthread_mutex_unlock(&counted_lock);
+    return i < MAX_COUNTED ? i : -1;
+}
+
+/* Counts the call of the function it stands in; n_ gets its number. */
+#define COUNT_CALL(n_)                                                                   \
+    do {                                                                                 \
+        static int slot_ = -2;                                                           \
+        int s_ = __atomic_load_n(&slot_, __ATOMIC_ACQUIRE);                              \
+        if (s_ == -2)                                                                    \
+            __atomic_store_n(&slot_, s_ = count_slot(__func__), __ATOMIC_RELEASE);      \
+        (n_) = s_ >= 0 ? __atomic_add_fetch(&counted[s_].n, 1, __ATOMIC_RELAXED) : 0;    \
+    } while (0)
+
+/* At the top of every driver function: counted, and failed at once when
+ * the fault plan says so (fake_faults.c). */
+#define CALLED()                                                                         \
+    do {                                                                                 \
+        unsigned long n_;                                                                \
+        COUNT_CALL(n_);                                                                  \
+        int f_ = fake_fault_planned(__func__, n_);                                       \
+        if (f_)                                                                          \
+            return f_;                                                                   \
+    } while (0)
+
+/* The same for the few that never fail, as a real driver answers them even
+ * after a sticky error. */
+#define CALLED_NEVER_FAILS()                                                             \
+    do {                                                                                 \
+        unsigned long n_;                                                                \
+        COUNT_CALL(n_);                                                                  \
+        (void)n_;                                                                        \
+    } while (0)
+
+API unsigned long fake_cuda_count(const char *name)
+{
+    unsigned long n = 0;
+    pthread_mutex_lock(&counted_lock);
+    for (int i = 0; i < num_counted; i++)
+        if (!name || strcmp(counted[i].name, name) == 0)
+            n += __atomic_load_n(&counted[i].n, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&counted_lock);
+    return n;
+}
+
+API int fake_cuda_count_list(const char **names, unsigned long *counts, int max)
+{
+    pthread_mutex_lock(&counted_lock);
+    int n = 0;
+    for (int i = 0; i < num_counted && n < max; i++, n++) {
+        names[n] = counted[i].name;
+        counts[n] = __atomic_load_n(&counted[i].n, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&counted_lock);
+    return n;
+}
 
 /* ---- current contexts, per thread ------------------------------------------- */
 
@@ -153,16 +237,19 @@ API void fake_cuda_counters(unsigned long out[5])
 
 API CUresult cuGetErrorName(CUresult e, const char **s)
 {
+    CALLED_NEVER_FAILS();
     *s = e == OUT_OF_MEMORY ? "CUDA_ERROR_OUT_OF_MEMORY" : e == INVALID_VALUE ? "CUDA_ERROR_INVALID_VALUE" : "CUDA_ERROR_FAKE";
     return OK;
 }
 API CUresult cuGetErrorString(CUresult e, const char **s)
 {
+    CALLED_NEVER_FAILS();
     *s = e == OUT_OF_MEMORY ? "out of memory" : "error in the fake driver";
     return OK;
 }
 API CUresult cuInit(unsigned flags)
 {
+    CALLED();
     (void)flags;
     pthread_mutex_lock(&lock);
     if (!initialized) {
@@ -172,6 +259,9 @@ API CUresult cuInit(unsigned flags)
         num_devices = n ? atoi(n) : 1;
         if (num_devices < 1 || num_devices > MAX_DEVICES)
             num_devices = 1;
+        /* Read once: a benchmark calls cuCtxRecordEvent for every cudaFree. */
+        const char *v = getenv("FAKE_CUDA_NO_CTX_EVENTS");
+        no_ctx_events = v && *v && strcmp(v, "0") != 0;
         initialized = 1;
     }
     pthread_mutex_unlock(&lock);
@@ -179,11 +269,13 @@ API CUresult cuInit(unsigned flags)
 }
 API CUresult cuDeviceGetCount(int *n)
 {
+    CALLED();
     *n = num_devices;
     return initialized ? OK : NOT_INITIALIZED;
 }
 API CUresult cuDeviceGet(CUdevice *dev, int ordinal)
 {
+    CALLED();
     if (ordinal < 0 || ordinal >= num_devices)
         return INVALID_DEVICE;
     *dev = ordinal;
@@ -191,6 +283,7 @@ API CUresult cuDeviceGet(CUdevice *dev, int ordinal)
 }
 API CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 {
+    CALLED();
     if (dev < 0 || dev >= num_devices)
         return INVALID_DEVICE;
     pthread_mutex_lock(&lock);
@@ -201,6 +294,7 @@ API CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 }
 API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
+    CALLED();
     if (dev < 0 || dev >= num_devices)
         return INVALID_DEVICE;
     pthread_mutex_lock(&lock);
@@ -211,6 +305,7 @@ API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 }
 API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned *flags, int *active)
 {
+    CALLED();
     if (dev < 0 || dev >= num_devices)
         return INVALID_DEVICE;
     pthread_mutex_lock(&lock);
@@ -221,11 +316,13 @@ API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned *flags, int *acti
 }
 API CUresult cuCtxGetCurrent(CUcontext *ctx)
 {
+    CALLED();
     *ctx = current_context();
     return OK;
 }
 API CUresult cuCtxSetCurrent(CUcontext ctx)
 {
+    CALLED();
     if (context_depth == 0) {
         if (ctx)
             context_stack[context_depth++] = ctx;
@@ -239,6 +336,7 @@ API CUresult cuCtxSetCurrent(CUcontext ctx)
 /* The current context's device may access the peer context's memory. */
 API CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags)
 {
+    CALLED();
     if (flags || !peer || !current_context())
         return INVALID_VALUE;
     if (context_device(peer) == current_device())
@@ -250,11 +348,13 @@ API CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags)
 }
 API CUresult cuCtxGetDevice(CUdevice *dev)
 {
+    CALLED();
     *dev = current_device();
     return current_context() ? OK : INVALID_CONTEXT;
 }
 API CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
+    CALLED();
     if (!ctx || context_depth == MAX_CONTEXT_DEPTH)
         return INVALID_VALUE;
     context_stack[context_depth++] = ctx;
@@ -262,6 +362,7 @@ API CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 }
 API CUresult cuCtxPopCurrent_v2(CUcontext *ctx)
 {
+    CALLED();
     if (context_depth == 0)
         return INVALID_CONTEXT;
     CUcontext popped = context_stack[--context_depth];
@@ -271,6 +372,7 @@ API CUresult cuCtxPopCurrent_v2(CUcontext *ctx)
 }
 API CUresult cuThreadExchangeStreamCaptureMode(int *mode)
 {
+    CALLED();
     (void)mode;
     return OK;
 }
@@ -392,10 +494,12 @@ static CUresult stream_create(CUstream *stream, unsigned flags)
 
 API CUresult cuStreamCreate(CUstream *stream, unsigned flags)
 {
+    CALLED();
     return stream_create(stream, flags);
 }
 API CUresult cuStreamCreateWithPriority(CUstream *stream, unsigned flags, int priority)
 {
+    CALLED();
     (void)priority;
     return stream_create(stream, flags);
 }
@@ -422,6 +526,7 @@ static int break_captures_locked(void)
 }
 API CUresult cuStreamBeginCapture_v2(CUstream stream, int mode)
 {
+    CALLED();
     (void)mode;
     pthread_mutex_lock(&lock);
     fake_stream_t *s = stream_locked(stream);
@@ -437,6 +542,7 @@ API CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, int mode)
 }
 API CUresult cuStreamEndCapture(CUstream stream, void **graph)
 {
+    CALLED();
     pthread_mutex_lock(&lock);
     fake_stream_t *s = stream_locked(stream);
     CUresult r = !s ? INVALID_HANDLE : !s->capturing ? STREAM_CAPTURE_UNMATCHED
@@ -456,6 +562,7 @@ API CUresult cuStreamEndCapture_ptsz(CUstream stream, void **graph)
 }
 API CUresult cuStreamIsCapturing(CUstream stream, int *status)
 {
+    CALLED();
     pthread_mutex_lock(&lock);
     fake_stream_t *s = stream_locked(stream);
     if (s)
@@ -470,6 +577,7 @@ API int fake_cuda_stream_create_unseen(void **stream, unsigned int flags)
 /* As CUDA: returns at once; work already queued still runs. */
 API CUresult cuStreamDestroy_v2(CUstream stream)
 {
+    CALLED();
     pthread_mutex_lock(&lock);
     fake_stream_t *s = stream_locked(stream);
     CUresult r = !s || s == &legacy_stream ? INVALID_HANDLE : OK;
@@ -480,6 +588,7 @@ API CUresult cuStreamDestroy_v2(CUstream stream)
 }
 API CUresult cuStreamSynchronize(CUstream stream)
 {
+    CALLED();
     pthread_mutex_lock(&lock);
     fake_stream_t *s = stream_locked(stream);
     if (s)
@@ -489,6 +598,7 @@ API CUresult cuStreamSynchronize(CUstream stream)
 }
 API CUresult cuCtxSynchronize(void)
 {
+    CALLED();
     pthread_mutex_lock(&lock);
     run_all_locked();
     pthread_mutex_unlock(&lock);
@@ -587,12 +697,14 @@ static int event_wait_add(fake_event_t *e, fake_stream_t *s)
 
 API CUresult cuEventCreate(CUevent *e, unsigned flags)
 {
+    CALLED();
     (void)flags;
     *e = calloc(1, sizeof(fake_event_t));
     return *e ? OK : OUT_OF_MEMORY;
 }
 API CUresult cuEventDestroy_v2(CUevent event)
 {
+    CALLED();
     fake_event_t *e = event;
     if (e)
         free(e->waits);
@@ -601,6 +713,7 @@ API CUresult cuEventDestroy_v2(CUevent event)
 }
 API CUresult cuEventRecord(CUevent event, CUstream stream)
 {
+    CALLED();
     fake_event_t *e = event;
     pthread_mutex_lock(&lock);
     fake_stream_t *s = stream_locked(stream);
@@ -619,6 +732,7 @@ API CUresult cuEventRecord(CUevent event, CUstream stream)
 /* The stream's later work waits for what the event waits for now. */
 API CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned flags)
 {
+    CALLED();
     (void)flags;
     fake_event_t *e = event;
     pthread_mutex_lock(&lock);
@@ -631,6 +745,7 @@ API CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned flags)
 }
 API CUresult cuEventQuery(CUevent event)
 {
+    CALLED();
     fake_event_t *e = event;
     CUresult r = OK;
     pthread_mutex_lock(&lock);
@@ -642,6 +757,7 @@ API CUresult cuEventQuery(CUevent event)
 }
 API CUresult cuEventSynchronize(CUevent event)
 {
+    CALLED();
     fake_event_t *e = event;
     pthread_mutex_lock(&lock);
     for (size_t i = 0; i < e->num_waits; i++)
@@ -654,14 +770,14 @@ API CUresult cuEventSynchronize(CUevent event)
  * (FAKE_CUDA_NO_CTX_EVENTS), and not during a capture, which it breaks. */
 static CUresult ctx_call_locked(void)
 {
-    const char *v = getenv("FAKE_CUDA_NO_CTX_EVENTS");
-    if (v && *v && strcmp(v, "0") != 0)
+    if (no_ctx_events)
         return NOT_SUPPORTED;
     return break_captures_locked() ? STREAM_CAPTURE_UNSUPPORTED : OK;
 }
 /* The event waits for all the work queued so far on every stream. */
 API CUresult cuCtxRecordEvent(CUcontext ctx, CUevent event)
 {
+    CALLED();
     (void)ctx;
     fake_event_t *e = event;
     pthread_mutex_lock(&lock);
@@ -683,6 +799,7 @@ API CUresult cuCtxRecordEvent(CUcontext ctx, CUevent event)
  * event waits for now. */
 API CUresult cuCtxWaitEvent(CUcontext ctx, CUevent event)
 {
+    CALLED();
     (void)ctx;
     fake_event_t *e = event;
     pthread_mutex_lock(&lock);
@@ -858,16 +975,19 @@ static host_allocation_t *host_find_locked(const void *p)
 
 API CUresult cuMemHostAlloc(void **pp, size_t size, unsigned flags)
 {
+    CALLED();
     return host_allocate(pp, size, flags);
 }
 
 API CUresult cuMemAllocHost_v2(void **pp, size_t size)
 {
+    CALLED();
     return host_allocate(pp, size, 0);
 }
 
 API CUresult cuMemFreeHost(void *p)
 {
+    CALLED();
     if (!current_context())
         return INVALID_CONTEXT;
     pthread_mutex_lock(&lock);
@@ -893,6 +1013,7 @@ API CUresult cuMemFreeHost(void *p)
 
 API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flags)
 {
+    CALLED();
     if (!d || flags)
         return INVALID_VALUE;
     pthread_mutex_lock(&lock);
@@ -907,6 +1028,7 @@ API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flag
 
 API CUresult cuMemHostGetFlags(unsigned *flags, void *p)
 {
+    CALLED();
     if (!flags)
         return INVALID_VALUE;
     pthread_mutex_lock(&lock);
@@ -919,6 +1041,7 @@ API CUresult cuMemHostGetFlags(unsigned *flags, void *p)
 
 API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size)
 {
+    CALLED();
     return allocate(p, size, 0);
 }
 API int fake_cuda_alloc_foreign(unsigned long long *dptr, size_t size)
@@ -927,15 +1050,18 @@ API int fake_cuda_alloc_foreign(unsigned long long *dptr, size_t size)
 }
 API CUresult cuMemAllocManaged(CUdeviceptr *p, size_t size, unsigned flags)
 {
+    CALLED();
     (void)flags;
     return allocate(p, size, 1);
 }
 API CUresult cuMemFree_v2(CUdeviceptr p)
 {
+    CALLED();
     return release(p);
 }
 API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream stream)
 {
+    CALLED();
     pthread_mutex_lock(&lock);
     int known = stream_locked(stream) != NULL;
     pthread_mutex_unlock(&lock);
@@ -947,6 +1073,7 @@ API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, CUstream stream)
 }
 API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream stream)
 {
+    CALLED();
     pthread_mutex_lock(&lock);
     int known = stream_locked(stream) != NULL;
     pthread_mutex_unlock(&lock);
@@ -958,6 +1085,7 @@ API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream stream)
 }
 API CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t width, size_t height, unsigned element_size)
 {
+    CALLED();
     (void)element_size;
     if (!pitch || width == 0 || height == 0)
         return INVALID_VALUE;
@@ -971,6 +1099,7 @@ API CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t width, siz
 }
 API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 {
+    CALLED();
     pthread_mutex_lock(&lock);
     *free_bytes = capacity - used[current_device()];
     *total = capacity;
@@ -981,6 +1110,7 @@ API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
  * allocation. */
 API CUresult cuIpcGetMemHandle(void *handle, CUdeviceptr p)
 {
+    CALLED();
     pthread_mutex_lock(&lock);
     allocation_t *a = allocations;
     while (a && a->base != (uintptr_t)p)
@@ -997,6 +1127,7 @@ API CUresult cuIpcGetMemHandle(void *handle, CUdeviceptr p)
  * ran). */
 API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
+    CALLED();
     if (dev < 0 || dev >= num_devices)
         return INVALID_DEVICE;
     pthread_mutex_lock(&lock);
@@ -1039,12 +1170,14 @@ API void fake_cuda_calls(fake_cuda_calls_t *out)
 
 API CUresult cuMemGetAllocationGranularity(size_t *g, const void *prop, int option)
 {
+    CALLED();
     (void)prop, (void)option;
     *g = PAGE;
     return OK;
 }
 API CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long f)
 {
+    CALLED();
     (void)align, (void)addr, (void)f;
     void *m = mmap(NULL, size + PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED)
@@ -1054,12 +1187,14 @@ API CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUde
 }
 API CUresult cuMemAddressFree(CUdeviceptr p, size_t size)
 {
+    CALLED();
     munmap((void *)(uintptr_t)p, size);
     return OK;
 }
 /* A handle is the memfd + 1; its size is the file's. */
 API CUresult cuMemCreate(unsigned long long *handle, size_t size, const void *prop, unsigned long long f)
 {
+    CALLED();
     (void)prop, (void)f;
     if (size % PAGE)
         return INVALID_VALUE;
@@ -1076,6 +1211,7 @@ API CUresult cuMemCreate(unsigned long long *handle, size_t size, const void *pr
 }
 API CUresult cuMemRelease(unsigned long long handle)
 {
+    CALLED();
     int fd = (int)handle - 1;
     off_t size = lseek(fd, 0, SEEK_END);
     close(fd);
@@ -1085,6 +1221,7 @@ API CUresult cuMemRelease(unsigned long long handle)
 }
 API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, unsigned long long handle, unsigned long long f)
 {
+    CALLED();
     (void)f;
     void *m = mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_SHARED | MAP_FIXED, (int)handle - 1, (off_t)offset);
     if (m == MAP_FAILED)
@@ -1094,6 +1231,7 @@ API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, unsigned long l
 }
 API CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const void *desc, size_t count)
 {
+    CALLED();
     /* CUmemAccessDesc: {location {type, id}, flags}, three ints. */
     const int (*d)[3] = desc;
     pthread_mutex_lock(&lock);
@@ -1106,6 +1244,7 @@ API CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const void *desc, size_t
 }
 API CUresult cuMemUnmap(CUdeviceptr p, size_t size)
 {
+    CALLED();
     void *m = mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
     __atomic_fetch_add(&unmaps, 1, __ATOMIC_RELAXED);
     return m == MAP_FAILED ? INVALID_VALUE : OK;
@@ -1147,7 +1286,9 @@ static const struct {
 }, exported[] = {
     SAME(cuCtxRecordEvent), SAME(cuCtxWaitEvent), SAME(cuStreamBeginCapture_v2), SAME(cuStreamBeginCapture_v2_ptsz),
     SAME(cuStreamEndCapture), SAME(cuStreamEndCapture_ptsz),
-    SAME(fake_cuda_counters), SAME(fake_cuda_calls), SAME(fake_cuda_hold), SAME(fake_cuda_enqueue_check), SAME(fake_cuda_enqueue_fill), SAME(cuStreamWaitEvent),
+    SAME(fake_cuda_counters), SAME(fake_cuda_calls), SAME(fake_cuda_count), SAME(fake_cuda_count_list),
+    SAME(fake_cuda_faults), SAME(fake_cuda_faults_injected),
+    SAME(fake_cuda_hold), SAME(fake_cuda_enqueue_check), SAME(fake_cuda_enqueue_fill), SAME(cuStreamWaitEvent),
     SAME(fake_cuda_complete), SAME(fake_cuda_complete_all), SAME(fake_cuda_corrupt_bytes),
     SAME(fake_cuda_alloc_foreign), SAME(fake_cuda_stream_create_unseen), SAME(fake_cuda_set_capturing),
     SAME(cuStreamIsCapturing),
@@ -1171,6 +1312,7 @@ static const struct {
 
 static any_function_t lookup(const char *symbol, unsigned long long flags)
 {
+    CALLED_NEVER_FAILS();
     if (flags & GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
         for (size_t i = 0; i < COUNT(per_thread); i++)
             if (strcmp(symbol, per_thread[i].name) == 0)
@@ -1187,6 +1329,7 @@ static any_function_t lookup(const char *symbol, unsigned long long flags)
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version, unsigned long long flags,
                              int *symbol_status)
 {
+    CALLED_NEVER_FAILS();
     (void)cuda_version;
     if (!symbol || !pfn)
         return INVALID_VALUE;

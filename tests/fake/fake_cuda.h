@@ -48,6 +48,8 @@ typedef unsigned long (*fake_cuda_corrupt_bytes_fn)(void);
 typedef int (*fake_cuda_alloc_foreign_fn)(unsigned long long *dptr, size_t size);
 typedef int (*fake_cuda_stream_create_unseen_fn)(void **stream, unsigned int flags);
 typedef void (*fake_cuda_set_capturing_fn)(void *stream, int on);
+typedef unsigned long (*fake_cuda_count_fn)(const char *name);
+typedef int (*fake_cuda_count_list_fn)(const char **names, unsigned long *counts, int max);
 
 /* fake_cuda_calls(out): the counters above. */
 /* fake_cuda_hold(on): while on, pretend kernels wait in their stream's queue;
@@ -71,5 +73,23 @@ typedef void (*fake_cuda_set_capturing_fn)(void *stream, int on);
  * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED. */
 /* fake_cuda_stream_create_unseen(stream, flags): a stream as cuStreamCreate
  * makes it, under a name no hook catches (a stream cuheap never hears of). */
+/* fake_cuda_count(name): the calls of the driver function `name` so far
+ * (its exported name: "cuCtxGetCurrent", "cuEventRecord"); NULL: the calls
+ * of every driver function added up. A _ptsz form counts as its plain form,
+ * cuGetProcAddress as cuGetProcAddress_v2. For tests and benchmarks that
+ * hold a path to the driver calls it makes: take the count before and after. */
+/* fake_cuda_count_list(names, counts, max): every driver function called so
+ * far and its calls, up to max of them; returns how many were written. */
+
+/* The fault plan (fake_faults.c): FAKE_CUDA_FAULTS's rules, replaced by
+ * `spec` (the same syntax; "" for none) with the sticky rule's count
+ * starting again; -1 for a malformed plan (said on stderr), which is then
+ * no plan. */
+int fake_cuda_faults(const char *spec);
+/* Calls failed on purpose so far. */
+unsigned long fake_cuda_faults_injected(void);
+/* For the driver's own functions: the code the plan makes the nth call of
+ * `name` return, 0 to let it run. */
+int fake_fault_planned(const char *name, unsigned long nth);
 
 #endif /* FAKE_CUDA_H */

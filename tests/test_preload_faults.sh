@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# test_preload_faults.sh BUILD_DIR - under LD_PRELOAD, a driver call cuheap
+# makes on a program's behalf fails (the fake driver's fault plan,
+# tests/fake/fake_faults.c), and the program gets the error CUDA itself would
+# have given for its call: for every hooked allocation entry point (runtime
+# and driver, device and pinned memory, plain segments and virtual memory),
+# a sticky error (an illegal address: 700) comes back as itself, and any
+# other failure of an allocation as out of memory (2) with cuheap's message
+# on stderr naming the driver call that failed. A free whose fence the driver
+# refuses still succeeds (cuheap falls back to fencing stream by stream).
+# One process per case (tests/preload/fault_checks.c).
+set -uo pipefail
+build=${1:-build}
+. "$(dirname "$0")/harness.sh"
+
+lib=$build/libcuheap.so
+[ -e "$build/libcuheap-asan.so" ] && lib=$build/libcuheap-asan.so
+lib=$(realpath "$lib")
+preload_list=$lib
+san_env=()
+if [[ "$(nm -D "$lib" 2>/dev/null)" == *__asan_init* ]]; then
+    preload_list="$(gcc -print-file-name=libasan.so) $lib"
+    san_env=(ASAN_OPTIONS=detect_leaks=0)
+fi
+programs=$build/tests/preload
+[ -x "$programs/fault_checks" ] || programs=build/tests/preload
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/cuh_test_preload_faults.XXXXXX") || exit 1
+trap 'rm -rf "$TMP"' EXIT
+
+# case ENTRY PLAN CONF WANT [STDERR-TEXT]
+case_() {
+    local entry=$1 plan=$2 conf=$3 want=$4 text=${5:-}
+    local out
+    out=$(env "${san_env[@]}" CUHEAP_CONF="$conf" LD_PRELOAD="$preload_list" timeout 60 \
+          "$programs/fault_checks" "$entry" "$plan" 2>"$TMP/err")
+    local name="$entry with $plan${conf:+ ($conf)} gives $want"
+    if [[ "$out" != "$entry -> $want ("* ]] || [[ "$out" == *"(0 driver calls failed"* ]]; then
+        not_ok "$name" "$out
+$(cat "$TMP/err")"
+    elif [ -n "$text" ] && ! grep -q -- "$text" "$TMP/err"; then
+        not_ok "$name, stderr naming $text" "$(cat "$TMP/err")"
+    else
+        ok "$name"
+    fi
+}
+
+for entry in cudaMalloc cudaMallocAsync cudaMallocPitch cuMemAlloc_v2 cuMemAllocAsync cuMemAllocPitch_v2; do
+    case_ $entry "cuMemAlloc_v2%1=700" vmm:0 700
+    case_ $entry "cuMemAlloc_v2%1=2" vmm:0 2 "out of memory"
+    case_ $entry "cuMemAlloc_v2%1=1" vmm:0 2 "cuMemAlloc_v2(16777216 bytes) on device 0 failed"
+    case_ $entry "cuMemCreate%1=2" vmm:1 2
+    case_ $entry "cuMemMap%1=1" vmm:1 2 "cuMemMap("
+    case_ $entry "cuMemSetAccess%1=700" vmm:1 700
+done
+for entry in cudaHostAlloc cudaMallocHost cuMemHostAlloc; do
+    case_ $entry "cuMemHostAlloc%1=2" "" 2 "cuMemHostAlloc("
+    case_ $entry "cuMemHostAlloc%1=700" "" 700
+done
+for entry in cudaFree cuMemFree_v2; do   # device-wide frees fence at once; a stream-ordered one, lazily
+    case_ $entry "cuCtxRecordEvent%1=1" vmm:0 0 "device-wide fences turned off"
+done
+finish test_preload_faults
