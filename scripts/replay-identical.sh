@@ -7,7 +7,7 @@
 # down other paths (thread caches off, ipc_safe, a workspace, reuse across
 # streams, no slabs), and the JSON lines are compared byte for byte.
 #
-#   scripts/replay-identical.sh [--base REV] [--build DIR] [--jobs N] [--keep]
+#   scripts/replay-identical.sh [--base REV] [--build DIR] [--jobs N] [--full] [--keep]
 #
 #   --base REV   the baseline (default main; HEAD~3 and the like work too).
 #                Built once from `git archive` into
@@ -16,6 +16,10 @@
 #                cuheap-replay, cuheap-report and fuzz/fuzz_heap are made
 #                first (make -j N).
 #   --jobs N     replays at once (default 2).
+#   --full       every mode on every trace; by default the job corpus
+#                (bench/traces/corpus: 54 traces) gets the core modes only
+#                (those marked * in this script's list: 14, the ways in and
+#                out-of-memory among them), the other traces every mode.
 #   --keep       keep the outputs (the folder is named at the end).
 #
 # Only what varies between two runs of one build is removed first, and
@@ -45,13 +49,15 @@ base=main
 build=build
 jobs=2
 keep=0
-usage() { sed -n '9,21p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+full=0
+usage() { sed -n '10,23p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
     --base) [ $# -ge 2 ] || usage; base=$2; shift 2 ;;
     --build) [ $# -ge 2 ] || usage; build=$2; shift 2 ;;
     --jobs) [ $# -ge 2 ] || usage; jobs=$2; shift 2 ;;
     --keep) keep=1; shift ;;
+    --full) full=1; shift ;;
     -h | --help) usage ;;
     *) echo "replay-identical: unknown option $1" >&2; usage ;;
     esac
@@ -103,62 +109,73 @@ mapfile -t traces < <(cd "$root" && { find bench/traces -name '*.trace.gz' -o -n
                                      find tests -name '*.trace.gz' -o -name '*.trace'; } 2>/dev/null | sort)
 [ ${#traces[@]} -gt 0 ] || { echo "replay-identical: no traces found" >&2; exit 2; }
 
-# name|options. Every mode runs on every trace. A mode whose name starts with
-# report_ also writes the heap's JSON report (compared, and rendered again).
+# name|options. A mode whose name starts with report_ also writes the heap's
+# JSON report (compared, and rendered again); * marks a core mode.
 modes=(
-    "default|"
-    "vmm1|--conf vmm:1"
+    "*default|"
+    "*vmm1|--conf vmm:1"
     "vmm0|--conf vmm:0"
     "cudafree0|--cudafree 0"
     "cudafree100|--cudafree 100"
-    "cudafree1000_s32|--cudafree 1000 --streams 32"
+    "*cudafree1000_s32|--cudafree 1000 --streams 32"
     "cudafree100_s32_nodf|--cudafree 100 --streams 32 --conf device_fences:0"
     "busy16|--cudafree 100 --streams 64 --busy-streams 16"
     "busy16_nodf|--cudafree 100 --streams 64 --busy-streams 16 --conf device_fences:0"
-    "cudafree_vmm|--cudafree 1000 --streams 32 --conf vmm:1"
+    "*cudafree_vmm|--cudafree 1000 --streams 32 --conf vmm:1"
     "cudafree_vmm_margin|--cudafree 0 --streams 32 --conf vmm:1,vmm_margin:0.03"
     "cudafree_nowait|--cudafree 100 --streams 32 --conf wait_before_grow:0"
     "strict140|--cudafree 100 --streams 32 --capacity 140G"
     "lag10|--lag 10"
-    "lag300|--lag 300"
+    "*lag300|--lag 300"
     "lag1000|--lag 1000"
-    "lag1000_vmm|--lag 1000 --conf vmm:1"
+    "*lag1000_vmm|--lag 1000 --conf vmm:1"
     "lag10_vmm0|--lag 10 --conf vmm:0"
     "lag200_vmm|--lag 200 --conf vmm:1"
-    "reuse|--lag 300 --conf reuse_across_streams:1"
+    "*reuse|--lag 300 --conf reuse_across_streams:1"
     "reuse_vmm|--lag 300 --conf vmm:1,reuse_across_streams:1"
     "reuse_cudafree|--cudafree 1000 --streams 32 --conf reuse_across_streams:1"
     "vmm_page8|--conf vmm:1,vmm_page:8M"
     "cap26|--capacity 26.4G"
     "cap25_vmm|--conf vmm:1 --capacity 25G"
-    "cap20|--capacity 20G"
+    "*cap20|--capacity 20G"
     "cap1g|--capacity 1G"
     "external|--capacity 30G --external 4G"
     "limit25|--conf limit:25G --capacity 80G"
-    "limit6|--conf limit:6.5G"
+    "*limit6|--conf limit:6.5G"
     "limit_vmm|--conf vmm:1,limit:28378064005"
     "limit_vmm_page8|--conf vmm:1,vmm_page:8M,limit:28378064005"
     "ipc_safe|--conf ipc_safe:1"
     "workspace|--conf workspace:4G"
     "no_slabs|--conf small_max:0,grow_fraction:0,segment_min:64M"
-    "no_tcache|--lag 300 --conf thread_cache:0"
+    "*no_tcache|--lag 300 --conf thread_cache:0"
     "mincap|--min-capacity"
     "mincap_1g|--min-capacity --capacity 1G"
     "mincap_vmm_lag|--lag 200 --min-capacity --conf vmm:1"
-    "report_default|"
+    "*report_default|"
     "report_peak|--report-at peak"
-    "report_oom|--capacity 26.4G"
+    "*report_oom|--capacity 26.4G"
     "report_vmm_lag|--lag 1000 --conf vmm:1"
     "report_cudafree|--cudafree 1000 --streams 32"
     "report_cudafree_vmm|--cudafree 100 --streams 32 --conf vmm:1,limit:20G"
 )
+# The ways in (--way), each with its own defaults, where both builds know them.
+if "$A/cuheap-replay" --help 2>&1 | grep -q -- '--way' && "$B/cuheap-replay" --help 2>&1 | grep -q -- '--way'; then
+    modes+=("*way_plugin|--way plugin" "way_plugin_lag|--way plugin --lag 300" "*way_preload|--way preload"
+            "way_preload_vmm|--way preload --conf vmm:1")
+fi
 
 # One job a line: kind|id|options|trace (options may be empty).
 jobs_file=$work/jobs
 : >"$jobs_file"
 n=0
+core_only=0
 for t in "${traces[@]}"; do
+    core=0
+    case $t in bench/traces/corpus/*) [ "$full" = 1 ] || core=1 ;; esac
+    core_only=$((core_only + core))
     for m in "${modes[@]}"; do
+        [ "$core" = 1 ] && [ "${m:0:1}" != "*" ] && continue
+        m=${m#\*}
         printf 'replay|%s|%s|%s\n' "$((n += 1))_${m%%|*}" "${m#*|}" "$t" >>"$jobs_file"
     done
 done
@@ -316,7 +333,8 @@ export -f run_job strip_json strip_report json_diff differs
 export work A B root
 
 echo "replay-identical: $base ($short) against the working tree ($B): $(wc -l <"$jobs_file") runs" \
-     "(${#traces[@]} traces x ${#modes[@]} modes, the trace and report fuzz corpora) on $jobs jobs"
+     "(${#traces[@]} traces, $core_only of them in the core modes only, ${#modes[@]} modes; the trace and" \
+     "report fuzz corpora) on $jobs jobs"
 xargs -P "$jobs" -d '\n' -n 1 bash -c 'run_job "$1"' _ <"$jobs_file"
 
 # ---- what needs several jobs' outputs, and fuzz_heap ---------------------------------
