@@ -28,13 +28,18 @@ TSAN    := -fsanitize=thread -fno-omit-frame-pointer
 # The library proper: what libcuheap.so is made of. No CUDA library and no
 # zlib are linked; the driver is loaded with dlopen at run time.
 LIB_SRCS := src/log.c src/callers.c src/config.c src/sizeclass.c src/freebins.c src/ptrmap.c \
-            src/arena.c src/slab.c src/lock.c src/tcache.c src/heap.c src/pinned.c src/report.c src/report_html.c src/device_sim.c \
+            src/arena.c src/slab.c src/lock.c src/tcache.c \
+            src/heap.c src/heap_streams.c src/heap_small.c src/heap_tcache.c src/heap_place.c src/heap_segments.c \
+            src/heap_pages.c src/heap_devicewide.c src/heap_holds.c src/heap_oom.c src/heap_stats.c \
+            src/pinned.c src/report.c src/report_html.c src/device_sim.c \
             src/device_cuda.c src/api.c src/hook_torch.c src/trace_write.c
 # The CUDA entry points for LD_PRELOAD: in libcuheap.so only. A program that
 # links libcuheap.a keeps its own CUDA runtime.
 HOOK_SRCS := src/hook_cuda.c src/hook_runtime.c src/hook_driver.c
 # Tool-side code (reads gzip traces, so it links zlib); never in the .so.
 TOOL_SRCS := src/trace_read.c src/json_read.c src/torch_model.c src/device_fault.c
+# cuheap-report: the command line, reading, checking and rendering.
+REPORT_SRCS := src/tools/report.c src/tools/report_read.c src/tools/report_check.c src/tools/report_render.c
 
 # jemalloc, for the pinned host memory cache: Debian's 5.3.0 source built by
 # scripts/build-jemalloc.sh with its symbols renamed (cuh_je_*) and
@@ -124,11 +129,12 @@ $(BUILD)/cuheap-corpus: src/tools/corpus.c src/tools/cli.h $(BUILD)/obj/json_rea
 $(BUILD)/san/cuheap-corpus: src/tools/corpus.c src/tools/cli.h $(BUILD)/san/obj/json_read.o
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -o $@ $< $(BUILD)/san/obj/json_read.o -lm
 
-$(BUILD)/cuheap-report: src/tools/report.c src/tools/cli.h $(TOOL_OBJS) $(BUILD)/libcuheap.a
-	$(CC) $(CFLAGS_BASE) $(OPT) -o $@ $< $(TOOL_OBJS) $(BUILD)/libcuheap.a -lz -ldl -lm
+$(BUILD)/cuheap-report: $(REPORT_SRCS) src/tools/report_tool.h src/tools/cli.h $(TOOL_OBJS) $(BUILD)/libcuheap.a
+	$(CC) $(CFLAGS_BASE) $(OPT) -o $@ $(REPORT_SRCS) $(TOOL_OBJS) $(BUILD)/libcuheap.a -lz -ldl -lm
 
-$(BUILD)/san/cuheap-report: src/tools/report.c src/tools/cli.h $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a
-	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lz -ldl -lm
+$(BUILD)/san/cuheap-report: $(REPORT_SRCS) src/tools/report_tool.h src/tools/cli.h $(SAN_TOOL_OBJS) \
+                            $(BUILD)/san/libcuheap.a
+	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -o $@ $(REPORT_SRCS) $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lz -ldl -lm
 
 # The launcher: it checks --conf with the library's own parser (config.o and
 # the message helpers, from the static library), and finds libcuheap.so beside it.
@@ -141,15 +147,17 @@ $(TOOL_OBJS) $(SAN_TOOL_OBJS) $(TSAN_TOOL_OBJS): | deps
 .SECONDARY: $(TSAN_TOOL_OBJS)
 
 # ---- tests ---------------------------------------------------------------
-$(BUILD)/tests/%: tests/%.c tests/test_util.h tests/heap_model.h $(TOOL_OBJS) $(BUILD)/libcuheap.a
+$(BUILD)/tests/%: tests/%.c tests/test_util.h tests/heap_model.h tests/heap_test.h $(TOOL_OBJS) $(BUILD)/libcuheap.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(OPT) -Wno-missing-prototypes -o $@ $< $(TOOL_OBJS) $(BUILD)/libcuheap.a -lcmocka -lz -ldl -lm
 
-$(BUILD)/san/tests/%: tests/%.c tests/test_util.h tests/heap_model.h $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a
+$(BUILD)/san/tests/%: tests/%.c tests/test_util.h tests/heap_model.h tests/heap_test.h $(SAN_TOOL_OBJS) \
+                      $(BUILD)/san/libcuheap.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -Wno-missing-prototypes -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a -lcmocka -lz -ldl -lm
 
-$(BUILD)/tsan/tests/%: tests/%.c tests/test_util.h tests/heap_model.h $(TSAN_TOOL_OBJS) $(BUILD)/tsan/libcuheap.a
+$(BUILD)/tsan/tests/%: tests/%.c tests/test_util.h tests/heap_model.h tests/heap_test.h $(TSAN_TOOL_OBJS) \
+                       $(BUILD)/tsan/libcuheap.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -O1 -g $(TSAN) -Wno-missing-prototypes -o $@ $< $(TSAN_TOOL_OBJS) $(BUILD)/tsan/libcuheap.a -lcmocka -lz -ldl -lm
 
@@ -165,6 +173,9 @@ $(BUILD)/san/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_main.h tests/heap_
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -DFUZZ_MAIN -Itests/fuzz -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a \
 	    -lz -ldl -lm
+
+# fuzz_report compiles cuheap-report's own sources in.
+$(BUILD)/fuzz/fuzz_report $(BUILD)/san/fuzz/fuzz_report: $(REPORT_SRCS) src/tools/report_tool.h src/tools/cli.h
 
 fuzz: all
 	@FUZZ_SOURCES="$(LIB_SRCS) $(TOOL_SRCS)" scripts/fuzz.sh $(BUILD)

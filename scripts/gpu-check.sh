@@ -221,7 +221,7 @@ if part preload; then
         row "sync_costs" 1 - "build failed"
     fi
     # Whether giving a segment back waits for the GPU: what the wait before
-    # idle segments go back (heap.c, release_idle_segments_locked) relies on.
+    # idle segments go back (heap_segments.c, release_idle_segments_locked) relies on.
     section "does cuMemFree wait for the GPU (bench/gpu/free_sync.cu)"
     if "$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 bench/gpu/free_sync.cu -o "$BUILD"/free_sync -lcuda; then
         run_logged "$BUILD/free_sync.log" timeout 60 "$BUILD"/free_sync

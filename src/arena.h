@@ -40,7 +40,7 @@
 typedef enum { CUH_REGION_WORKSPACE = 0, CUH_REGION_GENERAL = 1, CUH_NUM_REGIONS = 2 } cuh_region_t;
 /* DRAIN: under virtual memory, address space whose pages moved to a new
  * block before the GPU passed their free; nothing may be placed there until
- * the old mappings are gone (heap.c, lend_own_pages_locked). */
+ * the old mappings are gone (heap_pages.c, lend_own_pages_locked). */
 typedef enum { CUH_EXTENT_FREE = 0, CUH_EXTENT_BLOCK = 1, CUH_EXTENT_SLAB = 2, CUH_EXTENT_DRAIN = 3 } cuh_extent_state_t;
 
 typedef struct cuh_segment_s cuh_segment_t;

@@ -1,27 +1,15 @@
-/* heap.c - one device's heap: streams, fences, the allocation ladder, small
- * objects and statistics (the rules it keeps are listed in heap.h).
+/* heap.c - one device's heap, its front: the public heap API, a request's
+ * path through it (malloc, free, device-wide free), the allocation ladder,
+ * and the heap's creation and end. The rooms behind it, one concern each,
+ * are mapped in heap_internal.h.
  *
- * Stream-ordered reuse. Memory freed on stream s becomes s's private memory
- * (arena tag of s; for small objects, s's per-class cache): s may reuse it at
- * once, since its own work is ordered. Other streams may not until an event
- * recorded on s after the free has completed. cuheap records such events
- * (fences) lazily: only when another stream would otherwise have to grow the
- * heap, when memory runs short, or when a free leaves a segment with no block
- * (so that it can go back to the device). A fence covers every private byte freed on
- * s before it; when it completes those bytes become global. A busy stream's
- * fence completes later, so until then it keeps using its own memory and
- * nobody waits: the CPU blocks only on the out-of-memory path.
- *
- * Device-wide frees (cudaFree: no stream, all earlier work on every stream
- * may still use the block) wait in batches fenced on every known stream;
- * see free_batch_t.
- *
- * Virtual memory (vmm:1): the general region is one address reservation and
- * pages move to where blocks need them (map_range_locked). Unmapping is not
- * stream-ordered, so a page moves to another stream only once a fence shows
- * the GPU passed its free; to the freeing stream's own next block it moves at
- * once, its old mapping kept until the stream's work up to then is done
- * (lend_own_pages_locked, DRAIN extents).
+ * Rules kept here (heap.h): every block is aligned to CUH_ALIGN (the ladder
+ * is asked for that alignment, and for CUH_SLAB_PAGE by slabs, whose objects
+ * are multiples of it); when the device or the limit refuses, the heap waits,
+ * gives back, releases and retries before it reports out-of-memory (the
+ * ladder below); a double free or a pointer the heap does not own is an
+ * error that changes nothing (cuh_hp_find_live_locked); every function is
+ * thread-safe (one lock, below).
  *
  * The allocation ladder, cheapest step first:
  *   1. best fit in global memory and the stream's own;
@@ -33,391 +21,16 @@
  *   6. release fully free segments to the device and grow again;
  *   7. out of memory, with the state recorded as its proof.
  *
- * Concurrency: one mutex per heap guards everything here. Functions whose
+ * Concurrency: one mutex per heap guards all of the heap. Functions whose
  * names end in _locked expect it held. In front of it, each thread has a
- * cache of small objects per heap (tcache.h; "thread caches" below) that its
+ * cache of small objects per heap (tcache.h, heap_tcache.c) that its
  * fast paths use without the heap's lock. Lock order: the registry of
  * thread caches, then a heap, then a thread cache.
  */
-#include "heap.h"
+#include "heap_internal.h"
 
-#include "arena.h"
-#include "common.h"
-#include "lock.h"
-#include "ptrmap.h"
-#include "sizeclass.h"
-#include "slab.h"
-#include "tcache.h"
-
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-/* ---- types ----------------------------------------------------------------- */
-
-typedef struct small_entry_s {
-    uintptr_t addr;
-    uint64_t epoch;
-} small_entry_t;
-
-/* Deque of freed small objects of one class on one stream, oldest at head.
- * Epochs rise from head to tail: reuse pops the newest (warmest), fences
- * release the oldest. */
-typedef struct small_ring_s {
-    small_entry_t *entries;
-    uint32_t capacity;   /* power of two, or 0 */
-    uint32_t head;
-    uint32_t count;
-} small_ring_t;
-
-typedef struct fence_s {
-    cuh_event_t event;
-    uint64_t number;
-} fence_t;
-
-typedef struct stream_state_s {
-    cuh_stream_t handle;
-    uint32_t tag;
-    int retired;                 /* the program destroyed the stream: never record on it again */
-    uint64_t completed;          /* fences [0, completed) have completed */
-    fence_t *fences;             /* outstanding, oldest first */
-    size_t num_fences, cap_fences;
-    size_t small_unfenced;       /* bytes in the rings no fence covers yet */
-    size_t small_fenced;         /* bytes in the rings a fence covers */
-    small_ring_t small[CUH_MAX_CLASSES];
-} stream_state_t;
-
-typedef struct size_class_s {
-    size_t size;
-    size_t slab_bytes;
-    cuh_slab_t *partial;         /* slabs with avail objects */
-} size_class_t;
-
-typedef struct stat_s {
-    size_t current;
-    size_t peak;
-} stat_t;
-
-typedef enum { GROW_OK, GROW_LIMIT, GROW_DEVICE, GROW_ERROR } grow_result_t;
-
-/* Old mappings of pages that moved before the GPU passed their frees, as
- * DRAIN extents: they are unmapped, and the extents freed, once `event`
- * (recorded on the freeing stream after the move) has completed
- * (drains_poll_locked). */
-typedef struct vm_drain_s {
-    struct vm_drain_s *next;
-    cuh_event_t event;
-    size_t num_extents;
-    cuh_extent_t *extents[];
-} vm_drain_t;
-
-/* An event kept until it completes (unsettled_add_locked). */
-typedef struct kept_event_s {
-    cuh_event_t event;
-    cuh_stream_t stream;
-} kept_event_t;
-
-/* An event recorded on the default stream behind the work a take-back left
- * running, and the generation of the pages that take-back returned
- * (take_back_all_locked). */
-typedef struct gen_event_s {
-    cuh_event_t event;
-    uint64_t gen;
-} gen_event_t;
-
-/* Take-backs whose work is followed one by one; beyond, the newest event
- * stands for the take-backs after it too (one stream: a later event
- * completes after an earlier one). */
-#define GEN_EVENTS_MAX 32
-
-/* A freed block held back: until every event in it has completed (streams
- * that used the block, from record_stream), or until its graph pool is
- * released (blocks a CUDA graph captured: replays still write them). Then it
- * is freed on the stream the program freed it on. */
-typedef struct hold_s {
-    uintptr_t addr;
-    size_t size;                 /* block bytes */
-    size_t requested;
-    uint32_t free_tag;           /* stream it was freed on */
-    uint64_t pool;               /* graph pool, 0 if none */
-    uint64_t capture_pool;       /* a block of `pool` freed while another pool's graph was
-                                  * captured: that pool too, 0 if none */
-    size_t num_events;
-    cuh_event_t events[];
-} hold_t;
-
-/* Blocks freed device-wide (cudaFree's promise: after all work issued before
- * the free, on every stream) wait in batches. The open batch collects them;
- * closing it records one event on every stream the heap knows and on the
- * default stream; when all of those have completed, the batch's blocks turn
- * global. A batch closes when none is in flight (so a run of frees costs one
- * event per stream per batch, not per free), when memory runs short, and
- * when everything is settled. No free waits on the GPU. */
-typedef struct batch_entry_s {
-    uintptr_t addr;
-    size_t size;                 /* block bytes */
-    size_t requested;
-} batch_entry_t;
-
-typedef struct free_batch_s {
-    struct free_batch_s *next;   /* closed batches, oldest first */
-    batch_entry_t *entries;      /* in the held map too, with the batch as value */
-    size_t num_entries, cap_entries;
-    size_t num_events;
-    cuh_event_t *events;
-    cuh_stream_t *event_streams;  /* the stream each event was recorded on */
-} free_batch_t;
-
-/* A fence for memory outside the heap (cuh_heap_fence): like a closed
- * batch's events, without blocks. */
-struct cuh_heap_fence_s {
-    cuh_heap_fence_t *prev, *next;   /* the heap's outstanding fences */
-    int recorded;                    /* 0: made during a graph capture, events still to record */
-    size_t num_events, cap;
-    cuh_event_t events[];
-};
-
-typedef struct use_list_s {
-    size_t count, capacity;
-    cuh_stream_t streams[];
-} use_list_t;
-
-/* A live block found from its address. */
-typedef struct live_block_s {
-    cuh_extent_t *ext;           /* large block, or NULL */
-    cuh_slab_t *slab;            /* small object's slab, or NULL */
-    uint32_t index;              /* small object's index in its slab */
-    size_t size;                 /* block bytes */
-    size_t requested;
-} live_block_t;
-
-/* How many block sizes the heap follows for recurring page moves. */
-#define MOVERS 16
-
-/* Geometric growth (segment_size_for) stops at this size: a larger segment
- * was sized to the one request it was made for. */
-#define GROW_CAP CUH_GiB
-
-/* How many sizes of such segments, released idle to make room for a larger
- * one, the heap remembers (see "a huge size comes back"). */
-#define RELEASED_HUGE_MAX 8
-
-struct cuh_heap_s {
-    /* The lock has its cache lines to itself (two: a core may fetch lines
-     * in pairs): waiters spin reading it, and every read takes the line
-     * from the holder, which would then miss on whatever shared the line
-     * with it (the settings below, read by every thread cache's fast path
-     * without the lock). */
-    _Alignas(128) cuh_lock_t lock;
-    _Alignas(128) cuh_device_t *dev;
-    cuh_config_t cfg;
-    /* Thread caches: read by their fast paths without the lock, so kept
-     * apart from what the lock's holders write. */
-    uint64_t id;                 /* unique among the process's heaps, ever */
-    _Atomic int tcache_closed;   /* a graph capture is underway: fast paths stay shut */
-    cuh_tcache_t *tcaches;       /* every thread's cache of this heap (under the lock) */
-    size_t device_total;
-    size_t limit;
-    int started;
-    cuh_segment_t *workspace;
-
-    cuh_arena_t arena;
-    cuh_ptrmap_t blocks;         /* large block address -> extent */
-    cuh_pagemap_t pages;         /* 64 KiB page -> slab */
-    cuh_slab_t *last_slab;       /* the slab of the last small lookup, or NULL */
-    size_class_t classes[CUH_MAX_CLASSES];
-    unsigned num_classes;
-
-    stream_state_t **streams;    /* index = tag - 1 */
-    /* Allocations for no stream (cudaMalloc: any stream may use the block at
-     * once) take global memory only: this state has the global tag, no
-     * handle, and is never fenced or listed. */
-    stream_state_t device_wide;
-    uint32_t num_streams, cap_streams;
-    uint32_t live_other_streams; /* streams neither retired nor the default one (what next_live_stream
-                                    walks, kept: every device-wide malloc and poll asks) */
-    stream_state_t *last_stream;
-
-    cuh_event_t *spare_events;
-    size_t num_spare_events, cap_spare_events;
-
-    size_t small_fenced_total;
-    stat_t requested, allocated, reserved, cached, pending;
-    uint64_t num_allocs, num_frees, num_segment_allocs, num_segment_frees;
-    uint64_t num_cache_hits, num_retries, num_ooms;
-    uint64_t num_cpu_waits;      /* times the CPU waited for the GPU (an event or the device) */
-
-    int has_oom;
-    cuh_oom_info_t last_oom;
-
-    /* Blocks the program freed that nobody may reuse yet (see "holds"). */
-    cuh_ptrmap_t held;           /* address -> hold_t */
-    hold_t **holds;
-    size_t num_holds, cap_holds;
-    size_t held_bytes;
-    int took_back;               /* streams waited stream by stream: new streams must wait too (stream_joins_locked) */
-    int device_fences;           /* cfg.device_fences, while the device has them (record_all_locked) */
-    uint64_t allocs_at_take_back; /* num_allocs at the last take-back (take_back_all_locked) */
-    /* Under vmm:1, the events recorded when other streams got memory before
-     * the GPU passed its frees (reuse_across_streams): that memory is theirs
-     * at once, but no page may be unmapped (steal_pages_locked) before these
-     * complete. */
-    kept_event_t *unsettled;
-    size_t num_unsettled, cap_unsettled;
-    /* Under vmm:1, a take-back that leaves work running stamps the pages of
-     * the blocks it returns with its generation (page_gen) and keeps an
-     * event that completes after that work, oldest first (gen_events). A
-     * page stamped above settled_gen may still be touched by the work
-     * before those frees and is not unmapped; the others move while later
-     * take-backs' work still runs (settled_gen_locked). */
-    gen_event_t gen_events[GEN_EVENTS_MAX];
-    size_t num_gen_events;
-    uint64_t take_back_gen;      /* the generation of the last take-back that left work running */
-    uint64_t settled_gen;        /* every take-back up to this generation has its work done */
-    uint64_t allocs_at_close;    /* num_allocs when the last batch closed (batches_poll_locked) */
-    double closed_at;            /* seconds_since(born) when the last batch closed (cuh_heap_poll) */
-    size_t held_requested;
-    free_batch_t *open_batch;    /* device-wide frees no event covers yet */
-    free_batch_t *closed_batches;
-    cuh_heap_fence_t *fences;    /* outstanding fences for memory outside the heap (cuh_heap_fence) */
-    cuh_ptrmap_t uses;           /* address -> use_list_t: streams from record_stream */
-    cuh_ptrmap_t graph;          /* address -> graph pool id, for blocks allocated in a capture */
-    /* Virtual memory (vmm:1): the general region is one reservation whose
-     * pages are mapped on demand; page_handle[i] is the physical page behind
-     * page i, 0 when unmapped. */
-    cuh_segment_t *vm;
-    size_t vm_page;
-    uint64_t *page_handle;
-    uint64_t *page_mapped;       /* bit i: page_handle[i] != 0 (ranges test 64 pages a word) */
-    uint64_t *page_gen;          /* the last take-back generation that returned memory on page i */
-    size_t num_pages, mapped_pages;
-    size_t physical_pages;       /* held: mapped, or in hand while moving */
-    size_t pages_high;           /* no page at or above this index was ever mapped */
-    uint64_t num_page_maps, num_page_steals;
-    /* Block sizes (in pages) that needed pages while the heap was above its
-     * margin, with the story of their last mappings (mover_recurs). */
-    struct {
-        size_t pages;
-        uint8_t history;         /* bit i: the mapping i+1 back needed moved pages */
-        uint8_t seen;            /* mappings recorded, up to 255 */
-    } movers[MOVERS];
-    unsigned movers_next;        /* the entry a new size takes */
-    /* Sizes of segments larger than GROW_CAP released idle before a growth
-     * (release_idle_segments_locked), 0 when taken; next: the entry the
-     * next one takes. */
-    size_t released_huge[RELEASED_HUGE_MAX];
-    unsigned released_huge_next;
-    /* Pages a stream's own recent frees lent to its next block before the
-     * GPU passed those frees (lend_own_pages_locked): each physical page is
-     * mapped at its new place and still at its old one, whose address range
-     * is a DRAIN extent until the stream's work up to the move is done. */
-    vm_drain_t *drains;          /* oldest first */
-    uint32_t last_take_tag;      /* the tag of the free extent take_locked cut from last */
-    /* The last large block freed on a stream, not yet given back to the
-     * arena (see "the parked block"): still in the block map, counted as
-     * freed. Any other heap operation gives it back first. */
-    cuh_extent_t *parked;
-    stream_state_t *parked_st;   /* the stream it was freed on */
-    uint64_t parked_epoch;       /* that stream's fences recorded at the free */
-    const cuh_tcache_t *parked_tc;   /* the freeing thread's cache (compared, never followed) */
-    /* Thread caches that hold a large block (see "a thread's large block"),
-     * and how many more uncontended allocations and frees the heap treats as
-     * contended since one found its lock held. */
-    cuh_tcache_t *large_tcs;
-    uint32_t contended;
-    int captures;                /* graph captures underway on this device */
-    int shareable_call;          /* the allocation underway must start a segment of its own */
-
-    /* Timeline for reports: a sample every sample_every operations and at
-     * every change of reserved bytes; when full, every other sample goes and
-     * the interval doubles, so it always spans the heap's whole life. */
-    struct timespec born;
-    cuh_sample_t timeline[CUH_TIMELINE_SAMPLES];
-    size_t num_samples;
-    uint64_t sample_every, ops_since_sample;
-    size_t last_sampled_reserved;
-    uint64_t capture_pool;
-    /* Graph pools released while a capture was underway: released when the
-     * last capture ends (cuh_heap_release_pool). */
-    uint64_t *pools_to_release;
-    size_t num_pools_to_release;
-};
-
-/* ---- statistics ------------------------------------------------------------ */
-
-static inline void stat_set(stat_t *s, size_t value)
-{
-    s->current = value;
-    if (value > s->peak)
-        s->peak = value;
-}
-
-/* The only two ways the heap makes the CPU wait for the GPU, counted: a
- * user whose job runs slower under cuheap can see whether it stalled. */
-static cuh_dev_status_t cpu_wait_event(cuh_heap_t *h, cuh_event_t e)
-{
-    h->num_cpu_waits++;
-    return h->dev->ops->event_wait(h->dev, e);
-}
-
-static cuh_dev_status_t cpu_wait_device(cuh_heap_t *h)
-{
-    h->num_cpu_waits++;
-    return h->dev->ops->synchronize(h->dev);
-}
-
-/* A block that must start a segment of its own: every block with ipc_safe:1,
- * and the one being allocated by cuh_heap_malloc_shareable. Not under
- * virtual memory, which legacy IPC cannot share anyway. */
-static inline int own_segment_locked(const cuh_heap_t *h)
-{
-    return h->cfg.ipc_safe || (h->shareable_call && !h->vm);
-}
-
-/* Device memory the heap holds: its segments, and under virtual memory the
- * pages mapped in the reservation (the reservation itself is address space). */
-static size_t reserved_bytes(const cuh_heap_t *h)
-{
-    if (!h->vm)
-        return h->arena.reserved;
-    return h->arena.reserved - h->vm->size + h->physical_pages * h->vm_page;
-}
-
-static double seconds_since(const struct timespec *born)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (double)(now.tv_sec - born->tv_sec) + (double)(now.tv_nsec - born->tv_nsec) * 1e-9;
-}
-
-static __attribute__((noinline)) void sample_locked(cuh_heap_t *h)
-{
-    if (h->num_samples == CUH_TIMELINE_SAMPLES) {
-        for (size_t i = 0; i < CUH_TIMELINE_SAMPLES / 2; i++)
-            h->timeline[i] = h->timeline[2 * i + 1];
-        h->num_samples = CUH_TIMELINE_SAMPLES / 2;
-        h->sample_every *= 2;
-    }
-    h->timeline[h->num_samples++] = (cuh_sample_t){
-        .t = seconds_since(&h->born), .live = h->requested.current, .reserved = h->reserved.current,
-        .cached = h->cached.current};
-    h->ops_since_sample = 0;
-    h->last_sampled_reserved = h->reserved.current;
-}
-
-static inline void refresh_stats_locked(cuh_heap_t *h)
-{
-    size_t reserved = reserved_bytes(h);
-    stat_set(&h->reserved, reserved);
-    stat_set(&h->cached, reserved - h->allocated.current);
-    stat_set(&h->pending, cuh_arena_pending_bytes(&h->arena) + h->small_fenced_total + h->held_bytes);
-    if (cuh_unlikely(++h->ops_since_sample >= h->sample_every || reserved != h->last_sampled_reserved))
-        sample_locked(h);
-}
-
-/* ---- events and streams ------------------------------------------------------ */
 
 /* Fenced stream by stream with streams besides the default one known, a
  * take-back (and a batch close) costs calls on every stream: at most one per
@@ -426,2083 +39,12 @@ static inline void refresh_stats_locked(cuh_heap_t *h)
 #define TAKE_BACK_EVERY 1u
 #define POLL_CLOSE_SECONDS 0.001
 
-static cuh_event_t event_get_locked(cuh_heap_t *h)
-{
-    if (h->num_spare_events)
-        return h->spare_events[--h->num_spare_events];
-    cuh_event_t e = NULL;
-    if (h->dev->ops->event_create(h->dev, &e) != CUH_DEV_OK)
-        return NULL;
-    return e;
-}
-
-static void event_put_locked(cuh_heap_t *h, cuh_event_t e)
-{
-    if (h->num_spare_events == h->cap_spare_events) {
-        size_t cap = h->cap_spare_events ? 2 * h->cap_spare_events : 16;
-        cuh_event_t *grown = realloc(h->spare_events, cap * sizeof *grown);
-        if (!grown) {
-            h->dev->ops->event_destroy(h->dev, e);
-            return;
-        }
-        h->spare_events = grown;
-        h->cap_spare_events = cap;
-    }
-    h->spare_events[h->num_spare_events++] = e;
-}
-
-/* ---- device-wide fences ------------------------------------------------------
- * cudaFree's promise covers every stream. With CUDA 12.5's device-wide event
- * and wait (device.h: event_record_all, wait_all) that costs two calls
- * whatever the number of streams (about 0.3 us each on an H200 with 33 or
- * 161 streams, against 70 us and 262 us for an event and a wait per stream:
- * bench/gpu/ctx_fence.cu), and streams cuheap never heard of are covered
- * too. Without them (device_fences:0, an older driver, a capture underway)
- * every known stream gets an event and a wait. */
-
-/* The stream a device-wide event stands for in a batch's event_streams and
- * a take-back's list: all of them. */
-#define ALL_STREAMS ((cuh_stream_t)UINTPTR_MAX)
-
-/* A device-wide call answered rc: a capture underway only defers it; a
- * device without them, or an error, turns them off for good (an error is
- * told: the caller fences stream by stream instead, never wrong). */
-static void device_fences_refused_locked(cuh_heap_t *h, cuh_dev_status_t rc)
-{
-    if (rc == CUH_DEV_CAPTURING)
-        return;
-    if (rc != CUH_DEV_UNSUPPORTED)
-        cuh_log("device-wide fences turned off: %s", h->dev->last_error);
-    h->device_fences = 0;
-}
-
-/* An event over the work issued so far on every stream, in *out:
- * CUH_DEV_OK; CUH_DEV_CAPTURING while a graph capture is underway (no event
- * call may be made now: an event recorded on a capturing stream would join
- * the graph); anything else when device-wide fences are off or no event was
- * to be had (the caller fences stream by stream). */
-static cuh_dev_status_t record_all_locked(cuh_heap_t *h, cuh_event_t *out)
-{
-    if (!h->device_fences || h->captures)
-        return CUH_DEV_UNSUPPORTED;
-    cuh_event_t e = event_get_locked(h);
-    if (!e)
-        return CUH_DEV_UNSUPPORTED;
-    cuh_dev_status_t rc = h->dev->ops->event_record_all(h->dev, e);
-    if (rc != CUH_DEV_OK) {
-        event_put_locked(h, e);
-        device_fences_refused_locked(h, rc);
-        return rc;
-    }
-    *out = e;
-    return CUH_DEV_OK;
-}
-
-static int stream_is_drained(const cuh_heap_t *h, const stream_state_t *st)
-{
-    const cuh_tag_books_t *b = &h->arena.tags[st->tag];
-    return !st->num_fences && !b->unfenced_bytes && !b->fenced_bytes && !st->small_unfenced && !st->small_fenced;
-}
-
-/* Walks the live streams the heap knows, then the default stream (0) once:
- *     for (uint32_t i = 0; next_live_stream(h, &i, &handle);) ...
- * The streams every device-wide event, wait and take-back must cover. */
-static int next_live_stream(const cuh_heap_t *h, uint32_t *i, cuh_stream_t *handle)
-{
-    while (*i < h->num_streams) {
-        const stream_state_t *st = h->streams[(*i)++];
-        if (!st->retired && st->handle) {
-            *handle = st->handle;
-            return 1;
-        }
-    }
-    if (*i == h->num_streams) {
-        (*i)++;
-        *handle = 0;
-        return 1;
-    }
-    return 0;
-}
-
-/* A stream the heap hears of for the first time, after cudaFree'd blocks
- * were taken back with GPU-side waits (take_back_all_locked): those
- * waits were enqueued on the streams known then, so this one must also start
- * after everything issued so far on them, or it could touch a reused block
- * while older work still uses it. If that cannot be enqueued, the device is
- * synchronized (slow, never wrong). */
-static void stream_joins_locked(cuh_heap_t *h, const stream_state_t *joining)
-{
-    if (!h->took_back || !joining->handle || h->captures)
-        return;
-    cuh_stream_t other;
-    for (uint32_t i = 0; next_live_stream(h, &i, &other);) {
-        if (other == joining->handle)
-            continue;
-        cuh_event_t ev = event_get_locked(h);
-        int ok = ev && h->dev->ops->event_record(h->dev, ev, other) == CUH_DEV_OK &&
-                 h->dev->ops->stream_wait(h->dev, joining->handle, ev) == CUH_DEV_OK;
-        if (ev)
-            event_put_locked(h, ev);   /* the wait took the event's state as it is now */
-        if (!ok) {
-            cpu_wait_device(h);
-            return;
-        }
-    }
-}
-
-static stream_state_t *stream_find_locked(cuh_heap_t *h, cuh_stream_t handle)
-{
-    stream_state_t *reusable = NULL;
-    for (uint32_t i = 0; i < h->num_streams; i++) {
-        stream_state_t *st = h->streams[i];
-        if (st->retired) {
-            if (!reusable && stream_is_drained(h, st))
-                reusable = st;
-        } else if (st->handle == handle) {
-            return h->last_stream = st;
-        }
-    }
-    if (reusable) {
-        /* A retired stream whose memory has all turned global: its tag can
-         * serve the new stream (its fence counter only ever grows). */
-        reusable->handle = handle;
-        reusable->retired = 0;
-        h->live_other_streams += handle != 0;
-        stream_joins_locked(h, reusable);
-        return h->last_stream = reusable;
-    }
-    if (h->num_streams == h->cap_streams) {
-        uint32_t cap = h->cap_streams ? 2 * h->cap_streams : 8;
-        stream_state_t **grown = realloc(h->streams, cap * sizeof *grown);
-        if (!grown)
-            return NULL;
-        h->streams = grown;
-        h->cap_streams = cap;
-    }
-    stream_state_t *st = calloc(1, sizeof *st);
-    if (!st || cuh_arena_reserve_tags(&h->arena, h->num_streams + 2)) {
-        free(st);
-        return NULL;
-    }
-    st->handle = handle;
-    st->tag = h->num_streams + 1;
-    h->streams[h->num_streams++] = st;
-    h->live_other_streams += handle != 0;
-    stream_joins_locked(h, st);
-    return h->last_stream = st;
-}
-
-/* The state of stream `handle`, created if new; NULL when out of host
- * memory. The stream of the last call is checked first (inline: every
- * malloc and free asks). */
-static inline stream_state_t *stream_get_locked(cuh_heap_t *h, cuh_stream_t handle)
-{
-    stream_state_t *last = h->last_stream;
-    if (cuh_likely(last && last->handle == handle && !last->retired))
-        return last;
-    return stream_find_locked(h, handle);
-}
-
-static int stream_has_unfenced(const cuh_heap_t *h, const stream_state_t *st)
-{
-    uint64_t recorded = h->arena.tags[st->tag].fences_recorded;
-    if (h->arena.tags[st->tag].unfenced_bytes || st->small_unfenced ||
-        (h->parked && h->parked_st == st && h->parked_epoch >= recorded))
-        return 1;
-    /* Large blocks threads hold, freed on st since its last fence. */
-    int any = 0;
-    for (cuh_tcache_t *tc = h->large_tcs; tc && !any; tc = tc->large_next) {
-        if (tc->large.stream_state != st)
-            continue;
-        cuh_spin_lock(&tc->lock);
-        any = tc->large.state == CUH_TC_CACHED &&
-              (tc->large.epoch == CUH_TC_EPOCH_UNKNOWN || tc->large.epoch >= recorded);
-        cuh_spin_unlock(&tc->lock);
-    }
-    return any;
-}
-
-/* ---- small-object rings ------------------------------------------------------ */
-
-static int ring_push(small_ring_t *r, uintptr_t addr, uint64_t epoch)
-{
-    if (r->count == r->capacity) {
-        uint32_t cap = r->capacity ? 2 * r->capacity : 16;
-        small_entry_t *grown = malloc(cap * sizeof *grown);
-        if (!grown)
-            return -1;
-        for (uint32_t i = 0; i < r->count; i++)
-            grown[i] = r->entries[(r->head + i) & (r->capacity - 1)];
-        free(r->entries);
-        r->entries = grown;
-        r->capacity = cap;
-        r->head = 0;
-    }
-    r->entries[(r->head + r->count) & (r->capacity - 1)] = (small_entry_t){addr, epoch};
-    r->count++;
-    return 0;
-}
-
-static small_entry_t ring_pop_newest(small_ring_t *r)
-{
-    r->count--;
-    return r->entries[(r->head + r->count) & (r->capacity - 1)];
-}
-
-static small_entry_t ring_pop_oldest(small_ring_t *r)
-{
-    small_entry_t e = r->entries[r->head];
-    r->head = (r->head + 1) & (r->capacity - 1);
-    r->count--;
-    return e;
-}
-
-/* ---- slabs ------------------------------------------------------------------- */
-
-static void slab_list(size_class_t *c, cuh_slab_t *s)
-{
-    s->prev = NULL;
-    s->next = c->partial;
-    if (c->partial)
-        c->partial->prev = s;
-    c->partial = s;
-    s->listed = 1;
-}
-
-static void slab_unlist(size_class_t *c, cuh_slab_t *s)
-{
-    if (s->prev)
-        s->prev->next = s->next;
-    else
-        c->partial = s->next;
-    if (s->next)
-        s->next->prev = s->prev;
-    s->prev = s->next = NULL;
-    s->listed = 0;
-}
-
-/* The slab holding addr, or NULL. The last one found is checked first: a
- * program's small frees and reuses come in runs on the same slab. */
-static inline cuh_slab_t *slab_of_locked(cuh_heap_t *h, uintptr_t addr)
-{
-    cuh_slab_t *s = h->last_slab;
-    if (s && addr - s->base < s->span)
-        return s;
-    s = cuh_pagemap_get(&h->pages, addr);
-    if (s)
-        h->last_slab = s;
-    return s;
-}
-
-static void slab_forget_locked(cuh_heap_t *h, cuh_slab_t *s)
-{
-    if (h->last_slab == s)
-        h->last_slab = NULL;
-    cuh_slab_destroy(s);
-}
-
-/* Returns a small object to its slab (it is now free for every stream); a
- * slab left with no object in use or cached goes back to the arena. */
-static void slab_object_home_locked(cuh_heap_t *h, uintptr_t addr)
-{
-    cuh_slab_t *s = slab_of_locked(h, addr);
-    size_class_t *c = &h->classes[s->size_class];
-    cuh_slab_give_back(s, (uint32_t)cuh_slab_index(s, addr));
-    if (s->num_avail == s->num_objs) {
-        if (s->listed)
-            slab_unlist(c, s);
-        cuh_pagemap_set(&h->pages, s->base, s->extent->size, NULL);
-        cuh_arena_release(&h->arena, s->extent, CUH_TAG_GLOBAL);
-        slab_forget_locked(h, s);
-    } else if (!s->listed) {
-        slab_list(c, s);
-    }
-}
-
-/* ---- fences ------------------------------------------------------------------ */
-
-/* Fences [0, completed) of st are done: its private memory they cover turns
- * global. */
-static void stream_globalize_locked(cuh_heap_t *h, stream_state_t *st)
-{
-    cuh_arena_fence_completed(&h->arena, st->tag, st->completed);
-    for (unsigned c = 0; c < h->num_classes; c++) {
-        small_ring_t *r = &st->small[c];
-        while (r->count && r->entries[r->head].epoch < st->completed) {
-            small_entry_t e = ring_pop_oldest(r);
-            st->small_fenced -= h->classes[c].size;
-            h->small_fenced_total -= h->classes[c].size;
-            slab_object_home_locked(h, e.addr);
-        }
-    }
-}
-
-/* Everything recorded on st so far has finished (after a synchronize, or
- * when an event could not be used), or every stream waits for it on the GPU
- * (take_back_private_locked): its fences are done with. */
-static void stream_all_done_locked(cuh_heap_t *h, stream_state_t *st)
-{
-    for (size_t i = 0; i < st->num_fences; i++)
-        event_put_locked(h, st->fences[i].event);
-    st->num_fences = 0;
-    st->completed = h->arena.tags[st->tag].fences_recorded;
-    stream_globalize_locked(h, st);
-}
-
-/* Records a fence on st covering its private memory. 0 if none was needed or
- * one was recorded; -1 on a device error (then the device was synchronized
- * and the memory made global, which is always safe). */
-static int stream_fence_locked(cuh_heap_t *h, stream_state_t *st)
-{
-    if (st->retired || h->captures || !stream_has_unfenced(h, st))
-        return 0;
-    if (st->num_fences == st->cap_fences) {
-        size_t cap = st->cap_fences ? 2 * st->cap_fences : 4;
-        fence_t *grown = realloc(st->fences, cap * sizeof *grown);
-        if (!grown)
-            goto fallback;
-        st->fences = grown;
-        st->cap_fences = cap;
-    }
-    cuh_event_t ev = event_get_locked(h);
-    if (!ev)
-        goto fallback;
-    if (h->dev->ops->event_record(h->dev, ev, st->handle) != CUH_DEV_OK) {
-        event_put_locked(h, ev);
-        goto fallback;
-    }
-    st->fences[st->num_fences++] = (fence_t){ev, cuh_arena_fence_recorded(&h->arena, st->tag)};
-    st->small_fenced += st->small_unfenced;
-    h->small_fenced_total += st->small_unfenced;
-    st->small_unfenced = 0;
-    return 0;
-fallback:
-    /* No event (a destroyed stream, an exhausted driver): wait for the whole
-     * device instead. Slow, rare, and never wrong. */
-    cuh_arena_fence_recorded(&h->arena, st->tag);
-    st->small_fenced += st->small_unfenced;
-    h->small_fenced_total += st->small_unfenced;
-    st->small_unfenced = 0;
-    cpu_wait_device(h);
-    stream_all_done_locked(h, st);
-    return -1;
-}
-
-/* Queries st's outstanding fences in order; returns 1 if any completed. */
-static int stream_poll_locked(cuh_heap_t *h, stream_state_t *st, int wait)
-{
-    size_t done = 0;
-    int failed = 0;
-    while (done < st->num_fences) {
-        cuh_dev_status_t rc = wait ? cpu_wait_event(h, st->fences[done].event)
-                                   : h->dev->ops->event_query(h->dev, st->fences[done].event);
-        if (rc == CUH_DEV_NOT_READY)
-            break;
-        if (rc != CUH_DEV_OK) {
-            failed = 1;
-            break;
-        }
-        st->completed = st->fences[done].number + 1;
-        event_put_locked(h, st->fences[done].event);
-        done++;
-    }
-    if (failed) {
-        cpu_wait_device(h);
-        stream_all_done_locked(h, st);
-        return 1;
-    }
-    if (!done)
-        return 0;
-    memmove(st->fences, st->fences + done, (st->num_fences - done) * sizeof *st->fences);
-    st->num_fences -= done;
-    stream_globalize_locked(h, st);
-    return 1;
-}
-
-static int holds_poll_locked(cuh_heap_t *h, int wait);
-static int batches_poll_locked(cuh_heap_t *h, int wait);
-
-/* Collects completed fences, holds and batches (wait: waits for them). Not
- * while a graph capture is underway: event calls then would invalidate it. */
-static int poll_all_locked(cuh_heap_t *h, int wait)
-{
-    int any = 0;
-    if (h->captures)
-        return 0;
-    if (h->num_holds)
-        any |= holds_poll_locked(h, wait);
-    if (h->closed_batches || h->open_batch)
-        any |= batches_poll_locked(h, wait);
-    for (uint32_t i = 0; i < h->num_streams; i++)
-        if (h->streams[i]->num_fences)
-            any |= stream_poll_locked(h, h->streams[i], wait);
-    return any;
-}
-
-/* Fences the other streams whose unfenced private memory could serve a
- * request of `size` bytes. A stream with a fence still in flight is left
- * alone: polling will collect it, and recording more events on a busy
- * stream would only add driver calls. Returns 1 if any fence was recorded. */
-static int fence_others_locked(cuh_heap_t *h, const stream_state_t *except, size_t size)
-{
-    int any = 0;
-    if (h->captures)
-        return 0;
-    for (uint32_t i = 0; i < h->num_streams; i++) {
-        stream_state_t *st = h->streams[i];
-        if (st == except || st->num_fences)
-            continue;
-        if (h->arena.tags[st->tag].unfenced_bytes + st->small_unfenced >= size) {
-            stream_fence_locked(h, st);
-            any = 1;
-        }
-    }
-    return any;
-}
-
-static void batch_close_locked(cuh_heap_t *h);
-static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch, uint64_t gen);
-static void tcache_flush_locked(cuh_heap_t *h);
-
-/* Makes all freed memory global, what thread caches hold included: fence
- * every stream and wait. */
-static void settle_all_locked(cuh_heap_t *h)
-{
-    tcache_flush_locked(h);   /* what thread caches hold is freed memory too */
-    if (h->captures)
-        return;
-    batch_close_locked(h);
-    for (uint32_t i = 0; i < h->num_streams; i++)
-        stream_fence_locked(h, h->streams[i]);
-    poll_all_locked(h, 1);
-}
-
-/* ---- segments ---------------------------------------------------------------- */
-
-/* The size of the next segment: the request rounded to 2 MiB, but at least
- * segment_min and at least grow_fraction of what is already reserved (capped
- * at 1 GiB). Growing geometrically keeps the number of device calls
- * logarithmic and gives best fit larger contiguous ranges to work in; the
- * cap and the fraction bound the memory a fresh segment can leave idle. */
-static size_t segment_size_for(const cuh_heap_t *h, size_t needed)
-{
-    if (own_segment_locked(h))
-        return needed;   /* a segment per block */
-    size_t seg = cuh_max_size(needed, h->cfg.segment_min);
-    size_t geometric = (size_t)((double)reserved_bytes(h) * h->cfg.grow_fraction);
-    geometric = cuh_align_up(cuh_min_size(geometric, GROW_CAP), CUH_SEGMENT_GRAIN);
-    return cuh_max_size(seg, geometric);
-}
-
-static void return_segment_locked(cuh_heap_t *h, cuh_segment_t *s);
-
-/* A segment that may go back to the device when nothing is left in it: a
- * plain general segment (not the workspace, not the vmm:1 reservation). */
-static int returnable_segment(const cuh_segment_t *s) { return s->region == CUH_REGION_GENERAL && !s->virtual_space; }
-
-/* A returnable segment larger than GROW_CAP: sized to the one request it was
- * grown for (segment_size_for). */
-static int huge_segment(const cuh_segment_t *s) { return s->size > GROW_CAP && returnable_segment(s); }
-
-/* 1 if `have` bytes are `size` to the 2 MiB grain segments come in: what
- * "a huge size comes back" counts as the same size. */
-static int same_size_to_grain(size_t have, size_t size) { return have >= size && have - size < CUH_SEGMENT_GRAIN; }
-
-/* After a free on st that leaves `used` bytes in use in seg: a segment left
- * idle can go back to the device when the heap next grows
- * (release_idle_segments_locked), but only once the GPU has passed this free:
- * a fence now (unless one is in flight already) is likely complete by then,
- * where one recorded then would not be. */
-static void fence_if_left_idle_locked(cuh_heap_t *h, stream_state_t *st, const cuh_segment_t *seg, size_t used)
-{
-    if (!used && !st->num_fences && returnable_segment(seg))
-        stream_fence_locked(h, st);
-}
-
-/* The state of the stream that owns private memory tagged `tag`. */
-static stream_state_t *stream_of_tag(const cuh_heap_t *h, uint32_t tag) { return h->streams[tag - 1]; }
-
-/* A segment that holds no block and is too small for a growth of `needed`
- * bytes (release_idle_segments_locked). */
-static int idle_for_growth(const cuh_segment_t *s, size_t needed)
-{
-    return returnable_segment(s) && !s->used_bytes && s->size < needed;
-}
-
-/* 1 if st's private free memory lies in a segment idle_for_growth. */
-static int stream_frees_in_idle_segments(const cuh_heap_t *h, const stream_state_t *st, size_t needed)
-{
-    for (const cuh_segment_t *s = h->arena.segments; s; s = s->next)
-        if (idle_for_growth(s, needed))
-            for (const cuh_extent_t *e = s->first; e; e = e->next)
-                if (e->tag == st->tag)
-                    return 1;
-    return 0;
-}
-
-/* Before the heap grows for `needed` bytes it gives back the segments that
- * hold no block and are too small to serve the request: kept, they would
- * count in the peak beside the new segment. BERT with varying sequence
- * length grows a larger segment for each new longest sequence and would
- * keep every smaller one; GPT-2's logits leave a segment idle while the
- * next step's gradient needs a larger one.
- *
- * A segment's private free memory (freed in stream order) goes back once
- * the GPU has passed its frees: the CPU waits for them here, on the streams
- * that freed it. Returning memory to the driver waits for the device anyway
- * (on an H200 cuMemFree returned after 200 ms with a 200 ms kernel running on
- * another stream, in 0.08 ms on an idle GPU: bench/gpu/free_sync.cu), so the
- * wait costs about what the return would, and only a segment that then goes
- * back is waited for. Without it a GPU running behind kept the segments its
- * last frees had left idle, just when the growth set a new peak. Replayed with the GPU 100 events behind,
- * the ResNet-50 traces held 1.07-1.09x their live peak and the plugin traces
- * of BERT, `kv_generate`, `llama_ckpt` and the side-stream job 1.17-1.70x;
- * with the wait every trace holds what it holds when the GPU keeps up
- * (1.02-1.33x), at 2-10 CPU waits a replay (bench/HISTORY.md).
- *
- * A segment larger than GROW_CAP leaves its size behind (see "a huge size
- * comes back"). Returns how many segments went back. */
-static size_t release_idle_segments_locked(cuh_heap_t *h, size_t needed)
-{
-    if (h->captures)
-        return 0;
-    int candidates = 0;
-    for (cuh_segment_t *s = h->arena.segments; s; s = s->next) {
-        if (!idle_for_growth(s, needed))
-            continue;
-        candidates = 1;
-        for (cuh_extent_t *e = s->first; e; e = e->next)
-            if (e->tag != CUH_TAG_GLOBAL)
-                stream_fence_locked(h, stream_of_tag(h, e->tag));
-    }
-    if (!candidates)
-        return 0;
-    poll_all_locked(h, 0);
-    /* What the GPU has not passed yet: wait (a poll merges extents, so each
-     * stream's memory is looked for afresh). */
-    for (uint32_t i = 0; i < h->num_streams; i++)
-        if (h->streams[i]->num_fences && stream_frees_in_idle_segments(h, h->streams[i], needed))
-            stream_poll_locked(h, h->streams[i], 1);
-    size_t released = 0;
-    for (cuh_segment_t *s = h->arena.segments, *next; s; s = next) {
-        next = s->next;
-        if (idle_for_growth(s, needed) && cuh_arena_segment_is_free(s)) {
-            if (huge_segment(s)) {
-                h->released_huge[h->released_huge_next] = s->size;
-                h->released_huge_next = (h->released_huge_next + 1) % RELEASED_HUGE_MAX;
-            }
-            return_segment_locked(h, s);
-            released++;
-        }
-    }
-    return released;
-}
-
-static grow_result_t grow_locked(cuh_heap_t *h, size_t size, size_t align)
-{
-    if (h->vm) {
-        /* Under virtual memory the reservation is the whole general region:
-         * no fit means its address space is used up. */
-        cuh_set_error("device %d: the %zu-byte virtual address reservation has no room for %zu bytes", h->dev->ordinal,
-                      h->vm->size, size);
-        return GROW_DEVICE;
-    }
-    size_t needed = cuh_align_up(size + (align > CUH_ALIGN ? align : 0), CUH_SEGMENT_GRAIN);
-    /* Idle segments go back only when this growth would set a new peak:
-     * below it, keeping them costs nothing, and returning them would only
-     * make the heap ask for them again (with grow_fraction:0, resnet50's
-     * replay returned 333 segments in 12 steps, 140 with this rule). */
-    size_t seg = segment_size_for(h, needed);
-    if (reserved_bytes(h) + seg > h->reserved.peak && release_idle_segments_locked(h, needed))
-        seg = segment_size_for(h, needed);
-    if (h->limit && reserved_bytes(h) + seg > h->limit) {
-        seg = needed;
-        if (reserved_bytes(h) + seg > h->limit)
-            return GROW_LIMIT;
-    }
-    uintptr_t base = 0;
-    cuh_dev_status_t rc = h->dev->ops->mem_alloc(h->dev, seg, &base);
-    if (rc == CUH_DEV_OOM && seg > needed) {
-        seg = needed;
-        rc = h->dev->ops->mem_alloc(h->dev, seg, &base);
-    }
-    if (rc == CUH_DEV_OOM)
-        return GROW_DEVICE;
-    if (rc != CUH_DEV_OK) {
-        cuh_set_error("device %d: allocating a segment of %zu bytes failed: %s", h->dev->ordinal, seg,
-                      h->dev->last_error);
-        return GROW_ERROR;
-    }
-    if (!cuh_arena_add_segment(&h->arena, base, seg, CUH_REGION_GENERAL)) {
-        h->dev->ops->mem_free(h->dev, base, seg);
-        cuh_set_error("out of host memory for segment records");
-        return GROW_ERROR;
-    }
-    h->num_segment_allocs++;
-    return GROW_OK;
-}
-
-static void unpark_locked(cuh_heap_t *h);
-typedef enum { LARGE_MINE_HELD, LARGE_ALL_HELD, LARGE_ALL } large_which_t;
-static size_t large_slots_empty_locked(cuh_heap_t *h, large_which_t which);
-static int large_slot_empty_locked(cuh_heap_t *h, cuh_tcache_t *tc);
-static void large_unlist_locked(cuh_heap_t *h, cuh_tcache_t *tc);
-static size_t release_free_pages_locked(cuh_heap_t *h);
-
-/* Gives a general segment that is one global free extent back to the device. */
-static void return_segment_locked(cuh_heap_t *h, cuh_segment_t *s)
-{
-    uintptr_t base = s->base;
-    size_t size = s->size;
-    cuh_arena_remove_segment(&h->arena, s);
-    if (h->dev->ops->mem_free(h->dev, base, size) != CUH_DEV_OK)
-        cuh_log("device %d: returning a segment of %zu bytes failed: %s", h->dev->ordinal, size, h->dev->last_error);
-    h->num_segment_frees++;
-}
-
-/* Returns every general segment that is one global free extent, and under
- * virtual memory every page wholly inside global free memory; the count. */
-static size_t release_free_segments_locked(cuh_heap_t *h)
-{
-    size_t released = release_free_pages_locked(h);
-    cuh_segment_t *s = h->arena.segments;
-    while (s) {
-        cuh_segment_t *next = s->next;
-        if (returnable_segment(s) && cuh_arena_segment_is_free(s)) {
-            return_segment_locked(h, s);
-            released++;
-        }
-        s = next;
-    }
-    return released;
-}
-
-/* ---- virtual memory ---------------------------------------------------------------
- * With vmm:1 the general region is one address reservation. A block's pages
- * are mapped when it is carved; a freed block keeps its pages (they are
- * cached). When a block needs pages, they come first from free memory
- * elsewhere in the reservation: a page lying wholly inside a global free
- * extent (its free is complete, so no GPU work can touch it) is unmapped and
- * mapped again behind the new block. Only when there is no such page is the
- * device asked for a new one. Free memory therefore never sits in pieces too
- * small to use: it is moved, a page at a time, to where it is needed. */
-
-static uintptr_t page_va(const cuh_heap_t *h, size_t p) { return h->vm->base + (uintptr_t)p * h->vm_page; }
-
-/* The work that memory handed to other streams early may still see
- * (keep_until_done_locked): unmapping is not stream-ordered, so no page
- * moves before it is done. Drops the events that have completed; with
- * `wait`, the CPU waits for the rest. 1 when none is left. During a graph
- * capture it makes no event call: what is left stays. */
-static int settle_unsettled_locked(cuh_heap_t *h, int wait)
-{
-    if (h->captures)
-        return h->num_unsettled == 0;   /* no event call during a capture */
-    size_t kept = 0;
-    for (size_t i = 0; i < h->num_unsettled; i++) {
-        cuh_event_t e = h->unsettled[i].event;
-        if (h->dev->ops->event_query(h->dev, e) != CUH_DEV_OK && !wait) {
-            h->unsettled[kept++] = h->unsettled[i];
-            continue;
-        }
-        if (wait)
-            cpu_wait_event(h, e);
-        event_put_locked(h, e);
-    }
-    h->num_unsettled = kept;
-    return kept == 0;
-}
-
-/* The newest take-back generation whose running work has completed, and
- * every older one's: pages stamped with it or below may be unmapped. Drops
- * the completed events, oldest first (one stream: they complete in order);
- * with `wait`, the CPU waits for the newest first. During a graph capture it
- * makes no event call: the generation known settled before it. */
-static uint64_t settled_gen_locked(cuh_heap_t *h, int wait)
-{
-    if (h->captures)
-        return h->settled_gen;   /* no event call during a capture */
-    if (wait && h->num_gen_events)
-        cpu_wait_event(h, h->gen_events[h->num_gen_events - 1].event);
-    size_t done = 0;
-    while (done < h->num_gen_events && h->dev->ops->event_query(h->dev, h->gen_events[done].event) == CUH_DEV_OK) {
-        h->settled_gen = h->gen_events[done].gen;
-        event_put_locked(h, h->gen_events[done++].event);
-    }
-    h->num_gen_events -= done;
-    memmove(h->gen_events, h->gen_events + done, h->num_gen_events * sizeof *h->gen_events);
-    return h->settled_gen;
-}
-
-/* The pages [*first, *end) of the reservation that [addr, addr + size)
- * touches, wholly or in part (size > 0). */
-static void pages_touched(const cuh_heap_t *h, uintptr_t addr, size_t size, size_t *first, size_t *end)
-{
-    *first = (size_t)(addr - h->vm->base) / h->vm_page;
-    *end = (size_t)(addr + size - h->vm->base + h->vm_page - 1) / h->vm_page;
-}
-
-/* Stamps every page that [addr, addr + size) touches with generation `gen`
- * of the take-back returning it, if it lies in the reservation. */
-static void stamp_pages_locked(cuh_heap_t *h, uintptr_t addr, size_t size, uint64_t gen)
-{
-    if (!h->vm || addr < h->vm->base || addr - h->vm->base >= h->vm->size)
-        return;
-    size_t first, end;
-    pages_touched(h, addr, size, &first, &end);
-    for (size_t p = first; p < end; p++)
-        h->page_gen[p] = gen;
-}
-
-/* The pages [*first, *end) of the reservation that lie wholly inside free
- * extent e (none beyond the highest page ever mapped). */
-static void pages_inside_extent(const cuh_heap_t *h, const cuh_extent_t *e, size_t *first, size_t *end)
-{
-    size_t page = h->vm_page;
-    *first = (size_t)(e->addr - h->vm->base + page - 1) / page;
-    *end = cuh_min_size((size_t)(e->addr + e->size - h->vm->base) / page, h->pages_high);
-}
-
-/* Takes the page behind page index p out of its place for a new use. */
-static void page_leave_locked(cuh_heap_t *h, size_t p, uint64_t *out)
-{
-    *out = h->page_handle[p];
-    h->page_handle[p] = 0;
-    h->page_mapped[p >> 6] &= ~((uint64_t)1 << (p & 63));
-    h->mapped_pages--;   /* still held: physical_pages unchanged */
-    h->num_page_steals++;
-}
-
-/* Unmaps the old mappings, page by page, in DRAIN extent x. */
-static void unmap_drain_locked(cuh_heap_t *h, const cuh_extent_t *x)
-{
-    for (uintptr_t va = x->addr; va < x->addr + x->size; va += h->vm_page)
-        if (h->dev->ops->vm_unmap(h->dev, va, h->vm_page) != CUH_DEV_OK)
-            cuh_log("device %d: %s", h->dev->ordinal, h->dev->last_error);
-}
-
-/* Unmaps the old mappings of every drain whose event has completed (with
- * `wait`: of every drain, the CPU waiting for their events). 1 when none is
- * left. During a graph capture it makes no event call and unmaps nothing. */
-static int drains_poll_locked(cuh_heap_t *h, int wait)
-{
-    if (h->captures)
-        return h->drains == NULL;   /* no event call during a capture */
-    vm_drain_t **link = &h->drains;
-    while (*link) {
-        vm_drain_t *d = *link;
-        if (d->event && h->dev->ops->event_query(h->dev, d->event) != CUH_DEV_OK) {
-            if (!wait) {
-                link = &d->next;
-                continue;
-            }
-            cpu_wait_event(h, d->event);
-        }
-        for (size_t i = 0; i < d->num_extents; i++) {
-            unmap_drain_locked(h, d->extents[i]);
-            cuh_arena_release(&h->arena, d->extents[i], CUH_TAG_GLOBAL);   /* the GPU passed the frees */
-        }
-        if (d->event)
-            event_put_locked(h, d->event);
-        *link = d->next;
-        free(d);
-    }
-    return h->drains == NULL;
-}
-
-/* Lends up to `want` pages lying wholly inside free extents private to
- * stream `own` to a new block of `own`: memory the stream freed whose work
- * the GPU may not have passed yet. The new block's work runs after that
- * work (one stream), so a page may serve it at once; only the old mapping
- * must stay until that work is done, for unmapping is not stream-ordered.
- * So the page is mapped at its new place beside its old one, whose address
- * range becomes a DRAIN extent (nothing is placed there) until an event
- * recorded on `own` now has completed. Without this a busy GPU leaves a
- * stream's recent frees unmovable: the CPU waits for them, or the heap
- * takes new pages. Returns how many. */
-static size_t lend_own_pages_locked(cuh_heap_t *h, stream_state_t *own, uint64_t *out, size_t want,
-                                    uint64_t settled)
-{
-    if (!own || own->tag == CUH_TAG_GLOBAL || own->retired || h->captures || !want)
-        return 0;
-    vm_drain_t *d = NULL;
-    size_t got = 0, page = h->vm_page;
-    for (cuh_extent_t *e = h->arena.tags[own->tag].oldest, *older; e && got < want; e = older) {
-        older = e->tag_prev;
-        if (e->segment != h->vm)
-            continue;
-        size_t p, end;
-        pages_inside_extent(h, e, &p, &end);
-        cuh_extent_t *rest = e;   /* the free part still after the runs carved */
-        while (p < end && got < want) {
-            if (!h->page_handle[p] || h->page_gen[p] > settled) {
-                p++;
-                continue;
-            }
-            size_t run = p;
-            while (run < end && run - p < want - got && h->page_handle[run] && h->page_gen[run] <= settled)
-                run++;
-            if (!d) {
-                d = malloc(sizeof *d + want * sizeof d->extents[0]);
-                cuh_event_t ev = d ? event_get_locked(h) : NULL;
-                if (!ev) {
-                    free(d);
-                    return 0;
-                }
-                *d = (vm_drain_t){.event = ev};
-            }
-            cuh_extent_t *x = cuh_arena_take_at(&h->arena, rest, page_va(h, p), (run - p) * page, CUH_EXTENT_DRAIN,
-                                                own->tag);
-            if (!x)
-                break;   /* out of host memory for records: lend what there is */
-            d->extents[d->num_extents++] = x;
-            for (; p < run; p++)
-                page_leave_locked(h, p, &out[got++]);
-            rest = x->next && x->next->state == CUH_EXTENT_FREE ? x->next : NULL;
-            if (!rest)
-                break;
-        }
-    }
-    if (!d)
-        return 0;
-    if (!d->num_extents) {
-        event_put_locked(h, d->event);
-        free(d);
-        return 0;
-    }
-    if (h->dev->ops->event_record(h->dev, d->event, own->handle) != CUH_DEV_OK) {
-        /* No event: wait for the whole device, and unmap the old mappings now. */
-        event_put_locked(h, d->event);
-        d->event = NULL;
-        cpu_wait_device(h);
-    }
-    vm_drain_t **link = &h->drains;
-    while (*link)
-        link = &(*link)->next;
-    *link = d;
-    if (!d->event)
-        drains_poll_locked(h, 0);
-    return got;
-}
-
-/* Unmaps up to `want` pages lying wholly inside global free extents of the
- * reservation; their physical pages go to out[]. Then, for a block of
- * stream `own`, up to `lend_max` pages its own recent frees lend
- * (lend_own_pages_locked), after the others in out[], their count added to
- * *lent. Returns how many in all. Pages work a take-back left running may
- * still touch (page_gen) are left where they are unless `may_wait` (then
- * the CPU waits for that work first); while other streams' work may touch
- * memory handed over early (unsettled), no page moves unless `may_wait`. */
-static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want, int may_wait, stream_state_t *own,
-                                 size_t lend_max, size_t *lent)
-{
-    size_t n;
-    /* Neither are pages lent while work may still touch them: the stream's
-     * own frees may hold such memory (its work is ordered behind the
-     * take-back's or hand-over's GPU-side waits, but the heap does not lean
-     * on that). */
-    if (h->num_unsettled && !settle_unsettled_locked(h, may_wait))
-        return 0;
-    const uint64_t settled = settled_gen_locked(h, may_wait);
-    size_t got = 0, page = h->vm_page;
-    /* Oldest free memory first: the newest is the likeliest to be reused soon,
-     * and taking its pages would only move them back again. */
-    for (cuh_extent_t *e = h->arena.tags[CUH_TAG_GLOBAL].oldest; e && got < want; e = e->tag_prev) {
-        if (e->segment != h->vm)
-            continue;
-        size_t first, end;
-        pages_inside_extent(h, e, &first, &end);
-        for (size_t p = first; p < end && got < want; p++) {
-            if (!h->page_handle[p] || h->page_gen[p] > settled)
-                continue;
-            if (h->dev->ops->vm_unmap(h->dev, page_va(h, p), page) != CUH_DEV_OK) {
-                cuh_log("device %d: %s", h->dev->ordinal, h->dev->last_error);
-                continue;
-            }
-            page_leave_locked(h, p, &out[got++]);
-        }
-    }
-    n = lend_own_pages_locked(h, own, out + got, cuh_min_size(want - got, lend_max), settled);
-    *lent += n;
-    return got + n;
-}
-
-/* 1 if page p of the reservation lies wholly inside [addr, addr + size). */
-static int page_inside(const cuh_heap_t *h, size_t p, uintptr_t addr, size_t size)
-{
-    return page_va(h, p) >= addr && page_va(h, p) + h->vm_page <= addr + size;
-}
-
-/* ---- recurring moves --------------------------------------------------------------
- * Above vmm_margin a block's missing pages are moved from free memory. While
- * the layout settles that is cheap memory: GPT-2's logits needed moved pages
- * in 2 of their 80 mappings. But a loop whose blocks come back every step to
- * where free memory lies scattered has the same pages moved every step,
- * about 55 us a page on an H200 each time: a conv net fed by a side stream
- * moved 485 pages a step and ran at 2.2-2.4x native's step time. A block
- * size at least half of whose last 8 mappings needed moved pages gets new
- * pages instead (paid once, about 35 us a page, and memory); pages still
- * move when the limit or the device refuses new ones (map_range_locked).
- *
- * "Paid once" holds for one block of the size. Several live at once (GPT-2's
- * three 3 GiB logits) may each land where no pages are, one after another,
- * and each would get new pages while the pages they left lie free: replayed
- * as under LD_PRELOAD with the GPU keeping up (cuheap-replay --cudafree 0
- * --streams 32 --conf vmm:1,vmm_margin:0.03, gpt2_nocache), the heap grew to
- * 1.375x the live peak, more than the 1.088x of the default margin. So new
- * pages for recurring moves stop where the heap would hold more than
- * (1 + RECURRING_MARGINS x vmm_margin) times the live peak (1.089x there);
- * beyond, pages move. At the default margin (1.3x) no bundled or plugin
- * trace reaches it: the side-stream job holds 1.19x. */
-#define RECURRING_MARGINS 3.0
-
-/* The index of the entry following block size `pages`, or -1. */
-static int mover_index(const cuh_heap_t *h, size_t pages)
-{
-    for (int i = 0; i < MOVERS; i++)
-        if (h->movers[i].pages == pages)
-            return i;
-    return -1;
-}
-
-/* Records a mapping of a block of `pages` pages: whether it needed moved
- * pages (`moved`); a size not yet followed is taken up at its first such
- * mapping. Returns 1 if at least half of its 8 mappings before this one
- * needed moved pages. */
-static int mover_recurs_locked(cuh_heap_t *h, size_t pages, int moved)
-{
-    int i = mover_index(h, pages);
-    if (i < 0) {
-        if (!moved)
-            return 0;
-        i = (int)(h->movers_next++ % MOVERS);
-        h->movers[i].pages = pages;
-        h->movers[i].history = 0;
-        h->movers[i].seen = 0;
-    }
-    int recurs = h->movers[i].seen >= 8 && __builtin_popcount(h->movers[i].history) >= 4;
-    h->movers[i].history = (uint8_t)(h->movers[i].history << 1 | (moved ? 1 : 0));
-    if (h->movers[i].seen < 255)
-        h->movers[i].seen++;
-    return recurs;
-}
-
-/* Maps every unmapped page of [addr, addr+size) in the reservation: pages
- * taken from free memory first, then new ones from the device. 1 when all
- * are mapped; 0 with *why (the device or the limit refused, or an error). */
-static int map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_state_t *st, grow_result_t *why)
-{
-    size_t page = h->vm_page, first, end;
-    pages_touched(h, addr, size, &first, &end);
-    size_t need = 0, whole = 0;
-    *why = GROW_OK;
-    for (size_t p = first; p < end; p++)
-        if (!h->page_handle[p]) {
-            need++;
-            whole += (size_t)page_inside(h, p, addr, size);
-        }
-    const size_t block_pages = (size + page - 1) / page;
-    if (!need) {
-        (void)mover_recurs_locked(h, block_pages, 0);
-        return 1;
-    }
-    /* A lent page is safe only for this stream until the GPU has passed its
-     * old work: it may back only pages the block covers whole, never one
-     * whose rest is free memory another stream could take. handles[i] was
-     * lent when lent_flag[i]. */
-    uint64_t *handles = malloc(need * sizeof *handles);
-    uint8_t *lent_flag = handles ? calloc(need, 1) : NULL;
-    size_t lent = 0;
-    if (!lent_flag) {
-        free(handles);
-        cuh_set_error("out of host memory for page handles");
-        *why = GROW_ERROR;
-        return 0;
-    }
-    /* New pages are cheap to get while the heap holds little more than the
-     * most the program has had live: below that margin take them from the
-     * device; above it, move free pages (each move is an unmap and a map). */
-    size_t live_peak = cuh_max_size(h->allocated.peak, h->allocated.current + size);
-    const double held = (double)(reserved_bytes(h) + need * page);
-    int move_first = held > (double)live_peak * (1.0 + h->cfg.vmm_margin);
-    if (mover_recurs_locked(h, block_pages, move_first) &&
-        held <= (double)live_peak * (1.0 + RECURRING_MARGINS * h->cfg.vmm_margin))
-        move_first = 0;   /* recurring moves: new pages instead, within bounds */
-    if (h->drains)
-        drains_poll_locked(h, 0);
-    size_t got = 0;
-#define STEAL(may_wait, own)                                                                              \
-    do {                                                                                                  \
-        size_t before = lent, n = steal_pages_locked(h, handles + got, need - got, may_wait, own,         \
-                                                     whole - lent, &lent);                                \
-        memset(lent_flag + got + n - (lent - before), 1, lent - before);                                  \
-        got += n;                                                                                         \
-    } while (0)
-    if (move_first)
-        STEAL(0, st);
-    if (got < need && move_first && !h->captures) {
-        /* Memory freed on streams becomes stealable once their work is done:
-         * fence them all (our own too: unmapping is not stream-ordered). */
-        for (uint32_t i = 0; i < h->num_streams; i++)
-            if (!h->streams[i]->num_fences)
-                stream_fence_locked(h, h->streams[i]);
-        if (poll_all_locked(h, 0))
-            STEAL(0, st);
-    }
-    while (got < need) {
-        if (!move_first && got == 0 && h->limit && reserved_bytes(h) + need * page > h->limit) {
-            /* The limit would refuse: move free pages after all. */
-            STEAL(1, st);
-            move_first = 1;
-            continue;
-        }
-        if (h->limit && reserved_bytes(h) + page > h->limit) {
-            *why = GROW_LIMIT;
-            break;
-        }
-        uint64_t handle = 0;
-        cuh_dev_status_t rc = h->dev->ops->vm_create(h->dev, page, &handle);
-        if (rc != CUH_DEV_OK) {
-            *why = rc == CUH_DEV_OOM ? GROW_DEVICE : GROW_ERROR;
-            if (rc != CUH_DEV_OOM)
-                cuh_set_error("device %d: %s", h->dev->ordinal, h->dev->last_error);
-            break;
-        }
-        handles[got++] = handle;
-        h->physical_pages++;
-        h->num_segment_allocs++;
-    }
-    if (got < need && *why != GROW_ERROR && !h->captures) {
-        settle_all_locked(h);
-        STEAL(1, NULL);
-    }
-#undef STEAL
-    /* Map what there is, lent pages where the block covers the page whole.
-     * On a shortfall the caller frees the block: the pages mapped behind it
-     * stay there, cached, not lost. */
-    int ok = got == need;
-    size_t next_lent = 0, next_other = 0;
-    for (size_t p = first; p < end; p++) {
-        if (h->page_handle[p])
-            continue;
-        while (next_lent < got && !lent_flag[next_lent])
-            next_lent++;
-        while (next_other < got && lent_flag[next_other])
-            next_other++;
-        size_t k = page_inside(h, p, addr, size) && next_lent < got ? next_lent++ : next_other++;
-        if (k >= got) {
-            ok = 0;   /* no page may go here (a shortfall) */
-            continue;
-        }
-        if (h->dev->ops->vm_map(h->dev, page_va(h, p), page, handles[k]) != CUH_DEV_OK) {
-            cuh_set_error("device %d: %s", h->dev->ordinal, h->dev->last_error);
-            h->dev->ops->vm_release(h->dev, handles[k]);
-            h->physical_pages--;
-            h->num_segment_frees++;
-            *why = GROW_ERROR;
-            ok = 0;
-            continue;
-        }
-        h->page_handle[p] = handles[k];
-        h->page_mapped[p >> 6] |= (uint64_t)1 << (p & 63);
-        h->mapped_pages++;
-        h->num_page_maps++;
-        if (p + 1 > h->pages_high)
-            h->pages_high = p + 1;
-    }
-    free(handles);
-    free(lent_flag);
-    return ok;
-}
-
-/* 1 if a block at [addr, addr + size) of the reservation lacks a page. On
- * every fit under vmm:1, so it tests 64 pages a word: a 3 GiB block spans
- * 1,536 pages of 2 MiB. */
-static int needs_pages_locked(const cuh_heap_t *h, uintptr_t addr, size_t size)
-{
-    size_t first, end;
-    pages_touched(h, addr, size, &first, &end);
-    return !cuh_bits_all_set(h->page_mapped, first, end - 1);
-}
-
-/* Returns to the device every page lying wholly inside global free memory
- * of the reservation; the count. */
-static size_t release_free_pages_locked(cuh_heap_t *h)
-{
-    if (!h->vm)
-        return 0;
-    uint64_t batch[256];
-    size_t released = 0, n;
-    /* A page released while an old mapping of it remains would stay
-     * allocated on the device: the old mappings go first. */
-    drains_poll_locked(h, 1);
-    size_t none = 0;
-    while ((n = steal_pages_locked(h, batch, 256, 1, NULL, 0, &none)) > 0) {
-        for (size_t i = 0; i < n; i++)
-            h->dev->ops->vm_release(h->dev, batch[i]);
-        h->physical_pages -= n;
-        h->num_segment_frees += n;
-        released += n;
-    }
-    return released;
-}
-
-/* The largest piece of free memory a request could get at once. Under
- * virtual memory, free pages move to wherever they are needed, so all cached
- * memory (`cached`, counted as the caller counts it: the statistics count
- * what thread caches hold as free) is one piece; the reservation's unmapped
- * address space is not memory and does not count. */
-static size_t largest_free_locked(const cuh_heap_t *h, size_t cached)
-{
-    if (!h->vm)
-        return cuh_arena_largest_free(&h->arena);
-    size_t largest = cached;
-    for (uint32_t t = 0; t < h->arena.num_tags; t++) {
-        const cuh_binnode_t *n = cuh_freebins_largest(&h->arena.tags[t].bins[CUH_REGION_WORKSPACE]);
-        if (n && n->size > largest)
-            largest = n->size;
-    }
-    return largest;
-}
-
-/* ---- out of memory ------------------------------------------------------------ */
-
-const char *cuh_oom_cause_name(cuh_oom_cause_t cause)
-{
-    switch (cause) {
-    case CUH_OOM_NONE: return "none";
-    case CUH_OOM_CAPACITY: return "capacity";
-    case CUH_OOM_FRAGMENTATION: return "fragmentation";
-    case CUH_OOM_STREAM_PENDING: return "stream_pending";
-    case CUH_OOM_LIMIT: return "limit";
-    case CUH_OOM_EXTERNAL: return "external";
-    }
-    return "unknown";
-}
-
-/* Adds `entry` to arr, which holds *n (at most cap) entries in decreasing
- * order of their field f, if it is among the cap largest: the record keeps
- * the streams with the most pending bytes and the largest blocks holding
- * stranded memory this way. */
-#define KEEP_LARGEST(arr, n, cap, f, entry)                 \
-    do {                                                    \
-        __typeof__((arr)[0]) keep_ = (entry);               \
-        size_t k_ = *(n);                                   \
-        if (k_ == (cap)) {                                  \
-            if (keep_.f <= (arr)[k_ - 1].f)                 \
-                break;                                      \
-            k_--; /* it displaces the smallest */           \
-        } else {                                            \
-            (*(n))++;                                       \
-        }                                                   \
-        for (; k_ > 0 && (arr)[k_ - 1].f < keep_.f; k_--)   \
-            (arr)[k_] = (arr)[k_ - 1];                      \
-        (arr)[k_] = keep_;                                  \
-    } while (0)
-
-/* 1 if a plain segment is mostly empty: in use, but at most 1/8 of it. */
-static int stranding_segment(const cuh_segment_t *s)
-{
-    return returnable_segment(s) && s->used_bytes && s->used_bytes <= s->size / 8;
-}
-
-/* Fills o->stranded (see cuh_oom_info_t) for a request of `block` bytes;
- * o's device and limit figures are set already. */
-static void find_stranded_locked(const cuh_heap_t *h, cuh_oom_info_t *o, size_t block)
-{
-    __typeof__(o->stranded) *x = &o->stranded;
-    x->known = 1;
-    for (const cuh_segment_t *s = h->arena.segments; s; s = s->next) {
-        if (!stranding_segment(s))
-            continue;
-        size_t blocks = 0, free_bytes = s->size - s->used_bytes;
-        for (const cuh_extent_t *e = s->first; e; e = e->next)
-            blocks += e->state == CUH_EXTENT_BLOCK || e->state == CUH_EXTENT_SLAB;
-        x->segments++;
-        x->bytes += s->size;
-        x->free += free_bytes;
-        x->blocks += blocks;
-        x->block_bytes += s->used_bytes;
-        if (free_bytes <= x->top_size - x->top_used)
-            continue;   /* another strands more */
-        x->top_base = s->base;
-        x->top_size = s->size;
-        x->top_used = s->used_bytes;
-        x->top_blocks = blocks;
-        x->num_top_holders = 0;
-        for (const cuh_extent_t *e = s->first; e; e = e->next)
-            if (e->state == CUH_EXTENT_BLOCK || e->state == CUH_EXTENT_SLAB)
-                KEEP_LARGEST(x->top_holders, &x->num_top_holders, CUH_OOM_TOP_HOLDERS, size,
-                             ((__typeof__(x->top_holders[0])){e->addr, e->size}));
-    }
-    /* Had those blocks lain elsewhere (in the heap's other free memory as
-     * far as its bytes go, in a new segment for the rest), the segments
-     * could have gone back to the device: would it have had room? */
-    const size_t elsewhere = o->cached > x->free ? o->cached - x->free : 0;
-    const size_t spill = x->block_bytes > elsewhere ? cuh_align_up(x->block_bytes - elsewhere, CUH_SEGMENT_GRAIN) : 0;
-    const size_t fresh = cuh_align_up(block, CUH_SEGMENT_GRAIN) + spill;
-    x->would_fit = x->segments && o->device_free + x->bytes >= fresh &&
-                   (!o->limit || o->reserved - x->bytes + fresh <= o->limit);
-}
-
-/* Under vmm:1 fills o->partial_pages (see cuh_oom_info_t): every free
- * extent's first and last page, where mapped and not wholly inside it. */
-static void find_partial_pages_locked(const cuh_heap_t *h, cuh_oom_info_t *o)
-{
-    const size_t page = h->vm_page;
-    size_t counted = SIZE_MAX;   /* the last page counted: extents come in address order */
-    o->partial_pages.known = 1;
-    for (const cuh_extent_t *e = h->vm->first; e; e = e->next) {
-        if (e->state != CUH_EXTENT_FREE)
-            continue;
-        const size_t first = (size_t)(e->addr - h->vm->base) / page;
-        const size_t last = (size_t)(e->addr + e->size - 1 - h->vm->base) / page;
-        for (size_t p = first; p <= last; p = p == last ? last + 1 : last) {
-            if (p >= h->pages_high || !h->page_handle[p] || page_inside(h, p, e->addr, e->size))
-                continue;
-            uintptr_t lo = page_va(h, p) > e->addr ? page_va(h, p) : e->addr;
-            uintptr_t hi = page_va(h, p) + page < e->addr + e->size ? page_va(h, p) + page : e->addr + e->size;
-            o->partial_pages.free += (size_t)(hi - lo);
-            if (p != counted)
-                o->partial_pages.pages++;
-            counted = p;
-        }
-    }
-}
-
-static void record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request, size_t block, size_t align,
-                              grow_result_t why)
-{
-    cuh_oom_info_t *o = &h->last_oom;
-    memset(o, 0, sizeof *o);
-    o->request = request;
-    o->block = block;
-    o->stream = st->handle;
-    o->live = h->requested.current;
-    o->allocated = h->allocated.current;
-    o->reserved = reserved_bytes(h);
-    o->cached = o->reserved - h->allocated.current;
-    /* Pending for this request: what it cannot use until GPU work finishes:
-     * memory other streams freed (fenced or not), and held blocks. */
-    o->pending = h->held_bytes;
-    for (uint32_t i = 0; i < h->num_streams; i++) {
-        const stream_state_t *s = h->streams[i];
-        if (s != st)
-            o->pending += h->arena.tags[s->tag].fenced_bytes + h->arena.tags[s->tag].unfenced_bytes +
-                          s->small_fenced + s->small_unfenced;
-    }
-    o->largest_free = largest_free_locked(h, o->cached);
-    o->num_free_extents = h->arena.free_extents;
-    o->limit = h->limit;
-    o->t = seconds_since(&h->born);
-    for (uint32_t i = 0; i < h->num_streams; i++) {
-        const stream_state_t *s = h->streams[i];
-        if (s == st)
-            continue;
-        uint64_t pend = h->arena.tags[s->tag].fenced_bytes + h->arena.tags[s->tag].unfenced_bytes + s->small_fenced +
-                        s->small_unfenced;
-        if (!pend)
-            continue;
-        KEEP_LARGEST(o->pending_by_stream, &o->num_pending_streams,
-                     sizeof o->pending_by_stream / sizeof o->pending_by_stream[0], pending,
-                     ((__typeof__(o->pending_by_stream[0])){(uint64_t)s->handle, pend}));
-    }
-    h->dev->ops->mem_info(h->dev, &o->device_free, &o->device_total);
-    size_t accounted = o->device_free + o->reserved;
-    o->external = o->device_total > accounted ? o->device_total - accounted : 0;
-
-    find_stranded_locked(h, o, block);
-    if (h->vm)
-        find_partial_pages_locked(h, o);
-
-    size_t need = o->allocated + block + (align > CUH_ALIGN ? align : 0);
-    size_t device_room = o->device_total - o->external;
-    char a[32], b[32];
-    if (h->limit && why == GROW_LIMIT && need > h->limit && need <= device_room) {
-        o->cause = CUH_OOM_LIMIT;
-        snprintf(o->action, sizeof o->action,
-                 "raise limit in CUHEAP_CONF from %s to at least %s: the device has room for it",
-                 cuh_format_bytes(a, sizeof a, h->limit), cuh_format_bytes(b, sizeof b, cuh_align_up(need, CUH_MiB)));
-    } else if (need > o->device_total || (h->limit && need > h->limit)) {
-        o->cause = CUH_OOM_CAPACITY;
-        snprintf(o->action, sizeof o->action,
-                 "the job needs more than %s live at once: use a smaller batch, activation checkpointing, "
-                 "or a device with more memory",
-                 cuh_format_bytes(a, sizeof a, h->limit && h->limit < o->device_total ? h->limit : o->device_total));
-    } else if (need > device_room) {
-        o->cause = CUH_OOM_EXTERNAL;
-        snprintf(o->action, sizeof o->action,
-                 "%s of device memory is used outside cuheap (other processes or allocators): free it, "
-                 "or route those allocations through cuheap",
-                 cuh_format_bytes(a, sizeof a, o->external));
-    } else if (o->pending && o->cached + o->device_free - o->pending < block && o->cached + o->device_free >= block) {
-        /* Enough memory counting what waits for GPU work, not enough without. */
-        o->cause = CUH_OOM_STREAM_PENDING;
-        snprintf(o->action, sizeof o->action,
-                 "%s were freed on other streams whose GPU work has not been seen to finish%s: synchronize "
-                 "those streams (or free on the stream that allocates) before allocating",
-                 cuh_format_bytes(a, sizeof a, o->pending),
-                 h->captures ? " (a CUDA graph capture was underway, so cuheap could not wait)" : "");
-    } else {
-        o->cause = CUH_OOM_FRAGMENTATION;
-        /* No workspace is suggested: best fit inside one fragments too (the
-         * bundled traces, with a workspace of their live peak, reserved
-         * 1.06-1.24x it against 1.04-1.11x without). */
-        if (h->vm)
-            /* Pages move only when wholly free: the rest sits in pages that
-             * blocks still partly use. */
-            snprintf(o->action, sizeof o->action,
-                     "free memory lies in pages that live blocks still partly use: %sgive the job more memory "
-                     "(record it with trace:PATH, and cuheap-replay --min-capacity says how much it needs)",
-                     h->vm_page > CUH_SEGMENT_GRAIN ? "a smaller vmm_page in CUHEAP_CONF (2M) strands less of it, or "
-                                                    : "");
-        else
-            snprintf(o->action, sizeof o->action,
-                     "free memory is split into pieces smaller than the request: try vmm:1 in CUHEAP_CONF (free "
-                     "pages then move to where a request needs them; under LD_PRELOAD a page cudaFree gave back "
-                     "moves only once the GPU has passed the free, so the CPU may wait), or give the job more "
-                     "memory (record it with trace:PATH, and cuheap-replay --min-capacity says how much it needs)");
-    }
-    h->has_oom = 1;
-    h->num_ooms++;
-    sample_locked(h);
-    char stranded[192] = "";
-    if (o->cause == CUH_OOM_FRAGMENTATION && o->partial_pages.pages)
-        snprintf(stranded, sizeof stranded, "; %zu of the cached bytes lie in %zu page%s that blocks partly use",
-                 o->partial_pages.free, o->partial_pages.pages, o->partial_pages.pages == 1 ? "" : "s");
-    else if (o->cause == CUH_OOM_FRAGMENTATION && o->stranded.segments)
-        snprintf(stranded, sizeof stranded,
-                 "; %zu of the cached bytes lie in %zu mostly empty segment%s, held there by %zu block%s of %zu "
-                 "bytes%s",
-                 o->stranded.free, o->stranded.segments, o->stranded.segments == 1 ? "" : "s", o->stranded.blocks,
-                 o->stranded.blocks == 1 ? "" : "s", o->stranded.block_bytes,
-                 o->stranded.would_fit ? " (without them the request would have fit)" : "");
-    cuh_set_error("out of memory on device %d: %zu bytes requested; cause: %s (live %zu, reserved %zu, "
-                  "cached %zu, largest free extent %zu, device free %zu of %zu%s); %s",
-                  h->dev->ordinal, request, cuh_oom_cause_name(o->cause), o->live, o->reserved, o->cached,
-                  o->largest_free, o->device_free, o->device_total, stranded, o->action);
-}
-
 /* ---- the allocation ladder ----------------------------------------------------- */
-
-static cuh_extent_t *take_locked(cuh_heap_t *h, cuh_extent_t *free_ext, size_t size, size_t align,
-                                 cuh_extent_state_t state, stream_state_t *st)
-{
-    if (cuh_unlikely(own_segment_locked(h)))
-        size = free_ext->size;   /* the whole segment (find_fit_locked) */
-    h->last_take_tag = free_ext->tag;
-    return cuh_arena_take(&h->arena, free_ext, size, align, state, st->tag);
-}
-
-static int events_done_locked(cuh_heap_t *h, cuh_event_t *events, size_t *num_events, int wait);
-
-/* How many streams a batch's events and a take-back's waits cover: the live
- * streams the heap knows and the default stream. */
-static uint64_t covered_streams_locked(const cuh_heap_t *h) { return (uint64_t)h->live_other_streams + 1; }
-
-/* 1 if the heap knows a live stream besides the default stream. */
-static int other_streams_locked(const cuh_heap_t *h) { return h->live_other_streams != 0; }
-
-/* 1 if a batch close or a take-back costs calls on every known stream: no
- * device-wide fences now, and streams besides the default one known. */
-static int fences_per_stream_locked(const cuh_heap_t *h)
-{
-    return other_streams_locked(h) && !(h->device_fences && !h->captures);
-}
-
-/* Keeps `e`, recorded on `stream` just now, until it completes
- * (settle_unsettled_locked). Work on a stream completes in order, so it
- * stands for every event kept for its stream and takes their place: at most
- * one per stream. If there is no room to keep it, waits for it now. */
-static void unsettled_add_locked(cuh_heap_t *h, cuh_event_t e, cuh_stream_t stream)
-{
-    size_t kept = 0;
-    for (size_t i = 0; i < h->num_unsettled; i++) {
-        kept_event_t *k = &h->unsettled[i];
-        if (k->stream == stream)
-            event_put_locked(h, k->event);   /* the new one stands for it */
-        else
-            h->unsettled[kept++] = *k;
-    }
-    h->num_unsettled = kept;
-    if (h->num_unsettled == h->cap_unsettled) {
-        size_t cap = h->cap_unsettled ? 2 * h->cap_unsettled : 8;
-        kept_event_t *grown = realloc(h->unsettled, cap * sizeof *grown);
-        if (!grown) {
-            cpu_wait_event(h, e);
-            event_put_locked(h, e);
-            return;
-        }
-        h->unsettled = grown;
-        h->cap_unsettled = cap;
-    }
-    h->unsettled[h->num_unsettled++] = (kept_event_t){e, stream};
-}
-
-/* Opens take-back generation take_back_gen + 1 for the blocks a take-back
- * returns while work issued before their frees may still run: an event
- * recorded now on the default stream, which the take-back made wait for
- * that work (order_streams_after_locked; without other streams the work is
- * its own), completes after it. Returns the generation, 0 if no event could
- * be recorded. */
-static uint64_t gen_open_locked(cuh_heap_t *h)
-{
-    cuh_event_t e = event_get_locked(h);
-    if (!e || h->dev->ops->event_record(h->dev, e, 0) != CUH_DEV_OK) {
-        if (e)
-            event_put_locked(h, e);
-        return 0;
-    }
-    (void)settled_gen_locked(h, 0);   /* drop those done */
-    const uint64_t gen = h->take_back_gen + 1;
-    if (h->num_gen_events == GEN_EVENTS_MAX) {
-        /* The newest stands for the one it replaces, and for its generation. */
-        event_put_locked(h, h->gen_events[GEN_EVENTS_MAX - 1].event);
-        h->gen_events[GEN_EVENTS_MAX - 1] = (gen_event_t){e, gen};
-    } else {
-        h->gen_events[h->num_gen_events++] = (gen_event_t){e, gen};
-    }
-    h->take_back_gen = gen;
-    return gen;
-}
-
-/* Orders the work every live stream (and the default stream) is given from
- * now on after the running events: running[k], recorded on where[k], or NULL
- * once complete. The GPU waits, not the CPU. A wait by every other stream on
- * every running event would cost streams x events calls: with PyTorch's
- * stream pool and NCCL's streams under DDP, about 165 streams and 50 running
- * events, 8,000 waits and 1.7 ms of CPU per take-back. So when it is cheaper,
- * the events are first joined on the default stream: it waits for the other
- * streams' events and records one event, and every other stream waits for
- * that one (streams + events calls; ordering is transitive). A device-wide
- * event (where[k] == ALL_STREAMS) takes one device-wide wait. 1 when done; 0
- * if a wait or a record could not be enqueued (the caller makes the CPU wait
- * instead); -1 if a graph capture is underway (nothing was enqueued, and no
- * event call may be made now). */
-static int order_streams_after_locked(cuh_heap_t *h, cuh_event_t **running, const cuh_stream_t *where, size_t n)
-{
-    const size_t num_streams = covered_streams_locked(h);
-    size_t num_running = 0;
-    int default_running = 0;
-    for (size_t k = 0; k < n; k++) {
-        if (running[k] && where[k] == ALL_STREAMS) {
-            /* A device-wide event: one device-wide wait, streams to come included. */
-            cuh_dev_status_t rc = h->dev->ops->wait_all(h->dev, *running[k]);
-            if (rc != CUH_DEV_OK) {
-                device_fences_refused_locked(h, rc);
-                return rc == CUH_DEV_CAPTURING ? -1 : 0;
-            }
-        } else if (running[k]) {
-            num_running++;
-            default_running |= where[k] == 0;
-        }
-    }
-    if (!num_running)
-        return 1;
-    h->took_back = 1;   /* a stream heard of later must wait too (stream_joins_locked) */
-    cuh_stream_t waiter;
-    const size_t direct = num_running * (num_streams - 1);
-    const size_t joined = (num_running - (size_t)default_running) + 1 + (num_streams - 1);
-    if (direct <= joined) {
-        for (size_t k = 0; k < n; k++)
-            for (uint32_t i = 0; running[k] && where[k] != ALL_STREAMS && next_live_stream(h, &i, &waiter);)
-                if (waiter != where[k] && h->dev->ops->stream_wait(h->dev, waiter, *running[k]) != CUH_DEV_OK)
-                    return 0;
-        return 1;
-    }
-    cuh_event_t join = event_get_locked(h);
-    int ok = join != NULL;
-    for (size_t k = 0; ok && k < n; k++)
-        if (running[k] && where[k] != 0 && where[k] != ALL_STREAMS)
-            ok = h->dev->ops->stream_wait(h->dev, 0, *running[k]) == CUH_DEV_OK;
-    ok = ok && h->dev->ops->event_record(h->dev, join, 0) == CUH_DEV_OK;
-    for (uint32_t i = 0; ok && next_live_stream(h, &i, &waiter);)
-        if (waiter != 0)
-            ok = h->dev->ops->stream_wait(h->dev, waiter, join) == CUH_DEV_OK;
-    /* A wait holds the record it was enqueued behind: the event may be
-     * recorded again for something else at once. */
-    if (join)
-        event_put_locked(h, join);
-    return ok;
-}
-
-/* Device-wide frees (cudaFree under LD_PRELOAD) wait in batches until the
- * GPU has passed them. A program that frees and allocates as it goes -
- * PyTorch without its cache: a cudaFree per tensor - would otherwise make
- * the heap grow by everything the CPU has freed ahead of the GPU. So the
- * batches can be taken back at once, all together, and the GPU, not the CPU,
- * waits, so that no work issued from now on (the only work that can touch a
- * block handed out now) runs before the work issued before the frees has
- * finished. With device-wide fences the newest batch's event covers every
- * stream and one device-wide wait orders them all, streams created later
- * included. Fenced stream by stream, every stream cuheap knows, and the
- * legacy default stream (which every blocking stream waits for), gets a wait
- * on the newest event still running on each other stream (a later event on a
- * stream stands for the earlier ones; with several running, they are joined
- * on the default stream first: order_streams_after_locked); idle streams
- * cost one event query each and no wait. Only when a wait cannot be enqueued
- * does the CPU wait. Returns 1 when memory came back (try again), 0 when
- * there was none to take (or wait_before_grow:0, or a capture is underway). */
-static int take_back_all_locked(cuh_heap_t *h)
-{
-    if (!h->cfg.wait_before_grow || h->captures || (!h->open_batch && !h->closed_batches))
-        return 0;
-    const size_t held_before = h->held_bytes;
-    batch_close_locked(h);   /* may finish it at once, or leave it open (a capture underway) */
-    const int others = other_streams_locked(h);
-    int per_stream = 0, device_wide = 0;   /* batches fenced stream by stream, and over the device */
-    for (free_batch_t *b = h->closed_batches; b; b = b->next)
-        for (size_t e = 0; e < b->num_events; e++) {
-            per_stream |= b->event_streams[e] != ALL_STREAMS;
-            device_wide |= b->event_streams[e] == ALL_STREAMS;
-        }
-    uint64_t stamp = 0;   /* the generation of the blocks returned before their work is done */
-    if (h->closed_batches && (others || h->vm || device_wide)) {
-        /* The newest event of each stream (batches are oldest first, so a
-         * later one takes its stream's place), and the newest device-wide
-         * one (ALL_STREAMS); NULL once it has completed. */
-        size_t cap = h->num_streams + 2, n = 0;
-        cuh_event_t **running = malloc(cap * sizeof *running);   /* its slot in its batch */
-        cuh_stream_t *where = malloc(cap * sizeof *where);
-        int waited = running && where;
-        for (free_batch_t *b = h->closed_batches; waited && b; b = b->next)
-            for (size_t e = 0; e < b->num_events; e++) {
-                size_t k = 0;
-                while (k < n && where[k] != b->event_streams[e])
-                    k++;
-                if (k == cap)
-                    continue;
-                if (k == n)
-                    where[n++] = b->event_streams[e];
-                running[k] = &b->events[e];
-            }
-        for (size_t e = 0; waited && e < n; e++)
-            if (h->dev->ops->event_query(h->dev, *running[e]) == CUH_DEV_OK)
-                running[e] = NULL;   /* complete: none older on its stream runs */
-        if ((others || device_wide) && waited) {
-            const int ordered = order_streams_after_locked(h, running, where, n);
-            if (ordered < 0) {
-                /* A capture began since the batches closed: they wait for
-                 * its end (no event call now, the CPU's wait included). */
-                free(running);
-                free(where);
-                return h->held_bytes < held_before;
-            }
-            waited = ordered;
-        }
-        if (!waited) {   /* the CPU waits instead */
-            for (free_batch_t *b = h->closed_batches; b; b = b->next)
-                events_done_locked(h, b->events, &b->num_events, 1);
-        } else if (h->vm) {
-            /* No page of these blocks may be unmapped before the running
-             * work is done: their pages are stamped with a new generation
-             * as the batches finish below (gen_open_locked). */
-            int any_running = 0;
-            for (size_t e = 0; e < n; e++)
-                any_running |= running[e] != NULL;
-            if (any_running && !(stamp = gen_open_locked(h)))
-                for (size_t e = 0; e < n; e++)
-                    if (running[e])
-                        cpu_wait_event(h, *running[e]);   /* no event: the CPU waits instead */
-        }
-        free(running);
-        free(where);
-    }
-    while (h->closed_batches) {
-        free_batch_t *oldest = h->closed_batches;
-        h->closed_batches = oldest->next;
-        batch_finish_locked(h, oldest, stamp);
-    }
-    if (per_stream)
-        h->took_back = 1;   /* a stream heard of later must wait too (stream_joins_locked) */
-    h->allocs_at_take_back = h->num_allocs;
-    return h->held_bytes < held_before;
-}
-
-/* Under vmm:1, when other streams get memory st freed before the GPU has
- * passed the frees: unmapping is not stream-ordered, so no page of it may
- * move before st's work up to now is done, whatever the new users wait for
- * (steal_pages_locked waits for every kept event). An event recorded now
- * covers that work and is the newest on st (kept as fresh:
- * unsettled_add_locked). 0 if none could be recorded. */
-static int keep_until_done_locked(cuh_heap_t *h, stream_state_t *st)
-{
-    cuh_event_t done = event_get_locked(h);
-    if (!done || h->dev->ops->event_record(h->dev, done, st->handle) != CUH_DEV_OK) {
-        if (done)
-            event_put_locked(h, done);
-        return 0;
-    }
-    unsettled_add_locked(h, done, st->handle);
-    return 1;
-}
-
-/* 1 if reuse_across_streams may give st (or a device-wide request) `size`
- * bytes: memory the other streams freed in order that no fence has shown
- * the GPU has passed yet, what only its stream may reuse otherwise. */
-static int may_take_private_locked(const cuh_heap_t *h, const stream_state_t *st, size_t size)
-{
-    /* A retired stream cannot be made to wait (the device-wide state is
-     * marked retired only so that nothing is ever recorded on it). */
-    if (!h->cfg.reuse_across_streams || h->captures || (st->retired && st != &h->device_wide))
-        return 0;
-    size_t bytes = 0;
-    for (uint32_t i = 0; i < h->num_streams; i++) {
-        const cuh_tag_books_t *books = &h->arena.tags[h->streams[i]->tag];
-        if (h->streams[i] != st)
-            bytes += books->unfenced_bytes + books->fenced_bytes;
-    }
-    return bytes >= size;
-}
-
-/* A device-wide allocation (cudaMalloc under LD_PRELOAD, or the C API's)
- * may be used on any stream at once, so it takes only memory no stream's
- * work can still touch: memory a stream freed in order (cudaFreeAsync) stays
- * that stream's until a fence on it completes, and fences are recorded only
- * when memory is needed, so they are rarely complete when it is. A program
- * that frees on many streams and allocates device-wide then grows the heap
- * at such requests while the GPU runs behind (tests/gpu/preload_stress.cu on
- * an H200: 14-20 GiB reserved for 1 GiB live, 8 threads on 32 streams).
- * With reuse_across_streams:1, before a device-wide request grows the heap
- * (or maps new pages) that memory is taken as cudaFree'd batches are
- * (take_back_all_locked): every stream is fenced, every stream known and
- * the default stream wait on the GPU for the fences still running, and the
- * memory turns global at once; the CPU does not wait. Under vmm:1 the
- * running fences are kept until they complete: no page of that memory is
- * unmapped before. Returns 1 when memory turned global, 0 when there was
- * none or a wait could not be enqueued (the heap then grows, as without).
- * The caller checks may_take_private_locked first, as for the next one. */
-static int take_back_private_locked(cuh_heap_t *h)
-{
-    cuh_event_t **running = malloc(h->num_streams * sizeof *running);
-    cuh_stream_t *where = malloc(h->num_streams * sizeof *where);
-    stream_state_t **owner = malloc(h->num_streams * sizeof *owner);
-    size_t n = 0;
-    int ok = running && where && owner, any = 0;
-    for (uint32_t i = 0; ok && i < h->num_streams; i++) {
-        stream_state_t *st = h->streams[i];
-        if (stream_fence_locked(h, st) < 0 || !st->num_fences)
-            continue;   /* nothing private, or made global by a synchronize */
-        running[n] = &st->fences[st->num_fences - 1].event;   /* the newest stands for the older */
-        where[n] = st->handle;
-        owner[n++] = st;
-    }
-    for (size_t k = 0; ok && k < n; k++)
-        if (h->dev->ops->event_query(h->dev, *running[k]) == CUH_DEV_OK)
-            running[k] = NULL;   /* complete: nothing to wait for */
-    ok = ok && n && order_streams_after_locked(h, running, where, n) > 0;
-    for (size_t k = 0; ok && k < n; k++) {
-        stream_state_t *st = owner[k];
-        if (h->vm && running[k] && !keep_until_done_locked(h, st)) {
-            ok = 0;   /* no event to keep: this and the rest stay private */
-            break;
-        }
-        stream_all_done_locked(h, st);   /* every stream is ordered after its fences */
-        any = 1;
-    }
-    if (any)
-        h->took_back = 1;   /* a stream heard of later must wait too (stream_joins_locked) */
-    free(running);
-    free(where);
-    free(owner);
-    return any;
-}
-
-/* With reuse_across_streams:1, an allocation on stream `to` that would make
- * the heap grow (or map new pages) takes the memory other streams freed
- * whose fences have not completed, as cudaMallocAsync's pools do by default
- * (cudaMemPoolReuseAllowInternalDependencies): `to` waits on the GPU for
- * each such stream's newest fence (recorded now if its last frees had none),
- * and the memory that fence covers becomes `to`'s own. Safe: all the work
- * `to` runs from now on starts after the work issued on the freeing stream
- * before its free; other streams get that memory only through a fence on
- * `to`, which orders them after both. The price is an ordering between
- * streams the program did not ask for (a side stream that copies the next
- * batch would wait for the step's compute), hence a setting, off by
- * default. A fence found complete simply turns its memory global. Returns 1
- * when memory came to `to` or turned global. */
-static int borrow_private_locked(cuh_heap_t *h, stream_state_t *to)
-{
-    int any = 0;
-    for (uint32_t i = 0; i < h->num_streams; i++) {
-        stream_state_t *st = h->streams[i];
-        const cuh_tag_books_t *books = &h->arena.tags[st->tag];
-        if (st == to || (!books->unfenced_bytes && !books->fenced_bytes))
-            continue;
-        if (stream_fence_locked(h, st) < 0) {
-            any = 1;   /* the device was synchronized: all of it is global */
-            continue;
-        }
-        if (!st->num_fences)
-            continue;
-        const fence_t *newest = &st->fences[st->num_fences - 1];
-        if (h->dev->ops->event_query(h->dev, newest->event) == CUH_DEV_OK) {
-            any |= stream_poll_locked(h, st, 0);
-            continue;
-        }
-        if (h->vm && !keep_until_done_locked(h, st))
-            continue;
-        if (h->dev->ops->stream_wait(h->dev, to->handle, newest->event) != CUH_DEV_OK)
-            continue;   /* not ordered: the memory stays where it is */
-        cuh_arena_hand_over(&h->arena, st->tag, newest->number + 1, to->tag);
-        any = 1;
-    }
-    return any;
-}
-
-/* Other streams' private memory for a request on st that would otherwise
- * grow the heap or map new pages: taken with every stream waiting for a
- * device-wide request, with st waiting for a request on a stream. */
-static int take_private_locked(cuh_heap_t *h, stream_state_t *st, size_t size)
-{
-    if (!may_take_private_locked(h, st, size))
-        return 0;
-    return st == &h->device_wide ? take_back_private_locked(h) : borrow_private_locked(h, st);
-}
-
-/* The smallest free extent, global or the stream's own, that holds `size`
- * bytes at an `align`-aligned start and that `accept` takes, or NULL. A walk
- * of the free lists, for the rare fits that the size-indexed search cannot
- * judge (first among equals wins). */
-typedef int (*extent_test_t)(const cuh_heap_t *h, const cuh_extent_t *e, size_t size);
-
-static cuh_extent_t *smallest_free_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag, extent_test_t accept)
-{
-    cuh_extent_t *best = NULL;
-    const uint32_t tags[2] = {CUH_TAG_GLOBAL, tag};
-    for (int k = 0; k < (tag == CUH_TAG_GLOBAL ? 1 : 2); k++)
-        for (cuh_extent_t *e = h->arena.tags[tags[k]].list; e; e = e->tag_next)
-            if (e->size >= size && (!best || e->size < best->size) && e->addr % align == 0 && accept(h, e, size))
-                best = e;
-    return best;
-}
-
-/* Under vmm:1: whether the first `size` bytes of free extent e lie on mapped
- * pages of the reservation. Best fit by size alone may pick an extent that
- * reaches into unmapped address space while another, larger one lies on
- * mapped pages; each page moved there costs an unmap, a map and an access
- * grant (about 55 us on an H200, bench/gpu/vm_costs.cu), so the fit that
- * needs no page wins (smallest_free_locked, taken only when the first fit
- * would need pages). */
-static int mapped_fits(const cuh_heap_t *h, const cuh_extent_t *e, size_t size)
-{
-    return e->segment == h->vm && !needs_pages_locked(h, e->addr, size);
-}
-
-/* Under vmm:1: whether free extent e lies at the growth edge, the top of
- * the memory in use, with nothing but unused address space above it (or is
- * that space itself). A block placed there pins the edge: the next larger
- * request finds the free memory below it too short and maps new pages
- * above. So, as PyTorch's expandable segments count the free block below a
- * segment's unmapped end as large as it could grow, a fit at the edge is
- * taken last: when the best fit by size lies there, the smallest fit on
- * mapped pages elsewhere serves instead, if there is one. Replays of the
- * plugin traces as on the H200 (cuheap-replay --lag 300 --conf vmm:1):
- * ResNet-50 6,190,792,704 bytes instead of 6,201,278,464 (expandable
- * segments: 6,192,889,856, and so did cuheap on the H200), llama_ckpt
- * 1.0061x its live peak instead of 1.0222; BERT 1.0120x instead of 1.0114,
- * the bundled ResNet-50 trace 1.0120x instead of 1.0092 (expandable
- * segments: 1.0103). */
-static int at_growth_edge(const cuh_heap_t *h, const cuh_extent_t *e)
-{
-    if (e->segment != h->vm)
-        return 0;
-    const uintptr_t end = e->segment->base + e->segment->size;
-    const cuh_extent_t *n = e->next;
-    return e->addr + e->size == end || (n && n->state == CUH_EXTENT_FREE && n->addr + n->size == end);
-}
-
-static int mapped_fits_off_the_edge(const cuh_heap_t *h, const cuh_extent_t *e, size_t size)
-{
-    return mapped_fits(h, e, size) && !at_growth_edge(h, e);
-}
-
-/* smallest_free_locked(h, size, align, tag, accept), bin by bin from the
- * request's size up, stopping at the first bin that holds an extent accept
- * takes: for mapped_fits, a fit needs pages only where the best fit by size
- * did, and the walk over every free extent was most of what an allocation
- * cost under vmm:1. Bins hold disjoint sizes, and a bin's list keeps its tag
- * list's order, so the choice is the same: the smallest, global memory's
- * first among equals. */
-static cuh_extent_t *smallest_fit_by_bins_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag,
-                                                 extent_test_t accept)
-{
-    const cuh_freebins_t *bins[2] = {&h->arena.tags[CUH_TAG_GLOBAL].bins[CUH_REGION_GENERAL],
-                                     tag != CUH_TAG_GLOBAL ? &h->arena.tags[tag].bins[CUH_REGION_GENERAL] : NULL};
-    for (unsigned bin = cuh_freebins_bin(size);; bin++) {
-        unsigned next = cuh_freebins_next(bins[0], bin);
-        unsigned own = bins[1] ? cuh_freebins_next(bins[1], bin) : CUH_BINS_NONE;
-        if (own < next)
-            next = own;
-        if (next == CUH_BINS_NONE)
-            return NULL;
-        bin = next;
-        cuh_extent_t *best = NULL;
-        for (int k = 0; k < 2 && bins[k]; k++)
-            for (cuh_binnode_t *n = cuh_freebins_head(bins[k], bin); n; n = n->next) {
-                cuh_extent_t *e = cuh_container_of(n, cuh_extent_t, node);
-                if (e->size >= size && (!best || e->size < best->size) && e->addr % align == 0 &&
-                    accept(h, e, size))
-                    best = e;
-            }
-        if (best)
-            return best;
-    }
-}
-
-static cuh_extent_t *smallest_mapped_fit_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag)
-{
-    return smallest_fit_by_bins_locked(h, size, align, tag, mapped_fits);
-}
-
-/* Under vmm:1, when no free extent starts on enough mapped pages: where a
- * block needs the fewest pages it does not have. Free extents merge across
- * mapped and unmapped address space, so a run of mapped free pages can lie
- * past an extent's unmapped start (under LD_PRELOAD, GPT-2's second step
- * found 7.3 GB of them while it mapped new pages for 200 MB blocks), and a
- * block that fits no run can still lean on one. Placements tried in each
- * free extent, global or the stream's own: the extent's start, and each run
- * of mapped pages inside it, from the run's start and up to its end.
- *
- * A stream's own free extent also reaches into free global address space
- * right after it: in the reservation the unused top is global and never
- * merges with one stream's frees (arena.c, absorbable), so without this a
- * block that outgrew the freed memory at the top mapped all of its pages
- * above it, never those of the free memory below. Taking them is what
- * expandable segments do at a segment's end (cuheap-replay --conf vmm:1
- * --lag 10: side-stream job 1.857 -> 1.592 GiB, kv_generate 1.311 ->
- * 1.307, ResNet-50 plugin 5.785 -> 5.775; with pages never moved,
- * vmm_margin:1, GPT-2 plugin 27.48 -> 25.97). Except for blocks of
- * SPAN_MAX and more: GPT-2's 3 GiB logits then took the top run each step
- * and missed by 20-50 MB, mapping those anew every time, where a fresh
- * range for them starts the page moves that pack its memory once (GPT-2
- * plugin 24.42 GiB either way; 25.97 with them spanning).
- *
- * Ranked by pages missing, then (none missing) the shortest run of mapped
- * pages, as in a best fit, or (some missing) the smaller extent. The extent
- * and the start in *at; NULL if no free extent of the reservation holds
- * `size` bytes. */
-#define SPAN_MAX CUH_GiB
-
-typedef struct {
-    cuh_extent_t *extent;
-    uintptr_t at;
-    size_t missing, rank;
-} page_fit_t;
-
-static void consider_placement(const cuh_heap_t *h, page_fit_t *best, cuh_extent_t *e, uintptr_t start,
-                               size_t size, uintptr_t reach, size_t run)
-{
-    if (start < e->addr || start + size > reach)
-        return;
-    const size_t page = h->vm_page;
-    size_t first = (size_t)(start - h->vm->base) / page;
-    size_t stop = (size_t)(start + size - h->vm->base + page - 1) / page;
-    size_t missing = stop - first - cuh_bits_count(h->page_mapped, first, cuh_min_size(stop, h->pages_high));
-    size_t rank = missing ? e->size : run;
-    if (missing < best->missing || (missing == best->missing && rank < best->rank))
-        *best = (page_fit_t){.extent = e, .at = start, .missing = missing, .rank = rank};
-}
-
-static cuh_extent_t *fewest_new_pages_fit_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag,
-                                                 uintptr_t *at)
-{
-    const uint32_t tags[2] = {CUH_TAG_GLOBAL, tag};
-    const size_t page = h->vm_page;
-    page_fit_t best = {.missing = SIZE_MAX};
-    for (int k = 0; k < (tag != CUH_TAG_GLOBAL ? 2 : 1); k++)
-        for (cuh_extent_t *e = h->arena.tags[tags[k]].oldest; e; e = e->tag_prev) {
-            if (e->segment != h->vm)
-                continue;
-            const uintptr_t end = e->addr + e->size;
-            uintptr_t reach = end;
-            if (e->tag != CUH_TAG_GLOBAL && size < SPAN_MAX && e->next && e->next->state == CUH_EXTENT_FREE &&
-                e->next->tag == CUH_TAG_GLOBAL)
-                reach = e->next->addr + e->next->size;
-            if (reach - e->addr < size)
-                continue;
-            consider_placement(h, &best, e, cuh_addr_align_up(e->addr, align), size, reach, SIZE_MAX);
-            size_t p = (size_t)(e->addr - h->vm->base) / page;
-            const size_t last = cuh_min_size((size_t)(end - h->vm->base + page - 1) / page, h->pages_high);
-            while ((p = cuh_bits_next(h->page_mapped, p, last, 1)) < last) {
-                size_t q = cuh_bits_next(h->page_mapped, p, last, 0);
-                uintptr_t lo = page_va(h, p) > e->addr ? page_va(h, p) : e->addr;
-                uintptr_t hi = page_va(h, q) < end ? page_va(h, q) : end;
-                consider_placement(h, &best, e, cuh_addr_align_up(lo, align), size, reach, (size_t)(hi - lo));
-                if (hi - e->addr >= size)
-                    consider_placement(h, &best, e, (hi - size) & ~((uintptr_t)align - 1), size, reach,
-                                       (size_t)(hi - lo));
-                p = q;
-            }
-        }
-    *at = best.at;
-    return best.extent;
-}
-
-/* For a block that must start its own segment (own_segment_locked) only a
- * whole free segment no more than a quarter larger than a new one would be
- * will do: the block takes it whole, so that it starts its segment (an IPC
- * handle names exactly it) and no other block ever shares the segment. */
-static int whole_segment_fits(const cuh_heap_t *h, const cuh_extent_t *e, size_t size)
-{
-    (void)h;
-    return e->addr == e->segment->base && e->size == e->segment->size && e->size >= size &&
-           e->size <= cuh_align_up(size, CUH_SEGMENT_GRAIN) + size / 4;
-}
-
-/* A huge size comes back. GPT-2's step holds its 3 GiB logits and, at
- * another time, a 1.5 GiB half of them. When the first 3 GiB segment is
- * grown, the idle 1.5 GiB one goes back (release_idle_segments_locked); the
- * next step's 1.5 GiB request then finds the 3 GiB segment free and cuts it,
- * and the 3 GiB request after it needs a new one: the heap ends up holding
- * 3 GiB more than it needs (cuheap-replay: GPT-2 without PyTorch's cache
- * 26.03 GiB for 23.70 live, where PyTorch's own allocator, which never gives
- * segments back, needs 24.48). So cutting a request out of a whole free
- * segment sized to one larger request (larger than GROW_CAP, at least twice
- * the request) comes after two other ways:
- *  - memory cudaFree gave back is taken back first, if it could hold the
- *    request (while other streams are known it is otherwise taken back only
- *    every so often; a cut here is as lasting as a growth);
- *  - if the request is the size of a segment released idle this way (to the
- *    2 MiB grain), a segment of its size is grown in its place, once per
- *    release; refused, the cut goes ahead.
- * (GPT-2 without the cache: 26.03 -> 24.50 GiB, and 26.70 -> 25.16 under
- * cudaFree's rules with 32 streams; no other trace changes, bench/HISTORY.md.) */
-static int cuts_huge_segment(const cuh_extent_t *e, size_t size)
-{
-    const cuh_segment_t *seg = e->segment;
-    return huge_segment(seg) && e->addr == seg->base && e->size == seg->size && size <= seg->size / 2;
-}
-
-/* The lone block of a huge segment, if it takes at least a quarter of it;
- * else NULL. */
-static const cuh_extent_t *lone_tenant(const cuh_segment_t *s)
-{
-    if (!huge_segment(s) || !s->used_bytes)
-        return NULL;
-    const cuh_extent_t *tenant = NULL;
-    for (const cuh_extent_t *x = s->first; x; x = x->next)
-        if (x->state != CUH_EXTENT_FREE) {
-            if (tenant)
-                return NULL;
-            tenant = x;
-        }
-    return tenant && tenant->size >= s->size / 4 ? tenant : NULL;
-}
-
-/* Room in a huge segment. A segment above GROW_CAP is sized to one request
- * above it, and a block put in it pins it, so its room is used after every
- * other fit (before growing), in this order:
- *  - beside a lone block that is not huge itself (at most GROW_CAP, at
- *    least a quarter of its segment), or a cut of a whole free huge segment
- *    (cuts_huge_segment; see "a huge size comes back" for what comes before
- *    it). Either way one huge segment is pinned: the tenant's, after its
- *    tenant goes, or the one cut, now. The cut comes first unless the whole
- *    free segment is at least half as large again as the tenant's: then
- *    it is kept whole for the requests the tenant's could never serve.
- *    GPT-2 with every kernel deterministic (math attention) put a 768 MiB
- *    attention tensor in its 1.5 GiB logits segment, then two 192 MiB ones
- *    in a free 3 GiB logits segment instead of beside it, and the three
- *    3 GiB logits of the peak needed a fourth: 49.08 GiB for 44.22 live,
- *    46.01 with the rule, where PyTorch's own allocator needs 45.63
- *    (cuheap-replay --cudafree 100 --streams 32 on the H200 trace,
- *    bench/traces/nocache). Preferring the room beside whenever the free
- *    segment is larger at all, or at least a quarter larger, costs BERT
- *    with deterministic kernels 30.21 GiB instead of 28.08 (26.52 live):
- *    the factor sits in the window the two traces leave (1.25 to 2).
- *  - beside a lone huge block: the segment is whole again the moment that
- *    block is freed, ready for the next request of its size or to go back
- *    to the device. Without this, the bundled GPT-2's 1.5 GiB block left
- *    1.5 MiB at its segment's end, the autocast copy of a 768x768 weight
- *    (1.1 MiB) landed there and held the whole 1.54 GiB segment through the
- *    next step's peak, beside four 3 GiB ones (1.111x its live peak; 1.050
- *    with this rule and "a huge size comes back"); taken before a cut, a
- *    1.5 GiB block living into the next step gathers that step's
- *    activations, and the next 1.5 GiB request cuts a 3 GiB segment the
- *    peak needs (1.172).
- * A small block cut from a whole free huge segment is no tenant: the rest
- * of the segment is no room of last resort. */
-enum { ROOM_OTHER, ROOM_BESIDE_SMALL_TENANT, ROOM_WHOLE_CUT, ROOM_BESIDE_HUGE_TENANT };
-
-static int huge_room_kind(const cuh_extent_t *e, size_t size)
-{
-    if (e->segment->size <= GROW_CAP)
-        return ROOM_OTHER;
-    if (cuts_huge_segment(e, size))
-        return ROOM_WHOLE_CUT;
-    const cuh_extent_t *tenant = lone_tenant(e->segment);
-    return !tenant ? ROOM_OTHER : tenant->size > GROW_CAP ? ROOM_BESIDE_HUGE_TENANT : ROOM_BESIDE_SMALL_TENANT;
-}
-
-static int in_huge_room(const cuh_extent_t *e, size_t size) { return huge_room_kind(e, size) != ROOM_OTHER; }
-static int not_beside_small_tenant(const cuh_extent_t *e, size_t size)
-{
-    return huge_room_kind(e, size) != ROOM_BESIDE_SMALL_TENANT;
-}
-static int not_whole_cut(const cuh_extent_t *e, size_t size) { return huge_room_kind(e, size) != ROOM_WHOLE_CUT; }
-
-/* The fit in huge room, in the order above; `best` is the best fit of all
- * there. */
-static cuh_extent_t *huge_room_fit_locked(cuh_heap_t *h, cuh_extent_t *best, size_t size, size_t align,
-                                          uint32_t tag)
-{
-    cuh_extent_t *beside = cuh_arena_find_others_first(&h->arena, size, align, tag, not_beside_small_tenant);
-    cuh_extent_t *cut = cuh_arena_find_others_first(&h->arena, size, align, tag, not_whole_cut);
-    int has_beside = huge_room_kind(beside, size) == ROOM_BESIDE_SMALL_TENANT;
-    int has_cut = huge_room_kind(cut, size) == ROOM_WHOLE_CUT;
-    if (has_beside && has_cut)
-        return 2 * cut->segment->size >= 3 * beside->segment->size ? beside : cut;
-    return has_cut ? cut : has_beside ? beside : best;
-}
-
-/* The best free extent for `size` (see whole_segment_fits for blocks that
- * must start their own segment), room in huge segments last. */
-static cuh_extent_t *find_fit_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag)
-{
-    cuh_extent_t *e = cuh_arena_find(&h->arena, size, align, tag);
-    if (cuh_likely(!own_segment_locked(h))) {
-        if (cuh_unlikely(e && e->segment->size > GROW_CAP) && in_huge_room(e, size)) {
-            e = cuh_arena_find_others_first(&h->arena, size, align, tag, in_huge_room);
-            if (in_huge_room(e, size))
-                e = huge_room_fit_locked(h, e, size, align, tag);
-        }
-        return e;
-    }
-    if (!e || whole_segment_fits(h, e, size))
-        return e;
-    /* Best fit found a piece of a segment: the smallest whole free segment
-     * that fits (with ipc_safe:1 every free extent is a whole segment, so
-     * the first fit above nearly always is one). */
-    return smallest_free_locked(h, size, align, tag, whole_segment_fits);
-}
-
-/* 1 if a block of `size` (to the 2 MiB grain) is live in a segment above
- * GROW_CAP (only there can one be). */
-static int size_live_in_huge_segments(const cuh_heap_t *h, size_t size)
-{
-    for (const cuh_segment_t *s = h->arena.segments; s; s = s->next)
-        if (s->size > GROW_CAP)
-            for (const cuh_extent_t *x = s->first; x; x = x->next)
-                if (x->state == CUH_EXTENT_BLOCK && same_size_to_grain(x->size, size))
-                    return 1;
-    return 0;
-}
-
-/* Takes the remembered release of a segment `size` would have filled; 0 if none. */
-static int take_released_huge_locked(cuh_heap_t *h, size_t size)
-{
-    for (unsigned i = 0; i < RELEASED_HUGE_MAX; i++)
-        if (same_size_to_grain(h->released_huge[i], size)) {
-            h->released_huge[i] = 0;
-            return 1;
-        }
-    return 0;
-}
 
 /* An extent of `size` bytes aligned to `align` for stream st, or NULL after
  * the whole ladder with *status saying why; for an out-of-memory, *why says
  * what refused the last segment (the caller records the OOM). */
-static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, size_t align,
+cuh_extent_t *cuh_hp_extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, size_t align,
                                          cuh_extent_state_t state, cuheap_status_t *status, grow_result_t *why_out)
 {
     /* Memory cudaFree gave back comes first, as it would with stream-ordered
@@ -2524,35 +66,35 @@ static cuh_extent_t *extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
      * creates 32 streams for its pool, used or not. */
     cuh_extent_t *e;
     int tried_vm_take_back = 0, tried_page_aligned = 0, tried_private = 0, tried_huge_cut = 0;
-    if (h->held_bytes && !fences_per_stream_locked(h)) {
-        take_back_all_locked(h);
+    if (h->held_bytes && !cuh_hp_fences_per_stream_locked(h)) {
+        cuh_hp_take_back_all_locked(h);
     } else if (h->held_bytes >= size) {
-        batches_poll_locked(h, 0);   /* those the GPU has passed: no wait */
+        cuh_hp_batches_poll_locked(h, 0);   /* those the GPU has passed: no wait */
         if (h->held_bytes >= size &&
-            h->num_allocs - h->allocs_at_take_back >= TAKE_BACK_EVERY * covered_streams_locked(h))
-            take_back_all_locked(h);
+            h->num_allocs - h->allocs_at_take_back >= TAKE_BACK_EVERY * cuh_hp_covered_streams_locked(h))
+            cuh_hp_take_back_all_locked(h);
     }
-    e = find_fit_locked(h, size, align, st->tag);
+    e = cuh_hp_find_fit_locked(h, size, align, st->tag);
     if (cuh_likely(e != NULL))
         goto hit;
 retry_after_take_back:
-    if (poll_all_locked(h, 0) && (e = find_fit_locked(h, size, align, st->tag)))
+    if (cuh_hp_poll_all_locked(h, 0) && (e = cuh_hp_find_fit_locked(h, size, align, st->tag)))
         goto hit;
-    if (fence_others_locked(h, st, size) && poll_all_locked(h, 0) &&
-        (e = find_fit_locked(h, size, align, st->tag)))
+    if (cuh_hp_fence_others_locked(h, st, size) && cuh_hp_poll_all_locked(h, 0) &&
+        (e = cuh_hp_find_fit_locked(h, size, align, st->tag)))
         goto hit;
 
-    if (take_back_all_locked(h) && (e = find_fit_locked(h, size, align, st->tag)))
+    if (cuh_hp_take_back_all_locked(h) && (e = cuh_hp_find_fit_locked(h, size, align, st->tag)))
         goto hit;
-    if (!tried_private && (tried_private = 1, take_private_locked(h, st, size)) &&
-        (e = find_fit_locked(h, size, align, st->tag)))
+    if (!tried_private && (tried_private = 1, cuh_hp_take_private_locked(h, st, size)) &&
+        (e = cuh_hp_find_fit_locked(h, size, align, st->tag)))
         goto hit;
     /* Blocks other threads hold (only while threads contend) come before growth. */
-    if (cuh_unlikely(h->large_tcs != NULL) && large_slots_empty_locked(h, LARGE_ALL_HELD) &&
-        (e = find_fit_locked(h, size, align, st->tag)))
+    if (cuh_unlikely(h->large_tcs != NULL) && cuh_hp_large_slots_empty_locked(h, LARGE_ALL_HELD) &&
+        (e = cuh_hp_find_fit_locked(h, size, align, st->tag)))
         goto hit;
 
-    grow_result_t why = grow_locked(h, size, align);
+    grow_result_t why = cuh_hp_grow_locked(h, size, align);
     if (why == GROW_ERROR) {
         *status = CUHEAP_ERR_DEVICE;
         return NULL;
@@ -2560,13 +102,13 @@ retry_after_take_back:
     if (why == GROW_OK)
         goto grown;
     /* Refused: wait for all freed memory, then give back what is whole. */
-    settle_all_locked(h);
-    if ((e = find_fit_locked(h, size, align, st->tag)))
+    cuh_hp_settle_all_locked(h);
+    if ((e = cuh_hp_find_fit_locked(h, size, align, st->tag)))
         goto hit;
     h->num_retries++;
     /* Freeing device memory during a graph capture would invalidate it. */
-    if (!h->captures && release_free_segments_locked(h)) {
-        why = grow_locked(h, size, align);
+    if (!h->captures && cuh_hp_release_free_segments_locked(h)) {
+        why = cuh_hp_grow_locked(h, size, align);
         if (why == GROW_ERROR) {
             *status = CUHEAP_ERR_DEVICE;
             return NULL;
@@ -2579,45 +121,46 @@ retry_after_take_back:
     return NULL;
 
 grown:
-    e = find_fit_locked(h, size, align, st->tag);
+    e = cuh_hp_find_fit_locked(h, size, align, st->tag);
     if (!e) {
         cuh_set_error("internal error: a new segment does not fit its own request");
         *status = CUHEAP_ERR_DEVICE;
         return NULL;
     }
-    e = take_locked(h, e, size, align, state, st);
+    e = cuh_hp_take_locked(h, e, size, align, state, st);
     if (!e)
         goto host_oom;
     return e;
 hit:
-    if (cuh_unlikely(cuts_huge_segment(e, size)) && !tried_huge_cut) {
+    if (cuh_unlikely(cuh_hp_cuts_huge_segment(e, size)) && !tried_huge_cut) {
         tried_huge_cut = 1;   /* see "a huge size comes back" */
-        if (h->held_bytes >= size && take_back_all_locked(h)) {
-            e = find_fit_locked(h, size, align, st->tag);   /* e was whole and free: still there */
-            if (!cuts_huge_segment(e, size))
+        if (h->held_bytes >= size && cuh_hp_take_back_all_locked(h)) {
+            e = cuh_hp_find_fit_locked(h, size, align, st->tag);   /* e was whole and free: still there */
+            if (!cuh_hp_cuts_huge_segment(e, size))
                 goto hit;
         }
-        if (!size_live_in_huge_segments(h, size) && take_released_huge_locked(h, size)) {
-            grow_result_t grew = grow_locked(h, size, align);
+        if (!cuh_hp_size_live_in_huge_segments(h, size) && cuh_hp_take_released_huge_locked(h, size)) {
+            grow_result_t grew = cuh_hp_grow_locked(h, size, align);
             if (grew == GROW_OK)
                 goto grown;
             if (grew == GROW_ERROR)
                 cuh_log("%s; the block is cut from a free segment instead", cuh_get_error());
         }
     }
-    if (cuh_unlikely(e->segment->virtual_space) && at_growth_edge(h, e)) {
-        cuh_extent_t *inside = smallest_fit_by_bins_locked(h, size, align, st->tag, mapped_fits_off_the_edge);
+    if (cuh_unlikely(e->segment->virtual_space) && cuh_hp_at_growth_edge(h, e)) {
+        cuh_extent_t *inside =
+            cuh_hp_smallest_fit_by_bins_locked(h, size, align, st->tag, cuh_hp_mapped_fits_off_the_edge);
         if (inside)
-            e = inside;   /* the edge is taken last (at_growth_edge) */
+            e = inside;   /* the edge is taken last (cuh_hp_at_growth_edge) */
     }
-    if (cuh_unlikely(e->segment->virtual_space) && needs_pages_locked(h, e->addr, size)) {
+    if (cuh_unlikely(e->segment->virtual_space) && cuh_hp_needs_pages_locked(h, e->addr, size)) {
         /* Mapping pages is growth too: blocks other threads hold come first. */
-        if (cuh_unlikely(h->large_tcs != NULL) && large_slots_empty_locked(h, LARGE_ALL_HELD)) {
-            if (!(e = find_fit_locked(h, size, align, st->tag)))
+        if (cuh_unlikely(h->large_tcs != NULL) && cuh_hp_large_slots_empty_locked(h, LARGE_ALL_HELD)) {
+            if (!(e = cuh_hp_find_fit_locked(h, size, align, st->tag)))
                 goto retry_after_take_back;
             goto hit;
         }
-        cuh_extent_t *mapped = smallest_mapped_fit_locked(h, size, align, st->tag);
+        cuh_extent_t *mapped = cuh_hp_smallest_mapped_fit_locked(h, size, align, st->tag);
         uintptr_t at = 0;
         if (mapped) {
             e = mapped;
@@ -2626,18 +169,18 @@ hit:
              * memory cudaFree gave back comes first there as well. */
             tried_vm_take_back = 1;
             /* The extents may have merged: find the fit again. */
-            if (take_back_all_locked(h)) {
-                if (!(e = find_fit_locked(h, size, align, st->tag)))
+            if (cuh_hp_take_back_all_locked(h)) {
+                if (!(e = cuh_hp_find_fit_locked(h, size, align, st->tag)))
                     goto retry_after_take_back;
                 goto hit;
             }
-        } else if (!tried_private && may_take_private_locked(h, st, size)) {
+        } else if (!tried_private && cuh_hp_may_take_private_locked(h, st, size)) {
             /* ... and so does other streams' private memory. */
             tried_private = 1;
-            if (take_private_locked(h, st, size) && !(e = find_fit_locked(h, size, align, st->tag)))
+            if (cuh_hp_take_private_locked(h, st, size) && !(e = cuh_hp_find_fit_locked(h, size, align, st->tag)))
                 goto retry_after_take_back;
             goto hit;
-        } else if ((mapped = fewest_new_pages_fit_locked(h, size, align, st->tag, &at))) {
+        } else if ((mapped = cuh_hp_fewest_new_pages_fit_locked(h, size, align, st->tag, &at))) {
             h->last_take_tag = mapped->tag;
             e = at + size > mapped->addr + mapped->size
                     ? cuh_arena_take_spanning(&h->arena, mapped, at, size, state, st->tag)
@@ -2647,7 +190,7 @@ hit:
             goto taken;
         }
     }
-    e = take_locked(h, e, size, align, state, st);
+    e = cuh_hp_take_locked(h, e, size, align, state, st);
     if (!e)
         goto host_oom;
 taken:
@@ -2656,7 +199,7 @@ taken:
         /* Pages lent from the stream's own frees are safe for it alone: not
          * behind a slab, whose objects are every stream's. */
         stream_state_t *lender = state == CUH_EXTENT_BLOCK ? st : NULL;
-        if (!map_range_locked(h, e->addr, e->size, lender, &mapped_why)) {
+        if (!cuh_hp_map_range_locked(h, e->addr, e->size, lender, &mapped_why)) {
             size_t page = h->vm_page, off = (size_t)(e->addr - e->segment->base) % page;
             int extra_page = (off + size + page - 1) / page > (size + page - 1) / page;
             cuh_arena_release(&h->arena, e, st->tag);
@@ -2670,7 +213,7 @@ taken:
             if (extra_page && !tried_page_aligned) {
                 tried_page_aligned = 1;
                 align = page;
-                if ((e = find_fit_locked(h, size, align, st->tag)))
+                if ((e = cuh_hp_find_fit_locked(h, size, align, st->tag)))
                     goto hit;
             }
             h->num_retries++;
@@ -2688,11 +231,11 @@ host_oom:
 }
 
 /* Counts large block e as handed out for a request of `size` bytes. */
-static void large_mark_live_locked(cuh_heap_t *h, cuh_extent_t *e, size_t size)
+void cuh_hp_large_mark_live_locked(cuh_heap_t *h, cuh_extent_t *e, size_t size)
 {
     e->requested = size;
-    stat_set(&h->requested, h->requested.current + size);
-    stat_set(&h->allocated, h->allocated.current + e->size);   /* > the rounded size only for an own segment */
+    cuh_hp_stat_set(&h->requested, h->requested.current + size);
+    cuh_hp_stat_set(&h->allocated, h->allocated.current + e->size);   /* > the rounded size only for an own segment */
 }
 
 static cuheap_status_t large_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, uintptr_t *addr)
@@ -2700,10 +243,10 @@ static cuheap_status_t large_alloc_locked(cuh_heap_t *h, stream_state_t *st, siz
     size_t block = cuh_align_up(size, CUH_ALIGN);
     cuheap_status_t status = CUHEAP_OK;
     grow_result_t why = GROW_OK;
-    cuh_extent_t *e = extent_alloc_locked(h, st, block, CUH_ALIGN, CUH_EXTENT_BLOCK, &status, &why);
+    cuh_extent_t *e = cuh_hp_extent_alloc_locked(h, st, block, CUH_ALIGN, CUH_EXTENT_BLOCK, &status, &why);
     if (!e) {
         if (status == CUHEAP_ERR_OUT_OF_MEMORY && why != GROW_OK)
-            record_oom_locked(h, st, size, block, CUH_ALIGN, why);
+            cuh_hp_record_oom_locked(h, st, size, block, CUH_ALIGN, why);
         return status;
     }
     if (cuh_ptrmap_insert(&h->blocks, e->addr, e)) {
@@ -2711,744 +254,15 @@ static cuheap_status_t large_alloc_locked(cuh_heap_t *h, stream_state_t *st, siz
         cuh_set_error("out of host memory for the block map");
         return CUHEAP_ERR_OUT_OF_MEMORY;
     }
-    large_mark_live_locked(h, e, size);
+    cuh_hp_large_mark_live_locked(h, e, size);
     *addr = e->addr;
     return CUHEAP_OK;
 }
 
-static void small_mark_live_locked(cuh_heap_t *h, cuh_slab_t *s, uintptr_t addr, size_t size)
-{
-    uint32_t i = (uint32_t)cuh_slab_index(s, addr);
-    cuh_slab_set(s->live, i);
-    s->requested[i] = (uint32_t)size;
-    s->num_live++;
-    stat_set(&h->requested, h->requested.current + size);
-    stat_set(&h->allocated, h->allocated.current + s->obj_size);
-}
-
-/* Puts object addr of slab s into stream st's cache, covered by st's next
- * fence (as an object st frees). -1 if the cache cannot grow. */
-static int cache_small_locked(cuh_heap_t *h, stream_state_t *st, const cuh_slab_t *s, uintptr_t addr)
-{
-    if (ring_push(&st->small[s->size_class], addr, h->arena.tags[st->tag].fences_recorded) != 0)
-        return -1;
-    st->small_unfenced += s->obj_size;
-    return 0;
-}
-
-/* Waits until the GPU has passed stream st's work so far (the whole device's
- * during a capture, where no event may be recorded): what cannot wait in a
- * cache for a fence is made safe for everyone the slow way. */
-static void wait_for_stream_locked(cuh_heap_t *h, stream_state_t *st)
-{
-    if (!h->captures) {
-        stream_fence_locked(h, st);
-        stream_poll_locked(h, st, 1);
-    } else {
-        cpu_wait_device(h);
-    }
-}
-
-/* Moves every avail object of slab s (just cut from stream st's private
- * memory) into st's cache for class c, fenced by st's next fence. If the
- * cache cannot grow, st's work is waited for instead and they stay. */
-static void slab_to_own_cache_locked(cuh_heap_t *h, stream_state_t *st, size_class_t *c, cuh_slab_t *s)
-{
-    while (s->num_avail) {
-        int64_t i = cuh_slab_take(s);
-        if (cache_small_locked(h, st, s, s->base + (uintptr_t)i * s->obj_size) != 0) {
-            cuh_slab_give_back(s, (uint32_t)i);
-            wait_for_stream_locked(h, st);
-            return;
-        }
-    }
-    if (s->listed)
-        slab_unlist(c, s);
-}
-
-/* An object from a slab of class c with avail objects, or 0. */
-static uintptr_t small_from_slabs_locked(size_class_t *c)
-{
-    cuh_slab_t *s = c->partial;
-    if (!s)
-        return 0;
-    int64_t i = cuh_slab_take(s);
-    if (!s->num_avail)
-        slab_unlist(c, s);
-    return s->base + (uintptr_t)i * s->obj_size;
-}
-
-static cuheap_status_t small_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, uintptr_t *addr)
-{
-    unsigned ci = cuh_sizeclass_index(size);
-    size_class_t *c = &h->classes[ci];
-    small_ring_t *r = &st->small[ci];
-    uintptr_t a = 0;
-    if (r->count) {
-        small_entry_t e = ring_pop_newest(r);
-        if (e.epoch < h->arena.tags[st->tag].fences_recorded) {
-            st->small_fenced -= c->size;
-            h->small_fenced_total -= c->size;
-        } else {
-            st->small_unfenced -= c->size;
-        }
-        a = e.addr;
-        h->num_cache_hits++;
-    } else if ((a = small_from_slabs_locked(c)) || (poll_all_locked(h, 0) && (a = small_from_slabs_locked(c)))) {
-        h->num_cache_hits++;
-    } else {
-        cuheap_status_t status = CUHEAP_OK;
-        grow_result_t why = GROW_OK;
-        cuh_extent_t *e = extent_alloc_locked(h, st, c->slab_bytes, CUH_SLAB_PAGE, CUH_EXTENT_SLAB, &status, &why);
-        if (!e) {
-            /* The ladder may have returned objects of this class to slabs. */
-            if (status == CUHEAP_ERR_OUT_OF_MEMORY && (a = small_from_slabs_locked(c)))
-                goto found;
-            if (status == CUHEAP_ERR_OUT_OF_MEMORY && why != GROW_OK)
-                record_oom_locked(h, st, size, c->slab_bytes, CUH_SLAB_PAGE, why);
-            return status;
-        }
-        /* Cut from this stream's private memory, whose old work may still
-         * run, the slab's objects are this stream's until a fence shows the
-         * GPU passed that work: they go to its cache (as if it had freed
-         * them now), not to the slab, whose objects are every stream's. */
-        uint32_t from = h->last_take_tag;
-        cuh_slab_t *s = cuh_slab_create(e, ci, c->size);
-        if (!s || cuh_pagemap_set(&h->pages, e->addr, e->size, s)) {
-            if (s)
-                cuh_pagemap_set(&h->pages, e->addr, e->size, NULL);
-            slab_forget_locked(h, s);
-            cuh_arena_release(&h->arena, e, from);
-            cuh_set_error("out of host memory for slab records");
-            return CUHEAP_ERR_OUT_OF_MEMORY;
-        }
-        e->owner = s;
-        e->requested = e->size;
-        slab_list(c, s);
-        a = small_from_slabs_locked(c);
-        if (from != CUH_TAG_GLOBAL)
-            slab_to_own_cache_locked(h, st, c, s);
-    }
-found:
-    small_mark_live_locked(h, slab_of_locked(h, a), a, size);
-    *addr = a;
-    return CUHEAP_OK;
-}
-
-/* ---- thread caches ------------------------------------------------------------ *
- * A thread's cache (tcache.h) takes the small objects the thread frees on a
- * stream, when the free comes through the heap, and hands them out again to
- * the thread's allocations of their class on that stream, and takes them back
- * at their next free, all without the heap's lock. The object it holds is
- * the freeing stream's private memory exactly as in that stream's ring here:
- * only that stream reuses it. While the cache owns an object (held or handed
- * out), the slab marks it tcached and the heap counts it as allocated, with
- * its whole size as requested; statistics correct for the caches'
- * holdings when read (cuh_heap_stats_locked), and peaks are the heap's, so
- * they may overstate by what the caches held at the time.
- *
- * Every heap path that takes a live block (free, record_stream) first takes
- * it from the cache that owns it (find_live_locked): a held object freed
- * again is a double free; one handed out becomes an ordinary live block. The
- * caches give all they hold back before the heap reports out of memory, on
- * release_cached and when over a new limit, a stream's objects when the
- * stream is retired, and everything when their thread exits. The fast paths
- * stay shut during graph captures, whose allocations must be recorded. */
-
-static _Thread_local cuh_tcache_t *my_tcaches;      /* this thread's, one per heap */
-static pthread_mutex_t tcache_registry = PTHREAD_MUTEX_INITIALIZER;
-static pthread_key_t tcache_exit_key;
-static pthread_once_t tcache_exit_once = PTHREAD_ONCE_INIT;
-static int tcache_exit_key_ok;
+/* Heap ids, never the same twice in a process: a thread cache knows its heap
+ * by address and id (tcache.h, heap_id), and a new heap may get a destroyed
+ * one's address. */
 static _Atomic uint64_t next_heap_id = 1;
-
-static void release_block_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr, stream_state_t *st);
-
-static inline cuh_tcache_t *my_tcache(const cuh_heap_t *h)
-{
-    for (cuh_tcache_t *tc = my_tcaches; tc; tc = tc->thread_next)
-        if (tc->heap == h && tc->heap_id == h->id)
-            return tc;
-    return NULL;
-}
-
-static inline int tcache_open(cuh_heap_t *h)
-{
-    return !atomic_load_explicit(&h->tcache_closed, memory_order_acquire);
-}
-
-/* Gives cached object `addr` (its entry e, freed on `stream`, already out of
- * its bin) back to the heap as that stream's free; the entry goes. */
-static void tcache_return_locked(cuh_heap_t *h, cuh_tcache_t *tc, cuh_tc_entry_t *e)
-{
-    uintptr_t addr = e->addr;
-    size_t size = e->size;
-    cuh_stream_t stream = (cuh_stream_t)e->stream;
-    cuh_tcache_hand_out(tc, e, e->size);
-    cuh_tcache_remove(tc, e);
-    cuh_slab_t *s = slab_of_locked(h, addr);
-    live_block_t b = {.slab = s, .index = (uint32_t)cuh_slab_index(s, addr), .size = size, .requested = size};
-    cuh_slab_clear(s->tcached, b.index);
-    stat_set(&h->requested, h->requested.current - size);
-    stat_set(&h->allocated, h->allocated.current - size);
-    /* The stream was known when the object came in: found, not created. */
-    stream_state_t *st = stream_get_locked(h, stream);
-    if (cuh_likely(st != NULL)) {
-        release_block_locked(h, &b, addr, st);
-        return;
-    }
-    /* Out of host memory for its record after all: safe for everyone the
-     * slow way. */
-    cuh_slab_clear(s->live, b.index);
-    s->num_live--;
-    cpu_wait_device(h);
-    slab_object_home_locked(h, addr);
-}
-
-/* Gives back item i of class c's bin. */
-static void tcache_return_binned_locked(cuh_heap_t *h, cuh_tcache_t *tc, unsigned c, uint32_t i)
-{
-    uintptr_t addr = tc->bins[c].addr[i];
-    cuh_tcache_unbin(tc, c, i);
-    tcache_return_locked(h, tc, cuh_tcache_find(tc, addr));
-}
-
-/* Makes an object the cache handed out an ordinary live block of the heap's. */
-static void tcache_disown_live_locked(cuh_heap_t *h, cuh_tcache_t *tc, cuh_tc_entry_t *e)
-{
-    cuh_slab_t *s = slab_of_locked(h, e->addr);
-    uint32_t i = (uint32_t)cuh_slab_index(s, e->addr);
-    s->requested[i] = e->requested;
-    cuh_slab_clear(s->tcached, i);
-    h->requested.current -= e->size - e->requested;
-    tc->requested_adjust -= (int64_t)e->requested - (int64_t)e->size;
-    cuh_tcache_remove(tc, e);
-}
-
-/* Gives back what one cache holds (all streams, or only `stream`'s); with
- * forget_live, its handed-out objects become the heap's live blocks too. */
-static void tcache_flush_one_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_streams, cuh_stream_t stream,
-                                    int forget_live)
-{
-    cuh_spin_lock(&tc->lock);
-    for (unsigned c = 0; c < CUH_MAX_CLASSES; c++)
-        for (uint32_t i = tc->bins[c].count; i-- > 0;) {
-            if (all_streams || tc->bins[c].stream[i] == (uintptr_t)stream)
-                tcache_return_binned_locked(h, tc, c, i);
-        }
-    if (forget_live)
-        for (size_t i = 0; i <= tc->mask; i++) {
-            cuh_tc_entry_t *e = &tc->slots[i];
-            /* A removal may shift a later entry into slot i: look again. */
-            while (e->addr && e->state == CUH_TC_LIVE && (all_streams || e->stream == (uintptr_t)stream))
-                tcache_disown_live_locked(h, tc, e);
-        }
-    cuh_spin_unlock(&tc->lock);
-}
-
-static void tcache_flush_locked(cuh_heap_t *h)
-{
-    for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next)
-        tcache_flush_one_locked(h, tc, 1, 0, 0);
-    if (h->large_tcs)
-        large_slots_empty_locked(h, LARGE_ALL_HELD);
-}
-
-/* The cache that owns small object addr of slab s (tcached) gives it up: a
- * held one is a double free (error set); one handed out becomes the heap's. */
-static cuheap_status_t tcache_take_locked(cuh_heap_t *h, const cuh_slab_t *s, uintptr_t addr)
-{
-    for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next) {
-        cuh_spin_lock(&tc->lock);
-        cuh_tc_entry_t *e = cuh_tcache_find(tc, addr);
-        if (!e) {
-            cuh_spin_unlock(&tc->lock);
-            continue;
-        }
-        cuheap_status_t status = CUHEAP_OK;
-        if (e->state == CUH_TC_CACHED) {
-            cuh_set_error("double free: 0x%llx (%zu-byte object) on device %d is already free (held in a thread's "
-                          "cache)",
-                          (unsigned long long)addr, s->obj_size, h->dev->ordinal);
-            status = CUHEAP_ERR_DOUBLE_FREE;
-        } else {
-            tcache_disown_live_locked(h, tc, e);
-        }
-        cuh_spin_unlock(&tc->lock);
-        return status;
-    }
-    cuh_set_error("internal error: 0x%llx is marked as in a thread cache that does not hold it",
-                  (unsigned long long)addr);
-    return CUHEAP_ERR_INVALID_ARGUMENT;
-}
-
-/* Unlinks a cache from its heap after giving everything back. */
-static void tcache_detach_locked(cuh_heap_t *h, cuh_tcache_t *tc)
-{
-    tcache_flush_one_locked(h, tc, 1, 0, 1);
-    if (tc->large_listed) {
-        cuh_spin_lock(&tc->lock);
-        large_slot_empty_locked(h, tc);
-        cuh_spin_unlock(&tc->lock);
-        large_unlist_locked(h, tc);
-    }
-    /* Its counts stay in the heap's. */
-    h->num_allocs += tc->num_allocs;
-    h->num_cache_hits += tc->num_allocs;
-    h->num_frees += tc->num_frees;
-    if (tc->heap_prev)
-        tc->heap_prev->heap_next = tc->heap_next;
-    else
-        h->tcaches = tc->heap_next;
-    if (tc->heap_next)
-        tc->heap_next->heap_prev = tc->heap_prev;
-}
-
-/* At thread exit: every cache of the thread gives back what it owns. */
-static void tcache_thread_exit(void *unused)
-{
-    (void)unused;
-    pthread_mutex_lock(&tcache_registry);
-    for (cuh_tcache_t *tc = my_tcaches, *next; tc; tc = next) {
-        next = tc->thread_next;
-        if (!tc->dead) {
-            cuh_heap_t *h = (cuh_heap_t *)(uintptr_t)tc->heap;
-            cuh_lock(&h->lock);
-            unpark_locked(h);
-            tcache_detach_locked(h, tc);
-            cuh_unlock(&h->lock);
-        }
-        cuh_tcache_destroy(tc);
-    }
-    my_tcaches = NULL;
-    pthread_mutex_unlock(&tcache_registry);
-}
-
-static void tcache_exit_key_create(void)
-{
-    tcache_exit_key_ok = pthread_key_create(&tcache_exit_key, tcache_thread_exit) == 0;
-}
-
-/* This thread's cache of heap h, made on first use; NULL if none can be
- * (out of host memory: the heap then serves the thread without one). */
-static cuh_tcache_t *tcache_mine_locked(cuh_heap_t *h)
-{
-    cuh_tcache_t *tc = my_tcache(h);
-    if (tc)
-        return tc;
-    pthread_once(&tcache_exit_once, tcache_exit_key_create);
-    /* Without the exit hook a cache would keep its objects after its thread. */
-    if (!tcache_exit_key_ok || pthread_setspecific(tcache_exit_key, (void *)1) != 0)
-        return NULL;
-    /* Caches of heaps destroyed since go now. */
-    for (cuh_tcache_t **link = &my_tcaches; *link;) {
-        cuh_tcache_t *old = *link;
-        cuh_spin_lock(&old->lock);
-        int dead = old->dead;
-        cuh_spin_unlock(&old->lock);
-        if (dead) {
-            *link = old->thread_next;
-            cuh_tcache_destroy(old);
-        } else {
-            link = &old->thread_next;
-        }
-    }
-    if (!(tc = cuh_tcache_create()))
-        return NULL;
-    tc->heap = h;
-    tc->heap_id = h->id;
-    tc->heap_next = h->tcaches;
-    if (h->tcaches)
-        h->tcaches->heap_prev = tc;
-    h->tcaches = tc;
-    tc->thread_next = my_tcaches;
-    my_tcaches = tc;
-    return tc;
-}
-
-/* Before a cache takes an object of `size` bytes and class c that it has no
- * room for, it gives back its oldest objects in one go (so that the next
- * frees find room without the heap's lock): the older half of c's bin when
- * that is full; when the bytes are, the older halves of bins from the
- * largest class down, until a quarter of thread_cache is free. */
-static void tcache_make_room_locked(cuh_heap_t *h, cuh_tcache_t *tc, unsigned c, size_t size)
-{
-    if (tc->bins[c].count == CUH_TC_BIN_MAX)
-        for (uint32_t k = CUH_TC_BIN_MAX / 2; k > 0; k--)
-            tcache_return_binned_locked(h, tc, c, 0);
-    size_t cap = h->cfg.thread_cache, want = cap - cap / 4;
-    if (tc->cached_bytes + size <= cap)
-        return;
-    for (unsigned k = CUH_MAX_CLASSES; k-- > 0 && tc->cached_bytes + size > want;) {
-        for (uint32_t n = (tc->bins[k].count + 1) / 2; n > 0 && tc->cached_bytes + size > want; n--)
-            tcache_return_binned_locked(h, tc, k, 0);
-    }
-}
-
-/* A small object the program freed on `stream` through the heap goes to the
- * freeing thread's cache instead of the stream's ring, if there is room.
- * The caller has counted the free; 1 if the cache took it. */
-static int tcache_adopt_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr, cuh_stream_t stream)
-{
-    if (!h->cfg.thread_cache || h->captures || b->size > h->cfg.thread_cache)
-        return 0;
-    cuh_tcache_t *tc = tcache_mine_locked(h);
-    if (!tc)
-        return 0;
-    cuh_slab_t *s = b->slab;
-    int took = 0;
-    cuh_spin_lock(&tc->lock);
-    tcache_make_room_locked(h, tc, s->size_class, b->size);
-    if (tc->cached_bytes + b->size <= h->cfg.thread_cache && tc->bins[s->size_class].count < CUH_TC_BIN_MAX) {
-        cuh_tc_entry_t *e = cuh_tcache_insert(tc, addr);
-        if (e) {
-            e->size = (uint32_t)b->size;
-            e->requested = (uint32_t)b->size;
-            e->size_class = (uint16_t)s->size_class;
-            e->state = CUH_TC_LIVE;
-            cuh_tcache_hold(tc, e, (uintptr_t)stream);
-            cuh_tcache_push(tc, s->size_class, addr, (uintptr_t)stream);
-            took = 1;
-        }
-    }
-    cuh_spin_unlock(&tc->lock);
-    if (took) {
-        s->requested[b->index] = (uint32_t)b->size;
-        cuh_slab_set(s->tcached, b->index);
-        stat_set(&h->requested, h->requested.current + b->size);
-        stat_set(&h->allocated, h->allocated.current + b->size);
-    }
-    return took;
-}
-
-/* Fast path of cuh_heap_malloc: an object of size's class this thread
- * freed on `stream`, from its cache, or for a large request the block the
- * cache holds if it has the request's size and was freed on `stream`. 0 if
- * there is none. */
-static inline uintptr_t tcache_alloc(cuh_heap_t *h, size_t size, cuh_stream_t stream)
-{
-    cuh_tcache_t *tc = my_tcache(h);
-    if (!tc)
-        return 0;
-    uintptr_t addr = 0;
-    cuh_spin_lock(&tc->lock);
-    if (cuh_likely(!tc->dead && tcache_open(h))) {
-        if (size > h->cfg.small_max) {
-            addr = cuh_tcache_large_take(tc, cuh_align_up(size, CUH_ALIGN), size, (uintptr_t)stream);
-        } else if ((addr = cuh_tcache_pop(tc, cuh_sizeclass_index(size), (uintptr_t)stream))) {
-            cuh_tcache_hand_out(tc, cuh_tcache_find(tc, addr), (uint32_t)size);
-        }
-        tc->num_allocs += addr != 0;
-    }
-    cuh_spin_unlock(&tc->lock);
-    return addr;
-}
-
-/* Fast path of cuh_heap_free: an object or the large block this thread's
- * cache handed out, freed on the stream it was allocated on, goes back to
- * the cache. 0 if the heap must see the free (not the cache's, another
- * stream, no room). */
-static inline int tcache_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream)
-{
-    cuh_tcache_t *tc = my_tcache(h);
-    if (!tc)
-        return 0;
-    int done = 0;
-    cuh_spin_lock(&tc->lock);
-    if (cuh_likely(!tc->dead && tcache_open(h))) {
-        cuh_tc_entry_t *e;
-        if (tc->large.addr == addr) {
-            done = cuh_tcache_large_give(tc, addr, (uintptr_t)stream);
-        } else if ((e = cuh_tcache_find(tc, addr)) && e->state == CUH_TC_LIVE && e->stream == (uintptr_t)stream &&
-                   tc->cached_bytes + e->size <= h->cfg.thread_cache &&
-                   cuh_tcache_push(tc, e->size_class, addr, (uintptr_t)stream) == 0) {
-            cuh_tcache_hold(tc, e, (uintptr_t)stream);
-            done = 1;
-        }
-        tc->num_frees += (uint64_t)done;
-    }
-    cuh_spin_unlock(&tc->lock);
-    return done;
-}
-
-/* ---- the parked block ----------------------------------------------------------- *
- * A program that frees a large block and asks for the same size again on the
- * same stream (a loop's buffer, a layer's activations) would pay for a
- * coalesce and a split each time. The last large block freed on a stream
- * waits outside the arena instead, and such a request takes it back at once.
- * Every other operation gives it back to the arena first, as its free would
- * have done, so what every search sees is what it would have seen without
- * the parking: only the block a same-size request gets can differ. */
-
-/* Parks block b (the last free on stream st); the caller has counted the
- * free. What release_block_locked does for a segment the free leaves idle
- * happens now: a fence, recorded after the free, covers it. */
-static void park_locked(cuh_heap_t *h, const live_block_t *b, stream_state_t *st)
-{
-    h->parked = b->ext;
-    h->parked_st = st;
-    h->parked_epoch = h->arena.tags[st->tag].fences_recorded;
-    h->parked_tc = my_tcache(h);
-    const cuh_segment_t *seg = b->ext->segment;
-    fence_if_left_idle_locked(h, st, seg, seg->used_bytes - b->ext->size);
-}
-
-/* Gives a parked or held block, freed on st when st had recorded `epoch`
- * fences, to the arena as its free would have: private to its stream from
- * the fence after the free, or global if that fence completed. No device
- * call (it runs when a capture begins, and at exit). */
-static void release_parked_locked(cuh_heap_t *h, cuh_extent_t *e, const stream_state_t *st, uint64_t epoch)
-{
-    cuh_ptrmap_remove(&h->blocks, e->addr);
-    if (epoch < st->completed)
-        cuh_arena_release(&h->arena, e, CUH_TAG_GLOBAL);
-    else
-        cuh_arena_release_freed_at(&h->arena, e, st->tag, epoch);
-}
-
-/* The heap's parked block, if any, goes back. */
-static void unpark_one_locked(cuh_heap_t *h)
-{
-    cuh_extent_t *e = h->parked;
-    if (cuh_likely(!e))
-        return;
-    h->parked = NULL;
-    h->parked_tc = NULL;
-    release_parked_locked(h, e, h->parked_st, h->parked_epoch);
-}
-
-/* ---- a thread's large block ----------------------------------------------------- *
- * The parked block serves one thread that frees a large block and asks for
- * its size again, under the heap's lock; with several threads it is
- * everybody's, and each takes it from the others. So when thread caches are
- * on, a large block a thread frees through the heap on a stream is parked
- * in that thread's cache instead: the thread's next request of its size on
- * that stream takes it without the heap's lock, and its free on that stream
- * puts it back, also without the lock (tcache.h, cuh_tc_large_t).
- *
- * While nobody contends for the heap's lock, every heap operation first
- * empties every such cache slot (a held block goes to the arena as with the
- * parked block, a handed-out one becomes an ordinary live block): what
- * every search sees, so every placement and figure, is what it was with the
- * one parked block, and a replay (one thread) gives the same results. Once
- * an allocation or free has found the lock held, an operation gives back
- * only its own thread's held block, so that every thread keeps its own;
- * then a search does not see other threads' held blocks until it finds no
- * fit: they all go back before the heap grows, maps pages or reports out of
- * memory, and on release, limit, statistics, reports, captures and stream
- * retirement. The first rule returns after CONTENDED_HOLD allocations and
- * frees that found the lock free.
- *
- * The books: held, the block is counted as allocated with the request it had
- * when the cache took it; handed out, with the program's request, which may
- * not be larger (a larger one goes to the heap). What the program reads is
- * exact; peaks are exact while nobody contends, and while threads do they
- * may count other threads' held blocks. */
-
-#define CONTENDED_HOLD 4096
-/* A thread whose held blocks went back unused this many times in a row
- * parks its frees as before (in the heap's one parked block, under the
- * lock), until it takes one of those back: a thread whose large requests
- * never repeat a size would only pay for the slot and hide its frees from
- * the other threads (at 16 threads on random large sizes, 20-45% slower). */
-#define LARGE_MISSES_OFF 4
-
-/* The heap's lock, for an allocation or a free: notes whether it was held. */
-static inline void heap_lock(cuh_heap_t *h)
-{
-    if (cuh_likely(cuh_trylock(&h->lock))) {
-        if (cuh_unlikely(h->contended))
-            h->contended--;
-        return;
-    }
-    cuh_lock(&h->lock);
-    h->contended = CONTENDED_HOLD;
-}
-
-/* A held block leaves tc's books and the heap's count of allocated bytes
- * (tc's lock held); the slot is the caller's to clear. */
-static void large_slot_uncount_locked(cuh_heap_t *h, cuh_tcache_t *tc)
-{
-    const cuh_tc_large_t *l = &tc->large;
-    h->allocated.current -= l->size;
-    h->requested.current -= l->counted;
-    tc->allocated_adjust += (int64_t)l->size;
-    tc->requested_adjust += (int64_t)l->counted;
-    ((cuh_extent_t *)l->ext)->owner = NULL;
-}
-
-/* Empties tc's slot (tc's lock held; tc stays listed): a held block goes to
- * the arena as its free would have (private to its stream from the fence
- * that covers the free, or global if that fence completed), a handed-out one
- * becomes an ordinary live block. No device call. 1 if a held block went. */
-static int large_slot_empty_locked(cuh_heap_t *h, cuh_tcache_t *tc)
-{
-    cuh_tc_large_t *l = &tc->large;
-    cuh_extent_t *e = l->ext;
-    int gave = 0;
-    if (l->state == CUH_TC_CACHED) {
-        stream_state_t *st = l->stream_state;
-        tc->large_misses += tc->large_misses < UINT32_MAX;   /* given back unused */
-        large_slot_uncount_locked(h, tc);
-        release_parked_locked(h, e, st,
-                              l->epoch == CUH_TC_EPOCH_UNKNOWN ? h->arena.tags[st->tag].fences_recorded : l->epoch);
-        gave = 1;
-    } else if (l->state == CUH_TC_LIVE) {
-        h->requested.current -= l->counted - l->requested;
-        tc->requested_adjust -= (int64_t)l->requested - (int64_t)l->counted;
-        e->requested = l->requested;
-        e->owner = NULL;
-    }
-    memset(l, 0, sizeof *l);
-    return gave;
-}
-
-/* Takes the cache *link points at off the heap's list of caches holding a
- * large block. */
-static void large_unlink(cuh_tcache_t **link)
-{
-    cuh_tcache_t *tc = *link;
-    *link = tc->large_next;
-    tc->large_next = NULL;
-    tc->large_listed = 0;
-}
-
-static void large_unlist_locked(cuh_heap_t *h, cuh_tcache_t *tc)
-{
-    for (cuh_tcache_t **link = &h->large_tcs; *link; link = &(*link)->large_next)
-        if (*link == tc) {
-            large_unlink(link);
-            return;
-        }
-}
-
-/* Empties the slots that hold a block (which: this thread's, every thread's)
- * or all slots. Returns how many held blocks went back to the arena. */
-static size_t large_slots_empty_locked(cuh_heap_t *h, large_which_t which)
-{
-    cuh_tcache_t *mine = which == LARGE_MINE_HELD ? my_tcache(h) : NULL;
-    size_t gave = 0;
-    for (cuh_tcache_t **link = &h->large_tcs; *link;) {
-        cuh_tcache_t *tc = *link;
-        if (which == LARGE_MINE_HELD && tc != mine) {
-            link = &tc->large_next;
-            continue;
-        }
-        cuh_spin_lock(&tc->lock);
-        int empty = which == LARGE_ALL || tc->large.state == CUH_TC_CACHED;
-        if (empty)
-            gave += (size_t)large_slot_empty_locked(h, tc);
-        cuh_spin_unlock(&tc->lock);
-        if (empty)
-            large_unlink(link);
-        else
-            link = &tc->large_next;
-    }
-    return gave;
-}
-
-/* Every heap operation first: the parked block goes back, and the threads'
- * large blocks by the rule above. */
-static void unpark_locked(cuh_heap_t *h)
-{
-    unpark_one_locked(h);
-    if (cuh_unlikely(h->large_tcs != NULL))
-        large_slots_empty_locked(h, h->contended ? LARGE_MINE_HELD : LARGE_ALL);
-}
-
-/* The same, with every thread's slot emptied whoever contends. */
-static void unpark_all_locked(cuh_heap_t *h)
-{
-    unpark_one_locked(h);
-    if (cuh_unlikely(h->large_tcs != NULL))
-        large_slots_empty_locked(h, LARGE_ALL);
-}
-
-/* A large block the program freed on st through the heap (the free is
- * counted) goes to the freeing thread's cache; 0 if there is none. What
- * park_locked does for a segment the free leaves idle happens here too. */
-static int large_slot_adopt_locked(cuh_heap_t *h, const live_block_t *b, stream_state_t *st, cuh_stream_t stream)
-{
-    if (!h->cfg.thread_cache)
-        return 0;
-    cuh_tcache_t *tc = tcache_mine_locked(h);
-    if (!tc)
-        return 0;
-    cuh_spin_lock(&tc->lock);
-    if (tc->large_misses >= LARGE_MISSES_OFF) {
-        cuh_spin_unlock(&tc->lock);
-        return 0;
-    }
-    large_slot_empty_locked(h, tc);   /* a block it handed out, kept while threads contend */
-    tc->large = (cuh_tc_large_t){.addr = b->ext->addr,
-                                 .stream = (uintptr_t)stream,
-                                 .size = b->size,
-                                 .counted = b->requested,
-                                 .ext = b->ext,
-                                 .stream_state = st,
-                                 .epoch = h->arena.tags[st->tag].fences_recorded,
-                                 .state = CUH_TC_CACHED};
-    tc->allocated_adjust -= (int64_t)b->size;
-    tc->requested_adjust -= (int64_t)b->requested;
-    cuh_spin_unlock(&tc->lock);
-    b->ext->owner = tc;
-    /* Counted again as it was before the free: no new peak. */
-    h->allocated.current += b->size;
-    h->requested.current += b->requested;
-    if (!tc->large_listed) {
-        tc->large_next = h->large_tcs;
-        h->large_tcs = tc;
-        tc->large_listed = 1;
-    }
-    const cuh_segment_t *seg = b->ext->segment;
-    fence_if_left_idle_locked(h, st, seg, seg->used_bytes - b->size);
-    return 1;
-}
-
-/* A held block of `block` bytes freed on st, taken for a request of `size`
- * bytes under the heap's lock (another thread's, or this one's when the
- * request is larger than its books allow); NULL if none. */
-static cuh_extent_t *large_slot_claim_locked(cuh_heap_t *h, stream_state_t *st, size_t block, size_t size)
-{
-    for (cuh_tcache_t **link = &h->large_tcs; *link; link = &(*link)->large_next) {
-        cuh_tcache_t *tc = *link;
-        cuh_spin_lock(&tc->lock);
-        cuh_tc_large_t *l = &tc->large;
-        cuh_extent_t *e = NULL;
-        if (l->state == CUH_TC_CACHED && l->stream_state == st && l->size == block) {
-            e = l->ext;
-            large_slot_uncount_locked(h, tc);
-            memset(l, 0, sizeof *l);
-        }
-        cuh_spin_unlock(&tc->lock);
-        if (e) {
-            large_unlink(link);
-            large_mark_live_locked(h, e, size);
-            return e;
-        }
-    }
-    return NULL;
-}
-
-/* A free or record_stream reached the heap for block e that a thread's cache
- * owns: held there, it is a double free (error set); handed out, it becomes
- * an ordinary live block. */
-static cuheap_status_t large_slot_take_back_locked(cuh_heap_t *h, cuh_extent_t *e)
-{
-    cuh_tcache_t *tc = e->owner;
-    cuh_spin_lock(&tc->lock);
-    int held = tc->large.state == CUH_TC_CACHED;
-    if (!held)
-        large_slot_empty_locked(h, tc);
-    cuh_spin_unlock(&tc->lock);
-    if (held) {
-        cuh_set_error("double free: 0x%llx on device %d is already free (held in a thread's cache)",
-                      (unsigned long long)e->addr, h->dev->ordinal);
-        return CUHEAP_ERR_DOUBLE_FREE;
-    }
-    large_unlist_locked(h, tc);
-    return CUHEAP_OK;
-}
 
 /* ---- public heap API -------------------------------------------------------------- */
 
@@ -3510,14 +324,7 @@ void cuh_heap_destroy(cuh_heap_t *h)
 {
     if (!h)
         return;
-    /* Threads free their caches of this heap when they next look or exit. */
-    pthread_mutex_lock(&tcache_registry);
-    for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next) {
-        cuh_spin_lock(&tc->lock);
-        tc->dead = 1;
-        cuh_spin_unlock(&tc->lock);
-    }
-    pthread_mutex_unlock(&tcache_registry);
+    cuh_hp_tcaches_orphan(h);
     for (uint32_t i = 0; i < h->num_streams; i++) {
         stream_state_t *st = h->streams[i];
         for (size_t f = 0; f < st->num_fences; f++)
@@ -3563,7 +370,7 @@ void cuh_heap_destroy(cuh_heap_t *h)
             for (vm_drain_t *d = h->drains, *next; d; d = next) {
                 next = d->next;
                 for (size_t i = 0; i < d->num_extents; i++)
-                    unmap_drain_locked(h, d->extents[i]);
+                    cuh_hp_unmap_drain_locked(h, d->extents[i]);
                 if (d->event)
                     h->dev->ops->event_destroy(h->dev, d->event);
                 free(d);
@@ -3571,7 +378,7 @@ void cuh_heap_destroy(cuh_heap_t *h)
             h->drains = NULL;
             for (size_t p = 0; p < h->pages_high; p++)
                 if (h->page_handle[p]) {
-                    h->dev->ops->vm_unmap(h->dev, page_va(h, p), h->vm_page);
+                    h->dev->ops->vm_unmap(h->dev, cuh_hp_page_va(h, p), h->vm_page);
                     h->dev->ops->vm_release(h->dev, h->page_handle[p]);
                 }
             h->dev->ops->vm_unreserve(h->dev, s->base, s->size);
@@ -3601,145 +408,6 @@ void cuh_heap_destroy(cuh_heap_t *h)
     free(h);
 }
 
-/* ---- fences for memory outside the heap ------------------------------------ *
- * Pinned host memory obeys cudaFree's rule too (the real cudaFreeHost
- * synchronizes): a freed buffer waits until all work issued before the free
- * has finished. A fence is what a device-wide batch waits for - one
- * device-wide event, or an event on the default stream and on every live
- * stream the heap knows - kept apart from the batches, whose take-backs let
- * the GPU, not the host, wait: host memory is written by the host. The
- * fence's type is defined with the batches (cuh_heap_fence_s). */
-
-/* Records the fence's events (one device-wide event when it can); on any
- * failure synchronizes the device instead (slow, never wrong), leaving no
- * event to wait for. */
-static void fence_record_locked(cuh_heap_t *h, cuh_heap_fence_t *f, size_t cap)
-{
-    cuh_stream_t handle;
-    cuh_event_t all = NULL;
-    const cuh_dev_status_t fenced = cap ? record_all_locked(h, &all) : CUH_DEV_UNSUPPORTED;
-    if (fenced == CUH_DEV_OK) {
-        f->recorded = 1;
-        f->events[f->num_events++] = all;
-        return;
-    }
-    if (fenced == CUH_DEV_CAPTURING)
-        return;   /* recorded later (cuh_heap_fence_passed), as during the heap's own captures */
-    f->recorded = 1;
-    for (uint32_t i = 0; next_live_stream(h, &i, &handle);) {
-        cuh_event_t ev = f->num_events < cap ? event_get_locked(h) : NULL;
-        if (!ev || h->dev->ops->event_record(h->dev, ev, handle) != CUH_DEV_OK) {
-            if (ev)
-                event_put_locked(h, ev);
-            while (f->num_events)
-                event_put_locked(h, f->events[--f->num_events]);
-            cpu_wait_device(h);
-            return;
-        }
-        f->events[f->num_events++] = ev;
-    }
-}
-
-cuh_heap_fence_t *cuh_heap_fence(cuh_heap_t *h)
-{
-    cuh_lock(&h->lock);
-    size_t cap = (size_t)covered_streams_locked(h);
-    cuh_heap_fence_t *f = calloc(1, sizeof *f + cap * sizeof f->events[0]);
-    if (!f) {
-        cpu_wait_device(h);   /* no room to remember: wait now */
-        cuh_unlock(&h->lock);
-        return NULL;
-    }
-    f->cap = cap;
-    if (!h->captures)
-        fence_record_locked(h, f, cap);
-    f->next = h->fences;
-    if (h->fences)
-        h->fences->prev = f;
-    h->fences = f;
-    cuh_unlock(&h->lock);
-    return f;
-}
-
-int cuh_heap_fence_passed(cuh_heap_t *h, cuh_heap_fence_t *f, int wait)
-{
-    if (!f)
-        return 1;
-    cuh_lock(&h->lock);
-    int passed = 0;
-    /* Made during a capture: work issued before the free was issued before
-     * now too, so events recorded now cover it (with more streams known
-     * than there is room for, fence_record_locked synchronizes instead). */
-    if (!f->recorded && !h->captures)
-        fence_record_locked(h, f, f->cap);
-    /* Still capturing: no event may be recorded and no wait made now. */
-    if (f->recorded)
-        passed = events_done_locked(h, f->events, &f->num_events, wait);
-    cuh_unlock(&h->lock);
-    return passed;
-}
-
-void cuh_heap_fence_free(cuh_heap_t *h, cuh_heap_fence_t *f)
-{
-    if (!f)
-        return;
-    cuh_lock(&h->lock);
-    while (f->num_events)
-        event_put_locked(h, f->events[--f->num_events]);
-    if (f->prev)
-        f->prev->next = f->next;
-    else
-        h->fences = f->next;
-    if (f->next)
-        f->next->prev = f->prev;
-    cuh_unlock(&h->lock);
-    free(f);
-}
-
-/* Sets up the virtual-memory reservation (vmm:1): four times the device's
- * memory of address space, so that free address ranges whose pages moved
- * elsewhere never crowd out new blocks. A device without virtual memory
- * management keeps plain segments, and says so. */
-static void start_vm_locked(cuh_heap_t *h)
-{
-    size_t granularity = h->dev->ops->vm_granularity ? h->dev->ops->vm_granularity(h->dev) : 0;
-    if (!granularity) {
-        cuh_log("device %d: no CUDA virtual memory management; vmm:1 cannot apply, using plain segments",
-                h->dev->ordinal);
-        return;
-    }
-    /* A page is vmm_page bytes, a whole number of the device's granules:
-     * created, mapped, granted and moved as one piece. */
-    size_t page = cuh_align_up(cuh_max_size(h->cfg.vmm_page, granularity), granularity);
-    size_t size = cuh_align_up(4 * h->device_total, page);
-    uintptr_t va = 0;
-    if (h->dev->ops->vm_reserve(h->dev, size, &va) != CUH_DEV_OK) {
-        cuh_log("device %d: reserving address space for vmm:1 failed (%s); using plain segments", h->dev->ordinal,
-                h->dev->last_error);
-        return;
-    }
-    h->page_handle = calloc(size / page, sizeof *h->page_handle);
-    h->page_mapped = calloc((size / page + 63) / 64, sizeof *h->page_mapped);
-    h->page_gen = calloc(size / page, sizeof *h->page_gen);
-    cuh_segment_t *seg = h->page_handle && h->page_mapped && h->page_gen
-                             ? cuh_arena_add_segment(&h->arena, va, size, CUH_REGION_GENERAL) : NULL;
-    if (!seg) {
-        free(h->page_handle);
-        free(h->page_mapped);
-        free(h->page_gen);
-        h->page_handle = NULL;
-        h->page_mapped = NULL;
-        h->page_gen = NULL;
-        h->dev->ops->vm_unreserve(h->dev, va, size);
-        cuh_log("device %d: out of host memory for vmm:1; using plain segments", h->dev->ordinal);
-        return;
-    }
-    seg->virtual_space = 1;
-    h->vm = seg;
-    h->vm_page = page;
-    h->num_pages = size / page;
-}
-
 /* At first use: the virtual-memory reservation (vmm:1), then the workspace. A
  * workspace the device cannot give is reported on stderr once and the heap
  * runs without it. */
@@ -3747,7 +415,7 @@ static void start_locked(cuh_heap_t *h)
 {
     h->started = 1;
     if (h->cfg.vmm)
-        start_vm_locked(h);
+        cuh_hp_start_vm_locked(h);
     if (!h->cfg.workspace)
         return;
     uintptr_t base = 0;
@@ -3756,7 +424,7 @@ static void start_locked(cuh_heap_t *h)
         h->workspace = cuh_arena_add_segment(&h->arena, base, h->cfg.workspace, CUH_REGION_WORKSPACE);
         if (h->workspace) {
             h->num_segment_allocs++;
-            refresh_stats_locked(h);
+            cuh_hp_refresh_stats_locked(h);
             return;
         }
         h->dev->ops->mem_free(h->dev, base, h->cfg.workspace);
@@ -3781,49 +449,33 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
         cuh_set_error("request of %zu bytes is larger than any device", size);
         return CUHEAP_ERR_OUT_OF_MEMORY;
     }
-    if (!device_wide && (*addr = tcache_alloc(h, size, stream)))
+    if (!device_wide && (*addr = cuh_hp_tcache_alloc(h, size, stream)))
         return CUHEAP_OK;
-    heap_lock(h);
+    cuh_hp_heap_lock(h);
     if (cuh_unlikely(!h->started))
         start_locked(h);
     cuheap_status_t status;
-    stream_state_t *st = device_wide ? &h->device_wide : stream_get_locked(h, stream);
+    stream_state_t *st = device_wide ? &h->device_wide : cuh_hp_stream_get_locked(h, stream);
     if (cuh_unlikely(h->parked != NULL || h->large_tcs != NULL) && !device_wide && st && size > h->cfg.small_max) {
-        /* The block parked or held for this size and stream, as its own
-         * thread's fast path would take it. */
-        cuh_extent_t *e = h->parked;
-        size_t block = cuh_align_up(size, CUH_ALIGN);
-        if (e && st == h->parked_st && block == e->size) {
-            h->parked = NULL;
-            large_mark_live_locked(h, e, size);
-            /* Its own thread took it again: that thread holds its blocks again. */
-            cuh_tcache_t *mine = h->parked_tc ? my_tcache(h) : NULL;
-            if (mine && mine == h->parked_tc) {
-                cuh_spin_lock(&mine->lock);
-                mine->large_misses = 0;
-                cuh_spin_unlock(&mine->lock);
-            }
-            h->parked_tc = NULL;
-        } else {
-            e = h->large_tcs ? large_slot_claim_locked(h, st, block, size) : NULL;
-        }
+        /* The block parked or held for this size and stream (heap_tcache.c). */
+        cuh_extent_t *e = cuh_hp_take_parked_locked(h, st, size);
         if (e) {
             e->tag = st->tag;
             h->num_cache_hits++;
             h->num_allocs++;
             *addr = e->addr;
-            refresh_stats_locked(h);
+            cuh_hp_refresh_stats_locked(h);
             cuh_unlock(&h->lock);
             return CUHEAP_OK;
         }
     }
-    unpark_locked(h);
+    cuh_hp_unpark_locked(h);
     h->shareable_call = shareable;
     if (!st) {
         cuh_set_error("out of host memory for stream records");
         status = CUHEAP_ERR_OUT_OF_MEMORY;
-    } else if (size <= h->cfg.small_max && !own_segment_locked(h)) {
-        status = small_alloc_locked(h, st, size, addr);
+    } else if (size <= h->cfg.small_max && !cuh_hp_own_segment_locked(h)) {
+        status = cuh_hp_small_alloc_locked(h, st, size, addr);
     } else {
         status = large_alloc_locked(h, st, size, addr);
     }
@@ -3838,7 +490,7 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
             status = CUHEAP_ERR_OUT_OF_MEMORY;
         }
     }
-    refresh_stats_locked(h);
+    cuh_hp_refresh_stats_locked(h);
     cuh_unlock(&h->lock);
     return status;
 }
@@ -3881,7 +533,7 @@ static cuheap_status_t diagnose_free_locked(cuh_heap_t *h, uintptr_t addr)
 
 /* Finds the live block at addr; an error status (message set) if there is
  * none: already free, held back, inside a block, or not cuheap's. */
-static cuheap_status_t find_live_locked(cuh_heap_t *h, uintptr_t addr, live_block_t *b)
+cuheap_status_t cuh_hp_find_live_locked(cuh_heap_t *h, uintptr_t addr, live_block_t *b)
 {
     memset(b, 0, sizeof *b);
     if (cuh_unlikely(h->held.count) && cuh_ptrmap_get(&h->held, addr)) {
@@ -3898,7 +550,7 @@ static cuheap_status_t find_live_locked(cuh_heap_t *h, uintptr_t addr, live_bloc
                 return CUHEAP_ERR_DOUBLE_FREE;
             }
             if (cuh_unlikely(b->ext->owner != NULL)) {
-                cuheap_status_t status = large_slot_take_back_locked(h, b->ext);
+                cuheap_status_t status = cuh_hp_large_slot_take_back_locked(h, b->ext);
                 if (status != CUHEAP_OK)
                     return status;
             }
@@ -3906,7 +558,7 @@ static cuheap_status_t find_live_locked(cuh_heap_t *h, uintptr_t addr, live_bloc
             b->requested = b->ext->requested;
             return CUHEAP_OK;
         }
-        if (!(s = slab_of_locked(h, addr)))
+        if (!(s = cuh_hp_slab_of_locked(h, addr)))
             return diagnose_free_locked(h, addr);
     }
     int64_t idx = cuh_slab_index(s, addr);
@@ -3921,7 +573,7 @@ static cuheap_status_t find_live_locked(cuh_heap_t *h, uintptr_t addr, live_bloc
         return CUHEAP_ERR_DOUBLE_FREE;
     }
     if (cuh_unlikely(cuh_slab_bit(s->tcached, (uint32_t)idx))) {
-        cuheap_status_t status = tcache_take_locked(h, s, addr);
+        cuheap_status_t status = cuh_hp_tcache_take_locked(h, s, addr);
         if (status != CUHEAP_OK)
             return status;
     }
@@ -3934,295 +586,23 @@ static cuheap_status_t find_live_locked(cuh_heap_t *h, uintptr_t addr, live_bloc
 
 /* Turns a live block into st's private free memory (the statistics of
  * requested and allocated bytes are the caller's). */
-static void release_block_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr, stream_state_t *st)
+void cuh_hp_release_block_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr, stream_state_t *st)
 {
     if (b->ext) {
         cuh_segment_t *seg = b->ext->segment;
         cuh_ptrmap_remove(&h->blocks, addr);
         cuh_arena_release(&h->arena, b->ext, st->tag);
-        fence_if_left_idle_locked(h, st, seg, seg->used_bytes);
+        cuh_hp_fence_if_left_idle_locked(h, st, seg, seg->used_bytes);
         return;
     }
     cuh_slab_t *s = b->slab;
     cuh_slab_clear(s->live, b->index);
     s->num_live--;
-    if (cache_small_locked(h, st, s, addr) == 0)
+    if (cuh_hp_cache_small_locked(h, st, s, addr) == 0)
         return;
     /* No room to cache it: make it safe for everyone the slow way. */
-    wait_for_stream_locked(h, st);
-    slab_object_home_locked(h, addr);
-}
-
-/* ---- holds ------------------------------------------------------------------------ */
-
-/* Polls a list of events from its end (wait: waits for them), returning
- * each completed one to the spares; 1 when none is left. An event that
- * fails is answered by synchronizing the device, which is never wrong. */
-static int events_done_locked(cuh_heap_t *h, cuh_event_t *events, size_t *num_events, int wait)
-{
-    while (*num_events) {
-        cuh_event_t ev = events[*num_events - 1];
-        cuh_dev_status_t rc = wait ? cpu_wait_event(h, ev) : h->dev->ops->event_query(h->dev, ev);
-        if (rc == CUH_DEV_NOT_READY)
-            return 0;
-        if (rc != CUH_DEV_OK)
-            cpu_wait_device(h);
-        event_put_locked(h, ev);
-        (*num_events)--;
-    }
-    return 1;
-}
-
-/* Takes a held block off the held books; 1 with its live block in *b. */
-static int unhold_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested, live_block_t *b)
-{
-    cuh_ptrmap_remove(&h->held, addr);
-    h->held_bytes -= size;
-    h->held_requested -= requested;
-    return find_live_locked(h, addr, b) == CUHEAP_OK;
-}
-
-static int hold_add_locked(cuh_heap_t *h, hold_t *hd)
-{
-    if (h->num_holds == h->cap_holds) {
-        size_t cap = h->cap_holds ? 2 * h->cap_holds : 16;
-        hold_t **grown = realloc(h->holds, cap * sizeof *grown);
-        if (!grown)
-            return -1;
-        h->holds = grown;
-        h->cap_holds = cap;
-    }
-    if (cuh_ptrmap_insert(&h->held, hd->addr, hd))
-        return -1;
-    h->holds[h->num_holds++] = hd;
-    h->held_bytes += hd->size;
-    h->held_requested += hd->requested;
-    return 0;
-}
-
-/* Frees held block k for real, on the stream it was freed on. */
-static void hold_finish_locked(cuh_heap_t *h, size_t k)
-{
-    hold_t *hd = h->holds[k];
-    h->holds[k] = h->holds[--h->num_holds];
-    for (size_t i = 0; i < hd->num_events; i++)
-        event_put_locked(h, hd->events[i]);
-    live_block_t b;
-    if (unhold_locked(h, hd->addr, hd->size, hd->requested, &b))
-        release_block_locked(h, &b, hd->addr, h->streams[hd->free_tag - 1]);
-    free(hd);
-}
-
-/* Finishes every hold whose events have completed (wait: waits for them).
- * Never during a graph capture: event calls would break it. */
-static int holds_poll_locked(cuh_heap_t *h, int wait)
-{
-    int any = 0;
-    if (h->captures)
-        return 0;
-    for (size_t k = 0; k < h->num_holds;) {
-        hold_t *hd = h->holds[k];
-        if (!hd->pool && events_done_locked(h, hd->events, &hd->num_events, wait)) {
-            hold_finish_locked(h, k);
-            any = 1;
-        } else {
-            k++;
-        }
-    }
-    return any;
-}
-
-/* Holds a block freed by the program instead of freeing it: for a graph
- * pool, or until the streams that used it have finished. Returns 1 if held,
- * 0 if the block may be freed now. */
-static int maybe_hold_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested, stream_state_t *st)
-{
-    uint64_t pool = 0, captured = 0;
-    if (cuh_unlikely(h->graph.count))
-        pool = (uint64_t)(uintptr_t)cuh_ptrmap_remove(&h->graph, addr);
-    if (h->captures && h->capture_pool != pool)
-        captured = h->capture_pool;   /* freed during a capture: that graph may use it too */
-    if (!pool) {
-        pool = captured;
-        captured = 0;
-    }
-    use_list_t *uses = h->uses.count ? cuh_ptrmap_remove(&h->uses, addr) : NULL;
-    if (!pool && !uses)
-        return 0;
-    size_t n = uses ? uses->count : 0;
-    hold_t *hd = calloc(1, sizeof *hd + n * sizeof(cuh_event_t));
-    int synced = 0;
-    if (hd) {
-        *hd = (hold_t){.addr = addr, .size = size, .requested = requested, .free_tag = st->tag, .pool = pool,
-                       .capture_pool = captured};
-        for (size_t i = 0; !pool && i < n; i++) {
-            if (uses->streams[i] == st->handle)
-                continue;   /* ordered after the free's own stream already */
-            cuh_event_t ev = event_get_locked(h);
-            if (!ev || h->dev->ops->event_record(h->dev, ev, uses->streams[i]) != CUH_DEV_OK) {
-                if (ev)
-                    event_put_locked(h, ev);
-                cpu_wait_device(h);   /* cannot fence it: wait for everything */
-                synced = 1;
-                break;
-            }
-            hd->events[hd->num_events++] = ev;
-        }
-    }
-    free(uses);
-    if (!hd || synced || (!pool && !hd->num_events) || hold_add_locked(h, hd)) {
-        if (hd) {
-            for (size_t i = 0; i < hd->num_events; i++)
-                event_put_locked(h, hd->events[i]);
-            if (!synced && hd->num_events)
-                cpu_wait_device(h);
-        } else if (!pool) {
-            cpu_wait_device(h);
-        }
-        free(hd);
-        /* A graph pool's block that cannot be tracked stays out of reuse for
-         * good rather than be handed out while a replay may write it. */
-        return pool != 0;
-    }
-    return 1;
-}
-
-/* ---- device-wide frees -------------------------------------------------------------- */
-
-/* Turns a live block into global free memory: the caller knows no work on
- * any stream can still touch it. */
-static void release_block_global_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr)
-{
-    if (b->ext) {
-        cuh_ptrmap_remove(&h->blocks, addr);
-        cuh_arena_release(&h->arena, b->ext, CUH_TAG_GLOBAL);
-        return;
-    }
-    cuh_slab_clear(b->slab->live, b->index);
-    b->slab->num_live--;
-    slab_object_home_locked(h, addr);
-}
-
-/* The batch's events have all completed, or a take-back returns its blocks
- * early: they become global. A nonzero `gen` is that take-back's generation
- * (gen_open_locked), stamped on their pages. */
-static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch, uint64_t gen)
-{
-    for (size_t i = 0; i < batch->num_entries; i++) {
-        const batch_entry_t *x = &batch->entries[i];
-        live_block_t b;
-        if (cuh_unlikely(gen))
-            stamp_pages_locked(h, x->addr, x->size, gen);
-        if (unhold_locked(h, x->addr, x->size, x->requested, &b))
-            release_block_global_locked(h, &b, x->addr);
-    }
-    for (size_t i = 0; i < batch->num_events; i++)
-        event_put_locked(h, batch->events[i]);
-    free(batch->events);
-    free(batch->event_streams);
-    free(batch->entries);
-    free(batch);
-}
-
-/* Closes the open batch: one device-wide event (record_all_locked), or one
- * event on every live stream the heap knows and on the default stream. If an
- * event cannot be recorded the device is synchronized instead and the batch
- * is finished at once (slow, never wrong). Never during a graph capture. */
-static void batch_close_locked(cuh_heap_t *h)
-{
-    free_batch_t *batch = h->open_batch;
-    if (!batch || h->captures)
-        return;
-    cuh_event_t all = NULL;
-    const cuh_dev_status_t fenced = record_all_locked(h, &all);
-    if (fenced == CUH_DEV_CAPTURING)
-        return;   /* stays open until the capture ends */
-    const int fenced_all = fenced == CUH_DEV_OK;
-    h->open_batch = NULL;
-    h->allocs_at_close = h->num_allocs;
-    h->closed_at = seconds_since(&h->born);
-    batch->events = malloc((h->num_streams + 1) * sizeof *batch->events);
-    batch->event_streams = malloc((h->num_streams + 1) * sizeof *batch->event_streams);
-    int synced = !batch->events || !batch->event_streams;
-    if (fenced_all && !synced) {
-        batch->event_streams[0] = ALL_STREAMS;
-        batch->events[batch->num_events++] = all;
-    } else if (fenced_all) {
-        event_put_locked(h, all);   /* no room for it: the device is synchronized below */
-    }
-    cuh_stream_t handle;
-    for (uint32_t i = 0; !synced && !fenced_all && next_live_stream(h, &i, &handle);) {
-        cuh_event_t ev = event_get_locked(h);
-        if (!ev || h->dev->ops->event_record(h->dev, ev, handle) != CUH_DEV_OK) {
-            if (ev)
-                event_put_locked(h, ev);
-            synced = 1;
-            break;
-        }
-        batch->event_streams[batch->num_events] = handle;
-        batch->events[batch->num_events++] = ev;
-    }
-    if (synced) {
-        cpu_wait_device(h);
-        batch_finish_locked(h, batch, 0);
-        return;
-    }
-    free_batch_t **tail = &h->closed_batches;
-    while (*tail)
-        tail = &(*tail)->next;
-    *tail = batch;
-}
-
-/* Finishes every closed batch whose events have completed (wait: waits for
- * them); then, if none is left in flight, closes the open one so the next
- * frees are already on their way (rationed with other streams known).
- * Returns 1 if any batch finished. */
-static int batches_poll_locked(cuh_heap_t *h, int wait)
-{
-    int any = 0;
-    if (h->captures)
-        return 0;
-    for (free_batch_t **p = &h->closed_batches; *p;) {
-        free_batch_t *batch = *p;
-        if (!events_done_locked(h, batch->events, &batch->num_events, wait)) {
-            p = &batch->next;
-            continue;
-        }
-        *p = batch->next;
-        batch_finish_locked(h, batch, 0);
-        any = 1;
-    }
-    /* Fenced stream by stream, a close records an event on every known
-     * stream: with other streams than the default one, at most once per N
-     * allocations with N streams known, or a program whose GPU keeps up
-     * would pay one per cudaFree (33 event records with PyTorch's stream
-     * pool). A device-wide event costs one. */
-    if (!h->closed_batches && h->open_batch &&
-        (wait || !fences_per_stream_locked(h) || h->num_allocs - h->allocs_at_close >= covered_streams_locked(h)))
-        batch_close_locked(h);
-    return any;
-}
-
-/* Adds a block to the open batch. -1 when host memory runs out. */
-static int batch_add_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested)
-{
-    free_batch_t *batch = h->open_batch;
-    if (!batch && !(batch = h->open_batch = calloc(1, sizeof *batch)))
-        return -1;
-    if (batch->num_entries == batch->cap_entries) {
-        size_t cap = batch->cap_entries ? 2 * batch->cap_entries : 64;
-        batch_entry_t *grown = realloc(batch->entries, cap * sizeof *grown);
-        if (!grown)
-            return -1;
-        batch->entries = grown;
-        batch->cap_entries = cap;
-    }
-    if (cuh_ptrmap_insert(&h->held, addr, batch))
-        return -1;
-    batch->entries[batch->num_entries++] = (batch_entry_t){addr, size, requested};
-    h->held_bytes += size;
-    h->held_requested += requested;
-    return 0;
+    cuh_hp_wait_for_stream_locked(h, st);
+    cuh_hp_slab_object_home_locked(h, addr);
 }
 
 cuheap_status_t cuh_heap_free_device_wide(cuh_heap_t *h, uintptr_t addr)
@@ -4230,47 +610,36 @@ cuheap_status_t cuh_heap_free_device_wide(cuh_heap_t *h, uintptr_t addr)
     if (!addr)
         return CUHEAP_OK;
     cuh_lock(&h->lock);
-    unpark_locked(h);
+    cuh_hp_unpark_locked(h);
     live_block_t b;
-    cuheap_status_t status = find_live_locked(h, addr, &b);
+    cuheap_status_t status = cuh_hp_find_live_locked(h, addr, &b);
     if (status == CUHEAP_OK) {
-        stat_set(&h->requested, h->requested.current - b.requested);
-        stat_set(&h->allocated, h->allocated.current - b.size);
+        cuh_hp_stat_set(&h->requested, h->requested.current - b.requested);
+        cuh_hp_stat_set(&h->allocated, h->allocated.current - b.size);
         h->num_frees++;
         /* Streams that record_stream named must be covered by the batch's
          * events: make sure the heap knows them. */
         use_list_t *uses = h->uses.count ? cuh_ptrmap_remove(&h->uses, addr) : NULL;
         for (size_t i = 0; uses && i < uses->count; i++)
-            stream_get_locked(h, uses->streams[i]);
+            cuh_hp_stream_get_locked(h, uses->streams[i]);
         free(uses);
         stream_state_t *st0 = NULL;
         int graph = h->captures || (h->graph.count && cuh_ptrmap_get(&h->graph, addr));
-        if (graph && (st0 = stream_get_locked(h, 0)) && maybe_hold_locked(h, addr, b.size, b.requested, st0)) {
+        if (graph && (st0 = cuh_hp_stream_get_locked(h, 0)) &&
+            cuh_hp_maybe_hold_locked(h, addr, b.size, b.requested, st0)) {
             /* held for its graph pool, freed when the pool is released */
-        } else if (batch_add_locked(h, addr, b.size, b.requested)) {
+        } else if (cuh_hp_batch_add_locked(h, addr, b.size, b.requested)) {
             /* No room to track it: wait for the whole device instead. */
             if (!h->captures)
-                cpu_wait_device(h);
-            release_block_global_locked(h, &b, addr);
+                cuh_hp_cpu_wait_device(h);
+            cuh_hp_release_block_global_locked(h, &b, addr);
         } else {
-            batches_poll_locked(h, 0);
+            cuh_hp_batches_poll_locked(h, 0);
         }
         if (cuh_unlikely(h->num_holds))
-            holds_poll_locked(h, 0);
+            cuh_hp_holds_poll_locked(h, 0);
     }
-    refresh_stats_locked(h);
-    cuh_unlock(&h->lock);
-    return status;
-}
-
-cuheap_status_t cuh_heap_register_stream(cuh_heap_t *h, cuh_stream_t stream)
-{
-    cuh_lock(&h->lock);
-    cuheap_status_t status = CUHEAP_OK;
-    if (!stream_get_locked(h, stream)) {
-        cuh_set_error("out of host memory for stream records");
-        status = CUHEAP_ERR_OUT_OF_MEMORY;
-    }
+    cuh_hp_refresh_stats_locked(h);
     cuh_unlock(&h->lock);
     return status;
 }
@@ -4279,188 +648,50 @@ cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
 {
     if (!addr)
         return CUHEAP_OK;
-    if (tcache_free(h, addr, stream))
+    if (cuh_hp_tcache_free(h, addr, stream))
         return CUHEAP_OK;
-    heap_lock(h);
-    unpark_locked(h);
+    cuh_hp_heap_lock(h);
+    cuh_hp_unpark_locked(h);
     cuheap_status_t status;
     live_block_t b;
-    stream_state_t *st = stream_get_locked(h, stream);
+    stream_state_t *st = cuh_hp_stream_get_locked(h, stream);
     if (!st) {
         cuh_set_error("out of host memory for stream records");
         status = CUHEAP_ERR_OUT_OF_MEMORY;
-    } else if ((status = find_live_locked(h, addr, &b)) == CUHEAP_OK) {
-        stat_set(&h->requested, h->requested.current - b.requested);
-        stat_set(&h->allocated, h->allocated.current - b.size);
+    } else if ((status = cuh_hp_find_live_locked(h, addr, &b)) == CUHEAP_OK) {
+        cuh_hp_stat_set(&h->requested, h->requested.current - b.requested);
+        cuh_hp_stat_set(&h->allocated, h->allocated.current - b.size);
         int held = cuh_unlikely(h->graph.count || h->captures || h->uses.count) &&
-                   maybe_hold_locked(h, addr, b.size, b.requested, st);
-        if (held || (b.slab && tcache_adopt_locked(h, &b, addr, stream))) {
+                   cuh_hp_maybe_hold_locked(h, addr, b.size, b.requested, st);
+        if (held || (b.slab && cuh_hp_tcache_adopt_locked(h, &b, addr, stream))) {
             /* held, or in this thread's cache */
         } else if (b.ext && !h->captures && !h->cfg.ipc_safe) {
-            if (!large_slot_adopt_locked(h, &b, st, stream))
-                park_locked(h, &b, st);
+            if (!cuh_hp_large_slot_adopt_locked(h, &b, st, stream))
+                cuh_hp_park_locked(h, &b, st);
         } else {
-            release_block_locked(h, &b, addr, st);
+            cuh_hp_release_block_locked(h, &b, addr, st);
         }
         h->num_frees++;
         if (cuh_unlikely(h->num_holds))
-            holds_poll_locked(h, 0);
+            cuh_hp_holds_poll_locked(h, 0);
         if (cuh_unlikely(h->closed_batches != NULL))
-            batches_poll_locked(h, 0);
+            cuh_hp_batches_poll_locked(h, 0);
     }
-    refresh_stats_locked(h);
+    cuh_hp_refresh_stats_locked(h);
     cuh_unlock(&h->lock);
     return status;
-}
-
-cuheap_status_t cuh_heap_record_stream(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream)
-{
-    cuh_lock(&h->lock);
-    live_block_t b;
-    cuheap_status_t status = find_live_locked(h, addr, &b);
-    if (status == CUHEAP_OK) {
-        use_list_t *u = cuh_ptrmap_get(&h->uses, addr);
-        size_t i = 0;
-        while (u && i < u->count && u->streams[i] != stream)
-            i++;
-        if (!u || i == u->count) {
-            if (!u || u->count == u->capacity) {
-                size_t cap = u ? 2 * u->capacity : 2;
-                use_list_t *grown = realloc(u, sizeof *grown + cap * sizeof(cuh_stream_t));
-                if (!grown) {
-                    cuh_set_error("out of host memory for record_stream");
-                    status = CUHEAP_ERR_OUT_OF_MEMORY;
-                    goto out;
-                }
-                if (!u)
-                    grown->count = 0;
-                grown->capacity = cap;
-                if (u != grown) {
-                    cuh_ptrmap_remove(&h->uses, addr);
-                    if (cuh_ptrmap_insert(&h->uses, addr, grown)) {
-                        free(grown);
-                        cuh_set_error("out of host memory for record_stream");
-                        status = CUHEAP_ERR_OUT_OF_MEMORY;
-                        goto out;
-                    }
-                }
-                u = grown;
-            }
-            u->streams[u->count++] = stream;
-        }
-    }
-out:
-    cuh_unlock(&h->lock);
-    return status;
-}
-
-void cuh_heap_capture_begin(cuh_heap_t *h, uint64_t pool)
-{
-    cuh_lock(&h->lock);
-    unpark_all_locked(h);
-    h->captures++;
-    h->capture_pool = pool ? pool : 1;
-    atomic_store_explicit(&h->tcache_closed, 1, memory_order_release);
-    cuh_unlock(&h->lock);
-}
-
-static void release_pool_locked(cuh_heap_t *h, uint64_t pool, int *synced);
-
-void cuh_heap_capture_end(cuh_heap_t *h)
-{
-    cuh_lock(&h->lock);
-    if (h->captures)
-        h->captures--;
-    if (!h->captures && h->num_pools_to_release) {
-        int synced = 0;
-        for (size_t i = 0; i < h->num_pools_to_release; i++)
-            release_pool_locked(h, h->pools_to_release[i], &synced);
-        h->num_pools_to_release = 0;
-        refresh_stats_locked(h);
-    }
-    atomic_store_explicit(&h->tcache_closed, h->captures != 0, memory_order_release);
-    cuh_unlock(&h->lock);
-}
-
-/* Frees the held blocks of graph pool `pool` (those no other pool holds
- * too) and makes its live blocks ordinary ones. Replays of its graphs may
- * still be running: before the first held block, the CPU waits for the
- * device, once (*synced says whether it has). */
-static void release_pool_locked(cuh_heap_t *h, uint64_t pool, int *synced)
-{
-    for (size_t k = 0; k < h->num_holds;) {
-        hold_t *hd = h->holds[k];
-        if (hd->pool != pool && hd->capture_pool != pool) {
-            k++;
-            continue;
-        }
-        if (hd->capture_pool == pool)
-            hd->capture_pool = 0;
-        if (hd->pool == pool) {
-            hd->pool = hd->capture_pool;
-            hd->capture_pool = 0;
-        }
-        if (hd->pool) {
-            k++;   /* the other pool still holds it */
-            continue;
-        }
-        if (!*synced) {
-            cpu_wait_device(h);
-            *synced = 1;
-        }
-        for (size_t i = 0; i < hd->num_events; i++)
-            event_put_locked(h, hd->events[i]);
-        hd->num_events = 0;
-        hold_finish_locked(h, k);
-    }
-    for (size_t i = 0; i <= h->graph.mask; i++)
-        if (h->graph.slots[i].key && (uint64_t)(uintptr_t)h->graph.slots[i].value == pool) {
-            cuh_ptrmap_remove(&h->graph, h->graph.slots[i].key);
-            i--;   /* backward shift may have moved a later entry here */
-        }
-}
-
-/* During a capture (of another pool) the device cannot be waited for: the
- * pool is released, its held blocks freed and its live blocks made
- * ordinary, when the last capture ends. */
-void cuh_heap_release_pool(cuh_heap_t *h, uint64_t pool)
-{
-    cuh_lock(&h->lock);
-    unpark_all_locked(h);
-    if (!pool)
-        pool = 1;
-    if (h->captures) {
-        size_t i = 0;
-        while (i < h->num_pools_to_release && h->pools_to_release[i] != pool)
-            i++;
-        if (i == h->num_pools_to_release) {
-            uint64_t *grown = realloc(h->pools_to_release, (i + 1) * sizeof *grown);
-            if (grown) {
-                h->pools_to_release = grown;
-                h->pools_to_release[h->num_pools_to_release++] = pool;
-            } else {
-                cuh_log("device %d: out of host memory: graph pool %llu stays reserved", h->dev->ordinal,
-                        (unsigned long long)pool);
-            }
-        }
-    } else {
-        int synced = 0;
-        release_pool_locked(h, pool, &synced);
-    }
-    refresh_stats_locked(h);
-    cuh_unlock(&h->lock);
 }
 
 void cuh_heap_set_limit(cuh_heap_t *h, size_t limit)
 {
     cuh_lock(&h->lock);
-    unpark_all_locked(h);
+    cuh_hp_unpark_all_locked(h);
     h->limit = limit;
-    if (limit && reserved_bytes(h) > limit && !h->captures) {
-        settle_all_locked(h);
-        release_free_segments_locked(h);
+    if (limit && cuh_hp_reserved_bytes(h) > limit && !h->captures) {
+        cuh_hp_settle_all_locked(h);
+        cuh_hp_release_free_segments_locked(h);
     }
-    refresh_stats_locked(h);
+    cuh_hp_refresh_stats_locked(h);
     cuh_unlock(&h->lock);
 }
 
@@ -4478,72 +709,19 @@ int cuh_heap_segment_of(cuh_heap_t *h, uintptr_t addr, uintptr_t *base, size_t *
     return seg != NULL;
 }
 
-void cuh_heap_retire_stream(cuh_heap_t *h, cuh_stream_t stream)
-{
-    cuh_lock(&h->lock);
-    unpark_all_locked(h);
-    for (uint32_t i = 0; i < h->num_streams; i++) {
-        stream_state_t *st = h->streams[i];
-        if (st->retired || st->handle != stream)
-            continue;
-        /* What thread caches hold for it joins its ring first; what they
-         * handed out on it they forget (a new stream may get its handle). */
-        for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next)
-            tcache_flush_one_locked(h, tc, 0, stream, 1);
-        /* The last event ever recorded on it covers all it freed; it stays
-         * valid after the stream is destroyed. */
-        stream_fence_locked(h, st);
-        stream_poll_locked(h, st, 0);
-        st->retired = 1;
-        h->live_other_streams -= st->handle != 0;
-        if (h->last_stream == st)
-            h->last_stream = NULL;
-    }
-    refresh_stats_locked(h);
-    cuh_unlock(&h->lock);
-}
-
-cuheap_status_t cuh_heap_allow_peer(cuh_heap_t *h, int peer)
-{
-    cuh_lock(&h->lock);
-    cuheap_status_t status = CUHEAP_OK;
-    if (h->cfg.vmm) {   /* the reservation may come later: the device remembers the peer */
-        const cuh_device_ops_t *ops = h->dev->ops;
-        int ok = ops->vm_allow_peer(h->dev, peer, 0, 0) == CUH_DEV_OK;
-        /* The mapped pages, a run of neighbours at a time. */
-        for (size_t p = 0; ok && p < h->pages_high;) {
-            if (!h->page_handle[p]) {
-                p++;
-                continue;
-            }
-            size_t end = p;
-            while (end < h->pages_high && h->page_handle[end])
-                end++;
-            ok = ops->vm_allow_peer(h->dev, peer, page_va(h, p), (end - p) * h->vm_page) == CUH_DEV_OK;
-            p = end;
-        }
-        if (!ok) {
-            cuh_set_error("device %d: peer access for device %d: %s", h->dev->ordinal, peer, h->dev->last_error);
-            status = CUHEAP_ERR_DEVICE;
-        }
-    }
-    cuh_unlock(&h->lock);
-    return status;
-}
-
 void cuh_heap_poll(cuh_heap_t *h)
 {
     cuh_lock(&h->lock);
-    poll_all_locked(h, 0);
+    cuh_hp_poll_all_locked(h, 0);
     if (h->drains)
-        drains_poll_locked(h, 0);
+        cuh_hp_drains_poll_locked(h, 0);
     /* Whoever polls wants to see freed memory come back (cudaMemGetInfo
      * counts it as free): the open batch goes out, at most once a
      * millisecond (libraries may ask for memory info often), or a program
      * that frees and then waits for free memory would wait for ever. */
-    if (!h->closed_batches && h->open_batch && seconds_since(&h->born) - h->closed_at >= POLL_CLOSE_SECONDS)
-        batch_close_locked(h);
-    refresh_stats_locked(h);
+    if (!h->closed_batches && h->open_batch && cuh_hp_seconds_since(&h->born) - h->closed_at >= POLL_CLOSE_SECONDS)
+        cuh_hp_batch_close_locked(h);
+    cuh_hp_refresh_stats_locked(h);
     cuh_unlock(&h->lock);
 }
 
@@ -4586,488 +764,18 @@ size_t cuh_heap_block_size(cuh_heap_t *h, uintptr_t addr)
     return size;
 }
 
-static void cuh_heap_stats_locked(cuh_heap_t *h, cuheap_stats_t *out);
-
-void cuh_heap_stats(cuh_heap_t *h, cuheap_stats_t *out)
-{
-    cuh_lock(&h->lock);
-    unpark_all_locked(h);   /* so that the largest free extent is what a search would see */
-    cuh_heap_stats_locked(h, out);
-    cuh_unlock(&h->lock);
-}
-
-static void cuh_heap_stats_locked(cuh_heap_t *h, cuheap_stats_t *out)
-{
-    memset(out, 0, sizeof *out);
-#define COPY_STAT(name)                      \
-    out->name.current = h->name.current;     \
-    out->name.peak = h->name.peak
-    COPY_STAT(requested);
-    COPY_STAT(allocated);
-    COPY_STAT(reserved);
-    COPY_STAT(cached);
-    COPY_STAT(pending);
-#undef COPY_STAT
-    /* What thread caches hold is free to the program; what they served,
-     * allocations, frees and cache hits. */
-    int64_t allocated_adjust = 0, requested_adjust = 0;
-    uint64_t tc_allocs = 0, tc_frees = 0;
-    for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next) {
-        cuh_spin_lock(&tc->lock);
-        allocated_adjust += tc->allocated_adjust;
-        requested_adjust += tc->requested_adjust;
-        tc_allocs += tc->num_allocs;
-        tc_frees += tc->num_frees;
-        cuh_spin_unlock(&tc->lock);
-    }
-    out->allocated.current = (size_t)((int64_t)h->allocated.current + allocated_adjust);
-    out->requested.current = (size_t)((int64_t)h->requested.current + requested_adjust);
-    /* Cached is what is reserved and not allocated, counted now: moves
-     * between thread caches and the heap's books do not refresh the heap's
-     * own figure at once. */
-    out->reserved.current = reserved_bytes(h);
-    if (out->reserved.peak < out->reserved.current)
-        out->reserved.peak = out->reserved.current;
-    out->cached.current = out->reserved.current - out->allocated.current;
-    if (out->cached.peak < out->cached.current)
-        out->cached.peak = out->cached.current;
-    out->num_allocs = h->num_allocs + tc_allocs;
-    out->num_frees = h->num_frees + tc_frees;
-    out->num_segment_allocs = h->num_segment_allocs;
-    out->num_segment_frees = h->num_segment_frees;
-    out->num_cache_hits = h->num_cache_hits + tc_allocs;
-    out->num_retries = h->num_retries;
-    out->num_cpu_waits = h->num_cpu_waits;
-    out->num_ooms = h->num_ooms;
-    out->largest_free_extent = largest_free_locked(h, out->cached.current);
-    out->num_free_extents = h->arena.free_extents;
-    out->limit = h->limit;
-    out->workspace = h->workspace ? h->workspace->size : 0;
-    out->device_total = h->device_total;
-}
-
-void cuh_heap_reset_peaks(cuh_heap_t *h)
-{
-    cuh_lock(&h->lock);
-    h->requested.peak = h->requested.current;
-    h->allocated.peak = h->allocated.current;
-    h->reserved.peak = h->reserved.current;
-    h->cached.peak = h->cached.current;
-    h->pending.peak = h->pending.current;
-    cuh_unlock(&h->lock);
-}
-
 /* During a graph capture nothing goes back: freeing device memory (or
  * waiting for the frees before it) would invalidate the capture. */
 cuheap_status_t cuh_heap_release_cached(cuh_heap_t *h)
 {
     cuh_lock(&h->lock);
-    unpark_all_locked(h);
-    settle_all_locked(h);
+    cuh_hp_unpark_all_locked(h);
+    cuh_hp_settle_all_locked(h);
     if (!h->captures)
-        release_free_segments_locked(h);
-    refresh_stats_locked(h);
+        cuh_hp_release_free_segments_locked(h);
+    cuh_hp_refresh_stats_locked(h);
     cuh_unlock(&h->lock);
     return CUHEAP_OK;
 }
 
-int cuh_heap_last_oom(cuh_heap_t *h, cuh_oom_info_t *out)
-{
-    cuh_lock(&h->lock);
-    int has = h->has_oom;
-    if (has)
-        *out = h->last_oom;
-    cuh_unlock(&h->lock);
-    return has;
-}
-
 cuh_device_t *cuh_heap_device(cuh_heap_t *h) { return h->dev; }
-
-/* ---- consistency ------------------------------------------------------------------ */
-
-void cuh_heap_assume_contention(cuh_heap_t *h, unsigned ops)
-{
-    cuh_lock(&h->lock);
-    h->contended = ops;
-    cuh_unlock(&h->lock);
-}
-
-int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
-{
-    cuh_lock(&h->lock);
-    int rc = cuh_arena_check(&h->arena, msg, len);
-    size_t allocated = 0, requested = 0, ring_objs = 0, slab_spare = 0, tcached = 0, large_owned = 0;
-    for (cuh_segment_t *seg = h->arena.segments; !rc && seg; seg = seg->next)
-        for (cuh_extent_t *e = seg->first; e; e = e->next) {
-            if (e->state == CUH_EXTENT_BLOCK) {
-                allocated += e->size;
-                requested += e->requested;
-                large_owned += e->owner != NULL;
-                if (cuh_ptrmap_get(&h->blocks, e->addr) != e) {
-                    snprintf(msg, len, "block 0x%llx is missing from the block map", (unsigned long long)e->addr);
-                    rc = -1;
-                }
-            } else if (e->state == CUH_EXTENT_SLAB) {
-                cuh_slab_t *s = e->owner;
-                uint32_t live = 0, avail = 0;
-                for (uint32_t i = 0; i < s->num_objs; i++) {
-                    live += (uint32_t)cuh_slab_bit(s->live, i);
-                    avail += (uint32_t)cuh_slab_bit(s->avail, i);
-                    if (cuh_slab_bit(s->live, i) && cuh_slab_bit(s->avail, i))
-                        rc = -1;
-                    if (cuh_slab_bit(s->tcached, i) && !cuh_slab_bit(s->live, i))
-                        rc = -1;
-                    tcached += (size_t)cuh_slab_bit(s->tcached, i);
-                    if (cuh_slab_bit(s->live, i))
-                        requested += s->requested[i];
-                }
-                if (rc || live != s->num_live || avail != s->num_avail || cuh_pagemap_get(&h->pages, e->addr) != s) {
-                    snprintf(msg, len, "slab 0x%llx: bitmaps disagree with counts or page map", (unsigned long long)e->addr);
-                    rc = -1;
-                }
-                allocated += s->num_live * s->obj_size;
-                slab_spare += s->num_objs - s->num_live - s->num_avail;
-            }
-        }
-    if (!rc) {
-        uint32_t live_others = 0;
-        cuh_stream_t handle;
-        for (uint32_t i = 0; next_live_stream(h, &i, &handle);)
-            live_others += handle != 0;
-        if (live_others != h->live_other_streams) {
-            snprintf(msg, len, "%u live streams besides the default one, books say %u", live_others,
-                     h->live_other_streams);
-            rc = -1;
-        }
-    }
-    if (!rc && h->vm) {
-        /* Every page under a used extent is mapped; the counts agree. */
-        size_t mapped = 0;
-        for (size_t p = 0; p < h->num_pages; p++) {
-            mapped += h->page_handle[p] != 0;
-            if (!rc && ((h->page_mapped[p >> 6] >> (p & 63)) & 1) != (h->page_handle[p] != 0)) {
-                snprintf(msg, len, "vmm: the mapped-page bitmap disagrees with page 0x%llx",
-                         (unsigned long long)page_va(h, p));
-                rc = -1;
-            }
-        }
-        if (mapped != h->mapped_pages || h->mapped_pages > h->physical_pages) {
-            snprintf(msg, len, "vmm: %zu pages mapped, books say %zu (physical %zu)", mapped, h->mapped_pages,
-                     h->physical_pages);
-            rc = -1;
-        }
-        /* DRAIN extents are whole unmapped pages, each in one drain. */
-        size_t draining = 0, listed = 0;
-        for (cuh_extent_t *e = h->vm->first; !rc && e; e = e->next)
-            if (e->state == CUH_EXTENT_DRAIN) {
-                draining++;
-                if ((e->addr - h->vm->base) % h->vm_page || e->size % h->vm_page)
-                    rc = -1;
-                for (uintptr_t va = e->addr; !rc && va < e->addr + e->size; va += h->vm_page)
-                    rc = h->page_handle[(va - h->vm->base) / h->vm_page] ? -1 : 0;
-                if (rc)
-                    snprintf(msg, len, "vmm: draining range at 0x%llx is not whole unmapped pages",
-                             (unsigned long long)e->addr);
-            }
-        for (const vm_drain_t *d = h->drains; !rc && d; d = d->next)
-            listed += d->num_extents;
-        if (!rc && draining != listed) {
-            snprintf(msg, len, "vmm: %zu draining ranges, drains list %zu", draining, listed);
-            rc = -1;
-        }
-        for (cuh_extent_t *e = h->vm->first; !rc && e; e = e->next) {
-            if (e->state == CUH_EXTENT_FREE || e->state == CUH_EXTENT_DRAIN)
-                continue;
-            size_t first = (size_t)(e->addr - h->vm->base) / h->vm_page;
-            size_t end = (size_t)(e->addr + e->size - h->vm->base + h->vm_page - 1) / h->vm_page;
-            for (size_t p = first; p < end; p++)
-                if (!h->page_handle[p]) {
-                    snprintf(msg, len, "vmm: block at 0x%llx has an unmapped page at 0x%llx",
-                             (unsigned long long)e->addr, (unsigned long long)page_va(h, p));
-                    rc = -1;
-                    break;
-                }
-        }
-    }
-    for (uint32_t i = 0; !rc && i < h->num_streams; i++) {
-        stream_state_t *st = h->streams[i];
-        size_t fenced = 0, unfenced = 0;
-        for (unsigned c = 0; c < h->num_classes; c++) {
-            small_ring_t *r = &st->small[c];
-            for (uint32_t k = 0; k < r->count; k++) {
-                small_entry_t e = r->entries[(r->head + k) & (r->capacity - 1)];
-                if (e.epoch < h->arena.tags[st->tag].fences_recorded)
-                    fenced += h->classes[c].size;
-                else
-                    unfenced += h->classes[c].size;
-            }
-            ring_objs += r->count;
-        }
-        if (fenced != st->small_fenced || unfenced != st->small_unfenced) {
-            snprintf(msg, len, "stream %u: small cache holds %zu fenced / %zu unfenced bytes, books say %zu / %zu",
-                     st->tag, fenced, unfenced, st->small_fenced, st->small_unfenced);
-            rc = -1;
-        }
-    }
-    /* The parked block is still a used extent, counted as freed. */
-    size_t parked = h->parked ? h->parked->size : 0, parked_requested = h->parked ? h->parked->requested : 0;
-    if (!rc && h->parked && cuh_ptrmap_get(&h->blocks, h->parked->addr) != h->parked) {
-        snprintf(msg, len, "the parked block 0x%llx is missing from the block map", (unsigned long long)h->parked->addr);
-        rc = -1;
-    }
-    if (!rc && (allocated != h->allocated.current + h->held_bytes + parked ||
-                requested != h->requested.current + h->held_requested + parked_requested || ring_objs != slab_spare)) {
-        snprintf(msg, len,
-                 "allocated %zu (books %zu + held %zu), requested %zu (books %zu + held %zu), cached small objects "
-                 "%zu (slabs say %zu)",
-                 allocated, h->allocated.current, h->held_bytes, requested, h->requested.current, h->held_requested,
-                 ring_objs, slab_spare);
-        rc = -1;
-    }
-    /* Every object a slab marks tcached is in exactly one thread cache; the
-     * cached ones are in their bins, and the books agree. */
-    size_t owned = 0;
-    for (cuh_tcache_t *tc = h->tcaches; !rc && tc; tc = tc->heap_next) {
-        cuh_spin_lock(&tc->lock);
-        size_t entries = 0, cached = 0, binned = 0, cached_bytes = 0;
-        int64_t requested_adjust = 0, allocated_adjust = 0;
-        /* Its large block: the heap's record points back at it, and it is
-         * counted as allocated with the request the cache took it with. */
-        const cuh_tc_large_t *l = &tc->large;
-        if (l->state) {
-            const cuh_extent_t *e = l->ext;
-            if (!tc->large_listed || !e || e->owner != tc || e->state != CUH_EXTENT_BLOCK || e->addr != l->addr ||
-                e->size != l->size || e->requested != l->counted || cuh_ptrmap_get(&h->blocks, l->addr) != e ||
-                (l->state == CUH_TC_LIVE && l->requested > l->counted)) {
-                snprintf(msg, len, "thread cache: its large block 0x%llx disagrees with the heap's record",
-                         (unsigned long long)l->addr);
-                rc = -1;
-            }
-            large_owned--;
-            allocated_adjust -= l->state == CUH_TC_CACHED ? (int64_t)l->size : 0;
-            requested_adjust += l->state == CUH_TC_CACHED ? -(int64_t)l->counted
-                                                          : (int64_t)l->requested - (int64_t)l->counted;
-        } else if (tc->large_listed) {
-            snprintf(msg, len, "thread cache: listed as holding a large block, holds none");
-            rc = -1;
-        }
-        for (size_t i = 0; i <= tc->mask; i++) {
-            const cuh_tc_entry_t *e = &tc->slots[i];
-            if (!e->addr)
-                continue;
-            entries++;
-            cuh_slab_t *s = slab_of_locked(h, e->addr);
-            int64_t idx = s ? cuh_slab_index(s, e->addr) : -1;
-            if (idx < 0 || !cuh_slab_bit(s->tcached, (uint32_t)idx) || s->obj_size != e->size) {
-                snprintf(msg, len, "thread cache: 0x%llx is not a tcached object of its size",
-                         (unsigned long long)e->addr);
-                rc = -1;
-            }
-            if (e->state == CUH_TC_CACHED) {
-                cached++;
-                cached_bytes += e->size;
-                requested_adjust -= (int64_t)e->size;
-            } else {
-                requested_adjust += (int64_t)e->requested - (int64_t)e->size;
-            }
-        }
-        for (unsigned c = 0; c < CUH_MAX_CLASSES; c++)
-            for (uint32_t k = 0; k < tc->bins[c].count; k++) {
-                const cuh_tc_entry_t *e = cuh_tcache_find(tc, tc->bins[c].addr[k]);
-                binned += e && e->state == CUH_TC_CACHED && e->size_class == c;
-            }
-        allocated_adjust -= (int64_t)cached_bytes;
-        if (!rc && (entries != tc->count || binned != cached || cached_bytes != tc->cached_bytes ||
-                    tc->allocated_adjust != allocated_adjust || tc->requested_adjust != requested_adjust)) {
-            snprintf(msg, len,
-                     "thread cache: %zu entries (books %zu), %zu cached (%zu in bins, %zu bytes, books %zu), "
-                     "adjustments %lld / %lld, expected %lld / %lld",
-                     entries, tc->count, cached, binned, cached_bytes, tc->cached_bytes,
-                     (long long)tc->allocated_adjust, (long long)tc->requested_adjust, (long long)allocated_adjust,
-                     (long long)requested_adjust);
-            rc = -1;
-        }
-        owned += entries;
-        cuh_spin_unlock(&tc->lock);
-    }
-    if (!rc && owned != tcached) {
-        snprintf(msg, len, "slabs mark %zu objects tcached, thread caches own %zu", tcached, owned);
-        rc = -1;
-    }
-    /* The heap's list of caches holding a large block is exactly those. */
-    size_t listed = 0, flagged = 0;
-    for (const cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next)
-        flagged += tc->large_listed != 0;
-    for (const cuh_tcache_t *tc = h->large_tcs; tc && listed <= flagged; tc = tc->large_next)   /* no cycle */
-        listed++;
-    if (!rc && (large_owned != 0 || listed != flagged)) {
-        snprintf(msg, len, "blocks marked as in thread caches: %lld more than the caches hold; %zu caches listed, %zu "
-                 "flagged", (long long)large_owned, listed, flagged);
-        rc = -1;
-    }
-    /* Every held block is in exactly one hold list or batch, and in the map. */
-    size_t held = 0, num_held = h->num_holds;
-    for (size_t k = 0; k < h->num_holds; k++)
-        held += h->holds[k]->size;
-    const free_batch_t *lists[2] = {h->open_batch, h->closed_batches};
-    for (int l = 0; l < 2; l++) {
-        for (const free_batch_t *batch = lists[l]; batch; batch = l ? batch->next : NULL) {
-            for (size_t k = 0; k < batch->num_entries; k++)
-                held += batch->entries[k].size;
-            num_held += batch->num_entries;
-        }
-    }
-    if (!rc && (held != h->held_bytes || num_held != h->held.count)) {
-        snprintf(msg, len, "held blocks: %zu (%zu bytes) in lists and batches, %zu in the map, books say %zu bytes",
-                 num_held, held, h->held.count, h->held_bytes);
-        rc = -1;
-    }
-    cuh_unlock(&h->lock);
-    return rc;
-}
-
-/* ---- snapshot ---------------------------------------------------------------------- */
-
-/* The mapped ranges of the vmm:1 reservation, into snap->runs (none if out
- * of host memory: `mapped` still says how much). */
-static void snapshot_runs_locked(const cuh_heap_t *h, cuh_heap_snapshot_t *snap, cuh_snap_segment_t *ss)
-{
-    size_t n = 0;
-    for (size_t p = 0; (p = cuh_bits_next(h->page_mapped, p, h->pages_high, 1)) < h->pages_high; n++)
-        p = cuh_bits_next(h->page_mapped, p, h->pages_high, 0);
-    ss->first_run = snap->num_runs;
-    snap->runs = n ? malloc(n * sizeof *snap->runs) : NULL;
-    if (!snap->runs)
-        return;
-    for (size_t p = 0; (p = cuh_bits_next(h->page_mapped, p, h->pages_high, 1)) < h->pages_high;) {
-        size_t q = cuh_bits_next(h->page_mapped, p, h->pages_high, 0);
-        snap->runs[snap->num_runs++] = (cuh_snap_run_t){page_va(h, p), (uint64_t)(q - p) * h->vm_page};
-        p = q;
-    }
-    ss->num_runs = snap->num_runs - ss->first_run;
-}
-
-cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h, int ask_device)
-{
-    cuh_heap_snapshot_t *snap = calloc(1, sizeof *snap);
-    if (!snap)
-        return NULL;
-    /* At exit (ask_device 0) another thread may be inside the heap, or may
-     * have died holding its lock: wait a little, then report without it. */
-    if (ask_device) {
-        cuh_lock(&h->lock);
-    } else {
-        int tries = 0;
-        while (!cuh_trylock(&h->lock)) {
-            if (++tries > 200) {
-                free(snap);
-                return NULL;
-            }
-            struct timespec pause = {0, 1000000};
-            nanosleep(&pause, NULL);
-        }
-    }
-    unpark_all_locked(h);
-    cuh_heap_stats_locked(h, &snap->stats);
-    snap->device = h->dev->ordinal;
-    snap->device_kind = h->dev->kind;
-    snap->config = h->cfg;
-    snap->device_total = h->device_total;
-    snap->device_free_unknown = !ask_device;
-    if (ask_device)
-        h->dev->ops->mem_info(h->dev, &snap->device_free, &snap->device_total);
-    size_t num_extents = 0;
-    for (cuh_segment_t *seg = h->arena.segments; seg; seg = seg->next)
-        for (cuh_extent_t *e = seg->first; e; e = e->next)
-            num_extents++;
-    snap->segments = calloc(h->arena.num_segments + 1, sizeof *snap->segments);
-    snap->extents = calloc(num_extents + 1, sizeof *snap->extents);
-    snap->streams = calloc(h->num_streams + 1, sizeof *snap->streams);
-    if (!snap->segments || !snap->extents || !snap->streams) {
-        cuh_unlock(&h->lock);
-        cuh_heap_snapshot_free(snap);
-        return NULL;
-    }
-    for (size_t i = 0; i < h->arena.num_segments; i++) {
-        const cuh_segment_t *seg = h->arena.by_address[i];
-        cuh_snap_segment_t *ss = &snap->segments[snap->num_segments++];
-        ss->base = seg->base;
-        ss->size = seg->size;
-        ss->workspace = seg->region == CUH_REGION_WORKSPACE;
-        ss->virtual_space = seg->virtual_space;
-        ss->mapped = seg->virtual_space ? (uint64_t)h->mapped_pages * h->vm_page : seg->size;
-        if (seg->virtual_space) {
-            ss->page_size = h->vm_page;
-            ss->page_maps = h->num_page_maps;
-            ss->page_moves = h->num_page_steals;
-            snapshot_runs_locked(h, snap, ss);
-        }
-        ss->first_extent = snap->num_extents;
-        for (const cuh_extent_t *e = seg->first; e; e = e->next) {
-            cuh_snap_extent_t *x = &snap->extents[snap->num_extents++];
-            x->addr = e->addr;
-            x->size = e->size;
-            if (e->state == CUH_EXTENT_FREE) {
-                x->kind = CUH_SNAP_FREE;
-                x->stream_tag = e->tag;
-                x->pending = e->tag != CUH_TAG_GLOBAL && e->epoch < h->arena.tags[e->tag].fences_recorded;
-            } else if (e->state == CUH_EXTENT_DRAIN) {   /* address space only: its pages moved */
-                x->kind = CUH_SNAP_FREE;
-                x->stream_tag = e->tag;
-                x->pending = 1;
-            } else if (e->state == CUH_EXTENT_BLOCK) {
-                x->kind = CUH_SNAP_BLOCK;
-                x->requested = e->requested;
-            } else {
-                const cuh_slab_t *sl = e->owner;
-                x->kind = CUH_SNAP_SLAB;
-                x->size_class = sl->size_class;
-                x->objs = sl->num_objs;
-                x->live = sl->num_live;
-                x->requested = sl->num_live * sl->obj_size;
-                snap->classes[sl->size_class].slabs++;
-                snap->classes[sl->size_class].objs += sl->num_objs;
-                snap->classes[sl->size_class].live += sl->num_live;
-            }
-        }
-        ss->num_extents = snap->num_extents - ss->first_extent;
-    }
-    snap->num_classes = h->num_classes;
-    for (unsigned c = 0; c < h->num_classes; c++) {
-        snap->classes[c].size = h->classes[c].size;
-        snap->classes[c].slab_bytes = h->classes[c].slab_bytes;
-    }
-    for (uint32_t i = 0; i < h->num_streams; i++) {
-        const stream_state_t *st = h->streams[i];
-        const cuh_tag_books_t *b = &h->arena.tags[st->tag];
-        cuh_snap_stream_t *x = &snap->streams[snap->num_streams++];
-        x->handle = st->handle;
-        x->private_bytes = b->fenced_bytes + b->unfenced_bytes + st->small_fenced + st->small_unfenced;
-        x->pending_bytes = b->fenced_bytes + st->small_fenced;
-        x->fences_outstanding = st->num_fences;
-        for (unsigned c = 0; c < h->num_classes; c++)
-            snap->classes[c].cached += st->small[c].count;
-    }
-    snap->has_oom = h->has_oom;
-    snap->oom = h->last_oom;
-    snap->uptime = seconds_since(&h->born);
-    snap->timeline = malloc((h->num_samples + 1) * sizeof *snap->timeline);
-    if (snap->timeline) {
-        memcpy(snap->timeline, h->timeline, h->num_samples * sizeof *snap->timeline);
-        snap->num_samples = h->num_samples;
-    }
-    cuh_unlock(&h->lock);
-    return snap;
-}
-
-void cuh_heap_snapshot_free(cuh_heap_snapshot_t *snap)
-{
-    if (!snap)
-        return;
-    free(snap->segments);
-    free(snap->extents);
-    free(snap->runs);
-    free(snap->streams);
-    free(snap->timeline);
-    free(snap);
-}

@@ -4,24 +4,31 @@
  * device interface. It knows nothing of hooks or of CUDA: streams are opaque
  * numbers and "has the work finished" is a question put to the device.
  *
- * Rules it keeps (each has a test in tests/test_heap.c):
- *   - every block is aligned to CUH_ALIGN (512) bytes;
+ * Rules it keeps (each proved in tests/test_heap*.c; in brackets the file of
+ * the heap that keeps it, src/heap_internal.h maps them):
+ *   - every block is aligned to CUH_ALIGN (512) bytes [heap.c];
  *   - a block freed on stream s is reusable on s at once and on another stream
- *     only after an event recorded on s after the free has completed; the
- *     same holds byte for byte for slab objects and, under vmm:1, for the
- *     physical pages behind them, wherever a page moves, and a page's old
- *     mapping stays until that work is done (the page-rule model);
+ *     only after an event recorded on s after the free has completed
+ *     [heap_streams.c]; the same holds byte for byte for slab objects
+ *     [heap_small.c] and, under vmm:1, for the physical pages behind them,
+ *     wherever a page moves, and a page's old mapping stays until that work
+ *     is done (the page-rule model) [heap_pages.c];
  *     These hold through the places a freed block may wait outside the
  *     arena: a thread's cache of small objects, a thread's last large block
- *     and the parked large block;
+ *     and the parked large block [heap_tcache.c];
  *   - when the device (or the limit) refuses a segment, the heap waits for
  *     pending frees, gives back what thread caches hold, releases cached
- *     segments and retries before it reports out-of-memory; under vmm:1 with
- *     pages of the device's granularity, wholly free pages that add up to a
- *     request serve it;
+ *     segments and retries before it reports out-of-memory [heap.c, the
+ *     allocation ladder; heap_oom.c, the report]; under vmm:1 with pages of
+ *     the device's granularity, wholly free pages that add up to a request
+ *     serve it [heap_pages.c];
+ *   - a block freed device-wide is reused only after the work issued before
+ *     the free on every stream, and no such free waits [heap_devicewide.c];
+ *     a block that streams named by record_stream use, or that a graph
+ *     captured, is held for them [heap_holds.c];
  *   - a double free or a pointer it does not own is an error that leaves the
- *     heap unchanged;
- *   - every function is thread-safe.
+ *     heap unchanged [heap.c];
+ *   - every function is thread-safe [heap.c, heap_tcache.c].
  */
 #ifndef CUH_HEAP_H
 #define CUH_HEAP_H
@@ -192,7 +199,7 @@ cuh_device_t *cuh_heap_device(cuh_heap_t *heap);
  * description in msg. Walks everything: not for hot paths. */
 int cuh_heap_check(cuh_heap_t *heap, char *msg, size_t len);
 /* For tests: the next `ops` allocations and frees behave as if threads had
- * just contended for the heap's lock (heap.c, "a thread's large block"):
+ * just contended for the heap's lock (heap_tcache.c, "a thread's large block"):
  * each thread then keeps the large block it freed while others allocate. */
 void cuh_heap_assume_contention(cuh_heap_t *heap, unsigned ops);
 

@@ -5,7 +5,7 @@
  *   live   handed out to the program (cleared at free: a second free finds it
  *          clear and is reported as a double free);
  *   avail  back in the slab, free for any stream. An object that is neither
- *          live nor avail sits in a stream's private cache (see heap.c);
+ *          live nor avail sits in a stream's private cache (see heap_small.c);
  *   tcached  owned by a thread cache (tcache.h), handed out or held there;
  *          live stays set: the heap counts the object as allocated.
  * A slab whose objects are all avail goes back to the arena, so small objects

@@ -13,8 +13,8 @@
  * later free by this thread finds them here, without the heap), and per-class
  * bins of the cached ones with the stream each was freed on; and one large
  * block, the last the thread freed through the heap. Which objects
- * may enter and when they go back to the heap are the heap's rules (heap.c,
- * "thread caches").
+ * may enter and when they go back to the heap are the heap's rules
+ * (heap_tcache.c, "thread caches").
  */
 #ifndef CUH_TCACHE_H
 #define CUH_TCACHE_H
@@ -45,7 +45,7 @@ typedef struct cuh_tc_bin_s {
     uintptr_t stream[CUH_TC_BIN_MAX];
 } cuh_tc_bin_t;
 
-/* A thread's last large block (heap.c, "a thread's large block"): freed by
+/* A thread's last large block (heap_tcache.c, "a thread's large block"): freed by
  * the thread through the heap, it waits here for the thread's next request
  * of its size on its stream, and comes back here when that request frees it
  * on that stream, both without the heap's lock. */

@@ -1,6 +1,7 @@
 /* heap_model.h - a model of DESIGN's reuse rule, checked against the heap on
- * the simulated GPU; shared by tests/test_heap.c (page_rule_model) and the
- * heap's fuzz target (tests/fuzz/fuzz_heap.c).
+ * the simulated GPU; shared by the heap's tests (tests/test_heap*.c;
+ * page_rule_model in test_heap_vmm.c) and its fuzz target
+ * (tests/fuzz/fuzz_heap.c).
  *
  * A freed block leaves its bytes behind, page by page: by address and, under
  * vmm:1, by physical page and offset (pages move to other addresses). Those

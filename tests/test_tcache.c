@@ -2,7 +2,7 @@
  * inserted is found until removed, through growth and the backward shifts of
  * removals; bins pop the newest object of the asking stream, look only a few
  * objects deep, and refuse a push when full. The heap's rules for thread
- * caches are tested in test_heap.c. */
+ * caches are tested in test_heap_tcache.c. */
 #include "test_util.h"
 #include "tcache.h"
 

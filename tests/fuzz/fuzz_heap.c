@@ -1,6 +1,6 @@
 /* fuzz_heap.c - a coverage-guided search for a broken rule of the heap.
  *
- * The random-operation models of tests/test_heap.c draw their operations
+ * The random-operation models of tests/test_heap*.c draw their operations
  * from a seed; this target reads them from its input, so that libFuzzer can
  * steer towards code the seeds never reach: every setting that changes a
  * path (vmm, page size and margin, thread caches, slabs, IPC-safe blocks,

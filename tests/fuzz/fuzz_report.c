@@ -1,13 +1,16 @@
 /* fuzz_report.c - any bytes as a JSON report given to cuheap-report: read,
  * checked, and rendered as text, HTML and JSON, compared with itself and
  * merged with itself; it must render or refuse with a message, never crash
- * or read out of bounds. The tool's own source is compiled in, its main()
+ * or read out of bounds. The tool's own sources are compiled in, its main()
  * renamed. Built with clang's -fsanitize=fuzzer by `make fuzz`; with
  * FUZZ_MAIN it replays files and folders (tests/fuzz/corpus/report). */
 int cuheap_report_main(int argc, char **argv);
 #define main cuheap_report_main
 #include "../../src/tools/report.c"
 #undef main
+#include "../../src/tools/report_check.c"
+#include "../../src/tools/report_read.c"
+#include "../../src/tools/report_render.c"
 
 #include "fuzz_file.h"
 

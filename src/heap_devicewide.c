@@ -1,0 +1,436 @@
+/* heap_devicewide.c - device-wide frees (cudaFree's promise): blocks wait in
+ * batches fenced over every stream, and come back early when the GPU, not the
+ * CPU, is made to wait for their work (take-backs); reuse across streams
+ * takes other streams' freed memory the same way.
+ *
+ * Rule kept here (heap.h, cuh_heap_free_device_wide): a block freed
+ * device-wide is handed out again only after all work issued before the free,
+ * on every stream, has finished, or once every stream's later work waits for
+ * that work on the GPU; no such free waits.
+ *
+ * Device-wide frees (cudaFree: no stream, all earlier work on every stream
+ * may still use the block) wait in batches fenced on every known stream;
+ * see free_batch_t.
+ */
+#include "heap_internal.h"
+
+#include <stdlib.h>
+
+/* ---- device-wide frees -------------------------------------------------------------- */
+
+/* Turns a live block into global free memory: the caller knows no work on
+ * any stream can still touch it. */
+void cuh_hp_release_block_global_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr)
+{
+    if (b->ext) {
+        cuh_ptrmap_remove(&h->blocks, addr);
+        cuh_arena_release(&h->arena, b->ext, CUH_TAG_GLOBAL);
+        return;
+    }
+    cuh_slab_clear(b->slab->live, b->index);
+    b->slab->num_live--;
+    cuh_hp_slab_object_home_locked(h, addr);
+}
+
+/* The batch's events have all completed, or a take-back returns its blocks
+ * early: they become global. A nonzero `gen` is that take-back's generation
+ * (cuh_hp_gen_open_locked), stamped on their pages. */
+static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch, uint64_t gen)
+{
+    for (size_t i = 0; i < batch->num_entries; i++) {
+        const batch_entry_t *x = &batch->entries[i];
+        live_block_t b;
+        if (cuh_unlikely(gen))
+            cuh_hp_stamp_pages_locked(h, x->addr, x->size, gen);
+        if (cuh_hp_unhold_locked(h, x->addr, x->size, x->requested, &b))
+            cuh_hp_release_block_global_locked(h, &b, x->addr);
+    }
+    for (size_t i = 0; i < batch->num_events; i++)
+        cuh_hp_event_put_locked(h, batch->events[i]);
+    free(batch->events);
+    free(batch->event_streams);
+    free(batch->entries);
+    free(batch);
+}
+
+/* Closes the open batch: one device-wide event (cuh_hp_record_all_locked), or one
+ * event on every live stream the heap knows and on the default stream. If an
+ * event cannot be recorded the device is synchronized instead and the batch
+ * is finished at once (slow, never wrong). Never during a graph capture. */
+void cuh_hp_batch_close_locked(cuh_heap_t *h)
+{
+    free_batch_t *batch = h->open_batch;
+    if (!batch || h->captures)
+        return;
+    cuh_event_t all = NULL;
+    const cuh_dev_status_t fenced = cuh_hp_record_all_locked(h, &all);
+    if (fenced == CUH_DEV_CAPTURING)
+        return;   /* stays open until the capture ends */
+    const int fenced_all = fenced == CUH_DEV_OK;
+    h->open_batch = NULL;
+    h->allocs_at_close = h->num_allocs;
+    h->closed_at = cuh_hp_seconds_since(&h->born);
+    batch->events = malloc((h->num_streams + 1) * sizeof *batch->events);
+    batch->event_streams = malloc((h->num_streams + 1) * sizeof *batch->event_streams);
+    int synced = !batch->events || !batch->event_streams;
+    if (fenced_all && !synced) {
+        batch->event_streams[0] = ALL_STREAMS;
+        batch->events[batch->num_events++] = all;
+    } else if (fenced_all) {
+        cuh_hp_event_put_locked(h, all);   /* no room for it: the device is synchronized below */
+    }
+    cuh_stream_t handle;
+    for (uint32_t i = 0; !synced && !fenced_all && cuh_hp_next_live_stream(h, &i, &handle);) {
+        cuh_event_t ev = cuh_hp_event_get_locked(h);
+        if (!ev || h->dev->ops->event_record(h->dev, ev, handle) != CUH_DEV_OK) {
+            if (ev)
+                cuh_hp_event_put_locked(h, ev);
+            synced = 1;
+            break;
+        }
+        batch->event_streams[batch->num_events] = handle;
+        batch->events[batch->num_events++] = ev;
+    }
+    if (synced) {
+        cuh_hp_cpu_wait_device(h);
+        batch_finish_locked(h, batch, 0);
+        return;
+    }
+    free_batch_t **tail = &h->closed_batches;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = batch;
+}
+
+/* Finishes every closed batch whose events have completed (wait: waits for
+ * them); then, if none is left in flight, closes the open one so the next
+ * frees are already on their way (rationed with other streams known).
+ * Returns 1 if any batch finished. */
+int cuh_hp_batches_poll_locked(cuh_heap_t *h, int wait)
+{
+    int any = 0;
+    if (h->captures)
+        return 0;
+    for (free_batch_t **p = &h->closed_batches; *p;) {
+        free_batch_t *batch = *p;
+        if (!cuh_hp_events_done_locked(h, batch->events, &batch->num_events, wait)) {
+            p = &batch->next;
+            continue;
+        }
+        *p = batch->next;
+        batch_finish_locked(h, batch, 0);
+        any = 1;
+    }
+    /* Fenced stream by stream, a close records an event on every known
+     * stream: with other streams than the default one, at most once per N
+     * allocations with N streams known, or a program whose GPU keeps up
+     * would pay one per cudaFree (33 event records with PyTorch's stream
+     * pool). A device-wide event costs one. */
+    if (!h->closed_batches && h->open_batch &&
+        (wait || !cuh_hp_fences_per_stream_locked(h) ||
+         h->num_allocs - h->allocs_at_close >= cuh_hp_covered_streams_locked(h)))
+        cuh_hp_batch_close_locked(h);
+    return any;
+}
+
+/* Adds a block to the open batch. -1 when host memory runs out. */
+int cuh_hp_batch_add_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested)
+{
+    free_batch_t *batch = h->open_batch;
+    if (!batch && !(batch = h->open_batch = calloc(1, sizeof *batch)))
+        return -1;
+    if (batch->num_entries == batch->cap_entries) {
+        size_t cap = batch->cap_entries ? 2 * batch->cap_entries : 64;
+        batch_entry_t *grown = realloc(batch->entries, cap * sizeof *grown);
+        if (!grown)
+            return -1;
+        batch->entries = grown;
+        batch->cap_entries = cap;
+    }
+    if (cuh_ptrmap_insert(&h->held, addr, batch))
+        return -1;
+    batch->entries[batch->num_entries++] = (batch_entry_t){addr, size, requested};
+    h->held_bytes += size;
+    h->held_requested += requested;
+    return 0;
+}
+
+/* ---- take-backs: the GPU waits, not the CPU ----------------------------------------- */
+
+/* Orders the work every live stream (and the default stream) is given from
+ * now on after the running events: running[k], recorded on where[k], or NULL
+ * once complete. The GPU waits, not the CPU. A wait by every other stream on
+ * every running event would cost streams x events calls: with PyTorch's
+ * stream pool and NCCL's streams under DDP, about 165 streams and 50 running
+ * events, 8,000 waits and 1.7 ms of CPU per take-back. So when it is cheaper,
+ * the events are first joined on the default stream: it waits for the other
+ * streams' events and records one event, and every other stream waits for
+ * that one (streams + events calls; ordering is transitive). A device-wide
+ * event (where[k] == ALL_STREAMS) takes one device-wide wait. 1 when done; 0
+ * if a wait or a record could not be enqueued (the caller makes the CPU wait
+ * instead); -1 if a graph capture is underway (nothing was enqueued, and no
+ * event call may be made now). */
+static int order_streams_after_locked(cuh_heap_t *h, cuh_event_t **running, const cuh_stream_t *where, size_t n)
+{
+    const size_t num_streams = cuh_hp_covered_streams_locked(h);
+    size_t num_running = 0;
+    int default_running = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (running[k] && where[k] == ALL_STREAMS) {
+            /* A device-wide event: one device-wide wait, streams to come included. */
+            cuh_dev_status_t rc = h->dev->ops->wait_all(h->dev, *running[k]);
+            if (rc != CUH_DEV_OK) {
+                cuh_hp_device_fences_refused_locked(h, rc);
+                return rc == CUH_DEV_CAPTURING ? -1 : 0;
+            }
+        } else if (running[k]) {
+            num_running++;
+            default_running |= where[k] == 0;
+        }
+    }
+    if (!num_running)
+        return 1;
+    h->took_back = 1;   /* a stream heard of later must wait too (stream_joins_locked) */
+    cuh_stream_t waiter;
+    const size_t direct = num_running * (num_streams - 1);
+    const size_t joined = (num_running - (size_t)default_running) + 1 + (num_streams - 1);
+    if (direct <= joined) {
+        for (size_t k = 0; k < n; k++)
+            for (uint32_t i = 0; running[k] && where[k] != ALL_STREAMS && cuh_hp_next_live_stream(h, &i, &waiter);)
+                if (waiter != where[k] && h->dev->ops->stream_wait(h->dev, waiter, *running[k]) != CUH_DEV_OK)
+                    return 0;
+        return 1;
+    }
+    cuh_event_t join = cuh_hp_event_get_locked(h);
+    int ok = join != NULL;
+    for (size_t k = 0; ok && k < n; k++)
+        if (running[k] && where[k] != 0 && where[k] != ALL_STREAMS)
+            ok = h->dev->ops->stream_wait(h->dev, 0, *running[k]) == CUH_DEV_OK;
+    ok = ok && h->dev->ops->event_record(h->dev, join, 0) == CUH_DEV_OK;
+    for (uint32_t i = 0; ok && cuh_hp_next_live_stream(h, &i, &waiter);)
+        if (waiter != 0)
+            ok = h->dev->ops->stream_wait(h->dev, waiter, join) == CUH_DEV_OK;
+    /* A wait holds the record it was enqueued behind: the event may be
+     * recorded again for something else at once. */
+    if (join)
+        cuh_hp_event_put_locked(h, join);
+    return ok;
+}
+
+/* Device-wide frees (cudaFree under LD_PRELOAD) wait in batches until the
+ * GPU has passed them. A program that frees and allocates as it goes -
+ * PyTorch without its cache: a cudaFree per tensor - would otherwise make
+ * the heap grow by everything the CPU has freed ahead of the GPU. So the
+ * batches can be taken back at once, all together, and the GPU, not the CPU,
+ * waits, so that no work issued from now on (the only work that can touch a
+ * block handed out now) runs before the work issued before the frees has
+ * finished. With device-wide fences the newest batch's event covers every
+ * stream and one device-wide wait orders them all, streams created later
+ * included. Fenced stream by stream, every stream cuheap knows, and the
+ * legacy default stream (which every blocking stream waits for), gets a wait
+ * on the newest event still running on each other stream (a later event on a
+ * stream stands for the earlier ones; with several running, they are joined
+ * on the default stream first: order_streams_after_locked); idle streams
+ * cost one event query each and no wait. Only when a wait cannot be enqueued
+ * does the CPU wait. Returns 1 when memory came back (try again), 0 when
+ * there was none to take (or wait_before_grow:0, or a capture is underway). */
+int cuh_hp_take_back_all_locked(cuh_heap_t *h)
+{
+    if (!h->cfg.wait_before_grow || h->captures || (!h->open_batch && !h->closed_batches))
+        return 0;
+    const size_t held_before = h->held_bytes;
+    cuh_hp_batch_close_locked(h);   /* may finish it at once, or leave it open (a capture underway) */
+    const int others = cuh_hp_other_streams_locked(h);
+    int per_stream = 0, device_wide = 0;   /* batches fenced stream by stream, and over the device */
+    for (free_batch_t *b = h->closed_batches; b; b = b->next)
+        for (size_t e = 0; e < b->num_events; e++) {
+            per_stream |= b->event_streams[e] != ALL_STREAMS;
+            device_wide |= b->event_streams[e] == ALL_STREAMS;
+        }
+    uint64_t stamp = 0;   /* the generation of the blocks returned before their work is done */
+    if (h->closed_batches && (others || h->vm || device_wide)) {
+        /* The newest event of each stream (batches are oldest first, so a
+         * later one takes its stream's place), and the newest device-wide
+         * one (ALL_STREAMS); NULL once it has completed. */
+        size_t cap = h->num_streams + 2, n = 0;
+        cuh_event_t **running = malloc(cap * sizeof *running);   /* its slot in its batch */
+        cuh_stream_t *where = malloc(cap * sizeof *where);
+        int waited = running && where;
+        for (free_batch_t *b = h->closed_batches; waited && b; b = b->next)
+            for (size_t e = 0; e < b->num_events; e++) {
+                size_t k = 0;
+                while (k < n && where[k] != b->event_streams[e])
+                    k++;
+                if (k == cap)
+                    continue;
+                if (k == n)
+                    where[n++] = b->event_streams[e];
+                running[k] = &b->events[e];
+            }
+        for (size_t e = 0; waited && e < n; e++)
+            if (h->dev->ops->event_query(h->dev, *running[e]) == CUH_DEV_OK)
+                running[e] = NULL;   /* complete: none older on its stream runs */
+        if ((others || device_wide) && waited) {
+            const int ordered = order_streams_after_locked(h, running, where, n);
+            if (ordered < 0) {
+                /* A capture began since the batches closed: they wait for
+                 * its end (no event call now, the CPU's wait included). */
+                free(running);
+                free(where);
+                return h->held_bytes < held_before;
+            }
+            waited = ordered;
+        }
+        if (!waited) {   /* the CPU waits instead */
+            for (free_batch_t *b = h->closed_batches; b; b = b->next)
+                cuh_hp_events_done_locked(h, b->events, &b->num_events, 1);
+        } else if (h->vm) {
+            /* No page of these blocks may be unmapped before the running
+             * work is done: their pages are stamped with a new generation
+             * as the batches finish below (cuh_hp_gen_open_locked). */
+            int any_running = 0;
+            for (size_t e = 0; e < n; e++)
+                any_running |= running[e] != NULL;
+            if (any_running && !(stamp = cuh_hp_gen_open_locked(h)))
+                for (size_t e = 0; e < n; e++)
+                    if (running[e])
+                        cuh_hp_cpu_wait_event(h, *running[e]);   /* no event: the CPU waits instead */
+        }
+        free(running);
+        free(where);
+    }
+    while (h->closed_batches) {
+        free_batch_t *oldest = h->closed_batches;
+        h->closed_batches = oldest->next;
+        batch_finish_locked(h, oldest, stamp);
+    }
+    if (per_stream)
+        h->took_back = 1;   /* a stream heard of later must wait too (stream_joins_locked) */
+    h->allocs_at_take_back = h->num_allocs;
+    return h->held_bytes < held_before;
+}
+
+/* ---- reuse across streams ----------------------------------------------------------- */
+
+/* 1 if reuse_across_streams may give st (or a device-wide request) `size`
+ * bytes: memory the other streams freed in order that no fence has shown
+ * the GPU has passed yet, what only its stream may reuse otherwise. */
+int cuh_hp_may_take_private_locked(const cuh_heap_t *h, const stream_state_t *st, size_t size)
+{
+    /* A retired stream cannot be made to wait (the device-wide state is
+     * marked retired only so that nothing is ever recorded on it). */
+    if (!h->cfg.reuse_across_streams || h->captures || (st->retired && st != &h->device_wide))
+        return 0;
+    size_t bytes = 0;
+    for (uint32_t i = 0; i < h->num_streams; i++) {
+        const cuh_tag_books_t *books = &h->arena.tags[h->streams[i]->tag];
+        if (h->streams[i] != st)
+            bytes += books->unfenced_bytes + books->fenced_bytes;
+    }
+    return bytes >= size;
+}
+
+/* A device-wide allocation (cudaMalloc under LD_PRELOAD, or the C API's)
+ * may be used on any stream at once, so it takes only memory no stream's
+ * work can still touch: memory a stream freed in order (cudaFreeAsync) stays
+ * that stream's until a fence on it completes, and fences are recorded only
+ * when memory is needed, so they are rarely complete when it is. A program
+ * that frees on many streams and allocates device-wide then grows the heap
+ * at such requests while the GPU runs behind (tests/gpu/preload_stress.cu on
+ * an H200: 14-20 GiB reserved for 1 GiB live, 8 threads on 32 streams).
+ * With reuse_across_streams:1, before a device-wide request grows the heap
+ * (or maps new pages) that memory is taken as cudaFree'd batches are
+ * (cuh_hp_take_back_all_locked): every stream is fenced, every stream known and
+ * the default stream wait on the GPU for the fences still running, and the
+ * memory turns global at once; the CPU does not wait. Under vmm:1 the
+ * running fences are kept until they complete: no page of that memory is
+ * unmapped before. Returns 1 when memory turned global, 0 when there was
+ * none or a wait could not be enqueued (the heap then grows, as without).
+ * The caller checks cuh_hp_may_take_private_locked first, as for the next one. */
+static int take_back_private_locked(cuh_heap_t *h)
+{
+    cuh_event_t **running = malloc(h->num_streams * sizeof *running);
+    cuh_stream_t *where = malloc(h->num_streams * sizeof *where);
+    stream_state_t **owner = malloc(h->num_streams * sizeof *owner);
+    size_t n = 0;
+    int ok = running && where && owner, any = 0;
+    for (uint32_t i = 0; ok && i < h->num_streams; i++) {
+        stream_state_t *st = h->streams[i];
+        if (cuh_hp_stream_fence_locked(h, st) < 0 || !st->num_fences)
+            continue;   /* nothing private, or made global by a synchronize */
+        running[n] = &st->fences[st->num_fences - 1].event;   /* the newest stands for the older */
+        where[n] = st->handle;
+        owner[n++] = st;
+    }
+    for (size_t k = 0; ok && k < n; k++)
+        if (h->dev->ops->event_query(h->dev, *running[k]) == CUH_DEV_OK)
+            running[k] = NULL;   /* complete: nothing to wait for */
+    ok = ok && n && order_streams_after_locked(h, running, where, n) > 0;
+    for (size_t k = 0; ok && k < n; k++) {
+        stream_state_t *st = owner[k];
+        if (h->vm && running[k] && !cuh_hp_keep_until_done_locked(h, st)) {
+            ok = 0;   /* no event to keep: this and the rest stay private */
+            break;
+        }
+        cuh_hp_stream_all_done_locked(h, st);   /* every stream is ordered after its fences */
+        any = 1;
+    }
+    if (any)
+        h->took_back = 1;   /* a stream heard of later must wait too (stream_joins_locked) */
+    free(running);
+    free(where);
+    free(owner);
+    return any;
+}
+
+/* With reuse_across_streams:1, an allocation on stream `to` that would make
+ * the heap grow (or map new pages) takes the memory other streams freed
+ * whose fences have not completed, as cudaMallocAsync's pools do by default
+ * (cudaMemPoolReuseAllowInternalDependencies): `to` waits on the GPU for
+ * each such stream's newest fence (recorded now if its last frees had none),
+ * and the memory that fence covers becomes `to`'s own. Safe: all the work
+ * `to` runs from now on starts after the work issued on the freeing stream
+ * before its free; other streams get that memory only through a fence on
+ * `to`, which orders them after both. The price is an ordering between
+ * streams the program did not ask for (a side stream that copies the next
+ * batch would wait for the step's compute), hence a setting, off by
+ * default. A fence found complete simply turns its memory global. Returns 1
+ * when memory came to `to` or turned global. */
+static int borrow_private_locked(cuh_heap_t *h, stream_state_t *to)
+{
+    int any = 0;
+    for (uint32_t i = 0; i < h->num_streams; i++) {
+        stream_state_t *st = h->streams[i];
+        const cuh_tag_books_t *books = &h->arena.tags[st->tag];
+        if (st == to || (!books->unfenced_bytes && !books->fenced_bytes))
+            continue;
+        if (cuh_hp_stream_fence_locked(h, st) < 0) {
+            any = 1;   /* the device was synchronized: all of it is global */
+            continue;
+        }
+        if (!st->num_fences)
+            continue;
+        const fence_t *newest = &st->fences[st->num_fences - 1];
+        if (h->dev->ops->event_query(h->dev, newest->event) == CUH_DEV_OK) {
+            any |= cuh_hp_stream_poll_locked(h, st, 0);
+            continue;
+        }
+        if (h->vm && !cuh_hp_keep_until_done_locked(h, st))
+            continue;
+        if (h->dev->ops->stream_wait(h->dev, to->handle, newest->event) != CUH_DEV_OK)
+            continue;   /* not ordered: the memory stays where it is */
+        cuh_arena_hand_over(&h->arena, st->tag, newest->number + 1, to->tag);
+        any = 1;
+    }
+    return any;
+}
+
+/* Other streams' private memory for a request on st that would otherwise
+ * grow the heap or map new pages: taken with every stream waiting for a
+ * device-wide request, with st waiting for a request on a stream. */
+int cuh_hp_take_private_locked(cuh_heap_t *h, stream_state_t *st, size_t size)
+{
+    if (!cuh_hp_may_take_private_locked(h, st, size))
+        return 0;
+    return st == &h->device_wide ? take_back_private_locked(h) : borrow_private_locked(h, st);
+}

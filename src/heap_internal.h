@@ -1,0 +1,644 @@
+/* heap_internal.h - the heap's types, and what its rooms call of each other.
+ *
+ * The heap of one device (heap.h is its public interface, and lists the
+ * rules it keeps) lives in rooms, one concern each, over this header:
+ *   heap.c             the front: the public heap API, a request's path, the allocation ladder
+ *   heap_streams.c     streams, events and fences; fences for memory outside the heap
+ *   heap_small.c       small objects: size-class slabs and each stream's rings of freed objects
+ *   heap_tcache.c      thread caches and the parked block: where frees wait outside the arena
+ *   heap_place.c       placement: which free extent a block takes (huge rooms, mapped fits)
+ *   heap_segments.c    growth and release of plain segments
+ *   heap_pages.c       virtual memory (vmm:1): pages mapped, lent, moved and released
+ *   heap_devicewide.c  device-wide frees in batches, take-backs, reuse across streams
+ *   heap_holds.c       blocks held for record_stream's streams and graph pools; captures
+ *   heap_oom.c         out of memory: the record that proves its cause
+ *   heap_stats.c       statistics and the timeline, the consistency check, snapshots
+ *
+ * Names: a function another room calls is cuh_hp_NAME, declared here, or
+ * defined here inline when it is small or on every malloc and free (the
+ * cuh_ prefix keeps libcuheap.a's symbols in cuheap's own namespace, and
+ * cuh_heap_ is the public API); everything else is static to its room.
+ * Functions whose names end in _locked expect the heap's lock held.
+ */
+#ifndef CUH_HEAP_INTERNAL_H
+#define CUH_HEAP_INTERNAL_H
+
+#include "heap.h"
+
+#include "arena.h"
+#include "common.h"
+#include "lock.h"
+#include "ptrmap.h"
+#include "slab.h"
+#include "tcache.h"
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <time.h>
+
+/* ---- types ----------------------------------------------------------------- */
+
+typedef struct small_entry_s {
+    uintptr_t addr;
+    uint64_t epoch;
+} small_entry_t;
+
+/* Deque of freed small objects of one class on one stream, oldest at head.
+ * Epochs rise from head to tail: reuse pops the newest (warmest), fences
+ * release the oldest. */
+typedef struct small_ring_s {
+    small_entry_t *entries;
+    uint32_t capacity;   /* power of two, or 0 */
+    uint32_t head;
+    uint32_t count;
+} small_ring_t;
+
+typedef struct fence_s {
+    cuh_event_t event;
+    uint64_t number;
+} fence_t;
+
+typedef struct stream_state_s {
+    cuh_stream_t handle;
+    uint32_t tag;
+    int retired;                 /* the program destroyed the stream: never record on it again */
+    uint64_t completed;          /* fences [0, completed) have completed */
+    fence_t *fences;             /* outstanding, oldest first */
+    size_t num_fences, cap_fences;
+    size_t small_unfenced;       /* bytes in the rings no fence covers yet */
+    size_t small_fenced;         /* bytes in the rings a fence covers */
+    small_ring_t small[CUH_MAX_CLASSES];
+} stream_state_t;
+
+typedef struct size_class_s {
+    size_t size;
+    size_t slab_bytes;
+    cuh_slab_t *partial;         /* slabs with avail objects */
+} size_class_t;
+
+typedef struct stat_s {
+    size_t current;
+    size_t peak;
+} stat_t;
+
+typedef enum { GROW_OK, GROW_LIMIT, GROW_DEVICE, GROW_ERROR } grow_result_t;
+
+/* Old mappings of pages that moved before the GPU passed their frees, as
+ * DRAIN extents: they are unmapped, and the extents freed, once `event`
+ * (recorded on the freeing stream after the move) has completed
+ * (cuh_hp_drains_poll_locked). */
+typedef struct vm_drain_s {
+    struct vm_drain_s *next;
+    cuh_event_t event;
+    size_t num_extents;
+    cuh_extent_t *extents[];
+} vm_drain_t;
+
+/* An event kept until it completes (unsettled_add_locked). */
+typedef struct kept_event_s {
+    cuh_event_t event;
+    cuh_stream_t stream;
+} kept_event_t;
+
+/* An event recorded on the default stream behind the work a take-back left
+ * running, and the generation of the pages that take-back returned
+ * (cuh_hp_take_back_all_locked). */
+typedef struct gen_event_s {
+    cuh_event_t event;
+    uint64_t gen;
+} gen_event_t;
+
+/* Take-backs whose work is followed one by one; beyond, the newest event
+ * stands for the take-backs after it too (one stream: a later event
+ * completes after an earlier one). */
+#define GEN_EVENTS_MAX 32
+
+/* A freed block held back: until every event in it has completed (streams
+ * that used the block, from record_stream), or until its graph pool is
+ * released (blocks a CUDA graph captured: replays still write them). Then it
+ * is freed on the stream the program freed it on. */
+typedef struct hold_s {
+    uintptr_t addr;
+    size_t size;                 /* block bytes */
+    size_t requested;
+    uint32_t free_tag;           /* stream it was freed on */
+    uint64_t pool;               /* graph pool, 0 if none */
+    uint64_t capture_pool;       /* a block of `pool` freed while another pool's graph was
+                                  * captured: that pool too, 0 if none */
+    size_t num_events;
+    cuh_event_t events[];
+} hold_t;
+
+/* Blocks freed device-wide (cudaFree's promise: after all work issued before
+ * the free, on every stream) wait in batches. The open batch collects them;
+ * closing it records one event on every stream the heap knows and on the
+ * default stream; when all of those have completed, the batch's blocks turn
+ * global. A batch closes when none is in flight (so a run of frees costs one
+ * event per stream per batch, not per free), when memory runs short, and
+ * when everything is settled. No free waits on the GPU. */
+typedef struct batch_entry_s {
+    uintptr_t addr;
+    size_t size;                 /* block bytes */
+    size_t requested;
+} batch_entry_t;
+
+typedef struct free_batch_s {
+    struct free_batch_s *next;   /* closed batches, oldest first */
+    batch_entry_t *entries;      /* in the held map too, with the batch as value */
+    size_t num_entries, cap_entries;
+    size_t num_events;
+    cuh_event_t *events;
+    cuh_stream_t *event_streams;  /* the stream each event was recorded on */
+} free_batch_t;
+
+/* A fence for memory outside the heap (cuh_heap_fence): like a closed
+ * batch's events, without blocks. */
+struct cuh_heap_fence_s {
+    cuh_heap_fence_t *prev, *next;   /* the heap's outstanding fences */
+    int recorded;                    /* 0: made during a graph capture, events still to record */
+    size_t num_events, cap;
+    cuh_event_t events[];
+};
+
+typedef struct use_list_s {
+    size_t count, capacity;
+    cuh_stream_t streams[];
+} use_list_t;
+
+/* A live block found from its address. */
+typedef struct live_block_s {
+    cuh_extent_t *ext;           /* large block, or NULL */
+    cuh_slab_t *slab;            /* small object's slab, or NULL */
+    uint32_t index;              /* small object's index in its slab */
+    size_t size;                 /* block bytes */
+    size_t requested;
+} live_block_t;
+
+/* How many block sizes the heap follows for recurring page moves. */
+#define MOVERS 16
+
+/* Geometric growth (segment_size_for) stops at this size: a larger segment
+ * was sized to the one request it was made for. */
+#define GROW_CAP CUH_GiB
+
+/* How many sizes of such segments, released idle to make room for a larger
+ * one, the heap remembers (see "a huge size comes back"). */
+#define RELEASED_HUGE_MAX 8
+
+struct cuh_heap_s {
+    /* The lock has its cache lines to itself (two: a core may fetch lines
+     * in pairs): waiters spin reading it, and every read takes the line
+     * from the holder, which would then miss on whatever shared the line
+     * with it (the settings below, read by every thread cache's fast path
+     * without the lock). */
+    _Alignas(128) cuh_lock_t lock;
+    _Alignas(128) cuh_device_t *dev;
+    cuh_config_t cfg;
+    /* Thread caches: read by their fast paths without the lock, so kept
+     * apart from what the lock's holders write. */
+    uint64_t id;                 /* unique among the process's heaps, ever */
+    _Atomic int tcache_closed;   /* a graph capture is underway: fast paths stay shut */
+    cuh_tcache_t *tcaches;       /* every thread's cache of this heap (under the lock) */
+    size_t device_total;
+    size_t limit;
+    int started;
+    cuh_segment_t *workspace;
+
+    cuh_arena_t arena;
+    cuh_ptrmap_t blocks;         /* large block address -> extent */
+    cuh_pagemap_t pages;         /* 64 KiB page -> slab */
+    cuh_slab_t *last_slab;       /* the slab of the last small lookup, or NULL */
+    size_class_t classes[CUH_MAX_CLASSES];
+    unsigned num_classes;
+
+    stream_state_t **streams;    /* index = tag - 1 */
+    /* Allocations for no stream (cudaMalloc: any stream may use the block at
+     * once) take global memory only: this state has the global tag, no
+     * handle, and is never fenced or listed. */
+    stream_state_t device_wide;
+    uint32_t num_streams, cap_streams;
+    uint32_t live_other_streams; /* streams neither retired nor the default one (what cuh_hp_next_live_stream
+                                    walks, kept: every device-wide malloc and poll asks) */
+    stream_state_t *last_stream;
+
+    cuh_event_t *spare_events;
+    size_t num_spare_events, cap_spare_events;
+
+    size_t small_fenced_total;
+    stat_t requested, allocated, reserved, cached, pending;
+    uint64_t num_allocs, num_frees, num_segment_allocs, num_segment_frees;
+    uint64_t num_cache_hits, num_retries, num_ooms;
+    uint64_t num_cpu_waits;      /* times the CPU waited for the GPU (an event or the device) */
+
+    int has_oom;
+    cuh_oom_info_t last_oom;
+
+    /* Blocks the program freed that nobody may reuse yet (see "holds"). */
+    cuh_ptrmap_t held;           /* address -> hold_t */
+    hold_t **holds;
+    size_t num_holds, cap_holds;
+    size_t held_bytes;
+    int took_back;               /* streams waited stream by stream: new streams must wait too (stream_joins_locked) */
+    int device_fences;           /* cfg.device_fences, while the device has them (cuh_hp_record_all_locked) */
+    uint64_t allocs_at_take_back; /* num_allocs at the last take-back (cuh_hp_take_back_all_locked) */
+    /* Under vmm:1, the events recorded when other streams got memory before
+     * the GPU passed its frees (reuse_across_streams): that memory is theirs
+     * at once, but no page may be unmapped (steal_pages_locked) before these
+     * complete. */
+    kept_event_t *unsettled;
+    size_t num_unsettled, cap_unsettled;
+    /* Under vmm:1, a take-back that leaves work running stamps the pages of
+     * the blocks it returns with its generation (page_gen) and keeps an
+     * event that completes after that work, oldest first (gen_events). A
+     * page stamped above settled_gen may still be touched by the work
+     * before those frees and is not unmapped; the others move while later
+     * take-backs' work still runs (settled_gen_locked). */
+    gen_event_t gen_events[GEN_EVENTS_MAX];
+    size_t num_gen_events;
+    uint64_t take_back_gen;      /* the generation of the last take-back that left work running */
+    uint64_t settled_gen;        /* every take-back up to this generation has its work done */
+    uint64_t allocs_at_close;    /* num_allocs when the last batch closed (cuh_hp_batches_poll_locked) */
+    double closed_at;            /* cuh_hp_seconds_since(born) when the last batch closed (cuh_heap_poll) */
+    size_t held_requested;
+    free_batch_t *open_batch;    /* device-wide frees no event covers yet */
+    free_batch_t *closed_batches;
+    cuh_heap_fence_t *fences;    /* outstanding fences for memory outside the heap (cuh_heap_fence) */
+    cuh_ptrmap_t uses;           /* address -> use_list_t: streams from record_stream */
+    cuh_ptrmap_t graph;          /* address -> graph pool id, for blocks allocated in a capture */
+    /* Virtual memory (vmm:1): the general region is one reservation whose
+     * pages are mapped on demand; page_handle[i] is the physical page behind
+     * page i, 0 when unmapped. */
+    cuh_segment_t *vm;
+    size_t vm_page;
+    uint64_t *page_handle;
+    uint64_t *page_mapped;       /* bit i: page_handle[i] != 0 (ranges test 64 pages a word) */
+    uint64_t *page_gen;          /* the last take-back generation that returned memory on page i */
+    size_t num_pages, mapped_pages;
+    size_t physical_pages;       /* held: mapped, or in hand while moving */
+    size_t pages_high;           /* no page at or above this index was ever mapped */
+    uint64_t num_page_maps, num_page_steals;
+    /* Block sizes (in pages) that needed pages while the heap was above its
+     * margin, with the story of their last mappings (mover_recurs). */
+    struct {
+        size_t pages;
+        uint8_t history;         /* bit i: the mapping i+1 back needed moved pages */
+        uint8_t seen;            /* mappings recorded, up to 255 */
+    } movers[MOVERS];
+    unsigned movers_next;        /* the entry a new size takes */
+    /* Sizes of segments larger than GROW_CAP released idle before a growth
+     * (release_idle_segments_locked), 0 when taken; next: the entry the
+     * next one takes. */
+    size_t released_huge[RELEASED_HUGE_MAX];
+    unsigned released_huge_next;
+    /* Pages a stream's own recent frees lent to its next block before the
+     * GPU passed those frees (lend_own_pages_locked): each physical page is
+     * mapped at its new place and still at its old one, whose address range
+     * is a DRAIN extent until the stream's work up to the move is done. */
+    vm_drain_t *drains;          /* oldest first */
+    uint32_t last_take_tag;      /* the tag of the free extent cuh_hp_take_locked cut from last */
+    /* The last large block freed on a stream, not yet given back to the
+     * arena (see "the parked block"): still in the block map, counted as
+     * freed. Any other heap operation gives it back first. */
+    cuh_extent_t *parked;
+    stream_state_t *parked_st;   /* the stream it was freed on */
+    uint64_t parked_epoch;       /* that stream's fences recorded at the free */
+    const cuh_tcache_t *parked_tc;   /* the freeing thread's cache (compared, never followed) */
+    /* Thread caches that hold a large block (see "a thread's large block"),
+     * and how many more uncontended allocations and frees the heap treats as
+     * contended since one found its lock held. */
+    cuh_tcache_t *large_tcs;
+    uint32_t contended;
+    int captures;                /* graph captures underway on this device */
+    int shareable_call;          /* the allocation underway must start a segment of its own */
+
+    /* Timeline for reports: a sample every sample_every operations and at
+     * every change of reserved bytes; when full, every other sample goes and
+     * the interval doubles, so it always spans the heap's whole life. */
+    struct timespec born;
+    cuh_sample_t timeline[CUH_TIMELINE_SAMPLES];
+    size_t num_samples;
+    uint64_t sample_every, ops_since_sample;
+    size_t last_sampled_reserved;
+    uint64_t capture_pool;
+    /* Graph pools released while a capture was underway: released when the
+     * last capture ends (cuh_heap_release_pool). */
+    uint64_t *pools_to_release;
+    size_t num_pools_to_release;
+};
+
+/* The stream a device-wide event stands for in a batch's event_streams and
+ * a take-back's list: all of them. */
+#define ALL_STREAMS ((cuh_stream_t)UINTPTR_MAX)
+
+/* Whose large-block slots cuh_hp_large_slots_empty_locked empties: this
+ * thread's held block, every thread's held block, or every slot. */
+typedef enum { LARGE_MINE_HELD, LARGE_ALL_HELD, LARGE_ALL } large_which_t;
+
+/* Whether free extent e may serve `size` bytes: the test of a placement
+ * search (heap_place.c). */
+typedef int (*extent_test_t)(const cuh_heap_t *h, const cuh_extent_t *e, size_t size);
+
+/* After an allocation or a free found the heap's lock held, how many more
+ * the heap treats as contended (heap_tcache.c, "a thread's large block"). */
+#define CONTENDED_HOLD 4096
+
+/* ---- what the rooms call of each other ---------------------------------------- */
+
+/* heap.c: the front */
+cuh_extent_t *cuh_hp_extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, size_t align,
+                                         cuh_extent_state_t state, cuheap_status_t *status, grow_result_t *why_out);
+void cuh_hp_large_mark_live_locked(cuh_heap_t *h, cuh_extent_t *e, size_t size);
+cuheap_status_t cuh_hp_find_live_locked(cuh_heap_t *h, uintptr_t addr, live_block_t *b);
+void cuh_hp_release_block_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr, stream_state_t *st);
+
+/* heap_streams.c: streams, events, fences */
+cuh_dev_status_t cuh_hp_cpu_wait_event(cuh_heap_t *h, cuh_event_t e);
+cuh_dev_status_t cuh_hp_cpu_wait_device(cuh_heap_t *h);
+cuh_event_t cuh_hp_event_get_locked(cuh_heap_t *h);
+void cuh_hp_event_put_locked(cuh_heap_t *h, cuh_event_t e);
+void cuh_hp_device_fences_refused_locked(cuh_heap_t *h, cuh_dev_status_t rc);
+cuh_dev_status_t cuh_hp_record_all_locked(cuh_heap_t *h, cuh_event_t *out);
+int cuh_hp_next_live_stream(const cuh_heap_t *h, uint32_t *i, cuh_stream_t *handle);
+stream_state_t *cuh_hp_stream_find_locked(cuh_heap_t *h, cuh_stream_t handle);
+void cuh_hp_stream_all_done_locked(cuh_heap_t *h, stream_state_t *st);
+int cuh_hp_stream_fence_locked(cuh_heap_t *h, stream_state_t *st);
+int cuh_hp_stream_poll_locked(cuh_heap_t *h, stream_state_t *st, int wait);
+int cuh_hp_poll_all_locked(cuh_heap_t *h, int wait);
+int cuh_hp_fence_others_locked(cuh_heap_t *h, const stream_state_t *except, size_t size);
+void cuh_hp_settle_all_locked(cuh_heap_t *h);
+void cuh_hp_wait_for_stream_locked(cuh_heap_t *h, stream_state_t *st);
+int cuh_hp_events_done_locked(cuh_heap_t *h, cuh_event_t *events, size_t *num_events, int wait);
+
+/* heap_small.c: small objects */
+small_entry_t cuh_hp_ring_pop_oldest(small_ring_t *r);
+void cuh_hp_slab_object_home_locked(cuh_heap_t *h, uintptr_t addr);
+int cuh_hp_cache_small_locked(cuh_heap_t *h, stream_state_t *st, const cuh_slab_t *s, uintptr_t addr);
+cuheap_status_t cuh_hp_small_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, uintptr_t *addr);
+
+/* heap_tcache.c: thread caches and the parked block */
+void cuh_hp_tcache_flush_one_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_streams, cuh_stream_t stream,
+                                    int forget_live);
+void cuh_hp_tcache_flush_locked(cuh_heap_t *h);
+cuheap_status_t cuh_hp_tcache_take_locked(cuh_heap_t *h, const cuh_slab_t *s, uintptr_t addr);
+void cuh_hp_tcaches_orphan(cuh_heap_t *h);
+int cuh_hp_tcache_adopt_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr, cuh_stream_t stream);
+void cuh_hp_park_locked(cuh_heap_t *h, const live_block_t *b, stream_state_t *st);
+size_t cuh_hp_large_slots_empty_locked(cuh_heap_t *h, large_which_t which);
+void cuh_hp_unpark_locked(cuh_heap_t *h);
+void cuh_hp_unpark_all_locked(cuh_heap_t *h);
+int cuh_hp_large_slot_adopt_locked(cuh_heap_t *h, const live_block_t *b, stream_state_t *st, cuh_stream_t stream);
+cuheap_status_t cuh_hp_large_slot_take_back_locked(cuh_heap_t *h, cuh_extent_t *e);
+cuh_extent_t *cuh_hp_take_parked_locked(cuh_heap_t *h, stream_state_t *st, size_t size);
+
+/* heap_place.c: placement */
+cuh_extent_t *cuh_hp_take_locked(cuh_heap_t *h, cuh_extent_t *free_ext, size_t size, size_t align,
+                                 cuh_extent_state_t state, stream_state_t *st);
+int cuh_hp_at_growth_edge(const cuh_heap_t *h, const cuh_extent_t *e);
+int cuh_hp_mapped_fits_off_the_edge(const cuh_heap_t *h, const cuh_extent_t *e, size_t size);
+cuh_extent_t *cuh_hp_smallest_fit_by_bins_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag,
+                                                 extent_test_t accept);
+cuh_extent_t *cuh_hp_smallest_mapped_fit_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag);
+cuh_extent_t *cuh_hp_fewest_new_pages_fit_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag,
+                                                 uintptr_t *at);
+int cuh_hp_cuts_huge_segment(const cuh_extent_t *e, size_t size);
+cuh_extent_t *cuh_hp_find_fit_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag);
+int cuh_hp_size_live_in_huge_segments(const cuh_heap_t *h, size_t size);
+int cuh_hp_take_released_huge_locked(cuh_heap_t *h, size_t size);
+
+/* heap_segments.c: growth and release */
+void cuh_hp_fence_if_left_idle_locked(cuh_heap_t *h, stream_state_t *st, const cuh_segment_t *seg, size_t used);
+grow_result_t cuh_hp_grow_locked(cuh_heap_t *h, size_t size, size_t align);
+size_t cuh_hp_release_free_segments_locked(cuh_heap_t *h);
+
+/* heap_pages.c: virtual memory */
+void cuh_hp_stamp_pages_locked(cuh_heap_t *h, uintptr_t addr, size_t size, uint64_t gen);
+void cuh_hp_unmap_drain_locked(cuh_heap_t *h, const cuh_extent_t *x);
+int cuh_hp_drains_poll_locked(cuh_heap_t *h, int wait);
+int cuh_hp_map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_state_t *st, grow_result_t *why);
+int cuh_hp_needs_pages_locked(const cuh_heap_t *h, uintptr_t addr, size_t size);
+size_t cuh_hp_release_free_pages_locked(cuh_heap_t *h);
+size_t cuh_hp_largest_free_locked(const cuh_heap_t *h, size_t cached);
+uint64_t cuh_hp_gen_open_locked(cuh_heap_t *h);
+int cuh_hp_keep_until_done_locked(cuh_heap_t *h, stream_state_t *st);
+void cuh_hp_start_vm_locked(cuh_heap_t *h);
+
+/* heap_devicewide.c: device-wide frees and take-backs */
+int cuh_hp_take_back_all_locked(cuh_heap_t *h);
+int cuh_hp_may_take_private_locked(const cuh_heap_t *h, const stream_state_t *st, size_t size);
+int cuh_hp_take_private_locked(cuh_heap_t *h, stream_state_t *st, size_t size);
+void cuh_hp_release_block_global_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr);
+void cuh_hp_batch_close_locked(cuh_heap_t *h);
+int cuh_hp_batches_poll_locked(cuh_heap_t *h, int wait);
+int cuh_hp_batch_add_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested);
+
+/* heap_holds.c: held blocks and captures */
+int cuh_hp_unhold_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested, live_block_t *b);
+int cuh_hp_holds_poll_locked(cuh_heap_t *h, int wait);
+int cuh_hp_maybe_hold_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested, stream_state_t *st);
+
+/* heap_oom.c: out of memory */
+void cuh_hp_record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request, size_t block, size_t align,
+                              grow_result_t why);
+
+/* heap_stats.c: statistics, check, snapshots */
+void cuh_hp_sample_locked(cuh_heap_t *h);
+
+/* ---- inline: small, or on every malloc and free ---------------------------------- */
+
+static inline void cuh_hp_stat_set(stat_t *s, size_t value)
+{
+    s->current = value;
+    if (value > s->peak)
+        s->peak = value;
+}
+
+/* A block that must start a segment of its own: every block with ipc_safe:1,
+ * and the one being allocated by cuh_heap_malloc_shareable. Not under
+ * virtual memory, which legacy IPC cannot share anyway. */
+static inline int cuh_hp_own_segment_locked(const cuh_heap_t *h)
+{
+    return h->cfg.ipc_safe || (h->shareable_call && !h->vm);
+}
+
+/* Device memory the heap holds: its segments, and under virtual memory the
+ * pages mapped in the reservation (the reservation itself is address space). */
+static inline size_t cuh_hp_reserved_bytes(const cuh_heap_t *h)
+{
+    if (!h->vm)
+        return h->arena.reserved;
+    return h->arena.reserved - h->vm->size + h->physical_pages * h->vm_page;
+}
+
+static inline double cuh_hp_seconds_since(const struct timespec *born)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)(now.tv_sec - born->tv_sec) + (double)(now.tv_nsec - born->tv_nsec) * 1e-9;
+}
+
+static inline void cuh_hp_refresh_stats_locked(cuh_heap_t *h)
+{
+    size_t reserved = cuh_hp_reserved_bytes(h);
+    cuh_hp_stat_set(&h->reserved, reserved);
+    cuh_hp_stat_set(&h->cached, reserved - h->allocated.current);
+    cuh_hp_stat_set(&h->pending, cuh_arena_pending_bytes(&h->arena) + h->small_fenced_total + h->held_bytes);
+    if (cuh_unlikely(++h->ops_since_sample >= h->sample_every || reserved != h->last_sampled_reserved))
+        cuh_hp_sample_locked(h);
+}
+
+/* The state of stream `handle`, created if new; NULL when out of host
+ * memory. The stream of the last call is checked first (inline: every
+ * malloc and free asks). */
+static inline stream_state_t *cuh_hp_stream_get_locked(cuh_heap_t *h, cuh_stream_t handle)
+{
+    stream_state_t *last = h->last_stream;
+    if (cuh_likely(last && last->handle == handle && !last->retired))
+        return last;
+    return cuh_hp_stream_find_locked(h, handle);
+}
+
+/* The slab holding addr, or NULL. The last one found is checked first: a
+ * program's small frees and reuses come in runs on the same slab. */
+static inline cuh_slab_t *cuh_hp_slab_of_locked(cuh_heap_t *h, uintptr_t addr)
+{
+    cuh_slab_t *s = h->last_slab;
+    if (s && addr - s->base < s->span)
+        return s;
+    s = cuh_pagemap_get(&h->pages, addr);
+    if (s)
+        h->last_slab = s;
+    return s;
+}
+
+/* A segment that may go back to the device when nothing is left in it: a
+ * plain general segment (not the workspace, not the vmm:1 reservation). */
+static inline int cuh_hp_returnable_segment(const cuh_segment_t *s)
+{
+    return s->region == CUH_REGION_GENERAL && !s->virtual_space;
+}
+
+/* A returnable segment larger than GROW_CAP: sized to the one request it was
+ * grown for (segment_size_for). */
+static inline int cuh_hp_huge_segment(const cuh_segment_t *s)
+{
+    return s->size > GROW_CAP && cuh_hp_returnable_segment(s);
+}
+
+/* 1 if `have` bytes are `size` to the 2 MiB grain segments come in: what
+ * "a huge size comes back" counts as the same size. */
+static inline int cuh_hp_same_size_to_grain(size_t have, size_t size)
+{
+    return have >= size && have - size < CUH_SEGMENT_GRAIN;
+}
+
+static inline uintptr_t cuh_hp_page_va(const cuh_heap_t *h, size_t p)
+{
+    return h->vm->base + (uintptr_t)p * h->vm_page;
+}
+
+/* 1 if page p of the reservation lies wholly inside [addr, addr + size). */
+static inline int cuh_hp_page_inside(const cuh_heap_t *h, size_t p, uintptr_t addr, size_t size)
+{
+    return cuh_hp_page_va(h, p) >= addr && cuh_hp_page_va(h, p) + h->vm_page <= addr + size;
+}
+
+/* How many streams a batch's events and a take-back's waits cover: the live
+ * streams the heap knows and the default stream. */
+static inline uint64_t cuh_hp_covered_streams_locked(const cuh_heap_t *h)
+{
+    return (uint64_t)h->live_other_streams + 1;
+}
+
+/* 1 if the heap knows a live stream besides the default stream. */
+static inline int cuh_hp_other_streams_locked(const cuh_heap_t *h) { return h->live_other_streams != 0; }
+
+/* 1 if a batch close or a take-back costs calls on every known stream: no
+ * device-wide fences now, and streams besides the default one known. */
+static inline int cuh_hp_fences_per_stream_locked(const cuh_heap_t *h)
+{
+    return cuh_hp_other_streams_locked(h) && !(h->device_fences && !h->captures);
+}
+
+/* The heap's lock, for an allocation or a free: notes whether it was held. */
+static inline void cuh_hp_heap_lock(cuh_heap_t *h)
+{
+    if (cuh_likely(cuh_trylock(&h->lock))) {
+        if (cuh_unlikely(h->contended))
+            h->contended--;
+        return;
+    }
+    cuh_lock(&h->lock);
+    h->contended = CONTENDED_HOLD;
+}
+
+
+/* ---- the thread caches' fast paths (heap_tcache.c keeps their rules) ---------- */
+
+/* This thread's caches, one per heap it used: defined in heap_tcache.c, read
+ * here by the fast paths of every malloc and free, which take no heap lock. */
+extern _Thread_local cuh_tcache_t *cuh_hp_my_tcaches;
+
+static inline cuh_tcache_t *cuh_hp_my_tcache(const cuh_heap_t *h)
+{
+    for (cuh_tcache_t *tc = cuh_hp_my_tcaches; tc; tc = tc->thread_next)
+        if (tc->heap == h && tc->heap_id == h->id)
+            return tc;
+    return NULL;
+}
+
+static inline int cuh_hp_tcache_open(cuh_heap_t *h)
+{
+    return !atomic_load_explicit(&h->tcache_closed, memory_order_acquire);
+}
+
+/* Fast path of cuh_heap_malloc: an object of size's class this thread
+ * freed on `stream`, from its cache, or for a large request the block the
+ * cache holds if it has the request's size and was freed on `stream`. 0 if
+ * there is none. */
+static inline uintptr_t cuh_hp_tcache_alloc(cuh_heap_t *h, size_t size, cuh_stream_t stream)
+{
+    cuh_tcache_t *tc = cuh_hp_my_tcache(h);
+    if (!tc)
+        return 0;
+    uintptr_t addr = 0;
+    cuh_spin_lock(&tc->lock);
+    if (cuh_likely(!tc->dead && cuh_hp_tcache_open(h))) {
+        if (size > h->cfg.small_max) {
+            addr = cuh_tcache_large_take(tc, cuh_align_up(size, CUH_ALIGN), size, (uintptr_t)stream);
+        } else if ((addr = cuh_tcache_pop(tc, cuh_sizeclass_index(size), (uintptr_t)stream))) {
+            cuh_tcache_hand_out(tc, cuh_tcache_find(tc, addr), (uint32_t)size);
+        }
+        tc->num_allocs += addr != 0;
+    }
+    cuh_spin_unlock(&tc->lock);
+    return addr;
+}
+
+/* Fast path of cuh_heap_free: an object or the large block this thread's
+ * cache handed out, freed on the stream it was allocated on, goes back to
+ * the cache. 0 if the heap must see the free (not the cache's, another
+ * stream, no room). */
+static inline int cuh_hp_tcache_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream)
+{
+    cuh_tcache_t *tc = cuh_hp_my_tcache(h);
+    if (!tc)
+        return 0;
+    int done = 0;
+    cuh_spin_lock(&tc->lock);
+    if (cuh_likely(!tc->dead && cuh_hp_tcache_open(h))) {
+        cuh_tc_entry_t *e;
+        if (tc->large.addr == addr) {
+            done = cuh_tcache_large_give(tc, addr, (uintptr_t)stream);
+        } else if ((e = cuh_tcache_find(tc, addr)) && e->state == CUH_TC_LIVE && e->stream == (uintptr_t)stream &&
+                   tc->cached_bytes + e->size <= h->cfg.thread_cache &&
+                   cuh_tcache_push(tc, e->size_class, addr, (uintptr_t)stream) == 0) {
+            cuh_tcache_hold(tc, e, (uintptr_t)stream);
+            done = 1;
+        }
+        tc->num_frees += (uint64_t)done;
+    }
+    cuh_spin_unlock(&tc->lock);
+    return done;
+}
+
+#endif /* CUH_HEAP_INTERNAL_H */

@@ -1,0 +1,250 @@
+/* test_heap_oom.c - the out-of-memory record (src/heap_oom.c): each cause
+ * (memory used outside cuheap, fragmentation, memory pending on other streams)
+ * with its proof: stranded segments, partly used pages under large pages, the
+ * streams with the most pending bytes.
+ */
+#include "heap_test.h"
+
+static void test_oom_cause_external(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(64 * MiB, NULL);
+    cuh_sim_set_external(t.dev, 48 * MiB);
+    uintptr_t x;
+    assert_int_equal(cuh_heap_malloc(t.heap, 32 * MiB, 0, &x), CUHEAP_ERR_OUT_OF_MEMORY);
+    cuh_oom_info_t o;
+    assert_true(cuh_heap_last_oom(t.heap, &o));
+    assert_int_equal(o.cause, CUH_OOM_EXTERNAL);
+    assert_int_equal(o.external, 48 * MiB);
+    assert_int_equal(o.device_total, 64 * MiB);
+    test_heap_free(&t);
+}
+
+/* On a 64 MiB device with settings `conf`: 32 blocks of 2 MiB, every other one
+ * freed (a checkerboard: 32 MiB free in 2 MiB holes), then a 4 MiB request,
+ * which must fail; the out-of-memory record it leaves. */
+static cuh_oom_info_t checkerboard_oom(const char *conf)
+{
+    test_heap_t t = test_heap_new(64 * MiB, conf);
+    uintptr_t a[32];
+    for (int i = 0; i < 32; i++)
+        a[i] = must_alloc(t.heap, 2 * MiB, 0);
+    for (int i = 0; i < 32; i += 2)
+        must_free(t.heap, a[i], 0);
+    uintptr_t x;
+    assert_int_equal(cuh_heap_malloc(t.heap, 4 * MiB, 0, &x), CUHEAP_ERR_OUT_OF_MEMORY);
+    cuh_oom_info_t o;
+    assert_true(cuh_heap_last_oom(t.heap, &o));
+    heap_ok(t.heap);
+    for (int i = 1; i < 32; i += 2)
+        must_free(t.heap, a[i], 0);
+    test_heap_free(&t);
+    return o;
+}
+
+static void test_oom_cause_fragmentation_with_its_proof(void **state)
+{
+    (void)state;
+    /* The whole device is the workspace: the 4 MiB request has no extent to
+     * fit in. */
+    cuh_oom_info_t o = checkerboard_oom("workspace:64M,small_max:0");
+    assert_int_equal(o.cause, CUH_OOM_FRAGMENTATION);
+    assert_true(o.largest_free < o.request);
+    assert_true(o.request <= o.cached + o.device_free);
+    assert_int_equal(o.largest_free, 2 * MiB);
+    /* What helps with scattered free memory: pages that move, or measured
+     * memory; not a workspace, where best fit fragments too. */
+    assert_non_null(strstr(o.action, "vmm:1"));
+    assert_non_null(strstr(o.action, "cuheap-replay --min-capacity"));
+    assert_null(strstr(o.action, "workspace"));
+    assert_true(strlen(o.action) + 1 < sizeof o.action);   /* not cut short */
+}
+
+/* A block freed from a segment it nearly filled leaves the segment to the
+ * small block that best fit its tail: the out-of-memory record names the
+ * memory stranded that way, the blocks that hold it, and whether the
+ * request would have fit had they been elsewhere. */
+static void test_oom_names_memory_stranded_in_mostly_empty_segments(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(2 * GiB, NULL);
+    uintptr_t big = must_alloc(t.heap, GiB - MiB, 0);          /* a segment of 1 GiB */
+    uintptr_t small = must_alloc(t.heap, 512 * KiB, 0);        /* best fit: the segment's last MiB */
+    assert_true(small > big && small < big + GiB);
+    must_free(t.heap, big, 0);
+    uintptr_t x;
+    assert_int_equal(cuh_heap_malloc(t.heap, GiB + GiB / 2, 0, &x), CUHEAP_ERR_OUT_OF_MEMORY);
+    cuh_oom_info_t o;
+    assert_true(cuh_heap_last_oom(t.heap, &o));
+    assert_int_equal(o.cause, CUH_OOM_FRAGMENTATION);
+    assert_int_equal(o.stranded.segments, 1);
+    assert_int_equal(o.stranded.bytes, GiB);
+    assert_int_equal(o.stranded.free, GiB - 512 * KiB);
+    assert_int_equal(o.stranded.blocks, 1);
+    assert_int_equal(o.stranded.block_bytes, 512 * KiB);
+    assert_int_equal(o.stranded.top_base, big);
+    assert_int_equal(o.stranded.top_size, GiB);
+    assert_int_equal(o.stranded.top_blocks, 1);
+    assert_int_equal(o.stranded.num_top_holders, 1);
+    assert_int_equal(o.stranded.top_holders[0].addr, small);
+    assert_int_equal(o.stranded.top_holders[0].size, 512 * KiB);
+    assert_true(o.stranded.would_fit);   /* 1 GiB free on the device + the 1 GiB segment */
+    assert_non_null(strstr(cuheap_last_error(), "1 mostly empty segment, held there by 1 block"));
+    assert_non_null(strstr(cuheap_last_error(), "without them the request would have fit"));
+    assert_non_null(strstr(cuheap_last_error(), o.action));   /* the message is whole, advice and all */
+    /* And so it does once the small block is gone. */
+    must_free(t.heap, small, 0);
+    must_free(t.heap, must_alloc(t.heap, GiB + GiB / 2, 0), 0);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+
+    /* The stranded segment is too small to make room: named, without the
+     * claim. 1 GiB live, a 64 MiB segment held by 512 KiB, a 256 MiB one
+     * half used, 100 MiB left on the device, and a 200 MiB request. */
+    t = test_heap_new(GiB + 420 * MiB, NULL);
+    uintptr_t live = must_alloc(t.heap, GiB, 0);
+    uintptr_t b2 = must_alloc(t.heap, 31 * MiB, 0);            /* a 64 MiB segment (grow_fraction) */
+    uintptr_t s2 = must_alloc(t.heap, 512 * KiB, 0);
+    must_free(t.heap, b2, 0);
+    must_free(t.heap, must_alloc(t.heap, 256 * MiB, 0), 0);
+    uintptr_t d1 = must_alloc(t.heap, 128 * MiB, 0);
+    must_free(t.heap, must_alloc(t.heap, 128 * MiB, 0), 0);
+    assert_int_equal(cuh_heap_malloc(t.heap, 200 * MiB, 0, &x), CUHEAP_ERR_OUT_OF_MEMORY);
+    assert_true(cuh_heap_last_oom(t.heap, &o));
+    assert_int_equal(o.cause, CUH_OOM_FRAGMENTATION);
+    assert_int_equal(o.device_free, 100 * MiB);
+    assert_int_equal(o.stranded.segments, 1);
+    assert_int_equal(o.stranded.bytes, 64 * MiB);
+    assert_int_equal(o.stranded.top_holders[0].addr, s2);
+    assert_false(o.stranded.would_fit);
+    assert_non_null(strstr(cuheap_last_error(), "mostly empty segment"));
+    assert_null(strstr(cuheap_last_error(), "would have fit"));
+    must_free(t.heap, live, 0);
+    must_free(t.heap, s2, 0);
+    must_free(t.heap, d1, 0);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+
+    /* Free memory scattered through a well used workspace strands nothing
+     * (the workspace never goes back to the device anyway). */
+    cuh_oom_info_t c = checkerboard_oom("workspace:64M,small_max:0");
+    assert_int_equal(c.stranded.segments, 0);
+    assert_false(c.stranded.would_fit);
+}
+
+/* Under vmm:1 with pages larger than the device's granularity, free memory can
+ * still be stranded in pages that blocks partly use: the advice is the page
+ * size, not vmm:1. */
+static void test_oom_cause_fragmentation_under_large_pages_names_vmm_page(void **state)
+{
+    (void)state;
+    cuh_oom_info_t o = checkerboard_oom("vmm:1,vmm_page:8M,small_max:0");
+    assert_int_equal(o.cause, CUH_OOM_FRAGMENTATION);
+    assert_non_null(strstr(o.action, "vmm_page"));
+    assert_null(strstr(o.action, "vmm:1 in"));
+    /* The record says how much: every 8 MiB page holds two live 2 MiB
+     * blocks and two free ones, so all 32 MiB free lie in 8 pages that
+     * cannot move; no plain segment strands anything. */
+    assert_true(o.partial_pages.known);
+    assert_int_equal(o.partial_pages.pages, 8);
+    assert_int_equal(o.partial_pages.free, 32 * MiB);
+    assert_int_equal(o.stranded.segments, 0);
+    /* A free extent that starts in one page and ends in the next counts in
+     * both: 6, 4 and 6 MiB blocks over two 8 MiB pages, the middle one
+     * freed, then 10 MiB asked of a device with one page left. */
+    test_heap_t v = test_heap_new(24 * MiB, "vmm:1,vmm_page:8M,small_max:0");
+    uintptr_t b6 = must_alloc(v.heap, 6 * MiB, 0), b4 = must_alloc(v.heap, 4 * MiB, 0);
+    uintptr_t c6 = must_alloc(v.heap, 6 * MiB, 0);
+    assert_int_equal(b4, b6 + 6 * MiB);
+    assert_int_equal(c6, b4 + 4 * MiB);
+    must_free(v.heap, b4, 0);
+    uintptr_t y;
+    assert_int_equal(cuh_heap_malloc(v.heap, 10 * MiB, 0, &y), CUHEAP_ERR_OUT_OF_MEMORY);
+    cuh_oom_info_t w;
+    assert_true(cuh_heap_last_oom(v.heap, &w));
+    assert_int_equal(w.partial_pages.pages, 2);
+    assert_int_equal(w.partial_pages.free, 4 * MiB);
+    must_free(v.heap, b6, 0);
+    must_free(v.heap, c6, 0);
+    heap_ok(v.heap);
+    test_heap_free(&v);
+}
+
+/* MiB freed on each of ten streams (test below), in no order. */
+static const size_t o_streams_pending[] = {8, 2, 20, 14, 4, 18, 6, 12, 10, 16};
+
+static void test_oom_cause_stream_pending_with_its_proof(void **state)
+{
+    (void)state;
+    /* S1 frees 40 MiB; during a graph capture S2 may not wait for S1's work,
+     * so 40 MiB more does not fit a 64 MiB device, though it would after. */
+    test_heap_t t = test_heap_new(64 * MiB, "grow_fraction:0");
+    cuh_sim_hold_events(t.dev, 1);
+    uintptr_t a = must_alloc(t.heap, 40 * MiB, S1);
+    must_free(t.heap, a, S1);
+    cuh_heap_capture_begin(t.heap, 1);
+    uintptr_t x;
+    assert_int_equal(cuh_heap_malloc(t.heap, 40 * MiB, S2, &x), CUHEAP_ERR_OUT_OF_MEMORY);
+    cuh_heap_capture_end(t.heap);
+    cuh_oom_info_t o;
+    assert_true(cuh_heap_last_oom(t.heap, &o));
+    assert_int_equal(o.cause, CUH_OOM_STREAM_PENDING);
+    assert_int_equal(o.pending, 40 * MiB);
+    assert_int_equal(o.num_pending_streams, 1);
+    assert_int_equal(o.pending_by_stream[0].stream, S1);
+    assert_int_equal(o.pending_by_stream[0].pending, 40 * MiB);
+    assert_true(o.cached + o.device_free - o.pending < o.request);
+    assert_true(o.request <= o.cached + o.device_free);
+    assert_non_null(strstr(o.action, "synchronize"));
+    /* After the capture the same request waits for S1 and succeeds. */
+    must_free(t.heap, must_alloc(t.heap, 40 * MiB, S2), S2);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+/* With more streams holding pending memory than the record has room for,
+ * it keeps the ones with the most, largest first: ten streams free 2 to 20
+ * MiB each, then a capture asks for more than the device has left. */
+static void test_oom_record_keeps_the_streams_with_the_most_pending(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(256 * MiB, "grow_fraction:0,small_max:0");
+    cuh_sim_hold_events(t.dev, 1);
+    const size_t num = sizeof o_streams_pending / sizeof o_streams_pending[0];
+    uintptr_t blocks[sizeof o_streams_pending / sizeof o_streams_pending[0]];
+    /* All allocated before any is freed: a growth to a new peak would wait
+     * for the earlier frees and give their segments back. */
+    for (size_t i = 0; i < num; i++) {
+        cuh_stream_t s = (cuh_stream_t)(0x5000 + i * 0x100);
+        assert_int_equal(cuh_heap_register_stream(t.heap, s), CUHEAP_OK);
+        blocks[i] = must_alloc(t.heap, o_streams_pending[i] * MiB, s);
+    }
+    for (size_t i = 0; i < num; i++)
+        must_free(t.heap, blocks[i], (cuh_stream_t)(0x5000 + i * 0x100));
+    cuh_heap_capture_begin(t.heap, 1);
+    uintptr_t x;
+    assert_int_equal(cuh_heap_malloc(t.heap, 200 * MiB, S2, &x), CUHEAP_ERR_OUT_OF_MEMORY);
+    cuh_heap_capture_end(t.heap);
+    cuh_oom_info_t o;
+    assert_true(cuh_heap_last_oom(t.heap, &o));
+    const size_t kept = sizeof o.pending_by_stream / sizeof o.pending_by_stream[0];
+    assert_int_equal(o.num_pending_streams, kept);
+    for (size_t k = 0; k < kept; k++)   /* 20, 18, ... 6 MiB: the 2 and 4 MiB streams left out */
+        assert_int_equal(o.pending_by_stream[k].pending, (20 - 2 * k) * MiB);
+    assert_int_equal(o.pending_by_stream[0].stream, 0x5000 + 2 * 0x100);   /* the 20 MiB one */
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_oom_cause_external),
+        cmocka_unit_test(test_oom_cause_fragmentation_with_its_proof),
+        cmocka_unit_test(test_oom_names_memory_stranded_in_mostly_empty_segments),
+        cmocka_unit_test(test_oom_cause_fragmentation_under_large_pages_names_vmm_page),
+        cmocka_unit_test(test_oom_cause_stream_pending_with_its_proof),
+        cmocka_unit_test(test_oom_record_keeps_the_streams_with_the_most_pending),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
