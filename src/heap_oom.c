@@ -166,9 +166,17 @@ void cuh_hp_record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
     char a[32], b[32];
     if (h->limit && why == GROW_LIMIT && need > h->limit && need <= device_room) {
         o->cause = CUH_OOM_LIMIT;
+        /* What this request needs is all the heap knows for sure; the job
+         * may need more at its next request, so the advice says so and how
+         * to learn the whole job's need, rather than give a figure that
+         * fails again a step later. */
+        char c[32];
         snprintf(o->action, sizeof o->action,
-                 "raise limit in CUHEAP_CONF from %s to at least %s: the device has room for it",
-                 cuh_format_bytes(a, sizeof a, h->limit), cuh_format_bytes(b, sizeof b, cuh_align_up(need, CUH_MiB)));
+                 "raise limit in CUHEAP_CONF from %s (the device has room): this request alone needs at least %s, "
+                 "and the job's live bytes have peaked at %s so far, but later requests may need more; record the "
+                 "job with trace:PATH, and cuheap-replay --min-capacity gives the limit the whole job needs",
+                 cuh_format_bytes(a, sizeof a, h->limit), cuh_format_bytes(b, sizeof b, cuh_align_up(need, CUH_MiB)),
+                 cuh_format_bytes(c, sizeof c, h->requested.peak));
     } else if (need > o->device_total || (h->limit && need > h->limit)) {
         o->cause = CUH_OOM_CAPACITY;
         snprintf(o->action, sizeof o->action,

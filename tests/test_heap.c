@@ -123,7 +123,19 @@ static void test_limit_in_bytes_caps_reserved(void **state)
     assert_int_equal(o.cause, CUH_OOM_LIMIT);
     assert_non_null(strstr(o.action, "limit"));
     heap_ok(t.heap);
-    for (int i = 0; i < n; i++)
+    /* Half freed, a request that needs 72 MiB under the 64 MiB limit: the
+     * advice gives this request's need as a floor, not as the job's, with
+     * the live peak so far and how to measure the whole job. */
+    for (int i = 4; i < n; i++)
+        must_free(t.heap, a[i], 0);
+    assert_int_equal(cuh_heap_malloc(t.heap, 40 * MiB, 0, &x), CUHEAP_ERR_OUT_OF_MEMORY);
+    assert_true(cuh_heap_last_oom(t.heap, &o));
+    assert_int_equal(o.cause, CUH_OOM_LIMIT);
+    assert_non_null(strstr(o.action, "raise limit in CUHEAP_CONF from 64.00 MiB"));
+    assert_non_null(strstr(o.action, "this request alone needs at least 72.00 MiB"));
+    assert_non_null(strstr(o.action, "live bytes have peaked at 64.00 MiB so far, but later requests may need more"));
+    assert_non_null(strstr(o.action, "trace:PATH, and cuheap-replay --min-capacity"));
+    for (int i = 0; i < 4; i++)
         must_free(t.heap, a[i], 0);
     test_heap_free(&t);
 }
