@@ -24,20 +24,7 @@ set -uo pipefail
 build=${1:-build}
 . "$(dirname "$0")/harness.sh"
 
-lib=$build/libcuheap.so
-[ -e "$build/libcuheap-asan.so" ] && lib=$build/libcuheap-asan.so
-[ -e "$lib" ] || lib=build/libcuheap.so
-lib=$(realpath "$lib")
-# The sanitized library needs the sanitizer's runtime first in the preload
-# list; leaks are not checked (the heaps live until the process exits).
-preload_list=$lib
-san_env=()
-if [[ "$(nm -D "$lib" 2>/dev/null)" == *__asan_init* ]]; then
-    preload_list="$(gcc -print-file-name=libasan.so) $lib"
-    san_env=(ASAN_OPTIONS=detect_leaks=0)
-fi
-programs=$build/tests/preload
-[ -x "$programs/runtime_shared" ] || programs=build/tests/preload
+. "$(dirname "$0")/preload_lib.sh"
 fake=$(realpath build/fake)
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT

@@ -13,17 +13,7 @@ set -uo pipefail
 build=${1:-build}
 . "$(dirname "$0")/harness.sh"
 
-lib=$build/libcuheap.so
-[ -e "$build/libcuheap-asan.so" ] && lib=$build/libcuheap-asan.so
-lib=$(realpath "$lib")
-preload_list=$lib
-san_env=()
-if [[ "$(nm -D "$lib" 2>/dev/null)" == *__asan_init* ]]; then
-    preload_list="$(gcc -print-file-name=libasan.so) $lib"
-    san_env=(ASAN_OPTIONS=detect_leaks=0)
-fi
-programs=$build/tests/preload
-[ -x "$programs/fault_checks" ] || programs=build/tests/preload
+. "$(dirname "$0")/preload_lib.sh"
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/cuh_test_preload_faults.XXXXXX") || exit 1
 trap 'rm -rf "$TMP"' EXIT
 
