@@ -68,7 +68,9 @@ tools: $(BUILD)/cuheap-replay $(BUILD)/cuheap-report $(BUILD)/cuheap-corpus $(BU
 deps:
 	@scripts/install-deps.sh
 
-deps-test:
+# After deps: under make -j the two would run apt-get at once, and one
+# would fail on apt's lock.
+deps-test: deps
 	@scripts/install-deps.sh test
 
 $(JE_LIB):
