@@ -101,6 +101,11 @@ void cuh_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *cuh_get_error(void);
 void cuh_clear_error(void);
 
+/* The code of a lost device (cuh_device_t.lost) that made the calling
+ * thread's last call fail, 0 if none: the hooks give it to the program. */
+void cuh_note_lost(int code);
+int cuh_noted_lost(void);
+
 /* Writes "cuheap: <message>\n" to stderr. */
 void cuh_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Writes "cuheap: <what>: <the calling thread's last error>" to stderr, one

@@ -100,6 +100,10 @@ struct cuh_device_s {
     const char *kind;          /* "cuda" or "sim" */
     int ordinal;               /* CUDA device number */
     char last_error[256];      /* explains the last CUH_DEV_ERROR */
+    /* Nonzero once a call met a sticky error (the driver's code; CUDA's
+     * illegal address, failed launch, lost context): every call from then
+     * on fails the same way, and the heap refuses new work. */
+    _Atomic int lost;
 };
 
 /* ---- simulated device (device_sim.c) ---------------------------------- */
@@ -198,9 +202,13 @@ void cuh_fault_nth(cuh_device_t *dev, cuh_fault_call_t call, uint64_t n, cuh_dev
 /* Each call of `call` fails with probability p (a seeded, repeatable draw). */
 void cuh_fault_random(cuh_device_t *dev, cuh_fault_call_t call, double p, uint64_t seed, cuh_dev_status_t status);
 /* From the `after`-th call of any kind from now on, every call fails with
- * `status`: a lost context. 0 cancels one that has not struck. */
+ * `status`: a lost context (the device's `lost` becomes
+ * CUH_FAULT_STICKY_CODE, CUDA's illegal address). 0 cancels one that has
+ * not struck. */
+#define CUH_FAULT_STICKY_CODE 700
 void cuh_fault_sticky(cuh_device_t *dev, uint64_t after, cuh_dev_status_t status);
-/* No more planned failures (a sticky error that struck is forgotten too). */
+/* No more planned failures (a sticky error that struck is forgotten too,
+ * and the device is no longer lost: a test's way to clean up). */
 void cuh_fault_clear(cuh_device_t *dev);
 int cuh_fault_is_sticky(cuh_device_t *dev);
 /* Calls of `call` failed on purpose so far. */
@@ -262,6 +270,11 @@ uint64_t cuh_cuda_active_devices(void);
  * itself would give the program for a call cuheap made on its behalf. */
 int cuh_cuda_last_failure(void);
 void cuh_cuda_clear_failure(void);
+/* 1 for CUDA's sticky errors: after one the context is lost, and CUDA
+ * answers every later call with the same error (an illegal address, a
+ * failed or timed-out launch, an uncorrectable ECC error, a destroyed
+ * context, ...). A device op that meets one sets its device's `lost`. */
+int cuh_cuda_sticky(int code);
 /* 1 when the program has loaded libcuda.so.1 (cuheap loads nothing). */
 int cuh_cuda_driver_loaded(void);
 

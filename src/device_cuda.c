@@ -15,6 +15,7 @@
 #include "common.h"
 
 #include <dlfcn.h>
+#include <stdatomic.h>
 #include <limits.h>
 #include <link.h>
 #include <pthread.h>
@@ -373,6 +374,19 @@ static cuh_cuda_device_t *cuda_dev(cuh_device_t *dev)
 static _Thread_local int last_failure;
 
 int cuh_cuda_last_failure(void) { return last_failure; }
+
+int cuh_cuda_sticky(int code)
+{
+    switch (code) {
+    case 3: case 4:                     /* not initialized, deinitialized */
+    case 214:                           /* ECC uncorrectable */
+    case 700: case 702: case 709:       /* illegal address, launch timeout, context destroyed */
+    case 714: case 715: case 716: case 717: case 718: case 719:   /* hardware faults in a kernel, launch failed */
+        return 1;
+    default:
+        return 0;
+    }
+}
 void cuh_cuda_clear_failure(void) { last_failure = 0; }
 
 /* Writes "<what> on device N failed: <CUDA error>" into dev->last_error. */
@@ -381,6 +395,8 @@ static void cuda_dev_error(cuh_device_t *dev, CUresult r, const char *what, ...)
 static void cuda_dev_error(cuh_device_t *dev, CUresult r, const char *what, ...)
 {
     last_failure = (int)r;
+    if (cuh_cuda_sticky((int)r))
+        atomic_store_explicit(&dev->lost, (int)r, memory_order_relaxed);
     va_list ap;
     va_start(ap, what);
     cuda_vformat_error(dev->last_error, sizeof dev->last_error, r, dev->ordinal, what, ap);

@@ -22,6 +22,7 @@
 #include "common.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,6 +94,7 @@ static cuh_dev_status_t planned(fault_device_t *f, cuh_fault_call_t kind)
     cuh_dev_status_t st = CUH_DEV_OK;
     if (f->sticky || (f->sticky_from && total >= f->sticky_from)) {
         f->sticky = 1;
+        atomic_store_explicit(&f->base.lost, CUH_FAULT_STICKY_CODE, memory_order_relaxed);
         st = f->sticky_status;
         snprintf(f->base.last_error, sizeof f->base.last_error,
                  "%s failed: injected sticky error (the context is lost since call %llu)", call_names[kind],
@@ -327,6 +329,7 @@ void cuh_fault_clear(cuh_device_t *dev)
     memset(f->rule, 0, sizeof f->rule);
     f->sticky_from = 0;
     f->sticky = 0;
+    atomic_store_explicit(&f->base.lost, 0, memory_order_relaxed);
     pthread_mutex_unlock(&f->lock);
 }
 

@@ -438,11 +438,26 @@ static void start_locked(cuh_heap_t *h)
             cuh_format_bytes(b, sizeof b, free_bytes));
 }
 
+/* A device that met a sticky error (its context is lost: CUDA answers every
+ * call with that error from then on): the heap refuses allocations and
+ * frees with the device's error and changes nothing, so that the program
+ * hears what CUDA would tell it; its books and reports stay as they were. */
+static cuheap_status_t refuse_lost(cuh_heap_t *h)
+{
+    int code = atomic_load_explicit(&h->dev->lost, memory_order_relaxed);
+    cuh_note_lost(code);
+    cuh_set_error("device %d is lost (error %d, a sticky error: %s): cuheap refuses new work; reports can still be "
+                  "written", h->dev->ordinal, code, h->dev->last_error[0] ? h->dev->last_error : "no message");
+    return CUHEAP_ERR_DEVICE;
+}
+
 /* Allocates for stream `stream`, or for every stream at once (device_wide). */
 static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, int shareable, cuh_stream_t stream,
                                    uintptr_t *addr)
 {
     *addr = 0;
+    if (cuh_unlikely(atomic_load_explicit(&h->dev->lost, memory_order_relaxed)))
+        return refuse_lost(h);
     if (size == 0)
         return CUHEAP_OK;
     if (size > ((size_t)1 << 60)) {
@@ -609,6 +624,8 @@ cuheap_status_t cuh_heap_free_device_wide(cuh_heap_t *h, uintptr_t addr)
 {
     if (!addr)
         return CUHEAP_OK;
+    if (cuh_unlikely(atomic_load_explicit(&h->dev->lost, memory_order_relaxed)))
+        return refuse_lost(h);
     cuh_lock(&h->lock);
     cuh_hp_unpark_locked(h);
     live_block_t b;
@@ -648,6 +665,8 @@ cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
 {
     if (!addr)
         return CUHEAP_OK;
+    if (cuh_unlikely(atomic_load_explicit(&h->dev->lost, memory_order_relaxed)))
+        return refuse_lost(h);
     if (cuh_hp_tcache_free(h, addr, stream))
         return CUHEAP_OK;
     cuh_hp_heap_lock(h);

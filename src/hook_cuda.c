@@ -96,20 +96,11 @@ static void print_program_error(const char *fn, const void *ptr)
                 n == MAX_PRINTED_ERRORS - 1 ? " (further such errors are not printed)" : "");
 }
 
-/* CUDA's sticky errors: after one the context is lost, and CUDA answers
- * every later call with the same error (an illegal address, a failed or
- * timed-out launch, an uncorrectable ECC error, a destroyed context, ...). */
-static int sticky_error(int code)
+/* A hooked call starts: no failure of an earlier call is its own. */
+static void begin_call(void)
 {
-    switch (code) {
-    case 3: case 4:                     /* not initialized, deinitialized */
-    case 214:                           /* ECC uncorrectable */
-    case 700: case 702: case 709:       /* illegal address, launch timeout, context destroyed */
-    case 714: case 715: case 716: case 717: case 718: case 719:   /* hardware faults in a kernel, launch failed */
-        return 1;
-    default:
-        return 0;
-    }
+    cuh_cuda_clear_failure();
+    cuh_note_lost(0);
 }
 
 /* The CUDA code of a hooked call's outcome, as CUDA itself would have
@@ -121,8 +112,10 @@ static int sticky_error(int code)
 static int cuda_code(cuheap_status_t status, int allocation)
 {
     int failed = cuh_cuda_last_failure();
-    if (status != CUHEAP_OK && sticky_error(failed))
-        return failed;
+    if (!failed)
+        failed = cuh_noted_lost();   /* a heap that refused: its device was lost earlier */
+    if (cuh_cuda_sticky(failed))
+        return failed;   /* even where the heap could finish the call: CUDA would not have */
     switch (status) {
     case CUHEAP_OK:
         return CUH_CUDA_SUCCESS;
@@ -180,7 +173,7 @@ int cuh_hook_malloc(const char *fn, void **ptr, size_t size, int device, cuh_hoo
                     const void *caller)
 {
     interposing();
-    cuh_cuda_clear_failure();
+    begin_call();
     caller_info_t who = caller_info(caller);
     int shareable = stream.device_wide && who.shares;
     cuheap_status_t status = cuh_runtime_malloc(fn, ptr, size, device, stream.device_wide, shareable, stream.stream);
@@ -224,7 +217,7 @@ int cuh_hook_keep_captured_free(const char *fn, void *ptr)
 int cuh_hook_free(const char *fn, void *ptr, cuh_hook_stream_t stream, int *code)
 {
     interposing();
-    cuh_cuda_clear_failure();
+    begin_call();
     cuheap_status_t status = cuh_runtime_free_owned(fn, ptr, stream.device_wide, stream.stream);
     if (status == CUHEAP_ERR_NOT_OWNED)
         return 0;
@@ -246,7 +239,7 @@ int cuh_hook_host_alloc(const char *fn, void **ptr, size_t size, unsigned flags,
         atomic_store_explicit(&serve, on = cuh_runtime_config()->pinned != 0, memory_order_relaxed);
     if (!on || !ptr || size == 0 || (flags & ~CUH_PINNED_SERVED_FLAGS))
         return 0;
-    cuh_cuda_clear_failure();
+    begin_call();
     int device = cuh_hook_device(runtime_api);
     if (device < 0)
         return 0;
@@ -263,7 +256,7 @@ int cuh_hook_host_alloc(const char *fn, void **ptr, size_t size, unsigned flags,
 int cuh_hook_host_free(const char *fn, void *ptr, int *code)
 {
     interposing();
-    cuh_cuda_clear_failure();
+    begin_call();
     cuheap_status_t status = cuh_runtime_host_free(fn, ptr);
     if (status == CUHEAP_ERR_NOT_OWNED)
         return 0;

@@ -25,6 +25,12 @@ const char *cuh_get_error(void) { return cuh_error_text; }
 
 void cuh_clear_error(void) { cuh_error_text[0] = '\0'; }
 
+static _Thread_local int cuh_lost_code;
+
+void cuh_note_lost(int code) { cuh_lost_code = code; }
+
+int cuh_noted_lost(void) { return cuh_lost_code; }
+
 void cuh_log(const char *fmt, ...)
 {
     char line[CUH_ERROR_MAX + 256];   /* an error message and what is said around it */

@@ -453,6 +453,66 @@ static void test_concurrent_threads_never_share_memory(void **state)
     }
 }
 
+/* A sticky error (the fault plan's, as CUDA's illegal address) loses the
+ * device: the call that met it fails with a device error naming the call,
+ * and from then on every allocation and free, even one the caches could
+ * serve, is refused with the device's error and changes nothing; the books
+ * stay sound and a report can still be written. */
+static void test_a_lost_device_refuses_new_work_and_reports_still_render(void **state)
+{
+    (void)state;
+    for (int vmm = 0; vmm < 2; vmm++) {
+        cuh_device_t *sim = cuh_sim_create(&(cuh_sim_params_t){.capacity = GiB, .ordinal = 0});
+        cuh_device_t *dev = cuh_fault_wrap(sim);
+        assert_non_null(dev);
+        cuh_config_t cfg;
+        char err[256];
+        cuh_config_defaults(&cfg);
+        assert_int_equal(cuh_config_parse(vmm ? "vmm:1" : "vmm:0", &cfg, err, sizeof err), 0);
+        cuh_heap_t *h = cuh_heap_create(dev, &cfg, err, sizeof err);
+        assert_non_null(h);
+        uintptr_t live = must_alloc(h, 8 * MiB, 0), cached = must_alloc(h, 4 * KiB, 0), x;
+        must_free(h, cached, 0);   /* a small object the thread's cache holds */
+        cuheap_stats_t before, after;
+        cuh_heap_stats(h, &before);
+
+        cuh_fault_sticky(dev, 1, CUH_DEV_ERROR);
+        assert_int_equal(cuh_heap_malloc(h, 512 * MiB, 0, &x), CUHEAP_ERR_DEVICE);   /* needs the device */
+        assert_non_null(strstr(cuheap_last_error(), "injected sticky error"));
+        assert_int_equal(cuh_heap_malloc(h, 4 * KiB, 0, &x), CUHEAP_ERR_DEVICE);     /* the cache could serve it */
+        assert_non_null(strstr(cuheap_last_error(), "device 0 is lost (error 700"));
+        assert_non_null(strstr(cuheap_last_error(), "cuheap refuses new work"));
+        assert_int_equal(cuh_noted_lost(), 700);
+        assert_int_equal(cuh_heap_malloc_device_wide(h, 4 * KiB, &x), CUHEAP_ERR_DEVICE);
+        assert_int_equal(cuh_heap_free(h, live, 0), CUHEAP_ERR_DEVICE);
+        assert_int_equal(cuh_heap_free_device_wide(h, live), CUHEAP_ERR_DEVICE);
+        cuh_heap_stats(h, &after);
+        assert_int_equal(after.requested.current, before.requested.current);
+        assert_int_equal(after.num_frees, before.num_frees);
+        heap_ok(h);
+        /* A report still renders, the device not asked. */
+        cuh_heap_snapshot_t *snap = cuh_heap_snapshot(h, 0);
+        assert_non_null(snap);
+        FILE *out = fopen("/dev/null", "w");
+        assert_non_null(out);
+        cuh_report_text(out, cuh_report_origin_now(), &snap, 1, NULL);
+        cuh_report_json(out, cuh_report_origin_now(), &snap, 1, NULL);
+        fclose(out);
+        cuh_heap_snapshot_free(snap);
+
+        /* The test cleans up: the device comes back, and everything goes home. */
+        cuh_fault_clear(dev);
+        must_free(h, live, 0);
+        heap_ok(h);
+        cuh_heap_destroy(h);
+        cuh_sim_counters_t c;
+        cuh_sim_counters(sim, &c);
+        assert_int_equal(c.used, 0);
+        assert_int_equal(c.live_events, 0);
+        dev->ops->destroy(dev);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -472,6 +532,7 @@ int main(void)
         cmocka_unit_test(test_release_cached_returns_every_free_segment),
         cmocka_unit_test(test_random_operations_on_three_streams_keep_the_books),
         cmocka_unit_test(test_concurrent_threads_never_share_memory),
+        cmocka_unit_test(test_a_lost_device_refuses_new_work_and_reports_still_render),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

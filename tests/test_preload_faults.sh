@@ -7,7 +7,9 @@
 # a sticky error (an illegal address: 700) comes back as itself, and any
 # other failure of an allocation as out of memory (2) with cuheap's message
 # on stderr naming the driver call that failed. A free whose fence the driver
-# refuses still succeeds (cuheap falls back to fencing stream by stream).
+# refuses still succeeds (cuheap falls back to fencing stream by stream); one
+# that meets a sticky error gets it. After a sticky error every call gets it,
+# even one cuheap's caches could serve.
 # One process per case (tests/preload/fault_checks.c).
 set -uo pipefail
 build=${1:-build}
@@ -48,5 +50,16 @@ for entry in cudaHostAlloc cudaMallocHost cuMemHostAlloc; do
 done
 for entry in cudaFree cuMemFree_v2; do   # device-wide frees fence at once; a stream-ordered one, lazily
     case_ $entry "cuCtxRecordEvent%1=1" vmm:0 0 "device-wide fences turned off"
+    case_ $entry "sticky@1=700" vmm:0 700
+done
+# Once a sticky error has struck, every later call gets it, even what
+# cuheap's caches could serve without the driver (fault_checks' "after"
+# entries make a call that meets the error first, then the one named).
+# (an allocation's message may be held back: one a second at most)
+for entry in cudaMalloc cuMemAlloc_v2; do
+    case_ after-$entry "sticky@1=700" vmm:0 700
+done
+for entry in cudaFree cudaFreeAsync; do
+    case_ after-$entry "sticky@1=700" vmm:0 700 "device 0 is lost (error 700"
 done
 finish test_preload_faults

@@ -7,8 +7,9 @@
  * flag for the _ptsz entry points), never by symbol. It then retains device
  * 0's primary context and makes it current, in each thread that calls it.
  * cudaFree synchronizes the context before freeing, as the real runtime
- * does; driver codes 0, 1 and 2 are returned as they are (success, invalid
- * value, out of memory), any other as 999 (unknown).
+ * does; driver codes 0 to 4, 214 and 700 to 719 are returned as they are
+ * (success, invalid value, out of memory, not initialized, and the sticky
+ * errors), any other as 999 (unknown), as the real runtime maps them.
  *
  * It is built twice: as build/fake/libcudart.so.13, which a program links to
  * (the shared runtime: a preloaded cudaMalloc is found before this one), and
@@ -150,9 +151,13 @@ static int ready(void)
     return 0;
 }
 
+/* The runtime's code for a driver code: the real runtime's equals the
+ * driver's for these (its sticky errors among them: an illegal address and
+ * the other faults of a kernel, a lost or destroyed context). */
 static cudaError_t runtime_code(CUresult r)
 {
-    return r == 0 || r == 1 || r == 2 ? r : CUDA_ERROR_UNKNOWN_RUNTIME;
+    int same = r == 0 || r == 1 || r == 2 || r == 3 || r == 4 || r == 214 || (r >= 700 && r <= 719);
+    return same ? r : CUDA_ERROR_UNKNOWN_RUNTIME;
 }
 
 #define READY_OR_FAIL()                         \

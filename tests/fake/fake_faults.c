@@ -10,7 +10,9 @@
  *                  draws seeded by FAKE_CUDA_FAULT_SEED, default 1)
  *   sticky@N=CODE  from the N-th call of any driver function on, every call
  *                  returns CODE: a lost context (an illegal address), as
- *                  CUDA's sticky errors do
+ *                  CUDA's sticky errors do; the calls that only read or set
+ *                  the calling thread's current context still answer, as
+ *                  they do after a real sticky error
  * A call that fails does nothing, as a failed driver call does nothing.
  * cuGetErrorName, cuGetErrorString and cuGetProcAddress never fail: a real
  * driver answers them after a sticky error too. A malformed plan stops the
@@ -116,6 +118,18 @@ static void load_locked(void)
         abort();
 }
 
+/* The calls that only read or set the calling thread's current context or
+ * name a device: a real driver answers them after a sticky error too. */
+static int thread_context_call(const char *name)
+{
+    static const char *const names[] = {"cuCtxGetCurrent", "cuCtxSetCurrent", "cuCtxGetDevice", "cuCtxPushCurrent_v2",
+                                        "cuCtxPopCurrent_v2", "cuDeviceGet", "cuDeviceGetCount"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(name, names[i]) == 0)
+            return 1;
+    return 0;
+}
+
 int fake_fault_planned(const char *name, unsigned long nth)
 {
     if (strcmp(name, "cuGetErrorName") == 0 || strcmp(name, "cuGetErrorString") == 0 ||
@@ -125,7 +139,7 @@ int fake_fault_planned(const char *name, unsigned long nth)
     load_locked();
     int code = 0;
     calls_seen++;
-    if (sticky_from && calls_seen >= sticky_from)
+    if (sticky_from && calls_seen >= sticky_from && !thread_context_call(name))
         code = sticky_code;
     for (int i = 0; i < num_rules && !code; i++) {
         const rule_t *x = &rules[i];

@@ -49,9 +49,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "fault_checks: the runtime did not start\n");
         return 2;
     }
-    /* A block to free, made before the plan. */
-    void *before = NULL;
-    if (cudaMalloc(&before, SIZE) != cudaSuccess) {
+    /* A block to free, made before the plan, and a small one freed to sit
+     * in the thread's cache. */
+    void *before = NULL, *small = NULL;
+    if (cudaMalloc(&before, SIZE) != cudaSuccess || cudaMalloc(&small, 4096) != cudaSuccess ||
+        cudaFree(small) != cudaSuccess) {
         fprintf(stderr, "fault_checks: cudaMalloc before the plan failed\n");
         return 2;
     }
@@ -61,8 +63,18 @@ int main(int argc, char **argv)
     CUdeviceptr d = 0;
     size_t pitch = 0;
     int code;
+    if (strncmp(entry, "after-", 6) == 0) {
+        /* A call that meets the plan's error first (a segment the heap has
+         * not got), then the entry point named, whose block or cache needs
+         * no driver call: a small block freed just before the plan sits in
+         * the thread's cache. */
+        void *big = NULL;
+        (void)cudaMalloc(&big, 64 * SIZE);
+        entry += 6;
+        fprintf(stderr, "(a first call met the plan)\n");
+    }
     if (strcmp(entry, "cudaMalloc") == 0)
-        code = cudaMalloc(&p, 2 * SIZE);
+        code = cudaMalloc(&p, argv[1][0] == 'a' ? 4096 : 2 * SIZE);
     else if (strcmp(entry, "cudaMallocAsync") == 0)
         code = cudaMallocAsync(&p, 2 * SIZE, NULL);
     else if (strcmp(entry, "cudaMallocPitch") == 0)
@@ -72,7 +84,7 @@ int main(int argc, char **argv)
     else if (strcmp(entry, "cudaMallocHost") == 0)
         code = cudaMallocHost(&p, SIZE);
     else if (strcmp(entry, "cuMemAlloc_v2") == 0)
-        code = cu_alloc(&d, 2 * SIZE);
+        code = cu_alloc(&d, argv[1][0] == 'a' ? 4096 : 2 * SIZE);
     else if (strcmp(entry, "cuMemAllocAsync") == 0)
         code = cu_alloc_async(&d, 2 * SIZE, NULL);
     else if (strcmp(entry, "cuMemAllocPitch_v2") == 0)
@@ -89,7 +101,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "fault_checks: unknown entry point %s\n", entry);
         return 2;
     }
-    printf("%s -> %d (%lu driver calls failed on purpose)\n", entry, code, injected());
+    printf("%s -> %d (%lu driver calls failed on purpose)\n", argv[1], code, injected());
     fflush(stdout);
     return 0;
 }
