@@ -59,7 +59,10 @@ typedef struct cuh_device_ops_s {
      * underway on the device, which either call would invalidate. */
     cuh_dev_status_t (*event_record_all)(cuh_device_t *dev, cuh_event_t event);
     cuh_dev_status_t (*wait_all)(cuh_device_t *dev, cuh_event_t event);
-    /* Blocks until all work on the device has finished. */
+    /* Blocks until all work on the device has finished: the heap's last
+     * resort when an event cannot tell it that the GPU has passed a free.
+     * If it fails, nothing the device ran is known to have finished, and
+     * the device is lost (`lost` set to the error): the heap stops. */
     cuh_dev_status_t (*synchronize)(cuh_device_t *dev);
     void (*destroy)(cuh_device_t *dev);
 
@@ -162,6 +165,7 @@ uint64_t cuh_sim_handle_at(cuh_device_t *dev, uintptr_t va);
 typedef struct cuh_sim_counters_s {
     size_t used;               /* bytes in live segments and physical pages */
     uint64_t vm_creates, vm_releases, vm_maps, vm_unmaps;
+    uint64_t vm_releases_used;   /* releases of allocations that had been mapped (the GPU may have used them) */
     size_t vm_mapped;          /* bytes mapped now */
     uint64_t mem_allocs, mem_frees, mem_refusals;
     uint64_t events_recorded, event_queries, event_waits, stream_waits, synchronizes;

@@ -618,9 +618,21 @@ static cuh_dev_status_t cuda_stream_wait(cuh_device_t *dev, cuh_stream_t stream,
     CUDA_CALL(dev, "cuStreamWaitEvent", g_cu.cuStreamWaitEvent((CUstream)(void *)stream, (CUevent)(void *)event, 0));
 }
 
+/* A context that cannot synchronize is lost to cuheap, whatever the error
+ * (device.h): nothing it ran is known to have finished. */
 static cuh_dev_status_t cuda_synchronize(cuh_device_t *dev)
 {
-    CUDA_CALL(dev, "cuCtxSynchronize", g_cu.cuCtxSynchronize());
+    int pushed;
+    cuh_cuda_device_t *d = cuda_dev(dev);
+    CUDA_ENTER(d, pushed, "cuCtxSynchronize");
+    CUresult r = g_cu.cuCtxSynchronize();
+    cuda_ctx_leave(pushed);
+    if (r == CUDA_SUCCESS)
+        return CUH_DEV_OK;
+    cuda_dev_error(dev, r, "cuCtxSynchronize");
+    int none = 0;
+    atomic_compare_exchange_strong(&dev->lost, &none, (int)r);
+    return CUH_DEV_ERROR;
 }
 
 /* ---- device-wide fences ------------------------------------------------------

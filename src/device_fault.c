@@ -187,9 +187,16 @@ static cuh_dev_status_t f_wait_all(cuh_device_t *dev, cuh_event_t event)
     THROUGH(CUH_FAULT_WAIT_ALL, fault_of(dev)->inner->ops->wait_all(fault_of(dev)->inner, event));
 }
 
+/* A failed synchronize loses the device (device.h), as a sticky error does. */
 static cuh_dev_status_t f_synchronize(cuh_device_t *dev)
 {
-    THROUGH(CUH_FAULT_SYNCHRONIZE, fault_of(dev)->inner->ops->synchronize(fault_of(dev)->inner));
+    fault_device_t *f = fault_of(dev);
+    cuh_dev_status_t st = planned(f, CUH_FAULT_SYNCHRONIZE);
+    if (st == CUH_DEV_OK)
+        return passed(f, f->inner->ops->synchronize(f->inner));
+    int none = 0;
+    atomic_compare_exchange_strong(&f->base.lost, &none, CUH_FAULT_STICKY_CODE);
+    return st;
 }
 
 static size_t f_vm_granularity(cuh_device_t *dev)

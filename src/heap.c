@@ -451,6 +451,22 @@ static cuheap_status_t refuse_lost(cuh_heap_t *h)
     return CUHEAP_ERR_DEVICE;
 }
 
+/* The device was lost while a malloc found its block (a synchronize failed,
+ * or a sticky error struck): that block may not be known free on the GPU,
+ * and no kernel will run on the device again. The block goes back at once,
+ * and the call answers with the device's error, as CUDA would. */
+static cuheap_status_t lost_during_malloc_locked(cuh_heap_t *h, uintptr_t *addr)
+{
+    live_block_t b;
+    if (cuh_hp_find_live_locked(h, *addr, &b) == CUHEAP_OK) {
+        cuh_hp_stat_set(&h->requested, h->requested.current - b.requested);
+        cuh_hp_stat_set(&h->allocated, h->allocated.current - b.size);
+        cuh_hp_release_block_global_locked(h, &b, *addr);
+    }
+    *addr = 0;
+    return refuse_lost(h);
+}
+
 /* Allocates for stream `stream`, or for every stream at once (device_wide). */
 static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, int shareable, cuh_stream_t stream,
                                    uintptr_t *addr)
@@ -495,6 +511,8 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
         status = large_alloc_locked(h, st, size, addr);
     }
     h->shareable_call = 0;
+    if (cuh_unlikely(atomic_load_explicit(&h->dev->lost, memory_order_relaxed)) && status == CUHEAP_OK)
+        status = lost_during_malloc_locked(h, addr);
     if (status == CUHEAP_OK) {
         h->num_allocs++;
         /* A block allocated during a capture belongs to the graph's pool: its

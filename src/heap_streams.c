@@ -25,11 +25,17 @@
 #include <string.h>
 
 /* The only two ways the heap makes the CPU wait for the GPU, counted: a
- * user whose job runs slower under cuheap can see whether it stalled. */
+ * user whose job runs slower under cuheap can see whether it stalled. An
+ * event that cannot be waited for is answered by waiting for the whole
+ * device; a device that cannot be waited for is lost (device.h), and the
+ * heap refuses new work from then on. */
 cuh_dev_status_t cuh_hp_cpu_wait_event(cuh_heap_t *h, cuh_event_t e)
 {
     h->num_cpu_waits++;
-    return h->dev->ops->event_wait(h->dev, e);
+    if (h->dev->ops->event_wait(h->dev, e) == CUH_DEV_OK)
+        return CUH_DEV_OK;
+    cuh_log("device %d: %s; waiting for the whole device instead", h->dev->ordinal, h->dev->last_error);
+    return cuh_hp_cpu_wait_device(h);
 }
 
 cuh_dev_status_t cuh_hp_cpu_wait_device(cuh_heap_t *h)
@@ -309,7 +315,8 @@ int cuh_hp_stream_poll_locked(cuh_heap_t *h, stream_state_t *st, int wait)
         done++;
     }
     if (failed) {
-        cuh_hp_cpu_wait_device(h);
+        if (!wait)
+            cuh_hp_cpu_wait_device(h);   /* (a failed wait did so already) */
         cuh_hp_stream_all_done_locked(h, st);
         return 1;
     }
@@ -490,8 +497,8 @@ int cuh_hp_events_done_locked(cuh_heap_t *h, cuh_event_t *events, size_t *num_ev
         cuh_dev_status_t rc = wait ? cuh_hp_cpu_wait_event(h, ev) : h->dev->ops->event_query(h->dev, ev);
         if (rc == CUH_DEV_NOT_READY)
             return 0;
-        if (rc != CUH_DEV_OK)
-            cuh_hp_cpu_wait_device(h);
+        if (rc != CUH_DEV_OK && !wait)
+            cuh_hp_cpu_wait_device(h);   /* (a failed wait did so already) */
         cuh_hp_event_put_locked(h, ev);
         (*num_events)--;
     }

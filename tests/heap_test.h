@@ -73,4 +73,44 @@ static inline void random_operations(const char *conf, size_t capacity, int ops,
     test_heap_free(&t);
 }
 
+/* A heap with settings `conf` on a simulated device behind a fault plan
+ * (src/device_fault.c): the test sets the plan on dev, and reads the
+ * device's own counters from sim. */
+typedef struct fault_heap_s {
+    cuh_device_t *sim, *dev;
+    cuh_heap_t *heap;
+} fault_heap_t;
+
+static inline fault_heap_t fault_heap_new(size_t capacity, const char *conf)
+{
+    fault_heap_t t;
+    t.sim = cuh_sim_create(&(cuh_sim_params_t){.capacity = capacity, .ordinal = 0});
+    assert_non_null(t.sim);
+    t.dev = cuh_fault_wrap(t.sim);
+    assert_non_null(t.dev);
+    cuh_config_t cfg;
+    char err[256];
+    cuh_config_defaults(&cfg);
+    if (conf && cuh_config_parse(conf, &cfg, err, sizeof err))
+        fail_msg("settings '%s' refused: %s", conf, err);
+    t.heap = cuh_heap_create(t.dev, &cfg, err, sizeof err);
+    assert_non_null(t.heap);
+    return t;
+}
+
+/* The plan ends (a lost device works again) and the GPU finishes; the books
+ * balance, and destroying the heap returns every byte and event. */
+static inline void fault_heap_free(fault_heap_t *t)
+{
+    cuh_fault_clear(t->dev);
+    cuh_sim_complete_all(t->sim);
+    heap_ok(t->heap);
+    cuh_heap_destroy(t->heap);
+    cuh_sim_counters_t c;
+    cuh_sim_counters(t->sim, &c);
+    assert_int_equal(c.used, 0);
+    assert_int_equal(c.live_events, 0);
+    t->dev->ops->destroy(t->dev);
+}
+
 #endif /* CUH_TEST_HEAP_TEST_H */

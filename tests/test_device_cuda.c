@@ -283,6 +283,34 @@ static void test_vmm_lent_pages_keep_old_mappings_until_queued_work_ran(void **s
     assert_int_equal(after[2], after[3]);   /* every physical page went back */
 }
 
+/* A context that cannot synchronize is lost to cuheap, whatever the error
+ * (device.h): the device's `lost` takes the driver's code, sticky or not,
+ * and a failure of any other call that is not sticky leaves it alone. */
+static void test_a_failed_synchronize_loses_the_device(void **state)
+{
+    (void)state;
+    typedef int (*faults_fn)(const char *);
+    faults_fn faults;
+    void *sym = driver("fake_cuda_faults");
+    memcpy(&faults, &sym, sizeof sym);
+    char err[256];
+    cuh_device_t *dev = cuh_cuda_open(0, err, sizeof err);
+    assert_non_null(dev);
+    cuh_event_t e = NULL;
+    char plan[96];   /* a rule counts calls from the process's start */
+    snprintf(plan, sizeof plan, "cuEventCreate@%lu=1", driver_calls("cuEventCreate") + 1);   /* invalid value */
+    assert_int_equal(faults(plan), 0);
+    assert_int_equal(dev->ops->event_create(dev, &e), CUH_DEV_ERROR);
+    assert_int_equal(dev->lost, 0);
+    snprintf(plan, sizeof plan, "cuCtxSynchronize@%lu=999", driver_calls("cuCtxSynchronize") + 1);   /* unknown */
+    assert_int_equal(faults(plan), 0);
+    assert_int_equal(dev->ops->synchronize(dev), CUH_DEV_ERROR);
+    assert_non_null(strstr(dev->last_error, "cuCtxSynchronize"));
+    assert_int_equal(dev->lost, 999);
+    assert_int_equal(faults(""), 0);
+    dev->ops->destroy(dev);
+}
+
 int main(void)
 {
     char capacity[32];
@@ -296,6 +324,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_vmm_moves_pages_and_every_block_keeps_its_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_vmm_pages_of_two_granules_move_whole_and_keep_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_vmm_lent_pages_keep_old_mappings_until_queued_work_ran, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_failed_synchronize_loses_the_device, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -462,15 +462,9 @@ static void test_a_lost_device_refuses_new_work_and_reports_still_render(void **
 {
     (void)state;
     for (int vmm = 0; vmm < 2; vmm++) {
-        cuh_device_t *sim = cuh_sim_create(&(cuh_sim_params_t){.capacity = GiB, .ordinal = 0});
-        cuh_device_t *dev = cuh_fault_wrap(sim);
-        assert_non_null(dev);
-        cuh_config_t cfg;
-        char err[256];
-        cuh_config_defaults(&cfg);
-        assert_int_equal(cuh_config_parse(vmm ? "vmm:1" : "vmm:0", &cfg, err, sizeof err), 0);
-        cuh_heap_t *h = cuh_heap_create(dev, &cfg, err, sizeof err);
-        assert_non_null(h);
+        fault_heap_t t = fault_heap_new(GiB, vmm ? "vmm:1" : "vmm:0");
+        cuh_device_t *dev = t.dev;
+        cuh_heap_t *h = t.heap;
         uintptr_t live = must_alloc(h, 8 * MiB, 0), cached = must_alloc(h, 4 * KiB, 0), x;
         must_free(h, cached, 0);   /* a small object the thread's cache holds */
         cuheap_stats_t before, after;
@@ -503,13 +497,7 @@ static void test_a_lost_device_refuses_new_work_and_reports_still_render(void **
         /* The test cleans up: the device comes back, and everything goes home. */
         cuh_fault_clear(dev);
         must_free(h, live, 0);
-        heap_ok(h);
-        cuh_heap_destroy(h);
-        cuh_sim_counters_t c;
-        cuh_sim_counters(sim, &c);
-        assert_int_equal(c.used, 0);
-        assert_int_equal(c.live_events, 0);
-        dev->ops->destroy(dev);
+        fault_heap_free(&t);
     }
 }
 

@@ -1,7 +1,9 @@
 /* test_heap_streams.c - stream-ordered reuse (src/heap_streams.c,
  * src/heap_small.c): a block freed on a stream is reused at once on that
  * stream and elsewhere only after its event completes, small objects and new
- * slabs included; the CPU waits only when memory runs out; a retired stream
+ * slabs included; the CPU waits only when memory runs out, for the device
+ * when an event wait fails (and a device that cannot be waited for is
+ * lost); a retired stream
  * is never touched again; a fence for memory outside the heap is one
  * device-wide event.
  */
@@ -103,6 +105,48 @@ static void test_waiting_for_memory_blocks_on_the_event_not_before(void **state)
     test_heap_free(&t);
 }
 
+/* The same wait failing: an event that cannot be waited for is answered by
+ * waiting for the whole device. If that fails too, the device is lost
+ * (device.h): the malloc that met it gives its block back and answers the
+ * device's error, and the heap refuses new work from then on. */
+static void test_a_failed_wait_waits_for_the_device_and_a_failed_synchronize_loses_it(void **state)
+{
+    (void)state;
+    for (int sync_fails = 0; sync_fails < 2; sync_fails++) {
+        fault_heap_t t = fault_heap_new(10 * MiB, "grow_fraction:0");
+        cuh_device_t *sim = t.sim, *dev = t.dev;
+        cuh_heap_t *h = t.heap;
+        cuh_sim_hold_events(sim, 1);
+        uintptr_t a = must_alloc(h, 8 * MiB, S1), b = 0;
+        must_free(h, a, S1);
+        cuh_sim_counters_t before, after;
+        cuh_sim_counters(sim, &before);
+        cuh_fault_nth(dev, CUH_FAULT_EVENT_WAIT, 1, CUH_DEV_ERROR);
+        if (sync_fails)
+            cuh_fault_nth(dev, CUH_FAULT_SYNCHRONIZE, 1, CUH_DEV_ERROR);
+        cuheap_status_t rc = cuh_heap_malloc(h, 8 * MiB, S2, &b);
+        cuh_sim_counters(sim, &after);
+        assert_int_equal(cuh_fault_injected(dev, CUH_FAULT_EVENT_WAIT), 1);
+        if (!sync_fails) {
+            assert_int_equal(rc, CUHEAP_OK);
+            assert_int_equal(b, a);
+            assert_int_equal(after.synchronizes, before.synchronizes + 1);   /* the device waited for instead */
+            must_free(h, b, S2);
+        } else {
+            assert_int_equal(rc, CUHEAP_ERR_DEVICE);
+            assert_int_equal(b, 0);
+            assert_non_null(strstr(cuheap_last_error(), "synchronize failed: injected"));
+            assert_non_null(strstr(cuheap_last_error(), "is lost (error 700"));
+            assert_int_equal(cuh_heap_malloc(h, 4 * KiB, S1, &b), CUHEAP_ERR_DEVICE);
+            cuheap_stats_t st;
+            cuh_heap_stats(h, &st);
+            assert_int_equal(st.requested.current, 0);   /* the block went back */
+            heap_ok(h);
+        }
+        fault_heap_free(&t);
+    }
+}
+
 static void test_a_retired_stream_is_never_touched_again(void **state)
 {
     (void)state;
@@ -186,6 +230,7 @@ int main(void)
         cmocka_unit_test(test_other_stream_reuses_only_after_the_event_completes),
         cmocka_unit_test(test_small_objects_cross_streams_only_after_the_event),
         cmocka_unit_test(test_waiting_for_memory_blocks_on_the_event_not_before),
+        cmocka_unit_test(test_a_failed_wait_waits_for_the_device_and_a_failed_synchronize_loses_it),
         cmocka_unit_test(test_a_retired_stream_is_never_touched_again),
         cmocka_unit_test(test_a_fence_is_one_device_wide_event),
         cmocka_unit_test(test_a_new_slab_never_comes_from_a_streams_pending_frees),
