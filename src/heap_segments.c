@@ -27,7 +27,7 @@ static size_t segment_size_for(const cuh_heap_t *h, size_t needed)
     return cuh_max_size(seg, geometric);
 }
 
-static void return_segment_locked(cuh_heap_t *h, cuh_segment_t *s);
+static int return_segment_locked(cuh_heap_t *h, cuh_segment_t *s);
 
 /* After a free on st that leaves `used` bytes in use in seg: a segment left
  * idle can go back to the device when the heap next grows
@@ -108,11 +108,14 @@ static size_t release_idle_segments_locked(cuh_heap_t *h, size_t needed)
     for (cuh_segment_t *s = h->arena.segments, *next; s; s = next) {
         next = s->next;
         if (idle_for_growth(s, needed) && cuh_arena_segment_is_free(s)) {
-            if (cuh_hp_huge_segment(s)) {
-                h->released_huge[h->released_huge_next] = s->size;
+            size_t size = s->size;
+            int huge = cuh_hp_huge_segment(s);
+            if (!return_segment_locked(h, s))
+                continue;
+            if (huge) {
+                h->released_huge[h->released_huge_next] = size;
                 h->released_huge_next = (h->released_huge_next + 1) % RELEASED_HUGE_MAX;
             }
-            return_segment_locked(h, s);
             released++;
         }
     }
@@ -163,15 +166,20 @@ grow_result_t cuh_hp_grow_locked(cuh_heap_t *h, size_t size, size_t align)
     return GROW_OK;
 }
 
-/* Gives a general segment that is one global free extent back to the device. */
-static void return_segment_locked(cuh_heap_t *h, cuh_segment_t *s)
+/* Gives a general segment that is one global free extent back to the device;
+ * 1 if it went. A free the driver refused leaves the segment in the books
+ * (free memory the heap still holds, tried again at the next release):
+ * memory the device may still count is never dropped from them. */
+static int return_segment_locked(cuh_heap_t *h, cuh_segment_t *s)
 {
-    uintptr_t base = s->base;
-    size_t size = s->size;
+    if (h->dev->ops->mem_free(h->dev, s->base, s->size) != CUH_DEV_OK) {
+        cuh_log("device %d: returning a segment of %zu bytes failed, kept: %s", h->dev->ordinal, s->size,
+                h->dev->last_error);
+        return 0;
+    }
     cuh_arena_remove_segment(&h->arena, s);
-    if (h->dev->ops->mem_free(h->dev, base, size) != CUH_DEV_OK)
-        cuh_log("device %d: returning a segment of %zu bytes failed: %s", h->dev->ordinal, size, h->dev->last_error);
     h->num_segment_frees++;
+    return 1;
 }
 
 /* Returns every general segment that is one global free extent, and under
@@ -182,10 +190,8 @@ size_t cuh_hp_release_free_segments_locked(cuh_heap_t *h)
     cuh_segment_t *s = h->arena.segments;
     while (s) {
         cuh_segment_t *next = s->next;
-        if (cuh_hp_returnable_segment(s) && cuh_arena_segment_is_free(s)) {
-            return_segment_locked(h, s);
-            released++;
-        }
+        if (cuh_hp_returnable_segment(s) && cuh_arena_segment_is_free(s))
+            released += (size_t)return_segment_locked(h, s);
         s = next;
     }
     return released;
