@@ -49,7 +49,8 @@ typedef enum cuh_oom_cause_e {
     CUH_OOM_FRAGMENTATION,   /* enough free bytes in total, no free extent large enough */
     CUH_OOM_STREAM_PENDING,  /* enough memory, but still waiting for GPU work */
     CUH_OOM_LIMIT,           /* the configured limit refused it, not the device */
-    CUH_OOM_EXTERNAL         /* memory used outside cuheap is what is missing */
+    CUH_OOM_EXTERNAL,        /* memory used outside cuheap is what is missing */
+    CUH_OOM_DEVICE_REFUSED   /* the driver refused memory it reported free */
 } cuh_oom_cause_t;
 
 /* How many of the blocks holding the most stranded memory a record names. */
@@ -262,7 +263,7 @@ typedef struct cuh_heap_snapshot_s {
     cuheap_stats_t stats;
     cuh_config_t config;
     size_t device_free, device_total;
-    int device_free_unknown;  /* the device was not asked (a report at exit): device_free is 0 */
+    int device_free_unknown;  /* the device was not asked (a report at exit) or could not say: device_free is 0 */
     cuh_snap_segment_t *segments;
     size_t num_segments;
     cuh_snap_extent_t *extents;

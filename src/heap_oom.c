@@ -21,6 +21,7 @@ const char *cuh_oom_cause_name(cuh_oom_cause_t cause)
     case CUH_OOM_STREAM_PENDING: return "stream_pending";
     case CUH_OOM_LIMIT: return "limit";
     case CUH_OOM_EXTERNAL: return "external";
+    case CUH_OOM_DEVICE_REFUSED: return "device_refused";
     }
     return "unknown";
 }
@@ -153,7 +154,14 @@ void cuh_hp_record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
                      sizeof o->pending_by_stream / sizeof o->pending_by_stream[0], pending,
                      ((__typeof__(o->pending_by_stream[0])){(uint64_t)s->handle, pend}));
     }
-    h->dev->ops->mem_info(h->dev, &o->device_free, &o->device_total);
+    /* A device that cannot say what it has free (a lost one, say) is taken
+     * to hold nothing outside cuheap: the cause is then decided from what
+     * cuheap knows, and no refusal is blamed on the driver. */
+    const int device_said = h->dev->ops->mem_info(h->dev, &o->device_free, &o->device_total) == CUH_DEV_OK;
+    if (!device_said) {
+        o->device_total = h->device_total;
+        o->device_free = o->device_total > o->reserved ? o->device_total - o->reserved : 0;
+    }
     size_t accounted = o->device_free + o->reserved;
     o->external = o->device_total > accounted ? o->device_total - accounted : 0;
 
@@ -197,6 +205,15 @@ void cuh_hp_record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
                  "those streams (or free on the stream that allocates) before allocating",
                  cuh_format_bytes(a, sizeof a, o->pending),
                  h->captures ? " (a CUDA graph capture was underway, so cuheap could not wait)" : "");
+    } else if (why == GROW_DEVICE && device_said && o->device_free >= block) {
+        /* The device said it had the room and refused it anyway: no layout
+         * of cuheap's explains that. */
+        o->cause = CUH_OOM_DEVICE_REFUSED;
+        snprintf(o->action, sizeof o->action,
+                 "the driver refused %s while it reported %s free: the refusal is the driver's (another context's "
+                 "reservations, a device limit, or a driver fault), not a lack of room; the driver's own message "
+                 "is above, if it gave one",
+                 cuh_format_bytes(a, sizeof a, block), cuh_format_bytes(b, sizeof b, o->device_free));
     } else {
         o->cause = CUH_OOM_FRAGMENTATION;
         /* No workspace is suggested: best fit inside one fragments too (the

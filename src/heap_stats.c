@@ -383,8 +383,11 @@ cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h, int ask_device)
     snap->config = h->cfg;
     snap->device_total = h->device_total;
     snap->device_free_unknown = !ask_device;
-    if (ask_device)
-        h->dev->ops->mem_info(h->dev, &snap->device_free, &snap->device_total);
+    if (ask_device && h->dev->ops->mem_info(h->dev, &snap->device_free, &snap->device_total) != CUH_DEV_OK) {
+        snap->device_free = 0;   /* the device could not say (a lost one, say): the report says so */
+        snap->device_total = h->device_total;
+        snap->device_free_unknown = 1;
+    }
     size_t num_extents = 0;
     for (cuh_segment_t *seg = h->arena.segments; seg; seg = seg->next)
         for (cuh_extent_t *e = seg->first; e; e = e->next)

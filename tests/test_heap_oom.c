@@ -1,5 +1,6 @@
 /* test_heap_oom.c - the out-of-memory record (src/heap_oom.c): each cause
- * (memory used outside cuheap, fragmentation, memory pending on other streams)
+ * (memory used outside cuheap, the driver refusing memory it reports free,
+ * fragmentation, memory pending on other streams)
  * with its proof: stranded segments, partly used pages under large pages, the
  * streams with the most pending bytes.
  */
@@ -18,6 +19,27 @@ static void test_oom_cause_external(void **state)
     assert_int_equal(o.external, 48 * MiB);
     assert_int_equal(o.device_total, 64 * MiB);
     test_heap_free(&t);
+}
+
+/* The driver refuses memory it reports free (a fault plan's out-of-memory on
+ * an empty device): not fragmentation, nor any other cause of cuheap's
+ * layout, but the driver's refusal, said as such. */
+static void test_oom_cause_device_refused(void **state)
+{
+    (void)state;
+    for (int vmm = 0; vmm < 2; vmm++) {
+        fault_heap_t t = fault_heap_new(64 * MiB, vmm ? "vmm:1" : "vmm:0");
+        cuh_fault_random(t.dev, vmm ? CUH_FAULT_VM_CREATE : CUH_FAULT_MEM_ALLOC, 1.0, 1, CUH_DEV_OOM);
+        uintptr_t x;
+        assert_int_equal(cuh_heap_malloc(t.heap, 8 * MiB, 0, &x), CUHEAP_ERR_OUT_OF_MEMORY);
+        cuh_oom_info_t o;
+        assert_true(cuh_heap_last_oom(t.heap, &o));
+        assert_int_equal(o.cause, CUH_OOM_DEVICE_REFUSED);
+        assert_int_equal(o.device_free, 64 * MiB);
+        assert_non_null(strstr(cuheap_last_error(), "cause: device_refused"));
+        assert_non_null(strstr(cuheap_last_error(), "the driver refused 8.00 MiB while it reported 64.00 MiB free"));
+        fault_heap_free(&t);
+    }
 }
 
 /* On a 64 MiB device with settings `conf`: 32 blocks of 2 MiB, every other one
@@ -240,6 +262,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_oom_cause_external),
+        cmocka_unit_test(test_oom_cause_device_refused),
         cmocka_unit_test(test_oom_cause_fragmentation_with_its_proof),
         cmocka_unit_test(test_oom_names_memory_stranded_in_mostly_empty_segments),
         cmocka_unit_test(test_oom_cause_fragmentation_under_large_pages_names_vmm_page),

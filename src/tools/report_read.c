@@ -384,8 +384,8 @@ static void read_partial_pages(reader_t *r, const cuh_json_t *o, cuh_oom_info_t 
 static void read_oom(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t *s)
 {
     /* Every cause the library can name, "none" included, by its own names. */
-    const char *causes[CUH_OOM_EXTERNAL + 1];
-    for (int c = CUH_OOM_NONE; c <= CUH_OOM_EXTERNAL; c++)
+    const char *causes[CUH_OOM_DEVICE_REFUSED + 1];
+    for (int c = CUH_OOM_NONE; c <= CUH_OOM_DEVICE_REFUSED; c++)
         causes[c] = cuh_oom_cause_name((cuh_oom_cause_t)c);
     size_t saved, item;
     const cuh_json_t *o = member(r, d, "oom", 1, &saved);
@@ -394,7 +394,7 @@ static void read_oom(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t *s)
     if (o && o->type == CUH_JSON_OBJECT && !r->failed) {
         cuh_oom_info_t *x = &s->oom;
         s->has_oom = 1;
-        int cause = get_enum(r, o, "cause", causes, CUH_OOM_EXTERNAL + 1);
+        int cause = get_enum(r, o, "cause", causes, CUH_OOM_DEVICE_REFUSED + 1);
         x->cause = cause < 0 ? CUH_OOM_NONE : (cuh_oom_cause_t)cause;
         x->request = get_size(r, o, "request");
         x->block = get_size(r, o, "block");
