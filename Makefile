@@ -171,6 +171,9 @@ $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_main.h tests/heap_mode
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(OPT) -DFUZZ_MAIN -Itests/fuzz -o $@ $< $(TOOL_OBJS) $(BUILD)/libcuheap.a -lz -ldl -lm
 
+# fuzz_faults is fuzz_heap under fault plans: it includes fuzz_heap.c.
+$(BUILD)/fuzz/fuzz_faults $(BUILD)/san/fuzz/fuzz_faults: tests/fuzz/fuzz_heap.c
+
 $(BUILD)/san/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_main.h tests/heap_model.h $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -O1 -g $(SAN) -DFUZZ_MAIN -Itests/fuzz -o $@ $< $(SAN_TOOL_OBJS) $(BUILD)/san/libcuheap.a \
@@ -286,7 +289,7 @@ test-plain: deps-test $(TESTS:%=$(BUILD)/tests/%) $(BUILD)/cuheap-replay $(BUILD
             $(BUILD)/cuheap $(BUILD)/libcuheap.so \
             preload-tests $(BUILD)/bench_heap $(BUILD)/bench_preload $(BUILD)/bench_per_tensor \
             $(BUILD)/bench_per_tensor_sim $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
-	@scripts/run-tests.sh $(BUILD) plain $(TESTS)
+	@MUTANT_TOOL_OBJS="$(TOOL_OBJS)" scripts/run-tests.sh $(BUILD) plain $(TESTS)
 
 test-san: deps-test $(TESTS:%=$(BUILD)/san/tests/%) $(BUILD)/san/cuheap-replay $(BUILD)/san/cuheap-report \
           $(BUILD)/san/cuheap-corpus \

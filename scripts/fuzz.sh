@@ -5,6 +5,8 @@
 #
 #   heap    random operations on the heap and the simulated GPU, every rule
 #           of DESIGN.md checked after each step (tests/fuzz/fuzz_heap.c)
+#   faults  the same under fault plans: device calls fail on purpose, one,
+#           at random or sticky from some call on (tests/fuzz/fuzz_faults.c)
 #   trace   trace files (cuheap's format, gzip, RMM's CSV)
 #   json    the JSON reader
 #   config  CUHEAP_CONF strings
@@ -60,7 +62,7 @@ for t in "${targets[@]}"; do
     tar -C "$corpus" -xzf "tests/fuzz/corpus/$t.tar.gz"
     [ -d "tests/fuzz/regressions/$t" ] && cp tests/fuzz/regressions/"$t"/* "$corpus"/
     case "$t" in
-        heap) max_len=4096 ;;
+        heap|faults) max_len=4096 ;;
         report) max_len=80000 ;;
         *) max_len=8192 ;;
     esac
@@ -74,7 +76,7 @@ for t in "${targets[@]}"; do
     # A heap input is a run of operations: long ones from the start, where
     # libFuzzer would grow the length limit slowly (the states worth reaching
     # take hundreds of operations).
-    [ "$t" = heap ] && extra=(-len_control=0)
+    case "$t" in heap|faults) extra=(-len_control=0) ;; esac
     "$out/fuzz_$t" -max_total_time="$SECONDS_EACH" -max_len="$max_len" "${extra[@]}" \
         -artifact_prefix="$artifacts/" "$corpus" > "$log" 2>&1 || status=$?
     runs=$(grep -o 'Done [0-9]* runs' "$log" | grep -o '[0-9]*' || echo "?")

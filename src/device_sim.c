@@ -605,9 +605,11 @@ static void sim_vm_release(cuh_device_t *dev, uint64_t handle)
 {
     sim_device_t *s = sim_of(dev);
     pthread_mutex_lock(&s->lock);
-    size_t size = (size_t)cuh_ptrmap_remove(&s->physical, (uintptr_t)handle << 9);
+    size_t v = (size_t)cuh_ptrmap_remove(&s->physical, (uintptr_t)handle << 9);
+    size_t size = v & ~(size_t)1;
     s->counters.used -= size;
     s->counters.vm_releases += size != 0;
+    s->counters.vm_releases_used += v & 1;
     pthread_mutex_unlock(&s->lock);
 }
 
@@ -616,13 +618,17 @@ static cuh_dev_status_t sim_vm_map(cuh_device_t *dev, uintptr_t va, size_t size,
     sim_device_t *s = sim_of(dev);
     cuh_dev_status_t rc = CUH_DEV_OK;
     pthread_mutex_lock(&s->lock);
-    size_t phys = (size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)handle << 9);
+    size_t phys = (size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)handle << 9) & ~(size_t)1;
     if (phys != size || cuh_ptrmap_get(&s->mappings, va) || cuh_ptrmap_insert(&s->mappings, va, (void *)(uintptr_t)handle)) {
         snprintf(dev->last_error, sizeof dev->last_error,
                  "sim: map of handle %llu (%zu bytes, allocation has %zu) at 0x%llx refused (already mapped?)",
                  (unsigned long long)handle, size, phys, (unsigned long long)va);
         rc = CUH_DEV_ERROR;
     } else {
+        /* The allocation has been mapped (bit 0 of its entry): from now on
+         * the GPU may have touched it. */
+        cuh_ptrmap_remove(&s->physical, (uintptr_t)handle << 9);
+        cuh_ptrmap_insert(&s->physical, (uintptr_t)handle << 9, (void *)(size | 1));
         s->counters.vm_maps++;
         s->counters.vm_mapped += size;
         s->counters.vm_peer_grants += (uint64_t)__builtin_popcountll(s->counters.vm_peers);
@@ -655,7 +661,7 @@ static cuh_dev_status_t sim_vm_unmap(cuh_device_t *dev, uintptr_t va, size_t siz
     cuh_dev_status_t rc = CUH_DEV_OK;
     pthread_mutex_lock(&s->lock);
     uint64_t handle = (uint64_t)(uintptr_t)cuh_ptrmap_remove(&s->mappings, va);
-    if (!handle || (size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)handle << 9) != size) {
+    if (!handle || ((size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)handle << 9) & ~(size_t)1) != size) {
         snprintf(dev->last_error, sizeof dev->last_error, "sim: unmap of 0x%llx (%zu bytes): nothing mapped there",
                  (unsigned long long)va, size);
         rc = CUH_DEV_ERROR;

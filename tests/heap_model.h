@@ -34,12 +34,14 @@ static inline int heap_model_overlap(uintptr_t a, size_t an, uintptr_t b, size_t
 
 /* The device calls a graph capture cannot take: an event recorded, queried
  * or waited for, a stream wait, a device synchronize, a segment or a page
- * freed. 1 if the counters moved from a to b by any of them. */
+ * freed that had been mapped (one created and never mapped the GPU never
+ * saw). 1 if the counters moved from a to b by any of them. */
 static inline int heap_model_capture_broken(const cuh_sim_counters_t *a, const cuh_sim_counters_t *b)
 {
     return a->events_recorded != b->events_recorded || a->event_queries != b->event_queries ||
            a->event_waits != b->event_waits || a->stream_waits != b->stream_waits ||
-           a->synchronizes != b->synchronizes || a->mem_frees != b->mem_frees || a->vm_releases != b->vm_releases;
+           a->synchronizes != b->synchronizes || a->mem_frees != b->mem_frees ||
+           a->vm_releases_used != b->vm_releases_used;
 }
 
 /* What a freed block leaves in one page. */

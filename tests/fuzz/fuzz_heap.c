@@ -39,10 +39,15 @@
 #include "../heap_model.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifndef FUZZ_FAULTS
+#define FUZZ_FAULTS 0
+#endif
 
 #define KiB CUH_KiB
 #define MiB CUH_MiB
@@ -84,7 +89,9 @@ typedef struct slot_s {
 } slot_t;
 
 typedef struct run_s {
-    cuh_device_t *dev;
+    cuh_device_t *dev;       /* what the heap calls: the simulated GPU, behind a fault plan in fuzz_faults */
+    cuh_device_t *sim;
+    int lost_seen;           /* the device was lost (fuzz_faults): the simulated GPU's work was dropped */
     cuh_heap_t *heap;
     size_t page;        /* granule of the page model: vmm_page, or 2 MiB */
     size_t capacity;
@@ -208,6 +215,55 @@ static void books_ok(run_t *r)
                live_requested(r));
 }
 
+/* Device calls failed on purpose so far (fuzz_faults), 0 in fuzz_heap. */
+static uint64_t injected(const run_t *r)
+{
+    uint64_t n = 0;
+#if FUZZ_FAULTS
+    for (int k = 0; k < CUH_FAULT_NUM_CALLS; k++)
+        n += cuh_fault_injected(r->dev, (cuh_fault_call_t)k);
+#else
+    (void)r;
+#endif
+    return n;
+}
+
+/* The device's sticky error, 0 while it is not lost. */
+static int lost(const run_t *r)
+{
+    return atomic_load_explicit(&r->dev->lost, memory_order_relaxed);
+}
+
+/* A call made on a lost device: refused with a device error that says so,
+ * and nothing changed. 1 if the device was lost. */
+static int refused_lost(run_t *r, int was_lost, const cuheap_stats_t *before, cuheap_status_t rc, const char *what)
+{
+    if (!was_lost)
+        return 0;
+    if (rc != CUHEAP_ERR_DEVICE || !strstr(cuh_get_error(), "cuheap refuses new work"))
+        broken(r, "%s on a lost device answered %s (%s), not the device's error", what, cuheap_status_string(rc),
+               cuh_get_error());
+    cuheap_stats_t now;
+    cuh_heap_stats(r->heap, &now);
+    if (now.num_allocs != before->num_allocs || now.num_frees != before->num_frees ||
+        now.requested.current != before->requested.current || now.reserved.current != before->reserved.current)
+        broken(r, "%s on a lost device changed the statistics", what);
+    SAY(r, "  (refused: %s)\n", cuh_get_error());
+    return 1;
+}
+
+/* A public call failed with `rc` after `before` injected failures: only a
+ * device error it met may explain it, and its message says which call. */
+static int failed_by_fault(run_t *r, uint64_t before, cuheap_status_t rc, const char *what)
+{
+    if (rc != CUHEAP_ERR_DEVICE || injected(r) == before)
+        return 0;
+    if (!strstr(cuh_get_error(), "failed: injected"))
+        broken(r, "%s failed with a device error whose message names no failed call: %s", what, cuh_get_error());
+    SAY(r, "  (failed by a fault: %s)\n", cuh_get_error());
+    return 1;
+}
+
 static void do_alloc(run_t *r, int i, unsigned how, size_t size)
 {
     slot_t *s = &r->slot[i];
@@ -221,9 +277,21 @@ static void do_alloc(run_t *r, int i, unsigned how, size_t size)
     cuh_heap_stats(r->heap, &st);
     SAY(r, "  malloc%s %zu on %#lx\n", shareable ? "_shareable" : s->device_wide ? "_device_wide" : "", size,
         (unsigned long)s->stream);
+    uint64_t faults = injected(r);
+    int was_lost = lost(r);
     cuheap_status_t rc = shareable       ? cuh_heap_malloc_shareable(r->heap, size, &s->addr)
                          : s->device_wide ? cuh_heap_malloc_device_wide(r->heap, size, &s->addr)
                                           : cuh_heap_malloc(r->heap, size, s->stream, &s->addr);
+    if (refused_lost(r, was_lost, &st, rc, "malloc") || failed_by_fault(r, faults, rc, "malloc")) {
+        if (s->addr)
+            broken(r, "a refused malloc gave an address");
+        s->addr = 0;
+        return;
+    }
+    if (rc == CUHEAP_ERR_OUT_OF_MEMORY && injected(r) != faults) {
+        s->addr = 0;   /* a device call that failed with out-of-memory: a fault plan's */
+        return;
+    }
     if (rc == CUHEAP_ERR_OUT_OF_MEMORY) {
         /* Under vmm:1 free pages move to where they are needed: with room
          * for every live block twice over (a page each besides), no limit
@@ -262,12 +330,18 @@ static void do_free(run_t *r, int i, unsigned how)
     for (int k = 0; k < NSTREAMS; k++) {
         if (!wide && streams[k] != s->stream && !(s->users >> k & 1))
             continue;
-        heap_model_add(&r->model, s->addr, s->size, streams[k], cuh_sim_enqueue_work(r->dev, streams[k]), s->pool,
+        heap_model_add(&r->model, s->addr, s->size, streams[k], cuh_sim_enqueue_work(r->sim, streams[k]), s->pool,
                        also);
     }
     SAY(r, "  free%s 0x%lx (%zu) on %#lx\n", wide ? "_device_wide" : "", (unsigned long)s->addr, s->size,
         (unsigned long)s->stream);
+    uint64_t faults = injected(r);
+    int was_lost = lost(r);
+    cuheap_stats_t st;
+    cuh_heap_stats(r->heap, &st);
     cuheap_status_t rc = wide ? cuh_heap_free_device_wide(r->heap, s->addr) : cuh_heap_free(r->heap, s->addr, s->stream);
+    if (refused_lost(r, was_lost, &st, rc, "free") || failed_by_fault(r, faults, rc, "free"))
+        return;   /* refused: the block stays the program's, to be freed again */
     if (rc != CUHEAP_OK)
         broken(r, "free of live block 0x%lx failed: %s", (unsigned long)s->addr, cuheap_status_string(rc));
     uintptr_t gone = s->addr;
@@ -277,7 +351,10 @@ static void do_free(run_t *r, int i, unsigned how)
         cuheap_stats_t a, b;
         cuh_heap_stats(r->heap, &a);
         SAY(r, "  free%s 0x%lx again\n", (how >> 5) & 1 ? "_device_wide" : "", (unsigned long)gone);
+        int lost_now = lost(r);
         rc = (how >> 5) & 1 ? cuh_heap_free_device_wide(r->heap, gone) : cuh_heap_free(r->heap, gone, s->stream);
+        if (refused_lost(r, lost_now, &a, rc, "a double free"))
+            return;
         if (rc != CUHEAP_ERR_DOUBLE_FREE)
             broken(r, "a second free of 0x%lx answered %s, not a double free", (unsigned long)gone,
                    cuheap_status_string(rc));
@@ -293,14 +370,19 @@ static void do_foreign_free(run_t *r, int i, unsigned how)
     cuheap_stats_t a, b;
     cuh_heap_stats(r->heap, &a);
     cuheap_status_t rc;
+    int was_lost = lost(r);
     if (s->addr && s->size > 512) {
         uintptr_t inside = s->addr + (s->size > 1024 && how % 2 ? 1024 : 512);
         SAY(r, "  free 0x%lx, inside block 0x%lx (%zu)\n", (unsigned long)inside, (unsigned long)s->addr, s->size);
         rc = cuh_heap_free(r->heap, inside, s->stream);
+        if (refused_lost(r, was_lost, &a, rc, "a free inside a block"))
+            return;
         if (rc != CUHEAP_ERR_INVALID_ARGUMENT && rc != CUHEAP_ERR_NOT_OWNED)
             broken(r, "a free inside live block 0x%lx answered %s", (unsigned long)s->addr, cuheap_status_string(rc));
     } else {
         rc = cuh_heap_free(r->heap, (uintptr_t)0x10000 + 512 * how, streams[how % NSTREAMS]);
+        if (refused_lost(r, was_lost, &a, rc, "a free outside the heap"))
+            return;
         if (rc != CUHEAP_ERR_NOT_OWNED)
             broken(r, "a free of a pointer outside the heap answered %s", cuheap_status_string(rc));
     }
@@ -313,7 +395,8 @@ static void do_foreign_free(run_t *r, int i, unsigned how)
  * renderers must take any state the heap can be in. */
 static void render_reports(run_t *r)
 {
-    cuh_heap_snapshot_t *snap = cuh_heap_snapshot(r->heap, 0);
+    /* Asking the device half the time (a fault plan may fail its answer). */
+    cuh_heap_snapshot_t *snap = cuh_heap_snapshot(r->heap, r->op & 1);
     if (!snap)
         broken(r, "no snapshot");
     FILE *out = fopen("/dev/null", "w");
@@ -336,8 +419,8 @@ static void capture_begin(run_t *r, unsigned pool)
     if (!r->pool_live[r->capture_pool])
         r->pool_gen[r->capture_pool] = ++r->last_gen;
     r->pool_live[r->capture_pool] = 1;
-    cuh_sim_counters(r->dev, &r->at_capture);
-    cuh_sim_capturing(r->dev, 1);
+    cuh_sim_counters(r->sim, &r->at_capture);
+    cuh_sim_capturing(r->sim, 1);
     cuh_heap_capture_begin(r->heap, r->capture_pool);
 }
 
@@ -348,7 +431,7 @@ static void capture_check(run_t *r)
     if (!r->capture_pool)
         return;
     cuh_sim_counters_t c;
-    cuh_sim_counters(r->dev, &c);
+    cuh_sim_counters(r->sim, &c);
     const cuh_sim_counters_t *b = &r->at_capture;
     if (heap_model_capture_broken(b, &c))
         broken(r, "during a capture: %llu events recorded, %llu queried, %llu waited for, %llu stream waits, %llu "
@@ -358,7 +441,7 @@ static void capture_check(run_t *r)
                (unsigned long long)(c.event_waits - b->event_waits),
                (unsigned long long)(c.stream_waits - b->stream_waits),
                (unsigned long long)(c.synchronizes - b->synchronizes),
-               (unsigned long long)(c.mem_frees - b->mem_frees), (unsigned long long)(c.vm_releases - b->vm_releases));
+               (unsigned long long)(c.mem_frees - b->mem_frees), (unsigned long long)(c.vm_releases_used - b->vm_releases_used));
 }
 
 static void capture_end(run_t *r)
@@ -367,7 +450,7 @@ static void capture_end(run_t *r)
         return;
     capture_check(r);
     cuh_heap_capture_end(r->heap);
-    cuh_sim_capturing(r->dev, 0);
+    cuh_sim_capturing(r->sim, 0);
     r->capture_pool = 0;
 }
 
@@ -384,6 +467,37 @@ static void release_pool(run_t *r, unsigned pool)
             r->slot[k].pool = 0;   /* live blocks become ordinary ones */
 }
 
+#if FUZZ_FAULTS
+/* A fault plan from the input: the Nth call of a kind, a kind failing at
+ * random, a sticky error some calls from now, or no plan. */
+static void plan_fault(run_t *r, unsigned arg, unsigned how)
+{
+    cuh_fault_call_t call = (cuh_fault_call_t)(arg % CUH_FAULT_NUM_CALLS);
+    int alloc_call = call == CUH_FAULT_MEM_ALLOC || call == CUH_FAULT_VM_CREATE || call == CUH_FAULT_HOST_ALLOC ||
+                     call == CUH_FAULT_VM_RESERVE;
+    cuh_dev_status_t status = alloc_call && (how & 0x100) ? CUH_DEV_OOM : CUH_DEV_ERROR;
+    switch (how % 8) {
+    case 0: case 1: case 2: case 3:
+        SAY(r, "  fault: call %u of %s from now fails (%s)\n", 1 + (how >> 3) % 8, cuh_fault_call_name(call),
+            status == CUH_DEV_OOM ? "out of memory" : "error");
+        cuh_fault_nth(r->dev, call, 1 + (how >> 3) % 8, status);
+        break;
+    case 4: case 5:
+        SAY(r, "  fault: each %s fails with probability 1/%u\n", cuh_fault_call_name(call), 2 + (how >> 3) % 15);
+        cuh_fault_random(r->dev, call, 1.0 / (2 + (how >> 3) % 15), how, status);
+        break;
+    case 6:
+        SAY(r, "  fault: a sticky error in %u calls\n", 1 + (how >> 3) % 64);
+        cuh_fault_sticky(r->dev, 1 + (how >> 3) % 64, CUH_DEV_ERROR);
+        break;
+    default:
+        SAY(r, "  fault: no plan\n");
+        cuh_fault_clear(r->dev);
+        break;
+    }
+}
+#endif
+
 static void one_run(const uint8_t *data, size_t size)
 {
     input_t in = {data, size};
@@ -398,18 +512,19 @@ static void one_run(const uint8_t *data, size_t size)
     cuh_config_defaults(&cfg);
     if (cuh_config_parse(r->conf, &cfg, err, sizeof err))
         broken(r, "settings refused: %s", err);
-    r->dev = cuh_sim_create(&(cuh_sim_params_t){.capacity = r->capacity, .top_down = top_down});
+    r->sim = cuh_sim_create(&(cuh_sim_params_t){.capacity = r->capacity, .top_down = top_down});
+    r->dev = FUZZ_FAULTS && r->sim ? cuh_fault_wrap(r->sim) : r->sim;
     if (!r->dev)
         abort();
-    cuh_sim_hold_events(r->dev, 1);
-    cuh_sim_device_fences(r->dev, device_fences);
+    cuh_sim_hold_events(r->sim, 1);
+    cuh_sim_device_fences(r->sim, device_fences);
     r->heap = cuh_heap_create(r->dev, &cfg, err, sizeof err);
     if (!r->heap)
         broken(r, "heap creation failed: %s", err);
     for (int k = 1; k < NSTREAMS; k++)
         if (cuh_heap_register_stream(r->heap, streams[k]) != CUHEAP_OK)
             broken(r, "register_stream failed");
-    r->model = heap_model_new(r->dev, r->page, PROBE, MAX_PIECES, model_fail, r);
+    r->model = heap_model_new(r->sim, r->page, PROBE, MAX_PIECES, model_fail, r);
     r->model.pool_live = model_pool_live;
     r->verbose = getenv("FUZZ_HEAP_VERBOSE") != NULL;
     SAY(r, "settings %s, device-wide fences %d, falling addresses %d\n", r->conf, device_fences, top_down);
@@ -420,9 +535,11 @@ static void one_run(const uint8_t *data, size_t size)
                                             "malloc/free", "malloc/free", "complete stream", "complete up to",
                                             "poll", "release cached", "foreign free", "capture begin/end",
                                             "release pool", "set limit", "assume contention", "external memory",
-                                            "reports", "retire stream"};
-        SAY(r, "step %d: %s, slot %d, arg %u\n", r->op, names[op % 18], i, arg);
-        switch (op % 18) {
+                                            "reports", "retire stream", "fault plan"};
+        enum { NUM_OPS = FUZZ_FAULTS ? 19 : 18 };
+        SAY(r, "step %d: %s, slot %d, arg %u\n", r->op, names[op % NUM_OPS], i, arg);
+        uint64_t faults_before = injected(r);
+        switch (op % NUM_OPS) {
         case 0: case 1: case 2: case 3: case 4: case 5:
             if (r->slot[i].addr)
                 do_free(r, i, take8(&in));
@@ -432,12 +549,12 @@ static void one_run(const uint8_t *data, size_t size)
             }
             break;
         case 6:
-            cuh_sim_complete_stream(r->dev, streams[arg % NSTREAMS]);
+            cuh_sim_complete_stream(r->sim, streams[arg % NSTREAMS]);
             break;
         case 7:
             if (r->model.num) {
                 const heap_model_piece_t *p = &r->model.pieces[take16(&in) % r->model.num];
-                cuh_sim_complete_stream_upto(r->dev, p->stream, p->pos);
+                cuh_sim_complete_stream_upto(r->sim, p->stream, p->pos);
             }
             break;
         case 8:
@@ -469,13 +586,18 @@ static void one_run(const uint8_t *data, size_t size)
             cuh_heap_assume_contention(r->heap, 1 + arg % 64);
             break;
         case 15:
-            cuh_sim_set_external(r->dev, (size_t)(arg % 4) * 256 * MiB);
+            cuh_sim_set_external(r->sim, (size_t)(arg % 4) * 256 * MiB);
             r->external = arg % 4 != 0;
             break;
         case 16:
             render_reports(r);
             break;
-        default:
+#if FUZZ_FAULTS
+        case 18:
+            plan_fault(r, arg, take16(&in));
+            break;
+#endif
+        case 17:
             /* The program destroys a stream and makes another with the
              * same handle: a new stream to the heap. */
             if (!r->capture_pool) {
@@ -486,16 +608,35 @@ static void one_run(const uint8_t *data, size_t size)
             break;
         }
         capture_check(r);
+        if (injected(r) != faults_before)
+            SAY(r, "  (%llu device calls failed on purpose, the last: %s)\n",
+                (unsigned long long)(injected(r) - faults_before), r->dev->last_error);
+        if (lost(r) && !r->lost_seen) {
+            /* A lost context runs no more work: what was queued never
+             * touches memory again. */
+            SAY(r, "  (the device is lost)\n");
+            r->lost_seen = 1;
+            cuh_sim_complete_all(r->sim);
+        }
+        r->lost_seen &= lost(r) != 0;   /* a plan cleared: the device works again */
         heap_model_prune(&r->model);
         books_ok(r);
     }
+#if FUZZ_FAULTS
+    /* The plan ends: every block, page and event must now go back. */
+    cuh_fault_clear(r->dev);
+    uint64_t waits_failed = cuh_fault_injected(r->dev, CUH_FAULT_EVENT_WAIT) +
+                            cuh_fault_injected(r->dev, CUH_FAULT_SYNCHRONIZE);
+#else
+    uint64_t waits_failed = 0;
+#endif
     capture_end(r);
     for (int k = 0; k < SLOTS; k++)
         if (r->slot[k].addr)
             do_free(r, k, 1);
     for (uint64_t p = 1; p <= 3; p++)
         release_pool(r, (unsigned)p - 1);
-    cuh_sim_complete_all(r->dev);
+    cuh_sim_complete_all(r->sim);
     heap_model_prune(&r->model);
     if (cuh_heap_release_cached(r->heap) != CUHEAP_OK)
         broken(r, "release_cached failed");
@@ -506,12 +647,13 @@ static void one_run(const uint8_t *data, size_t size)
         broken(r, "after every free: %llu bytes allocated, %llu pending", (unsigned long long)st.allocated.current,
                (unsigned long long)st.pending.current);
     cuh_sim_counters_t c;
-    cuh_sim_counters(r->dev, &c);
-    if (st.num_cpu_waits != c.event_waits + c.synchronizes)
-        broken(r, "%llu CPU waits counted, the device saw %llu", (unsigned long long)st.num_cpu_waits,
-               (unsigned long long)(c.event_waits + c.synchronizes));
+    cuh_sim_counters(r->sim, &c);
+    if (st.num_cpu_waits != c.event_waits + c.synchronizes + waits_failed)
+        broken(r, "%llu CPU waits counted, the device saw %llu (and %llu failed on purpose)",
+               (unsigned long long)st.num_cpu_waits, (unsigned long long)(c.event_waits + c.synchronizes),
+               (unsigned long long)waits_failed);
     cuh_heap_destroy(r->heap);
-    cuh_sim_counters(r->dev, &c);
+    cuh_sim_counters(r->sim, &c);
     if (c.used || c.live_events)
         broken(r, "destroyed, the heap left %zu bytes and %llu events on the device", c.used,
                (unsigned long long)c.live_events);
