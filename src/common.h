@@ -101,10 +101,17 @@ void cuh_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *cuh_get_error(void);
 void cuh_clear_error(void);
 
-/* The code of a lost device (cuh_device_t.lost) that made the calling
- * thread's last call fail, 0 if none: the hooks give it to the program. */
+/* Failures counted over every thread: cuh_failure_mark() before a call,
+ * and after it the ..._since(mark) questions answer for what failed on the
+ * calling thread during the call; cuh_failure_tick() counts one and gives
+ * its number. */
+unsigned long cuh_failure_mark(void);
+unsigned long cuh_failure_tick(void);
+/* The code of a lost device (cuh_device_t.lost) that made a call of the
+ * calling thread fail since `mark`, 0 if none: the hooks give it to the
+ * program. */
 void cuh_note_lost(int code);
-int cuh_noted_lost(void);
+int cuh_noted_lost_since(unsigned long mark);
 
 /* Writes "cuheap: <message>\n" to stderr. */
 void cuh_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -270,10 +270,10 @@ void cuh_cuda_capture_ended(const void *stream);
  * has used the device); 0 when the driver is not loaded. */
 uint64_t cuh_cuda_active_devices(void);
 /* The CUresult of the calling thread's last driver call that failed inside
- * an op of a CUDA device (0 if none since the last clear): the error CUDA
- * itself would give the program for a call cuheap made on its behalf. */
-int cuh_cuda_last_failure(void);
-void cuh_cuda_clear_failure(void);
+ * an op of a CUDA device after `mark` (cuh_failure_mark, common.h) was
+ * taken, 0 if none: the error CUDA itself would give the program for a
+ * call cuheap made on its behalf. */
+int cuh_cuda_failure_since(unsigned long mark);
 /* 1 for CUDA's sticky errors: after one the context is lost, and CUDA
  * answers every later call with the same error (an illegal address, a
  * failed or timed-out launch, an uncorrectable ECC error, a destroyed

@@ -370,10 +370,18 @@ static cuh_cuda_device_t *cuda_dev(cuh_device_t *dev)
 }
 
 /* The driver's code of the calling thread's last failed call made for an
- * op (cuh_cuda_last_failure): what the hooks give the program. */
-static _Thread_local int last_failure;
+ * op, and its tick (cuh_failure_tick): what the hooks give the program. */
+static _Thread_local struct {
+    int code;
+    unsigned long seq;
+} last_failure;
 
-int cuh_cuda_last_failure(void) { return last_failure; }
+int cuh_cuda_failure_since(unsigned long mark)
+{
+    if (cuh_failure_mark() == mark)
+        return 0;   /* nothing failed anywhere: the common case, no thread-local access */
+    return last_failure.seq > mark ? last_failure.code : 0;
+}
 
 int cuh_cuda_sticky(int code)
 {
@@ -387,14 +395,14 @@ int cuh_cuda_sticky(int code)
         return 0;
     }
 }
-void cuh_cuda_clear_failure(void) { last_failure = 0; }
 
 /* Writes "<what> on device N failed: <CUDA error>" into dev->last_error. */
 static void cuda_dev_error(cuh_device_t *dev, CUresult r, const char *what, ...)
     __attribute__((format(printf, 3, 4)));
 static void cuda_dev_error(cuh_device_t *dev, CUresult r, const char *what, ...)
 {
-    last_failure = (int)r;
+    last_failure.code = (int)r;
+    last_failure.seq = cuh_failure_tick();
     if (cuh_cuda_sticky((int)r))
         atomic_store_explicit(&dev->lost, (int)r, memory_order_relaxed);
     va_list ap;

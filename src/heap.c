@@ -349,11 +349,9 @@ void cuh_heap_destroy(cuh_heap_t *h)
         next = batch->next;
         for (size_t i = 0; i < batch->num_events; i++)
             h->dev->ops->event_destroy(h->dev, batch->events[i]);
-        free(batch->events);
-        free(batch->event_streams);
-        free(batch->entries);
-        free(batch);
+        cuh_hp_batch_free(batch);
     }
+    cuh_hp_batch_free(h->spare_batch);
     for (size_t i = 0; i <= h->uses.mask; i++)
         if (h->uses.slots[i].key)
             free(h->uses.slots[i].value);

@@ -47,6 +47,22 @@ static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch, uint64_t gen
     }
     for (size_t i = 0; i < batch->num_events; i++)
         cuh_hp_event_put_locked(h, batch->events[i]);
+    /* Kept for the next batch with its arrays: with PyTorch's cache off every
+     * cudaFree opens and closes one, and four host allocations and frees a
+     * cudaFree were a cost per tensor (issue 45). */
+    if (!h->spare_batch) {
+        batch->num_entries = batch->num_events = 0;
+        batch->next = NULL;
+        h->spare_batch = batch;
+        return;
+    }
+    cuh_hp_batch_free(batch);
+}
+
+void cuh_hp_batch_free(free_batch_t *batch)
+{
+    if (!batch)
+        return;
     free(batch->events);
     free(batch->event_streams);
     free(batch->entries);
@@ -70,9 +86,19 @@ void cuh_hp_batch_close_locked(cuh_heap_t *h)
     h->open_batch = NULL;
     h->allocs_at_close = h->num_allocs;
     h->closed_at = cuh_hp_seconds_since(&h->born);
-    batch->events = malloc((h->num_streams + 1) * sizeof *batch->events);
-    batch->event_streams = malloc((h->num_streams + 1) * sizeof *batch->event_streams);
-    int synced = !batch->events || !batch->event_streams;
+    int synced = 0;
+    if (batch->cap_events < h->num_streams + 1) {
+        size_t cap = h->num_streams + 1;
+        cuh_event_t *events = realloc(batch->events, cap * sizeof *events);
+        if (events)
+            batch->events = events;
+        cuh_stream_t *where = realloc(batch->event_streams, cap * sizeof *where);
+        if (where)
+            batch->event_streams = where;
+        if (events && where)
+            batch->cap_events = cap;
+        synced = !events || !where;
+    }
     if (fenced_all && !synced) {
         batch->event_streams[0] = ALL_STREAMS;
         batch->events[batch->num_events++] = all;
@@ -137,8 +163,13 @@ int cuh_hp_batches_poll_locked(cuh_heap_t *h, int wait)
 int cuh_hp_batch_add_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested)
 {
     free_batch_t *batch = h->open_batch;
-    if (!batch && !(batch = h->open_batch = calloc(1, sizeof *batch)))
-        return -1;
+    if (!batch) {
+        batch = h->spare_batch ? h->spare_batch : calloc(1, sizeof *batch);
+        if (!batch)
+            return -1;
+        h->spare_batch = NULL;
+        h->open_batch = batch;
+    }
     if (batch->num_entries == batch->cap_entries) {
         size_t cap = batch->cap_entries ? 2 * batch->cap_entries : 64;
         batch_entry_t *grown = realloc(batch->entries, cap * sizeof *grown);
@@ -253,8 +284,14 @@ int cuh_hp_take_back_all_locked(cuh_heap_t *h)
          * later one takes its stream's place), and the newest device-wide
          * one (ALL_STREAMS); NULL once it has completed. */
         size_t cap = h->num_streams + 2, n = 0;
-        cuh_event_t **running = malloc(cap * sizeof *running);   /* its slot in its batch */
-        cuh_stream_t *where = malloc(cap * sizeof *where);
+        /* On the stack for the usual few streams: a take-back comes at every
+         * cudaMalloc that wants memory a cudaFree gave back (issue 45). */
+        enum { ON_STACK = 64 };
+        cuh_event_t **running_stack[ON_STACK];
+        cuh_stream_t where_stack[ON_STACK];
+        const int heap_arrays = cap > ON_STACK;
+        cuh_event_t **running = heap_arrays ? malloc(cap * sizeof *running) : running_stack;   /* its slot in its batch */
+        cuh_stream_t *where = heap_arrays ? malloc(cap * sizeof *where) : where_stack;
         int waited = running && where;
         for (free_batch_t *b = h->closed_batches; waited && b; b = b->next)
             for (size_t e = 0; e < b->num_events; e++) {
@@ -275,8 +312,10 @@ int cuh_hp_take_back_all_locked(cuh_heap_t *h)
             if (ordered < 0) {
                 /* A capture began since the batches closed: they wait for
                  * its end (no event call now, the CPU's wait included). */
-                free(running);
-                free(where);
+                if (heap_arrays) {
+                    free(running);
+                    free(where);
+                }
                 return h->held_bytes < held_before;
             }
             waited = ordered;
@@ -296,8 +335,10 @@ int cuh_hp_take_back_all_locked(cuh_heap_t *h)
                     if (running[e])
                         cuh_hp_cpu_wait_event(h, *running[e]);   /* no event: the CPU waits instead */
         }
-        free(running);
-        free(where);
+        if (heap_arrays) {
+            free(running);
+            free(where);
+        }
     }
     while (h->closed_batches) {
         free_batch_t *oldest = h->closed_batches;

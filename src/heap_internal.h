@@ -146,7 +146,7 @@ typedef struct free_batch_s {
     struct free_batch_s *next;   /* closed batches, oldest first */
     batch_entry_t *entries;      /* in the held map too, with the batch as value */
     size_t num_entries, cap_entries;
-    size_t num_events;
+    size_t num_events, cap_events;
     cuh_event_t *events;
     cuh_stream_t *event_streams;  /* the stream each event was recorded on */
 } free_batch_t;
@@ -261,6 +261,7 @@ struct cuh_heap_s {
     double closed_at;            /* cuh_hp_seconds_since(born) when the last batch closed (cuh_heap_poll) */
     size_t held_requested;
     free_batch_t *open_batch;    /* device-wide frees no event covers yet */
+    free_batch_t *spare_batch;   /* a finished batch kept with its arrays for the next (one a cudaFree, else) */
     free_batch_t *closed_batches;
     cuh_heap_fence_t *fences;    /* outstanding fences for memory outside the heap (cuh_heap_fence) */
     cuh_ptrmap_t uses;           /* address -> use_list_t: streams from record_stream */
@@ -430,6 +431,8 @@ void cuh_hp_release_block_global_locked(cuh_heap_t *h, const live_block_t *b, ui
 void cuh_hp_batch_close_locked(cuh_heap_t *h);
 int cuh_hp_batches_poll_locked(cuh_heap_t *h, int wait);
 int cuh_hp_batch_add_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested);
+/* Frees a batch and its arrays (NULL: nothing). */
+void cuh_hp_batch_free(free_batch_t *batch);
 
 /* heap_holds.c: held blocks and captures */
 int cuh_hp_unhold_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested, live_block_t *b);

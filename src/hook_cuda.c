@@ -96,12 +96,8 @@ static void print_program_error(const char *fn, const void *ptr)
                 n == MAX_PRINTED_ERRORS - 1 ? " (further such errors are not printed)" : "");
 }
 
-/* A hooked call starts: no failure of an earlier call is its own. */
-static void begin_call(void)
-{
-    cuh_cuda_clear_failure();
-    cuh_note_lost(0);
-}
+/* A hooked call starts: the failures counted from here on are its own. */
+static unsigned long begin_call(void) { return cuh_failure_mark(); }
 
 /* The CUDA code of a hooked call's outcome, as CUDA itself would have
  * given it: when a driver call cuheap made on the program's behalf failed
@@ -109,11 +105,11 @@ static void begin_call(void)
  * an allocation that failed, for whatever reason, out of memory (cuheap's
  * message on stderr names the driver call); a free refused in its argument,
  * invalid value. The runtime's codes equal the driver's for these. */
-static int cuda_code(cuheap_status_t status, int allocation)
+static int cuda_code(cuheap_status_t status, int allocation, unsigned long mark)
 {
-    int failed = cuh_cuda_last_failure();
+    int failed = cuh_cuda_failure_since(mark);
     if (!failed)
-        failed = cuh_noted_lost();   /* a heap that refused: its device was lost earlier */
+        failed = cuh_noted_lost_since(mark);   /* a heap that refused: its device was lost earlier */
     if (cuh_cuda_sticky(failed))
         return failed;   /* even where the heap could finish the call: CUDA would not have */
     switch (status) {
@@ -173,7 +169,7 @@ int cuh_hook_malloc(const char *fn, void **ptr, size_t size, int device, cuh_hoo
                     const void *caller)
 {
     interposing();
-    begin_call();
+    const unsigned long mark = begin_call();
     caller_info_t who = caller_info(caller);
     int shareable = stream.device_wide && who.shares;
     cuheap_status_t status = cuh_runtime_malloc(fn, ptr, size, device, stream.device_wide, shareable, stream.stream);
@@ -186,7 +182,7 @@ int cuh_hook_malloc(const char *fn, void **ptr, size_t size, int device, cuh_hoo
         snprintf(what, sizeof what, "%s(%zu bytes) on device %d failed", fn, size, device);
         cuh_log_error_rate_limited(what);
     }
-    return cuda_code(status, 1);
+    return cuda_code(status, 1, mark);
 }
 
 int cuh_hook_malloc_pitch(const char *fn, void **ptr, size_t *pitch, size_t width, size_t height, int device,
@@ -217,7 +213,7 @@ int cuh_hook_keep_captured_free(const char *fn, void *ptr)
 int cuh_hook_free(const char *fn, void *ptr, cuh_hook_stream_t stream, int *code)
 {
     interposing();
-    begin_call();
+    const unsigned long mark = begin_call();
     cuheap_status_t status = cuh_runtime_free_owned(fn, ptr, stream.device_wide, stream.stream);
     if (status == CUHEAP_ERR_NOT_OWNED)
         return 0;
@@ -225,7 +221,7 @@ int cuh_hook_free(const char *fn, void *ptr, cuh_hook_stream_t stream, int *code
         cuh_callers_free((uintptr_t)ptr);
     else
         print_program_error(fn, ptr);
-    *code = cuda_code(status, 0);
+    *code = cuda_code(status, 0, mark);
     return 1;
 }
 
@@ -239,7 +235,7 @@ int cuh_hook_host_alloc(const char *fn, void **ptr, size_t size, unsigned flags,
         atomic_store_explicit(&serve, on = cuh_runtime_config()->pinned != 0, memory_order_relaxed);
     if (!on || !ptr || size == 0 || (flags & ~CUH_PINNED_SERVED_FLAGS))
         return 0;
-    begin_call();
+    const unsigned long mark = begin_call();
     int device = cuh_hook_device(runtime_api);
     if (device < 0)
         return 0;
@@ -249,20 +245,20 @@ int cuh_hook_host_alloc(const char *fn, void **ptr, size_t size, unsigned flags,
     if (status != CUHEAP_OK)
         cuh_log_error_rate_limited(status == CUHEAP_ERR_OUT_OF_MEMORY ? "out of pinned host memory"
                                                                         : "pinned host memory");
-    *code = cuda_code(status, 1);
+    *code = cuda_code(status, 1, mark);
     return 1;
 }
 
 int cuh_hook_host_free(const char *fn, void *ptr, int *code)
 {
     interposing();
-    begin_call();
+    const unsigned long mark = begin_call();
     cuheap_status_t status = cuh_runtime_host_free(fn, ptr);
     if (status == CUHEAP_ERR_NOT_OWNED)
         return 0;
     if (status != CUHEAP_OK)
         print_program_error(fn, ptr);
-    *code = cuda_code(status, 0);
+    *code = cuda_code(status, 0, mark);
     return 1;
 }
 

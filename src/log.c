@@ -25,11 +25,33 @@ const char *cuh_get_error(void) { return cuh_error_text; }
 
 void cuh_clear_error(void) { cuh_error_text[0] = '\0'; }
 
-static _Thread_local int cuh_lost_code;
+/* Failures noted, over every thread: a mark taken when a call starts tells
+ * at its end, from one atomic load and no thread-local access, whether
+ * anything can have failed during it (cudaMalloc and cudaFree ask, at every
+ * call: issue 45). */
+static _Atomic unsigned long cuh_failures;
 
-void cuh_note_lost(int code) { cuh_lost_code = code; }
+unsigned long cuh_failure_mark(void) { return atomic_load_explicit(&cuh_failures, memory_order_relaxed); }
 
-int cuh_noted_lost(void) { return cuh_lost_code; }
+unsigned long cuh_failure_tick(void) { return atomic_fetch_add_explicit(&cuh_failures, 1, memory_order_relaxed) + 1; }
+
+static _Thread_local struct {
+    int code;
+    unsigned long seq;   /* its tick */
+} cuh_lost_note;
+
+void cuh_note_lost(int code)
+{
+    cuh_lost_note.code = code;
+    cuh_lost_note.seq = cuh_failure_tick();
+}
+
+int cuh_noted_lost_since(unsigned long mark)
+{
+    if (cuh_failure_mark() == mark)
+        return 0;
+    return cuh_lost_note.seq > mark ? cuh_lost_note.code : 0;
+}
 
 void cuh_log(const char *fmt, ...)
 {

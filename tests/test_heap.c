@@ -476,7 +476,7 @@ static void test_a_lost_device_refuses_new_work_and_reports_still_render(void **
         assert_int_equal(cuh_heap_malloc(h, 4 * KiB, 0, &x), CUHEAP_ERR_DEVICE);     /* the cache could serve it */
         assert_non_null(strstr(cuheap_last_error(), "device 0 is lost (error 700"));
         assert_non_null(strstr(cuheap_last_error(), "cuheap refuses new work"));
-        assert_int_equal(cuh_noted_lost(), 700);
+        assert_int_equal(cuh_noted_lost_since(0), 700);
         assert_int_equal(cuh_heap_malloc_device_wide(h, 4 * KiB, &x), CUHEAP_ERR_DEVICE);
         assert_int_equal(cuh_heap_free(h, live, 0), CUHEAP_ERR_DEVICE);
         assert_int_equal(cuh_heap_free_device_wide(h, live), CUHEAP_ERR_DEVICE);
