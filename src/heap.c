@@ -374,6 +374,15 @@ void cuh_heap_destroy(cuh_heap_t *h)
                 free(d);
             }
             h->drains = NULL;
+            for (vm_drain_t *d = h->stuck_drains, *next; d; d = next) {
+                next = d->next;
+                for (size_t i = 0; i < d->num_extents; i++)   /* once more; some pages went before */
+                    for (uintptr_t va = d->extents[i]->addr; va < d->extents[i]->addr + d->extents[i]->size;
+                         va += h->vm_page)
+                        (void)h->dev->ops->vm_unmap(h->dev, va, h->vm_page);
+                free(d);
+            }
+            h->stuck_drains = NULL;
             for (size_t p = 0; p < h->pages_high; p++)
                 if (h->page_handle[p]) {
                     h->dev->ops->vm_unmap(h->dev, cuh_hp_page_va(h, p), h->vm_page);

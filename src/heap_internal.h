@@ -296,6 +296,7 @@ struct cuh_heap_s {
      * mapped at its new place and still at its old one, whose address range
      * is a DRAIN extent until the stream's work up to the move is done. */
     vm_drain_t *drains;          /* oldest first */
+    vm_drain_t *stuck_drains;    /* DRAIN ranges whose old mappings the device would not unmap: out of use */
     uint32_t last_take_tag;      /* the tag of the free extent cuh_hp_take_locked cut from last */
     /* The last large block freed on a stream, not yet given back to the
      * arena (see "the parked block"): still in the block map, counted as
@@ -413,7 +414,7 @@ size_t cuh_hp_release_free_segments_locked(cuh_heap_t *h);
 
 /* heap_pages.c: virtual memory */
 void cuh_hp_stamp_pages_locked(cuh_heap_t *h, uintptr_t addr, size_t size, uint64_t gen);
-void cuh_hp_unmap_drain_locked(cuh_heap_t *h, const cuh_extent_t *x);
+int cuh_hp_unmap_drain_locked(cuh_heap_t *h, const cuh_extent_t *x);
 int cuh_hp_drains_poll_locked(cuh_heap_t *h, int wait);
 int cuh_hp_map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_state_t *st, grow_result_t *why);
 int cuh_hp_needs_pages_locked(const cuh_heap_t *h, uintptr_t addr, size_t size);

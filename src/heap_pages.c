@@ -13,7 +13,9 @@
  * stream-ordered, so a page moves to another stream only once a fence shows
  * the GPU passed its free; to the freeing stream's own next block it moves at
  * once, its old mapping kept until the stream's work up to then is done
- * (lend_own_pages_locked, DRAIN extents).
+ * (lend_own_pages_locked, DRAIN extents); so do the pages of cudaFree'd
+ * memory a take-back returned early, to any stream, the GPU already ordered
+ * (alias moves, steal_pages_locked).
  */
 #include "heap_internal.h"
 
@@ -114,12 +116,19 @@ static void page_leave_locked(cuh_heap_t *h, size_t p, uint64_t *out)
     h->num_page_steals++;
 }
 
-/* Unmaps the old mappings, page by page, in DRAIN extent x. */
-void cuh_hp_unmap_drain_locked(cuh_heap_t *h, const cuh_extent_t *x)
+/* Unmaps the old mappings, page by page, in DRAIN extent x, a page whose
+ * unmap fails tried once more. 0 if one stays mapped. */
+int cuh_hp_unmap_drain_locked(cuh_heap_t *h, const cuh_extent_t *x)
 {
+    size_t failed = 0;
     for (uintptr_t va = x->addr; va < x->addr + x->size; va += h->vm_page)
-        if (h->dev->ops->vm_unmap(h->dev, va, h->vm_page) != CUH_DEV_OK)
-            cuh_log("device %d: %s", h->dev->ordinal, h->dev->last_error);
+        if (h->dev->ops->vm_unmap(h->dev, va, h->vm_page) != CUH_DEV_OK &&
+            h->dev->ops->vm_unmap(h->dev, va, h->vm_page) != CUH_DEV_OK)
+            failed++;
+    if (failed)
+        cuh_log("device %d: %zu old mapping%s at 0x%llx not unmapped: %s", h->dev->ordinal, failed,
+                failed == 1 ? "" : "s", (unsigned long long)x->addr, h->dev->last_error);
+    return failed == 0;
 }
 
 /* Unmaps the old mappings of every drain whose event has completed (with
@@ -139,16 +148,88 @@ int cuh_hp_drains_poll_locked(cuh_heap_t *h, int wait)
             }
             cuh_hp_cpu_wait_event(h, d->event);
         }
+        /* The GPU passed the frees: the ranges become free memory, but for a
+         * range an old mapping stays in (the device refused to unmap it):
+         * nothing may be placed there, so it stays out of use for good, in
+         * stuck_drains, said on stderr. */
+        size_t stuck = 0;
         for (size_t i = 0; i < d->num_extents; i++) {
-            cuh_hp_unmap_drain_locked(h, d->extents[i]);
-            cuh_arena_release(&h->arena, d->extents[i], CUH_TAG_GLOBAL);   /* the GPU passed the frees */
+            if (cuh_hp_unmap_drain_locked(h, d->extents[i]))
+                cuh_arena_release(&h->arena, d->extents[i], CUH_TAG_GLOBAL);
+            else
+                d->extents[stuck++] = d->extents[i];
         }
         if (d->event)
             cuh_hp_event_put_locked(h, d->event);
         *link = d->next;
-        free(d);
+        if (stuck) {
+            cuh_log("device %d: %zu range%s kept out of use: an old mapping could not be unmapped", h->dev->ordinal,
+                    stuck, stuck == 1 ? "" : "s");
+            d->num_extents = stuck;
+            d->event = NULL;
+            d->next = h->stuck_drains;
+            h->stuck_drains = d;
+        } else {
+            free(d);
+        }
     }
     return h->drains == NULL;
+}
+
+/* A drain with room for `cap` extents, and the event that will close it;
+ * NULL if out of host memory or events. */
+static vm_drain_t *drain_new_locked(cuh_heap_t *h, size_t cap)
+{
+    vm_drain_t *d = malloc(sizeof *d + cap * sizeof d->extents[0]);
+    cuh_event_t ev = d ? cuh_hp_event_get_locked(h) : NULL;
+    if (!ev) {
+        free(d);
+        return NULL;
+    }
+    *d = (vm_drain_t){.event = ev};
+    return d;
+}
+
+/* Carves pages [p, run) out of free extent *rest into a DRAIN extent of d,
+ * tagged `tag` (nothing is placed there), their physical pages to out[]:
+ * mapped at their new place by the caller, their old mapping kept until d's
+ * event has completed. *rest becomes the free part after them, or NULL. 0
+ * when out of host memory for the records. */
+static int drain_carve_locked(cuh_heap_t *h, vm_drain_t *d, cuh_extent_t **rest, size_t p, size_t run, uint32_t tag,
+                              uint64_t *out)
+{
+    cuh_extent_t *x = cuh_arena_take_at(&h->arena, *rest, cuh_hp_page_va(h, p), (run - p) * h->vm_page,
+                                        CUH_EXTENT_DRAIN, tag);
+    if (!x)
+        return 0;
+    d->extents[d->num_extents++] = x;
+    for (size_t i = 0; p < run; p++, i++)
+        page_leave_locked(h, p, &out[i]);
+    *rest = x->next && x->next->state == CUH_EXTENT_FREE ? x->next : NULL;
+    return 1;
+}
+
+/* Closes drain d with its event recorded on `stream` now: once the work
+ * issued there so far is done, its old mappings go (cuh_hp_drains_poll_locked).
+ * Without an event the CPU waits for the device, and they go now. */
+static void drain_close_locked(cuh_heap_t *h, vm_drain_t *d, cuh_stream_t stream)
+{
+    if (!d->num_extents) {
+        cuh_hp_event_put_locked(h, d->event);
+        free(d);
+        return;
+    }
+    if (h->dev->ops->event_record(h->dev, d->event, stream) != CUH_DEV_OK) {
+        cuh_hp_event_put_locked(h, d->event);
+        d->event = NULL;
+        cuh_hp_cpu_wait_device(h);
+    }
+    vm_drain_t **link = &h->drains;
+    while (*link)
+        link = &(*link)->next;
+    *link = d;
+    if (!d->event)
+        cuh_hp_drains_poll_locked(h, 0);
 }
 
 /* Lends up to `want` pages lying wholly inside free extents private to
@@ -167,7 +248,7 @@ static size_t lend_own_pages_locked(cuh_heap_t *h, stream_state_t *own, uint64_t
     if (!own || own->tag == CUH_TAG_GLOBAL || own->retired || h->captures || !want)
         return 0;
     vm_drain_t *d = NULL;
-    size_t got = 0, page = h->vm_page;
+    size_t got = 0;
     for (cuh_extent_t *e = h->arena.tags[own->tag].oldest, *older; e && got < want; e = older) {
         older = e->tag_prev;
         if (e->segment != h->vm)
@@ -183,46 +264,19 @@ static size_t lend_own_pages_locked(cuh_heap_t *h, stream_state_t *own, uint64_t
             size_t run = p;
             while (run < end && run - p < want - got && h->page_handle[run] && h->page_gen[run] <= settled)
                 run++;
-            if (!d) {
-                d = malloc(sizeof *d + want * sizeof d->extents[0]);
-                cuh_event_t ev = d ? cuh_hp_event_get_locked(h) : NULL;
-                if (!ev) {
-                    free(d);
-                    return 0;
-                }
-                *d = (vm_drain_t){.event = ev};
-            }
-            cuh_extent_t *x = cuh_arena_take_at(&h->arena, rest, cuh_hp_page_va(h, p), (run - p) * page,
-                                                CUH_EXTENT_DRAIN, own->tag);
-            if (!x)
+            if (!d && !(d = drain_new_locked(h, want)))
+                return 0;
+            if (!drain_carve_locked(h, d, &rest, p, run, own->tag, out + got))
                 break;   /* out of host memory for records: lend what there is */
-            d->extents[d->num_extents++] = x;
-            for (; p < run; p++)
-                page_leave_locked(h, p, &out[got++]);
-            rest = x->next && x->next->state == CUH_EXTENT_FREE ? x->next : NULL;
+            got += run - p;
+            p = run;
             if (!rest)
                 break;
         }
     }
     if (!d)
         return 0;
-    if (!d->num_extents) {
-        cuh_hp_event_put_locked(h, d->event);
-        free(d);
-        return 0;
-    }
-    if (h->dev->ops->event_record(h->dev, d->event, own->handle) != CUH_DEV_OK) {
-        /* No event: wait for the whole device, and unmap the old mappings now. */
-        cuh_hp_event_put_locked(h, d->event);
-        d->event = NULL;
-        cuh_hp_cpu_wait_device(h);
-    }
-    vm_drain_t **link = &h->drains;
-    while (*link)
-        link = &(*link)->next;
-    *link = d;
-    if (!d->event)
-        cuh_hp_drains_poll_locked(h, 0);
+    drain_close_locked(h, d, own->handle);
     return got;
 }
 
@@ -234,8 +288,8 @@ static size_t lend_own_pages_locked(cuh_heap_t *h, stream_state_t *own, uint64_t
  * still touch (page_gen) are left where they are unless `may_wait` (then
  * the CPU waits for that work first); while other streams' work may touch
  * memory handed over early (unsettled), no page moves unless `may_wait`. */
-static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want, int may_wait, stream_state_t *own,
-                                 size_t lend_max, size_t *lent)
+static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want, int may_wait, int alias,
+                                 stream_state_t *own, size_t lend_max, size_t *lent)
 {
     size_t n;
     /* Neither are pages lent while work may still touch them: the stream's
@@ -263,6 +317,40 @@ static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want, int 
             page_leave_locked(h, p, &out[got++]);
         }
     }
+    /* With `alias`, then pages a take-back returned while the work before
+     * their frees may still run (alias moves, docs/design.md): the take-back
+     * made every later piece of work, on every stream, wait on the GPU for
+     * that work, so a page may back a new block at once; only its old
+     * mapping stays (a DRAIN extent) until an event recorded on the default
+     * stream now, behind that wait, has completed. No event call during a
+     * capture. */
+    vm_drain_t *d = NULL;
+    for (cuh_extent_t *e = h->arena.tags[CUH_TAG_GLOBAL].oldest, *older; alias && e && got < want && !h->captures;
+         e = older) {
+        older = e->tag_prev;
+        if (e->segment != h->vm)
+            continue;
+        size_t p, end;
+        pages_inside_extent(h, e, &p, &end);
+        cuh_extent_t *rest = e;   /* the free part still after the runs carved */
+        while (p < end && got < want && rest) {
+            if (!h->page_handle[p] || h->page_gen[p] <= settled) {
+                p++;
+                continue;
+            }
+            size_t run = p;
+            while (run < end && run - p < want - got && h->page_handle[run] && h->page_gen[run] > settled)
+                run++;
+            if (!d && !(d = drain_new_locked(h, want)))
+                break;
+            if (!drain_carve_locked(h, d, &rest, p, run, CUH_TAG_GLOBAL, out + got))
+                break;   /* out of host memory for records: move what there is */
+            got += run - p;
+            p = run;
+        }
+    }
+    if (d)
+        drain_close_locked(h, d, 0);
     n = lend_own_pages_locked(h, own, out + got, cuh_min_size(want - got, lend_max), settled);
     *lent += n;
     return got + n;
@@ -366,15 +454,15 @@ int cuh_hp_map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_s
     if (h->drains)
         cuh_hp_drains_poll_locked(h, 0);
     size_t got = 0;
-#define STEAL(may_wait, own)                                                                              \
+#define STEAL(may_wait, alias, own)                                                                       \
     do {                                                                                                  \
-        size_t before = lent, n = steal_pages_locked(h, handles + got, need - got, may_wait, own,         \
+        size_t before = lent, n = steal_pages_locked(h, handles + got, need - got, may_wait, alias, own,  \
                                                      whole - lent, &lent);                                \
         memset(lent_flag + got + n - (lent - before), 1, lent - before);                                  \
         got += n;                                                                                         \
     } while (0)
     if (move_first)
-        STEAL(0, st);
+        STEAL(0, 0, st);
     if (got < need && move_first && !h->captures) {
         /* Memory freed on streams becomes stealable once their work is done:
          * fence them all (our own too: unmapping is not stream-ordered). */
@@ -382,12 +470,18 @@ int cuh_hp_map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_s
             if (!h->streams[i]->num_fences)
                 cuh_hp_stream_fence_locked(h, h->streams[i]);
         if (cuh_hp_poll_all_locked(h, 0))
-            STEAL(0, st);
+            STEAL(0, 0, st);
+        /* Last before growing: pages whose old mappings must stay a while,
+         * for a block that keeps the live bytes under their peak so far. One
+         * that raises it gets new pages: the heap must grow to the new peak
+         * anyway, and the memory just freed is the likeliest wanted back. */
+        if (got < need && h->allocated.current + size <= h->allocated.peak)
+            STEAL(0, 1, st);
     }
     while (got < need) {
         if (!move_first && got == 0 && h->limit && cuh_hp_reserved_bytes(h) + need * page > h->limit) {
             /* The limit would refuse: move free pages after all. */
-            STEAL(1, st);
+            STEAL(1, 0, st);
             move_first = 1;
             continue;
         }
@@ -409,7 +503,7 @@ int cuh_hp_map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_s
     }
     if (got < need && *why != GROW_ERROR && !h->captures) {
         cuh_hp_settle_all_locked(h);
-        STEAL(1, NULL);
+        STEAL(1, 0, NULL);
     }
 #undef STEAL
     /* Map what there is, lent pages where the block covers the page whole.
@@ -472,7 +566,7 @@ size_t cuh_hp_release_free_pages_locked(cuh_heap_t *h)
      * allocated on the device: the old mappings go first. */
     cuh_hp_drains_poll_locked(h, 1);
     size_t none = 0;
-    while ((n = steal_pages_locked(h, batch, 256, 1, NULL, 0, &none)) > 0) {
+    while ((n = steal_pages_locked(h, batch, 256, 1, 0, NULL, 0, &none)) > 0) {
         for (size_t i = 0; i < n; i++)
             h->dev->ops->vm_release(h->dev, batch[i]);
         h->physical_pages -= n;

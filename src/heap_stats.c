@@ -180,6 +180,8 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
             }
         for (const vm_drain_t *d = h->drains; !rc && d; d = d->next)
             listed += d->num_extents;
+        for (const vm_drain_t *d = h->stuck_drains; !rc && d; d = d->next)
+            listed += d->num_extents;
         if (!rc && draining != listed) {
             snprintf(msg, len, "vmm: %zu draining ranges, drains list %zu", draining, listed);
             rc = -1;

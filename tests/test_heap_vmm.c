@@ -423,10 +423,10 @@ static void test_vmm_takes_cudafree_memory_back_before_new_pages(void **state)
 
 /* vmm:1 and cudaFree: a take-back makes blocks reusable in stream order while
  * the GPU may still run work issued before their frees, but unmapping a page
- * is not stream-ordered. While that work runs, the heap takes new pages
- * rather than move such memory's pages (and never makes the CPU wait for
- * it); once the work is done, the pages move. Without this a kernel could
- * see its memory unmapped under it. */
+ * is not stream-ordered. While that work runs, no such page is unmapped
+ * (and the CPU never waits for it): a block that raises the live peak gets
+ * new pages; once the work is done, the pages move. Without this a kernel
+ * could see its memory unmapped under it. */
 static void test_vmm_pages_of_taken_back_memory_move_only_after_their_work(void **state)
 {
     (void)state;
@@ -445,8 +445,10 @@ static void test_vmm_pages_of_taken_back_memory_move_only_after_their_work(void 
         assert_true(x >= a && x < a + 64 * MiB);
         cuh_sim_counters_t c0, c1;
         cuh_sim_counters(t.dev, &c0);
-        /* y needs 32 pages and the heap may hold no more than it has had
-         * live, but a's free pages may still be in use: new ones. */
+        /* y needs 32 pages and brings the live bytes to a new peak (160 MiB
+         * against 128): new ones, not a's free pages, whose work may still
+         * run (alias moves serve only what stays under the live peak:
+         * test_vmm_taken_back_pages_move_at_once_and_keep_their_old_mappings). */
         assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &y), CUHEAP_OK);
         cuh_sim_counters(t.dev, &c1);
         assert_int_equal(c1.vm_unmaps, c0.vm_unmaps);
@@ -535,6 +537,88 @@ static void test_vmm_pages_move_while_a_later_take_back_runs(void **state)
     heap_ok(t.heap);
     cuh_sim_complete_all(t.dev);
     test_heap_free(&t);
+}
+
+/* Alias moves: pages a take-back returned while the work before their frees
+ * may still run serve a block that does not raise the live peak at once,
+ * rather than new pages: mapped behind the new block while their old
+ * mappings stay (nothing is placed there) until that work is done, the CPU
+ * waiting for nothing. Safe in GPU order: the take-back made all later work
+ * wait for the frees' work. */
+static void test_vmm_taken_back_pages_move_at_once_and_keep_their_old_mappings(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, "vmm:1,vmm_margin:0,small_max:0");
+    cuh_sim_hold_events(t.dev, 1);
+    uintptr_t p1, g, p2, b, y;
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 32 * MiB, &p1), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 32 * MiB, &g), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 32 * MiB, &p2), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &b), CUHEAP_OK);   /* 160 MiB live */
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, p1), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, p2), CUHEAP_OK);
+    /* y fits neither 32 MiB hole and brings 144 MiB live, under the peak:
+     * taken back (the GPU has passed neither free), p1's and p2's pages
+     * move behind it at once. */
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 48 * MiB, &y), CUHEAP_OK);
+    cuh_sim_counters(t.dev, &c1);
+    assert_true(y >= b + 64 * MiB);
+    assert_int_equal(c1.vm_creates, c0.vm_creates);       /* no new page */
+    assert_int_equal(c1.vm_maps - c0.vm_maps, 24);        /* 24 pages mapped behind y */
+    assert_int_equal(c1.vm_unmaps, c0.vm_unmaps);         /* none unmapped under the running work */
+    assert_int_equal(c1.event_waits + c1.synchronizes, c0.event_waits + c0.synchronizes);
+    assert_true(all_pages_mapped(t.dev, y, 48 * MiB));
+    assert_true(all_pages_mapped(t.dev, p1, 32 * MiB) && all_pages_mapped(t.dev, p2, 32 * MiB));
+    heap_ok(t.heap);
+    /* The GPU passes the frees: the old mappings go at the next poll, and
+     * what was left of the holes is free memory again. */
+    cuh_sim_complete_all(t.dev);
+    cuh_heap_poll(t.heap);
+    cuh_sim_counters(t.dev, &c0);
+    assert_int_equal(c0.vm_unmaps - c1.vm_unmaps, 24);
+    assert_false(all_pages_mapped(t.dev, p1, 32 * MiB));
+    uintptr_t blocks[] = {g, b, y};
+    for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++)
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, blocks[i]), CUHEAP_OK);
+    heap_ok(t.heap);
+    cuh_sim_complete_all(t.dev);
+    test_heap_free(&t);
+}
+
+/* An old mapping the device will not unmap (cuMemUnmap failing, twice): its
+ * range stays out of use for good rather than become free memory that a
+ * block would be placed on (mapping there would fail); the books stay
+ * exact and everything still goes back at the end. */
+static void test_vmm_a_range_whose_old_mapping_stays_is_kept_out_of_use(void **state)
+{
+    (void)state;
+    fault_heap_t t = fault_heap_new(GiB, "vmm:1,vmm_margin:0,small_max:0");
+    cuh_sim_hold_events(t.sim, 1);
+    uintptr_t p1, g, p2, b, y, z[4];
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 32 * MiB, &p1), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 32 * MiB, &g), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 32 * MiB, &p2), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &b), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, p1), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, p2), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 48 * MiB, &y), CUHEAP_OK);   /* p1's, p2's pages alias */
+    cuh_fault_random(t.dev, CUH_FAULT_VM_UNMAP, 1.0, 1, CUH_DEV_ERROR);
+    cuh_sim_complete_all(t.sim);
+    cuh_heap_poll(t.heap);
+    assert_true(cuh_fault_injected(t.dev, CUH_FAULT_VM_UNMAP) >= 2);
+    heap_ok(t.heap);
+    cuh_fault_clear(t.dev);
+    /* Blocks that would fit the holes go elsewhere: none lands on a range
+     * still mapped (the simulated device refuses a second mapping). */
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 16 * MiB, &z[i]), CUHEAP_OK);
+    heap_ok(t.heap);
+    uintptr_t blocks[] = {g, b, y, z[0], z[1], z[2], z[3]};
+    for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++)
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, blocks[i]), CUHEAP_OK);
+    fault_heap_free(&t);
 }
 
 /* A take-back's pages wait for its own event even when more take-backs run
@@ -790,6 +874,8 @@ int main(void)
         cmocka_unit_test(test_vmm_random_operations_never_reuse_or_unmap_a_page_before_its_work),
         cmocka_unit_test(test_allow_peer_grants_mapped_and_later_pages),
         cmocka_unit_test(test_vmm_pages_of_taken_back_memory_move_only_after_their_work),
+        cmocka_unit_test(test_vmm_taken_back_pages_move_at_once_and_keep_their_old_mappings),
+        cmocka_unit_test(test_vmm_a_range_whose_old_mapping_stays_is_kept_out_of_use),
         cmocka_unit_test(test_vmm_pages_move_while_a_later_take_back_runs),
         cmocka_unit_test(test_vmm_many_running_take_backs_keep_each_ones_pages),
         cmocka_unit_test(test_vmm_takes_cudafree_memory_back_before_new_pages),
