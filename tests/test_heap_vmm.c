@@ -539,6 +539,27 @@ static void test_vmm_pages_move_while_a_later_take_back_runs(void **state)
     test_heap_free(&t);
 }
 
+/* The alias-move setting: blocks p1 (32 MiB), g (32), p2 (32) and b (64)
+ * device-wide, 160 MiB live; p1 and p2 freed while their work runs; then y,
+ * 48 MiB, which fits neither 32 MiB hole and brings 144 MiB live, under the
+ * peak: the take-back returns p1 and p2, and their pages move behind y. */
+typedef struct alias_blocks_s {
+    uintptr_t p1, g, p2, b, y;
+} alias_blocks_t;
+
+static alias_blocks_t alias_setting(cuh_heap_t *heap)
+{
+    alias_blocks_t a;
+    assert_int_equal(cuh_heap_malloc_device_wide(heap, 32 * MiB, &a.p1), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(heap, 32 * MiB, &a.g), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(heap, 32 * MiB, &a.p2), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(heap, 64 * MiB, &a.b), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(heap, a.p1), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(heap, a.p2), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(heap, 48 * MiB, &a.y), CUHEAP_OK);
+    return a;
+}
+
 /* Alias moves: pages a take-back returned while the work before their frees
  * may still run serve a block that does not raise the live peak at once,
  * rather than new pages: mapped behind the new block while their old
@@ -550,23 +571,16 @@ static void test_vmm_taken_back_pages_move_at_once_and_keep_their_old_mappings(v
     (void)state;
     test_heap_t t = test_heap_new(GiB, "vmm:1,vmm_margin:0,small_max:0");
     cuh_sim_hold_events(t.dev, 1);
-    uintptr_t p1, g, p2, b, y;
-    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 32 * MiB, &p1), CUHEAP_OK);
-    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 32 * MiB, &g), CUHEAP_OK);
-    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 32 * MiB, &p2), CUHEAP_OK);
-    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &b), CUHEAP_OK);   /* 160 MiB live */
-    assert_int_equal(cuh_heap_free_device_wide(t.heap, p1), CUHEAP_OK);
-    assert_int_equal(cuh_heap_free_device_wide(t.heap, p2), CUHEAP_OK);
-    /* y fits neither 32 MiB hole and brings 144 MiB live, under the peak:
-     * taken back (the GPU has passed neither free), p1's and p2's pages
-     * move behind it at once. */
     cuh_sim_counters_t c0, c1;
     cuh_sim_counters(t.dev, &c0);
-    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 48 * MiB, &y), CUHEAP_OK);
+    const alias_blocks_t a = alias_setting(t.heap);   /* the GPU has passed neither free */
     cuh_sim_counters(t.dev, &c1);
+    const uintptr_t p1 = a.p1, p2 = a.p2, b = a.b, g = a.g, y = a.y;
     assert_true(y >= b + 64 * MiB);
-    assert_int_equal(c1.vm_creates, c0.vm_creates);       /* no new page */
-    assert_int_equal(c1.vm_maps - c0.vm_maps, 24);        /* 24 pages mapped behind y */
+    /* 80 pages made and mapped for p1, g, p2 and b; none made for y, whose
+     * 24 are p1's and p2's, mapped a second time. */
+    assert_int_equal(c1.vm_creates - c0.vm_creates, 80);
+    assert_int_equal(c1.vm_maps - c0.vm_maps, 80 + 24);
     assert_int_equal(c1.vm_unmaps, c0.vm_unmaps);         /* none unmapped under the running work */
     assert_int_equal(c1.event_waits + c1.synchronizes, c0.event_waits + c0.synchronizes);
     assert_true(all_pages_mapped(t.dev, y, 48 * MiB));
@@ -596,14 +610,8 @@ static void test_vmm_a_range_whose_old_mapping_stays_is_kept_out_of_use(void **s
     (void)state;
     fault_heap_t t = fault_heap_new(GiB, "vmm:1,vmm_margin:0,small_max:0");
     cuh_sim_hold_events(t.sim, 1);
-    uintptr_t p1, g, p2, b, y, z[4];
-    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 32 * MiB, &p1), CUHEAP_OK);
-    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 32 * MiB, &g), CUHEAP_OK);
-    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 32 * MiB, &p2), CUHEAP_OK);
-    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * MiB, &b), CUHEAP_OK);
-    assert_int_equal(cuh_heap_free_device_wide(t.heap, p1), CUHEAP_OK);
-    assert_int_equal(cuh_heap_free_device_wide(t.heap, p2), CUHEAP_OK);
-    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 48 * MiB, &y), CUHEAP_OK);   /* p1's, p2's pages alias */
+    const alias_blocks_t a = alias_setting(t.heap);   /* p1's and p2's pages moved behind y */
+    uintptr_t z[4];
     cuh_fault_random(t.dev, CUH_FAULT_VM_UNMAP, 1.0, 1, CUH_DEV_ERROR);
     cuh_sim_complete_all(t.sim);
     cuh_heap_poll(t.heap);
@@ -615,7 +623,7 @@ static void test_vmm_a_range_whose_old_mapping_stays_is_kept_out_of_use(void **s
     for (int i = 0; i < 4; i++)
         assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 16 * MiB, &z[i]), CUHEAP_OK);
     heap_ok(t.heap);
-    uintptr_t blocks[] = {g, b, y, z[0], z[1], z[2], z[3]};
+    uintptr_t blocks[] = {a.g, a.b, a.y, z[0], z[1], z[2], z[3]};
     for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++)
         assert_int_equal(cuh_heap_free_device_wide(t.heap, blocks[i]), CUHEAP_OK);
     fault_heap_free(&t);
