@@ -111,8 +111,9 @@ static const option_t options[] = {
      "so that the library can share the block with other processes through "
      "cudaIpcGetMemHandle. NCCL does so with its buffers when they come from cudaMalloc "
      "(NCCL_CUMEM_ENABLE=0, and NCCL versions that do not use cuMem by default); refused, it "
-     "falls back to a slower transport. none: no library. Not with vmm:1 (legacy IPC cannot "
-     "share virtual memory)."},
+     "falls back to a slower transport. none: no library. With vmm:1 too: such a block gets a "
+     "plain segment of its own beside the virtual memory reservation, which legacy IPC cannot "
+     "share."},
     {"meminfo_cached", KIND_BOOL, offsetof(cuh_config_t, meminfo_cached), "1",
      "Under LD_PRELOAD: 1 makes cudaMemGetInfo and cuMemGetInfo count cuheap's cached bytes "
      "that are ready for reuse as free, so programs that size themselves from free memory "

@@ -753,6 +753,15 @@ int cuh_heap_segment_of(cuh_heap_t *h, uintptr_t addr, uintptr_t *base, size_t *
     return seg != NULL;
 }
 
+int cuh_heap_in_virtual_memory(cuh_heap_t *h, uintptr_t addr)
+{
+    cuh_lock(&h->lock);
+    cuh_segment_t *seg = cuh_arena_segment_of(&h->arena, addr);
+    int in = seg && seg->virtual_space;
+    cuh_unlock(&h->lock);
+    return in;
+}
+
 void cuh_heap_poll(cuh_heap_t *h)
 {
     cuh_lock(&h->lock);

@@ -158,6 +158,10 @@ void cuh_heap_set_limit(cuh_heap_t *heap, size_t limit);
 size_t cuh_heap_device_total(cuh_heap_t *heap);
 /* The segment holding addr: 1 with its base and size, else 0. */
 int cuh_heap_segment_of(cuh_heap_t *heap, uintptr_t addr, uintptr_t *base, size_t *size);
+/* 1 when addr lies in the heap's virtual memory reservation (vmm:1), which
+ * no legacy IPC handle can name: blocks allocated as shareable get plain
+ * segments of their own beside it. */
+int cuh_heap_in_virtual_memory(cuh_heap_t *heap, uintptr_t addr);
 
 /* The program is about to destroy `stream`: cuheap records one last fence on
  * it (covering every block freed on it) and never uses the handle again. A

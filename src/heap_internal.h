@@ -461,7 +461,7 @@ static inline void cuh_hp_stat_set(stat_t *s, size_t value)
  * virtual memory, which legacy IPC cannot share anyway. */
 static inline int cuh_hp_own_segment_locked(const cuh_heap_t *h)
 {
-    return h->cfg.ipc_safe || (h->shareable_call && !h->vm);
+    return h->cfg.ipc_safe || h->shareable_call;
 }
 
 /* Device memory the heap holds: its segments, and under virtual memory the

@@ -124,9 +124,11 @@ static size_t release_idle_segments_locked(cuh_heap_t *h, size_t needed)
 
 grow_result_t cuh_hp_grow_locked(cuh_heap_t *h, size_t size, size_t align)
 {
-    if (h->vm) {
+    if (h->vm && !cuh_hp_own_segment_locked(h)) {
         /* Under virtual memory the reservation is the whole general region:
-         * no fit means its address space is used up. */
+         * no fit means its address space is used up. A block legacy IPC may
+         * share gets a plain segment of its own beside it: an IPC handle
+         * names a cuMemAlloc allocation, which virtual memory is not. */
         cuh_set_error("device %d: the %zu-byte virtual address reservation has no room for %zu bytes", h->dev->ordinal,
                       h->vm->size, size);
         return GROW_DEVICE;

@@ -287,9 +287,10 @@ int cuh_hook_ipc_check(const char *fn, const void *ptr)
     cuh_heap_t *h = device >= 0 ? cuh_runtime_existing_heap(device) : NULL;
     if (!h)
         return 0;
-    if (cuh_runtime_config()->vmm) {
+    if (cuh_heap_in_virtual_memory(h, (uintptr_t)ptr)) {
         cuh_log("%s(%p) refused: the block lives in CUDA virtual memory (CUHEAP_CONF vmm:1), which "
-                "legacy IPC handles cannot share; run without vmm:1 to share it",
+                "legacy IPC handles cannot share; name the library that shares it in ipc_callers (its "
+                "blocks then get plain segments of their own), or run without vmm:1",
                 fn, ptr);
         return CUH_CUDA_NOT_SUPPORTED;
     }

@@ -539,6 +539,39 @@ static void test_vmm_pages_move_while_a_later_take_back_runs(void **state)
     test_heap_free(&t);
 }
 
+/* Under vmm:1 a block legacy IPC may share (a library named in ipc_callers
+ * allocates it) gets a plain segment of its own beside the reservation, which
+ * no IPC handle could name; every other block stays in the reservation. The
+ * segment is returned once free like any plain one. */
+static void test_vmm_a_shareable_block_starts_a_plain_segment_of_its_own(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, "vmm:1");
+    uintptr_t a = must_alloc(t.heap, 8 * MiB, 0), s[2], base;
+    size_t size;
+    assert_true(cuh_heap_in_virtual_memory(t.heap, a));
+    assert_int_equal(cuh_heap_malloc_shareable(t.heap, 3 * MiB, &s[0]), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_shareable(t.heap, 1000, &s[1]), CUHEAP_OK);
+    for (int i = 0; i < 2; i++) {
+        assert_false(cuh_heap_in_virtual_memory(t.heap, s[i]));
+        assert_true(cuh_heap_segment_of(t.heap, s[i], &base, &size) && base == s[i]);
+    }
+    uintptr_t b = must_alloc(t.heap, 1000, 0);
+    assert_true(cuh_heap_in_virtual_memory(t.heap, b));
+    heap_ok(t.heap);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, s[i]), CUHEAP_OK);
+    must_free(t.heap, a, 0);
+    must_free(t.heap, b, 0);
+    cuh_sim_complete_all(t.dev);
+    assert_int_equal(cuh_heap_release_cached(t.heap), CUHEAP_OK);
+    cuh_sim_counters_t c;
+    cuh_sim_counters(t.dev, &c);
+    assert_int_equal(c.mem_frees, c.mem_allocs);   /* the plain segments went back */
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
 /* The alias-move setting: blocks p1 (32 MiB), g (32), p2 (32) and b (64)
  * device-wide, 160 MiB live; p1 and p2 freed while their work runs; then y,
  * 48 MiB, which fits neither 32 MiB hole and brings 144 MiB live, under the
@@ -882,6 +915,7 @@ int main(void)
         cmocka_unit_test(test_vmm_random_operations_never_reuse_or_unmap_a_page_before_its_work),
         cmocka_unit_test(test_allow_peer_grants_mapped_and_later_pages),
         cmocka_unit_test(test_vmm_pages_of_taken_back_memory_move_only_after_their_work),
+        cmocka_unit_test(test_vmm_a_shareable_block_starts_a_plain_segment_of_its_own),
         cmocka_unit_test(test_vmm_taken_back_pages_move_at_once_and_keep_their_old_mappings),
         cmocka_unit_test(test_vmm_a_range_whose_old_mapping_stays_is_kept_out_of_use),
         cmocka_unit_test(test_vmm_pages_move_while_a_later_take_back_runs),

@@ -117,6 +117,11 @@ for runtime in shared static; do
     preload $p-ipc-callers $p ipc-callers NCCL_FAKE_LIB="$programs/libnccl_fake.so"
     expect_pass $p-ipc-callers ipc-callers \
         "$r: a library named libnccl* (its runtime compiled in) gets IPC handles for its blocks, the program not"
+    preload $p-ipc-callers-vmm $p ipc-callers NCCL_FAKE_LIB="$programs/libnccl_fake.so" CUHEAP_CONF=vmm:1
+    expect_pass $p-ipc-callers-vmm ipc-callers \
+        "$r: with vmm:1 too: the library's blocks get plain segments of their own beside the reservation, the program's stay refused"
+    check "$r: ... the program's block refused as one in virtual memory, naming ipc_callers" \
+        'grep -q "lives in CUDA virtual memory.*ipc_callers" "$TMP/$p-ipc-callers-vmm.err"'
     preload $p-callers $p ipc-callers NCCL_FAKE_LIB="$programs/libnccl_fake.so" CUHEAP_CONF="report:$TMP/$p-callers.json"
     expect_pass $p-callers ipc-callers "$r: the same with a JSON report written at exit"
     check "$r: the report's callers: the library (2 allocations, peak 1 MiB + 1000 B) and the program, nothing live" \
