@@ -232,6 +232,44 @@ static void drain_close_locked(cuh_heap_t *h, vm_drain_t *d, cuh_stream_t stream
         cuh_hp_drains_poll_locked(h, 0);
 }
 
+/* Moves up to `want` pages lying wholly inside free extents of `tag` (of
+ * the reservation, oldest first) whose take-back generation is above
+ * `settled` (`running`) or not, to out[], their old mappings kept: each run
+ * of them becomes a DRAIN extent of one drain, closed with an event recorded
+ * on `stream` now. Returns how many. Lending and alias moves both. */
+static size_t drain_runs_locked(cuh_heap_t *h, uint32_t tag, int running, uint64_t settled, cuh_stream_t stream,
+                                uint64_t *out, size_t want)
+{
+    vm_drain_t *d = NULL;
+    size_t got = 0;
+    for (cuh_extent_t *e = h->arena.tags[tag].oldest, *older; e && got < want; e = older) {
+        older = e->tag_prev;
+        if (e->segment != h->vm)
+            continue;
+        size_t p, end;
+        pages_inside_extent(h, e, &p, &end);
+        cuh_extent_t *rest = e;   /* the free part still after the runs carved */
+        while (p < end && got < want && rest) {
+            if (!h->page_handle[p] || (h->page_gen[p] > settled) != running) {
+                p++;
+                continue;
+            }
+            size_t run = p;
+            while (run < end && run - p < want - got && h->page_handle[run] && (h->page_gen[run] > settled) == running)
+                run++;
+            if (!d && !(d = drain_new_locked(h, want)))
+                return 0;   /* no drain, nothing carved yet */
+            if (!drain_carve_locked(h, d, &rest, p, run, tag, out + got))
+                break;   /* out of host memory for records: move what there is */
+            got += run - p;
+            p = run;
+        }
+    }
+    if (d)
+        drain_close_locked(h, d, stream);
+    return got;
+}
+
 /* Lends up to `want` pages lying wholly inside free extents private to
  * stream `own` to a new block of `own`: memory the stream freed whose work
  * the GPU may not have passed yet. The new block's work runs after that
@@ -247,37 +285,7 @@ static size_t lend_own_pages_locked(cuh_heap_t *h, stream_state_t *own, uint64_t
 {
     if (!own || own->tag == CUH_TAG_GLOBAL || own->retired || h->captures || !want)
         return 0;
-    vm_drain_t *d = NULL;
-    size_t got = 0;
-    for (cuh_extent_t *e = h->arena.tags[own->tag].oldest, *older; e && got < want; e = older) {
-        older = e->tag_prev;
-        if (e->segment != h->vm)
-            continue;
-        size_t p, end;
-        pages_inside_extent(h, e, &p, &end);
-        cuh_extent_t *rest = e;   /* the free part still after the runs carved */
-        while (p < end && got < want) {
-            if (!h->page_handle[p] || h->page_gen[p] > settled) {
-                p++;
-                continue;
-            }
-            size_t run = p;
-            while (run < end && run - p < want - got && h->page_handle[run] && h->page_gen[run] <= settled)
-                run++;
-            if (!d && !(d = drain_new_locked(h, want)))
-                return 0;
-            if (!drain_carve_locked(h, d, &rest, p, run, own->tag, out + got))
-                break;   /* out of host memory for records: lend what there is */
-            got += run - p;
-            p = run;
-            if (!rest)
-                break;
-        }
-    }
-    if (!d)
-        return 0;
-    drain_close_locked(h, d, own->handle);
-    return got;
+    return drain_runs_locked(h, own->tag, 0, settled, own->handle, out, want);
 }
 
 /* Unmaps up to `want` pages lying wholly inside global free extents of the
@@ -286,7 +294,8 @@ static size_t lend_own_pages_locked(cuh_heap_t *h, stream_state_t *own, uint64_t
  * (lend_own_pages_locked), after the others in out[], their count added to
  * *lent. Returns how many in all. Pages work a take-back left running may
  * still touch (page_gen) are left where they are unless `may_wait` (then
- * the CPU waits for that work first); while other streams' work may touch
+ * the CPU waits for that work first) or `alias` (then they move, their old
+ * mappings kept until that work is done); while other streams' work may touch
  * memory handed over early (unsettled), no page moves unless `may_wait`. */
 static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want, int may_wait, int alias,
                                  stream_state_t *own, size_t lend_max, size_t *lent)
@@ -324,33 +333,8 @@ static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want, int 
      * mapping stays (a DRAIN extent) until an event recorded on the default
      * stream now, behind that wait, has completed. No event call during a
      * capture. */
-    vm_drain_t *d = NULL;
-    for (cuh_extent_t *e = h->arena.tags[CUH_TAG_GLOBAL].oldest, *older; alias && e && got < want && !h->captures;
-         e = older) {
-        older = e->tag_prev;
-        if (e->segment != h->vm)
-            continue;
-        size_t p, end;
-        pages_inside_extent(h, e, &p, &end);
-        cuh_extent_t *rest = e;   /* the free part still after the runs carved */
-        while (p < end && got < want && rest) {
-            if (!h->page_handle[p] || h->page_gen[p] <= settled) {
-                p++;
-                continue;
-            }
-            size_t run = p;
-            while (run < end && run - p < want - got && h->page_handle[run] && h->page_gen[run] > settled)
-                run++;
-            if (!d && !(d = drain_new_locked(h, want)))
-                break;
-            if (!drain_carve_locked(h, d, &rest, p, run, CUH_TAG_GLOBAL, out + got))
-                break;   /* out of host memory for records: move what there is */
-            got += run - p;
-            p = run;
-        }
-    }
-    if (d)
-        drain_close_locked(h, d, 0);
+    if (alias && got < want && !h->captures)
+        got += drain_runs_locked(h, CUH_TAG_GLOBAL, 1, settled, 0, out + got, want - got);
     n = lend_own_pages_locked(h, own, out + got, cuh_min_size(want - got, lend_max), settled);
     *lent += n;
     return got + n;
