@@ -47,11 +47,11 @@ static const option_t options[] = {
      "A new segment is at least this fraction of the bytes already reserved (up to 1 GiB): "
      "geometric growth means few device calls and larger contiguous ranges for best fit. "
      "0 sizes every segment to its request. Between 0 and 1."},
-    {"vmm", KIND_BOOL, offsetof(cuh_config_t, vmm), "0",
+    {"vmm", KIND_BOOL, offsetof(cuh_config_t, vmm), "1",
      "1: large and small blocks live in one range of CUDA virtual memory; physical pages are "
      "mapped behind it on demand and taken from free blocks elsewhere before the device is "
-     "asked for more, so free memory is never too scattered to use. 0: plain segments. As "
-     "PyTorch's pluggable allocator the default is 1."},
+     "asked for more, so free memory is never too scattered to use. 0: plain segments. A "
+     "device without virtual memory management gets plain segments, said once on stderr."},
     {"vmm_margin", KIND_FRACTION, offsetof(cuh_config_t, vmm_margin), "0.1",
      "With vmm:1: new pages come from the device while the heap holds at most (1 + vmm_margin) "
      "times the most bytes the program has had live; beyond that, or when the device or the "
@@ -102,18 +102,18 @@ static const option_t options[] = {
     {"ipc_safe", KIND_BOOL, offsetof(cuh_config_t, ipc_safe), "0",
      "1: every block gets a segment of its own that it starts (a free one at most a quarter "
      "larger, or a new one sized to it), so cudaIpcGetMemHandle works on any block. Costs a "
-     "device allocation per new block size and up to 2 MiB of rounding per block. Not with vmm:1 "
-     "or a workspace. 0: blocks share segments; IPC handles are refused for blocks that do not "
-     "start theirs."},
+     "device allocation per new block size and up to 2 MiB of rounding per block. Brings vmm:0 "
+     "with it (said beside vmm:1, an error), and not with a workspace. 0: blocks share segments; "
+     "IPC handles are refused for blocks that do not start a plain segment."},
     {"ipc_callers", KIND_PATH, offsetof(cuh_config_t, ipc_callers), "libnccl",
      "Under LD_PRELOAD: a cudaMalloc or cuMemAlloc called from a shared library whose file "
      "name contains this text gets a segment of its own that it starts, as with ipc_safe:1, "
      "so that the library can share the block with other processes through "
      "cudaIpcGetMemHandle. NCCL does so with its buffers when they come from cudaMalloc "
      "(NCCL_CUMEM_ENABLE=0, and NCCL versions that do not use cuMem by default); refused, it "
-     "falls back to a slower transport. none: no library. With vmm:1 too: such a block gets a "
-     "plain segment of its own beside the virtual memory reservation, which legacy IPC cannot "
-     "share."},
+     "falls back to a slower transport. none: no library. With vmm:1 (the default) such a "
+     "block gets a plain segment of its own beside the virtual memory reservation, which legacy "
+     "IPC cannot share."},
     {"meminfo_cached", KIND_BOOL, offsetof(cuh_config_t, meminfo_cached), "1",
      "Under LD_PRELOAD: 1 makes cudaMemGetInfo and cuMemGetInfo count cuheap's cached bytes "
      "that are ready for reuse as free, so programs that size themselves from free memory "
@@ -143,6 +143,10 @@ static const option_t options[] = {
 void cuh_config_defaults(cuh_config_t *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
+    /* Every way in runs on virtual memory (docs/design.md, "Choosing vmm"):
+     * fragmentation is what programs run out of memory on, and a page's
+     * move costs a map where a plain segment would have had to grow. */
+    cfg->vmm = 1;
     cfg->small_max = 64 * CUH_KiB;
     cfg->thread_cache = 4 * CUH_MiB;
     cfg->segment_min = 2 * CUH_MiB;
@@ -160,12 +164,6 @@ void cuh_config_defaults(cuh_config_t *cfg)
 void cuh_config_defaults_for(cuh_config_t *cfg, unsigned ways)
 {
     cuh_config_defaults(cfg);
-    /* As PyTorch's allocator the heap runs on virtual memory
-     * (docs/design.md, "Choosing vmm"): fragmentation is what PyTorch's
-     * users run out of memory on, and a page move's cost is paid where a
-     * plain segment would have had to grow. */
-    if (ways & CUH_WAY_PLUGIN)
-        cfg->vmm = 1;
     /* In place of CUDA's own allocation calls (LD_PRELOAD) the heap orders
      * streams as the calls it replaces do: CUDA's stream-ordered pools hand
      * memory freed on one stream to another at once and make the new user
@@ -338,6 +336,7 @@ static int parse_settings(const char *text, cuh_config_t *cfg, char *err, size_t
     char keys[256];
     list_keys(keys, sizeof keys);
     const char *item = text;
+    int vmm_said = 0;
     while (*item) {
         const char *comma = strchr(item, ',');
         size_t n = comma ? (size_t)(comma - item) : strlen(item);
@@ -378,7 +377,14 @@ static int parse_settings(const char *text, cuh_config_t *cfg, char *err, size_t
         }
         if (set_value(opt, value, &parsed, err, errlen))
             return -1;
+        if (opt->offset == offsetof(cuh_config_t, vmm))
+            vmm_said = 1;
     }
+    /* ipc_safe:1 gives every block a plain segment of its own, so it brings
+     * plain segments with it; said beside vmm:1 it stays an error the heap
+     * names when it starts. */
+    if (parsed.ipc_safe && !vmm_said)
+        parsed.vmm = 0;
     *cfg = parsed;
     return 0;
 }

@@ -288,9 +288,10 @@ int cuh_hook_ipc_check(const char *fn, const void *ptr)
     if (!h)
         return 0;
     if (cuh_heap_in_virtual_memory(h, (uintptr_t)ptr)) {
-        cuh_log("%s(%p) refused: the block lives in CUDA virtual memory (CUHEAP_CONF vmm:1), which "
+        cuh_log("%s(%p) refused: the block lives in CUDA virtual memory (vmm:1, the default), which "
                 "legacy IPC handles cannot share; name the library that shares it in ipc_callers (its "
-                "blocks then get plain segments of their own), or run without vmm:1",
+                "blocks then get plain segments of their own), or set CUHEAP_CONF=ipc_safe:1 (a plain "
+                "segment for every block)",
                 fn, ptr);
         return CUH_CUDA_NOT_SUPPORTED;
     }

@@ -91,6 +91,7 @@ static inline fault_heap_t fault_heap_new(size_t capacity, const char *conf)
     cuh_config_t cfg;
     char err[256];
     cuh_config_defaults(&cfg);
+    cfg.vmm = 0;   /* plain segments unless `conf` says vmm:1, as test_heap_on */
     if (conf && cuh_config_parse(conf, &cfg, err, sizeof err))
         fail_msg("settings '%s' refused: %s", conf, err);
     t.heap = cuh_heap_create(t.dev, &cfg, err, sizeof err);

@@ -359,6 +359,35 @@ static void test_limit_in_bytes_for_a_device(void **state)
     assert_int_equal(cuh_config_limit(&c, 80 * GiB), 3 * GiB);
 }
 
+/* Every way in runs on virtual memory unless told otherwise; ipc_safe:1
+ * (a plain segment for every block) brings plain segments with it, and said
+ * beside vmm:1, in either order, it is the heap's error to name. */
+static void test_vmm_is_every_ways_default_and_ipc_safe_brings_plain_segments(void **state)
+{
+    (void)state;
+    char err[256];
+    for (unsigned ways = 0; ways <= (CUH_WAY_PLUGIN | CUH_WAY_INTERPOSER); ways++) {
+        cuh_config_t c;
+        cuh_config_defaults_for(&c, ways);
+        assert_int_equal(c.vmm, 1);
+        assert_int_equal(cuh_config_parse("ipc_safe:1", &c, err, sizeof err), 0);
+        assert_int_equal(c.vmm, 0);
+        assert_int_equal(c.ipc_safe, 1);
+    }
+    const char *both[] = {"ipc_safe:1,vmm:1", "vmm:1,ipc_safe:1"};
+    for (int i = 0; i < 2; i++) {
+        cuh_config_t c;
+        cuh_config_defaults(&c);
+        assert_int_equal(cuh_config_parse(both[i], &c, err, sizeof err), 0);
+        assert_int_equal(c.vmm, 1);
+        assert_int_equal(c.ipc_safe, 1);
+    }
+    cuh_config_t c;
+    cuh_config_defaults(&c);
+    assert_int_equal(cuh_config_parse("ipc_safe:0", &c, err, sizeof err), 0);
+    assert_int_equal(c.vmm, 1);
+}
+
 static void test_format_writes_every_value(void **state)
 {
     (void)state;
@@ -367,7 +396,7 @@ static void test_format_writes_every_value(void **state)
     cuh_config_defaults(&c);
     cuh_config_format(&c, buf, sizeof buf);
     assert_string_equal(buf, "workspace:0,limit:none,small_max:65536,segment_min:2097152,grow_fraction:0.0625,"
-                             "vmm:0,vmm_margin:0.1,vmm_page:2097152,thread_cache:4194304,wait_before_grow:1,device_fences:1,reuse_across_streams:0,"
+                             "vmm:1,vmm_margin:0.1,vmm_page:2097152,thread_cache:4194304,wait_before_grow:1,device_fences:1,reuse_across_streams:0,"
                              "ipc_safe:0,ipc_callers:libnccl,"
                              "meminfo_cached:1,pinned:1,pinned_chunk:33554432");
 
@@ -562,6 +591,7 @@ int main(void)
         cmocka_unit_test(test_missing_colon_or_value_is_an_error),
         cmocka_unit_test(test_failed_parse_leaves_config_unchanged),
         cmocka_unit_test(test_limit_in_bytes_for_a_device),
+        cmocka_unit_test(test_vmm_is_every_ways_default_and_ipc_safe_brings_plain_segments),
         cmocka_unit_test(test_format_writes_every_value),
         cmocka_unit_test(test_print_table_lists_every_key),
         cmocka_unit_test(test_formatted_settings_parse_back_to_the_same_values),

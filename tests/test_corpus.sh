@@ -61,8 +61,12 @@ check "--way plugin replays with the plugin's vmm:1 (as --conf vmm:1 does)" \
 assert a[\"peak_reserved\"] == b[\"peak_reserved\"] and a[\"device_calls\"][\"page_maps\"] > 0, (a, b)"'
 run way_plugin_plain --json --way plugin --conf vmm:0 "$TMP/c/churn_plugin.trace.gz"
 run capi --json "$TMP/c/churn_plugin.trace.gz"
-check "--conf goes over the way's defaults, whatever the order (vmm:0 after --way plugin = the C API's)" \
-    'py "import json; a = json.load(open(\"$TMP/way_plugin_plain.out\")); b = json.load(open(\"$TMP/capi.out\")); \
+check "the C API's defaults are the plugin's: vmm:1" \
+    'py "import json; a = json.load(open(\"$TMP/way_plugin.out\")); b = json.load(open(\"$TMP/capi.out\")); \
+assert a[\"peak_reserved\"] == b[\"peak_reserved\"] and b[\"device_calls\"][\"page_maps\"] > 0, (a, b)"'
+run capi_plain --json --conf vmm:0 "$TMP/c/churn_plugin.trace.gz"
+check "--conf goes over the way's defaults, whatever the order (vmm:0 after --way plugin = the C API's with vmm:0)" \
+    'py "import json; a = json.load(open(\"$TMP/way_plugin_plain.out\")); b = json.load(open(\"$TMP/capi_plain.out\")); \
 assert a[\"peak_reserved\"] == b[\"peak_reserved\"] and a[\"device_calls\"][\"page_maps\"] == 0, (a, b)"'
 run conf_first --json --conf vmm:0 --way plugin "$TMP/c/churn_plugin.trace.gz"
 check "--conf before --way still wins" 'cmp -s "$TMP/conf_first.out" "$TMP/way_plugin_plain.out" || \

@@ -106,12 +106,12 @@ static void test_pytorch_gets_virtual_memory_unless_told_otherwise(void **state)
     assert_int_equal(pages_mapped(), 0);
     cuheap_torch_free(p, 4 * MiB, 0, STREAM);
 
-    /* Without PyTorch (the C API alone) the default stays vmm:0. */
+    /* Without PyTorch (the C API alone) the default is vmm:1 as well. */
     cuh_runtime_reset();
     unsetenv("CUHEAP_CONF");
     assert_int_equal(cuh_runtime_use_sim(GiB), 0);
     assert_int_equal(cuheap_malloc(&p, 4 * MiB, 0, (cuheap_stream_t)STREAM), CUHEAP_OK);
-    assert_int_equal(pages_mapped(), 0);
+    assert_true(pages_mapped() > 0);
     assert_int_equal(cuheap_free(p, 0, (cuheap_stream_t)STREAM), CUHEAP_OK);
 }
 

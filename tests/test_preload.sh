@@ -95,9 +95,12 @@ for runtime in shared static; do
     check "$r: only the parent writes its report at exit (got: $(ls "$TMP/reports-$p" | tr '\n' ' '))" \
         '[ -n "$parent" ] && [ "$(ls "$TMP/reports-$p")" = "r-$parent.json" ]'
 
-    preload $p-ipc $p ipc
-    expect_pass $p-ipc ipc "$r: IPC handle for a block that starts its segment, refused inside one"
+    preload $p-ipc $p ipc CUHEAP_CONF=vmm:0
+    expect_pass $p-ipc ipc "$r: vmm:0: IPC handle for a block that starts its segment, refused inside one"
     check "$r: the refused IPC handle names ipc_safe on stderr" 'grep -q "ipc_safe" "$TMP/$p-ipc.err"'
+    preload $p-ipc-vm $p ipc
+    check "$r: vmm:1, the default: a block in the reservation gets no IPC handle, and stderr names ipc_callers and ipc_safe" \
+        'grep -q "virtual memory.*ipc_callers.*ipc_safe:1" "$TMP/$p-ipc-vm.err" && ! grep -qx "ok ipc" "$TMP/$p-ipc-vm.out"'
     preload $p-late-stream $p new-stream-after-reuse
     expect_pass $p-late-stream new-stream-after-reuse \
         "$r: a stream created after a cudaFree'd block came back waits for the work that still used it"
@@ -143,9 +146,11 @@ PY'
     preload $p-ipc-callers-off $p ipc-callers NCCL_FAKE_LIB="$programs/libnccl_fake.so" CUHEAP_CONF=ipc_callers:none
     check "$r: with ipc_callers:none the library's block is refused, naming ipc_callers" \
         'grep -q "ipc_callers" "$TMP/$p-ipc-callers-off.err" && ! grep -qx "ok ipc-callers" "$TMP/$p-ipc-callers-off.out"'
-    preload $p-ipc-safe-off $p ipc-safe
-    check "$r: without ipc_safe:1 the same small blocks are refused" \
-        'grep -q "ipc_safe" "$TMP/$p-ipc-safe-off.err" && ! grep -qx "ok ipc-safe" "$TMP/$p-ipc-safe-off.out"'
+    for conf in vmm:0 vmm:1; do
+        preload $p-ipc-safe-off-$conf $p ipc-safe CUHEAP_CONF=$conf
+        check "$r: $conf without ipc_safe:1: the same small blocks are refused, naming ipc_safe" \
+            'grep -q "ipc_safe" "$TMP/$p-ipc-safe-off-$conf.err" && ! grep -qx "ok ipc-safe" "$TMP/$p-ipc-safe-off-$conf.out"'
+    done
 
     preload $p-pinned $p pinned
     expect_pass $p-pinned pinned \

@@ -159,7 +159,7 @@ fi
 # activations gone) that the logits would need; the JSON names their allocation
 # events, which must be allocations of the holders' sizes still live at the
 # out-of-memory, and the table says the same in words.
-run strand --json --capacity 26.4G "$gpt2"
+run strand --json --conf vmm:0 --capacity 26.4G "$gpt2"
 if [ "$rc" -eq 0 ] && msg=$(python3 - "$TMP/strand.out" "$gpt2" <<'PY' 2>&1
 import gzip, json, sys
 o = json.loads(open(sys.argv[1]).read())["oom"]
@@ -183,7 +183,7 @@ PY
 else
     not_ok "--capacity 26.4G on gpt2: stranded holders" "status $rc ${msg:-}"
 fi
-run strand_table --capacity 26.4G "$gpt2"
+run strand_table --conf vmm:0 --capacity 26.4G "$gpt2"
 check "the table names the stranded memory and the events that allocated its holders" \
     '[ "$rc" -eq 0 ] && grep -q "stranded: .* mostly empty segment.*(without them the request would have fit)" "$TMP/strand_table.out" &&
      grep -q "behind: .* allocated at event [0-9]* (line [0-9]*, id [0-9]*)" "$TMP/strand_table.out"'
@@ -193,7 +193,7 @@ check "the table names the stranded memory and the events that allocated its hol
 # vmm:1 added, and the answer given; an out-of-memory that vmm:1 cannot
 # change (the live bytes do not fit) is not retried; neither is one that
 # already ran with vmm:1.
-run vmm_json --json --capacity 26.4G "$gpt2"
+run vmm_json --json --conf vmm:0 --capacity 26.4G "$gpt2"
 check "--capacity 26.4G on gpt2: the JSON says the job runs with vmm:1, within the device" \
     '[ "$rc" -eq 0 ] && python3 -c "
 import json, sys
@@ -203,7 +203,7 @@ assert o[\"cause\"] == \"fragmentation\" and w[\"oom\"] is None and 0 < w[\"peak
 " "$TMP/vmm_json.out"'
 check "the table says so in words" \
     'grep -q "with vmm:1 in --conf (CUHEAP_CONF) the job runs on this device: peak reserved 26.40 GiB" "$TMP/strand_table.out"'
-run vmm_capacity --json --capacity 20G "$gpt2"
+run vmm_capacity --json --conf vmm:0 --capacity 20G "$gpt2"
 check "--capacity 20G on gpt2 (the live bytes do not fit): no vmm:1 retry" \
     '[ "$rc" -eq 0 ] && python3 -c "
 import json, sys
@@ -217,7 +217,7 @@ import json, sys
 o = json.loads(open(sys.argv[1]).read())[\"oom\"]
 assert o is not None and o[\"with_vmm\"] is None, o
 " "$TMP/vmm_too.out"'
-run vmm_limit --json --conf limit:25G --capacity 80G "$gpt2"
+run vmm_limit --json --conf vmm:0,limit:25G --capacity 80G "$gpt2"
 check "a limit out-of-memory on plain segments is retried with vmm:1 under the same limit" \
     '[ "$rc" -eq 0 ] && python3 -c "
 import json, sys
@@ -377,8 +377,9 @@ rejects_values --cudafree -1 x ""
 # can only rise, and by little.
 run vmm_now --json --conf vmm:1 "$gpt2"
 run vmm_lag --json --conf vmm:1 --lag 1000 "$gpt2"
-run plain_lag --json --lag 1000 "$gpt2"
-if [ "$rc" -eq 0 ] && msg=$(python3 - "$TMP/vmm_now.out" "$TMP/vmm_lag.out" "$TMP/ordered.out" "$TMP/plain_lag.out" <<'PY' 2>&1
+run plain_now --json --conf vmm:0 "$gpt2"
+run plain_lag --json --lag 1000 --conf vmm:0 "$gpt2"
+if [ "$rc" -eq 0 ] && msg=$(python3 - "$TMP/vmm_now.out" "$TMP/vmm_lag.out" "$TMP/plain_now.out" "$TMP/plain_lag.out" <<'PY' 2>&1
 import json, sys
 now, lag, plain, plain_lag = (json.loads(open(p).readline()) for p in sys.argv[1:5])
 assert now["device_calls"]["page_unmaps"] > 1000, "at once: %d pages moved" % now["device_calls"]["page_unmaps"]
@@ -404,7 +405,7 @@ plugin_jobs="bench/traces/plugin/gpt2_plugin.trace.gz bench/traces/plugin/bert_v
 bench/traces/plugin/resnet50_plugin.trace.gz"
 run plugin_vmm --json --conf vmm:1 $plugin_jobs
 run plugin_vmm_lag --json --lag 1000 --conf vmm:1 $plugin_jobs
-run plugin_plain --json --lag 300 $plugin_jobs
+run plugin_plain --json --lag 300 --conf vmm:0 $plugin_jobs
 if msg=$(python3 - "$TMP/plugin_vmm.out" "$TMP/plugin_vmm_lag.out" "$TMP/plugin_plain.out" <<'PY' 2>&1
 import json, sys
 vmm, lag, plain = ([json.loads(l) for l in open(p)] for p in sys.argv[1:4])
@@ -485,8 +486,8 @@ fi
 # GiB logits needed a new one: 26.03 GiB for 23.70 live (26.70 with
 # cudaFree's rules, 32 streams and the GPU 1000 events behind), where
 # PyTorch's own rules need 24.48.
-run huge_ordered --json "$nocache_gpt2"
-run huge_cudafree --json --cudafree 1000 --streams 32 "$nocache_gpt2"
+run huge_ordered --json --conf vmm:0 "$nocache_gpt2"
+run huge_cudafree --json --cudafree 1000 --streams 32 --conf vmm:0 "$nocache_gpt2"
 if msg=$(python3 - "$TMP/huge_ordered.out" "$TMP/huge_cudafree.out" <<'PY' 2>&1
 import json, sys
 ordered, cudafree = (json.loads(open(p).readline()) for p in sys.argv[1:3])
@@ -511,8 +512,8 @@ fi
 # deterministic kernels reserve 30.21 GiB instead of 28.08.
 strict_gpt2=bench/traces/strict/gpt2_strict.trace.gz
 strict_bert=bench/traces/strict/bert_varlen_strict.trace.gz
-run strict_gpt2 --json --cudafree 100 --streams 32 --capacity 140G "$strict_gpt2"
-run strict_bert --json --cudafree 100 --streams 32 --capacity 140G "$strict_bert"
+run strict_gpt2 --json --cudafree 100 --streams 32 --capacity 140G --conf vmm:0 "$strict_gpt2"
+run strict_bert --json --cudafree 100 --streams 32 --capacity 140G --conf vmm:0 "$strict_bert"
 if msg=$(python3 - "$TMP/strict_gpt2.out" "$TMP/strict_bert.out" <<'PY' 2>&1
 import json, sys
 gpt2, bert = (json.loads(open(p).readline()) for p in sys.argv[1:3])
@@ -535,7 +536,7 @@ fi
 # against 1.119x and 1.330x with the GPU keeping up. The heap now waits for
 # those frees (returning memory waits for the device anyway).
 for lag in 0 1000; do
-    run "idle_lag$lag" --json --lag "$lag" bench/traces/plugin/bert_varlen_plugin.trace.gz bench/traces/plugin/sidestream_plugin.trace.gz
+    run "idle_lag$lag" --json --lag "$lag" --conf vmm:0 bench/traces/plugin/bert_varlen_plugin.trace.gz bench/traces/plugin/sidestream_plugin.trace.gz
 done
 if msg=$(python3 - "$TMP/idle_lag0.out" "$TMP/idle_lag1000.out" <<'PY' 2>&1
 import json, sys
@@ -612,8 +613,8 @@ fi
 # most two stream waits per allocation, and memory within 15% of the
 # stream-ordered replay (the old policy, a take-back only before growing,
 # reserved 2.5x live on this kind of trace).
-run streams --json --cudafree 100 --streams 32 "$gpt2"
-run nostreams --json --cudafree 100 "$gpt2"
+run streams --json --cudafree 100 --streams 32 --conf vmm:0 "$gpt2"
+run nostreams --json --cudafree 100 --conf vmm:0 "$gpt2"
 if [ "$rc" -eq 0 ] && msg=$(python3 - "$TMP/nostreams.out" "$TMP/streams.out" <<'PY' 2>&1
 import json, sys
 a = json.loads(open(sys.argv[1]).readline())
@@ -632,7 +633,7 @@ PY
 else
     not_ok "--streams 32 on gpt2" "status $rc ${msg:-}"
 fi
-run streams_ps --json --cudafree 100 --streams 32 --conf device_fences:0 "$gpt2"
+run streams_ps --json --cudafree 100 --streams 32 --conf vmm:0,device_fences:0 "$gpt2"
 if [ "$rc" -eq 0 ] && msg=$(python3 - "$TMP/ordered.out" "$TMP/streams_ps.out" <<'PY' 2>&1
 import json, sys
 a = json.loads(open(sys.argv[1]).readline())
@@ -735,7 +736,7 @@ if [ "$at_ok" -eq 1 ]; then
 else
     not_ok "--report-at peak on resnet50" "status $rc ${msg:-} $(cat "$TMP/at_peak.err" 2>/dev/null)"
 fi
-run at_oom --json --capacity 26.4G --report "$TMP/at_oom.json" --report-at 30000 "$gpt2"
+run at_oom --json --conf vmm:0 --capacity 26.4G --report "$TMP/at_oom.json" --report-at 30000 "$gpt2"
 if [ "$rc" -eq 0 ] && msg=$(python3 - "$TMP/at_oom.out" "$TMP/at_oom.json" <<'PY' 2>&1
 import json, sys
 line = json.loads(open(sys.argv[1]).readline())

@@ -16,13 +16,13 @@ trap 'rm -rf "$tmp"' EXIT
 . "$(dirname "$0")/harness.sh"
 
 "$replay" --report "$tmp/ok.json" bench/traces/resnet50.trace.gz >/dev/null
-"$replay" --capacity 26.4G --report "$tmp/frag.json" bench/traces/gpt2.trace.gz >/dev/null
+"$replay" --conf vmm:0 --capacity 26.4G --report "$tmp/frag.json" bench/traces/gpt2.trace.gz >/dev/null
 "$replay" --capacity 100M --report "$tmp/cap.json" bench/traces/gpt2.trace.gz >/dev/null
 "$replay" --conf vmm:1 --capacity 26.4G --report "$tmp/vmm.json" bench/traces/gpt2.trace.gz >/dev/null
 "$replay" --external 10G --capacity 30G --report "$tmp/ext.json" bench/traces/gpt2.trace.gz >/dev/null
 "$replay" --conf limit:20G --report "$tmp/lim.json" bench/traces/gpt2.trace.gz >/dev/null
-"$replay" --capacity 26.4G --report "$tmp/frag.txt" bench/traces/gpt2.trace.gz >/dev/null
-"$replay" --capacity 26.4G --report "$tmp/frag.html" bench/traces/gpt2.trace.gz >/dev/null
+"$replay" --conf vmm:0 --capacity 26.4G --report "$tmp/frag.txt" bench/traces/gpt2.trace.gz >/dev/null
+"$replay" --conf vmm:0 --capacity 26.4G --report "$tmp/frag.html" bench/traces/gpt2.trace.gz >/dev/null
 "$replay" --report "$tmp/ok.html" bench/traces/resnet50.trace.gz >/dev/null
 
 # A validator for the subset of JSON Schema the schema uses.
@@ -287,7 +287,7 @@ import json
 print(all('mapped_runs' not in g for g in json.load(open('$tmp/vmm-old-third.json'))['devices'][0]['segments']))")
 check "a report written before mapped_runs renders again, twice, without them (rc $rc, absent: $absent)" \
     '[ $rc -eq 0 ] && [ "$absent" = True ]'
-"$replay" --json --capacity 26.4G --report "$tmp/waits.json" bench/traces/gpt2.trace.gz >"$tmp/waits.line"
+"$replay" --json --conf vmm:0 --capacity 26.4G --report "$tmp/waits.json" bench/traces/gpt2.trace.gz >"$tmp/waits.line"
 waits=$(python3 -c "
 import json
 line = json.loads(open('$tmp/waits.line').readline())['device_calls']

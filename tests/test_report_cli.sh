@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_report_cli.sh - tests of the cuheap-report program, end to end.
 #
-# cuheap-replay writes reports of gpt2 replayed with an out-of-memory (26.4G,
+# cuheap-replay writes reports of gpt2 replayed on plain segments (vmm:0) with an out-of-memory (26.4G,
 # cause fragmentation), without one (80G) and with vmm:1; cuheap-report reads
 # them back. Round trips: --json of a report reproduces the file byte for
 # byte (every field survived), and --text equals the text report of the same
@@ -56,7 +56,7 @@ fi
 
 # ---- the reports: each state written as JSON, then (same replay again: the
 # heap is deterministic) as text and HTML -------------------------------------
-declare -A OPTS=([oom]="--capacity 26.4G" [ok]="" [vmm]="--conf vmm:1 --capacity 26.4G")
+declare -A OPTS=([oom]="--conf vmm:0 --capacity 26.4G" [ok]="--conf vmm:0" [vmm]="--conf vmm:1 --capacity 26.4G")
 for name in oom ok vmm; do
     for ext in json txt html; do
         # shellcheck disable=SC2086

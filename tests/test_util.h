@@ -28,14 +28,17 @@ typedef struct test_heap_s {
     cuh_heap_t *heap;
 } test_heap_t;
 
-/* A heap with settings `conf` (NULL: the defaults) on a simulated device
- * made with `params`. */
+/* A heap with settings `conf` on a simulated device made with `params`.
+ * The heap's rules are tested on plain segments unless `conf` says vmm:1
+ * (test_heap_vmm.c, the fuzz targets): the default, vmm:1, is test_config's
+ * and test_api's, and the rules of plain segments still hold under vmm:0. */
 static inline test_heap_t test_heap_on(const cuh_sim_params_t *params, const char *conf)
 {
     test_heap_t t;
     char err[512] = "";
     cuh_config_t cfg;
     cuh_config_defaults(&cfg);
+    cfg.vmm = 0;
     if (conf && cuh_config_parse(conf, &cfg, err, sizeof err))
         fail_msg("bad test settings '%s': %s", conf, err);
     t.dev = cuh_sim_create(params);

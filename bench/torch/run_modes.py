@@ -5,7 +5,8 @@
 Each (job, mode) runs in its own process (bench/torch/train_job.py) with the
 environment that selects the mode; jobs run in the order given, modes
 interleaved, so the machine's drift touches all modes alike. Prints a table:
-step time as a ratio to native in the same run, peak reserved, peak reserved
+step time (the median step from the fourth on) and the total time of every
+step after the first, each as a ratio to native in the same run, peak reserved, peak reserved
 over peak live, the peak on the device (peak reserved plus what the process
 holds outside its allocator: under LD_PRELOAD cuheap also serves what
 libraries such as cuBLAS take with cudaMalloc themselves, which PyTorch's
@@ -142,6 +143,12 @@ def median(xs):
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
+def total_after_first(r):
+    """The time of every step after the first, in ms: the slow steps (new
+    shapes, page moves) are what a user waits for, and a median hides them."""
+    return sum(r.get("step_ms_each", [])[1:])
+
+
 def combine(results):
     """One result per (job, mode) from the rounds of --repeat (here and in
     run_ddp.py), or from a mode listed more than once: the first run (its
@@ -158,10 +165,12 @@ def combine(results):
             combined[key] = c = dict(r, step_ms_rounds=c["step_ms_rounds"])
         if "error" not in r and r.get("step_ms"):
             c["step_ms_rounds"].append(r["step_ms"])
+            c.setdefault("total_ms_rounds", []).append(total_after_first(r))
     for key in order:
         c = combined[key]
         if c["step_ms_rounds"] and "error" not in c:
             c["step_ms"] = median(c["step_ms_rounds"])
+            c["total_ms"] = median(c["total_ms_rounds"])
     return [combined[k] for k in order]
 
 
@@ -190,9 +199,10 @@ def losses_vs_native(r, n, again, key="losses", diff=max_loss_diff):
 
 def table(results):
     rounds = max((len(r.get("step_ms_rounds", [])) for r in results), default=1)
-    rows = ["| job | mode | step ms%s | vs native | peak reserved GiB | reserved / live | peak on the device GiB | "
-            "losses vs native | notes |" % (" (median of %d rounds; range)" % rounds if rounds > 1 else ""),
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| job | mode | step ms%s | vs native | total ms after step 1 | vs native | peak reserved GiB | "
+            "reserved / live | peak on the device GiB | losses vs native | notes |" % (
+                " (median of %d rounds; range)" % rounds if rounds > 1 else ""),
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     native = {r["job"]: r for r in results if r["mode"] == "native" and "error" not in r}
     again = {r["job"]: r for r in results if r["mode"] == "native-again" and "error" not in r}
     for r in results:
@@ -201,6 +211,9 @@ def table(results):
             continue
         n = native.get(r["job"])
         ratio = "%.3f" % (r["step_ms"] / n["step_ms"]) if n and r.get("step_ms") else "-"
+        total = r.get("total_ms", total_after_first(r) if r.get("step_ms_each") else None)
+        native_total = n.get("total_ms", total_after_first(n)) if n else None
+        total_ratio = "%.3f" % (total / native_total) if total and native_total else "-"
         same = "-" if not n or r is n or r.get("oom") else losses_vs_native(r, n, again.get(r["job"]))
         frag = "%.3f" % (r["peak_reserved"] / r["peak_live"]) if r["peak_reserved"] and r["peak_live"] else "-"
         notes = []
@@ -215,9 +228,12 @@ def table(results):
         step = "%.1f" % r["step_ms"] if r.get("step_ms") else "-"
         if len(r.get("step_ms_rounds", [])) > 1:
             step += " (%.1f-%.1f)" % (min(r["step_ms_rounds"]), max(r["step_ms_rounds"]))
-        rows.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            r["job"], r["mode"], step, ratio, gib(r["peak_reserved"]), frag, gib(r.get("device_peak")), same,
-            "; ".join(notes)))
+        total_text = "-" if not total else "%.0f" % total
+        if len(r.get("total_ms_rounds", [])) > 1:
+            total_text += " (%.0f-%.0f)" % (min(r["total_ms_rounds"]), max(r["total_ms_rounds"]))
+        rows.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            r["job"], r["mode"], step, ratio, total_text, total_ratio, gib(r["peak_reserved"]), frag,
+            gib(r.get("device_peak")), same, "; ".join(notes)))
     return "\n".join(rows)
 
 

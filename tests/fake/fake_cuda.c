@@ -1195,27 +1195,34 @@ API CUresult cuMemAddressFree(CUdeviceptr p, size_t size)
 API CUresult cuMemCreate(unsigned long long *handle, size_t size, const void *prop, unsigned long long f)
 {
     CALLED();
-    (void)prop, (void)f;
-    if (size % PAGE)
+    (void)f;
+    if (size % PAGE || !prop)
         return INVALID_VALUE;
-    if (!take(0, size))
+    /* CUmemAllocationProp: {type, requestedHandleTypes, location {type, id}, ...};
+     * the memory counts against the device the location names. */
+    int device = ((const int *)prop)[3];
+    if (device < 0 || device >= num_devices)
+        return INVALID_DEVICE;
+    if (!take(device, size))
         return OUT_OF_MEMORY;
     int fd = memfd_create("fake-cuda-page", MFD_CLOEXEC);
     if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
-        give(0, size);
+        give(device, size);
         return OUT_OF_MEMORY;
     }
-    *handle = (unsigned long long)fd + 1;
+    /* The low half is the file (plus one, so no handle is 0), the high half
+     * the device its bytes count against. */
+    *handle = (unsigned long long)device << 32 | ((unsigned long long)fd + 1);
     __atomic_fetch_add(&creates, 1, __ATOMIC_RELAXED);
     return OK;
 }
 API CUresult cuMemRelease(unsigned long long handle)
 {
     CALLED();
-    int fd = (int)handle - 1;
+    int fd = (int)(handle & 0xffffffffu) - 1;
     off_t size = lseek(fd, 0, SEEK_END);
     close(fd);
-    give(0, (size_t)size);
+    give((int)(handle >> 32), (size_t)size);
     __atomic_fetch_add(&releases, 1, __ATOMIC_RELAXED);
     return OK;
 }
@@ -1223,7 +1230,8 @@ API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, unsigned long l
 {
     CALLED();
     (void)f;
-    void *m = mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_SHARED | MAP_FIXED, (int)handle - 1, (off_t)offset);
+    void *m = mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_SHARED | MAP_FIXED, (int)(handle & 0xffffffffu) - 1,
+                   (off_t)offset);
     if (m == MAP_FAILED)
         return INVALID_VALUE;
     __atomic_fetch_add(&maps, 1, __ATOMIC_RELAXED);
