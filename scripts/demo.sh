@@ -4,8 +4,9 @@
 # and prints cuheap's peak memory beside what PyTorch's caching allocator
 # reserves on the same jobs (native and expandable_segments, modelled), then
 # the smallest GPU each job fits in under each; then asks whether GPT-2 fits
-# on a 26 GiB device, and why not (free memory in pieces too small for its
-# 3 GiB logits), and shows it fitting with vmm:1.
+# on a 26 GiB device with plain segments (vmm:0), and why not (free memory in
+# pieces too small for its 3 GiB logits), and shows it fitting with the
+# default, vmm:1.
 set -euo pipefail
 build=${1:-build}
 cd "$(dirname "$0")/.."
@@ -20,12 +21,13 @@ echo
 echo "min cap: the smallest device (to 2 MiB) on which cuheap runs the job without running out of"
 echo "memory; native min and expand min: the same for PyTorch's two modes."
 echo
-echo "Would GPT-2 (25.17 GiB live) run on a 26 GiB device? The replay answers, and says why not:"
+echo "Would GPT-2 (25.17 GiB live) run on a 26 GiB device on plain segments (vmm:0)? The replay"
+echo "answers, and says why not:"
 echo
-"$build/cuheap-replay" --capacity 26G bench/traces/gpt2.trace.gz
+"$build/cuheap-replay" --capacity 26G --conf vmm:0 bench/traces/gpt2.trace.gz
 echo
 echo "Free memory in pieces too small for the request, some of it in a segment that a few small"
-echo "blocks hold, is what CUDA virtual memory gives back, as the replay checked: with vmm:1"
-echo "(cuheap's default as PyTorch's allocator) the job runs on that device. In full:"
+echo "blocks hold, is what CUDA virtual memory gives back, as the replay checked: with vmm:1,"
+echo "cuheap's default, the job runs on that device:"
 echo
-"$build/cuheap-replay" --capacity 26G --conf vmm:1 bench/traces/gpt2.trace.gz
+"$build/cuheap-replay" --capacity 26G bench/traces/gpt2.trace.gz

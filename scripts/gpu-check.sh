@@ -132,9 +132,10 @@ if part api; then
     run_logged "$BUILD/gpu_check.log" timeout "$MAIN_TIMEOUT" "$BUILD"/gpu_check --ops "$GPU_CHECK_OPS"
     row "gpu_check --ops $GPU_CHECK_OPS" "$RUN_RC" "$RUN_SECS" "$(verdict "$BUILD/gpu_check.log" "$RUN_RC")"
 
-    section "gpu_check with CUHEAP_CONF=vmm:1 (virtual memory)"
-    run_logged "$BUILD/gpu_check.vmm.log" env CUHEAP_CONF=vmm:1 timeout "$MAIN_TIMEOUT" "$BUILD"/gpu_check --ops "$GPU_CHECK_OPS"
-    row "gpu_check --ops $GPU_CHECK_OPS, vmm:1" "$RUN_RC" "$RUN_SECS" "$(verdict "$BUILD/gpu_check.vmm.log" "$RUN_RC")"
+    # The default is vmm:1 (virtual memory); plain segments (vmm:0) too.
+    section "gpu_check with CUHEAP_CONF=vmm:0 (plain segments)"
+    run_logged "$BUILD/gpu_check.plain.log" env CUHEAP_CONF=vmm:0 timeout "$MAIN_TIMEOUT" "$BUILD"/gpu_check --ops "$GPU_CHECK_OPS"
+    row "gpu_check --ops $GPU_CHECK_OPS, vmm:0" "$RUN_RC" "$RUN_SECS" "$(verdict "$BUILD/gpu_check.plain.log" "$RUN_RC")"
 
     if [[ -n "$SANITIZER" ]]; then
         section "gpu_check under compute-sanitizer memcheck ($SANITIZER_OPS stress ops)"
@@ -142,24 +143,25 @@ if part api; then
         run_logged "$log" timeout "$SAN_TIMEOUT" "$SANITIZER" --tool memcheck \
             --error-exitcode 99 "$BUILD"/gpu_check --ops "$SANITIZER_OPS"
         row "memcheck gpu_check --ops $SANITIZER_OPS" "$RUN_RC" "$RUN_SECS" "$(verdict "$log" "$RUN_RC"); $(san_summary "$log")"
-        # vmm:1 too: a page unmapped while queued work still reads it is an
-        # invalid access memcheck names (check g moves pages under such work).
-        log="$BUILD/gpu_check.vmm.memcheck.log"
-        run_logged "$log" env CUHEAP_CONF=vmm:1 timeout "$SAN_TIMEOUT" "$SANITIZER" --tool memcheck \
+        # Under the default, vmm:1, a page unmapped while queued work still
+        # reads it is an invalid access memcheck names (check g moves pages
+        # under such work); plain segments (vmm:0) too.
+        log="$BUILD/gpu_check.plain.memcheck.log"
+        run_logged "$log" env CUHEAP_CONF=vmm:0 timeout "$SAN_TIMEOUT" "$SANITIZER" --tool memcheck \
             --error-exitcode 99 "$BUILD"/gpu_check --ops "$SANITIZER_OPS"
-        row "memcheck gpu_check --ops $SANITIZER_OPS, vmm:1" "$RUN_RC" "$RUN_SECS" "$(verdict "$log" "$RUN_RC"); $(san_summary "$log")"
+        row "memcheck gpu_check --ops $SANITIZER_OPS, vmm:0" "$RUN_RC" "$RUN_SECS" "$(verdict "$log" "$RUN_RC"); $(san_summary "$log")"
     else
         row "memcheck" - - "skipped: compute-sanitizer not installed"
     fi
 fi
 
-# A preload_stress run named RUNTIME[+vmm][+noreuse]: sets rt (the build),
+# A preload_stress run named RUNTIME[+plain][+noreuse]: sets rt (the build),
 # conf (an env assignment or nothing) and tag (what the tables add to the
 # name).
 preload_run() {
     rt=${1%%+*}
     local keys=()
-    [[ $1 == *+vmm* ]] && keys+=(vmm:1)
+    [[ $1 == *+plain* ]] && keys+=(vmm:0)
     [[ $1 == *+noreuse* ]] && keys+=(reuse_across_streams:0)
     [[ $1 == *+ipc* ]] && keys+=(ipc_safe:1)
     conf="" tag=""
@@ -181,17 +183,18 @@ preload_ipc() {
 }
 
 if part preload; then
-    # static+vmm: the static build again with CUHEAP_CONF=vmm:1, where every
-    # cudaFree'd block comes back through a take-back whose pages may move
-    # only once the GPU has passed the free (the slow-kernel test reads a
-    # freed buffer while the host allocates again).
+    # Under the default, vmm:1, every cudaFree'd block comes back through a
+    # take-back whose pages move at once behind the GPU's wait while their old
+    # mapping stays until the GPU has passed the free (the slow-kernel test
+    # reads a freed buffer while the host allocates again). static+plain: the
+    # static build again with CUHEAP_CONF=vmm:0, plain segments.
     # Under LD_PRELOAD memory other streams freed in order serves a request
     # once its stream (or, for cudaMalloc, every stream) waits for that work
     # on the GPU (reuse_across_streams:1, the default there); the slow-kernel
     # test must still find its data intact. static+noreuse: with
     # reuse_across_streams:0 such memory waits for an event instead, and the
     # heap grows while the GPU runs behind.
-    for run in static shared static+vmm static+noreuse static+vmm+noreuse; do
+    for run in static shared static+plain static+noreuse static+plain+noreuse; do
         preload_run "$run"
         section "preload_stress ($rt runtime$tag) under LD_PRELOAD=$PRELOAD"
         log="$BUILD/preload_stress.$run.log"
@@ -247,7 +250,7 @@ if part preload; then
     # no refusal (the child runs outside memcheck, which follows only the
     # program it started).
     if [[ -n "$SANITIZER" && "${PRELOAD_MEMCHECK:-1}" == 1 ]]; then
-        for run in static shared static+vmm static+noreuse static+vmm+noreuse static+ipc; do
+        for run in static shared static+plain static+noreuse static+plain+noreuse static+ipc; do
             preload_run "$run"
             section "preload_stress ($rt runtime$tag) under LD_PRELOAD and compute-sanitizer memcheck"
             log="$BUILD/preload_stress.$run.memcheck.log"

@@ -227,12 +227,17 @@ void cuh_hp_record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
                      "(record it with trace:PATH, and cuheap-replay --min-capacity says how much it needs)",
                      h->vm_page > CUH_SEGMENT_GRAIN ? "a smaller vmm_page in CUHEAP_CONF (2M) strands less of it, or "
                                                     : "");
+        else if (h->cfg.vmm)   /* asked for, but the device could not give it (said at start) */
+            snprintf(o->action, sizeof o->action,
+                     "free memory is split into pieces smaller than the request, on plain segments because "
+                     "this device gave no CUDA virtual memory: give the job more memory (record it with "
+                     "trace:PATH, and cuheap-replay --min-capacity says how much it needs)");
         else
             snprintf(o->action, sizeof o->action,
-                     "free memory is split into pieces smaller than the request: try vmm:1 in CUHEAP_CONF (free "
-                     "pages then move to where a request needs them; under LD_PRELOAD a page cudaFree gave back "
-                     "moves only once the GPU has passed the free, so the CPU may wait), or give the job more "
-                     "memory (record it with trace:PATH, and cuheap-replay --min-capacity says how much it needs)");
+                     "free memory is split into pieces smaller than the request: drop vmm:0 (or ipc_safe:1) from "
+                     "CUHEAP_CONF (vmm:1, the default, moves free pages to where a request needs them), or give "
+                     "the job more memory (record it with trace:PATH, and cuheap-replay --min-capacity says how "
+                     "much it needs)");
     }
     h->has_oom = 1;
     h->num_ooms++;

@@ -78,8 +78,36 @@ static void test_oom_cause_fragmentation_with_its_proof(void **state)
      * memory; not a workspace, where best fit fragments too. */
     assert_non_null(strstr(o.action, "vmm:1"));
     assert_non_null(strstr(o.action, "cuheap-replay --min-capacity"));
+    assert_non_null(strstr(o.action, "drop vmm:0"));   /* plain segments were asked for */
     assert_null(strstr(o.action, "workspace"));
     assert_true(strlen(o.action) + 1 < sizeof o.action);   /* not cut short */
+}
+
+/* vmm:1 asked for, but the device gave no virtual memory (here its address
+ * space reservation fails; the whole device is the workspace): the heap runs
+ * on plain segments, and the advice for their fragmentation says so instead
+ * of naming a setting already set. */
+static void test_fragmentation_without_the_virtual_memory_asked_for_says_so(void **state)
+{
+    (void)state;
+    fault_heap_t t = fault_heap_new(64 * MiB, "vmm:1,workspace:64M,small_max:0");
+    cuh_fault_nth(t.dev, CUH_FAULT_VM_RESERVE, 1, CUH_DEV_ERROR);
+    uintptr_t a[32];
+    for (int i = 0; i < 32; i++)
+        a[i] = must_alloc(t.heap, 2 * MiB, 0);
+    assert_int_equal(cuh_fault_injected(t.dev, CUH_FAULT_VM_RESERVE), 1);
+    for (int i = 0; i < 32; i += 2)
+        must_free(t.heap, a[i], 0);
+    uintptr_t x;
+    assert_int_equal(cuh_heap_malloc(t.heap, 4 * MiB, 0, &x), CUHEAP_ERR_OUT_OF_MEMORY);
+    cuh_oom_info_t o;
+    assert_true(cuh_heap_last_oom(t.heap, &o));
+    assert_int_equal(o.cause, CUH_OOM_FRAGMENTATION);
+    assert_non_null(strstr(o.action, "gave no CUDA virtual memory"));
+    assert_null(strstr(o.action, "vmm:0"));
+    for (int i = 1; i < 32; i += 2)
+        must_free(t.heap, a[i], 0);
+    fault_heap_free(&t);
 }
 
 /* A block freed from a segment it nearly filled leaves the segment to the
@@ -264,6 +292,7 @@ int main(void)
         cmocka_unit_test(test_oom_cause_external),
         cmocka_unit_test(test_oom_cause_device_refused),
         cmocka_unit_test(test_oom_cause_fragmentation_with_its_proof),
+        cmocka_unit_test(test_fragmentation_without_the_virtual_memory_asked_for_says_so),
         cmocka_unit_test(test_oom_names_memory_stranded_in_mostly_empty_segments),
         cmocka_unit_test(test_oom_cause_fragmentation_under_large_pages_names_vmm_page),
         cmocka_unit_test(test_oom_cause_stream_pending_with_its_proof),

@@ -202,7 +202,7 @@ w = o[\"with_vmm\"]
 assert o[\"cause\"] == \"fragmentation\" and w[\"oom\"] is None and 0 < w[\"peak_reserved\"] <= 26.4 * (1 << 30), o
 " "$TMP/vmm_json.out"'
 check "the table says so in words" \
-    'grep -q "with vmm:1 in --conf (CUHEAP_CONF) the job runs on this device: peak reserved 26.40 GiB" "$TMP/strand_table.out"'
+    'grep -q "with vmm:1 (the default: drop vmm:0 from --conf or CUHEAP_CONF) the job runs on this device: peak reserved 26.40 GiB" "$TMP/strand_table.out"'
 run vmm_capacity --json --conf vmm:0 --capacity 20G "$gpt2"
 check "--capacity 20G on gpt2 (the live bytes do not fit): no vmm:1 retry" \
     '[ "$rc" -eq 0 ] && python3 -c "

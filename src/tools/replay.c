@@ -883,10 +883,10 @@ static void print_row(const result_t *r, int name_width)
             char peak[32];
             cuh_format_bytes(peak, sizeof peak, v->stats.reserved.peak);
             if (!v->oom)
-                printf("%-*s   with vmm:1 in --conf (CUHEAP_CONF) the job runs on this device: peak reserved %s\n",
+                printf("%-*s   with vmm:1 (the default: drop vmm:0 from --conf or CUHEAP_CONF) the job runs on this device: peak reserved %s\n",
                        name_width, "", peak);
             else
-                printf("%-*s   with vmm:1 in --conf (CUHEAP_CONF) it runs out of memory too: %s at event %zu\n",
+                printf("%-*s   with vmm:1 (the default: drop vmm:0 from --conf or CUHEAP_CONF) it runs out of memory too: %s at event %zu\n",
                        name_width, "", v->have_oom_info ? cuh_oom_cause_name(v->oom_info.cause) : "out of memory",
                        v->oom_event);
         }
