@@ -519,8 +519,8 @@ static int v1_comment(loader_t *L, size_t line, const char *s, size_t n)
         end--;
     if (end - s >= 4 && memcmp(s, "end ", 4) == 0)
         L->saw_end = 1;   /* the closing line of trace:PATH */
-    if (end - s >= 5 && memcmp(s, "mark ", 5) == 0)
-        L->t->num_marks++;
+    if (end - s >= 5 && memcmp(s, "mark ", 5) == 0 && ++L->t->num_marks == 2)
+        L->t->second_mark_event = L->t->num_events;
     if (end - s >= 8 && memcmp(s, "pytorch ", 8) == 0 && v1_measured(L, line, s + 8, end) != 0)
         return -1;
     if (end - s >= 7 && memcmp(s, "corpus ", 7) == 0 && v1_corpus(L, line, s + 7, end) != 0)

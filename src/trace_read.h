@@ -84,6 +84,7 @@ typedef struct cuh_trace_s {
     char way[16];               /* "plugin" or "preload" */
     int pytorch_cache;          /* "pytorch_cache=on|off" there: 1, 0; -1 when not said */
     size_t num_marks;           /* "# mark T LABEL" lines (cuheap_trace_mark): the steps' starts */
+    size_t second_mark_event;   /* events before the second mark (where step 2 starts); 0 with fewer marks */
 } cuh_trace_t;
 
 /* Reads the trace at `path` (format detected from the first non-empty line,

@@ -89,6 +89,15 @@ check "a corpus trace's header reaches the JSON: job, PyTorch's measured modes, 
 assert a[\"job\"] == \"churn\" and a[\"marks\"] == 40 and a[\"pytorch_cache\"] is None, a; \
 m = a[\"measured\"]; assert m[\"native\"][\"peak_reserved\"] == 3000000000 and m[\"async\"][\"total_ms\"] == 12, m; \
 assert abs(m[\"expandable\"][\"ratio\"] - 2600000000 / a[\"peak_live\"]) < 1e-3, m"'
+run moves_all --json --way plugin --conf vmm_margin:0 "$TMP/c/churn_plugin.trace.gz" "$TMP/c/steady_plugin.trace.gz"
+check "after_step1: the page maps and unmaps from step 2's mark on, within the run's, and null without marks" \
+    'py "
+import json
+a, b = (json.loads(l) for l in open(\"$TMP/moves_all.out\"))
+s, d = a[\"after_step1\"], a[\"device_calls\"]
+assert s[\"steps\"] == 39 and 0 < s[\"page_unmaps\"] <= d[\"page_unmaps\"] and 0 < s[\"page_maps\"] < d[\"page_maps\"], a
+assert b[\"marks\"] == 0 and b[\"after_step1\"] is None, b
+"'
 run plain_text "$TMP/c/churn_plugin.trace.gz"
 check "the text output says what PyTorch measured when the trace was recorded" \
     'grep -q "PyTorch measured when the trace was recorded.*native [0-9.]*, expandable [0-9.]*, async [0-9.]*" "$TMP/plain_text.out"'
@@ -117,6 +126,21 @@ s = [o[\"summary\"] for o in rows if \"summary\" in o]
 assert len(s) == 4 and s[0][\"set\"] == \"tuning\" and s[0][\"worst_job\"] == \"churn\", s
 assert s[2][\"below_best\"] == 1 and s[2][\"with_measured\"] == 1, s   # 1e9 bytes live, 1 GiB measured
 "'
+run moves --dir "$TMP/c" --replay "$BUILD/cuheap-replay" --json --conf vmm_margin:0
+check "--json: pages moved a step after the first, per job (null without marks) and per set" \
+    '[ $rc = 0 ] && py "
+import json
+rows = [json.loads(l) for l in open(\"$TMP/moves.out\")]
+r = {(o[\"job\"], o[\"way\"]): o for o in rows if \"job\" in o}
+a = json.loads(open(\"$TMP/moves_all.out\").readline())[\"after_step1\"]
+assert abs(r[(\"churn\", \"plugin\")][\"moves_per_step\"] - a[\"page_unmaps\"] / a[\"steps\"]) < 0.051, (r, a)
+assert r[(\"steady\", \"plugin\")][\"moves_per_step\"] is None
+s = [o[\"summary\"] for o in rows if \"summary\" in o]
+assert s[0][\"median_moves\"] == r[(\"churn\", \"plugin\")][\"moves_per_step\"] and s[0][\"most_moves_job\"] == \"churn\", s
+assert s[2][\"median_moves\"] is None, s
+"'
+check "the table has a moves column and the summary names the job that moves the most" \
+    'grep -q " moves\$" "$TMP/table.out" && grep -q "^tuning   plugin   1 jobs: .*pages moved a step after the first: median [0-9]*, most [0-9]* (churn)" "$TMP/table.out"'
 run tuning --dir "$TMP/c" --replay "$BUILD/cuheap-replay" --tuning
 check "--tuning leaves the held-out set out" '[ $rc = 0 ] && ! grep -q "^steady\|^held-out" "$TMP/tuning.out"'
 

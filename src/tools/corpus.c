@@ -66,6 +66,7 @@ typedef struct row_s {
     int64_t libs;                 /* preload: peak live beyond ref_live, the libraries' own cudaMalloc's */
     double ratio, min_ratio;      /* cuheap's peak reserved and min capacity over peak live */
     double base_ratio;            /* --baseline: the same job's ratio then; NAN if absent */
+    double moves;                 /* pages moved a step after the first (unmaps / steps); NAN: no steps marked */
 } row_t;
 
 typedef struct options_s {
@@ -286,6 +287,11 @@ static int replay_row(const options_t *o, row_t *row)
     row->min_found = row->min_capacity != 0;
     const cuh_json_t *cache = cuh_json_get(r, "pytorch_cache");
     row->pytorch_cache = cache && cache->type == CUH_JSON_BOOL && cache->v.boolean;
+    /* A move unmaps a free page and maps it again; after the first step,
+     * which lays memory out, moves are what every step pays. */
+    const cuh_json_t *after = cuh_json_get(r, "after_step1");
+    uint64_t steps = get_u64(after, "steps");
+    row->moves = steps ? (double)get_u64(after, "page_unmaps") / (double)steps : NAN;
     const cuh_json_t *measured = cuh_json_get(r, "measured");
     for (int m = 0; m < NUM_MODES; m++)
         row->measured[m] = get_u64(cuh_json_get(measured, MODES[m]), "peak_reserved");
@@ -343,6 +349,8 @@ typedef struct summary_s {
     size_t jobs;
     double median, worst, median_min, worst_min;
     const char *worst_job;
+    double median_moves, most_moves; /* pages moved a step after the first; NAN: none marked */
+    const char *most_moves_job;
     size_t below_best;            /* jobs where cuheap reserves less than PyTorch's least */
     size_t with_measured;         /* jobs with PyTorch's peaks recorded */
 } summary_t;
@@ -351,8 +359,10 @@ static summary_t summarize(const row_t *rows, size_t n, int held_out, int way)
 {
     summary_t s = {0};
     double *ratios = calloc(n + 1, sizeof *ratios), *mins = calloc(n + 1, sizeof *mins);
-    size_t nm = 0;
-    if (!ratios || !mins) {
+    double *moves = calloc(n + 1, sizeof *moves);
+    size_t nm = 0, nv = 0;
+    s.most_moves = NAN;
+    if (!ratios || !mins || !moves) {
         fprintf(stderr, PROG ": out of memory\n");
         exit(1);
     }
@@ -364,6 +374,13 @@ static summary_t summarize(const row_t *rows, size_t n, int held_out, int way)
         if (r->ratio > s.worst) {
             s.worst = r->ratio;
             s.worst_job = r->job;
+        }
+        if (!isnan(r->moves)) {
+            moves[nv++] = r->moves;
+            if (isnan(s.most_moves) || r->moves > s.most_moves) {
+                s.most_moves = r->moves;
+                s.most_moves_job = r->job;
+            }
         }
         if (r->min_found) {
             mins[nm++] = r->min_ratio;
@@ -379,8 +396,10 @@ static summary_t summarize(const row_t *rows, size_t n, int held_out, int way)
     }
     s.median = s.jobs ? median_of(ratios, s.jobs) : NAN;
     s.median_min = nm ? median_of(mins, nm) : NAN;
+    s.median_moves = nv ? median_of(moves, nv) : NAN;
     free(ratios);
     free(mins);
+    free(moves);
     return s;
 }
 
@@ -412,6 +431,10 @@ static void print_row(const row_t *r)
         printf(" %6.0f", (double)r->libs / (1 << 20));
     else
         printf(" %6s", "");
+    if (!isnan(r->moves))
+        printf(" %8.0f", r->moves);
+    else
+        printf(" %8s", "-");
     if (!isnan(r->base_ratio))
         printf("  %+6.2f%%", 100.0 * (r->ratio / r->base_ratio - 1));
     printf("%s\n", r->oom ? "  OUT OF MEMORY" : "");
@@ -422,9 +445,13 @@ static void print_summary(const summary_t *s, int held_out, int way)
     if (!s->jobs)
         return;
     printf("%-8s %-7s %2zu jobs: ratio median %.4f, worst %.4f (%s); smallest device median %.4f, worst %.4f; "
-           "below PyTorch's best mode on %zu of %zu\n",
+           "below PyTorch's best mode on %zu of %zu",
            SETS[held_out], WAYS[way], s->jobs, s->median, s->worst, s->worst_job, s->median_min, s->worst_min,
            s->below_best, s->with_measured);
+    if (!isnan(s->median_moves))
+        printf("; pages moved a step after the first: median %.0f, most %.0f (%s)", s->median_moves, s->most_moves,
+               s->most_moves_job);
+    printf("\n");
 }
 
 static void json_row(const row_t *r)
@@ -440,6 +467,10 @@ static void json_row(const row_t *r)
             printf(",\"min_capacity\":%" PRIu64 ",\"min_ratio\":%.6f", r->min_capacity, r->min_ratio);
         else
             printf(",\"min_capacity\":null,\"min_ratio\":null");
+        if (!isnan(r->moves))
+            printf(",\"moves_per_step\":%.1f", r->moves);
+        else
+            printf(",\"moves_per_step\":null");
         printf(",\"pytorch\":{");
         for (int m = 0; m < NUM_MODES; m++) {
             if (r->measured[m])
@@ -457,9 +488,14 @@ static void json_summary(const summary_t *s, int held_out, int way)
     if (!s->jobs)
         return;
     printf("{\"summary\":{\"set\":\"%s\",\"way\":\"%s\",\"jobs\":%zu,\"median\":%.6f,\"worst\":%.6f,"
-           "\"worst_job\":\"%s\",\"median_min\":%.6f,\"worst_min\":%.6f,\"below_best\":%zu,\"with_measured\":%zu}}\n",
+           "\"worst_job\":\"%s\",\"median_min\":%.6f,\"worst_min\":%.6f,\"below_best\":%zu,\"with_measured\":%zu",
            SETS[held_out], WAYS[way], s->jobs, s->median, s->worst, s->worst_job, s->median_min, s->worst_min,
            s->below_best, s->with_measured);
+    if (!isnan(s->median_moves))
+        printf(",\"median_moves\":%.1f,\"most_moves\":%.1f,\"most_moves_job\":\"%s\"}}\n", s->median_moves,
+               s->most_moves, s->most_moves_job);
+    else
+        printf(",\"median_moves\":null,\"most_moves\":null,\"most_moves_job\":null}}\n");
 }
 
 /* ---- the rule -------------------------------------------------------------------- */
@@ -597,9 +633,11 @@ int main(int argc, char **argv)
                "  (the plugin trace's); best: the least of the three, and cuheap's bytes against it\n"
                "libs: MiB the libraries took with cudaMalloc themselves under LD_PRELOAD (the preload trace's\n"
                "  live peak beyond the plugin trace's), which PyTorch's figures do not hold: vs best leaves them out\n"
+               "moves: pages moved (unmapped from free memory, mapped again) a step after the first step, in\n"
+               "  the replay: each costs about 55 us on an H200, so they are what a policy costs in time\n"
                "%s\n", o.baseline ? "last column: cuheap's ratio against the baseline's\n" : "");
-        printf("%-20s %-8s %-7s %8s %7s %7s %7s %7s %7s  %-10s %7s %6s\n", "job", "set", "way", "live GiB", "ratio",
-               "min cap", "native", "expand", "async", "best", "vs best", "libs");
+        printf("%-20s %-8s %-7s %8s %7s %7s %7s %7s %7s  %-10s %7s %6s %8s\n", "job", "set", "way", "live GiB",
+               "ratio", "min cap", "native", "expand", "async", "best", "vs best", "libs", "moves");
         for (size_t i = 0; i < n; i++)
             print_row(&rows[i]);
         printf("\n");

@@ -73,6 +73,8 @@ typedef struct run_s {
     size_t peak_event;        /* with track_peak: the event after which reserved memory first reached its peak */
     size_t report_event;      /* with a report: the event after which it was taken */
     cuh_sim_counters_t device; /* the simulated device's calls */
+    int have_step2;           /* the trace marks step 2's start and the replay got there */
+    cuh_sim_counters_t at_step2; /* the device's calls before step 2's first event */
 } run_t;
 
 static void usage(FILE *f)
@@ -440,6 +442,10 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
     if (lag > 0)
         busy_streams_work(dev);
     for (i = 0; i < n; i++) {
+        if (cuh_unlikely(t->num_marks >= 2 && i == t->second_mark_event)) {
+            cuh_sim_counters(dev, &run->at_step2);
+            run->have_step2 = 1;
+        }
         if (g_cudafree_lag >= 0) {
             /* cudaMalloc and cudaFree: any stream may use the block. */
             if (ev[i].kind == CUH_TRACE_ALLOC)
@@ -655,6 +661,17 @@ static void print_json(const result_t *r)
             run->device.events_recorded, run->device.event_queries, run->device.stream_waits,
             run->device.events_recorded_all, run->device.waits_all,
             run->device.event_waits, run->device.synchronizes, run->device.vm_maps, run->device.vm_unmaps);
+    /* Page maps after the first step: the first step lays memory out; what
+     * moves after it, each step, is what a job pays on every step. */
+    if (run->have_step2 && t->num_marks >= 2)
+        fprintf(f, ",\"after_step1\":{\"steps\":%zu,\"page_maps\":%" PRIu64 ",\"page_unmaps\":%" PRIu64
+                   ",\"cpu_waits\":%" PRIu64 "}",
+                t->num_marks - 1, run->device.vm_maps - run->at_step2.vm_maps,
+                run->device.vm_unmaps - run->at_step2.vm_unmaps,
+                run->device.event_waits + run->device.synchronizes - run->at_step2.event_waits -
+                    run->at_step2.synchronizes);
+    else
+        fputs(",\"after_step1\":null", f);
     if (t->pytorch_peak_reserved) {
         fprintf(f, ",\"pytorch_peak_reserved\":%" PRIu64, t->pytorch_peak_reserved);
         if (t->peak_live)
