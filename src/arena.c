@@ -248,27 +248,6 @@ cuh_extent_t *cuh_arena_find(cuh_arena_t *a, size_t size, size_t align, uint32_t
     return NULL;
 }
 
-cuh_extent_t *cuh_arena_find_others_first(cuh_arena_t *a, size_t size, size_t align, uint32_t tag,
-                                          int (*last)(const cuh_extent_t *e, size_t size))
-{
-    cuh_extent_t *best = cuh_arena_find(a, size, align, tag);
-    if (!best || !last(best, size))
-        return best;
-    /* Take each such fit out of its free index and search again; put them
-     * back as they were found (a bin's order only breaks ties). */
-    cuh_extent_t *aside[CUH_ARENA_SET_ASIDE];
-    unsigned n = 0;
-    cuh_extent_t *e = best;
-    while (e && last(e, size) && n < CUH_ARENA_SET_ASIDE) {
-        cuh_freebins_remove(bins_of(a, e), &e->node);
-        aside[n++] = e;
-        e = cuh_arena_find(a, size, align, tag);
-    }
-    while (n--)
-        bins_insert(a, aside[n]);
-    return e && !last(e, size) ? e : best;
-}
-
 static void link_after(cuh_extent_t *pos, cuh_extent_t *e)
 {
     e->prev = pos;

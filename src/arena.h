@@ -114,14 +114,6 @@ cuh_segment_t *cuh_arena_segment_of(const cuh_arena_t *arena, uintptr_t addr);
 /* Best fit for `size` bytes aligned to `align` that tag `tag` may use at once:
  * the workspace region first, then the general one. NULL if none. */
 cuh_extent_t *cuh_arena_find(cuh_arena_t *arena, size_t size, size_t align, uint32_t tag);
-/* As cuh_arena_find, but the extents `last` accepts (asked with the
- * request's size) come last: the best fit among the others, else the best
- * fit of all. At most CUH_ARENA_SET_ASIDE
- * such extents are set aside; beyond them the search gives up and returns
- * the best fit of all. */
-#define CUH_ARENA_SET_ASIDE 16
-cuh_extent_t *cuh_arena_find_others_first(cuh_arena_t *arena, size_t size, size_t align, uint32_t tag,
-                                          int (*last)(const cuh_extent_t *e, size_t size));
 /* Carves [aligned start, +size) out of free extent `ext` (from find); the
  * rest stays free with ext's tag and epoch. Returns the used extent, with
  * state and tag set, or NULL if out of host memory (nothing changed). */

@@ -65,7 +65,7 @@ cuh_extent_t *cuh_hp_extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
      * allocations per known stream, and always before growing. PyTorch
      * creates 32 streams for its pool, used or not. */
     cuh_extent_t *e;
-    int tried_vm_take_back = 0, tried_page_aligned = 0, tried_private = 0, tried_huge_cut = 0;
+    int tried_vm_take_back = 0, tried_page_aligned = 0, tried_private = 0;
     if (h->held_bytes && !cuh_hp_fences_per_stream_locked(h)) {
         cuh_hp_take_back_all_locked(h);
     } else if (h->held_bytes >= size) {
@@ -132,21 +132,6 @@ grown:
         goto host_oom;
     return e;
 hit:
-    if (cuh_unlikely(cuh_hp_cuts_huge_segment(e, size)) && !tried_huge_cut) {
-        tried_huge_cut = 1;   /* see "a huge size comes back" */
-        if (h->held_bytes >= size && cuh_hp_take_back_all_locked(h)) {
-            e = cuh_hp_find_fit_locked(h, size, align, st->tag);   /* e was whole and free: still there */
-            if (!cuh_hp_cuts_huge_segment(e, size))
-                goto hit;
-        }
-        if (!cuh_hp_size_live_in_huge_segments(h, size) && cuh_hp_take_released_huge_locked(h, size)) {
-            grow_result_t grew = cuh_hp_grow_locked(h, size, align);
-            if (grew == GROW_OK)
-                goto grown;
-            if (grew == GROW_ERROR)
-                cuh_log("%s; the block is cut from a free segment instead", cuh_get_error());
-        }
-    }
     if (cuh_unlikely(e->segment->virtual_space) && cuh_hp_at_growth_edge(h, e)) {
         cuh_extent_t *inside =
             cuh_hp_smallest_fit_by_bins_locked(h, size, align, st->tag, cuh_hp_mapped_fits_off_the_edge);

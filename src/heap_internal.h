@@ -6,7 +6,7 @@
  *   heap_streams.c     streams, events and fences; fences for memory outside the heap
  *   heap_small.c       small objects: size-class slabs and each stream's rings of freed objects
  *   heap_tcache.c      thread caches and the parked block: where frees wait outside the arena
- *   heap_place.c       placement: which free extent a block takes (huge rooms, mapped fits)
+ *   heap_place.c       placement: which free extent a block takes (best fit, whole segments, mapped fits)
  *   heap_segments.c    growth and release of plain segments
  *   heap_pages.c       virtual memory (vmm:1): pages mapped, lent, moved and released
  *   heap_devicewide.c  device-wide frees in batches, take-backs, reuse across streams
@@ -181,10 +181,6 @@ typedef struct live_block_s {
  * was sized to the one request it was made for. */
 #define GROW_CAP CUH_GiB
 
-/* How many sizes of such segments, released idle to make room for a larger
- * one, the heap remembers (see "a huge size comes back"). */
-#define RELEASED_HUGE_MAX 8
-
 struct cuh_heap_s {
     /* The lock has its cache lines to itself (two: a core may fetch lines
      * in pairs): waiters spin reading it, and every read takes the line
@@ -286,11 +282,6 @@ struct cuh_heap_s {
         uint8_t seen;            /* mappings recorded, up to 255 */
     } movers[MOVERS];
     unsigned movers_next;        /* the entry a new size takes */
-    /* Sizes of segments larger than GROW_CAP released idle before a growth
-     * (release_idle_segments_locked), 0 when taken; next: the entry the
-     * next one takes. */
-    size_t released_huge[RELEASED_HUGE_MAX];
-    unsigned released_huge_next;
     /* Pages a stream's own recent frees lent to its next block before the
      * GPU passed those frees (lend_own_pages_locked): each physical page is
      * mapped at its new place and still at its old one, whose address range
@@ -402,10 +393,7 @@ cuh_extent_t *cuh_hp_smallest_fit_by_bins_locked(cuh_heap_t *h, size_t size, siz
 cuh_extent_t *cuh_hp_smallest_mapped_fit_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag);
 cuh_extent_t *cuh_hp_fewest_new_pages_fit_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag,
                                                  uintptr_t *at);
-int cuh_hp_cuts_huge_segment(const cuh_extent_t *e, size_t size);
 cuh_extent_t *cuh_hp_find_fit_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag);
-int cuh_hp_size_live_in_huge_segments(const cuh_heap_t *h, size_t size);
-int cuh_hp_take_released_huge_locked(cuh_heap_t *h, size_t size);
 
 /* heap_segments.c: growth and release */
 void cuh_hp_fence_if_left_idle_locked(cuh_heap_t *h, stream_state_t *st, const cuh_segment_t *seg, size_t used);
@@ -519,20 +507,6 @@ static inline cuh_slab_t *cuh_hp_slab_of_locked(cuh_heap_t *h, uintptr_t addr)
 static inline int cuh_hp_returnable_segment(const cuh_segment_t *s)
 {
     return s->region == CUH_REGION_GENERAL && !s->virtual_space;
-}
-
-/* A returnable segment larger than GROW_CAP: sized to the one request it was
- * grown for (segment_size_for). */
-static inline int cuh_hp_huge_segment(const cuh_segment_t *s)
-{
-    return s->size > GROW_CAP && cuh_hp_returnable_segment(s);
-}
-
-/* 1 if `have` bytes are `size` to the 2 MiB grain segments come in: what
- * "a huge size comes back" counts as the same size. */
-static inline int cuh_hp_same_size_to_grain(size_t have, size_t size)
-{
-    return have >= size && have - size < CUH_SEGMENT_GRAIN;
 }
 
 static inline uintptr_t cuh_hp_page_va(const cuh_heap_t *h, size_t p)

@@ -1,8 +1,11 @@
 /* heap_place.c - placement, the allocation ladder's search: which free extent
  * a block or a slab takes. Best fit over global memory and the stream's own
- * (arena.c), then the heap's preferences: room in huge segments last, a whole
- * segment for a block that must start its own, and under vmm:1 a fit on
- * mapped pages before one that needs pages, the growth edge last.
+ * (arena.c), then the heap's preferences: a whole segment for a block that
+ * must start its own, and under vmm:1 a fit on mapped pages before one that
+ * needs pages, the growth edge last. Plain segments get plain best fit: the
+ * rules that once ordered room in segments above GROW_CAP (for GPT-2's and
+ * BERT's bundled traces) changed no job of the corpus and were deleted
+ * (docs/design.md, "Plain segments").
  *
  * Rule kept here (heap.h): the stream rule's half that a search could break:
  * a fit lies in global free memory or in the requesting stream's own, never
@@ -209,151 +212,17 @@ static int whole_segment_fits(const cuh_heap_t *h, const cuh_extent_t *e, size_t
            e->size <= cuh_align_up(size, CUH_SEGMENT_GRAIN) + size / 4;
 }
 
-/* A huge size comes back. GPT-2's step holds its 3 GiB logits and, at
- * another time, a 1.5 GiB half of them. When the first 3 GiB segment is
- * grown, the idle 1.5 GiB one goes back (release_idle_segments_locked); the
- * next step's 1.5 GiB request then finds the 3 GiB segment free and cuts it,
- * and the 3 GiB request after it needs a new one: the heap ends up holding
- * 3 GiB more than it needs (cuheap-replay: GPT-2 without PyTorch's cache
- * 26.03 GiB for 23.70 live, where PyTorch's own allocator, which never gives
- * segments back, needs 24.48). So cutting a request out of a whole free
- * segment sized to one larger request (larger than GROW_CAP, at least twice
- * the request) comes after two other ways:
- *  - memory cudaFree gave back is taken back first, if it could hold the
- *    request (while other streams are known it is otherwise taken back only
- *    every so often; a cut here is as lasting as a growth);
- *  - if the request is the size of a segment released idle this way (to the
- *    2 MiB grain), a segment of its size is grown in its place, once per
- *    release; refused, the cut goes ahead.
- * (GPT-2 without the cache: 26.03 -> 24.50 GiB, and 26.70 -> 25.16 under
- * cudaFree's rules with 32 streams; no other trace changes, bench/HISTORY.md.) */
-int cuh_hp_cuts_huge_segment(const cuh_extent_t *e, size_t size)
-{
-    const cuh_segment_t *seg = e->segment;
-    return cuh_hp_huge_segment(seg) && e->addr == seg->base && e->size == seg->size && size <= seg->size / 2;
-}
-
-/* The lone block of a huge segment, if it takes at least a quarter of it;
- * else NULL. */
-static const cuh_extent_t *lone_tenant(const cuh_segment_t *s)
-{
-    if (!cuh_hp_huge_segment(s) || !s->used_bytes)
-        return NULL;
-    const cuh_extent_t *tenant = NULL;
-    for (const cuh_extent_t *x = s->first; x; x = x->next)
-        if (x->state != CUH_EXTENT_FREE) {
-            if (tenant)
-                return NULL;
-            tenant = x;
-        }
-    return tenant && tenant->size >= s->size / 4 ? tenant : NULL;
-}
-
-/* Room in a huge segment. A segment above GROW_CAP is sized to one request
- * above it, and a block put in it pins it, so its room is used after every
- * other fit (before growing), in this order:
- *  - beside a lone block that is not huge itself (at most GROW_CAP, at
- *    least a quarter of its segment), or a cut of a whole free huge segment
- *    (cuh_hp_cuts_huge_segment; see "a huge size comes back" for what comes before
- *    it). Either way one huge segment is pinned: the tenant's, after its
- *    tenant goes, or the one cut, now. The cut comes first unless the whole
- *    free segment is at least half as large again as the tenant's: then
- *    it is kept whole for the requests the tenant's could never serve.
- *    GPT-2 with every kernel deterministic (math attention) put a 768 MiB
- *    attention tensor in its 1.5 GiB logits segment, then two 192 MiB ones
- *    in a free 3 GiB logits segment instead of beside it, and the three
- *    3 GiB logits of the peak needed a fourth: 49.08 GiB for 44.22 live,
- *    46.01 with the rule, where PyTorch's own allocator needs 45.63
- *    (cuheap-replay --cudafree 100 --streams 32 on the H200 trace,
- *    bench/traces/nocache). Preferring the room beside whenever the free
- *    segment is larger at all, or at least a quarter larger, costs BERT
- *    with deterministic kernels 30.21 GiB instead of 28.08 (26.52 live):
- *    the factor sits in the window the two traces leave (1.25 to 2).
- *  - beside a lone huge block: the segment is whole again the moment that
- *    block is freed, ready for the next request of its size or to go back
- *    to the device. Without this, the bundled GPT-2's 1.5 GiB block left
- *    1.5 MiB at its segment's end, the autocast copy of a 768x768 weight
- *    (1.1 MiB) landed there and held the whole 1.54 GiB segment through the
- *    next step's peak, beside four 3 GiB ones (1.111x its live peak; 1.050
- *    with this rule and "a huge size comes back"); taken before a cut, a
- *    1.5 GiB block living into the next step gathers that step's
- *    activations, and the next 1.5 GiB request cuts a 3 GiB segment the
- *    peak needs (1.172).
- * A small block cut from a whole free huge segment is no tenant: the rest
- * of the segment is no room of last resort. */
-enum { ROOM_OTHER, ROOM_BESIDE_SMALL_TENANT, ROOM_WHOLE_CUT, ROOM_BESIDE_HUGE_TENANT };
-
-static int huge_room_kind(const cuh_extent_t *e, size_t size)
-{
-    if (e->segment->size <= GROW_CAP)
-        return ROOM_OTHER;
-    if (cuh_hp_cuts_huge_segment(e, size))
-        return ROOM_WHOLE_CUT;
-    const cuh_extent_t *tenant = lone_tenant(e->segment);
-    return !tenant ? ROOM_OTHER : tenant->size > GROW_CAP ? ROOM_BESIDE_HUGE_TENANT : ROOM_BESIDE_SMALL_TENANT;
-}
-
-static int in_huge_room(const cuh_extent_t *e, size_t size) { return huge_room_kind(e, size) != ROOM_OTHER; }
-static int not_beside_small_tenant(const cuh_extent_t *e, size_t size)
-{
-    return huge_room_kind(e, size) != ROOM_BESIDE_SMALL_TENANT;
-}
-static int not_whole_cut(const cuh_extent_t *e, size_t size) { return huge_room_kind(e, size) != ROOM_WHOLE_CUT; }
-
-/* The fit in huge room, in the order above; `best` is the best fit of all
- * there. */
-static cuh_extent_t *huge_room_fit_locked(cuh_heap_t *h, cuh_extent_t *best, size_t size, size_t align,
-                                          uint32_t tag)
-{
-    cuh_extent_t *beside = cuh_arena_find_others_first(&h->arena, size, align, tag, not_beside_small_tenant);
-    cuh_extent_t *cut = cuh_arena_find_others_first(&h->arena, size, align, tag, not_whole_cut);
-    int has_beside = huge_room_kind(beside, size) == ROOM_BESIDE_SMALL_TENANT;
-    int has_cut = huge_room_kind(cut, size) == ROOM_WHOLE_CUT;
-    if (has_beside && has_cut)
-        return 2 * cut->segment->size >= 3 * beside->segment->size ? beside : cut;
-    return has_cut ? cut : has_beside ? beside : best;
-}
-
 /* The best free extent for `size` (see whole_segment_fits for blocks that
- * must start their own segment), room in huge segments last. */
+ * must start their own segment). */
 cuh_extent_t *cuh_hp_find_fit_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag)
 {
     cuh_extent_t *e = cuh_arena_find(&h->arena, size, align, tag);
-    if (cuh_likely(!cuh_hp_own_segment_locked(h))) {
-        if (cuh_unlikely(e && e->segment->size > GROW_CAP) && in_huge_room(e, size)) {
-            e = cuh_arena_find_others_first(&h->arena, size, align, tag, in_huge_room);
-            if (in_huge_room(e, size))
-                e = huge_room_fit_locked(h, e, size, align, tag);
-        }
+    if (cuh_likely(!cuh_hp_own_segment_locked(h)))
         return e;
-    }
     if (!e || whole_segment_fits(h, e, size))
         return e;
     /* Best fit found a piece of a segment: the smallest whole free segment
      * that fits (with ipc_safe:1 every free extent is a whole segment, so
      * the first fit above nearly always is one). */
     return smallest_free_locked(h, size, align, tag, whole_segment_fits);
-}
-
-/* 1 if a block of `size` (to the 2 MiB grain) is live in a segment above
- * GROW_CAP (only there can one be). */
-int cuh_hp_size_live_in_huge_segments(const cuh_heap_t *h, size_t size)
-{
-    for (const cuh_segment_t *s = h->arena.segments; s; s = s->next)
-        if (s->size > GROW_CAP)
-            for (const cuh_extent_t *x = s->first; x; x = x->next)
-                if (x->state == CUH_EXTENT_BLOCK && cuh_hp_same_size_to_grain(x->size, size))
-                    return 1;
-    return 0;
-}
-
-/* Takes the remembered release of a segment `size` would have filled; 0 if none. */
-int cuh_hp_take_released_huge_locked(cuh_heap_t *h, size_t size)
-{
-    for (unsigned i = 0; i < RELEASED_HUGE_MAX; i++)
-        if (cuh_hp_same_size_to_grain(h->released_huge[i], size)) {
-            h->released_huge[i] = 0;
-            return 1;
-        }
-    return 0;
 }

@@ -80,9 +80,7 @@ static int stream_frees_in_idle_segments(const cuh_heap_t *h, const stream_state
  * of BERT, `kv_generate`, `llama_ckpt` and the side-stream job 1.17-1.70x;
  * with the wait every trace holds what it holds when the GPU keeps up
  * (1.02-1.33x), at 2-10 CPU waits a replay (bench/HISTORY.md).
- *
- * A segment larger than GROW_CAP leaves its size behind (see "a huge size
- * comes back"). Returns how many segments went back. */
+ * Returns how many segments went back. */
 static size_t release_idle_segments_locked(cuh_heap_t *h, size_t needed)
 {
     if (h->captures)
@@ -108,14 +106,8 @@ static size_t release_idle_segments_locked(cuh_heap_t *h, size_t needed)
     for (cuh_segment_t *s = h->arena.segments, *next; s; s = next) {
         next = s->next;
         if (idle_for_growth(s, needed) && cuh_arena_segment_is_free(s)) {
-            size_t size = s->size;
-            int huge = cuh_hp_huge_segment(s);
             if (!return_segment_locked(h, s))
                 continue;
-            if (huge) {
-                h->released_huge[h->released_huge_next] = size;
-                h->released_huge_next = (h->released_huge_next + 1) % RELEASED_HUGE_MAX;
-            }
             released++;
         }
     }

@@ -42,24 +42,31 @@ static void test_oom_cause_device_refused(void **state)
     }
 }
 
-/* On a 64 MiB device with settings `conf`: 32 blocks of 2 MiB, every other one
- * freed (a checkerboard: 32 MiB free in 2 MiB holes), then a 4 MiB request,
- * which must fail; the out-of-memory record it leaves. */
+/* On heap h of a 64 MiB device: 32 blocks of 2 MiB, every other one freed (a
+ * checkerboard: 32 MiB free in 2 MiB holes), then a 4 MiB request, which must
+ * fail; the out-of-memory record it leaves. The blocks are freed after. */
+static cuh_oom_info_t checkerboard_oom_on(cuh_heap_t *h)
+{
+    uintptr_t a[32];
+    for (int i = 0; i < 32; i++)
+        a[i] = must_alloc(h, 2 * MiB, 0);
+    for (int i = 0; i < 32; i += 2)
+        must_free(h, a[i], 0);
+    uintptr_t x;
+    assert_int_equal(cuh_heap_malloc(h, 4 * MiB, 0, &x), CUHEAP_ERR_OUT_OF_MEMORY);
+    cuh_oom_info_t o;
+    assert_true(cuh_heap_last_oom(h, &o));
+    heap_ok(h);
+    for (int i = 1; i < 32; i += 2)
+        must_free(h, a[i], 0);
+    return o;
+}
+
+/* The same on a simulated 64 MiB device with settings `conf`. */
 static cuh_oom_info_t checkerboard_oom(const char *conf)
 {
     test_heap_t t = test_heap_new(64 * MiB, conf);
-    uintptr_t a[32];
-    for (int i = 0; i < 32; i++)
-        a[i] = must_alloc(t.heap, 2 * MiB, 0);
-    for (int i = 0; i < 32; i += 2)
-        must_free(t.heap, a[i], 0);
-    uintptr_t x;
-    assert_int_equal(cuh_heap_malloc(t.heap, 4 * MiB, 0, &x), CUHEAP_ERR_OUT_OF_MEMORY);
-    cuh_oom_info_t o;
-    assert_true(cuh_heap_last_oom(t.heap, &o));
-    heap_ok(t.heap);
-    for (int i = 1; i < 32; i += 2)
-        must_free(t.heap, a[i], 0);
+    cuh_oom_info_t o = checkerboard_oom_on(t.heap);
     test_heap_free(&t);
     return o;
 }
@@ -92,21 +99,11 @@ static void test_fragmentation_without_the_virtual_memory_asked_for_says_so(void
     (void)state;
     fault_heap_t t = fault_heap_new(64 * MiB, "vmm:1,workspace:64M,small_max:0");
     cuh_fault_nth(t.dev, CUH_FAULT_VM_RESERVE, 1, CUH_DEV_ERROR);
-    uintptr_t a[32];
-    for (int i = 0; i < 32; i++)
-        a[i] = must_alloc(t.heap, 2 * MiB, 0);
+    cuh_oom_info_t o = checkerboard_oom_on(t.heap);
     assert_int_equal(cuh_fault_injected(t.dev, CUH_FAULT_VM_RESERVE), 1);
-    for (int i = 0; i < 32; i += 2)
-        must_free(t.heap, a[i], 0);
-    uintptr_t x;
-    assert_int_equal(cuh_heap_malloc(t.heap, 4 * MiB, 0, &x), CUHEAP_ERR_OUT_OF_MEMORY);
-    cuh_oom_info_t o;
-    assert_true(cuh_heap_last_oom(t.heap, &o));
     assert_int_equal(o.cause, CUH_OOM_FRAGMENTATION);
     assert_non_null(strstr(o.action, "gave no CUDA virtual memory"));
     assert_null(strstr(o.action, "vmm:0"));
-    for (int i = 1; i < 32; i += 2)
-        must_free(t.heap, a[i], 0);
     fault_heap_free(&t);
 }
 

@@ -480,54 +480,6 @@ else
     not_ok "recurring moves are bounded by the margin" "${msg:-}"
 fi
 
-# ---- plain segments: a huge size released idle comes back in its own segment ----
-# GPT-2's 1.5 GiB half of its logits went back idle when the 3 GiB logits
-# grew; the next step's 1.5 GiB request cut the free 3 GiB segment and the 3
-# GiB logits needed a new one: 26.03 GiB for 23.70 live (26.70 with
-# cudaFree's rules, 32 streams and the GPU 1000 events behind), where
-# PyTorch's own rules need 24.48.
-run huge_ordered --json --conf vmm:0 "$nocache_gpt2"
-run huge_cudafree --json --cudafree 1000 --streams 32 --conf vmm:0 "$nocache_gpt2"
-if msg=$(python3 - "$TMP/huge_ordered.out" "$TMP/huge_cudafree.out" <<'PY' 2>&1
-import json, sys
-ordered, cudafree = (json.loads(open(p).readline()) for p in sys.argv[1:3])
-GiB = 1 << 30
-for name, r in (("stream-ordered", ordered), ("cudaFree", cudafree)):
-    assert r["oom"] is None, "%s: out of memory" % name
-    assert r["peak_reserved"] < 25.5 * GiB, "%s: %.2f GiB" % (name, r["peak_reserved"] / GiB)
-    assert r["device_calls"]["cpu_waits"] == 0, "%s: the CPU waited" % name
-PY
-); then
-    ok "a huge size released idle gets a segment of its own when it returns: gpt2_nocache below 25.5 GiB (26.03 and 26.70 before), no CPU wait"
-else
-    not_ok "a huge size released idle comes back in its own segment" "${msg:-}"
-fi
-
-# ---- plain segments: room beside a small lone block before a larger free segment --
-# GPT-2 with every kernel deterministic (math attention) put a 768 MiB tensor
-# alone in its 1.5 GiB logits segment, then two 192 MiB ones in a free 3 GiB
-# logits segment instead of beside it, and the peak's three 3 GiB logits
-# needed a fourth: 49.08 GiB for 44.22 live. Taking the room beside the lone
-# block whenever the free segment is larger at all made BERT with
-# deterministic kernels reserve 30.21 GiB instead of 28.08.
-strict_gpt2=bench/traces/strict/gpt2_strict.trace.gz
-strict_bert=bench/traces/strict/bert_varlen_strict.trace.gz
-run strict_gpt2 --json --cudafree 100 --streams 32 --capacity 140G --conf vmm:0 "$strict_gpt2"
-run strict_bert --json --cudafree 100 --streams 32 --capacity 140G --conf vmm:0 "$strict_bert"
-if msg=$(python3 - "$TMP/strict_gpt2.out" "$TMP/strict_bert.out" <<'PY' 2>&1
-import json, sys
-gpt2, bert = (json.loads(open(p).readline()) for p in sys.argv[1:3])
-GiB = 1 << 30
-for name, r, most in (("gpt2_strict", gpt2, 47), ("bert_varlen_strict", bert, 29)):
-    assert r["oom"] is None, "%s: out of memory" % name
-    assert r["peak_reserved"] < most * GiB, "%s: %.2f GiB" % (name, r["peak_reserved"] / GiB)
-PY
-); then
-    ok "room beside a small lone block before a cut of a free huge segment half as large again: gpt2_strict below 47 GiB (49.08 before), bert_varlen_strict below 29 GiB (30.21 always beside)"
-else
-    not_ok "room in huge segments comes in order" "${msg:-}"
-fi
-
 # ---- plain segments, the GPU behind: idle segments still go back at a new peak --
 # A growth to a new peak gives back the segments its request cannot use and
 # that hold no block. When the GPU had not passed the frees that left them
