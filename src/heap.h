@@ -268,6 +268,7 @@ typedef struct cuh_heap_snapshot_s {
     cuh_config_t config;
     size_t device_free, device_total;
     int device_free_unknown;  /* the device was not asked (a report at exit) or could not say: device_free is 0 */
+    int no_virtual_memory;    /* vmm:1 asked for, the device gave none: the heap runs on plain segments */
     cuh_snap_segment_t *segments;
     size_t num_segments;
     cuh_snap_extent_t *extents;

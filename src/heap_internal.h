@@ -288,6 +288,7 @@ struct cuh_heap_s {
      * is a DRAIN extent until the stream's work up to the move is done. */
     vm_drain_t *drains;          /* oldest first */
     vm_drain_t *stuck_drains;    /* DRAIN ranges whose old mappings the device would not unmap: out of use */
+    int vm_unavailable;          /* vmm:1 asked for, the device gave no virtual memory: plain segments */
     uint32_t last_take_tag;      /* the tag of the free extent cuh_hp_take_locked cut from last */
     /* The last large block freed on a stream, not yet given back to the
      * arena (see "the parked block"): still in the block map, counted as

@@ -109,7 +109,10 @@ static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
     char conf[2048];   /* every key, with the report and trace paths (up to 511 bytes each) */
     cuh_config_format(&s->config, conf, sizeof conf);
     fprintf(out, "== device %d (%s) ==\n", s->device, s->device_kind);
-    fprintf(out, "settings: %s\n\n", conf);
+    fprintf(out, "settings: %s\n", conf);
+    if (s->no_virtual_memory)
+        fprintf(out, "virtual memory: vmm:1 asked for, but the device gave none (said on stderr): plain segments\n");
+    fprintf(out, "\n");
     fprintf(out, "  %-22s %14s %14s\n", "", "current", "peak");
     text_stat_row(out, "requested (live)", &st->requested);
     text_stat_row(out, "allocated", &st->allocated);
@@ -326,8 +329,8 @@ static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
             st->num_allocs, st->num_frees, st->num_segment_allocs, st->num_segment_frees, st->num_cache_hits,
             st->num_retries, st->num_ooms, st->largest_free_extent, st->num_free_extents, fragmentation(st), st->limit,
             st->workspace, st->num_cpu_waits);
-    fprintf(out, "\"device_memory\":{\"free\":%zu,\"total\":%zu%s},\"segments\":[", s->device_free, s->device_total,
-            s->device_free_unknown ? ",\"free_unknown\":true" : "");
+    fprintf(out, "\"device_memory\":{\"free\":%zu,\"total\":%zu%s%s},\"segments\":[", s->device_free, s->device_total,
+            s->device_free_unknown ? ",\"free_unknown\":true" : "", s->no_virtual_memory ? ",\"no_virtual_memory\":true" : "");
     for (size_t i = 0; i < s->num_segments; i++) {
         const cuh_snap_segment_t *g = &s->segments[i];
         fprintf(out, "%s{\"base\":%" PRIu64 ",\"size\":%" PRIu64 ",\"workspace\":%s,\"virtual\":%s,\"mapped\":%" PRIu64,

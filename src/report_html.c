@@ -378,6 +378,8 @@ void cuh_report_html(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t 
             fprintf(out, ", free not asked (a report at exit makes no device call)");
         else
             fprintf(out, ", %s free", bytes(b, s->device_free));
+        if (s->no_virtual_memory)
+            fprintf(out, " &middot; vmm:1 asked for, but the device gave no virtual memory: plain segments");
         fprintf(out, "</p>\n");
         if (s->has_oom)
             oom_panel(out, s);

@@ -595,6 +595,7 @@ write("c_reserved", lambda dev: dev["stats"]["reserved"].update(current=dev["sta
 write("c_live", lambda dev: dev["timeline"][3].update(live=dev["timeline"][3]["reserved"] + 1))
 write("c_unknown", lambda dev: dev["device_memory"].update(free=4096, free_unknown=True))
 write("unasked", lambda dev: dev["device_memory"].update(free=0, free_unknown=True))
+write("c_novm", lambda dev: (dev["config"].update(vmm=0), dev["device_memory"].update(no_virtual_memory=True)))
 PY
 refused_naming "parts that contradict each other exit 1 naming the place" \
     "c_gap:devices\[0\]\.segments\[2\]\.extents\[1\]: starts at 0x[0-9a-f]*, but the extent before it ends at" \
@@ -605,7 +606,8 @@ refused_naming "parts that contradict each other exit 1 naming the place" \
     "c_time:devices\[0\]\.timeline\[5\]: a sample at [-0-9.e]* s, before the sample listed before it" \
     "c_reserved:devices\[0\]\.stats\.reserved\.current: [0-9]* bytes, but the segments hold [0-9]*" \
     "c_live:devices\[0\]\.timeline\[3\]: [0-9]* bytes live and [0-9]* cached of [0-9]* reserved" \
-    "c_unknown:devices\[0\]\.device_memory\.free: 4096 with free_unknown true"
+    "c_unknown:devices\[0\]\.device_memory\.free: 4096 with free_unknown true" \
+    "c_novm:devices\[0\]\.device_memory\.no_virtual_memory: true with vmm 0 in config"
 
 # A report written at exit did not ask the device how much is free: it says
 # so, and claims nothing about memory used outside cuheap.
@@ -619,6 +621,24 @@ if grep -q "^  device: [0-9.]* [KMG]*i*B; free not asked (a report at exit makes
     ok "a report that did not ask the device says so in text and HTML, and keeps free_unknown in JSON"
 else
     not_ok "a report that did not ask the device says so" "$(grep -h "device" "$TMP"/unasked_*.out | head -3)"
+fi
+
+# vmm:1 asked for on a device that gives no virtual memory (the simulated
+# device has no address space for a 4 TiB device's reservation): the heap
+# runs on plain segments, and every form of the report says so.
+"$REPLAY" --capacity 4T --report "$TMP/novm.json" bench/traces/resnet50.trace.gz >/dev/null 2>"$TMP/novm.err"
+run novm_text --text "$TMP/novm.json"
+run novm_html --html "$TMP/novm.json"
+run novm_json --json "$TMP/novm.json"
+if grep -q "using plain segments" "$TMP/novm.err" &&
+    grep -q '"no_virtual_memory":true' "$TMP/novm.json" &&
+    grep -q "^virtual memory: vmm:1 asked for, but the device gave none (said on stderr): plain segments$" "$TMP/novm_text.out" &&
+    grep -q "vmm:1 asked for, but the device gave no virtual memory: plain segments</p>" "$TMP/novm_html.out" &&
+    grep -q '"no_virtual_memory":true' "$TMP/novm_json.out" &&
+    ! grep -q "no_virtual_memory\|vmm:1 asked for" "$TMP/ok.json" "$TMP/ok.txt"; then
+    ok "vmm:1 without virtual memory: the report says plain segments in text, HTML and JSON (no_virtual_memory), and cuheap-report keeps it"
+else
+    not_ok "vmm:1 without virtual memory: the report says so" "$(head -c 300 "$TMP/novm.err")"
 fi
 
 run nofile "$TMP/no-such-report.json"

@@ -451,6 +451,13 @@ static cuh_heap_snapshot_t *read_device(reader_t *r, const cuh_json_t *d)
         s->device_free = get_size(r, mem, "free");
         s->device_total = get_size(r, mem, "total");
         s->device_free_unknown = opt_bool(r, mem, "free_unknown");   /* older reports lack it */
+        s->no_virtual_memory = opt_bool(r, mem, "no_virtual_memory");   /* so do reports of heaps that got it */
+        if (s->no_virtual_memory && !s->config.vmm && !r->failed) {
+            size_t saved_nv = path_key(r, "no_virtual_memory");
+            fail(r, cuh_json_get(mem, "no_virtual_memory"), "true with vmm 0 in config: only a heap that asked for "
+                 "virtual memory can have been refused it");
+            path_pop(r, saved_nv);
+        }
         if (s->device_free_unknown && s->device_free && !r->failed) {
             size_t saved_free = path_key(r, "free");
             fail(r, cuh_json_get(mem, "free"), "%zu with free_unknown true: a report that did not ask the device "
