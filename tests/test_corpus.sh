@@ -138,9 +138,12 @@ assert r[(\"steady\", \"plugin\")][\"moves_per_step\"] is None
 s = [o[\"summary\"] for o in rows if \"summary\" in o]
 assert s[0][\"median_moves\"] == r[(\"churn\", \"plugin\")][\"moves_per_step\"] and s[0][\"most_moves_job\"] == \"churn\", s
 assert s[2][\"median_moves\"] is None, s
+c = r[(\"churn\", \"plugin\")]   # native total_ms=10 over the 39 steps after the first
+assert abs(c[\"move_time\"] / (c[\"moves_per_step\"] * 0.055 / (10.0 / 38)) - 1) < 0.01, c
+assert r[(\"steady\", \"plugin\")][\"move_time\"] is None and s[0][\"median_move_time\"] == c[\"move_time\"], s
 "'
 check "the table has a moves column and the summary names the job that moves the most" \
-    'grep -q " moves\$" "$TMP/table.out" && grep -q "^tuning   plugin   1 jobs: .*pages moved a step after the first: median [0-9]*, most [0-9]* (churn)" "$TMP/table.out"'
+    'grep -q " moves   +time\$" "$TMP/table.out" && grep -q "^tuning   plugin   1 jobs: .*pages moved a step after the first: median [0-9]*, most [0-9]* (churn)" "$TMP/table.out"'
 run tuning --dir "$TMP/c" --replay "$BUILD/cuheap-replay" --tuning
 check "--tuning leaves the held-out set out" '[ $rc = 0 ] && ! grep -q "^steady\|^held-out" "$TMP/tuning.out"'
 

@@ -45,6 +45,9 @@
 #define NUM_MODES 3
 /* The H200 the corpus was recorded on: its device memory as CUDA reports it. */
 #define DEFAULT_CAPACITY "150109880320"
+/* What a page move (an unmap, a map and an access grant) costs on an H200:
+ * about 55 us whatever the page's size (bench/gpu/vm_costs.cu, docs/design.md). */
+#define MOVE_MS 0.055
 /* The rule's bound: no job worse by more than this fraction. */
 #define WORSE_BOUND 0.005
 
@@ -67,6 +70,7 @@ typedef struct row_s {
     double ratio, min_ratio;      /* cuheap's peak reserved and min capacity over peak live */
     double base_ratio;            /* --baseline: the same job's ratio then; NAN if absent */
     double moves;                 /* pages moved a step after the first (unmaps / steps); NAN: no steps marked */
+    double move_time;             /* those moves' time (MOVE_MS each) over PyTorch native's step time; NAN: unknown */
 } row_t;
 
 typedef struct options_s {
@@ -234,6 +238,12 @@ static char *run_capture(char *const argv[], int *status)
     return buf;
 }
 
+static double get_double(const cuh_json_t *obj, const char *key)
+{
+    const cuh_json_t *v = cuh_json_get(obj, key);
+    return v && v->type == CUH_JSON_NUMBER ? v->v.number.d : NAN;
+}
+
 static uint64_t get_u64(const cuh_json_t *obj, const char *key)
 {
     const cuh_json_t *v = cuh_json_get(obj, key);
@@ -293,6 +303,11 @@ static int replay_row(const options_t *o, row_t *row)
     uint64_t steps = get_u64(after, "steps");
     row->moves = steps ? (double)get_u64(after, "page_unmaps") / (double)steps : NAN;
     const cuh_json_t *measured = cuh_json_get(r, "measured");
+    /* Native's total_ms is every step after its first; the trace's marks
+     * count a warm-up step before them, so those steps are steps - 1 of the
+     * after_step1 window (bench/corpus/jobs.py). */
+    double native_ms = get_double(cuh_json_get(measured, "native"), "total_ms");
+    row->move_time = steps >= 2 && native_ms > 0 ? row->moves * MOVE_MS / (native_ms / (double)(steps - 1)) : NAN;
     for (int m = 0; m < NUM_MODES; m++)
         row->measured[m] = get_u64(cuh_json_get(measured, MODES[m]), "peak_reserved");
     cuh_json_free(doc);
@@ -350,6 +365,7 @@ typedef struct summary_s {
     double median, worst, median_min, worst_min;
     const char *worst_job;
     double median_moves, most_moves; /* pages moved a step after the first; NAN: none marked */
+    double median_move_time, most_move_time; /* their estimated time over native's step time */
     const char *most_moves_job;
     size_t below_best;            /* jobs where cuheap reserves less than PyTorch's least */
     size_t with_measured;         /* jobs with PyTorch's peaks recorded */
@@ -359,10 +375,11 @@ static summary_t summarize(const row_t *rows, size_t n, int held_out, int way)
 {
     summary_t s = {0};
     double *ratios = calloc(n + 1, sizeof *ratios), *mins = calloc(n + 1, sizeof *mins);
-    double *moves = calloc(n + 1, sizeof *moves);
-    size_t nm = 0, nv = 0;
+    double *moves = calloc(n + 1, sizeof *moves), *times = calloc(n + 1, sizeof *times);
+    size_t nm = 0, nv = 0, nt = 0;
     s.most_moves = NAN;
-    if (!ratios || !mins || !moves) {
+    s.most_move_time = NAN;
+    if (!ratios || !mins || !moves || !times) {
         fprintf(stderr, PROG ": out of memory\n");
         exit(1);
     }
@@ -374,6 +391,11 @@ static summary_t summarize(const row_t *rows, size_t n, int held_out, int way)
         if (r->ratio > s.worst) {
             s.worst = r->ratio;
             s.worst_job = r->job;
+        }
+        if (!isnan(r->move_time)) {
+            times[nt++] = r->move_time;
+            if (isnan(s.most_move_time) || r->move_time > s.most_move_time)
+                s.most_move_time = r->move_time;
         }
         if (!isnan(r->moves)) {
             moves[nv++] = r->moves;
@@ -397,9 +419,11 @@ static summary_t summarize(const row_t *rows, size_t n, int held_out, int way)
     s.median = s.jobs ? median_of(ratios, s.jobs) : NAN;
     s.median_min = nm ? median_of(mins, nm) : NAN;
     s.median_moves = nv ? median_of(moves, nv) : NAN;
+    s.median_move_time = nt ? median_of(times, nt) : NAN;
     free(ratios);
     free(mins);
     free(moves);
+    free(times);
     return s;
 }
 
@@ -435,6 +459,10 @@ static void print_row(const row_t *r)
         printf(" %8.0f", r->moves);
     else
         printf(" %8s", "-");
+    if (!isnan(r->move_time))
+        printf(" %+6.1f%%", 100.0 * r->move_time);
+    else
+        printf(" %7s", "-");
     if (!isnan(r->base_ratio))
         printf("  %+6.2f%%", 100.0 * (r->ratio / r->base_ratio - 1));
     printf("%s\n", r->oom ? "  OUT OF MEMORY" : "");
@@ -451,6 +479,9 @@ static void print_summary(const summary_t *s, int held_out, int way)
     if (!isnan(s->median_moves))
         printf("; pages moved a step after the first: median %.0f, most %.0f (%s)", s->median_moves, s->most_moves,
                s->most_moves_job);
+    if (!isnan(s->median_move_time))
+        printf(", their time over native's step: median %+.1f%%, most %+.1f%%", 100.0 * s->median_move_time,
+               100.0 * s->most_move_time);
     printf("\n");
 }
 
@@ -471,6 +502,10 @@ static void json_row(const row_t *r)
             printf(",\"moves_per_step\":%.1f", r->moves);
         else
             printf(",\"moves_per_step\":null");
+        if (!isnan(r->move_time))
+            printf(",\"move_time\":%.4f", r->move_time);
+        else
+            printf(",\"move_time\":null");
         printf(",\"pytorch\":{");
         for (int m = 0; m < NUM_MODES; m++) {
             if (r->measured[m])
@@ -492,10 +527,14 @@ static void json_summary(const summary_t *s, int held_out, int way)
            SETS[held_out], WAYS[way], s->jobs, s->median, s->worst, s->worst_job, s->median_min, s->worst_min,
            s->below_best, s->with_measured);
     if (!isnan(s->median_moves))
-        printf(",\"median_moves\":%.1f,\"most_moves\":%.1f,\"most_moves_job\":\"%s\"}}\n", s->median_moves,
+        printf(",\"median_moves\":%.1f,\"most_moves\":%.1f,\"most_moves_job\":\"%s\"", s->median_moves,
                s->most_moves, s->most_moves_job);
     else
-        printf(",\"median_moves\":null,\"most_moves\":null,\"most_moves_job\":null}}\n");
+        printf(",\"median_moves\":null,\"most_moves\":null,\"most_moves_job\":null");
+    if (!isnan(s->median_move_time))
+        printf(",\"median_move_time\":%.4f,\"most_move_time\":%.4f}}\n", s->median_move_time, s->most_move_time);
+    else
+        printf(",\"median_move_time\":null,\"most_move_time\":null}}\n");
 }
 
 /* ---- the rule -------------------------------------------------------------------- */
@@ -634,10 +673,10 @@ int main(int argc, char **argv)
                "libs: MiB the libraries took with cudaMalloc themselves under LD_PRELOAD (the preload trace's\n"
                "  live peak beyond the plugin trace's), which PyTorch's figures do not hold: vs best leaves them out\n"
                "moves: pages moved (unmapped from free memory, mapped again) a step after the first step, in\n"
-               "  the replay: each costs about 55 us on an H200, so they are what a policy costs in time\n"
+               "  the replay; +time: at about 55 us each on an H200, their time over PyTorch native's step\n"
                "%s\n", o.baseline ? "last column: cuheap's ratio against the baseline's\n" : "");
-        printf("%-20s %-8s %-7s %8s %7s %7s %7s %7s %7s  %-10s %7s %6s %8s\n", "job", "set", "way", "live GiB",
-               "ratio", "min cap", "native", "expand", "async", "best", "vs best", "libs", "moves");
+        printf("%-20s %-8s %-7s %8s %7s %7s %7s %7s %7s  %-10s %7s %6s %8s %7s\n", "job", "set", "way", "live GiB",
+               "ratio", "min cap", "native", "expand", "async", "best", "vs best", "libs", "moves", "+time");
         for (size_t i = 0; i < n; i++)
             print_row(&rows[i]);
         printf("\n");
