@@ -288,7 +288,6 @@ struct cuh_heap_s {
      * is a DRAIN extent until the stream's work up to the move is done. */
     vm_drain_t *drains;          /* oldest first */
     vm_drain_t *stuck_drains;    /* DRAIN ranges whose old mappings the device would not unmap: out of use */
-    int vm_unavailable;          /* vmm:1 asked for, the device gave no virtual memory: plain segments */
     uint32_t last_take_tag;      /* the tag of the free extent cuh_hp_take_locked cut from last */
     /* The last large block freed on a stream, not yet given back to the
      * arena (see "the parked block"): still in the block map, counted as
@@ -451,6 +450,13 @@ static inline void cuh_hp_stat_set(stat_t *s, size_t value)
 static inline int cuh_hp_own_segment_locked(const cuh_heap_t *h)
 {
     return h->cfg.ipc_safe || h->shareable_call;
+}
+
+/* vmm:1 asked for, but the device gave no virtual memory when the heap
+ * started (cuh_hp_start_vm_locked said so on stderr): plain segments. */
+static inline int cuh_hp_vm_unavailable(const cuh_heap_t *h)
+{
+    return h->cfg.vmm && h->started && !h->vm;
 }
 
 /* Device memory the heap holds: its segments, and under virtual memory the

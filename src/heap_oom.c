@@ -227,7 +227,7 @@ void cuh_hp_record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
                      "(record it with trace:PATH, and cuheap-replay --min-capacity says how much it needs)",
                      h->vm_page > CUH_SEGMENT_GRAIN ? "a smaller vmm_page in CUHEAP_CONF (2M) strands less of it, or "
                                                     : "");
-        else if (h->cfg.vmm)   /* asked for, but the device could not give it (said at start) */
+        else if (cuh_hp_vm_unavailable(h))
             snprintf(o->action, sizeof o->action,
                      "free memory is split into pieces smaller than the request, on plain segments because "
                      "this device gave no CUDA virtual memory: give the job more memory (record it with "

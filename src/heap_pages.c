@@ -666,7 +666,6 @@ void cuh_hp_start_vm_locked(cuh_heap_t *h)
     if (!granularity) {
         cuh_log("device %d: no CUDA virtual memory management; vmm:1 cannot apply, using plain segments",
                 h->dev->ordinal);
-        h->vm_unavailable = 1;
         return;
     }
     /* A page is vmm_page bytes, a whole number of the device's granules:
@@ -677,7 +676,6 @@ void cuh_hp_start_vm_locked(cuh_heap_t *h)
     if (h->dev->ops->vm_reserve(h->dev, size, &va) != CUH_DEV_OK) {
         cuh_log("device %d: reserving address space for vmm:1 failed (%s); using plain segments", h->dev->ordinal,
                 h->dev->last_error);
-        h->vm_unavailable = 1;
         return;
     }
     h->page_handle = calloc(size / page, sizeof *h->page_handle);
@@ -694,7 +692,6 @@ void cuh_hp_start_vm_locked(cuh_heap_t *h)
         h->page_gen = NULL;
         h->dev->ops->vm_unreserve(h->dev, va, size);
         cuh_log("device %d: out of host memory for vmm:1; using plain segments", h->dev->ordinal);
-        h->vm_unavailable = 1;
         return;
     }
     seg->virtual_space = 1;

@@ -385,7 +385,7 @@ cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h, int ask_device)
     snap->config = h->cfg;
     snap->device_total = h->device_total;
     snap->device_free_unknown = !ask_device;
-    snap->no_virtual_memory = h->vm_unavailable;
+    snap->no_virtual_memory = cuh_hp_vm_unavailable(h);
     if (ask_device && h->dev->ops->mem_info(h->dev, &snap->device_free, &snap->device_total) != CUH_DEV_OK) {
         snap->device_free = 0;   /* the device could not say (a lost one, say): the report says so */
         snap->device_total = h->device_total;
