@@ -37,8 +37,9 @@ typedef struct cuh_config_s {
 
 void cuh_config_defaults(cuh_config_t *cfg);
 
-/* The ways in, whose defaults differ from the C API's: as PyTorch's
- * allocator (the plugin) and in place of CUDA's own calls (LD_PRELOAD). */
+/* The ways in besides the C API: as PyTorch's allocator (the plugin, whose
+ * defaults are the C API's) and in place of CUDA's own calls (LD_PRELOAD,
+ * whose defaults differ). */
 #define CUH_WAY_PLUGIN 1u
 #define CUH_WAY_INTERPOSER 2u
 

@@ -88,12 +88,8 @@ static inline fault_heap_t fault_heap_new(size_t capacity, const char *conf)
     assert_non_null(t.sim);
     t.dev = cuh_fault_wrap(t.sim);
     assert_non_null(t.dev);
-    cuh_config_t cfg;
+    cuh_config_t cfg = test_config(conf);
     char err[256];
-    cuh_config_defaults(&cfg);
-    cfg.vmm = 0;   /* plain segments unless `conf` says vmm:1, as test_heap_on */
-    if (conf && cuh_config_parse(conf, &cfg, err, sizeof err))
-        fail_msg("settings '%s' refused: %s", conf, err);
     t.heap = cuh_heap_create(t.dev, &cfg, err, sizeof err);
     assert_non_null(t.heap);
     return t;

@@ -28,19 +28,28 @@ typedef struct test_heap_s {
     cuh_heap_t *heap;
 } test_heap_t;
 
-/* A heap with settings `conf` on a simulated device made with `params`.
+/* The settings of a test heap: the defaults, then `conf` (NULL: nothing).
  * The heap's rules are tested on plain segments unless `conf` says vmm:1
  * (test_heap_vmm.c, the fuzz targets): the default, vmm:1, is test_config's
  * and test_api's, and the rules of plain segments still hold under vmm:0. */
-static inline test_heap_t test_heap_on(const cuh_sim_params_t *params, const char *conf)
+static inline cuh_config_t test_config(const char *conf)
 {
-    test_heap_t t;
     char err[512] = "";
     cuh_config_t cfg;
     cuh_config_defaults(&cfg);
     cfg.vmm = 0;
     if (conf && cuh_config_parse(conf, &cfg, err, sizeof err))
         fail_msg("bad test settings '%s': %s", conf, err);
+    return cfg;
+}
+
+/* A heap with settings `conf` (test_config) on a simulated device made with
+ * `params`. */
+static inline test_heap_t test_heap_on(const cuh_sim_params_t *params, const char *conf)
+{
+    test_heap_t t;
+    char err[512] = "";
+    cuh_config_t cfg = test_config(conf);
     t.dev = cuh_sim_create(params);
     assert_non_null(t.dev);
     t.heap = cuh_heap_create(t.dev, &cfg, err, sizeof err);
