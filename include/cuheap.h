@@ -172,6 +172,16 @@ CUHEAP_API cuheap_status_t cuheap_get_host_stats(cuheap_host_stats_t *stats);
 /* Writes a report of every used device to `path` ("-" is stdout). */
 CUHEAP_API cuheap_status_t cuheap_dump_report(const char *path, cuheap_report_format_t format);
 
+/* Marks the end of a training step on every device cuheap serves: reports
+ * then show, for each of the last 32 steps, how long it took and what the
+ * heap asked of the device in it (pages mapped and moved under vmm:1, new
+ * device memory, CPU waits for the GPU), and which step mapped the most
+ * pages. A step runs from the mark before (or the heap's start) to its own
+ * mark. Cheap (a lock per device); cuheap's PyTorch package calls it after
+ * every optimizer step. It writes nothing into a trace: cuheap_trace_mark
+ * does that. */
+CUHEAP_API cuheap_status_t cuheap_mark_step(void);
+
 /* Writes a mark into the trace being recorded (CUHEAP_CONF trace:PATH) as
  * "# mark <t_us> <label>", between the events before and after the call: a
  * training loop marks each step so that a replay can tell the steps apart.

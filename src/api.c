@@ -468,6 +468,20 @@ cuheap_status_t cuheap_reset_peaks(int device)
     return CUHEAP_OK;
 }
 
+cuheap_status_t cuheap_mark_step(void)
+{
+    /* Under the runtime's lock, as a report takes its snapshots: no heap is
+     * dropped (a device reset) while it is marked. */
+    pthread_mutex_lock(&runtime_lock);
+    for (int d = 0; d < CUH_MAX_DEVICES; d++) {
+        cuh_heap_t *h = rt.heaps[d];
+        if (h)
+            cuh_heap_mark_step(h);
+    }
+    pthread_mutex_unlock(&runtime_lock);
+    return CUHEAP_OK;
+}
+
 /* ---- pinned host memory ------------------------------------------------------ *
  * One pinned cache for the process (pinned.c). Its chunks come from the
  * device interface of the requesting thread's device; its fences cover

@@ -195,6 +195,9 @@ void cuh_heap_poll(cuh_heap_t *heap);
  * later is made accessible to it; plain segments need nothing. */
 cuheap_status_t cuh_heap_allow_peer(cuh_heap_t *heap, int peer);
 void cuh_heap_reset_peaks(cuh_heap_t *heap);
+/* Marks the end of a step: what the heap asked of the device since the last
+ * mark (or its start) becomes a step of its reports (cuh_snap_step_t). */
+void cuh_heap_mark_step(cuh_heap_t *heap);
 cuheap_status_t cuh_heap_release_cached(cuh_heap_t *heap);
 /* 1 and *out filled if an allocation has failed since creation (the last one). */
 int cuh_heap_last_oom(cuh_heap_t *heap, cuh_oom_info_t *out);
@@ -261,6 +264,22 @@ typedef struct cuh_sample_s {
 
 #define CUH_TIMELINE_SAMPLES 2048
 
+/* One step the program marked (cuh_heap_mark_step, cuheap_mark_step): what
+ * the heap asked of the device during it. A step runs from the mark before
+ * (or the heap's start) to its own mark. */
+typedef struct cuh_snap_step_s {
+    uint64_t index;           /* 1 for the first step marked */
+    double end;               /* seconds since the heap began, at its mark */
+    double seconds;           /* how long it took */
+    uint64_t page_maps;       /* virtual: pages mapped in it, new ones and moved ones */
+    uint64_t page_moves;      /* virtual: of those, pages moved from free memory (an unmap and a map each) */
+    uint64_t device_allocs;   /* allocations asked of the device: segments, or new pages under vmm:1 */
+    uint64_t cpu_waits;       /* times the CPU waited for the GPU */
+} cuh_snap_step_t;
+
+/* How many of the last steps a heap keeps (reports show them). */
+#define CUH_STEP_HISTORY 32
+
 typedef struct cuh_heap_snapshot_s {
     int device;
     const char *device_kind;
@@ -284,6 +303,10 @@ typedef struct cuh_heap_snapshot_s {
     cuh_sample_t *timeline;   /* oldest first */
     size_t num_samples;
     double uptime;            /* seconds since the heap was created */
+    uint64_t steps_marked;    /* steps marked since the heap began */
+    cuh_snap_step_t steps[CUH_STEP_HISTORY];   /* the last num_steps of them, oldest first */
+    size_t num_steps;
+    cuh_snap_step_t most_maps; /* the step that mapped the most pages (the earliest of equals); index 0: none mapped any */
 } cuh_heap_snapshot_t;
 
 /* A consistent copy of the heap's state; NULL if out of host memory.

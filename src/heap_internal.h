@@ -312,6 +312,17 @@ struct cuh_heap_s {
     size_t num_samples;
     uint64_t sample_every, ops_since_sample;
     size_t last_sampled_reserved;
+    /* Steps the program marked (cuh_heap_mark_step): the counters at the
+     * last mark, the last CUH_STEP_HISTORY steps in a ring (the oldest at
+     * steps_marked % CUH_STEP_HISTORY once it is full) and the step that
+     * mapped the most pages. */
+    struct {
+        uint64_t marked;
+        double at;
+        uint64_t page_maps, page_moves, device_allocs, cpu_waits;
+        cuh_snap_step_t ring[CUH_STEP_HISTORY];
+        cuh_snap_step_t most_maps;
+    } steps;
     uint64_t capture_pool;
     /* Graph pools released while a capture was underway: released when the
      * last capture ends (cuh_heap_release_pool). */

@@ -28,6 +28,47 @@ __attribute__((noinline)) void cuh_hp_sample_locked(cuh_heap_t *h)
     h->last_sampled_reserved = h->reserved.current;
 }
 
+/* ---- steps ------------------------------------------------------------------
+ * A program that marks its steps (cuheap_mark_step; cuheap's PyTorch package
+ * marks every optimizer step) sees in its reports what each of the last steps
+ * asked of the device: pages mapped and moved under vmm:1, new device memory,
+ * CPU waits. A step that is slow because pages moved says so there. */
+
+void cuh_heap_mark_step(cuh_heap_t *h)
+{
+    cuh_lock(&h->lock);
+    const double now = cuh_hp_seconds_since(&h->born);
+    cuh_snap_step_t x = {
+        .index = h->steps.marked + 1,
+        .end = now,
+        .seconds = now - h->steps.at,
+        .page_maps = h->num_page_maps - h->steps.page_maps,
+        .page_moves = h->num_page_steals - h->steps.page_moves,
+        .device_allocs = h->num_segment_allocs - h->steps.device_allocs,
+        .cpu_waits = h->num_cpu_waits - h->steps.cpu_waits,
+    };
+    h->steps.ring[h->steps.marked % CUH_STEP_HISTORY] = x;
+    if (x.page_maps > h->steps.most_maps.page_maps)
+        h->steps.most_maps = x;
+    h->steps.marked++;
+    h->steps.at = now;
+    h->steps.page_maps = h->num_page_maps;
+    h->steps.page_moves = h->num_page_steals;
+    h->steps.device_allocs = h->num_segment_allocs;
+    h->steps.cpu_waits = h->num_cpu_waits;
+    cuh_unlock(&h->lock);
+}
+
+static void snapshot_steps_locked(const cuh_heap_t *h, cuh_heap_snapshot_t *snap)
+{
+    const uint64_t kept = h->steps.marked < CUH_STEP_HISTORY ? h->steps.marked : CUH_STEP_HISTORY;
+    snap->steps_marked = h->steps.marked;
+    snap->num_steps = (size_t)kept;
+    for (uint64_t i = 0; i < kept; i++)
+        snap->steps[i] = h->steps.ring[(h->steps.marked - kept + i) % CUH_STEP_HISTORY];
+    snap->most_maps = h->steps.most_maps;
+}
+
 static void cuh_heap_stats_locked(cuh_heap_t *h, cuheap_stats_t *out);
 
 void cuh_heap_stats(cuh_heap_t *h, cuheap_stats_t *out)
@@ -466,6 +507,7 @@ cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h, int ask_device)
     snap->has_oom = h->has_oom;
     snap->oom = h->last_oom;
     snap->uptime = cuh_hp_seconds_since(&h->born);
+    snapshot_steps_locked(h, snap);
     snap->timeline = malloc((h->num_samples + 1) * sizeof *snap->timeline);
     if (snap->timeline) {
         memcpy(snap->timeline, h->timeline, h->num_samples * sizeof *snap->timeline);

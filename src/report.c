@@ -102,6 +102,26 @@ static void text_stranded(FILE *out, const cuh_oom_info_t *o)
     fprintf(out, "%s\n", x->top_blocks > x->num_top_holders ? ", ..." : "");
 }
 
+/* The steps the program marked (cuheap_mark_step): the last of them, and
+ * the one that mapped the most pages. */
+static void text_steps(FILE *out, const cuh_heap_snapshot_t *s)
+{
+    if (!s->steps_marked)
+        return;
+    fprintf(out, "\n  steps marked: %" PRIu64 "%s\n", s->steps_marked,
+            s->num_steps < s->steps_marked ? "; the last of them:" : "");
+    fprintf(out, "        step    seconds  pages mapped  of them moved  device allocs  CPU waits\n");
+    for (size_t i = 0; i < s->num_steps; i++) {
+        const cuh_snap_step_t *x = &s->steps[i];
+        fprintf(out, "  %10" PRIu64 " %10.3f %13" PRIu64 " %14" PRIu64 " %14" PRIu64 " %10" PRIu64 "\n", x->index,
+                x->seconds, x->page_maps, x->page_moves, x->device_allocs, x->cpu_waits);
+    }
+    const cuh_snap_step_t *m = &s->most_maps;
+    if (m->index)
+        fprintf(out, "  most pages mapped in one step: %" PRIu64 " in step %" PRIu64 " (%" PRIu64 " moved, %.3f s)\n",
+                m->page_maps, m->index, m->page_moves, m->seconds);
+}
+
 static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
 {
     char a[32], b[32], c[32];
@@ -194,6 +214,7 @@ static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
                     cuh_format_bytes(a, sizeof a, s->streams[i].private_bytes),
                     cuh_format_bytes(b, sizeof b, s->streams[i].pending_bytes), s->streams[i].fences_outstanding);
     }
+    text_steps(out, s);
     if (s->has_oom) {
         const cuh_oom_info_t *o = &s->oom;
         fprintf(out, "\n  last out-of-memory: %s requested, cause %s\n", cuh_format_bytes(a, sizeof a, o->request),
@@ -302,6 +323,14 @@ void cuh_json_write_string(FILE *out, const char *s)
     fputc('"', out);
 }
 
+static void json_step(FILE *out, const char *sep, const cuh_snap_step_t *x)
+{
+    fprintf(out,
+            "%s{\"index\":%" PRIu64 ",\"end\":%.6f,\"seconds\":%.6f,\"page_maps\":%" PRIu64 ",\"page_moves\":%" PRIu64
+            ",\"device_allocs\":%" PRIu64 ",\"cpu_waits\":%" PRIu64 "}",
+            sep, x->index, x->end, x->seconds, x->page_maps, x->page_moves, x->device_allocs, x->cpu_waits);
+}
+
 static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
 {
     const cuheap_stats_t *st = &s->stats;
@@ -379,7 +408,15 @@ static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
                 ",\"fences_outstanding\":%" PRIu64 "}",
                 i ? "," : "", i + 1, s->streams[i].handle, s->streams[i].private_bytes, s->streams[i].pending_bytes,
                 s->streams[i].fences_outstanding);
-    fprintf(out, "],\"uptime\":%.6f,\"timeline\":[", s->uptime);
+    fprintf(out, "],\"steps\":{\"marked\":%" PRIu64 ",\"last\":[", s->steps_marked);
+    for (size_t i = 0; i < s->num_steps; i++)
+        json_step(out, i ? "," : "", &s->steps[i]);
+    fprintf(out, "],\"most_maps\":");
+    if (s->most_maps.index)
+        json_step(out, "", &s->most_maps);
+    else
+        fprintf(out, "null");
+    fprintf(out, "},\"uptime\":%.6f,\"timeline\":[", s->uptime);
     for (size_t i = 0; i < s->num_samples; i++)
         fprintf(out, "%s{\"t\":%.6f,\"live\":%" PRIu64 ",\"reserved\":%" PRIu64 ",\"cached\":%" PRIu64 "}", i ? "," : "",
                 s->timeline[i].t, s->timeline[i].live, s->timeline[i].reserved, s->timeline[i].cached);

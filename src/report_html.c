@@ -306,6 +306,29 @@ static void streams_table(FILE *out, const cuh_heap_snapshot_t *s)
     fprintf(out, "</table>\n");
 }
 
+/* The steps the program marked (cuheap_mark_step), the last of them. */
+static void steps_table(FILE *out, const cuh_heap_snapshot_t *s)
+{
+    if (!s->steps_marked)
+        return;
+    fprintf(out, "<h2>Steps</h2>\n<p class=counts>%" PRIu64 " marked", s->steps_marked);
+    if (s->num_steps < s->steps_marked)
+        fprintf(out, ", the last %zu below", s->num_steps);
+    if (s->most_maps.index)
+        fprintf(out, " &middot; most pages mapped in one step: %" PRIu64 " in step %" PRIu64 " (%" PRIu64 " moved)",
+                s->most_maps.page_maps, s->most_maps.index, s->most_maps.page_moves);
+    fprintf(out, "</p>\n<table class=classes><tr><th>step</th><th>seconds</th><th>pages mapped</th>"
+                 "<th>of them moved</th><th>device allocations</th><th>CPU waits</th></tr>\n");
+    for (size_t i = 0; i < s->num_steps; i++) {
+        const cuh_snap_step_t *x = &s->steps[i];
+        fprintf(out,
+                "<tr><td>%" PRIu64 "</td><td>%.3f</td><td>%" PRIu64 "</td><td>%" PRIu64 "</td><td>%" PRIu64
+                "</td><td>%" PRIu64 "</td></tr>\n",
+                x->index, x->seconds, x->page_maps, x->page_moves, x->device_allocs, x->cpu_waits);
+    }
+    fprintf(out, "</table>\n");
+}
+
 /* The pinned host memory cache as a card: the chunks it holds, the byte
  * table and the counters, like a device's. */
 static void pinned_card(FILE *out, const cuheap_host_stats_t *p)
@@ -388,6 +411,7 @@ void cuh_report_html(FILE *out, cuh_report_origin_t origin, cuh_heap_snapshot_t 
         segment_map(out, s);
         classes_table(out, s);
         streams_table(out, s);
+        steps_table(out, s);
     }
     if (extra && extra->pinned)
         pinned_card(out, extra->pinned);

@@ -519,8 +519,19 @@ static int v1_comment(loader_t *L, size_t line, const char *s, size_t n)
         end--;
     if (end - s >= 4 && memcmp(s, "end ", 4) == 0)
         L->saw_end = 1;   /* the closing line of trace:PATH */
-    if (end - s >= 5 && memcmp(s, "mark ", 5) == 0 && ++L->t->num_marks == 2)
-        L->t->second_mark_event = L->t->num_events;
+    if (end - s >= 5 && memcmp(s, "mark ", 5) == 0) {
+        cuh_trace_t *t = L->t;
+        const size_t had = t->num_marks;
+        if (had == 0 || (had >= 8 && (had & (had - 1)) == 0)) {   /* room for 8, then doubled when full */
+            size_t *grown = realloc(t->mark_events, (t->num_marks ? 2 * t->num_marks : 8) * sizeof *grown);
+            if (!grown)
+                return fail(L, line, "out of memory for the trace's marks");
+            t->mark_events = grown;
+        }
+        t->mark_events[t->num_marks] = t->num_events;
+        if (++t->num_marks == 2)
+            t->second_mark_event = t->num_events;
+    }
     if (end - s >= 8 && memcmp(s, "pytorch ", 8) == 0 && v1_measured(L, line, s + 8, end) != 0)
         return -1;
     if (end - s >= 7 && memcmp(s, "corpus ", 7) == 0 && v1_corpus(L, line, s + 7, end) != 0)
@@ -796,6 +807,7 @@ void cuh_trace_free(cuh_trace_t *trace)
     free(trace->path);
     free(trace->description);
     free(trace->events);
+    free(trace->mark_events);
     memset(trace, 0, sizeof *trace);
 }
 

@@ -173,6 +173,10 @@ static void test_reports_in_text_and_valid_json(void **state)
     assert_int_equal(cuheap_malloc(&b, 1000, 0, (cuheap_stream_t)0x77), CUHEAP_OK);
     void *big;
     assert_int_equal(cuheap_malloc(&big, 100 * GiB, 0, NULL), CUHEAP_ERR_OUT_OF_MEMORY);
+    /* Two steps marked: every form shows them, the first with the heap's
+     * first pages. */
+    assert_int_equal(cuheap_mark_step(), CUHEAP_OK);
+    assert_int_equal(cuheap_mark_step(), CUHEAP_OK);
     char path[256], cmd[1024];
     snprintf(path, sizeof path, "%s/report-%%p.json", dir);
     assert_int_equal(cuheap_dump_report(path, CUHEAP_REPORT_JSON), CUHEAP_OK);
@@ -183,7 +187,9 @@ static void test_reports_in_text_and_valid_json(void **state)
              "assert d[\"stats\"][\"requested\"][\"current\"]==5*2**20+1000; "
              "assert d[\"oom\"][\"cause\"]==\"capacity\"; "
              "assert sum(len(s[\"extents\"]) for s in d[\"segments\"])>=2; "
-             "assert \"pinned_host\" not in r' %s",
+             "assert \"pinned_host\" not in r; "
+             "st=d[\"steps\"]; assert st[\"marked\"]==2 and [x[\"index\"] for x in st[\"last\"]]==[1,2]; "
+             "assert st[\"last\"][0][\"device_allocs\"]>=1 and st[\"last\"][1][\"device_allocs\"]==0' %s",
              path);
     assert_int_equal(system(cmd), 0);
     snprintf(path, sizeof path, "%s/report.txt", dir);
@@ -194,11 +200,13 @@ static void test_reports_in_text_and_valid_json(void **state)
     assert_non_null(strstr(text, "last out-of-memory"));
     assert_non_null(strstr(text, "cause capacity"));
     assert_null(strstr(text, "pinned host memory"));   /* no pinned memory used: no section */
+    assert_non_null(strstr(text, "steps marked: 2"));
     snprintf(path, sizeof path, "%s/report.html", dir);
     assert_int_equal(cuheap_dump_report(path, CUHEAP_REPORT_HTML), CUHEAP_OK);
     const char *page = slurp(path);
     assert_non_null(strstr(page, "</html>"));
     assert_null(strstr(page, "Pinned host memory"));
+    assert_non_null(strstr(page, "<h2>Steps</h2>"));
     assert_int_equal(cuheap_dump_report("/nonexistent-dir/r.json", CUHEAP_REPORT_JSON), CUHEAP_ERR_IO);
     assert_non_null(strstr(cuheap_last_error(), "/nonexistent-dir/r.json"));
     /* A regular file is replaced whole (written beside it, then renamed):

@@ -201,6 +201,43 @@ except OSError as e:
     print('ok' if 'no/such/dir' in str(e) else e)")
 check "dump_report() writes JSON and reports a bad path (got: $out)" '[ "$out" = ok ]'
 
+# Steps: an installed cuheap marks one after every optimizer step, through
+# torch.optim's global post-step hook, whether the optimizer module is imported
+# before or after install(); the hook calls the library (mark_step).
+mkdir -p "$tmp/fake/torch/optim"
+: > "$tmp/fake/torch/optim/__init__.py"
+cat > "$tmp/fake/torch/optim/optimizer.py" <<'PY'
+"""torch.optim.optimizer's global post-step hooks."""
+HOOKS = []
+def register_optimizer_step_post_hook(hook):
+    HOOKS.append(hook)
+PY
+out=$(LD_LIBRARY_PATH="$(dirname "$lib")/fake" py -c '
+import ctypes, json, sys, cuheap_torch, torch
+cuheap_torch.install()
+import torch.optim.optimizer as o
+assert len(o.HOOKS) == 1, o.HOOKS
+lib = cuheap_torch._load()
+alloc, free = lib.cuheap_torch_alloc, lib.cuheap_torch_free
+alloc.restype, alloc.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+for step in range(3):   # three optimizer steps, each with a block of its own
+    a = alloc((step + 1) << 21, 0, None)
+    free(a, (step + 1) << 21, 0, None)
+    o.HOOKS[0](object(), (), {})
+import cuheap
+assert "mark_step" in cuheap.__all__ and cuheap.mark_step() is None
+cuheap.dump_report(sys.argv[1])
+st = json.load(open(sys.argv[1]))["devices"][0]["steps"]
+print(st["marked"], [x["page_maps"] > 0 for x in st["last"]])' "$tmp/steps.json")
+check "installed, torch.optim imported after: every optimizer step is a step of the report (got: $out)" \
+    '[ "$out" = "4 [True, True, True, False]" ]'
+out=$(py -c '
+import torch, torch.optim.optimizer as o, cuheap_torch
+cuheap_torch.install()
+print(len(o.HOOKS))')
+check "installed, torch.optim imported before: its hook is registered once (got: $out)" '[ "$out" = 1 ]'
+
 # torch.compile(mode="reduce-overhead"): CUDA-graph trees need allocator
 # checkpoints a plugin cannot give, so an installed cuheap selects plain CUDA
 # graphs, whether inductor's settings are imported before or after, and the

@@ -51,6 +51,74 @@ static void test_vmm_checkerboard_then_larger_blocks_fit_in_live_plus_two_pages(
     test_heap_free(&t);
 }
 
+/* Steps (cuh_heap_mark_step): each marked step counts the pages mapped and
+ * moved in it and the allocations asked of the device, as the device saw
+ * them; the heap keeps the last CUH_STEP_HISTORY steps, oldest first, and the
+ * step that mapped the most pages. */
+static void test_vmm_steps_count_what_each_step_mapped_and_moved(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(68 * MiB, "vmm:1,small_max:0,vmm_margin:0");
+    cuh_sim_counters_t c0, c1, c2;
+    uintptr_t a[32];
+    for (int i = 0; i < 8; i++)
+        a[i] = must_alloc(t.heap, 2 * MiB, 0);
+    cuh_sim_counters(t.dev, &c0);
+    cuh_heap_mark_step(t.heap);   /* step 1: 8 new pages */
+    for (int i = 8; i < 32; i++)
+        a[i] = must_alloc(t.heap, 2 * MiB, 0);
+    for (int i = 0; i < 32; i += 2)
+        must_free(t.heap, a[i], 0);
+    uintptr_t big[4];
+    for (int i = 0; i < 4; i++)
+        big[i] = must_alloc(t.heap, 8 * MiB, 0);   /* the limit is near: pages move */
+    cuh_heap_poll(t.heap);
+    cuh_sim_counters(t.dev, &c1);
+    cuh_heap_mark_step(t.heap);   /* step 2: 24 new pages, 16 moved */
+    cuh_heap_mark_step(t.heap);   /* step 3: nothing */
+    cuh_sim_counters(t.dev, &c2);
+    assert_int_equal(c2.vm_maps, c1.vm_maps);
+
+    cuh_heap_snapshot_t *snap = cuh_heap_snapshot(t.heap, 0);
+    assert_non_null(snap);
+    assert_int_equal(snap->steps_marked, 3);
+    assert_int_equal(snap->num_steps, 3);
+    const cuh_snap_step_t *s = snap->steps;
+    assert_int_equal(s[0].index, 1);
+    assert_int_equal(s[0].page_maps, c0.vm_maps);
+    assert_int_equal(s[0].page_maps, 8);
+    assert_int_equal(s[0].device_allocs, c0.vm_creates);
+    assert_int_equal(s[0].page_moves, 0);
+    assert_int_equal(s[1].index, 2);
+    assert_int_equal(s[1].page_maps, c1.vm_maps - c0.vm_maps);
+    assert_int_equal(s[1].device_allocs, c1.vm_creates - c0.vm_creates);
+    assert_int_equal(s[1].page_moves, s[1].page_maps - s[1].device_allocs);   /* every map not of a new page moved one */
+    assert_true(s[1].page_moves >= 14);
+    assert_int_equal(s[2].page_maps + s[2].page_moves + s[2].device_allocs + s[2].cpu_waits, 0);
+    for (int i = 0; i < 3; i++)
+        assert_true(s[i].seconds >= 0 && s[i].end >= s[i].seconds && (i == 0 || s[i].end >= s[i - 1].end));
+    assert_int_equal(snap->most_maps.index, 2);
+    assert_int_equal(snap->most_maps.page_maps, s[1].page_maps);
+    cuh_heap_snapshot_free(snap);
+
+    /* Past CUH_STEP_HISTORY steps the oldest go; the busiest step stays. */
+    for (int i = 0; i < CUH_STEP_HISTORY + 5; i++)
+        cuh_heap_mark_step(t.heap);
+    snap = cuh_heap_snapshot(t.heap, 0);
+    assert_non_null(snap);
+    assert_int_equal(snap->steps_marked, 3 + CUH_STEP_HISTORY + 5);
+    assert_int_equal(snap->num_steps, CUH_STEP_HISTORY);
+    for (size_t i = 0; i < CUH_STEP_HISTORY; i++)
+        assert_int_equal(snap->steps[i].index, 3 + 5 + 1 + i);
+    assert_int_equal(snap->most_maps.index, 2);
+    cuh_heap_snapshot_free(snap);
+    for (int i = 0; i < 4; i++)
+        must_free(t.heap, big[i], 0);
+    for (int i = 1; i < 32; i += 2)
+        must_free(t.heap, a[i], 0);
+    test_heap_free(&t);
+}
+
 /* vmm_page:8M: pages are 8 MiB pieces, created, mapped and moved whole. A
  * checkerboard of 8 MiB blocks still makes room for 32 MiB blocks at the
  * live peak plus two pages, and each move is one call per 8 MiB. */
@@ -924,6 +992,7 @@ int main(void)
         cmocka_unit_test(test_vmm_free_pages_that_add_up_serve_a_request_off_a_page_boundary),
         cmocka_unit_test(test_vmm_mapped_pages_past_a_free_extents_unmapped_start_serve_a_request),
         cmocka_unit_test(test_vmm_block_grows_from_its_streams_free_memory_at_the_top),
+        cmocka_unit_test(test_vmm_steps_count_what_each_step_mapped_and_moved),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

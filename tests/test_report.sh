@@ -300,6 +300,64 @@ long="$tmp/$(printf 'a%.0s' $(seq 1 300)).trace"
 check "the settings line of a report is whole: every key, a 300-character trace path last" \
     'grep "^settings: " $tmp/long.txt | grep -q "reuse_across_streams:0,.*pinned_chunk:[0-9]*,trace:$long\$"'
 check "the text report names the cause and what would help" 'grep -q "cause fragmentation" $tmp/frag.txt && grep -q "what would help" $tmp/frag.txt'
+# Steps: a trace's marks are the steps of its replay's reports (the library's
+# own marks, cuheap_mark_step, are tested in test_api.c and test_heap_vmm.c).
+# Every step's counts add up to the heap's totals when the last mark ends the
+# trace; a report keeps the last 32 steps; cuheap-report reads them back the
+# same and refuses steps that cannot be.
+llama=bench/traces/corpus/llama_ckpt_plugin.trace.gz
+"$replay" --way plugin --report "$tmp/steps.json" "$llama" >/dev/null
+"$replay" --way plugin --report "$tmp/steps.txt" "$llama" >/dev/null
+out=$(python3 "$tmp/validate.py" include/cuheap_report.schema.json "$tmp/steps.json")
+check "a report with steps validates against the schema ($out)" '[ "$out" = valid ]'
+sums=$(python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1]))['devices'][0]; st = d['steps']; seg = d['segments'][0]
+tot = lambda k: sum(x[k] for x in st['last'])
+print(st['marked'], len(st['last']), tot('page_maps') == seg['page_maps'] > 0, tot('page_moves') == seg['page_moves'] > 0,
+      tot('device_allocs') == d['stats']['num_segment_allocs'], tot('cpu_waits') == d['stats']['num_cpu_waits'],
+      st['most_maps']['page_maps'] == max(x['page_maps'] for x in st['last']))" "$tmp/steps.json")
+marks=$(zcat "$llama" | grep -c '^# mark ')
+check "every mark of the trace is a step, and the steps add up to the heap's totals ($sums; $marks marks)" \
+    '[ "$sums" = "$marks $marks True True True True True" ]'
+check "the text report lists the steps and the busiest one" \
+    'grep -q "steps marked: $marks" $tmp/steps.txt && grep -q "most pages mapped in one step" $tmp/steps.txt'
+python3 -c "
+import sys
+print('# trace v1')
+for i in range(40):
+    print('# mark %d step %d' % (10 * i, i + 1))
+    print('a %d %d 4194304 0' % (10 * i + 1, i + 1))
+    print('f %d %d' % (10 * i + 2, i + 1))
+print('# mark 400 end')" > "$tmp/forty.trace"
+"$replay" --report "$tmp/forty.json" "$tmp/forty.trace" >/dev/null
+kept=$(python3 -c "
+import json, sys
+st = json.load(open(sys.argv[1]))['devices'][0]['steps']
+print(st['marked'], [x['index'] for x in st['last']] == list(range(10, 42)))" "$tmp/forty.json")
+check "41 marks: the report keeps the last 32 steps, in order ($kept)" '[ "$kept" = "41 True" ]'
+"$report_tool" --json "$tmp/steps.json" > "$tmp/steps2.json"
+check "cuheap-report reads the steps back the same" 'cmp -s "$tmp/steps.json" "$tmp/steps2.json"'
+for broken in "st['last'][3]['index'] = 7|where step 4 belongs" \
+    "st['last'][2]['page_moves'] = 99999|a moved page is a mapped one" \
+    "st['last'][1]['seconds'] = -1|a negative time" \
+    "st['most_maps']['index'] = 12; st['most_maps']['page_moves'] = 0|after the last step marked" \
+    "st['most_maps'] = None|null, but step" \
+    "st['last'] = st['last'] * 4; st['marked'] = 44|at most 32"; do
+    python3 -c "
+import json, sys
+r = json.load(open(sys.argv[1])); st = r['devices'][0]['steps']
+exec(sys.argv[2])
+json.dump(r, open(sys.argv[3], 'w'))" "$tmp/steps.json" "${broken%%|*}" "$tmp/broken.json"
+    said=$("$report_tool" "$tmp/broken.json" 2>&1 >/dev/null)
+    check "cuheap-report refuses steps that cannot be (${broken%%|*}): $said" \
+        '[ -n "$said" ] && [[ "$said" == *"${broken##*|}"* ]] && [[ "$said" == *"steps"* ]]'
+done
+python3 -c "
+import json, sys
+r = json.load(open(sys.argv[1])); del r['devices'][0]['steps']; json.dump(r, open(sys.argv[2], 'w'))" "$tmp/steps.json" "$tmp/older.json"
+check "a report from before steps were marked is read (no steps section)" \
+    '"$report_tool" "$tmp/older.json" > "$tmp/older.txt" && ! grep -q "steps marked" "$tmp/older.txt"'
 check "the HTML page loads nothing from outside" '! grep -Eqi "(src|href)=|https?:|<script|@import|url\(" $tmp/frag.html'
 
 # Render both pages; decode the PNGs with the standard library.

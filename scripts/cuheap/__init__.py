@@ -23,7 +23,8 @@ virtual memory (vmm:1) unless CUHEAP_CONF sets vmm.
 
 Then memory_stats() answers with the keys of torch.cuda.memory_stats() (whose
 own version raises for pluggable allocators), memory_summary() prints a
-summary, and dump_report(path) writes cuheap's full report. Once installed,
+summary, and dump_report(path) writes cuheap's full report, with what each
+of the last optimizer steps asked of the device (mark_step() marks others). Once installed,
 torch.cuda's own statistics functions (memory_stats, max_memory_allocated,
 reset_peak_memory_stats, ...) answer from cuheap too, where PyTorch's plugin
 interface would raise, and torch.compile(mode="reduce-overhead") records plain
@@ -38,7 +39,7 @@ import runpy
 import sys
 
 __all__ = ["install", "installed", "memory_stats", "memory_summary", "memory_snapshot", "reset_peak_memory_stats",
-           "reset_accumulated_memory_stats", "dump_report", "last_error", "library_path", "status"]
+           "reset_accumulated_memory_stats", "dump_report", "mark_step", "last_error", "library_path", "status"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _lib = None
@@ -167,6 +168,25 @@ def install():
     _allocator = allocator
     _answer_torch_statistics()
     _use_plain_cuda_graphs()
+    _mark_optimizer_steps()
+
+
+def mark_step():
+    """Marks the end of a step: cuheap's reports then show what each of the last
+    32 steps asked of the device (pages mapped and moved, new device memory, CPU
+    waits for the GPU). Once installed, every optimizer step is marked on its
+    own (two optimizers stepping in one iteration mark two steps)."""
+    _load().cuheap_mark_step()
+
+
+def _mark_optimizer_steps():
+    """Marks a step after every optimizer step, through torch.optim's global
+    post-step hook (PyTorch 2.0 and later; older ones mark none)."""
+    def hook(module):
+        register = getattr(module, "register_optimizer_step_post_hook", None)
+        if register is not None:
+            register(lambda optimizer, args, kwargs: mark_step())
+    _after_import("torch.optim.optimizer", hook)
 
 
 def last_error():

@@ -441,7 +441,10 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
     }
     if (lag > 0)
         busy_streams_work(dev);
+    size_t next_mark = 0;   /* the trace's marks are its steps: the heap's reports show them */
     for (i = 0; i < n; i++) {
+        for (; cuh_unlikely(next_mark < t->num_marks && t->mark_events[next_mark] == i); next_mark++)
+            cuh_heap_mark_step(heap);
         if (cuh_unlikely(t->num_marks >= 2 && i == t->second_mark_event)) {
             cuh_sim_counters(dev, &run->at_step2);
             run->have_step2 = 1;
@@ -482,6 +485,8 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
         }
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
+    for (; i == n && next_mark < t->num_marks; next_mark++)
+        cuh_heap_mark_step(heap);   /* marks after the last event ("end") */
     run->elapsed_ns = elapsed_ns(&t0, &t1);
     run->replayed = i < n ? i + 1 : n;
 

@@ -306,6 +306,79 @@ static void read_timeline(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t 
 /* An out-of-memory's "stranded" object (optional: reports before it had
  * none): totals, and the segment that strands the most with its largest
  * blocks as [address, bytes] pairs, largest first, inside that segment. */
+/* One step of "steps" (a step's object): its counts, and that it moved no
+ * more pages than it mapped and ended no earlier than it began. */
+static void read_step(reader_t *r, const cuh_json_t *o, cuh_snap_step_t *x)
+{
+    x->index = get_u64(r, o, "index", UINT64_MAX);
+    x->end = get_double(r, o, "end");
+    x->seconds = get_double(r, o, "seconds");
+    x->page_maps = get_u64(r, o, "page_maps", UINT64_MAX);
+    x->page_moves = get_u64(r, o, "page_moves", UINT64_MAX);
+    x->device_allocs = get_u64(r, o, "device_allocs", UINT64_MAX);
+    x->cpu_waits = get_u64(r, o, "cpu_waits", UINT64_MAX);
+    if (r->failed)
+        return;
+    if (x->index == 0)
+        fail(r, o, "step index 0: steps count from 1");
+    else if (x->seconds < 0 || x->end < x->seconds)
+        fail(r, o, "step %" PRIu64 " took %g s and ended at %g s: %s", x->index, x->seconds, x->end,
+             x->seconds < 0 ? "a negative time" : "it would have begun before the heap");
+    else if (x->page_moves > x->page_maps)
+        fail(r, o, "step %" PRIu64 " moved %" PRIu64 " pages but mapped %" PRIu64 ": a moved page is a mapped one",
+             x->index, x->page_moves, x->page_maps);
+}
+
+/* The optional "steps" (reports before cuheap_mark_step lack it): how many
+ * were marked, the last of them in order ending at that count, and the one
+ * that mapped the most pages, no fewer than any listed. */
+static void read_steps(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t *s)
+{
+    size_t saved, saved_last, item;
+    const cuh_json_t *o = opt_node(r, d, "steps", CUH_JSON_OBJECT, &saved);
+    if (!o || r->failed) {
+        path_pop(r, saved);
+        return;
+    }
+    s->steps_marked = get_u64(r, o, "marked", UINT64_MAX);
+    const cuh_json_t *a = get_node(r, o, "last", CUH_JSON_ARRAY, &saved_last);
+    if (a && !r->failed && (a->v.array.n > CUH_STEP_HISTORY || a->v.array.n > s->steps_marked))
+        fail(r, a, "%zu steps listed, but a heap keeps at most %d and %" PRIu64 " were marked", a->v.array.n,
+             CUH_STEP_HISTORY, s->steps_marked);
+    for (size_t i = 0; a && !r->failed && i < a->v.array.n; i++) {
+        const cuh_json_t *x = get_item(r, a, i, &item);
+        cuh_snap_step_t *st = &s->steps[s->num_steps++];
+        read_step(r, x, st);
+        const uint64_t want = s->steps_marked - a->v.array.n + 1 + i;
+        if (!r->failed && st->index != want)
+            fail(r, x, "step %" PRIu64 " where step %" PRIu64 " belongs: the last steps, in order, end at the %" PRIu64
+                 " marked", st->index, want, s->steps_marked);
+        path_pop(r, item);
+    }
+    path_pop(r, saved_last);
+    const cuh_json_t *m = member(r, o, "most_maps", 1, &saved_last);
+    if (m && !r->failed && m->type != CUH_JSON_NULL && m->type != CUH_JSON_OBJECT)
+        fail(r, m, "expected null or an object, found %s", cuh_json_describe(m));
+    if (m && !r->failed && m->type == CUH_JSON_OBJECT) {
+        read_step(r, m, &s->most_maps);
+        if (!r->failed && (s->most_maps.index > s->steps_marked || !s->most_maps.page_maps))
+            fail(r, m, "step %" PRIu64 " with %" PRIu64 " pages mapped: %s", s->most_maps.index,
+                 s->most_maps.page_maps,
+                 s->most_maps.page_maps ? "after the last step marked" : "null stands for no step that mapped any");
+        for (size_t i = 0; !r->failed && i < s->num_steps; i++)
+            if (s->steps[i].page_maps > s->most_maps.page_maps)
+                fail(r, m, "%" PRIu64 " pages mapped, but step %" PRIu64 " mapped %" PRIu64, s->most_maps.page_maps,
+                     s->steps[i].index, s->steps[i].page_maps);
+    } else if (m && !r->failed) {
+        for (size_t i = 0; !r->failed && i < s->num_steps; i++)
+            if (s->steps[i].page_maps)
+                fail(r, m, "null, but step %" PRIu64 " mapped %" PRIu64 " pages", s->steps[i].index,
+                     s->steps[i].page_maps);
+    }
+    path_pop(r, saved_last);
+    path_pop(r, saved);
+}
+
 static void read_stranded(reader_t *r, const cuh_json_t *o, cuh_oom_info_t *x)
 {
     size_t saved;
@@ -480,6 +553,7 @@ static cuh_heap_snapshot_t *read_device(reader_t *r, const cuh_json_t *d)
              s->uptime < 0 ? "negative" : "less than the time of the timeline's last sample");
         path_pop(r, saved_up);
     }
+    read_steps(r, d, s);
     read_oom(r, d, s);
     if (r->failed) {
         cuh_heap_snapshot_free(s);
