@@ -142,6 +142,75 @@ void cuh_heap_reset_peaks(cuh_heap_t *h)
 
 /* ---- consistency ------------------------------------------------------------------ */
 
+static int compare_events(const void *a, const void *b)
+{
+    uintptr_t x = (uintptr_t)*(cuh_event_t const *)a, y = (uintptr_t)*(cuh_event_t const *)b;
+    return (x > y) - (x < y);
+}
+
+/* Every event the heap holds is in one place only: the spare pool, a
+ * stream's fences, a batch, a hold, a fence for memory outside the heap, an
+ * old mapping's drain or the events kept until done. An event in two would
+ * be recorded for one and found complete for the other. */
+static int check_events_locked(const cuh_heap_t *h, char *msg, size_t len)
+{
+    size_t n = h->num_spare_events + h->num_unsettled;
+    for (uint32_t i = 0; i < h->num_streams; i++)
+        n += h->streams[i]->num_fences;
+    const free_batch_t *lists[2] = {h->open_batch, h->closed_batches};
+    for (int l = 0; l < 2; l++)
+        for (const free_batch_t *b = lists[l]; b; b = l ? b->next : NULL)
+            n += b->num_events;
+    for (size_t k = 0; k < h->num_holds; k++)
+        n += h->holds[k]->num_events;
+    for (const cuh_heap_fence_t *f = h->fences; f; f = f->next)
+        n += f->num_events;
+    for (const vm_drain_t *d = h->drains; d; d = d->next)
+        n += d->event != NULL;
+    if (!n)
+        return 0;
+    cuh_event_t *all = malloc(n * sizeof *all);
+    if (!all)
+        return 0;   /* no room to check: nothing is wrong for that */
+    size_t k = 0;
+#define ADD(e)                  \
+    do {                        \
+        if (e)                  \
+            all[k++] = (e);     \
+    } while (0)
+    for (size_t i = 0; i < h->num_spare_events; i++)
+        ADD(h->spare_events[i]);
+    for (size_t i = 0; i < h->num_unsettled; i++)
+        ADD(h->unsettled[i].event);
+    for (uint32_t i = 0; i < h->num_streams; i++)
+        for (size_t j = 0; j < h->streams[i]->num_fences; j++)
+            ADD(h->streams[i]->fences[j].event);
+    for (int l = 0; l < 2; l++)
+        for (const free_batch_t *b = lists[l]; b; b = l ? b->next : NULL)
+            for (size_t j = 0; j < b->num_events; j++)
+                ADD(b->events[j]);
+    for (size_t i = 0; i < h->num_holds; i++)
+        for (size_t j = 0; j < h->holds[i]->num_events; j++)
+            ADD(h->holds[i]->events[j]);
+    for (const cuh_heap_fence_t *f = h->fences; f; f = f->next)
+        for (size_t j = 0; j < f->num_events; j++)
+            ADD(f->events[j]);
+    for (const vm_drain_t *d = h->drains; d; d = d->next)
+        ADD(d->event);
+#undef ADD
+    n = k;   /* events not recorded yet (a capture underway) are NULL */
+    qsort(all, n, sizeof *all, compare_events);
+    int rc = 0;
+    for (size_t i = 1; i < n && !rc; i++)
+        if (all[i] == all[i - 1]) {
+            snprintf(msg, len, "event %p is held in two places (recorded for one, it would pass for the other)",
+                     (void *)all[i]);
+            rc = -1;
+        }
+    free(all);
+    return rc;
+}
+
 int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
 {
     cuh_lock(&h->lock);
@@ -374,6 +443,8 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
                  num_held, held, h->held.count, h->held_bytes);
         rc = -1;
     }
+    if (!rc)
+        rc = check_events_locked(h, msg, len);
     cuh_unlock(&h->lock);
     return rc;
 }

@@ -315,6 +315,11 @@ int cuh_hp_stream_poll_locked(cuh_heap_t *h, stream_state_t *st, int wait)
         done++;
     }
     if (failed) {
+        /* The first `done` events went back to the spare pool above: only
+         * the rest are the stream's still, or an event would be handed out
+         * twice and one fence pass for another's. */
+        memmove(st->fences, st->fences + done, (st->num_fences - done) * sizeof *st->fences);
+        st->num_fences -= done;
         if (!wait)
             cuh_hp_cpu_wait_device(h);   /* (a failed wait did so already) */
         cuh_hp_stream_all_done_locked(h, st);
