@@ -11,6 +11,10 @@
 #     page of virtual memory cost (the price of a page moved under vmm:1);
 #     bench/gpu/pinned_costs.cu: cudaHostAlloc+cudaFreeHost against cuheap's
 #     pinned cache, and host-to-device copy bandwidth from each;
+#     bench/gpu/preload_pairs.c (part pairs): a cudaMalloc+cudaFree pair by
+#     size under LD_PRELOAD, cuheap beside the floor (bench/torch/floor.h)
+#     and CUDA's own, in PAIRS_ROUNDS alternating rounds (default 3), and the
+#     fence cudaFree's promise costs;
 #  3. where PyTorch is installed, bench/torch/run_modes.py: the training jobs
 #     (BENCH_JOBS, default resnet50,gpt2,bert_varlen,llama_ckpt,kv_generate)
 #     under BENCH_MODES (default native,expandable,async,cuheap,preload),
@@ -24,7 +28,7 @@
 #     the floor (bench/torch/floor.h, built here with `make floor`) as plugin
 #     and preload; PER_TENSOR_ROUNDS rounds (default 2) of every mode, about
 #     5 minutes.
-# BENCH_PARTS picks parts (default latency,sync,vm,pinned,torchlat,jobs).
+# BENCH_PARTS picks parts (default latency,sync,vm,pinned,pairs,torchlat,jobs).
 # Argument 1 is the build directory (default build). Exit status 0 only if
 # every part ran.
 set -euo pipefail
@@ -34,7 +38,7 @@ NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
 cd "$(dirname "$0")/.."
 rc=0
 section() { printf '\n== %s\n' "$*"; }
-parts=",${BENCH_PARTS:-latency,sync,vm,pinned,torchlat,jobs},"
+parts=",${BENCH_PARTS:-latency,sync,vm,pinned,pairs,torchlat,jobs},"
 want() { [[ "$parts" == *",$1,"* ]]; }
 
 section "GPU"
@@ -69,6 +73,26 @@ fi
 if want pinned; then
     section "pinned host memory (bench/gpu/pinned_costs.cu)"
     timeout 300 "$BUILD"/pinned_costs || rc=1
+fi
+
+if want pairs; then
+    section "a cudaMalloc+cudaFree pair under LD_PRELOAD, ns (bench/gpu/preload_pairs.c)"
+    make floor BUILD="$BUILD" >/dev/null
+    cudart_dir=$(dirname "$(dirname "$NVCC")")/lib64
+    if gcc -std=c11 -O2 -I"$cudart_dir/../include" bench/gpu/preload_pairs.c -L"$cudart_dir" -lcudart -lcuda \
+        -Wl,-rpath,"$cudart_dir" -o "$BUILD"/preload_pairs; then
+        for round in $(seq "${PAIRS_ROUNDS:-3}"); do
+            out=$(FLOOR_ARENA=8G LD_PRELOAD="$BUILD/floor/libfloor_preload.so" "$BUILD"/preload_pairs) || rc=1
+            echo "round $round, floor:  $out"
+            out=$(LD_PRELOAD="$(pwd)/$BUILD/libcuheap.so" "$BUILD"/preload_pairs) || rc=1
+            echo "round $round, cuheap: $out"
+        done
+        out=$("$BUILD"/preload_pairs 2000 --fences) || rc=1
+        echo "CUDA's own, which synchronizes: $out"
+    else
+        echo "preload_pairs: build failed"
+        rc=1
+    fi
 fi
 
 if want torchlat; then

@@ -660,7 +660,11 @@ cuheap_status_t cuh_heap_free_device_wide(cuh_heap_t *h, uintptr_t addr)
             if (!h->captures)
                 cuh_hp_cpu_wait_device(h);
             cuh_hp_release_block_global_locked(h, &b, addr);
-        } else {
+        } else if (b.ext || cuh_hp_fences_per_stream_locked(h) ||
+                   h->open_batch->bytes > cuh_hp_free_slack_locked(h) / 2) {
+            /* A block's free fences at once (its next cudaMalloc takes it
+             * back, and finds the fence done sooner); small objects' once
+             * over half the slack is freed, not per free. */
             cuh_hp_batches_poll_locked(h, 0);
         }
         if (cuh_unlikely(h->num_holds))

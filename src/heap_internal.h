@@ -146,6 +146,7 @@ typedef struct free_batch_s {
     struct free_batch_s *next;   /* closed batches, oldest first */
     batch_entry_t *entries;      /* in the held map too, with the batch as value */
     size_t num_entries, cap_entries;
+    size_t bytes;                /* the entries' sizes added up */
     size_t num_events, cap_events;
     cuh_event_t *events;
     cuh_stream_t *event_streams;  /* the stream each event was recorded on */
@@ -431,6 +432,7 @@ void cuh_hp_release_block_global_locked(cuh_heap_t *h, const live_block_t *b, ui
 void cuh_hp_batch_close_locked(cuh_heap_t *h);
 int cuh_hp_batches_poll_locked(cuh_heap_t *h, int wait);
 int cuh_hp_batch_add_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested);
+size_t cuh_hp_free_slack_locked(const cuh_heap_t *h);
 /* Frees a batch and its arrays (NULL: nothing). */
 void cuh_hp_batch_free(free_batch_t *batch);
 

@@ -525,6 +525,70 @@ static void test_device_fences_take_back_at_every_malloc_and_cover_every_stream(
     test_heap_free(&t);
 }
 
+/* cudaFree'd small objects cost a fence only once more than half of the
+ * free slack (cuh_hp_free_slack_locked: 2 MiB on a heap this small) waits
+ * in the open batch, not one per free: 4,096 pairs of 512 bytes, the GPU
+ * keeping up, record 16 events, where they recorded 4,096 (each time the
+ * slab's free objects run out, the allocation takes back what the batch
+ * holds rather than start another slab), and the heap holds one slab. What
+ * the open batch holds still comes back before the heap grows:
+ * under a limit that leaves no room for another slab, the same objects are
+ * handed out again, the GPU ordered after their frees (it had not passed
+ * them). */
+static void test_device_fences_come_once_per_half_slack_of_small_frees(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    cuh_sim_counters_t c0, c1;
+    uintptr_t a = must_alloc(t.heap, 512, 0);   /* the slab exists */
+    must_free(t.heap, a, 0);
+    cuh_sim_counters(t.dev, &c0);
+    for (int i = 0; i < 4096; i++) {
+        uintptr_t x;
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 512, &x), CUHEAP_OK);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, x), CUHEAP_OK);
+    }
+    cuh_sim_counters(t.dev, &c1);
+    assert_true(c1.events_recorded - c0.events_recorded <= 4096 / 128);
+    assert_true(c1.event_queries - c0.event_queries <= 2 * 4096 / 128);
+    cuheap_stats_t st;
+    cuh_heap_stats(t.heap, &st);
+    assert_int_equal(st.num_segment_allocs, 1);
+    heap_ok(t.heap);
+    cuh_heap_poll(t.heap);
+    test_heap_free(&t);
+
+    /* The limit: what holds 1,000 objects now, no more. */
+    t = test_heap_new(GiB, NULL);
+    enum { N = 1000 };
+    uintptr_t obj[N], again[N];
+    for (int i = 0; i < N; i++)
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 512, &obj[i]), CUHEAP_OK);
+    cuh_heap_stats(t.heap, &st);
+    cuh_heap_set_limit(t.heap, st.reserved.current);
+    cuh_sim_hold_events(t.dev, 1);
+    const uint64_t reading = cuh_sim_enqueue_work(t.dev, 0);   /* a kernel still reads them */
+    cuh_sim_counters(t.dev, &c0);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, obj[i]), CUHEAP_OK);
+    cuh_sim_counters(t.dev, &c1);
+    assert_int_equal(c1.events_recorded, c0.events_recorded);   /* 500 KiB freed: no fence yet */
+    for (int i = 0; i < N; i++)
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 512, &again[i]), CUHEAP_OK);
+    cuh_sim_counters(t.dev, &c1);
+    cuh_heap_stats(t.heap, &st);
+    assert_true(st.reserved.peak <= st.limit);
+    assert_int_equal(st.num_ooms, 0);
+    assert_true(c1.waits_all > c0.waits_all);   /* the GPU waits, not the CPU */
+    assert_int_equal(c1.event_waits, c0.event_waits);
+    assert_true(cuh_sim_stream_waits_for(t.dev, S1, 0, reading));
+    heap_ok(t.heap);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, again[i]), CUHEAP_OK);
+    cuh_sim_complete_all(t.dev);
+    test_heap_free(&t);
+}
+
 /* A take-back being cheap with device-wide fences, a cudaMalloc takes back
  * whatever cudaFree gave back before it searches, not only once as much as
  * it asks for is held: a 32 MiB hole beside 32 MiB of free memory then
@@ -737,6 +801,7 @@ int main(void)
         cmocka_unit_test(test_take_back_orders_every_stream_after_the_frees_at_linear_cost),
         cmocka_unit_test(test_device_wide_frees_with_many_streams_ration_batch_closes),
         cmocka_unit_test(test_poll_sends_a_rationed_batch_out),
+        cmocka_unit_test(test_device_fences_come_once_per_half_slack_of_small_frees),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

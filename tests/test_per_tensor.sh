@@ -80,10 +80,14 @@ if [ "$device" = ok ]; then
 else
     not_ok "LD_PRELOAD: the current context's device is not asked for per cudaMalloc (a primary context is known)" "$device"
 fi
-if all_sizes preload "x <= 5" >"$TMP/why" 2>&1 && [ "$(calls_of preload "512 B" cuCtxGetCurrent)" = 3.00 ]; then
-    ok "LD_PRELOAD: at most 5 driver calls per cudaMalloc+cudaFree (3 current-context reads, a fence, its query)"
+# Small objects: cudaFree's fence once per many frees (heap_devicewide.c, the
+# free slack), so about one call a pair, the current context; blocks: a fence
+# and its query at every pair still.
+small=$(calls preload "512 B")
+if all_sizes preload "x <= 5" >"$TMP/why" 2>&1 && awk -v x="$small" 'BEGIN {exit !(x != "" && x <= 1.1)}'; then
+    ok "LD_PRELOAD: at most 5 driver calls per cudaMalloc+cudaFree, and 512 B about one ($small): fences come per many small frees"
 else
-    not_ok "LD_PRELOAD: at most 5 driver calls per cudaMalloc+cudaFree (3 current-context reads, a fence, its query)" \
+    not_ok "LD_PRELOAD: at most 5 driver calls per cudaMalloc+cudaFree, and 512 B about one ($small): fences come per many small frees" \
         "$(cat "$TMP/why" "$TMP/preload.out")"
 fi
 
