@@ -98,6 +98,14 @@ s, d = a[\"after_step1\"], a[\"device_calls\"]
 assert s[\"steps\"] == 39 and 0 < s[\"page_unmaps\"] <= d[\"page_unmaps\"] and 0 < s[\"page_maps\"] < d[\"page_maps\"], a
 assert b[\"marks\"] == 0 and b[\"after_step1\"] is None, b
 "'
+check "worst_step: the step after the first that moved the most pages, no fewer than the mean, null without marks" \
+    'py "
+import json
+a, b = (json.loads(l) for l in open(\"$TMP/moves_all.out\"))
+w, s = a[\"worst_step\"], a[\"after_step1\"]
+assert 2 <= w[\"step\"] <= 40 and s[\"page_unmaps\"] / s[\"steps\"] <= w[\"page_unmaps\"] <= s[\"page_unmaps\"], (w, s)
+assert b[\"worst_step\"] is None, b
+"'
 run plain_text "$TMP/c/churn_plugin.trace.gz"
 check "the text output says what PyTorch measured when the trace was recorded" \
     'grep -q "PyTorch measured when the trace was recorded.*native [0-9.]*, expandable [0-9.]*, async [0-9.]*" "$TMP/plain_text.out"'
@@ -141,9 +149,12 @@ assert s[2][\"median_moves\"] is None, s
 c = r[(\"churn\", \"plugin\")]   # native total_ms=10 over the 39 steps after the first
 assert abs(c[\"move_time\"] / (c[\"moves_per_step\"] * 0.055 / (10.0 / 38)) - 1) < 0.01, c
 assert r[(\"steady\", \"plugin\")][\"move_time\"] is None and s[0][\"median_move_time\"] == c[\"move_time\"], s
+w = json.loads(open(\"$TMP/moves_all.out\").readline())[\"worst_step\"]
+assert c[\"worst_step_moves\"] == w[\"page_unmaps\"] and r[(\"steady\", \"plugin\")][\"worst_step_moves\"] is None, c
+assert s[0][\"most_in_a_step\"] == c[\"worst_step_moves\"] and s[0][\"most_in_a_step_job\"] == \"churn\", s
 "'
-check "the table has a moves column and the summary names the job that moves the most" \
-    'grep -q " moves   +time\$" "$TMP/table.out" && grep -q "^tuning   plugin   1 jobs: .*pages moved a step after the first: median [0-9]*, most [0-9]* (churn)" "$TMP/table.out"'
+check "the table has moves and worst-step columns and the summary names the job that moves the most" \
+    'grep -q " moves   worst   +time\$" "$TMP/table.out" && grep -q "^tuning   plugin   1 jobs: .*pages moved a step after the first: median [0-9]*, most [0-9]* (churn), in one step [0-9]* (churn)" "$TMP/table.out"'
 run tuning --dir "$TMP/c" --replay "$BUILD/cuheap-replay" --tuning
 check "--tuning leaves the held-out set out" '[ $rc = 0 ] && ! grep -q "^steady\|^held-out" "$TMP/tuning.out"'
 

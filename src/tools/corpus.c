@@ -71,6 +71,7 @@ typedef struct row_s {
     double base_ratio;            /* --baseline: the same job's ratio then; NAN if absent */
     double moves;                 /* pages moved a step after the first (unmaps / steps); NAN: no steps marked */
     double move_time;             /* those moves' time (MOVE_MS each) over PyTorch native's step time; NAN: unknown */
+    double worst_moves;           /* pages moved in the step after the first that moved the most; NAN: unknown */
 } row_t;
 
 typedef struct options_s {
@@ -302,6 +303,8 @@ static int replay_row(const options_t *o, row_t *row)
     const cuh_json_t *after = cuh_json_get(r, "after_step1");
     uint64_t steps = get_u64(after, "steps");
     row->moves = steps ? (double)get_u64(after, "page_unmaps") / (double)steps : NAN;
+    const cuh_json_t *worst = cuh_json_get(r, "worst_step");
+    row->worst_moves = worst && worst->type == CUH_JSON_OBJECT ? (double)get_u64(worst, "page_unmaps") : NAN;
     const cuh_json_t *measured = cuh_json_get(r, "measured");
     /* Native's total_ms is every step after its first; the trace's marks
      * count a warm-up step before them, so those steps are steps - 1 of the
@@ -365,6 +368,8 @@ typedef struct summary_s {
     double median, worst, median_min, worst_min;
     const char *worst_job;
     double median_moves, most_moves; /* pages moved a step after the first; NAN: none marked */
+    double most_in_a_step;        /* the most pages any job moved in one step after its first; NAN: none */
+    const char *most_in_a_step_job;
     double median_move_time, most_move_time; /* their estimated time over native's step time */
     const char *most_moves_job;
     size_t below_best;            /* jobs where cuheap reserves less than PyTorch's least */
@@ -379,6 +384,7 @@ static summary_t summarize(const row_t *rows, size_t n, int held_out, int way)
     size_t nm = 0, nv = 0, nt = 0;
     s.most_moves = NAN;
     s.most_move_time = NAN;
+    s.most_in_a_step = NAN;
     if (!ratios || !mins || !moves || !times) {
         fprintf(stderr, PROG ": out of memory\n");
         exit(1);
@@ -396,6 +402,10 @@ static summary_t summarize(const row_t *rows, size_t n, int held_out, int way)
             times[nt++] = r->move_time;
             if (isnan(s.most_move_time) || r->move_time > s.most_move_time)
                 s.most_move_time = r->move_time;
+        }
+        if (!isnan(r->worst_moves) && (isnan(s.most_in_a_step) || r->worst_moves > s.most_in_a_step)) {
+            s.most_in_a_step = r->worst_moves;
+            s.most_in_a_step_job = r->job;
         }
         if (!isnan(r->moves)) {
             moves[nv++] = r->moves;
@@ -459,6 +469,10 @@ static void print_row(const row_t *r)
         printf(" %8.0f", r->moves);
     else
         printf(" %8s", "-");
+    if (!isnan(r->worst_moves))
+        printf(" %7.0f", r->worst_moves);
+    else
+        printf(" %7s", "-");
     if (!isnan(r->move_time))
         printf(" %+6.1f%%", 100.0 * r->move_time);
     else
@@ -479,6 +493,8 @@ static void print_summary(const summary_t *s, int held_out, int way)
     if (!isnan(s->median_moves))
         printf("; pages moved a step after the first: median %.0f, most %.0f (%s)", s->median_moves, s->most_moves,
                s->most_moves_job);
+    if (!isnan(s->most_in_a_step))
+        printf(", in one step %.0f (%s)", s->most_in_a_step, s->most_in_a_step_job);
     if (!isnan(s->median_move_time))
         printf(", their time over native's step: median %+.1f%%, most %+.1f%%", 100.0 * s->median_move_time,
                100.0 * s->most_move_time);
@@ -502,6 +518,10 @@ static void json_row(const row_t *r)
             printf(",\"moves_per_step\":%.1f", r->moves);
         else
             printf(",\"moves_per_step\":null");
+        if (!isnan(r->worst_moves))
+            printf(",\"worst_step_moves\":%.0f", r->worst_moves);
+        else
+            printf(",\"worst_step_moves\":null");
         if (!isnan(r->move_time))
             printf(",\"move_time\":%.4f", r->move_time);
         else
@@ -531,6 +551,10 @@ static void json_summary(const summary_t *s, int held_out, int way)
                s->most_moves, s->most_moves_job);
     else
         printf(",\"median_moves\":null,\"most_moves\":null,\"most_moves_job\":null");
+    if (!isnan(s->most_in_a_step))
+        printf(",\"most_in_a_step\":%.0f,\"most_in_a_step_job\":\"%s\"", s->most_in_a_step, s->most_in_a_step_job);
+    else
+        printf(",\"most_in_a_step\":null,\"most_in_a_step_job\":null");
     if (!isnan(s->median_move_time))
         printf(",\"median_move_time\":%.4f,\"most_move_time\":%.4f}}\n", s->median_move_time, s->most_move_time);
     else
@@ -673,10 +697,12 @@ int main(int argc, char **argv)
                "libs: MiB the libraries took with cudaMalloc themselves under LD_PRELOAD (the preload trace's\n"
                "  live peak beyond the plugin trace's), which PyTorch's figures do not hold: vs best leaves them out\n"
                "moves: pages moved (unmapped from free memory, mapped again) a step after the first step, in\n"
-               "  the replay; +time: at about 55 us each on an H200, their time over PyTorch native's step\n"
+               "  the replay; worst: in the step after the first that moved the most (the step a user feels);\n"
+               "  +time: the moves a step at about 55 us each on an H200, over PyTorch native's step\n"
                "%s\n", o.baseline ? "last column: cuheap's ratio against the baseline's\n" : "");
-        printf("%-20s %-8s %-7s %8s %7s %7s %7s %7s %7s  %-10s %7s %6s %8s %7s\n", "job", "set", "way", "live GiB",
-               "ratio", "min cap", "native", "expand", "async", "best", "vs best", "libs", "moves", "+time");
+        printf("%-20s %-8s %-7s %8s %7s %7s %7s %7s %7s  %-10s %7s %6s %8s %7s %7s\n", "job", "set", "way",
+               "live GiB", "ratio", "min cap", "native", "expand", "async", "best", "vs best", "libs", "moves", "worst",
+               "+time");
         for (size_t i = 0; i < n; i++)
             print_row(&rows[i]);
         printf("\n");

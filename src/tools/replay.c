@@ -75,7 +75,25 @@ typedef struct run_s {
     cuh_sim_counters_t device; /* the simulated device's calls */
     int have_step2;           /* the trace marks step 2's start and the replay got there */
     cuh_sim_counters_t at_step2; /* the device's calls before step 2's first event */
+    uint64_t unmaps_at_mark;  /* the device's page unmaps at the last mark */
+    size_t worst_step;        /* of the steps after the first, the one that moved the most pages; 0: none */
+    uint64_t worst_step_unmaps;
 } run_t;
+
+/* The trace's mark number k (from 0) ends step k, which began at mark k - 1
+ * (a corpus trace marks each step's start, and its end): follows the step
+ * after the first that moved the most pages, the step a user feels. */
+static void step_ends(run_t *run, cuh_device_t *dev, size_t k)
+{
+    cuh_sim_counters_t c;
+    cuh_sim_counters(dev, &c);
+    const uint64_t moved = c.vm_unmaps - run->unmaps_at_mark;
+    if (k >= 2 && (!run->worst_step || moved > run->worst_step_unmaps)) {
+        run->worst_step = k;
+        run->worst_step_unmaps = moved;
+    }
+    run->unmaps_at_mark = c.vm_unmaps;
+}
 
 static void usage(FILE *f)
 {
@@ -443,8 +461,10 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
         busy_streams_work(dev);
     size_t next_mark = 0;   /* the trace's marks are its steps: the heap's reports show them */
     for (i = 0; i < n; i++) {
-        for (; cuh_unlikely(next_mark < t->num_marks && t->mark_events[next_mark] == i); next_mark++)
+        for (; cuh_unlikely(next_mark < t->num_marks && t->mark_events[next_mark] == i); next_mark++) {
             cuh_heap_mark_step(heap);
+            step_ends(run, dev, next_mark);
+        }
         if (cuh_unlikely(t->num_marks >= 2 && i == t->second_mark_event)) {
             cuh_sim_counters(dev, &run->at_step2);
             run->have_step2 = 1;
@@ -485,8 +505,15 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
         }
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    for (; i == n && next_mark < t->num_marks; next_mark++)
-        cuh_heap_mark_step(heap);   /* marks after the last event ("end") */
+    if (i == n) {
+        const int ends_with_mark = t->num_marks && t->mark_events[t->num_marks - 1] == n;
+        for (; next_mark < t->num_marks; next_mark++) {   /* marks after the last event ("end") */
+            cuh_heap_mark_step(heap);
+            step_ends(run, dev, next_mark);
+        }
+        if (t->num_marks && !ends_with_mark)
+            step_ends(run, dev, t->num_marks);   /* the last step ran to the trace's end */
+    }
     run->elapsed_ns = elapsed_ns(&t0, &t1);
     run->replayed = i < n ? i + 1 : n;
 
@@ -677,6 +704,11 @@ static void print_json(const result_t *r)
                     run->at_step2.synchronizes);
     else
         fputs(",\"after_step1\":null", f);
+    if (run->worst_step)
+        fprintf(f, ",\"worst_step\":{\"step\":%zu,\"page_unmaps\":%" PRIu64 "}", run->worst_step,
+                run->worst_step_unmaps);
+    else
+        fputs(",\"worst_step\":null", f);
     if (t->pytorch_peak_reserved) {
         fprintf(f, ",\"pytorch_peak_reserved\":%" PRIu64, t->pytorch_peak_reserved);
         if (t->peak_live)
