@@ -7,6 +7,9 @@
  */
 #include "heap_test.h"
 
+#include <pthread.h>
+#include <sched.h>
+
 /* ---- virtual memory (vmm:1) ------------------------------------------------------ */
 
 static void test_vmm_checkerboard_then_larger_blocks_fit_in_live_plus_two_pages(void **state)
@@ -116,6 +119,72 @@ static void test_vmm_steps_count_what_each_step_mapped_and_moved(void **state)
         must_free(t.heap, big[i], 0);
     for (int i = 1; i < 32; i += 2)
         must_free(t.heap, a[i], 0);
+    test_heap_free(&t);
+}
+
+/* Steps marked while other threads allocate: every page mapped falls in
+ * exactly one step (a step's counts are taken under the heap's lock), and
+ * ThreadSanitizer, which runs this test too, sees no race. */
+typedef struct {
+    cuh_heap_t *heap;
+    unsigned seed;
+} stepper_arg_t;
+
+static void *allocate_and_free(void *p)
+{
+    stepper_arg_t *a = p;
+    uintptr_t live[8] = {0};
+    for (int i = 0; i < 400; i++) {
+        unsigned k = (unsigned)rand_r(&a->seed) % 8;
+        if (live[k]) {
+            assert_int_equal(cuh_heap_free(a->heap, live[k], 0), CUHEAP_OK);
+            live[k] = 0;
+        } else {
+            size_t size = ((size_t)rand_r(&a->seed) % 6 + 1) * MiB;
+            assert_int_equal(cuh_heap_malloc(a->heap, size, 0, &live[k]), CUHEAP_OK);
+        }
+    }
+    for (int k = 0; k < 8; k++)
+        if (live[k])
+            assert_int_equal(cuh_heap_free(a->heap, live[k], 0), CUHEAP_OK);
+    return NULL;
+}
+
+static void test_vmm_steps_marked_while_threads_allocate_count_every_page_once(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, "vmm:1,vmm_margin:0");
+    pthread_t th[3];
+    stepper_arg_t args[3];
+    for (int i = 0; i < 3; i++) {
+        args[i] = (stepper_arg_t){t.heap, (unsigned)(i + 1) * 7919u};
+        assert_int_equal(pthread_create(&th[i], NULL, allocate_and_free, &args[i]), 0);
+    }
+    for (int i = 0; i < CUH_STEP_HISTORY - 1; i++) {
+        cuh_heap_mark_step(t.heap);
+        sched_yield();
+    }
+    for (int i = 0; i < 3; i++)
+        pthread_join(th[i], NULL);
+    cuh_heap_mark_step(t.heap);   /* the last step: everything after the one before */
+    cuh_heap_snapshot_t *snap = cuh_heap_snapshot(t.heap, 0);
+    assert_non_null(snap);
+    assert_int_equal(snap->num_steps, CUH_STEP_HISTORY);
+    uint64_t maps = 0, moves = 0;
+    for (size_t i = 0; i < snap->num_steps; i++) {
+        maps += snap->steps[i].page_maps;
+        moves += snap->steps[i].page_moves;
+    }
+    const cuh_snap_segment_t *reservation = NULL;
+    for (size_t i = 0; i < snap->num_segments; i++)
+        if (snap->segments[i].virtual_space)
+            reservation = &snap->segments[i];
+    assert_non_null(reservation);
+    assert_true(reservation->page_maps > 0);
+    assert_int_equal(maps, reservation->page_maps);
+    assert_int_equal(moves, reservation->page_moves);
+    cuh_heap_snapshot_free(snap);
+    heap_ok(t.heap);
     test_heap_free(&t);
 }
 
@@ -993,6 +1062,7 @@ int main(void)
         cmocka_unit_test(test_vmm_mapped_pages_past_a_free_extents_unmapped_start_serve_a_request),
         cmocka_unit_test(test_vmm_block_grows_from_its_streams_free_memory_at_the_top),
         cmocka_unit_test(test_vmm_steps_count_what_each_step_mapped_and_moved),
+        cmocka_unit_test(test_vmm_steps_marked_while_threads_allocate_count_every_page_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
