@@ -158,6 +158,42 @@ check "the table has moves and worst-step columns and the summary names the job 
 run tuning --dir "$TMP/c" --replay "$BUILD/cuheap-replay" --tuning
 check "--tuning leaves the held-out set out" '[ $rc = 0 ] && ! grep -q "^steady\|^held-out" "$TMP/tuning.out"'
 
+# --bounds: each job's three replays (stream-ordered, cudaFree's at lags 0 and
+# 1000) against issue 42's bounds, each figure the replay's own, each verdict
+# the bound's arithmetic, and the counts per set.
+run bounds --dir "$TMP/c" --replay "$BUILD/cuheap-replay" --json --bounds
+BIN=$BUILD/cuheap-replay
+run lag0 --json --min-capacity --way preload --cudafree 0 "$TMP/c/churn_preload.trace.gz"
+BIN=$CORPUS
+check "--bounds: three replays a job, the lag-0 one the replay's own, verdicts by the bounds, counts per set" \
+    '[ $rc = 0 ] && py "
+import json
+lines = [json.loads(l) for l in open(\"$TMP/bounds.out\")]
+b = {(o[\"bound\"][\"job\"], o[\"bound\"][\"replay\"]): o[\"bound\"] for o in lines if \"bound\" in o}
+assert sorted(b) == sorted((j, r) for j in (\"churn\", \"steady\")
+                           for r in (\"stream-ordered\", \"cudaFree lag 0\", \"cudaFree lag 1000\")), sorted(b)
+rows = {(o[\"job\"], o[\"way\"]): o for o in lines if \"job\" in o and \"ratio\" in o}
+z = json.load(open(\"$TMP/lag0.out\"))
+assert abs(b[(\"churn\", \"cudaFree lag 0\")][\"ratio\"] - z[\"peak_reserved\"] / z[\"peak_live\"]) < 1e-5, (b, z)
+assert abs(b[(\"churn\", \"cudaFree lag 1000\")][\"ratio\"] - rows[(\"churn\", \"preload\")][\"ratio\"]) < 1e-5
+assert abs(b[(\"churn\", \"stream-ordered\")][\"ratio\"] - rows[(\"churn\", \"plugin\")][\"ratio\"]) < 1e-5
+for (job, replay), o in b.items():
+    live = rows[(job, \"plugin\" if replay == \"stream-ordered\" else \"preload\")][\"peak_live\"]
+    if replay == \"cudaFree lag 0\":
+        live = z[\"peak_live\"] if job == \"churn\" else live
+    assert o[\"reserved_ok\"] == (o[\"ratio\"] * live <= max(1.03 * live, live + (64 << 20)) + 1), o
+    assert o[\"min_ok\"] == (o[\"min_ratio\"] is not None and o[\"min_ratio\"] <= 1.02 + 1e-9), o
+s = {o[\"bounds_summary\"][\"set\"]: o[\"bounds_summary\"] for o in lines if \"bounds_summary\" in o}
+for name, job in ((\"tuning\", \"churn\"), (\"held-out\", \"steady\")):
+    mine = [o for (j, _), o in b.items() if j == job]
+    assert s[name][\"replays\"] == 3 and s[name][\"met\"] == sum(o[\"reserved_ok\"] and o[\"min_ok\"] for o in mine), s
+assert b[(\"steady\", \"stream-ordered\")][\"reserved_ok\"], b   # one block: nothing to hold beyond it
+"'
+run bounds_text --dir "$TMP/c" --replay "$BUILD/cuheap-replay" --bounds
+check "--bounds in the table: a line per job with its three replays, and a count per set" \
+    '[ $rc = 0 ] && grep -qE "^churn +tuning +[0-9.]+ [0-9.]+ (ok|MISSES)" "$TMP/bounds_text.out" && \
+     grep -qE "^tuning   bounds: [0-3] of 3 replays meet both" "$TMP/bounds_text.out"'
+
 # The rule: against itself nothing improves (not kept); against a baseline
 # made worse by 1% everywhere, both summaries improve and no job is worse.
 py "

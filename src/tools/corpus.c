@@ -21,6 +21,11 @@
  * way and no job gets worse by more than 0.5%. The exit status says it:
  * 0 kept, 3 not kept. No GPU is needed.
  *
+ * With --bounds it checks the bounds issue 42 holds every job to: replayed
+ * with default settings stream-ordered (the plugin trace) and with cudaFree's
+ * at lags 0 and 1000 (the preload trace), peak reserved at most max(1.03x
+ * peak live, peak live + 64 MiB) and the smallest device at most 1.02x.
+ *
  * Exit status: 0 done (and kept), 1 a trace could not be replayed, 2 usage,
  * 3 the change is not kept.
  */
@@ -50,6 +55,11 @@
 #define MOVE_MS 0.055
 /* The rule's bound: no job worse by more than this fraction. */
 #define WORSE_BOUND 0.005
+/* Issue 42's bounds (--bounds): peak reserved at most the larger of these
+ * over peak live, the smallest device at most the last. */
+#define BOUND_RATIO 1.03
+#define BOUND_SLACK (64ull << 20)
+#define BOUND_MIN_RATIO 1.02
 
 static const char *const WAYS[NUM_WAYS] = {"plugin", "preload"};
 static const char *const MODES[NUM_MODES] = {"native", "expandable", "async"};
@@ -72,11 +82,14 @@ typedef struct row_s {
     double moves;                 /* pages moved a step after the first (unmaps / steps); NAN: no steps marked */
     double move_time;             /* those moves' time (MOVE_MS each) over PyTorch native's step time; NAN: unknown */
     double worst_moves;           /* pages moved in the step after the first that moved the most; NAN: unknown */
+    /* --bounds, preload rows: the same trace's replay with cudaFree's at lag 0 */
+    int lag0_ok;
+    uint64_t lag0_live, lag0_reserved, lag0_min;
 } row_t;
 
 typedef struct options_s {
     const char *dir, *replay, *capacity, *conf, *baseline;
-    int json, tuning_only;
+    int json, tuning_only, bounds;
 } options_t;
 
 static void usage(FILE *f)
@@ -100,6 +113,10 @@ static void usage(FILE *f)
             "  --baseline FILE    compare with an earlier --json run and apply the rule:\n"
             "                     kept only if over the tuning set the median and worst\n"
             "                     improve in each way and no job is worse by over 0.5%%\n"
+            "  --bounds           also replay each preload trace with cudaFree's at lag 0\n"
+            "                     and say which replays meet issue 42's bounds: peak\n"
+            "                     reserved <= max(1.03x live, live + 64 MiB), smallest\n"
+            "                     device <= 1.02x live\n"
             "  -h, --help         this text\n"
             "\n"
             "exit status: 0 done (and kept), 1 a trace could not be replayed,\n"
@@ -127,6 +144,8 @@ static void parse_options(int argc, char **argv, options_t *o)
             o->json = 1;
         } else if (strcmp(a, "--tuning") == 0) {
             o->tuning_only = 1;
+        } else if (strcmp(a, "--bounds") == 0) {
+            o->bounds = 1;
         } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             usage(stdout);
             exit(0);
@@ -251,8 +270,9 @@ static uint64_t get_u64(const cuh_json_t *obj, const char *key)
     return v && v->type == CUH_JSON_NUMBER && (v->v.number.flags & CUH_JSON_UINT64) ? v->v.number.u : 0;
 }
 
-/* Replays row's trace; fills the row, or says why not and returns -1. */
-static int replay_row(const options_t *o, row_t *row)
+/* Replays row's trace (lag0: a preload trace with cudaFree's at lag 0,
+ * into the row's lag0 fields); fills the row, or says why not and returns -1. */
+static int replay_row(const options_t *o, row_t *row, int lag0)
 {
     char trace[4096], way_arg[32];
     snprintf(trace, sizeof trace, "%s/%s_%s.trace.gz", o->dir, row->job, WAYS[row->way]);
@@ -261,7 +281,7 @@ static int replay_row(const options_t *o, row_t *row)
         fprintf(stderr, PROG ": %s: %s\n", trace, strerror(errno));
         return -1;
     }
-    char *argv[12];
+    char *argv[14];
     int a = 0;
     argv[a++] = (char *)o->replay;
     argv[a++] = "--json";
@@ -269,6 +289,10 @@ static int replay_row(const options_t *o, row_t *row)
     argv[a++] = way_arg;
     argv[a++] = "--capacity";
     argv[a++] = (char *)o->capacity;
+    if (lag0) {
+        argv[a++] = "--cudafree";
+        argv[a++] = "0";
+    }
     if (o->conf) {
         argv[a++] = "--conf";
         argv[a++] = (char *)o->conf;
@@ -290,6 +314,14 @@ static int replay_row(const options_t *o, row_t *row)
         return -1;
     }
     const cuh_json_t *r = cuh_json_root(doc);
+    if (lag0) {
+        row->lag0_live = get_u64(r, "peak_live");
+        row->lag0_reserved = get_u64(r, "peak_reserved");
+        row->lag0_min = get_u64(r, "min_capacity");
+        row->lag0_ok = row->lag0_live != 0;
+        cuh_json_free(doc);
+        return row->lag0_ok ? 0 : -1;
+    }
     row->peak_live = get_u64(r, "peak_live");
     row->peak_reserved = get_u64(r, "peak_reserved");
     const cuh_json_t *oom = cuh_json_get(r, "oom");
@@ -561,6 +593,114 @@ static void json_summary(const summary_t *s, int held_out, int way)
         printf(",\"median_move_time\":null,\"most_move_time\":null}}\n");
 }
 
+/* ---- issue 42's bounds (--bounds) -------------------------------------------------- */
+
+static const char *const REPLAYS[3] = {"stream-ordered", "cudaFree lag 0", "cudaFree lag 1000"};
+
+/* One replay of a job against the bounds: which of them it meets. */
+typedef struct bound_s {
+    int ran;
+    double ratio, min_ratio;      /* min_ratio NAN: no smallest device found */
+    int reserved_ok, min_ok;
+} bound_t;
+
+static bound_t bound_of(uint64_t live, uint64_t reserved, uint64_t min)
+{
+    bound_t b = {0};
+    if (!live)
+        return b;
+    b.ran = 1;
+    b.ratio = (double)reserved / (double)live;
+    b.min_ratio = min ? (double)min / (double)live : NAN;
+    double allowed = (double)live * BOUND_RATIO;
+    if (allowed < (double)(live + BOUND_SLACK))
+        allowed = (double)(live + BOUND_SLACK);
+    b.reserved_ok = (double)reserved <= allowed;
+    b.min_ok = min && (double)min <= (double)live * BOUND_MIN_RATIO;
+    return b;
+}
+
+/* The job's three replays: stream-ordered (its plugin row), cudaFree's at
+ * lag 0 and at lag 1000 (its preload row). */
+static void bounds_of_job(const row_t *rows, size_t n, const char *job, bound_t out[3])
+{
+    memset(out, 0, 3 * sizeof *out);
+    for (size_t i = 0; i < n; i++) {
+        const row_t *r = &rows[i];
+        if (strcmp(r->job, job) != 0 || !r->ok)
+            continue;
+        if (r->way == 0) {
+            out[0] = bound_of(r->peak_live, r->peak_reserved, r->min_capacity);
+        } else {
+            out[2] = bound_of(r->peak_live, r->peak_reserved, r->min_capacity);
+            if (r->lag0_ok)
+                out[1] = bound_of(r->lag0_live, r->lag0_reserved, r->lag0_min);
+        }
+    }
+}
+
+static void print_bounds(const row_t *rows, size_t n, int json)
+{
+    if (!json)
+        printf("\nbounds (issue 42): peak reserved <= max(%.2fx live, live + %llu MiB), smallest device <= %.2fx "
+               "live;\neach replay: ratio, smallest device, and which bounds it misses\n%-20s %-8s %-26s %-26s %-26s\n",
+               BOUND_RATIO, BOUND_SLACK >> 20, BOUND_MIN_RATIO, "job", "set", REPLAYS[0], REPLAYS[1], REPLAYS[2]);
+    for (int held = 0; held < 2; held++) {
+        size_t ran = 0, met = 0, reserved_ok = 0, min_ok = 0;
+        for (size_t i = 0; i < n; i++) {
+            const row_t *r = &rows[i];
+            if (r->way != 0 || r->held_out != held)
+                continue;
+            bound_t b[3];
+            bounds_of_job(rows, n, r->job, b);
+            if (!json)
+                printf("%-20s %-8s", r->job, SETS[held]);
+            for (int k = 0; k < 3; k++) {
+                if (!b[k].ran) {
+                    if (!json)
+                        printf(" %-26s", "not replayed");
+                    continue;
+                }
+                ran++;
+                met += (size_t)(b[k].reserved_ok && b[k].min_ok);
+                reserved_ok += (size_t)b[k].reserved_ok;
+                min_ok += (size_t)b[k].min_ok;
+                if (json) {
+                    printf("{\"bound\":{\"job\":\"%s\",\"set\":\"%s\",\"replay\":\"%s\",\"ratio\":%.6f,", r->job,
+                           SETS[held], REPLAYS[k], b[k].ratio);
+                    if (isnan(b[k].min_ratio))
+                        printf("\"min_ratio\":null,");
+                    else
+                        printf("\"min_ratio\":%.6f,", b[k].min_ratio);
+                    printf("\"reserved_ok\":%s,\"min_ok\":%s}}\n", b[k].reserved_ok ? "true" : "false",
+                           b[k].min_ok ? "true" : "false");
+                    continue;
+                }
+                char cell[64], min[16];
+                if (isnan(b[k].min_ratio))
+                    snprintf(min, sizeof min, "none");
+                else
+                    snprintf(min, sizeof min, "%.4f", b[k].min_ratio);
+                snprintf(cell, sizeof cell, "%.4f %s %s", b[k].ratio, min,
+                         b[k].reserved_ok && b[k].min_ok ? "ok"
+                         : !b[k].reserved_ok && !b[k].min_ok ? "MISSES BOTH"
+                         : !b[k].reserved_ok ? "MISSES 1.03x" : "MISSES 1.02x");
+                printf(" %-26s", cell);
+            }
+            if (!json)
+                printf("\n");
+        }
+        if (!ran)
+            continue;
+        if (json)
+            printf("{\"bounds_summary\":{\"set\":\"%s\",\"replays\":%zu,\"met\":%zu,\"reserved_ok\":%zu,"
+                   "\"min_ok\":%zu}}\n", SETS[held], ran, met, reserved_ok, min_ok);
+        else
+            printf("%-8s bounds: %zu of %zu replays meet both (peak reserved: %zu, smallest device: %zu)\n",
+                   SETS[held], met, ran, reserved_ok, min_ok);
+    }
+}
+
 /* ---- the rule -------------------------------------------------------------------- */
 
 /* Fills base_ratio from an earlier --json run. */
@@ -676,7 +816,9 @@ int main(int argc, char **argv)
                 *r = jobs[j];
                 r->way = w;
                 r->base_ratio = NAN;
-                failed |= replay_row(&o, r) != 0;
+                failed |= replay_row(&o, r, 0) != 0;
+                if (o.bounds && w == 1)
+                    failed |= replay_row(&o, r, 1) != 0;
             }
     for (size_t i = 0; i < n; i++)
         for (size_t k = 0; k < n; k++)
@@ -715,6 +857,8 @@ int main(int argc, char **argv)
             else
                 print_summary(&s, held, w);
         }
+    if (o.bounds)
+        print_bounds(rows, n, o.json);
     int kept = 1;
     if (o.baseline && !o.json)
         kept = verdict(rows, n);
