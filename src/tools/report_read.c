@@ -303,9 +303,6 @@ static void read_timeline(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t 
     path_pop(r, saved);
 }
 
-/* An out-of-memory's "stranded" object (optional: reports before it had
- * none): totals, and the segment that strands the most with its largest
- * blocks as [address, bytes] pairs, largest first, inside that segment. */
 /* One step of "steps" (a step's object): its counts, and that it moved no
  * more pages than it mapped and ended no earlier than it began. */
 static void read_step(reader_t *r, const cuh_json_t *o, cuh_snap_step_t *x)
@@ -379,6 +376,9 @@ static void read_steps(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t *s)
     path_pop(r, saved);
 }
 
+/* An out-of-memory's "stranded" object (optional: reports before it had
+ * none): totals, and the segment that strands the most with its largest
+ * blocks as [address, bytes] pairs, largest first, inside that segment. */
 static void read_stranded(reader_t *r, const cuh_json_t *o, cuh_oom_info_t *x)
 {
     size_t saved;
