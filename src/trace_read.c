@@ -523,14 +523,12 @@ static int v1_comment(loader_t *L, size_t line, const char *s, size_t n)
         cuh_trace_t *t = L->t;
         const size_t had = t->num_marks;
         if (had == 0 || (had >= 8 && (had & (had - 1)) == 0)) {   /* room for 8, then doubled when full */
-            size_t *grown = realloc(t->mark_events, (t->num_marks ? 2 * t->num_marks : 8) * sizeof *grown);
+            size_t *grown = realloc(t->mark_events, (had ? 2 * had : 8) * sizeof *grown);
             if (!grown)
                 return fail(L, line, "out of memory for the trace's marks");
             t->mark_events = grown;
         }
-        t->mark_events[t->num_marks] = t->num_events;
-        if (++t->num_marks == 2)
-            t->second_mark_event = t->num_events;
+        t->mark_events[t->num_marks++] = t->num_events;
     }
     if (end - s >= 8 && memcmp(s, "pytorch ", 8) == 0 && v1_measured(L, line, s + 8, end) != 0)
         return -1;

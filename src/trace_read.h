@@ -84,7 +84,6 @@ typedef struct cuh_trace_s {
     char way[16];               /* "plugin" or "preload" */
     int pytorch_cache;          /* "pytorch_cache=on|off" there: 1, 0; -1 when not said */
     size_t num_marks;           /* "# mark T LABEL" lines (cuheap_trace_mark): the steps' starts */
-    size_t second_mark_event;   /* events before the second mark (where step 2 starts); 0 with fewer marks */
     size_t *mark_events;        /* for each mark, the events before it (num_marks of them) */
 } cuh_trace_t;
 

@@ -462,12 +462,12 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
     size_t next_mark = 0;   /* the trace's marks are its steps: the heap's reports show them */
     for (i = 0; i < n; i++) {
         for (; cuh_unlikely(next_mark < t->num_marks && t->mark_events[next_mark] == i); next_mark++) {
+            if (next_mark == 1) {   /* step 2 starts here: what every later step pays is counted from it */
+                cuh_sim_counters(dev, &run->at_step2);
+                run->have_step2 = 1;
+            }
             cuh_heap_mark_step(heap);
             step_ends(run, dev, next_mark);
-        }
-        if (cuh_unlikely(t->num_marks >= 2 && i == t->second_mark_event)) {
-            cuh_sim_counters(dev, &run->at_step2);
-            run->have_step2 = 1;
         }
         if (g_cudafree_lag >= 0) {
             /* cudaMalloc and cudaFree: any stream may use the block. */
