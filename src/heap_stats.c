@@ -148,35 +148,19 @@ static int compare_events(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Every event the heap holds is in one place only: the spare pool, a
- * stream's fences, a batch, a hold, a fence for memory outside the heap, an
- * old mapping's drain or the events kept until done. An event in two would
- * be recorded for one and found complete for the other. */
-static int check_events_locked(const cuh_heap_t *h, char *msg, size_t len)
+/* The events the heap holds, recorded ones only (one made during a capture
+ * is NULL until the capture ends): into `out` when it is not NULL; the count.
+ * Every place an event may be held is listed here, once. */
+static size_t collect_events_locked(const cuh_heap_t *h, cuh_event_t *out)
 {
-    size_t n = h->num_spare_events + h->num_unsettled;
-    for (uint32_t i = 0; i < h->num_streams; i++)
-        n += h->streams[i]->num_fences;
-    const free_batch_t *lists[2] = {h->open_batch, h->closed_batches};
-    for (int l = 0; l < 2; l++)
-        for (const free_batch_t *b = lists[l]; b; b = l ? b->next : NULL)
-            n += b->num_events;
-    for (size_t k = 0; k < h->num_holds; k++)
-        n += h->holds[k]->num_events;
-    for (const cuh_heap_fence_t *f = h->fences; f; f = f->next)
-        n += f->num_events;
-    for (const vm_drain_t *d = h->drains; d; d = d->next)
-        n += d->event != NULL;
-    if (!n)
-        return 0;
-    cuh_event_t *all = malloc(n * sizeof *all);
-    if (!all)
-        return 0;   /* no room to check: nothing is wrong for that */
     size_t k = 0;
 #define ADD(e)                  \
     do {                        \
-        if (e)                  \
-            all[k++] = (e);     \
+        if (e) {                \
+            if (out)            \
+                out[k] = (e);   \
+            k++;                \
+        }                       \
     } while (0)
     for (size_t i = 0; i < h->num_spare_events; i++)
         ADD(h->spare_events[i]);
@@ -185,6 +169,7 @@ static int check_events_locked(const cuh_heap_t *h, char *msg, size_t len)
     for (uint32_t i = 0; i < h->num_streams; i++)
         for (size_t j = 0; j < h->streams[i]->num_fences; j++)
             ADD(h->streams[i]->fences[j].event);
+    const free_batch_t *lists[2] = {h->open_batch, h->closed_batches};
     for (int l = 0; l < 2; l++)
         for (const free_batch_t *b = lists[l]; b; b = l ? b->next : NULL)
             for (size_t j = 0; j < b->num_events; j++)
@@ -198,7 +183,22 @@ static int check_events_locked(const cuh_heap_t *h, char *msg, size_t len)
     for (const vm_drain_t *d = h->drains; d; d = d->next)
         ADD(d->event);
 #undef ADD
-    n = k;   /* events not recorded yet (a capture underway) are NULL */
+    return k;
+}
+
+/* Every event the heap holds is in one place only: the spare pool, a
+ * stream's fences, a batch, a hold, a fence for memory outside the heap, an
+ * old mapping's drain or the events kept until done. An event in two would
+ * be recorded for one and found complete for the other. */
+static int check_events_locked(const cuh_heap_t *h, char *msg, size_t len)
+{
+    const size_t n = collect_events_locked(h, NULL);
+    if (!n)
+        return 0;
+    cuh_event_t *all = malloc(n * sizeof *all);
+    if (!all)
+        return 0;   /* no room to check: nothing is wrong for that */
+    collect_events_locked(h, all);
     qsort(all, n, sizeof *all, compare_events);
     int rc = 0;
     for (size_t i = 1; i < n && !rc; i++)
