@@ -312,6 +312,7 @@ cuh_extent_t *cuh_arena_take_at(cuh_arena_t *a, cuh_extent_t *ext, uintptr_t sta
     ext->epoch = 0;
     ext->requested = 0;
     ext->owner = NULL;
+    ext->chunked = 0;
     ext->segment->used_bytes += size;
     a->used += size;
     return ext;
@@ -335,6 +336,26 @@ cuh_extent_t *cuh_arena_take_spanning(cuh_arena_t *a, cuh_extent_t *ext, uintptr
     }
     index_insert(a, ext);
     return cuh_arena_take_at(a, ext, start, size, state, tag);
+}
+
+cuh_extent_t *cuh_arena_split_used(cuh_arena_t *a, cuh_extent_t *ext, uintptr_t at)
+{
+    cuh_extent_t *x = record_new(a);
+    if (!x)
+        return NULL;
+    *x = (cuh_extent_t){.addr = at, .size = ext->addr + ext->size - at, .segment = ext->segment,
+                        .state = ext->state, .tag = ext->tag};
+    ext->size = (size_t)(at - ext->addr);
+    link_after(ext, x);
+    return x;
+}
+
+void cuh_arena_join_used(cuh_arena_t *a, cuh_extent_t *ext)
+{
+    cuh_extent_t *n = ext->next;
+    ext->size += n->size;
+    unlink_extent(n);
+    record_delete(a, n);
 }
 
 /* May free extent `tag` absorb its free neighbour n? A private extent takes
@@ -374,6 +395,7 @@ void cuh_arena_release_freed_at(cuh_arena_t *a, cuh_extent_t *ext, uint32_t tag,
     ext->epoch = tag == CUH_TAG_GLOBAL ? 0 : epoch;
     ext->requested = 0;
     ext->owner = NULL;
+    ext->chunked = 0;
     /* Absorbing a global neighbour can bring the next one of our own tag
      * alongside: keep going until no neighbour may be absorbed. */
     while (absorbable(ext->prev, tag))

@@ -55,9 +55,10 @@ struct cuh_extent_s {
     cuh_extent_t *tag_prev, *tag_next;  /* free extents of the same tag */
     uint64_t epoch;                 /* free & private: the fence that covers it */
     size_t requested;               /* used: bytes the program asked for */
-    void *owner;                    /* used as slab: the slab record */
+    void *owner;                    /* used as slab: the slab record; block: the thread cache holding it, or NULL */
     uint32_t tag;                   /* free: who may reuse; used: allocating stream's tag */
     uint8_t state;                  /* cuh_extent_state_t */
+    uint8_t chunked;                /* block: a thread's chunk (chunk.h); `owner` is that thread's cache */
 };
 
 struct cuh_segment_s {
@@ -129,6 +130,12 @@ cuh_extent_t *cuh_arena_take_at(cuh_arena_t *arena, cuh_extent_t *ext, uintptr_t
  * every stream). Otherwise as cuh_arena_take. */
 cuh_extent_t *cuh_arena_take_spanning(cuh_arena_t *arena, cuh_extent_t *ext, uintptr_t start, size_t size,
                                      cuh_extent_state_t state, uint32_t tag);
+/* Cuts used extent `ext` in two at `at` (inside it, past its start): ext
+ * keeps [addr, at), the returned extent, used alike (state, tag, nothing
+ * requested), is [at, end). NULL if out of host memory (nothing changed). */
+cuh_extent_t *cuh_arena_split_used(cuh_arena_t *arena, cuh_extent_t *ext, uintptr_t at);
+/* Undoes a split: used extent `ext` takes in the used extent after it. */
+void cuh_arena_join_used(cuh_arena_t *arena, cuh_extent_t *ext);
 /* Frees a used extent into `tag` with the tag's current epoch, merging with
  * the neighbours it may absorb. */
 void cuh_arena_release(cuh_arena_t *arena, cuh_extent_t *ext, uint32_t tag);
