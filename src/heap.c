@@ -41,6 +41,17 @@
 
 /* ---- the allocation ladder ----------------------------------------------------- */
 
+/* When the device or the limit refuses memory: the chunks lent to threads
+ * (only while threads contend) go back first, but not for a chunk's own
+ * allocation (heap_chunks.c). 1 if any went. */
+static int chunks_give_back_locked(cuh_heap_t *h)
+{
+    if (cuh_likely(!h->num_chunks) || h->chunk_call)
+        return 0;
+    cuh_hp_chunks_short_locked(h);
+    return cuh_hp_chunks_dissolve_all_locked(h) != 0;
+}
+
 /* An extent of `size` bytes aligned to `align` for stream st, or NULL after
  * the whole ladder with *status saying why; for an out-of-memory, *why says
  * what refused the last segment (the caller records the OOM). */
@@ -77,6 +88,15 @@ cuh_extent_t *cuh_hp_extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
     e = cuh_hp_find_fit_locked(h, size, align, st->tag);
     if (cuh_likely(e != NULL))
         goto hit;
+    if (h->chunk_call) {
+        /* A chunk takes the memory at hand or grows the heap, and is not
+         * made rather than wait, take back or give back. */
+        grow_result_t grew = cuh_hp_grow_locked(h, size, align);
+        if (grew == GROW_OK)
+            goto grown;
+        *status = grew == GROW_ERROR ? CUHEAP_ERR_DEVICE : CUHEAP_ERR_OUT_OF_MEMORY;
+        return NULL;
+    }
 retry_after_take_back:
     if (cuh_hp_poll_all_locked(h, 0) && (e = cuh_hp_find_fit_locked(h, size, align, st->tag)))
         goto hit;
@@ -101,7 +121,10 @@ retry_after_take_back:
     }
     if (why == GROW_OK)
         goto grown;
-    /* Refused: wait for all freed memory, then give back what is whole. */
+    /* Refused: chunks come back, then wait for all freed memory, then give
+     * back what is whole. */
+    if (chunks_give_back_locked(h) && (e = cuh_hp_find_fit_locked(h, size, align, st->tag)))
+        goto hit;
     cuh_hp_settle_all_locked(h);
     if ((e = cuh_hp_find_fit_locked(h, size, align, st->tag)))
         goto hit;
@@ -201,6 +224,9 @@ taken:
                 if ((e = cuh_hp_find_fit_locked(h, size, align, st->tag)))
                     goto hit;
             }
+            /* The pages threads' chunks leave free come back, and serve. */
+            if (chunks_give_back_locked(h) && (e = cuh_hp_find_fit_locked(h, size, align, st->tag)))
+                goto hit;
             h->num_retries++;
             *why_out = mapped_why;
             *status = CUHEAP_ERR_OUT_OF_MEMORY;
@@ -474,7 +500,7 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
     }
     if (!device_wide && (*addr = cuh_hp_tcache_alloc(h, size, stream)))
         return CUHEAP_OK;
-    cuh_hp_heap_lock(h);
+    int waited = cuh_hp_heap_lock(h);
     if (cuh_unlikely(!h->started))
         start_locked(h);
     cuheap_status_t status;
@@ -499,6 +525,9 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
         status = CUHEAP_ERR_OUT_OF_MEMORY;
     } else if (size <= h->cfg.small_max && !cuh_hp_own_segment_locked(h)) {
         status = cuh_hp_small_alloc_locked(h, st, size, addr);
+    } else if (cuh_unlikely(h->contended) && !device_wide &&
+               (*addr = cuh_hp_chunk_alloc_locked(h, st, stream, size, waited))) {
+        status = CUHEAP_OK;   /* cut from a new chunk of this thread's (heap_chunks.c) */
     } else {
         status = large_alloc_locked(h, st, size, addr);
     }
@@ -561,6 +590,14 @@ static cuheap_status_t diagnose_free_locked(cuh_heap_t *h, uintptr_t addr)
 cuheap_status_t cuh_hp_find_live_locked(cuh_heap_t *h, uintptr_t addr, live_block_t *b)
 {
     memset(b, 0, sizeof *b);
+    /* A block of a thread's chunk reaches the lock path (freed on another
+     * stream or by another thread, record_stream, a double free): the
+     * chunks go back, and the heap judges it as its own block. */
+    if (cuh_unlikely(h->num_chunks)) {
+        cuh_extent_t *e = cuh_ptrmap_get(&h->blocks, addr);
+        if ((e && e->chunked) || (!e && !cuh_hp_slab_of_locked(h, addr)))
+            cuh_hp_chunks_dissolve_all_locked(h);
+    }
     if (cuh_unlikely(h->held.count) && cuh_ptrmap_get(&h->held, addr)) {
         cuh_set_error("double free: 0x%llx on device %d was already freed (it waits for GPU work before reuse)",
                       (unsigned long long)addr, h->dev->ordinal);
@@ -781,7 +818,9 @@ size_t cuh_heap_block_size(cuh_heap_t *h, uintptr_t addr)
     cuh_lock(&h->lock);
     cuh_extent_t *e = cuh_ptrmap_get(&h->blocks, addr);
     cuh_slab_t *s;
-    if (e && e->owner) {
+    if (cuh_unlikely(h->num_chunks) && (size = cuh_hp_chunk_block_size_locked(h, addr)) != SIZE_MAX) {
+        /* In a thread's chunk: its cache keeps the block's request. */
+    } else if ((size = 0, e && e->owner)) {
         /* A thread's cache keeps the request of the block it handed out. */
         cuh_tcache_t *tc = e->owner;
         cuh_spin_lock(&tc->lock);

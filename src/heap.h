@@ -210,6 +210,10 @@ int cuh_heap_check(cuh_heap_t *heap, char *msg, size_t len);
  * just contended for the heap's lock (heap_tcache.c, "a thread's large block"):
  * each thread then keeps the large block it freed while others allocate. */
 void cuh_heap_assume_contention(cuh_heap_t *heap, unsigned ops);
+/* For tests and benchmarks: how many chunks threads hold now (heap_chunks.c),
+ * their bytes in *bytes and how many were ever lent in *lent (either may be
+ * NULL). Gives nothing back. */
+size_t cuh_heap_chunks(cuh_heap_t *heap, size_t *bytes, uint64_t *lent);
 
 /* ---- snapshot: the one data model every report is rendered from ---- */
 

@@ -6,6 +6,7 @@
  *   heap_streams.c     streams, events and fences; fences for memory outside the heap
  *   heap_small.c       small objects: size-class slabs and each stream's rings of freed objects
  *   heap_tcache.c      thread caches and the parked block: where frees wait outside the arena
+ *   heap_chunks.c      a thread's chunks: the heap sharded per thread while threads contend
  *   heap_place.c       placement: which free extent a block takes (best fit, whole segments, mapped fits)
  *   heap_segments.c    growth and release of plain segments
  *   heap_pages.c       virtual memory (vmm:1): pages mapped, lent, moved and released
@@ -302,6 +303,12 @@ struct cuh_heap_s {
      * contended since one found its lock held. */
     cuh_tcache_t *large_tcs;
     uint32_t contended;
+    int assume_waits;            /* cuh_heap_assume_contention: every large allocation counts as having waited */
+    size_t num_chunks;           /* chunks lent to threads now (heap_chunks.c) */
+    uint64_t num_chunks_lent;    /* ever */
+    uint64_t chunks_short_at;    /* num_allocs when memory for chunks last ran short */
+    const cuh_tcache_t *last_chunk_asker;   /* whose large allocation asked last (compared, never followed) */
+    int chunk_call;              /* the allocation underway is a chunk: no heavy ways to memory */
     int captures;                /* graph captures underway on this device */
     int shareable_call;          /* the allocation underway must start a segment of its own */
 
@@ -386,6 +393,7 @@ void cuh_hp_tcache_flush_one_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_str
 void cuh_hp_tcache_flush_locked(cuh_heap_t *h);
 cuheap_status_t cuh_hp_tcache_take_locked(cuh_heap_t *h, const cuh_slab_t *s, uintptr_t addr);
 void cuh_hp_tcaches_orphan(cuh_heap_t *h);
+cuh_tcache_t *cuh_hp_tcache_mine_locked(cuh_heap_t *h);
 int cuh_hp_tcache_adopt_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr, cuh_stream_t stream);
 void cuh_hp_park_locked(cuh_heap_t *h, const live_block_t *b, stream_state_t *st);
 size_t cuh_hp_large_slots_empty_locked(cuh_heap_t *h, large_which_t which);
@@ -435,6 +443,16 @@ int cuh_hp_batch_add_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t r
 size_t cuh_hp_free_slack_locked(const cuh_heap_t *h);
 /* Frees a batch and its arrays (NULL: nothing). */
 void cuh_hp_batch_free(free_batch_t *batch);
+
+/* heap_chunks.c: a thread's chunks */
+uintptr_t cuh_hp_chunk_alloc_locked(cuh_heap_t *h, stream_state_t *st, cuh_stream_t stream, size_t size,
+                                    int waited);
+size_t cuh_hp_chunks_dissolve_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_streams, cuh_stream_t stream);
+size_t cuh_hp_chunks_dissolve_all_locked(cuh_heap_t *h);
+void cuh_hp_chunks_short_locked(cuh_heap_t *h);
+size_t cuh_hp_chunk_block_size_locked(cuh_heap_t *h, uintptr_t addr);
+int cuh_hp_chunks_check_locked(cuh_heap_t *h, const cuh_tcache_t *tc, int64_t *allocated_adjust,
+                               int64_t *requested_adjust, size_t *count, char *msg, size_t len);
 
 /* heap_holds.c: held blocks and captures */
 int cuh_hp_unhold_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested, live_block_t *b);
@@ -557,16 +575,18 @@ static inline int cuh_hp_fences_per_stream_locked(const cuh_heap_t *h)
     return cuh_hp_other_streams_locked(h) && !(h->device_fences && !h->captures);
 }
 
-/* The heap's lock, for an allocation or a free: notes whether it was held. */
-static inline void cuh_hp_heap_lock(cuh_heap_t *h)
+/* The heap's lock, for an allocation or a free: notes whether it was held,
+ * and returns 1 if it was. */
+static inline int cuh_hp_heap_lock(cuh_heap_t *h)
 {
     if (cuh_likely(cuh_trylock(&h->lock))) {
         if (cuh_unlikely(h->contended))
             h->contended--;
-        return;
+        return 0;
     }
     cuh_lock(&h->lock);
     h->contended = CONTENDED_HOLD;
+    return 1;
 }
 
 
@@ -591,8 +611,8 @@ static inline int cuh_hp_tcache_open(cuh_heap_t *h)
 
 /* Fast path of cuh_heap_malloc: an object of size's class this thread
  * freed on `stream`, from its cache, or for a large request the block the
- * cache holds if it has the request's size and was freed on `stream`. 0 if
- * there is none. */
+ * cache holds if it has the request's size and was freed on `stream`, else
+ * a block cut from the thread's chunks for `stream`. 0 if there is none. */
 static inline uintptr_t cuh_hp_tcache_alloc(cuh_heap_t *h, size_t size, cuh_stream_t stream)
 {
     cuh_tcache_t *tc = cuh_hp_my_tcache(h);
@@ -602,7 +622,10 @@ static inline uintptr_t cuh_hp_tcache_alloc(cuh_heap_t *h, size_t size, cuh_stre
     cuh_spin_lock(&tc->lock);
     if (cuh_likely(!tc->dead && cuh_hp_tcache_open(h))) {
         if (size > h->cfg.small_max) {
-            addr = cuh_tcache_large_take(tc, cuh_align_up(size, CUH_ALIGN), size, (uintptr_t)stream);
+            size_t block = cuh_align_up(size, CUH_ALIGN);
+            addr = cuh_tcache_large_take(tc, block, size, (uintptr_t)stream);
+            if (!addr && tc->num_chunks)
+                addr = cuh_tcache_chunk_take(tc, block, size, (uintptr_t)stream);
         } else if ((addr = cuh_tcache_pop(tc, cuh_sizeclass_index(size), (uintptr_t)stream))) {
             cuh_tcache_hand_out(tc, cuh_tcache_find(tc, addr), (uint32_t)size);
         }
@@ -612,10 +635,10 @@ static inline uintptr_t cuh_hp_tcache_alloc(cuh_heap_t *h, size_t size, cuh_stre
     return addr;
 }
 
-/* Fast path of cuh_heap_free: an object or the large block this thread's
- * cache handed out, freed on the stream it was allocated on, goes back to
- * the cache. 0 if the heap must see the free (not the cache's, another
- * stream, no room). */
+/* Fast path of cuh_heap_free: an object, the large block or a chunk's
+ * block this thread's cache handed out, freed on the stream it was
+ * allocated on, goes back to the cache. 0 if the heap must see the free
+ * (not the cache's, another stream, no room). */
 static inline int cuh_hp_tcache_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream)
 {
     cuh_tcache_t *tc = cuh_hp_my_tcache(h);
@@ -627,6 +650,8 @@ static inline int cuh_hp_tcache_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t
         cuh_tc_entry_t *e;
         if (tc->large.addr == addr) {
             done = cuh_tcache_large_give(tc, addr, (uintptr_t)stream);
+        } else if (tc->num_chunks && cuh_tcache_chunk_give(tc, addr, (uintptr_t)stream)) {
+            done = 1;
         } else if ((e = cuh_tcache_find(tc, addr)) && e->state == CUH_TC_LIVE && e->stream == (uintptr_t)stream &&
                    tc->cached_bytes + e->size <= h->cfg.thread_cache &&
                    cuh_tcache_push(tc, e->size_class, addr, (uintptr_t)stream) == 0) {

@@ -215,13 +215,15 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
 {
     cuh_lock(&h->lock);
     int rc = cuh_arena_check(&h->arena, msg, len);
-    size_t allocated = 0, requested = 0, ring_objs = 0, slab_spare = 0, tcached = 0, large_owned = 0;
+    size_t allocated = 0, requested = 0, ring_objs = 0, slab_spare = 0, tcached = 0, large_owned = 0, chunked = 0;
+    size_t chunks = 0;
     for (cuh_segment_t *seg = h->arena.segments; !rc && seg; seg = seg->next)
         for (cuh_extent_t *e = seg->first; e; e = e->next) {
             if (e->state == CUH_EXTENT_BLOCK) {
                 allocated += e->size;
                 requested += e->requested;
-                large_owned += e->owner != NULL;
+                large_owned += e->owner != NULL && !e->chunked;
+                chunked += e->chunked;
                 if (cuh_ptrmap_get(&h->blocks, e->addr) != e) {
                     snprintf(msg, len, "block 0x%llx is missing from the block map", (unsigned long long)e->addr);
                     rc = -1;
@@ -372,6 +374,8 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
             snprintf(msg, len, "thread cache: listed as holding a large block, holds none");
             rc = -1;
         }
+        if (!rc)
+            rc = cuh_hp_chunks_check_locked(h, tc, &allocated_adjust, &requested_adjust, &chunks, msg, len);
         for (size_t i = 0; i <= tc->mask; i++) {
             const cuh_tc_entry_t *e = &tc->slots[i];
             if (!e->addr)
@@ -410,6 +414,11 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
         }
         owned += entries;
         cuh_spin_unlock(&tc->lock);
+    }
+    if (!rc && (chunks != chunked || chunks != h->num_chunks)) {
+        snprintf(msg, len, "%zu blocks marked as chunks, thread caches hold %zu, books say %zu", chunked, chunks,
+                 h->num_chunks);
+        rc = -1;
     }
     if (!rc && owned != tcached) {
         snprintf(msg, len, "slabs mark %zu objects tcached, thread caches own %zu", tcached, owned);

@@ -96,6 +96,8 @@ static void tcache_disown_live_locked(cuh_heap_t *h, cuh_tcache_t *tc, cuh_tc_en
 void cuh_hp_tcache_flush_one_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_streams, cuh_stream_t stream,
                                     int forget_live)
 {
+    if (tc->num_chunks)
+        cuh_hp_chunks_dissolve_locked(h, tc, all_streams, stream);
     cuh_spin_lock(&tc->lock);
     for (unsigned c = 0; c < CUH_MAX_CLASSES; c++)
         for (uint32_t i = tc->bins[c].count; i-- > 0;) {
@@ -210,7 +212,7 @@ void cuh_hp_tcaches_orphan(cuh_heap_t *h)
 
 /* This thread's cache of heap h, made on first use; NULL if none can be
  * (out of host memory: the heap then serves the thread without one). */
-static cuh_tcache_t *tcache_mine_locked(cuh_heap_t *h)
+cuh_tcache_t *cuh_hp_tcache_mine_locked(cuh_heap_t *h)
 {
     cuh_tcache_t *tc = cuh_hp_my_tcache(h);
     if (tc)
@@ -271,7 +273,7 @@ int cuh_hp_tcache_adopt_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t a
 {
     if (!h->cfg.thread_cache || h->captures || b->size > h->cfg.thread_cache)
         return 0;
-    cuh_tcache_t *tc = tcache_mine_locked(h);
+    cuh_tcache_t *tc = cuh_hp_tcache_mine_locked(h);
     if (!tc)
         return 0;
     cuh_slab_t *s = b->slab;
@@ -470,6 +472,8 @@ void cuh_hp_unpark_locked(cuh_heap_t *h)
     unpark_one_locked(h);
     if (cuh_unlikely(h->large_tcs != NULL))
         cuh_hp_large_slots_empty_locked(h, h->contended ? LARGE_MINE_HELD : LARGE_ALL);
+    if (cuh_unlikely(h->num_chunks) && !h->contended)
+        cuh_hp_chunks_dissolve_all_locked(h);
 }
 
 /* The same, with every thread's slot emptied whoever contends. */
@@ -478,6 +482,8 @@ void cuh_hp_unpark_all_locked(cuh_heap_t *h)
     unpark_one_locked(h);
     if (cuh_unlikely(h->large_tcs != NULL))
         cuh_hp_large_slots_empty_locked(h, LARGE_ALL);
+    if (cuh_unlikely(h->num_chunks))
+        cuh_hp_chunks_dissolve_all_locked(h);
 }
 
 /* A large block the program freed on st through the heap (the free is
@@ -487,7 +493,7 @@ int cuh_hp_large_slot_adopt_locked(cuh_heap_t *h, const live_block_t *b, stream_
 {
     if (!h->cfg.thread_cache)
         return 0;
-    cuh_tcache_t *tc = tcache_mine_locked(h);
+    cuh_tcache_t *tc = cuh_hp_tcache_mine_locked(h);
     if (!tc)
         return 0;
     cuh_spin_lock(&tc->lock);
@@ -593,5 +599,6 @@ void cuh_heap_assume_contention(cuh_heap_t *h, unsigned ops)
 {
     cuh_lock(&h->lock);
     h->contended = ops;
+    h->assume_waits = ops != 0;
     cuh_unlock(&h->lock);
 }

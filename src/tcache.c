@@ -37,6 +37,8 @@ void cuh_tcache_destroy(cuh_tcache_t *tc)
 {
     if (!tc)
         return;
+    for (unsigned i = 0; i < tc->num_chunks; i++)
+        cuh_chunk_fini(&tc->chunks[i]);
     free(tc->slots);
     free(tc);
 }
@@ -111,5 +113,44 @@ uintptr_t cuh_tcache_pop_deeper(cuh_tcache_t *tc, unsigned size_class, uintptr_t
             cuh_tcache_unbin(tc, size_class, i);
             return addr;
         }
+    return 0;
+}
+
+uintptr_t cuh_tcache_chunk_take(cuh_tcache_t *tc, size_t size, size_t requested, uintptr_t stream)
+{
+    cuh_chunk_t *best = NULL;
+    size_t best_size = SIZE_MAX;
+    for (unsigned k = 0; k < tc->num_chunks; k++) {
+        cuh_chunk_t *c = &tc->chunks[k];
+        size_t fit = c->stream == stream ? cuh_chunk_fit_size(c, size) : 0;
+        if (fit && fit < best_size) {
+            best = c;
+            best_size = fit;
+        }
+    }
+    if (!best)
+        return 0;
+    uintptr_t addr = cuh_chunk_carve(best, (size_t)cuh_chunk_fit(best, size), size, requested);
+    if (addr) {
+        tc->allocated_adjust += (int64_t)size;
+        tc->requested_adjust += (int64_t)requested;
+    }
+    return addr;
+}
+
+int cuh_tcache_chunk_give(cuh_tcache_t *tc, uintptr_t addr, uintptr_t stream)
+{
+    for (unsigned k = 0; k < tc->num_chunks; k++) {
+        cuh_chunk_t *c = &tc->chunks[k];
+        if (!cuh_chunk_contains(c, addr))
+            continue;
+        ptrdiff_t i = c->stream == stream ? cuh_chunk_find(c, addr) : -1;
+        if (i < 0 || !c->pieces[i].requested)
+            return 0;
+        tc->allocated_adjust -= (int64_t)c->pieces[i].size;
+        tc->requested_adjust -= (int64_t)c->pieces[i].requested;
+        cuh_chunk_release(c, (size_t)i);
+        return 1;
+    }
     return 0;
 }

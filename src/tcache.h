@@ -19,6 +19,7 @@
 #ifndef CUH_TCACHE_H
 #define CUH_TCACHE_H
 
+#include "chunk.h"
 #include "lock.h"
 #include "sizeclass.h"
 
@@ -61,6 +62,9 @@ typedef struct cuh_tc_large_s {
     uint8_t state;            /* 0 (none), CUH_TC_LIVE or CUH_TC_CACHED */
 } cuh_tc_large_t;
 
+/* Most chunks a thread holds at once (heap_chunks.c, "a thread's chunks"). */
+#define CUH_TC_CHUNKS 8
+
 /* A block freed without the heap's lock: the heap takes its stream's next
  * fence as the one that covers it. */
 #define CUH_TC_EPOCH_UNKNOWN UINT64_MAX
@@ -88,6 +92,12 @@ typedef struct cuh_tcache_s {
     struct cuh_tcache_s *large_next;  /* the heap's list of caches holding a large block (heap's lock) */
     int large_listed;
     uint32_t large_misses;   /* held blocks given back unused since one was taken again */
+    /* Chunks lent by the heap while threads contend (chunk.h): the heap
+     * counts each as allocated, wholly requested; the books above correct
+     * for the pieces free in it. */
+    cuh_chunk_t chunks[CUH_TC_CHUNKS];   /* [0, num_chunks) in use */
+    unsigned num_chunks;
+    uint32_t waits;          /* bit i: the heap's lock was held at this thread's large allocation i+1 back through it */
     cuh_tc_bin_t bins[CUH_MAX_CLASSES];
 } cuh_tcache_t;
 
@@ -167,6 +177,15 @@ static inline int cuh_tcache_large_give(cuh_tcache_t *tc, uintptr_t addr, uintpt
     tc->requested_adjust -= (int64_t)l->requested;
     return 1;
 }
+
+/* A block of `size` bytes (a multiple of CUH_ALIGN) for a request of
+ * `requested` bytes on `stream`, cut by best fit from the cache's chunks for
+ * that stream (the caller holds the cache's lock); 0 if none fits. */
+uintptr_t cuh_tcache_chunk_take(cuh_tcache_t *tc, size_t size, size_t requested, uintptr_t stream);
+/* Takes back a block a chunk of the cache's handed out, freed on that
+ * chunk's stream: 1, or 0 if addr is no such block (the heap then judges the
+ * free). */
+int cuh_tcache_chunk_give(cuh_tcache_t *tc, uintptr_t addr, uintptr_t stream);
 
 /* Puts a cached object on its class's bin; -1 if the bin is full. */
 static inline int cuh_tcache_push(cuh_tcache_t *tc, unsigned size_class, uintptr_t addr, uintptr_t stream)
