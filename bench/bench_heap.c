@@ -140,6 +140,10 @@ static cuh_heap_t *speed_heap(cuh_device_t **dev)
     return heap_on_sim(dev, (size_t)140 << 30, conf);
 }
 
+/* The peak reserved and the peak requested bytes of the last measure(). */
+static size_t last_peaks[2];
+static uint64_t last_lent;   /* and the chunks lent to its threads */
+
 /* ns per malloc+free for `threads` threads on one heap. */
 static double measure(const mix_t *mix, int threads, long ops)
 {
@@ -163,6 +167,11 @@ static double measure(const mix_t *mix, int threads, long ops)
         fprintf(stderr, "bench_heap: %d operations failed in '%s'\n", failures, mix->name);
         exit(1);
     }
+    cuh_heap_chunks(heap, NULL, &last_lent);
+    cuheap_stats_t st;
+    cuh_heap_stats(heap, &st);
+    last_peaks[0] = st.reserved.peak;
+    last_peaks[1] = st.requested.peak;
     cuh_heap_destroy(heap);
     dev->ops->destroy(dev);
     return worst * 1e9 / (double)ops;
@@ -351,9 +360,12 @@ static int only(const char *prog, const char *name, const char *threads_arg, con
         return 2;
     }
     no_thread_cache = flag != NULL;
-    printf("%s%s, %ld thread%s: %.0f ns per malloc+free\n", mix->name, flag ? ", thread_cache:0" : "", threads,
-           threads > 1 ? "s" : "",
-           measure(mix, (int)threads, ops));
+    double ns = measure(mix, (int)threads, ops);
+    printf("%s%s, %ld thread%s: %.0f ns per malloc+free; peak reserved %.2f GiB for a peak of %.2f GiB requested; "
+           "%llu chunks lent\n",
+           mix->name, flag ? ", thread_cache:0" : "", threads, threads > 1 ? "s" : "", ns,
+           (double)last_peaks[0] / (double)(1 << 30), (double)last_peaks[1] / (double)(1 << 30),
+           (unsigned long long)last_lent);
     return 0;
 }
 
