@@ -41,17 +41,6 @@
 
 /* ---- the allocation ladder ----------------------------------------------------- */
 
-/* When the device or the limit refuses memory: the chunks lent to threads
- * (only while threads contend) go back first, but not for a chunk's own
- * allocation (heap_chunks.c). 1 if any went. */
-static int chunks_give_back_locked(cuh_heap_t *h)
-{
-    if (cuh_likely(!h->num_chunks) || h->chunk_call)
-        return 0;
-    cuh_hp_chunks_short_locked(h);
-    return cuh_hp_chunks_dissolve_all_locked(h) != 0;
-}
-
 /* An extent of `size` bytes aligned to `align` for stream st, or NULL after
  * the whole ladder with *status saying why; for an out-of-memory, *why says
  * what refused the last segment (the caller records the OOM). */
@@ -121,10 +110,7 @@ retry_after_take_back:
     }
     if (why == GROW_OK)
         goto grown;
-    /* Refused: chunks come back, then wait for all freed memory, then give
-     * back what is whole. */
-    if (chunks_give_back_locked(h) && (e = cuh_hp_find_fit_locked(h, size, align, st->tag)))
-        goto hit;
+    /* Refused: wait for all freed memory, then give back what is whole. */
     cuh_hp_settle_all_locked(h);
     if ((e = cuh_hp_find_fit_locked(h, size, align, st->tag)))
         goto hit;
@@ -224,9 +210,6 @@ taken:
                 if ((e = cuh_hp_find_fit_locked(h, size, align, st->tag)))
                     goto hit;
             }
-            /* The pages threads' chunks leave free come back, and serve. */
-            if (chunks_give_back_locked(h) && (e = cuh_hp_find_fit_locked(h, size, align, st->tag)))
-                goto hit;
             h->num_retries++;
             *why_out = mapped_why;
             *status = CUHEAP_ERR_OUT_OF_MEMORY;

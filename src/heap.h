@@ -15,10 +15,11 @@
  *     is done (the page-rule model) [heap_pages.c];
  *     These hold through the places a freed block may wait outside the
  *     arena: a thread's cache of small objects, a thread's last large block
- *     and the parked large block [heap_tcache.c];
+ *     and the parked large block [heap_tcache.c], and a thread's chunks
+ *     [heap_chunks.c];
  *   - when the device (or the limit) refuses a segment, the heap waits for
- *     pending frees, gives back what thread caches hold, releases cached
- *     segments and retries before it reports out-of-memory [heap.c, the
+ *     pending frees, gives back what thread caches and chunks hold, releases
+ *     cached segments and retries before it reports out-of-memory [heap.c, the
  *     allocation ladder; heap_oom.c, the report]; under vmm:1 with pages of
  *     the device's granularity, wholly free pages that add up to a request
  *     serve it [heap_pages.c];
@@ -28,7 +29,7 @@
  *     captured, is held for them [heap_holds.c];
  *   - a double free or a pointer it does not own is an error that leaves the
  *     heap unchanged [heap.c];
- *   - every function is thread-safe [heap.c, heap_tcache.c].
+ *   - every function is thread-safe [heap.c, heap_tcache.c, heap_chunks.c].
  */
 #ifndef CUH_HEAP_H
 #define CUH_HEAP_H
@@ -210,6 +211,10 @@ int cuh_heap_check(cuh_heap_t *heap, char *msg, size_t len);
  * just contended for the heap's lock (heap_tcache.c, "a thread's large block"):
  * each thread then keeps the large block it freed while others allocate. */
 void cuh_heap_assume_contention(cuh_heap_t *heap, unsigned ops);
+/* For tests: while on, every large allocation through the heap's lock
+ * counts as having found it held, so a thread gets a chunk at its 8th
+ * (heap_chunks.c) while contention is assumed. */
+void cuh_heap_assume_waits(cuh_heap_t *heap, int on);
 /* For tests and benchmarks: how many chunks threads hold now (heap_chunks.c),
  * their bytes in *bytes and how many were ever lent in *lent (either may be
  * NULL). Gives nothing back. */

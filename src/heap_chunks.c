@@ -20,13 +20,13 @@
  *   - when the heap stops seeing contention (the rule of a thread's large
  *     block, heap_tcache.c): what every search sees is then what it was
  *     without chunks, so a replay, one thread, never makes one;
- *   - when the device or the limit refuses memory, before the heap waits or
- *     reports out of memory; then no chunk is lent for CHUNKS_SHORT_OPS
- *     allocations. A chunk's own allocation only takes free memory or grows
- *     the heap: it never waits, takes back or gives back, and is simply not
- *     made when refused;
- *   - on release, limit, statistics, reports, captures, the retirement of
- *     their stream and the exit of their thread;
+ *   - when the device or the limit refuses memory, with what thread caches
+ *     hold (cuh_hp_settle_all_locked), and on release and a new limit; then
+ *     no chunk is lent for CHUNKS_SHORT_OPS allocations. A chunk's own
+ *     allocation only takes free memory or grows the heap: it never waits,
+ *     takes back or gives back, and is simply not made when refused;
+ *   - on statistics, reports, captures, the retirement of their stream and
+ *     the exit of their thread;
  *   - whenever the heap's lock path meets one of their blocks (a free on
  *     another stream or by another thread, record_stream, a double free).
  * While threads contend a chunk's free memory is its thread's alone: at 16
@@ -51,8 +51,8 @@
 #define CHUNK_WAITS 8
 /* A chunk holds this many blocks of the request that made it. */
 #define CHUNK_BLOCKS 8
-/* After the heap ran short of memory for a chunk or gave chunks back to
- * serve a request, no chunk is lent for this many allocations through the
+/* After the heap ran short of memory for a chunk or took chunks back for
+ * want of memory, no chunk is lent for this many allocations through the
  * heap's lock: near its limit the heap is shared, not lent out and taken
  * back again and again. */
 #define CHUNKS_SHORT_OPS 4096u
@@ -279,6 +279,13 @@ int cuh_hp_chunks_check_locked(cuh_heap_t *h, const cuh_tcache_t *tc, int64_t *a
     }
     *count += tc->num_chunks;
     return 0;
+}
+
+void cuh_heap_assume_waits(cuh_heap_t *h, int on)
+{
+    cuh_lock(&h->lock);
+    h->assume_waits = on;
+    cuh_unlock(&h->lock);
 }
 
 size_t cuh_heap_chunks(cuh_heap_t *h, size_t *bytes, uint64_t *lent)

@@ -303,7 +303,7 @@ struct cuh_heap_s {
      * contended since one found its lock held. */
     cuh_tcache_t *large_tcs;
     uint32_t contended;
-    int assume_waits;            /* cuh_heap_assume_contention: every large allocation counts as having waited */
+    int assume_waits;            /* cuh_heap_assume_waits: every large allocation counts as having waited */
     size_t num_chunks;           /* chunks lent to threads now (heap_chunks.c) */
     uint64_t num_chunks_lent;    /* ever */
     uint64_t chunks_short_at;    /* num_allocs when memory for chunks last ran short */

@@ -78,8 +78,15 @@ static void test_pieces_check_catches_damage(void **state)
 
 /* ---- the heap's side ------------------------------------------------------------ */
 
-/* Under assumed contention every large allocation through the lock counts
- * as having waited: the 8th gets a chunk. Allocates n blocks of `size`. */
+/* Threads contend, and every large allocation through the lock finds it
+ * held: the 8th gets a chunk. */
+static void contend(cuh_heap_t *heap)
+{
+    cuh_heap_assume_contention(heap, 100000);
+    cuh_heap_assume_waits(heap, 1);
+}
+
+/* Allocates n blocks of `size`. */
 static void alloc_n(cuh_heap_t *heap, uintptr_t *out, int n, size_t size, cuh_stream_t s)
 {
     for (int i = 0; i < n; i++)
@@ -100,7 +107,7 @@ static void test_a_contending_thread_cuts_blocks_from_its_chunk(void **state)
     for (int contended = 0; contended < 2; contended++) {
         test_heap_t t = test_heap_new(4 * GiB, conf);
         if (contended)
-            cuh_heap_assume_contention(t.heap, 100000);
+            contend(t.heap);
         uintptr_t a[12];
         alloc_n(t.heap, a, 7, 3 * MiB, S1);
         assert_int_equal(chunks_of(t.heap), 0);
@@ -143,7 +150,7 @@ static void test_chunk_books_are_exact(void **state)
 {
     const char *conf = *state;
     test_heap_t t = test_heap_new(4 * GiB, conf);
-    cuh_heap_assume_contention(t.heap, 100000);
+    contend(t.heap);
     uintptr_t a[10];
     alloc_n(t.heap, a, 10, 2 * MiB + 100, S1);
     assert_int_equal(chunks_of(t.heap), 1);
@@ -168,7 +175,7 @@ static void test_a_chunk_serves_only_its_stream(void **state)
 {
     const char *conf = *state;
     test_heap_t t = test_heap_new(4 * GiB, conf);
-    cuh_heap_assume_contention(t.heap, 100000);
+    contend(t.heap);
     uintptr_t a[9];
     alloc_n(t.heap, a, 9, 4 * MiB, S1);
     assert_int_equal(chunks_of(t.heap), 1);
@@ -193,7 +200,7 @@ static void test_a_chunk_block_freed_on_another_stream_waits_for_it(void **state
 {
     const char *conf = *state;
     test_heap_t t = test_heap_new(4 * GiB, conf);
-    cuh_heap_assume_contention(t.heap, 100000);
+    contend(t.heap);
     uintptr_t a[10];
     alloc_n(t.heap, a, 10, 4 * MiB, S1);
     assert_int_equal(chunks_of(t.heap), 1);
@@ -223,7 +230,7 @@ static void test_a_chunk_block_double_free_is_caught(void **state)
 {
     const char *conf = *state;
     test_heap_t t = test_heap_new(4 * GiB, conf);
-    cuh_heap_assume_contention(t.heap, 100000);
+    contend(t.heap);
     uintptr_t a[10];
     alloc_n(t.heap, a, 10, 4 * MiB, S1);
     must_free(t.heap, a[7], S1);   /* the chunk's start */
@@ -246,7 +253,7 @@ static void test_chunks_go_back_when_contention_ends(void **state)
 {
     const char *conf = *state;
     test_heap_t t = test_heap_new(4 * GiB, conf);
-    cuh_heap_assume_contention(t.heap, 100000);
+    contend(t.heap);
     uintptr_t a[9];
     alloc_n(t.heap, a, 9, 4 * MiB, S1);
     assert_int_equal(chunks_of(t.heap), 1);
@@ -267,7 +274,7 @@ static void test_chunks_go_back_before_out_of_memory(void **state)
 {
     const char *conf = *state;
     test_heap_t t = test_heap_new(512 * MiB, conf);
-    cuh_heap_assume_contention(t.heap, 100000);
+    contend(t.heap);
     uintptr_t a[8];
     alloc_n(t.heap, a, 8, 16 * MiB, S1);   /* the 8th in a chunk of 128 MiB */
     assert_int_equal(chunks_of(t.heap), 1);
@@ -286,7 +293,7 @@ static void test_chunks_stay_out_of_a_capture(void **state)
 {
     const char *conf = *state;
     test_heap_t t = test_heap_new(4 * GiB, conf);
-    cuh_heap_assume_contention(t.heap, 100000);
+    contend(t.heap);
     uintptr_t a[9];
     alloc_n(t.heap, a, 9, 4 * MiB, S1);
     assert_int_equal(chunks_of(t.heap), 1);
@@ -312,7 +319,7 @@ static void test_a_retired_stream_takes_its_chunks_back(void **state)
 {
     const char *conf = *state;
     test_heap_t t = test_heap_new(4 * GiB, conf);
-    cuh_heap_assume_contention(t.heap, 100000);
+    contend(t.heap);
     uintptr_t a[9];
     alloc_n(t.heap, a, 9, 4 * MiB, S1);
     assert_int_equal(chunks_of(t.heap), 1);
@@ -350,7 +357,7 @@ static void test_a_threads_exit_gives_its_chunks_back(void **state)
 {
     const char *conf = *state;
     test_heap_t t = test_heap_new(4 * GiB, conf);
-    cuh_heap_assume_contention(t.heap, 100000);
+    contend(t.heap);
     chunk_job_t j = {.heap = t.heap, .stream = S2};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, alloc_and_exit_job, &j), 0);
@@ -391,6 +398,7 @@ static void test_threads_with_chunks_keep_the_books(void **state)
     const char *conf = *state;
     test_heap_t t = test_heap_new(16 * GiB, conf);
     cuh_heap_assume_contention(t.heap, 1u << 30);
+    cuh_heap_assume_waits(t.heap, 1);
     chunk_job_t jobs[4];
     pthread_t th[4];
     for (int k = 0; k < 4; k++) {

@@ -583,7 +583,10 @@ static void one_run(const uint8_t *data, size_t size)
             break;
         }
         case 14:
-            cuh_heap_assume_contention(r->heap, 1 + arg % 64);
+            /* Short contention (threads' large blocks), or long enough for
+             * the chunks of heap_chunks.c (8 large allocations first). */
+            cuh_heap_assume_contention(r->heap, arg & 0x40 ? 4096 : 1 + arg % 64);
+            cuh_heap_assume_waits(r->heap, (arg & 0x40) != 0);
             break;
         case 15:
             cuh_sim_set_external(r->sim, (size_t)(arg % 4) * 256 * MiB);
