@@ -78,12 +78,10 @@ cuh_extent_t *cuh_hp_extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
     if (cuh_likely(e != NULL))
         goto hit;
     if (h->chunk_call) {
-        /* A chunk takes the memory at hand or grows the heap, and is not
-         * made rather than wait, take back or give back. */
-        grow_result_t grew = cuh_hp_grow_locked(h, size, align);
-        if (grew == GROW_OK)
-            goto grown;
-        *status = grew == GROW_ERROR ? CUHEAP_ERR_DEVICE : CUHEAP_ERR_OUT_OF_MEMORY;
+        /* A chunk takes free memory (under vmm:1, address space it maps
+         * pages behind), and is not made rather than grow, wait, take back
+         * or give back. */
+        *status = CUHEAP_ERR_OUT_OF_MEMORY;
         return NULL;
     }
 retry_after_take_back:
@@ -579,7 +577,7 @@ cuheap_status_t cuh_hp_find_live_locked(cuh_heap_t *h, uintptr_t addr, live_bloc
     if (cuh_unlikely(h->num_chunks)) {
         cuh_extent_t *e = cuh_ptrmap_get(&h->blocks, addr);
         if ((e && e->chunked) || (!e && !cuh_hp_slab_of_locked(h, addr)))
-            cuh_hp_chunks_dissolve_all_locked(h);
+            cuh_hp_chunk_dissolve_at_locked(h, addr);
     }
     if (cuh_unlikely(h->held.count) && cuh_ptrmap_get(&h->held, addr)) {
         cuh_set_error("double free: 0x%llx on device %d was already freed (it waits for GPU work before reuse)",

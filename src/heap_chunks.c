@@ -5,13 +5,15 @@
  * with many threads the heap's data travels from core to core with the lock
  * (docs/benchmarks.md, "Threads"). So a thread that keeps finding the lock
  * held or just used by another thread (CHUNK_WAITS of its last 32 large
- * allocations through it) gets a
- * chunk: a range of the heap's memory, allocated as one block for one
- * stream, from which its cache cuts that stream's large blocks by best fit
- * and takes them back at their frees on that stream, all under the cache's
- * own lock (chunk.h, tcache.h). A chunk holds CHUNK_BLOCKS blocks of the
- * request that made it, or the heap's free slack if that is more; a thread
- * holds at most CUH_TC_CHUNKS and gives back the emptiest for a new one.
+ * allocations through it) gets a chunk: a range of the heap's memory,
+ * allocated as one block for one stream, from which its cache cuts that
+ * stream's large blocks by best fit and takes them back at their frees on
+ * that stream, all under the cache's own lock (chunk.h, tcache.h). A chunk
+ * holds CHUNK_BLOCKS blocks of the request that made it, or the heap's free
+ * slack if that is more; a thread holds at most CUH_TC_CHUNKS and gives back
+ * the emptiest for a new one. A chunk takes free memory only (under vmm:1,
+ * address space it maps pages behind): it never grows the heap, waits,
+ * takes back or gives back, and is simply not made when there is none.
  *
  * Dissolving gives a chunk back: its live pieces become the heap's ordinary
  * blocks, its free pieces free memory private to its stream, as if the
@@ -22,24 +24,29 @@
  *     without chunks, so a replay, one thread, never makes one;
  *   - when the device or the limit refuses memory, with what thread caches
  *     hold (cuh_hp_settle_all_locked), and on release and a new limit; then
- *     no chunk is lent for CHUNKS_SHORT_OPS allocations. A chunk's own
- *     allocation only takes free memory or grows the heap: it never waits,
- *     takes back or gives back, and is simply not made when refused;
+ *     no chunk is lent for CHUNKS_SHORT_OPS allocations;
  *   - on statistics, reports, captures, the retirement of their stream and
  *     the exit of their thread;
- *   - whenever the heap's lock path meets one of their blocks (a free on
- *     another stream or by another thread, record_stream, a double free).
+ *   - one at a time, when the heap's lock path meets one of its blocks (a
+ *     free on another stream or by another thread, cudaFree's device-wide
+ *     free, record_stream, a double free): then its thread gets no chunk
+ *     for CHUNKS_SHORT_OPS allocations, since its blocks do not come back
+ *     to it (the GPU check's LD_PRELOAD stress, 8 threads freeing half its
+ *     blocks with cudaFree, otherwise lent and took back chunks until it
+ *     held 80 GB for 1 GB live under vmm:0).
  * While threads contend a chunk's free memory is its thread's alone: at 16
- * threads on random large sizes the heap held 1.25-1.7x what it held without
+ * threads on random large sizes the heap held 1.3-1.7x what it held without
  * chunks (docs/benchmarks.md), memory the device had to spare; near the
  * limit the chunks come back as above.
  *
  * Rules kept here (heap.h): the stream rule (a chunk's blocks serve its
  * stream only, and come back from that stream only, and its free memory is
  * that stream's private memory); the books: the heap counts a chunk as one
- * block, allocated and requested whole, and its cache's adjustments take
- * the free pieces off, so what the program reads is exact; peaks are exact
- * while nobody contends, and while threads do they count chunks whole.
+ * block, allocated whole and requested by nothing, and its cache's books
+ * take off its free pieces and add its blocks' requests, so what the program
+ * reads is exact. The heap's peak of requested bytes sees what chunks serve
+ * at each lending and giving back (note_peak_locked): exact while nobody
+ * contends, it may miss a peak reached inside chunks while threads do.
  */
 #include "heap_internal.h"
 
@@ -58,6 +65,20 @@
 #define CHUNKS_SHORT_OPS 4096u
 
 /* ---- dissolving --------------------------------------------------------------- */
+
+/* The heap's peak of requested bytes sees what the threads' chunks serve
+ * only when the heap's lock meets it: at each lending and giving back. */
+static void note_peak_locked(cuh_heap_t *h)
+{
+    int64_t requested = (int64_t)h->requested.current;
+    for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next) {
+        cuh_spin_lock(&tc->lock);
+        requested += tc->requested_adjust;
+        cuh_spin_unlock(&tc->lock);
+    }
+    if (requested > (int64_t)h->requested.peak)
+        h->requested.peak = (size_t)requested;
+}
 
 /* Gives back chunk k of tc (both locks held), piece by piece from its end:
  * 1 once it is gone; 0 if out of host memory for a record, with the chunk
@@ -79,8 +100,8 @@ static int chunk_dissolve_locked(cuh_heap_t *h, cuh_tcache_t *tc, unsigned k)
                 return 0;
             }
             x->requested = p->requested;
-            h->requested.current -= p->size - p->requested;
-            tc->requested_adjust += (int64_t)(p->size - p->requested);
+            h->requested.current += p->requested;
+            tc->requested_adjust -= (int64_t)p->requested;
             c->live_bytes -= p->size;
             c->live_requested -= p->requested;
             c->num_live--;
@@ -88,13 +109,10 @@ static int chunk_dissolve_locked(cuh_heap_t *h, cuh_tcache_t *tc, unsigned k)
             if (x == e)
                 cuh_ptrmap_remove(&h->blocks, e->addr);
             h->allocated.current -= p->size;
-            h->requested.current -= p->size;
             tc->allocated_adjust += (int64_t)p->size;
-            tc->requested_adjust += (int64_t)p->size;
         }
         if (x == e)
             break;
-        e->requested -= p->size;
         c->size -= p->size;
         c->num_pieces--;
         if (!p->requested)
@@ -118,12 +136,30 @@ static int chunk_dissolve_locked(cuh_heap_t *h, cuh_tcache_t *tc, unsigned k)
 size_t cuh_hp_chunks_dissolve_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_streams, cuh_stream_t stream)
 {
     size_t gone = 0;
+    note_peak_locked(h);
     cuh_spin_lock(&tc->lock);
     for (unsigned k = tc->num_chunks; k-- > 0;)
         if (all_streams || tc->chunks[k].stream == (uintptr_t)stream)
             gone += (size_t)chunk_dissolve_locked(h, tc, k);
     cuh_spin_unlock(&tc->lock);
     return gone;
+}
+
+int cuh_hp_chunk_dissolve_at_locked(cuh_heap_t *h, uintptr_t addr)
+{
+    note_peak_locked(h);
+    for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next) {
+        cuh_spin_lock(&tc->lock);
+        for (unsigned k = 0; k < tc->num_chunks; k++)
+            if (cuh_chunk_contains(&tc->chunks[k], addr)) {
+                chunk_dissolve_locked(h, tc, k);
+                tc->chunks_off = CHUNKS_SHORT_OPS;
+                cuh_spin_unlock(&tc->lock);
+                return 1;
+            }
+        cuh_spin_unlock(&tc->lock);
+    }
+    return 0;
 }
 
 size_t cuh_hp_chunks_dissolve_all_locked(cuh_heap_t *h)
@@ -135,6 +171,7 @@ size_t cuh_hp_chunks_dissolve_all_locked(cuh_heap_t *h)
 }
 
 /* ---- lending ------------------------------------------------------------------ */
+
 
 void cuh_hp_chunks_short_locked(cuh_heap_t *h)
 {
@@ -184,7 +221,8 @@ uintptr_t cuh_hp_chunk_alloc_locked(cuh_heap_t *h, stream_state_t *st, cuh_strea
     cuh_spin_lock(&tc->lock);
     tc->waits = tc->waits << 1 | (uint32_t)(waited || shared || h->assume_waits);
     int full = tc->num_chunks == CUH_TC_CHUNKS;
-    int contends = __builtin_popcount(tc->waits) >= CHUNK_WAITS;
+    int contends = __builtin_popcount(tc->waits) >= CHUNK_WAITS && !tc->chunks_off;
+    tc->chunks_off -= tc->chunks_off != 0;
     if (contends && full)
         full = !chunk_dissolve_locked(h, tc, emptiest_chunk(tc));
     cuh_spin_unlock(&tc->lock);
@@ -205,7 +243,8 @@ uintptr_t cuh_hp_chunk_alloc_locked(cuh_heap_t *h, stream_state_t *st, cuh_strea
         cuh_arena_release(&h->arena, e, st->tag);
         return 0;
     }
-    cuh_hp_large_mark_live_locked(h, e, e->size);
+    /* Allocated whole (nobody else may use it), requested by what it serves. */
+    cuh_hp_large_mark_live_locked(h, e, 0);
     uintptr_t addr = 0;
     cuh_spin_lock(&tc->lock);
     cuh_chunk_t *c = &tc->chunks[tc->num_chunks];
@@ -216,7 +255,6 @@ uintptr_t cuh_hp_chunk_alloc_locked(cuh_heap_t *h, stream_state_t *st, cuh_strea
         c->stream_state = st;
         tc->num_chunks++;
         tc->allocated_adjust -= (int64_t)e->size;
-        tc->requested_adjust -= (int64_t)e->size;
         e->chunked = 1;
         e->owner = tc;
         h->num_chunks++;
@@ -227,9 +265,9 @@ uintptr_t cuh_hp_chunk_alloc_locked(cuh_heap_t *h, stream_state_t *st, cuh_strea
     if (!made) {
         cuh_ptrmap_remove(&h->blocks, e->addr);
         h->allocated.current -= e->size;
-        h->requested.current -= e->size;
         cuh_arena_release(&h->arena, e, st->tag);
     }
+    note_peak_locked(h);
     return addr;
 }
 
@@ -269,13 +307,13 @@ int cuh_hp_chunks_check_locked(cuh_heap_t *h, const cuh_tcache_t *tc, int64_t *a
         if (cuh_chunk_check(c, msg, len))
             return -1;
         if (!e || !e->chunked || e->owner != tc || e->state != CUH_EXTENT_BLOCK || e->addr != c->base ||
-            e->size != c->size || e->requested != c->size || cuh_ptrmap_get(&h->blocks, c->base) != e ||
+            e->size != c->size || e->requested != 0 || cuh_ptrmap_get(&h->blocks, c->base) != e ||
             ((const stream_state_t *)c->stream_state)->handle != (cuh_stream_t)c->stream) {
             snprintf(msg, len, "chunk 0x%llx disagrees with the heap's record of it", (unsigned long long)c->base);
             return -1;
         }
         *allocated_adjust -= (int64_t)(c->size - c->live_bytes);
-        *requested_adjust -= (int64_t)(c->size - c->live_requested);
+        *requested_adjust += (int64_t)c->live_requested;
     }
     *count += tc->num_chunks;
     return 0;

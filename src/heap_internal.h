@@ -449,6 +449,7 @@ uintptr_t cuh_hp_chunk_alloc_locked(cuh_heap_t *h, stream_state_t *st, cuh_strea
                                     int waited);
 size_t cuh_hp_chunks_dissolve_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_streams, cuh_stream_t stream);
 size_t cuh_hp_chunks_dissolve_all_locked(cuh_heap_t *h);
+int cuh_hp_chunk_dissolve_at_locked(cuh_heap_t *h, uintptr_t addr);
 void cuh_hp_chunks_short_locked(cuh_heap_t *h);
 size_t cuh_hp_chunk_block_size_locked(cuh_heap_t *h, uintptr_t addr);
 int cuh_hp_chunks_check_locked(cuh_heap_t *h, const cuh_tcache_t *tc, int64_t *allocated_adjust,

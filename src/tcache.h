@@ -93,11 +93,12 @@ typedef struct cuh_tcache_s {
     int large_listed;
     uint32_t large_misses;   /* held blocks given back unused since one was taken again */
     /* Chunks lent by the heap while threads contend (chunk.h): the heap
-     * counts each as allocated, wholly requested; the books above correct
-     * for the pieces free in it. */
+     * counts each as allocated whole and requested by nothing; the books
+     * above take off its free pieces and add its blocks' requests. */
     cuh_chunk_t chunks[CUH_TC_CHUNKS];   /* [0, num_chunks) in use */
     unsigned num_chunks;
     uint32_t waits;          /* bit i: the heap's lock was held at this thread's large allocation i+1 back through it */
+    uint32_t chunks_off;     /* large allocations through the heap's lock before this thread gets a chunk again */
     cuh_tc_bin_t bins[CUH_MAX_CLASSES];
 } cuh_tcache_t;
 

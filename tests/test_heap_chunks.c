@@ -76,7 +76,9 @@ static void test_pieces_check_catches_damage(void **state)
     cuh_chunk_fini(&c);
 }
 
-/* ---- the heap's side ------------------------------------------------------------ */
+/* ---- the heap's side ------------------------------------------------------------ *
+ * Each test runs under vmm:1 and on plain segments; there with a workspace,
+ * since a chunk only takes memory at hand (it never grows the heap). */
 
 /* Threads contend, and every large allocation through the lock finds it
  * held: the 8th gets a chunk. */
@@ -213,12 +215,37 @@ static void test_a_chunk_block_freed_on_another_stream_waits_for_it(void **state
         b[i] = must_alloc(t.heap, 4 * MiB, S1);
         assert_true(b[i] != a[9]);
     }
+    /* A thread whose chunk met another stream's free gets none for a while. */
+    assert_int_equal(chunks_of(t.heap), 0);
     heap_ok(t.heap);
     cuh_sim_hold_events(t.dev, 0);
     cuh_sim_complete_all(t.dev);
     for (int i = 0; i < 10; i++)
         must_free(t.heap, b[i], S1);
     for (int i = 0; i < 9; i++)
+        must_free(t.heap, a[i], S1);
+    all_freed(t.heap);
+    test_heap_free(&t);
+}
+
+/* Such a free gives back only the chunk that holds the block. */
+static void test_a_foreign_free_gives_back_only_its_chunk(void **state)
+{
+    const char *conf = *state;
+    test_heap_t t = test_heap_new(4 * GiB, conf);
+    contend(t.heap);
+    uintptr_t a[9], b[2];
+    alloc_n(t.heap, a, 9, 4 * MiB, S1);   /* a chunk for S1 */
+    alloc_n(t.heap, b, 2, 4 * MiB, S2);   /* and one for S2 */
+    assert_int_equal(chunks_of(t.heap), 2);
+    must_free(t.heap, b[1], S3);
+    assert_int_equal(chunks_of(t.heap), 1);
+    heap_ok(t.heap);
+    must_free(t.heap, a[8], S1);           /* still from S1's chunk, without the heap */
+    assert_int_equal(chunks_of(t.heap), 1);
+    cuh_sim_complete_all(t.dev);
+    must_free(t.heap, b[0], S2);
+    for (int i = 0; i < 8; i++)
         must_free(t.heap, a[i], S1);
     all_freed(t.heap);
     test_heap_free(&t);
@@ -273,14 +300,16 @@ static void test_chunks_go_back_when_contention_ends(void **state)
 static void test_chunks_go_back_before_out_of_memory(void **state)
 {
     const char *conf = *state;
-    test_heap_t t = test_heap_new(512 * MiB, conf);
+    /* Plain segments: the workspace is all the limit allows. */
+    int plain = strstr(conf, "vmm:0") != NULL;
+    test_heap_t t = test_heap_new(512 * MiB, plain ? "vmm:0,workspace:256M,limit:256M" : conf);
     contend(t.heap);
     uintptr_t a[8];
     alloc_n(t.heap, a, 8, 16 * MiB, S1);   /* the 8th in a chunk of 128 MiB */
     assert_int_equal(chunks_of(t.heap), 1);
     for (int i = 0; i < 8; i++)
         must_free(t.heap, a[i], S1);
-    uintptr_t big = must_alloc(t.heap, 448 * MiB, S2);
+    uintptr_t big = must_alloc(t.heap, plain ? 240 * MiB : 448 * MiB, S2);
     assert_int_equal(chunks_of(t.heap), 0);
     heap_ok(t.heap);
     must_free(t.heap, big, S2);
@@ -421,27 +450,29 @@ int main(void)
         cmocka_unit_test(test_pieces_best_fit_and_merge),
         cmocka_unit_test(test_pieces_check_catches_damage),
         cmocka_unit_test_prestate(test_a_contending_thread_cuts_blocks_from_its_chunk, "vmm:1"),
-        cmocka_unit_test_prestate(test_a_contending_thread_cuts_blocks_from_its_chunk, "vmm:0"),
+        cmocka_unit_test_prestate(test_a_contending_thread_cuts_blocks_from_its_chunk, "vmm:0,workspace:256M"),
         cmocka_unit_test_prestate(test_chunk_books_are_exact, "vmm:1"),
-        cmocka_unit_test_prestate(test_chunk_books_are_exact, "vmm:0"),
+        cmocka_unit_test_prestate(test_chunk_books_are_exact, "vmm:0,workspace:256M"),
         cmocka_unit_test_prestate(test_a_chunk_serves_only_its_stream, "vmm:1"),
-        cmocka_unit_test_prestate(test_a_chunk_serves_only_its_stream, "vmm:0"),
+        cmocka_unit_test_prestate(test_a_chunk_serves_only_its_stream, "vmm:0,workspace:256M"),
         cmocka_unit_test_prestate(test_a_chunk_block_freed_on_another_stream_waits_for_it, "vmm:1"),
-        cmocka_unit_test_prestate(test_a_chunk_block_freed_on_another_stream_waits_for_it, "vmm:0"),
+        cmocka_unit_test_prestate(test_a_chunk_block_freed_on_another_stream_waits_for_it, "vmm:0,workspace:256M"),
+        cmocka_unit_test_prestate(test_a_foreign_free_gives_back_only_its_chunk, "vmm:1"),
+        cmocka_unit_test_prestate(test_a_foreign_free_gives_back_only_its_chunk, "vmm:0,workspace:256M"),
         cmocka_unit_test_prestate(test_a_chunk_block_double_free_is_caught, "vmm:1"),
-        cmocka_unit_test_prestate(test_a_chunk_block_double_free_is_caught, "vmm:0"),
+        cmocka_unit_test_prestate(test_a_chunk_block_double_free_is_caught, "vmm:0,workspace:256M"),
         cmocka_unit_test_prestate(test_chunks_go_back_when_contention_ends, "vmm:1"),
-        cmocka_unit_test_prestate(test_chunks_go_back_when_contention_ends, "vmm:0"),
+        cmocka_unit_test_prestate(test_chunks_go_back_when_contention_ends, "vmm:0,workspace:256M"),
         cmocka_unit_test_prestate(test_chunks_go_back_before_out_of_memory, "vmm:1"),
-        cmocka_unit_test_prestate(test_chunks_go_back_before_out_of_memory, "vmm:0"),
+        cmocka_unit_test_prestate(test_chunks_go_back_before_out_of_memory, "vmm:0,workspace:256M"),
         cmocka_unit_test_prestate(test_chunks_stay_out_of_a_capture, "vmm:1"),
-        cmocka_unit_test_prestate(test_chunks_stay_out_of_a_capture, "vmm:0"),
+        cmocka_unit_test_prestate(test_chunks_stay_out_of_a_capture, "vmm:0,workspace:256M"),
         cmocka_unit_test_prestate(test_a_retired_stream_takes_its_chunks_back, "vmm:1"),
-        cmocka_unit_test_prestate(test_a_retired_stream_takes_its_chunks_back, "vmm:0"),
+        cmocka_unit_test_prestate(test_a_retired_stream_takes_its_chunks_back, "vmm:0,workspace:256M"),
         cmocka_unit_test_prestate(test_a_threads_exit_gives_its_chunks_back, "vmm:1"),
-        cmocka_unit_test_prestate(test_a_threads_exit_gives_its_chunks_back, "vmm:0"),
+        cmocka_unit_test_prestate(test_a_threads_exit_gives_its_chunks_back, "vmm:0,workspace:256M"),
         cmocka_unit_test_prestate(test_threads_with_chunks_keep_the_books, "vmm:1"),
-        cmocka_unit_test_prestate(test_threads_with_chunks_keep_the_books, "vmm:0"),
+        cmocka_unit_test_prestate(test_threads_with_chunks_keep_the_books, "vmm:0,workspace:256M"),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
