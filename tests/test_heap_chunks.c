@@ -100,6 +100,29 @@ static size_t chunks_of(cuh_heap_t *heap)
     return cuh_heap_chunks(heap, NULL, NULL);
 }
 
+/* A heap with settings `conf` whose threads contend, and n >= 8 blocks of
+ * 4 MiB on S1 in a, the 8th and later cut from one chunk. */
+static test_heap_t heap_with_a_chunk(const char *conf, uintptr_t *a, int n)
+{
+    test_heap_t t = test_heap_new(4 * GiB, conf);
+    contend(t.heap);
+    alloc_n(t.heap, a, n, 4 * MiB, S1);
+    assert_int_equal(chunks_of(t.heap), 1);
+    return t;
+}
+
+/* Frees the blocks of a (but 0s) on s, checks that nothing is left, and
+ * ends the heap. */
+static void free_all_and_end(test_heap_t *t, const uintptr_t *a, int n, cuh_stream_t s)
+{
+    for (int i = 0; i < n; i++)
+        if (a[i])
+            must_free(t->heap, a[i], s);
+    cuh_sim_complete_all(t->dev);
+    all_freed(t->heap);
+    test_heap_free(t);
+}
+
 /* A thread that contends gets a chunk and cuts its stream's next large
  * blocks from it without the heap: no device call, adjacent blocks, and the
  * books exact throughout. Without contention nobody gets one. */
@@ -175,12 +198,8 @@ static void test_chunk_books_are_exact(void **state)
  * once and reach another stream only through the heap's rules. */
 static void test_a_chunk_serves_only_its_stream(void **state)
 {
-    const char *conf = *state;
-    test_heap_t t = test_heap_new(4 * GiB, conf);
-    contend(t.heap);
     uintptr_t a[9];
-    alloc_n(t.heap, a, 9, 4 * MiB, S1);
-    assert_int_equal(chunks_of(t.heap), 1);
+    test_heap_t t = heap_with_a_chunk(*state, a, 9);
     must_free(t.heap, a[8], S1);
     /* S2's request does not get S1's freed block... */
     uintptr_t other = must_alloc(t.heap, 4 * MiB, S2);
@@ -189,10 +208,7 @@ static void test_a_chunk_serves_only_its_stream(void **state)
     assert_int_equal(must_alloc(t.heap, 4 * MiB, S1), a[8]);
     heap_ok(t.heap);
     must_free(t.heap, other, S2);
-    for (int i = 0; i < 9; i++)
-        must_free(t.heap, a[i], S1);
-    all_freed(t.heap);
-    test_heap_free(&t);
+    free_all_and_end(&t, a, 9, S1);
 }
 
 /* A chunk's block freed on another stream goes through the heap: the chunks
@@ -200,12 +216,8 @@ static void test_a_chunk_serves_only_its_stream(void **state)
  * first stream does not get before a fence has passed the free. */
 static void test_a_chunk_block_freed_on_another_stream_waits_for_it(void **state)
 {
-    const char *conf = *state;
-    test_heap_t t = test_heap_new(4 * GiB, conf);
-    contend(t.heap);
     uintptr_t a[10];
-    alloc_n(t.heap, a, 10, 4 * MiB, S1);
-    assert_int_equal(chunks_of(t.heap), 1);
+    test_heap_t t = heap_with_a_chunk(*state, a, 10);
     cuh_sim_hold_events(t.dev, 1);   /* the GPU passes no fence unless told */
     must_free(t.heap, a[9], S2);
     assert_int_equal(chunks_of(t.heap), 0);
@@ -222,44 +234,33 @@ static void test_a_chunk_block_freed_on_another_stream_waits_for_it(void **state
     cuh_sim_complete_all(t.dev);
     for (int i = 0; i < 10; i++)
         must_free(t.heap, b[i], S1);
-    for (int i = 0; i < 9; i++)
-        must_free(t.heap, a[i], S1);
-    all_freed(t.heap);
-    test_heap_free(&t);
+    a[9] = 0;
+    free_all_and_end(&t, a, 10, S1);
 }
 
 /* Such a free gives back only the chunk that holds the block. */
 static void test_a_foreign_free_gives_back_only_its_chunk(void **state)
 {
-    const char *conf = *state;
-    test_heap_t t = test_heap_new(4 * GiB, conf);
-    contend(t.heap);
     uintptr_t a[9], b[2];
-    alloc_n(t.heap, a, 9, 4 * MiB, S1);   /* a chunk for S1 */
-    alloc_n(t.heap, b, 2, 4 * MiB, S2);   /* and one for S2 */
+    test_heap_t t = heap_with_a_chunk(*state, a, 9);   /* a chunk for S1 */
+    alloc_n(t.heap, b, 2, 4 * MiB, S2);                  /* and one for S2 */
     assert_int_equal(chunks_of(t.heap), 2);
     must_free(t.heap, b[1], S3);
     assert_int_equal(chunks_of(t.heap), 1);
     heap_ok(t.heap);
     must_free(t.heap, a[8], S1);           /* still from S1's chunk, without the heap */
     assert_int_equal(chunks_of(t.heap), 1);
-    cuh_sim_complete_all(t.dev);
     must_free(t.heap, b[0], S2);
-    for (int i = 0; i < 8; i++)
-        must_free(t.heap, a[i], S1);
-    all_freed(t.heap);
-    test_heap_free(&t);
+    a[8] = 0;
+    free_all_and_end(&t, a, 9, S1);
 }
 
 /* A double free of a chunk's block is caught, at the chunk's start and
  * inside it, and changes nothing. */
 static void test_a_chunk_block_double_free_is_caught(void **state)
 {
-    const char *conf = *state;
-    test_heap_t t = test_heap_new(4 * GiB, conf);
-    contend(t.heap);
     uintptr_t a[10];
-    alloc_n(t.heap, a, 10, 4 * MiB, S1);
+    test_heap_t t = heap_with_a_chunk(*state, a, 10);
     must_free(t.heap, a[7], S1);   /* the chunk's start */
     must_free(t.heap, a[9], S1);   /* inside it */
     assert_int_equal(cuh_heap_free(t.heap, a[7], S1), CUHEAP_ERR_DOUBLE_FREE);
@@ -267,32 +268,22 @@ static void test_a_chunk_block_double_free_is_caught(void **state)
     assert_int_equal(cuh_heap_free(t.heap, a[9], S1), CUHEAP_ERR_DOUBLE_FREE);
     assert_int_equal(cuh_heap_free(t.heap, a[8] + 512, S1), CUHEAP_ERR_INVALID_ARGUMENT);
     heap_ok(t.heap);
-    for (int i = 0; i < 9; i++)
-        if (i != 7)
-            must_free(t.heap, a[i], S1);
-    all_freed(t.heap);
-    test_heap_free(&t);
+    a[7] = a[9] = 0;
+    free_all_and_end(&t, a, 10, S1);
 }
 
 /* When nobody contends any more, the next operation through the heap's
  * lock gives every chunk back. */
 static void test_chunks_go_back_when_contention_ends(void **state)
 {
-    const char *conf = *state;
-    test_heap_t t = test_heap_new(4 * GiB, conf);
-    contend(t.heap);
     uintptr_t a[9];
-    alloc_n(t.heap, a, 9, 4 * MiB, S1);
-    assert_int_equal(chunks_of(t.heap), 1);
+    test_heap_t t = heap_with_a_chunk(*state, a, 9);
     cuh_heap_assume_contention(t.heap, 0);
     uintptr_t x = must_alloc(t.heap, 100, S3);
     assert_int_equal(chunks_of(t.heap), 0);
     heap_ok(t.heap);
     must_free(t.heap, x, S3);
-    for (int i = 0; i < 9; i++)
-        must_free(t.heap, a[i], S1);
-    all_freed(t.heap);
-    test_heap_free(&t);
+    free_all_and_end(&t, a, 9, S1);
 }
 
 /* Memory free in a chunk serves a request that needs it: the chunks go back
@@ -320,12 +311,8 @@ static void test_chunks_go_back_before_out_of_memory(void **state)
 /* A capture gives the chunks back, and its allocations are the heap's. */
 static void test_chunks_stay_out_of_a_capture(void **state)
 {
-    const char *conf = *state;
-    test_heap_t t = test_heap_new(4 * GiB, conf);
-    contend(t.heap);
     uintptr_t a[9];
-    alloc_n(t.heap, a, 9, 4 * MiB, S1);
-    assert_int_equal(chunks_of(t.heap), 1);
+    test_heap_t t = heap_with_a_chunk(*state, a, 9);
     cuh_heap_capture_begin(t.heap, 7);
     assert_int_equal(chunks_of(t.heap), 0);
     uintptr_t c[9];
@@ -333,25 +320,17 @@ static void test_chunks_stay_out_of_a_capture(void **state)
     assert_int_equal(chunks_of(t.heap), 0);
     cuh_heap_capture_end(t.heap);
     heap_ok(t.heap);
-    for (int i = 0; i < 9; i++) {
-        must_free(t.heap, a[i], S1);
+    for (int i = 0; i < 9; i++)
         must_free(t.heap, c[i], S1);
-    }
     cuh_heap_release_pool(t.heap, 7);
-    cuh_sim_complete_all(t.dev);
-    all_freed(t.heap);
-    test_heap_free(&t);
+    free_all_and_end(&t, a, 9, S1);
 }
 
 /* Retiring a stream gives its chunks back; the blocks stay live. */
 static void test_a_retired_stream_takes_its_chunks_back(void **state)
 {
-    const char *conf = *state;
-    test_heap_t t = test_heap_new(4 * GiB, conf);
-    contend(t.heap);
     uintptr_t a[9];
-    alloc_n(t.heap, a, 9, 4 * MiB, S1);
-    assert_int_equal(chunks_of(t.heap), 1);
+    test_heap_t t = heap_with_a_chunk(*state, a, 9);
     cuh_heap_retire_stream(t.heap, S1);
     assert_int_equal(chunks_of(t.heap), 0);
     heap_ok(t.heap);
