@@ -79,8 +79,9 @@ cuh_extent_t *cuh_hp_extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
         goto hit;
     if (h->chunk_call) {
         /* A chunk takes free memory (under vmm:1, address space it maps
-         * pages behind), and is not made rather than grow, wait, take back
-         * or give back. */
+         * pages behind, as far as the limit allows without waiting), and is
+         * not made rather than grow a segment, wait, take back or give
+         * back. */
         *status = CUHEAP_ERR_OUT_OF_MEMORY;
         return NULL;
     }
@@ -156,7 +157,7 @@ hit:
         uintptr_t at = 0;
         if (mapped) {
             e = mapped;
-        } else if (h->held_bytes >= size && !tried_vm_take_back) {
+        } else if (h->held_bytes >= size && !tried_vm_take_back && !h->chunk_call) {
             /* Under vmm:1 a fit in unmapped address space is growth too:
              * memory cudaFree gave back comes first there as well. */
             tried_vm_take_back = 1;
@@ -166,7 +167,7 @@ hit:
                     goto retry_after_take_back;
                 goto hit;
             }
-        } else if (!tried_private && cuh_hp_may_take_private_locked(h, st, size)) {
+        } else if (!tried_private && !h->chunk_call && cuh_hp_may_take_private_locked(h, st, size)) {
             /* ... and so does other streams' private memory. */
             tried_private = 1;
             if (cuh_hp_take_private_locked(h, st, size) && !(e = cuh_hp_find_fit_locked(h, size, align, st->tag)))

@@ -12,8 +12,9 @@
  * holds CHUNK_BLOCKS blocks of the request that made it, or the heap's free
  * slack if that is more; a thread holds at most CUH_TC_CHUNKS and gives back
  * the emptiest for a new one. A chunk takes free memory only (under vmm:1,
- * address space it maps pages behind): it never grows the heap, waits,
- * takes back or gives back, and is simply not made when there is none.
+ * address space with pages mapped behind it as for any block, as far as the
+ * limit allows without waiting): it never grows a segment, makes the CPU
+ * wait, takes back or gives back, and is simply not made otherwise.
  *
  * Dissolving gives a chunk back: its live pieces become the heap's ordinary
  * blocks, its free pieces free memory private to its stream, as if the

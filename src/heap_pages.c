@@ -464,8 +464,9 @@ int cuh_hp_map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_s
     }
     while (got < need) {
         if (!move_first && got == 0 && h->limit && cuh_hp_reserved_bytes(h) + need * page > h->limit) {
-            /* The limit would refuse: move free pages after all. */
-            STEAL(1, 0, st);
+            /* The limit would refuse: move free pages after all (a chunk
+             * does not wait for them: heap_chunks.c). */
+            STEAL(!h->chunk_call, 0, st);
             move_first = 1;
             continue;
         }
@@ -485,7 +486,7 @@ int cuh_hp_map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_s
         h->physical_pages++;
         h->num_segment_allocs++;
     }
-    if (got < need && *why != GROW_ERROR && !h->captures) {
+    if (got < need && *why != GROW_ERROR && !h->captures && !h->chunk_call) {
         cuh_hp_settle_all_locked(h);
         STEAL(1, 0, NULL);
     }

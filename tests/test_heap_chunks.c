@@ -308,6 +308,28 @@ static void test_chunks_go_back_before_out_of_memory(void **state)
     test_heap_free(&t);
 }
 
+/* A chunk never makes the CPU wait: under vmm:1 near the limit, with the
+ * memory that would serve it still in use on the GPU, it is not made, and
+ * the request is served as always. */
+static void test_a_chunk_never_waits(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(256 * MiB, "vmm:1,limit:120M");
+    cuh_sim_hold_events(t.dev, 1);
+    must_free(t.heap, must_alloc(t.heap, 96 * MiB, S2), S2);   /* pending on S2 */
+    contend(t.heap);
+    uintptr_t a[8];
+    alloc_n(t.heap, a, 7, 2 * MiB, S1);
+    cuheap_stats_t s0, s1;
+    cuh_heap_stats(t.heap, &s0);
+    a[7] = must_alloc(t.heap, 2 * MiB, S1);   /* a chunk would need S2's pages */
+    assert_int_equal(chunks_of(t.heap), 0);
+    cuh_heap_stats(t.heap, &s1);
+    assert_int_equal(s1.num_cpu_waits, s0.num_cpu_waits);
+    cuh_sim_hold_events(t.dev, 0);
+    free_all_and_end(&t, a, 8, S1);
+}
+
 /* A capture gives the chunks back, and its allocations are the heap's. */
 static void test_chunks_stay_out_of_a_capture(void **state)
 {
@@ -444,6 +466,7 @@ int main(void)
         cmocka_unit_test_prestate(test_chunks_go_back_when_contention_ends, "vmm:0,workspace:256M"),
         cmocka_unit_test_prestate(test_chunks_go_back_before_out_of_memory, "vmm:1"),
         cmocka_unit_test_prestate(test_chunks_go_back_before_out_of_memory, "vmm:0,workspace:256M"),
+        cmocka_unit_test(test_a_chunk_never_waits),
         cmocka_unit_test_prestate(test_chunks_stay_out_of_a_capture, "vmm:1"),
         cmocka_unit_test_prestate(test_chunks_stay_out_of_a_capture, "vmm:0,workspace:256M"),
         cmocka_unit_test_prestate(test_a_retired_stream_takes_its_chunks_back, "vmm:1"),
