@@ -74,7 +74,10 @@ static const option_t options[] = {
      "this much per thread, and while threads contend for the heap by the large block each "
      "holds (the heap counts what thread caches hold as allocated); current values are exact. "
      "Given back on empty_cache, before the heap grows (large blocks) or reports an "
-     "out-of-memory error, and when the thread exits. 0 turns thread caches off."},
+     "out-of-memory error, and when the thread exits. While threads contend, a thread's cache "
+     "also cuts its large blocks from chunks of the heap's free memory lent to it (more "
+     "memory, for throughput that scales with threads; docs/design.md, \"A thread's "
+     "chunks\"). 0 turns thread caches off, and chunks with them."},
     {"wait_before_grow", KIND_BOOL, offsetof(cuh_config_t, wait_before_grow), "1",
      "1: blocks freed by cudaFree that still wait for the GPU are taken back for a cudaMalloc "
      "(device-wide allocation) instead of reserving more: the work issued from then on, on "
