@@ -800,9 +800,11 @@ size_t cuh_heap_block_size(cuh_heap_t *h, uintptr_t addr)
     cuh_lock(&h->lock);
     cuh_extent_t *e = cuh_ptrmap_get(&h->blocks, addr);
     cuh_slab_t *s;
-    if (cuh_unlikely(h->num_chunks) && (size = cuh_hp_chunk_block_size_locked(h, addr)) != SIZE_MAX) {
-        /* In a thread's chunk: its cache keeps the block's request. */
-    } else if ((size = 0, e && e->owner)) {
+    /* In a thread's chunk, its cache keeps the block's request. */
+    size_t in_chunk = cuh_unlikely(h->num_chunks) ? cuh_hp_chunk_block_size_locked(h, addr) : SIZE_MAX;
+    if (in_chunk != SIZE_MAX) {
+        size = in_chunk;
+    } else if (e && e->owner) {
         /* A thread's cache keeps the request of the block it handed out. */
         cuh_tcache_t *tc = e->owner;
         cuh_spin_lock(&tc->lock);

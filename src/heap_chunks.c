@@ -132,12 +132,11 @@ static int chunk_dissolve_locked(cuh_heap_t *h, cuh_tcache_t *tc, unsigned k)
     return 1;
 }
 
-/* Gives back tc's chunks (all streams', or only `stream`'s). Returns how
- * many went. */
-size_t cuh_hp_chunks_dissolve_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_streams, cuh_stream_t stream)
+/* Gives back tc's chunks (all streams', or only `stream`'s), the peak noted
+ * by the caller. Returns how many went. */
+static size_t dissolve_tc_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_streams, cuh_stream_t stream)
 {
     size_t gone = 0;
-    note_peak_locked(h);
     cuh_spin_lock(&tc->lock);
     for (unsigned k = tc->num_chunks; k-- > 0;)
         if (all_streams || tc->chunks[k].stream == (uintptr_t)stream)
@@ -146,29 +145,48 @@ size_t cuh_hp_chunks_dissolve_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_st
     return gone;
 }
 
-int cuh_hp_chunk_dissolve_at_locked(cuh_heap_t *h, uintptr_t addr)
+size_t cuh_hp_chunks_dissolve_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_streams, cuh_stream_t stream)
 {
     note_peak_locked(h);
-    for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next) {
-        cuh_spin_lock(&tc->lock);
-        for (unsigned k = 0; k < tc->num_chunks; k++)
-            if (cuh_chunk_contains(&tc->chunks[k], addr)) {
-                chunk_dissolve_locked(h, tc, k);
-                tc->chunks_off = CHUNKS_SHORT_OPS;
-                cuh_spin_unlock(&tc->lock);
-                return 1;
-            }
-        cuh_spin_unlock(&tc->lock);
-    }
-    return 0;
+    return dissolve_tc_locked(h, tc, all_streams, stream);
 }
 
 size_t cuh_hp_chunks_dissolve_all_locked(cuh_heap_t *h)
 {
+    if (!h->num_chunks)
+        return 0;
+    note_peak_locked(h);
     size_t gone = 0;
     for (cuh_tcache_t *tc = h->tcaches; h->num_chunks && tc; tc = tc->heap_next)
-        gone += cuh_hp_chunks_dissolve_locked(h, tc, 1, 0);
+        gone += dissolve_tc_locked(h, tc, 1, 0);
     return gone;
+}
+
+/* The cache whose chunk holds addr, locked, with the chunk's index in *k;
+ * NULL if no chunk holds it. */
+static cuh_tcache_t *chunk_holding_locked(cuh_heap_t *h, uintptr_t addr, unsigned *k)
+{
+    for (cuh_tcache_t *tc = h->tcaches; h->num_chunks && tc; tc = tc->heap_next) {
+        cuh_spin_lock(&tc->lock);
+        for (*k = 0; *k < tc->num_chunks; ++*k)
+            if (cuh_chunk_contains(&tc->chunks[*k], addr))
+                return tc;
+        cuh_spin_unlock(&tc->lock);
+    }
+    return NULL;
+}
+
+int cuh_hp_chunk_dissolve_at_locked(cuh_heap_t *h, uintptr_t addr)
+{
+    unsigned k;
+    note_peak_locked(h);
+    cuh_tcache_t *tc = chunk_holding_locked(h, addr, &k);
+    if (!tc)
+        return 0;
+    chunk_dissolve_locked(h, tc, k);
+    tc->chunks_off = CHUNKS_SHORT_OPS;
+    cuh_spin_unlock(&tc->lock);
+    return 1;
 }
 
 /* ---- lending ------------------------------------------------------------------ */
@@ -278,20 +296,15 @@ uintptr_t cuh_hp_chunk_alloc_locked(cuh_heap_t *h, stream_state_t *st, cuh_strea
  * piece or inside one; SIZE_MAX if no chunk holds addr. */
 size_t cuh_hp_chunk_block_size_locked(cuh_heap_t *h, uintptr_t addr)
 {
-    for (cuh_tcache_t *tc = h->tcaches; h->num_chunks && tc; tc = tc->heap_next) {
-        cuh_spin_lock(&tc->lock);
-        for (unsigned k = 0; k < tc->num_chunks; k++) {
-            const cuh_chunk_t *c = &tc->chunks[k];
-            if (cuh_chunk_contains(c, addr)) {
-                ptrdiff_t i = cuh_chunk_find(c, addr);
-                size_t size = i >= 0 ? c->pieces[i].requested : 0;
-                cuh_spin_unlock(&tc->lock);
-                return size;
-            }
-        }
-        cuh_spin_unlock(&tc->lock);
-    }
-    return SIZE_MAX;
+    unsigned k;
+    cuh_tcache_t *tc = chunk_holding_locked(h, addr, &k);
+    if (!tc)
+        return SIZE_MAX;
+    const cuh_chunk_t *c = &tc->chunks[k];
+    ptrdiff_t i = cuh_chunk_find(c, addr);
+    size_t size = i >= 0 ? c->pieces[i].requested : 0;
+    cuh_spin_unlock(&tc->lock);
+    return size;
 }
 
 /* The consistency check's part for tc's chunks (tc's lock held): each is

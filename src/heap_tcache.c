@@ -116,8 +116,10 @@ void cuh_hp_tcache_flush_one_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_str
 
 void cuh_hp_tcache_flush_locked(cuh_heap_t *h)
 {
-    if (h->num_chunks)
+    if (h->num_chunks) {
         cuh_hp_chunks_short_locked(h);   /* memory is short, or the program gives it back */
+        cuh_hp_chunks_dissolve_all_locked(h);
+    }
     for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next)
         cuh_hp_tcache_flush_one_locked(h, tc, 1, 0, 0);
     if (h->large_tcs)
