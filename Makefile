@@ -28,7 +28,7 @@ TSAN    := -fsanitize=thread -fno-omit-frame-pointer
 # The library proper: what libcuheap.so is made of. No CUDA library and no
 # zlib are linked; the driver is loaded with dlopen at run time.
 LIB_SRCS := src/log.c src/callers.c src/config.c src/sizeclass.c src/freebins.c src/ptrmap.c \
-            src/arena.c src/slab.c src/lock.c src/tcache.c src/chunk.c \
+            src/arena.c src/slab.c src/lock.c src/tcache.c src/chunk.c src/page_plan.c \
             src/heap.c src/heap_streams.c src/heap_small.c src/heap_tcache.c src/heap_chunks.c src/heap_place.c src/heap_segments.c \
             src/heap_pages.c src/heap_devicewide.c src/heap_holds.c src/heap_oom.c src/heap_stats.c \
             src/pinned.c src/report.c src/report_html.c src/device_sim.c \

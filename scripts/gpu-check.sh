@@ -137,6 +137,11 @@ if part api; then
     run_logged "$BUILD/gpu_check.plain.log" env CUHEAP_CONF=vmm:0 timeout "$MAIN_TIMEOUT" "$BUILD"/gpu_check --ops "$GPU_CHECK_OPS"
     row "gpu_check --ops $GPU_CHECK_OPS, vmm:0" "$RUN_RC" "$RUN_SECS" "$(verdict "$BUILD/gpu_check.plain.log" "$RUN_RC")"
 
+    # Physical units of several pages (vmm_unit), mapped and moved whole.
+    section "gpu_check with CUHEAP_CONF=vmm_unit:8M (units of up to 4 pages)"
+    run_logged "$BUILD/gpu_check.unit.log" env CUHEAP_CONF=vmm_unit:8M timeout "$MAIN_TIMEOUT" "$BUILD"/gpu_check --ops "$GPU_CHECK_OPS"
+    row "gpu_check --ops $GPU_CHECK_OPS, vmm_unit:8M" "$RUN_RC" "$RUN_SECS" "$(verdict "$BUILD/gpu_check.unit.log" "$RUN_RC")"
+
     if [[ -n "$SANITIZER" ]]; then
         section "gpu_check under compute-sanitizer memcheck ($SANITIZER_OPS stress ops)"
         log="$BUILD/gpu_check.memcheck.log"
@@ -164,6 +169,7 @@ preload_run() {
     [[ $1 == *+plain* ]] && keys+=(vmm:0)
     [[ $1 == *+noreuse* ]] && keys+=(reuse_across_streams:0)
     [[ $1 == *+ipc* ]] && keys+=(ipc_safe:1)
+    [[ $1 == *+unit* ]] && keys+=(vmm_unit:8M)
     conf="" tag=""
     if (( ${#keys[@]} )); then
         local joined
@@ -194,7 +200,7 @@ if part preload; then
     # test must still find its data intact. static+noreuse: with
     # reuse_across_streams:0 such memory waits for an event instead, and the
     # heap grows while the GPU runs behind.
-    for run in static shared static+plain static+noreuse static+plain+noreuse; do
+    for run in static shared static+plain static+noreuse static+plain+noreuse static+unit; do
         preload_run "$run"
         section "preload_stress ($rt runtime$tag) under LD_PRELOAD=$PRELOAD"
         log="$BUILD/preload_stress.$run.log"
@@ -250,7 +256,7 @@ if part preload; then
     # no refusal (the child runs outside memcheck, which follows only the
     # program it started).
     if [[ -n "$SANITIZER" && "${PRELOAD_MEMCHECK:-1}" == 1 ]]; then
-        for run in static shared static+plain static+noreuse static+plain+noreuse static+ipc; do
+        for run in static shared static+plain static+noreuse static+plain+noreuse static+ipc static+unit; do
             preload_run "$run"
             section "preload_stress ($rt runtime$tag) under LD_PRELOAD and compute-sanitizer memcheck"
             log="$BUILD/preload_stress.$run.memcheck.log"

@@ -66,6 +66,14 @@ static const option_t options[] = {
      "same whatever the page's size, so larger pages move memory in fewer calls, but a page "
      "moves only when it is wholly free: memory can then stay stranded in partly used pages. "
      "Between 2M and 1G."},
+    {"vmm_unit", KIND_SIZE, offsetof(cuh_config_t, vmm_unit), "2M",
+     "With vmm:1: the most bytes one physical allocation (a unit) holds: the pages a block "
+     "lacks are created as units of up to this size, one per run of missing pages, and each "
+     "unit is mapped, moved and unmapped as one piece. The driver charges per call, not per "
+     "byte, so long units move memory in few calls, but a unit moves only when it lies wholly "
+     "in free memory and fits where a block lacks pages; above vmm_margin a free unit that "
+     "fits nowhere goes back to the device and one of the needed length is made instead. "
+     "Rounded up to whole pages (vmm_page); between 2M and 1G."},
     {"thread_cache", KIND_SIZE, offsetof(cuh_config_t, thread_cache), "4M",
      "Most bytes of small objects (small_max and below) each thread keeps for itself, per "
      "device, beside the last large block it freed: what a thread frees on a stream it "
@@ -156,6 +164,7 @@ void cuh_config_defaults(cuh_config_t *cfg)
     cfg->grow_fraction = 0.0625;
     cfg->vmm_margin = 0.1;
     cfg->vmm_page = 2 * CUH_MiB;
+    cfg->vmm_unit = 2 * CUH_MiB;
     cfg->meminfo_cached = 1;
     cfg->wait_before_grow = 1;
     cfg->device_fences = 1;
@@ -312,6 +321,7 @@ static int set_value(const option_t *opt, const char *value, cuh_config_t *cfg, 
     /* Sizes of device or pinned memory taken at a time: whole 2 MiB grains,
      * at most 1 GiB. */
     if (strcmp(opt->name, "segment_min") == 0 || strcmp(opt->name, "vmm_page") == 0 ||
+        strcmp(opt->name, "vmm_unit") == 0 ||
         strcmp(opt->name, "pinned_chunk") == 0) {
         if (bytes == 0 || bytes > CUH_GiB) {
             snprintf(err, errlen, "%s:%s must be between 2M and 1G", opt->name, value);
@@ -447,9 +457,9 @@ void cuh_config_format(const cuh_config_t *cfg, char *buf, size_t len)
     else
         snprintf(limit, sizeof limit, "none");
     int n = snprintf(buf, len, "workspace:%zu,limit:%s,small_max:%zu,segment_min:%zu,grow_fraction:%g,vmm:%zu,vmm_margin:%g,"
-                     "vmm_page:%zu,thread_cache:%zu,wait_before_grow:%zu,device_fences:%zu,reuse_across_streams:%zu,ipc_safe:%zu,ipc_callers:%s,meminfo_cached:%zu,pinned:%zu,pinned_chunk:%zu",
+                     "vmm_page:%zu,vmm_unit:%zu,thread_cache:%zu,wait_before_grow:%zu,device_fences:%zu,reuse_across_streams:%zu,ipc_safe:%zu,ipc_callers:%s,meminfo_cached:%zu,pinned:%zu,pinned_chunk:%zu",
                      cfg->workspace, limit, cfg->small_max, cfg->segment_min, cfg->grow_fraction, cfg->vmm, cfg->vmm_margin,
-                     cfg->vmm_page, cfg->thread_cache, cfg->wait_before_grow, cfg->device_fences, cfg->reuse_across_streams, cfg->ipc_safe, cfg->ipc_callers[0] ? cfg->ipc_callers : "none",
+                     cfg->vmm_page, cfg->vmm_unit, cfg->thread_cache, cfg->wait_before_grow, cfg->device_fences, cfg->reuse_across_streams, cfg->ipc_safe, cfg->ipc_callers[0] ? cfg->ipc_callers : "none",
                      cfg->meminfo_cached, cfg->pinned, cfg->pinned_chunk);
     if (cfg->report[0] && n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, ",report:%s", cfg->report);

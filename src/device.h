@@ -158,9 +158,10 @@ int cuh_sim_work_done(cuh_device_t *dev, cuh_stream_t stream, uint64_t pos);
 /* The segment (mem_alloc) holding addr: its base and its ordinal (0 for the
  * device's first segment, counting those freed since); 0 if none. */
 int cuh_sim_segment_of(cuh_device_t *dev, uintptr_t addr, uintptr_t *base, uint64_t *ordinal);
-/* The physical allocation mapped at `va` (the start of a mapping made by
- * vm_map), 0 if none: lets a test follow a page that moved. */
-uint64_t cuh_sim_handle_at(cuh_device_t *dev, uintptr_t va);
+/* The physical allocation mapped over `va`, 0 if none, and (when offset is
+ * not NULL) va's byte offset into it: lets a test follow a page that moved,
+ * alone or inside a unit of several pages. */
+uint64_t cuh_sim_handle_at(cuh_device_t *dev, uintptr_t va, size_t *offset);
 /* Counters a test can read. */
 typedef struct cuh_sim_counters_s {
     size_t used;               /* bytes in live segments and physical pages */

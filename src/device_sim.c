@@ -95,6 +95,7 @@ typedef struct sim_device_s {
     cuh_ptrmap_t reservations;   /* va -> size */
     cuh_ptrmap_t physical;       /* handle -> size */
     cuh_ptrmap_t mappings;       /* va -> handle, one entry per mapped allocation */
+    size_t largest_mapping;      /* bytes of the largest allocation ever mapped */
     uint64_t next_handle;
     struct sim_host_chunk_s {
         uintptr_t base;
@@ -631,6 +632,8 @@ static cuh_dev_status_t sim_vm_map(cuh_device_t *dev, uintptr_t va, size_t size,
         cuh_ptrmap_insert(&s->physical, (uintptr_t)handle << 9, (void *)(size | 1));
         s->counters.vm_maps++;
         s->counters.vm_mapped += size;
+        if (size > s->largest_mapping)
+            s->largest_mapping = size;
         s->counters.vm_peer_grants += (uint64_t)__builtin_popcountll(s->counters.vm_peers);
     }
     pthread_mutex_unlock(&s->lock);
@@ -974,11 +977,28 @@ int cuh_sim_segment_of(cuh_device_t *dev, uintptr_t addr, uintptr_t *base, uint6
     return found;
 }
 
-uint64_t cuh_sim_handle_at(cuh_device_t *dev, uintptr_t va)
+uint64_t cuh_sim_handle_at(cuh_device_t *dev, uintptr_t va, size_t *offset)
 {
     sim_device_t *s = sim_of(dev);
     pthread_mutex_lock(&s->lock);
-    uint64_t handle = (uint64_t)(uintptr_t)cuh_ptrmap_get(&s->mappings, va);
+    /* Mappings never overlap: the nearest one starting at or below va,
+     * within the largest ever mapped, covers it or nothing does. */
+    uint64_t handle = 0;
+    const uintptr_t top = va & ~(uintptr_t)(SIM_VM_PAGE - 1);
+    for (uintptr_t start = top; top - start < s->largest_mapping; start -= SIM_VM_PAGE) {
+        uint64_t h = (uint64_t)(uintptr_t)cuh_ptrmap_get(&s->mappings, start);
+        if (h) {
+            size_t size = (size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)h << 9) & ~(size_t)1;
+            if (va - start < size) {
+                handle = h;
+                if (offset)
+                    *offset = va - start;
+            }
+            break;
+        }
+        if (start < SIM_VM_PAGE)
+            break;
+    }
     pthread_mutex_unlock(&s->lock);
     return handle;
 }

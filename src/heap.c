@@ -369,18 +369,20 @@ void cuh_heap_destroy(cuh_heap_t *h)
             h->drains = NULL;
             for (vm_drain_t *d = h->stuck_drains, *next; d; d = next) {
                 next = d->next;
-                for (size_t i = 0; i < d->num_extents; i++)   /* once more; some pages went before */
-                    for (uintptr_t va = d->extents[i]->addr; va < d->extents[i]->addr + d->extents[i]->size;
-                         va += h->vm_page)
-                        (void)h->dev->ops->vm_unmap(h->dev, va, h->vm_page);
+                for (size_t i = 0; i < d->num_extents; i++)   /* once more; some went before */
+                    (void)cuh_hp_unmap_drain_locked(h, d->extents[i]);
                 free(d);
             }
             h->stuck_drains = NULL;
-            for (size_t p = 0; p < h->pages_high; p++)
-                if (h->page_handle[p]) {
-                    h->dev->ops->vm_unmap(h->dev, cuh_hp_page_va(h, p), h->vm_page);
-                    h->dev->ops->vm_release(h->dev, h->page_handle[p]);
-                }
+            for (size_t p = 0, q; p < h->pages_high; p = q) {   /* a unit at a time */
+                q = p + 1;
+                if (!h->page_handle[p])
+                    continue;
+                while (q < h->pages_high && h->page_handle[q] == h->page_handle[p])
+                    q++;
+                h->dev->ops->vm_unmap(h->dev, cuh_hp_page_va(h, p), (q - p) * h->vm_page);
+                h->dev->ops->vm_release(h->dev, h->page_handle[p]);
+            }
             h->dev->ops->vm_unreserve(h->dev, s->base, s->size);
         } else {
             h->dev->ops->mem_free(h->dev, s->base, s->size);
@@ -389,6 +391,7 @@ void cuh_heap_destroy(cuh_heap_t *h)
     free(h->page_handle);
     free(h->page_mapped);
     free(h->page_gen);
+    free(h->drain_head);
     cuh_arena_destroy(&h->arena);
     cuh_ptrmap_destroy(&h->blocks);
     cuh_pagemap_destroy(&h->pages);

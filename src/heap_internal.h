@@ -9,7 +9,7 @@
  *   heap_chunks.c      a thread's chunks: the heap sharded per thread while threads contend
  *   heap_place.c       placement: which free extent a block takes (best fit, whole segments, mapped fits)
  *   heap_segments.c    growth and release of plain segments
- *   heap_pages.c       virtual memory (vmm:1): pages mapped, lent, moved and released
+ *   heap_pages.c       virtual memory (vmm:1): pages mapped, lent, moved and released, a unit at a time
  *   heap_devicewide.c  device-wide frees in batches, take-backs, reuse across streams
  *   heap_holds.c       blocks held for record_stream's streams and graph pools; captures
  *   heap_oom.c         out of memory: the record that proves its cause
@@ -25,6 +25,7 @@
 #define CUH_HEAP_INTERNAL_H
 
 #include "heap.h"
+#include "page_plan.h"
 
 #include "arena.h"
 #include "common.h"
@@ -265,13 +266,15 @@ struct cuh_heap_s {
     cuh_ptrmap_t uses;           /* address -> use_list_t: streams from record_stream */
     cuh_ptrmap_t graph;          /* address -> graph pool id, for blocks allocated in a capture */
     /* Virtual memory (vmm:1): the general region is one reservation whose
-     * pages are mapped on demand; page_handle[i] is the physical page behind
-     * page i, 0 when unmapped. */
+     * pages are mapped on demand; page_handle[i] is the physical allocation
+     * (the unit, page_plan.h) behind page i, 0 when unmapped. */
     cuh_segment_t *vm;
     size_t vm_page;
+    size_t unit_pages;           /* the most pages a new unit holds (vmm_unit) */
     uint64_t *page_handle;
     uint64_t *page_mapped;       /* bit i: page_handle[i] != 0 (ranges test 64 pages a word) */
     uint64_t *page_gen;          /* the last take-back generation that returned memory on page i */
+    uint64_t *drain_head;        /* bit i: an old mapping of a unit that moved begins at page i (DRAIN) */
     size_t num_pages, mapped_pages;
     size_t physical_pages;       /* held: mapped, or in hand while moving */
     size_t pages_high;           /* no page at or above this index was ever mapped */

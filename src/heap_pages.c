@@ -106,29 +106,97 @@ static void pages_inside_extent(const cuh_heap_t *h, const cuh_extent_t *e, size
     *end = cuh_min_size((size_t)(e->addr + e->size - h->vm->base) / page, h->pages_high);
 }
 
-/* Takes the page behind page index p out of its place for a new use. */
-static void page_leave_locked(cuh_heap_t *h, size_t p, uint64_t *out)
+/* ---- physical units ----------------------------------------------------------------
+ * A unit is one physical allocation mapped over consecutive pages
+ * (page_plan.h says why): every page of it holds the unit's handle in
+ * page_handle[], so a unit is a run of equal handles, which no two units
+ * share. It is mapped, moved and unmapped whole. */
+
+/* The first page of the unit holding page p (mapped). */
+static size_t unit_head(const cuh_heap_t *h, size_t p)
 {
-    *out = h->page_handle[p];
-    h->page_handle[p] = 0;
-    h->page_mapped[p >> 6] &= ~((uint64_t)1 << (p & 63));
-    h->mapped_pages--;   /* still held: physical_pages unchanged */
-    h->num_page_steals++;
+    while (p > 0 && h->page_handle[p - 1] == h->page_handle[p])
+        p--;
+    return p;
 }
 
-/* Unmaps the old mappings, page by page, in DRAIN extent x, a page whose
- * unmap fails tried once more. 0 if one stays mapped. */
+/* The page after the unit whose first page is p. */
+static size_t unit_end(const cuh_heap_t *h, size_t p)
+{
+    size_t q = p + 1;
+    while (q < h->pages_high && h->page_handle[q] == h->page_handle[p])
+        q++;
+    return q;
+}
+
+/* The newest take-back generation stamped on pages [p, q). */
+static uint64_t unit_gen(const cuh_heap_t *h, size_t p, size_t q)
+{
+    uint64_t gen = 0;
+    for (; p < q; p++)
+        if (h->page_gen[p] > gen)
+            gen = h->page_gen[p];
+    return gen;
+}
+
+/* The next unit lying wholly in pages [*p, end) whose take-back generation
+ * is above `settled` (`running`) or not: [*head, *q), and *p moves past
+ * it. 0 when there is none. */
+static int next_unit(const cuh_heap_t *h, size_t *p, size_t end, uint64_t settled, int running, size_t *head,
+                     size_t *q)
+{
+    while (*p < end) {
+        if (!h->page_handle[*p]) {
+            (*p)++;
+            continue;
+        }
+        const size_t at = *p;
+        *head = unit_head(h, at);
+        *q = unit_end(h, *head);
+        *p = *q;
+        if (*head == at && *q <= end && (unit_gen(h, *head, *q) > settled) == running)
+            return 1;
+    }
+    return 0;
+}
+
+/* Takes the unit over pages [p, q) out of its place for a new use; its
+ * handle. */
+static uint64_t unit_leave_locked(cuh_heap_t *h, size_t p, size_t q)
+{
+    const uint64_t handle = h->page_handle[p];
+    for (; p < q; p++) {
+        h->page_handle[p] = 0;
+        h->page_mapped[p >> 6] &= ~((uint64_t)1 << (p & 63));
+        h->mapped_pages--;   /* still held: physical_pages unchanged */
+        h->num_page_steals++;
+    }
+    return handle;
+}
+
+/* Unmaps the old mappings in DRAIN extent x, a unit at a time (drain_head
+ * marks where each begins), one refused tried once more. 0 if one stays
+ * mapped. */
 int cuh_hp_unmap_drain_locked(cuh_heap_t *h, const cuh_extent_t *x)
 {
+    const size_t first = (size_t)(x->addr - h->vm->base) / h->vm_page, end = first + x->size / h->vm_page;
     size_t failed = 0;
-    for (uintptr_t va = x->addr; va < x->addr + x->size; va += h->vm_page)
-        if (h->dev->ops->vm_unmap(h->dev, va, h->vm_page) != CUH_DEV_OK &&
-            h->dev->ops->vm_unmap(h->dev, va, h->vm_page) != CUH_DEV_OK)
+    for (size_t p = first, q; p < end; p = q) {
+        for (q = p + 1; q < end && !((h->drain_head[q >> 6] >> (q & 63)) & 1);)
+            q++;
+        const uintptr_t va = cuh_hp_page_va(h, p);
+        if (h->dev->ops->vm_unmap(h->dev, va, (q - p) * h->vm_page) != CUH_DEV_OK &&
+            h->dev->ops->vm_unmap(h->dev, va, (q - p) * h->vm_page) != CUH_DEV_OK)
             failed++;
-    if (failed)
+    }
+    if (failed) {
         cuh_log("device %d: %zu old mapping%s at 0x%llx not unmapped: %s", h->dev->ordinal, failed,
                 failed == 1 ? "" : "s", (unsigned long long)x->addr, h->dev->last_error);
-    return failed == 0;
+        return 0;
+    }
+    for (size_t p = first; p < end; p++)
+        h->drain_head[p >> 6] &= ~((uint64_t)1 << (p & 63));
+    return 1;
 }
 
 /* Unmaps the old mappings of every drain whose event has completed (with
@@ -190,22 +258,31 @@ static vm_drain_t *drain_new_locked(cuh_heap_t *h, size_t cap)
     return d;
 }
 
-/* Carves pages [p, run) out of free extent *rest into a DRAIN extent of d,
- * tagged `tag` (nothing is placed there), their physical pages to out[]:
- * mapped at their new place by the caller, their old mapping kept until d's
- * event has completed. *rest becomes the free part after them, or NULL. 0
- * when out of host memory for the records. */
-static int drain_carve_locked(cuh_heap_t *h, vm_drain_t *d, cuh_extent_t **rest, size_t p, size_t run, uint32_t tag,
-                              uint64_t *out)
+/* Carves unit [p, q) out of free extent *rest into a DRAIN extent of d,
+ * tagged `tag` (nothing is placed there), and places its physical
+ * allocation in the plan at `dest`: mapped at its new place by the caller,
+ * its old mapping kept until d's event has completed. *rest becomes the
+ * free part after it, or NULL. 0 when out of host memory for the records
+ * (nothing carved). */
+static int drain_carve_locked(cuh_heap_t *h, vm_drain_t *d, cuh_extent_t **rest, size_t p, size_t q, uint32_t tag,
+                              cuh_page_plan_t *pl, size_t dest, int lent)
 {
-    cuh_extent_t *x = cuh_arena_take_at(&h->arena, *rest, cuh_hp_page_va(h, p), (run - p) * h->vm_page,
+    if (pl->num_placed == pl->cap_placed)
+        return 0;
+    cuh_extent_t *x = cuh_arena_take_at(&h->arena, *rest, cuh_hp_page_va(h, p), (q - p) * h->vm_page,
                                         CUH_EXTENT_DRAIN, tag);
     if (!x)
         return 0;
-    d->extents[d->num_extents++] = x;
-    for (size_t i = 0; p < run; p++, i++)
-        page_leave_locked(h, p, &out[i]);
+    h->drain_head[p >> 6] |= (uint64_t)1 << (p & 63);
     *rest = x->next && x->next->state == CUH_EXTENT_FREE ? x->next : NULL;
+    /* A unit right after the last one carved joins its extent: a run of
+     * them drains as one range. */
+    cuh_extent_t *last = d->num_extents ? d->extents[d->num_extents - 1] : NULL;
+    if (last && last->next == x && last->addr + last->size == x->addr)
+        cuh_arena_join_used(&h->arena, last);
+    else
+        d->extents[d->num_extents++] = x;
+    (void)cuh_page_plan_place(pl, unit_leave_locked(h, p, q), dest, q - p, lent);
     return 1;
 }
 
@@ -232,37 +309,33 @@ static void drain_close_locked(cuh_heap_t *h, vm_drain_t *d, cuh_stream_t stream
         cuh_hp_drains_poll_locked(h, 0);
 }
 
-/* Moves up to `want` pages lying wholly inside free extents of `tag` (of
- * the reservation, oldest first) whose take-back generation is above
- * `settled` (`running`) or not, to out[], their old mappings kept: each run
- * of them becomes a DRAIN extent of one drain, closed with an event recorded
- * on `stream` now. Returns how many. Lending and alias moves both. */
-static size_t drain_runs_locked(cuh_heap_t *h, uint32_t tag, int running, uint64_t settled, cuh_stream_t stream,
-                                uint64_t *out, size_t want)
+/* Moves units lying wholly inside free extents of `tag` (of the
+ * reservation, oldest first) whose take-back generation is above `settled`
+ * (`running`) or not into the plan, where they fit, their old mappings
+ * kept: each becomes a DRAIN extent of one drain, closed with an event
+ * recorded on `stream` now. `lent`: placed as safe for the block's stream
+ * only. Returns the pages placed. Lending and alias moves both. */
+static size_t drain_units_locked(cuh_heap_t *h, cuh_page_plan_t *pl, uint32_t tag, int running, uint64_t settled,
+                                 cuh_stream_t stream, int lent)
 {
     vm_drain_t *d = NULL;
     size_t got = 0;
-    for (cuh_extent_t *e = h->arena.tags[tag].oldest, *older; e && got < want; e = older) {
+    for (cuh_extent_t *e = h->arena.tags[tag].oldest, *older; e && pl->lacking; e = older) {
         older = e->tag_prev;
         if (e->segment != h->vm)
             continue;
         size_t p, end;
         pages_inside_extent(h, e, &p, &end);
-        cuh_extent_t *rest = e;   /* the free part still after the runs carved */
-        while (p < end && got < want && rest) {
-            if (!h->page_handle[p] || (h->page_gen[p] > settled) != running) {
-                p++;
+        cuh_extent_t *rest = e;   /* the free part still after the units carved */
+        size_t head, q, dest;
+        while (pl->lacking && rest && next_unit(h, &p, end, settled, running, &head, &q)) {
+            if (!cuh_page_plan_fit(pl, q - head, lent, &dest))
                 continue;
-            }
-            size_t run = p;
-            while (run < end && run - p < want - got && h->page_handle[run] && (h->page_gen[run] > settled) == running)
-                run++;
-            if (!d && !(d = drain_new_locked(h, want)))
-                return 0;   /* no drain, nothing carved yet */
-            if (!drain_carve_locked(h, d, &rest, p, run, tag, out + got))
+            if (!d && !(d = drain_new_locked(h, pl->lacking)))
+                return got;   /* no drain, nothing carved by it */
+            if (!drain_carve_locked(h, d, &rest, head, q, tag, pl, dest, lent))
                 break;   /* out of host memory for records: move what there is */
-            got += run - p;
-            p = run;
+            got += q - head;
         }
     }
     if (d)
@@ -270,74 +343,113 @@ static size_t drain_runs_locked(cuh_heap_t *h, uint32_t tag, int running, uint64
     return got;
 }
 
-/* Lends up to `want` pages lying wholly inside free extents private to
- * stream `own` to a new block of `own`: memory the stream freed whose work
- * the GPU may not have passed yet. The new block's work runs after that
- * work (one stream), so a page may serve it at once; only the old mapping
- * must stay until that work is done, for unmapping is not stream-ordered.
- * So the page is mapped at its new place beside its old one, whose address
- * range becomes a DRAIN extent (nothing is placed there) until an event
- * recorded on `own` now has completed. Without this a busy GPU leaves a
- * stream's recent frees unmovable: the CPU waits for them, or the heap
- * takes new pages. Returns how many. */
-static size_t lend_own_pages_locked(cuh_heap_t *h, stream_state_t *own, uint64_t *out, size_t want,
-                                    uint64_t settled)
+/* Lends units lying wholly inside free extents private to stream `own` to a
+ * new block of `own`: memory the stream freed whose work the GPU may not
+ * have passed yet. The new block's work runs after that work (one stream),
+ * so a unit may serve it at once; only the old mapping must stay until that
+ * work is done, for unmapping is not stream-ordered. So the unit is mapped
+ * at its new place beside its old one, whose address range becomes a DRAIN
+ * extent (nothing is placed there) until an event recorded on `own` now has
+ * completed. It goes only over pages the block covers whole: the rest of a
+ * partly covered page is free memory another stream could take at once.
+ * Without this a busy GPU leaves a stream's recent frees unmovable: the CPU
+ * waits for them, or the heap takes new pages. Returns the pages placed. */
+static size_t lend_own_units_locked(cuh_heap_t *h, cuh_page_plan_t *pl, stream_state_t *own, uint64_t settled)
 {
-    if (!own || own->tag == CUH_TAG_GLOBAL || own->retired || h->captures || !want)
+    if (!own || own->tag == CUH_TAG_GLOBAL || own->retired || h->captures || !pl->lacking)
         return 0;
-    return drain_runs_locked(h, own->tag, 0, settled, own->handle, out, want);
+    return drain_units_locked(h, pl, own->tag, 0, settled, own->handle, 1);
 }
 
-/* Unmaps up to `want` pages lying wholly inside global free extents of the
- * reservation; their physical pages go to out[]. Then, for a block of
- * stream `own`, up to `lend_max` pages its own recent frees lend
- * (lend_own_pages_locked), after the others in out[], their count added to
- * *lent. Returns how many in all. Pages work a take-back left running may
- * still touch (page_gen) are left where they are unless `may_wait` (then
- * the CPU waits for that work first) or `alias` (then they move, their old
- * mappings kept until that work is done); while other streams' work may touch
- * memory handed over early (unsettled), no page moves unless `may_wait`. */
-static size_t steal_pages_locked(cuh_heap_t *h, uint64_t *out, size_t want, int may_wait, int alias,
-                                 stream_state_t *own, size_t lend_max, size_t *lent)
+/* Drops what a take-back or a hand-over left running, as far as it has
+ * completed (with `may_wait`: the CPU waits for it). The generation below
+ * which pages may move, or UINT64_MAX if none may move (work memory handed
+ * over early may still touch runs). */
+static uint64_t movable_gen_locked(cuh_heap_t *h, int may_wait)
 {
-    size_t n;
-    /* Neither are pages lent while work may still touch them: the stream's
+    if (h->num_unsettled && !settle_unsettled_locked(h, may_wait))
+        return UINT64_MAX;
+    return settled_gen_locked(h, may_wait);
+}
+
+/* Moves units lying wholly inside global free extents of the reservation
+ * into the plan where they fit: each is unmapped and placed. Then, for a
+ * block of stream `own`, the units its own recent frees lend
+ * (lend_own_units_locked). Returns the pages placed. Units work a take-back
+ * left running may still touch (page_gen) stay where they are unless
+ * `may_wait` (then the CPU waits for that work first) or `alias` (then they
+ * move, their old mappings kept until that work is done); while other
+ * streams' work may touch memory handed over early (unsettled), nothing
+ * moves unless `may_wait`. */
+static size_t steal_units_locked(cuh_heap_t *h, cuh_page_plan_t *pl, int may_wait, int alias, stream_state_t *own)
+{
+    /* Neither are units lent while work may still touch them: the stream's
      * own frees may hold such memory (its work is ordered behind the
      * take-back's or hand-over's GPU-side waits, but the heap does not lean
      * on that). */
-    if (h->num_unsettled && !settle_unsettled_locked(h, may_wait))
+    const uint64_t settled = movable_gen_locked(h, may_wait);
+    if (settled == UINT64_MAX)
         return 0;
-    const uint64_t settled = settled_gen_locked(h, may_wait);
-    size_t got = 0, page = h->vm_page;
+    size_t got = 0;
     /* Oldest free memory first: the newest is the likeliest to be reused soon,
      * and taking its pages would only move them back again. */
-    for (cuh_extent_t *e = h->arena.tags[CUH_TAG_GLOBAL].oldest; e && got < want; e = e->tag_prev) {
+    for (cuh_extent_t *e = h->arena.tags[CUH_TAG_GLOBAL].oldest; e && pl->lacking; e = e->tag_prev) {
         if (e->segment != h->vm)
             continue;
-        size_t first, end;
-        pages_inside_extent(h, e, &first, &end);
-        for (size_t p = first; p < end && got < want; p++) {
-            if (!h->page_handle[p] || h->page_gen[p] > settled)
+        size_t p, end;
+        pages_inside_extent(h, e, &p, &end);
+        size_t head, q, dest;
+        while (pl->lacking && next_unit(h, &p, end, settled, 0, &head, &q)) {
+            if (pl->num_placed == pl->cap_placed || !cuh_page_plan_fit(pl, q - head, 0, &dest))
                 continue;
-            if (h->dev->ops->vm_unmap(h->dev, cuh_hp_page_va(h, p), page) != CUH_DEV_OK) {
+            if (h->dev->ops->vm_unmap(h->dev, cuh_hp_page_va(h, head), (q - head) * h->vm_page) != CUH_DEV_OK) {
                 cuh_log("device %d: %s", h->dev->ordinal, h->dev->last_error);
                 continue;
             }
-            page_leave_locked(h, p, &out[got++]);
+            (void)cuh_page_plan_place(pl, unit_leave_locked(h, head, q), dest, q - head, 0);
+            got += q - head;
         }
     }
-    /* With `alias`, then pages a take-back returned while the work before
+    /* With `alias`, then units a take-back returned while the work before
      * their frees may still run (alias moves, docs/design.md): the take-back
      * made every later piece of work, on every stream, wait on the GPU for
-     * that work, so a page may back a new block at once; only its old
+     * that work, so a unit may back a new block at once; only its old
      * mapping stays (a DRAIN extent) until an event recorded on the default
      * stream now, behind that wait, has completed. No event call during a
      * capture. */
-    if (alias && got < want && !h->captures)
-        got += drain_runs_locked(h, CUH_TAG_GLOBAL, 1, settled, 0, out + got, want - got);
-    n = lend_own_pages_locked(h, own, out + got, cuh_min_size(want - got, lend_max), settled);
-    *lent += n;
-    return got + n;
+    if (alias && pl->lacking && !h->captures)
+        got += drain_units_locked(h, pl, CUH_TAG_GLOBAL, 1, settled, 0, 0);
+    return got + lend_own_units_locked(h, pl, own, settled);
+}
+
+/* Returns to the device units lying wholly inside global free memory of
+ * the reservation, oldest free memory first, until `want` pages have gone
+ * (SIZE_MAX: all). Units work may still touch stay unless `may_wait` (the
+ * CPU then waits for it). Returns the pages released. */
+static size_t release_units_locked(cuh_heap_t *h, size_t want, int may_wait)
+{
+    const uint64_t settled = movable_gen_locked(h, may_wait);
+    if (settled == UINT64_MAX)
+        return 0;
+    size_t released = 0;
+    for (cuh_extent_t *e = h->arena.tags[CUH_TAG_GLOBAL].oldest; e && released < want; e = e->tag_prev) {
+        if (e->segment != h->vm)
+            continue;
+        size_t p, end;
+        pages_inside_extent(h, e, &p, &end);
+        size_t head, q;
+        while (released < want && next_unit(h, &p, end, settled, 0, &head, &q)) {
+            if (h->dev->ops->vm_unmap(h->dev, cuh_hp_page_va(h, head), (q - head) * h->vm_page) != CUH_DEV_OK) {
+                cuh_log("device %d: %s", h->dev->ordinal, h->dev->last_error);
+                continue;
+            }
+            h->dev->ops->vm_release(h->dev, unit_leave_locked(h, head, q));
+            h->physical_pages -= q - head;
+            h->num_segment_frees++;
+            released += q - head;
+        }
+    }
+    return released;
 }
 
 /* ---- recurring moves --------------------------------------------------------------
@@ -394,41 +506,76 @@ static int mover_recurs_locked(cuh_heap_t *h, size_t pages, int moved)
     return recurs;
 }
 
-/* Maps every unmapped page of [addr, addr+size) in the reservation: pages
- * taken from free memory first, then new ones from the device. 1 when all
+/* Creates a unit for each run of pages the plan still lacks, of at most
+ * unit_pages pages (a shorter one where the limit leaves less room, or the
+ * device refuses: down to a page). 0 with *why when the limit or the device
+ * refused, or on an error; what was created stays placed. */
+static int create_units_locked(cuh_heap_t *h, cuh_page_plan_t *pl, grow_result_t *why)
+{
+    const size_t page = h->vm_page;
+    while (pl->lacking) {
+        const cuh_page_run_t r = pl->runs[0];
+        size_t k = cuh_min_size(r.len, h->unit_pages);
+        if (h->limit) {
+            size_t reserved = cuh_hp_reserved_bytes(h);
+            size_t room = h->limit > reserved ? (h->limit - reserved) / page : 0;
+            if (!room) {
+                *why = GROW_LIMIT;
+                return 0;
+            }
+            k = cuh_min_size(k, room);
+        }
+        uint64_t handle = 0;
+        cuh_dev_status_t rc;
+        while ((rc = h->dev->ops->vm_create(h->dev, k * page, &handle)) == CUH_DEV_OOM && k > 1)
+            k /= 2;   /* the device may still hold less */
+        if (rc != CUH_DEV_OK) {
+            *why = rc == CUH_DEV_OOM ? GROW_DEVICE : GROW_ERROR;
+            if (rc != CUH_DEV_OOM)
+                cuh_set_error("device %d: %s", h->dev->ordinal, h->dev->last_error);
+            return 0;
+        }
+        h->physical_pages += k;
+        h->num_segment_allocs++;
+        if (!cuh_page_plan_place(pl, handle, r.start, k, 0)) {   /* cannot fail: a run's start, room for a unit a page */
+            h->dev->ops->vm_release(h->dev, handle);
+            h->physical_pages -= k;
+            h->num_segment_frees++;
+            cuh_set_error("out of host memory for page handles");
+            *why = GROW_ERROR;
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Maps every unmapped page of [addr, addr+size) in the reservation: units
+ * moved from free memory first, then new ones from the device. 1 when all
  * are mapped; 0 with *why (the device or the limit refused, or an error). */
 int cuh_hp_map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_state_t *st, grow_result_t *why)
 {
     size_t page = h->vm_page, first, end;
     pages_touched(h, addr, size, &first, &end);
-    size_t need = 0, whole = 0;
     *why = GROW_OK;
-    for (size_t p = first; p < end; p++)
-        if (!h->page_handle[p]) {
-            need++;
-            whole += (size_t)cuh_hp_page_inside(h, p, addr, size);
-        }
     const size_t block_pages = (size + page - 1) / page;
-    if (!need) {
+    if (cuh_bits_all_set(h->page_mapped, first, end - 1)) {
         (void)mover_recurs_locked(h, block_pages, 0);
         return 1;
     }
-    /* A lent page is safe only for this stream until the GPU has passed its
-     * old work: it may back only pages the block covers whole, never one
-     * whose rest is free memory another stream could take. handles[i] was
-     * lent when lent_flag[i]. */
-    uint64_t *handles = malloc(need * sizeof *handles);
-    uint8_t *lent_flag = handles ? calloc(need, 1) : NULL;
-    size_t lent = 0;
-    if (!lent_flag) {
-        free(handles);
+    /* A lent unit is safe only for this stream until the GPU has passed its
+     * old work: it may back only pages the block covers whole. */
+    cuh_page_plan_t plan;
+    if (!cuh_page_plan_init(&plan, h->page_mapped, first, end,
+                            first + !cuh_hp_page_inside(h, first, addr, size),
+                            end - !cuh_hp_page_inside(h, end - 1, addr, size))) {
         cuh_set_error("out of host memory for page handles");
         *why = GROW_ERROR;
         return 0;
     }
+    const size_t need = plan.lacking;
     /* New pages are cheap to get while the heap holds little more than the
      * most the program has had live: below that margin take them from the
-     * device; above it, move free pages (each move is an unmap and a map). */
+     * device; above it, move free units (each move is an unmap and a map). */
     size_t live_peak = cuh_max_size(h->allocated.peak, h->allocated.current + size);
     const double held = (double)(cuh_hp_reserved_bytes(h) + need * page);
     int move_first = held > (double)live_peak * (1.0 + h->cfg.vmm_margin);
@@ -437,95 +584,64 @@ int cuh_hp_map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_s
         move_first = 0;   /* recurring moves: new pages instead, within bounds */
     if (h->drains)
         cuh_hp_drains_poll_locked(h, 0);
-    size_t got = 0;
-#define STEAL(may_wait, alias, own)                                                                       \
-    do {                                                                                                  \
-        size_t before = lent, n = steal_pages_locked(h, handles + got, need - got, may_wait, alias, own,  \
-                                                     whole - lent, &lent);                                \
-        memset(lent_flag + got + n - (lent - before), 1, lent - before);                                  \
-        got += n;                                                                                         \
-    } while (0)
     if (move_first)
-        STEAL(0, 0, st);
-    if (got < need && move_first && !h->captures) {
+        (void)steal_units_locked(h, &plan, 0, 0, st);
+    if (plan.lacking && move_first && !h->captures) {
         /* Memory freed on streams becomes stealable once their work is done:
          * fence them all (our own too: unmapping is not stream-ordered). */
         for (uint32_t i = 0; i < h->num_streams; i++)
             if (!h->streams[i]->num_fences)
                 cuh_hp_stream_fence_locked(h, h->streams[i]);
         if (cuh_hp_poll_all_locked(h, 0))
-            STEAL(0, 0, st);
-        /* Last before growing: pages whose old mappings must stay a while,
+            (void)steal_units_locked(h, &plan, 0, 0, st);
+        /* Last before growing: units whose old mappings must stay a while,
          * for a block that keeps the live bytes under their peak so far. One
          * that raises it gets new pages: the heap must grow to the new peak
          * anyway, and the memory just freed is the likeliest wanted back. */
-        if (got < need && h->allocated.current + size <= h->allocated.peak)
-            STEAL(0, 1, st);
+        if (plan.lacking && h->allocated.current + size <= h->allocated.peak)
+            (void)steal_units_locked(h, &plan, 0, 1, st);
     }
-    while (got < need) {
-        if (!move_first && got == 0 && h->limit && cuh_hp_reserved_bytes(h) + need * page > h->limit) {
-            /* The limit would refuse: move free pages after all (a chunk
-             * does not wait for them: heap_chunks.c). */
-            STEAL(!h->chunk_call, 0, st);
-            move_first = 1;
-            continue;
-        }
-        if (h->limit && cuh_hp_reserved_bytes(h) + page > h->limit) {
-            *why = GROW_LIMIT;
-            break;
-        }
-        uint64_t handle = 0;
-        cuh_dev_status_t rc = h->dev->ops->vm_create(h->dev, page, &handle);
-        if (rc != CUH_DEV_OK) {
-            *why = rc == CUH_DEV_OOM ? GROW_DEVICE : GROW_ERROR;
-            if (rc != CUH_DEV_OOM)
-                cuh_set_error("device %d: %s", h->dev->ordinal, h->dev->last_error);
-            break;
-        }
-        handles[got++] = handle;
-        h->physical_pages++;
-        h->num_segment_allocs++;
+    if (!move_first && plan.lacking && h->limit && cuh_hp_reserved_bytes(h) + plan.lacking * page > h->limit) {
+        /* The limit would refuse: move and give back free units after all
+         * (a chunk does not wait for them: heap_chunks.c). */
+        (void)steal_units_locked(h, &plan, !h->chunk_call, 0, st);
+        if (plan.lacking)
+            (void)release_units_locked(h, plan.lacking, !h->chunk_call);
     }
-    if (got < need && *why != GROW_ERROR && !h->captures && !h->chunk_call) {
+    int ok = create_units_locked(h, &plan, why);
+    if (!ok && *why != GROW_ERROR && !h->captures && !h->chunk_call) {
+        /* Refused: wait for the work on free units, move what fits, give
+         * back what does not, and try once more. */
         cuh_hp_settle_all_locked(h);
-        STEAL(1, 0, NULL);
+        (void)steal_units_locked(h, &plan, 1, 0, NULL);
+        if (plan.lacking && release_units_locked(h, plan.lacking, 1))
+            ok = create_units_locked(h, &plan, why);
+        ok = ok || !plan.lacking;
     }
-#undef STEAL
-    /* Map what there is, lent pages where the block covers the page whole.
-     * On a shortfall the caller frees the block: the pages mapped behind it
-     * stay there, cached, not lost. */
-    int ok = got == need;
-    size_t next_lent = 0, next_other = 0;
-    for (size_t p = first; p < end; p++) {
-        if (h->page_handle[p])
-            continue;
-        while (next_lent < got && !lent_flag[next_lent])
-            next_lent++;
-        while (next_other < got && lent_flag[next_other])
-            next_other++;
-        size_t k = cuh_hp_page_inside(h, p, addr, size) && next_lent < got ? next_lent++ : next_other++;
-        if (k >= got) {
-            ok = 0;   /* no page may go here (a shortfall) */
-            continue;
-        }
-        if (h->dev->ops->vm_map(h->dev, cuh_hp_page_va(h, p), page, handles[k]) != CUH_DEV_OK) {
+    /* Map what there is. On a shortfall the caller frees the block: the
+     * units mapped behind it stay there, cached, not lost. */
+    ok = ok && !plan.lacking;
+    for (size_t i = 0; i < plan.num_placed; i++) {
+        const cuh_unit_place_t *u = &plan.placed[i];
+        if (h->dev->ops->vm_map(h->dev, cuh_hp_page_va(h, u->dest), u->pages * page, u->handle) != CUH_DEV_OK) {
             cuh_set_error("device %d: %s", h->dev->ordinal, h->dev->last_error);
-            h->dev->ops->vm_release(h->dev, handles[k]);
-            h->physical_pages--;
+            h->dev->ops->vm_release(h->dev, u->handle);
+            h->physical_pages -= u->pages;
             h->num_segment_frees++;
             *why = GROW_ERROR;
             ok = 0;
             continue;
         }
-        h->page_handle[p] = handles[k];
-        h->page_mapped[p >> 6] |= (uint64_t)1 << (p & 63);
-        h->mapped_pages++;
-        h->num_page_maps++;
-        if (p + 1 > h->pages_high)
-            h->pages_high = p + 1;
+        for (size_t p = u->dest; p < u->dest + u->pages; p++) {
+            h->page_handle[p] = u->handle;
+            h->page_mapped[p >> 6] |= (uint64_t)1 << (p & 63);
+        }
+        h->mapped_pages += u->pages;
+        h->num_page_maps += u->pages;
+        if (u->dest + u->pages > h->pages_high)
+            h->pages_high = u->dest + u->pages;
     }
-    free(handles);
-    free(lent_flag);
+    cuh_page_plan_free(&plan);
     return ok;
 }
 
@@ -539,26 +655,16 @@ int cuh_hp_needs_pages_locked(const cuh_heap_t *h, uintptr_t addr, size_t size)
     return !cuh_bits_all_set(h->page_mapped, first, end - 1);
 }
 
-/* Returns to the device every page lying wholly inside global free memory
- * of the reservation; the count. */
+/* Returns to the device every unit lying wholly inside global free memory
+ * of the reservation; the pages released. */
 size_t cuh_hp_release_free_pages_locked(cuh_heap_t *h)
 {
     if (!h->vm)
         return 0;
-    uint64_t batch[256];
-    size_t released = 0, n;
-    /* A page released while an old mapping of it remains would stay
+    /* A unit released while an old mapping of it remains would stay
      * allocated on the device: the old mappings go first. */
     cuh_hp_drains_poll_locked(h, 1);
-    size_t none = 0;
-    while ((n = steal_pages_locked(h, batch, 256, 1, 0, NULL, 0, &none)) > 0) {
-        for (size_t i = 0; i < n; i++)
-            h->dev->ops->vm_release(h->dev, batch[i]);
-        h->physical_pages -= n;
-        h->num_segment_frees += n;
-        released += n;
-    }
-    return released;
+    return release_units_locked(h, SIZE_MAX, 1);
 }
 
 /* The largest piece of free memory a request could get at once. Under
@@ -682,12 +788,15 @@ void cuh_hp_start_vm_locked(cuh_heap_t *h)
     h->page_handle = calloc(size / page, sizeof *h->page_handle);
     h->page_mapped = calloc((size / page + 63) / 64, sizeof *h->page_mapped);
     h->page_gen = calloc(size / page, sizeof *h->page_gen);
-    cuh_segment_t *seg = h->page_handle && h->page_mapped && h->page_gen
+    h->drain_head = calloc((size / page + 63) / 64, sizeof *h->drain_head);
+    cuh_segment_t *seg = h->page_handle && h->page_mapped && h->page_gen && h->drain_head
                              ? cuh_arena_add_segment(&h->arena, va, size, CUH_REGION_GENERAL) : NULL;
     if (!seg) {
         free(h->page_handle);
         free(h->page_mapped);
         free(h->page_gen);
+        free(h->drain_head);
+        h->drain_head = NULL;
         h->page_handle = NULL;
         h->page_mapped = NULL;
         h->page_gen = NULL;
@@ -698,6 +807,7 @@ void cuh_hp_start_vm_locked(cuh_heap_t *h)
     seg->virtual_space = 1;
     h->vm = seg;
     h->vm_page = page;
+    h->unit_pages = cuh_max_size(h->cfg.vmm_unit / page, 1);
     h->num_pages = size / page;
 }
 

@@ -47,7 +47,8 @@ static inline int heap_model_capture_broken(const cuh_sim_counters_t *a, const c
 /* What a freed block leaves in one page. */
 typedef struct heap_model_piece_s {
     uintptr_t va;          /* the page's address when freed */
-    uint64_t handle;       /* the physical page mapped there (0: plain segment or workspace) */
+    uint64_t handle;       /* the physical allocation mapped there (0: plain segment or workspace) */
+    size_t hoff;           /* the page's offset into that allocation (a unit of several pages) */
     size_t lo, hi;         /* the block's bytes within that page */
     cuh_stream_t stream;   /* whose work used them */
     uint64_t pos;          /* that work's position on the stream */
@@ -107,7 +108,8 @@ static inline void heap_model_add(heap_model_t *m, uintptr_t addr, size_t size, 
             heap_model_fail(m, "the model's %zu pieces are full: make its maximum larger", m->max);
         heap_model_piece_t *p = &m->pieces[m->num++];
         p->va = pva;
-        p->handle = cuh_sim_handle_at(m->dev, pva);
+        p->hoff = 0;
+        p->handle = cuh_sim_handle_at(m->dev, pva, &p->hoff);
         heap_model_bytes_in_page(m, addr, size, pva, &p->lo, &p->hi);
         p->stream = user;
         p->pos = pos;
@@ -131,19 +133,21 @@ static inline size_t heap_model_check(const heap_model_t *m, uintptr_t addr, siz
 {
     size_t own_moved = 0;
     for (uintptr_t pva = addr & ~(uintptr_t)(m->page - 1); pva < addr + size; pva += m->page) {
-        uint64_t h = cuh_sim_handle_at(m->dev, pva);
+        size_t off = 0;
+        uint64_t h = cuh_sim_handle_at(m->dev, pva, &off);
         size_t lo, hi;
         heap_model_bytes_in_page(m, addr, size, pva, &lo, &hi);
         for (size_t k = 0; k < m->num; k++) {
             const heap_model_piece_t *p = &m->pieces[k];
-            int same = (p->va == pva && p->lo < hi && lo < p->hi) || (h && p->handle == h && p->lo < hi && lo < p->hi);
+            int same = (p->va == pva && p->lo < hi && lo < p->hi) ||
+                       (h && p->handle == h && p->hoff == off && p->lo < hi && lo < p->hi);
             if (!same)
                 continue;
             for (int u = 0; u < (device_wide ? n : 1); u++) {
                 cuh_stream_t user = device_wide ? all[u] : stream;
                 int held = heap_model_pool_holds(m, p);
                 if (!held && p->stream == user) {
-                    own_moved += !device_wide && p->handle == h && p->va != pva;
+                    own_moved += !device_wide && p->handle == h && p->hoff == off && p->va != pva;
                 } else if (held || !cuh_sim_stream_waits_for(m->dev, user, p->stream, p->pos)) {
                     heap_model_fail(m, "a block for stream %#lx at 0x%lx+%zu uses bytes freed on stream %#lx%s before %s",
                                     (unsigned long)user, (unsigned long)addr, size, (unsigned long)p->stream,
@@ -164,7 +168,8 @@ static inline void heap_model_prune(heap_model_t *m)
     for (size_t k = 0; k < m->num; k++) {
         const heap_model_piece_t *p = &m->pieces[k];
         int pending = !cuh_sim_stream_waits_for(m->dev, m->probe, p->stream, p->pos);
-        if (pending && cuh_sim_handle_at(m->dev, p->va) != p->handle)
+        size_t off = 0;
+        if (pending && (cuh_sim_handle_at(m->dev, p->va, &off) != p->handle || (p->handle && off != p->hoff)))
             heap_model_fail(m, "the page at 0x%lx was unmapped while work on it could still run",
                             (unsigned long)p->va);
         if (pending || heap_model_pool_holds(m, p))

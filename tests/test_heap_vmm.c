@@ -222,6 +222,82 @@ static void test_vmm_larger_pages_move_in_fewer_calls(void **state)
     test_heap_free(&t);
 }
 
+/* vmm_unit:8M: the pages a block lacks are created as units of up to 8 MiB,
+ * one physical allocation each, mapped in one call; a free unit moves whole,
+ * to a run of missing pages at least as long. The checkerboard of the test
+ * above, with 2 MiB pages: a unit per 8 MiB block, not four pages, and each
+ * 32 MiB block served by moved units, one unmap and one map each. */
+static void test_vmm_units_are_created_mapped_and_moved_as_one(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new((256 + 16) * MiB, "vmm:1,vmm_unit:8M,small_max:0,vmm_margin:0");
+    uintptr_t a[32];
+    for (int i = 0; i < 32; i++)
+        a[i] = must_alloc(t.heap, 8 * MiB, 0);
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    assert_int_equal(c0.vm_creates, 32);
+    assert_int_equal(c0.vm_maps, 32);
+    assert_int_equal(c0.vm_mapped, 256 * MiB);
+    for (int i = 0; i < 32; i += 2)
+        must_free(t.heap, a[i], 0);
+    uintptr_t big[4];
+    for (int i = 0; i < 4; i++)
+        big[i] = must_alloc(t.heap, 32 * MiB, 0);
+    heap_ok(t.heap);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_true(s.reserved.peak <= (256 + 16) * MiB);
+    assert_int_equal(s.num_ooms, 0);
+    cuh_heap_poll(t.heap);
+    cuh_sim_counters(t.dev, &c1);
+    assert_true(c1.vm_unmaps - c0.vm_unmaps >= 14);   /* moved, not created ... */
+    assert_true(c1.vm_unmaps - c0.vm_unmaps <= 16);   /* ... a unit of 4 pages per call */
+    assert_true(c1.vm_maps - c0.vm_maps <= 18);
+    for (int i = 0; i < 4; i++)
+        must_free(t.heap, big[i], 0);
+    for (int i = 1; i < 32; i += 2)
+        must_free(t.heap, a[i], 0);
+    /* A block longer than a unit gets several: 20 MiB is 8 + 8 + 4. */
+    cuh_heap_release_cached(t.heap);
+    cuh_sim_counters(t.dev, &c0);
+    uintptr_t x = must_alloc(t.heap, 20 * MiB, 0);
+    cuh_sim_counters(t.dev, &c1);
+    assert_int_equal(c1.vm_creates - c0.vm_creates, 3);
+    assert_int_equal(c1.vm_maps - c0.vm_maps, 3);
+    must_free(t.heap, x, 0);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
+/* A free unit longer than the run a block lacks cannot serve it (a unit maps
+ * whole). When the device is full, such a unit whose work is done goes back
+ * to the device and a unit of the run's length is made: the device holding
+ * the live bytes is enough, as with pages. */
+static void test_vmm_a_unit_too_long_for_the_gap_goes_back_when_the_device_is_full(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(10 * MiB, "vmm:1,vmm_unit:8M,small_max:0,vmm_margin:0");
+    cuh_sim_hold_events(t.dev, 1);
+    uintptr_t u = must_alloc(t.heap, 8 * MiB, S1);   /* one unit of 4 pages */
+    uintptr_t l = must_alloc(t.heap, 2 * MiB, S2);
+    must_free(t.heap, u, S1);   /* its work still runs */
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    uintptr_t z = must_alloc(t.heap, 4 * MiB, S2);
+    cuh_sim_counters(t.dev, &c1);
+    heap_ok(t.heap);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.num_ooms, 0);
+    assert_true(s.reserved.peak <= 10 * MiB);
+    assert_true(c1.vm_releases > c0.vm_releases);   /* the 8 MiB unit went back ... */
+    assert_true(c1.event_waits > c0.event_waits);   /* ... once its work was done */
+    must_free(t.heap, z, S2);
+    must_free(t.heap, l, S2);
+    test_heap_free(&t);
+}
+
 static void test_vmm_moves_a_page_only_after_the_work_on_it_finished(void **state)
 {
     (void)state;
@@ -623,7 +699,7 @@ static void test_vmm_pages_of_taken_back_memory_move_only_after_their_work(void 
 static int all_pages_mapped(cuh_device_t *dev, uintptr_t addr, size_t size)
 {
     for (uintptr_t va = addr; va < addr + size; va += 2 * MiB)
-        if (!cuh_sim_handle_at(dev, va))
+        if (!cuh_sim_handle_at(dev, va, NULL))
             return 0;
     return 1;
 }
@@ -1012,6 +1088,12 @@ static void test_vmm_random_operations_never_reuse_or_unmap_a_page_before_its_wo
          * released idle (by address; a page is 64 MiB of bookkeeping) */
         {"limit:24G", 64 * MiB, 25, 29001, 0, 0, 128},
         {"limit:24G", 64 * MiB, 0, 30001, 0, 1, 128},
+        /* units of several pages (vmm_unit), mapped, lent and moved whole */
+        {"vmm:1,vmm_margin:0,small_max:0,vmm_unit:8M,limit:160M", 2 * MiB, 0, 31001, 1, 0, 1},
+        {"vmm:1,vmm_margin:0,vmm_unit:16M,limit:160M", 2 * MiB, 25, 32001, 0, 1, 1},
+        {"vmm:1,vmm_margin:0,reuse_across_streams:1,vmm_unit:8M,limit:160M", 2 * MiB, 25, 33001, 0, 0, 1},
+        {"vmm:1,vmm_unit:32M,limit:300M", 2 * MiB, 10, 34001, 0, 1, 1},
+        {"vmm:1,vmm_margin:0,vmm_page:4M,vmm_unit:16M,limit:200M", 4 * MiB, 25, 35001, 0, 0, 1},
     };
     /* CUHEAP_TEST_SEEDS=N runs every setting with N seeds more (a longer
      * search than CI's). */
@@ -1035,6 +1117,8 @@ static void test_vmm_random_operations_keep_pages_behind_every_block(void **stat
     /* Pages larger than a granule: blocks share pages, and a page may only
      * move when no block lies on it. */
     random_operations("vmm:1,vmm_margin:0,vmm_page:6M", 4 * GiB, 8000, 24 * MiB, 53, 99);
+    /* Units of several pages: a unit moves only when it lies wholly free. */
+    random_operations("vmm:1,vmm_margin:0,vmm_unit:16M", 4 * GiB, 8000, 24 * MiB, 53, 99);
 }
 
 int main(void)
@@ -1042,6 +1126,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vmm_checkerboard_then_larger_blocks_fit_in_live_plus_two_pages),
         cmocka_unit_test(test_vmm_larger_pages_move_in_fewer_calls),
+        cmocka_unit_test(test_vmm_units_are_created_mapped_and_moved_as_one),
+        cmocka_unit_test(test_vmm_a_unit_too_long_for_the_gap_goes_back_when_the_device_is_full),
         cmocka_unit_test(test_vmm_moves_a_page_only_after_the_work_on_it_finished),
         cmocka_unit_test(test_bits_all_set_agrees_with_a_bit_by_bit_model),
         cmocka_unit_test(test_vmm_a_streams_own_frees_move_before_the_gpu_passed_them),

@@ -69,11 +69,11 @@ mutant() {
     fi
 }
 
-# A map that failed after its physical page was created: the page must go
+# A map that failed after its physical unit was created or moved: the unit must go
 # back to the device (and out of the heap's count).
 mutant map-rollback-skipped src/heap_pages.c \
-'            h->dev->ops->vm_release(h->dev, handles[k]);
-            h->physical_pages--;
+'            h->dev->ops->vm_release(h->dev, u->handle);
+            h->physical_pages -= u->pages;
             h->num_segment_frees++;
             *why = GROW_ERROR;' \
 '            *why = GROW_ERROR;'

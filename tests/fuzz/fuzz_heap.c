@@ -93,7 +93,7 @@ typedef struct run_s {
     cuh_device_t *sim;
     int lost_seen;           /* the device was lost (fuzz_faults): the simulated GPU's work was dropped */
     cuh_heap_t *heap;
-    size_t page;        /* granule of the page model: vmm_page, or 2 MiB */
+    size_t page;        /* vmm_page, or 2 MiB: sizes of whole pages */
     size_t capacity;
     int vmm;
     int limited;             /* a limit is set */
@@ -140,7 +140,8 @@ static void settings(input_t *in, run_t *r, int *device_fences, int *top_down)
     r->vmm = a & 1;
     r->page = r->vmm && (b & 0x10) ? 4 * MiB : 2 * MiB;
     r->limited = (b & 3) != 0;
-    snprintf(r->conf, sizeof r->conf, "vmm:%d%s%s%s%s%s%s%s%s%s%s", r->vmm, r->page == 4 * MiB ? ",vmm_page:4M" : "",
+    snprintf(r->conf, sizeof r->conf, "vmm:%d%s%s%s%s%s%s%s%s%s%s%s", r->vmm, r->page == 4 * MiB ? ",vmm_page:4M" : "",
+             r->vmm && (b & 0x80) ? ",vmm_unit:16M" : "",
              r->vmm && (b & 0x20) ? ",vmm_margin:0" : "", small[(a >> 1) & 3], (a & 8) ? ",thread_cache:0" : "",
              !r->vmm && (a & 0x10) ? ",ipc_safe:1" : "", (a & 0x20) ? ",reuse_across_streams:1" : "",
              (a & 0x40) ? ",wait_before_grow:0" : "", (b & 4) && !(!r->vmm && (a & 0x10)) ? ",workspace:32M" : "",
@@ -524,7 +525,10 @@ static void one_run(const uint8_t *data, size_t size)
     for (int k = 1; k < NSTREAMS; k++)
         if (cuh_heap_register_stream(r->heap, streams[k]) != CUHEAP_OK)
             broken(r, "register_stream failed");
-    r->model = heap_model_new(r->sim, r->page, PROBE, MAX_PIECES, model_fail, r);
+    /* The model follows the device's 2 MiB granules: a heap page of 4 MiB
+     * need not start on a 4 MiB boundary of the address space, and a granule
+     * is named exactly by its physical allocation and offset into it. */
+    r->model = heap_model_new(r->sim, 2 * MiB, PROBE, MAX_PIECES, model_fail, r);
     r->model.pool_live = model_pool_live;
     r->verbose = getenv("FUZZ_HEAP_VERBOSE") != NULL;
     SAY(r, "settings %s, device-wide fences %d, falling addresses %d\n", r->conf, device_fences, top_down);
