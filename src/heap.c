@@ -374,15 +374,7 @@ void cuh_heap_destroy(cuh_heap_t *h)
                 free(d);
             }
             h->stuck_drains = NULL;
-            for (size_t p = 0, q; p < h->pages_high; p = q) {   /* a unit at a time */
-                q = p + 1;
-                if (!h->page_handle[p])
-                    continue;
-                while (q < h->pages_high && h->page_handle[q] == h->page_handle[p])
-                    q++;
-                h->dev->ops->vm_unmap(h->dev, cuh_hp_page_va(h, p), (q - p) * h->vm_page);
-                h->dev->ops->vm_release(h->dev, h->page_handle[p]);
-            }
+            cuh_hp_unmap_all_units_locked(h);
             h->dev->ops->vm_unreserve(h->dev, s->base, s->size);
         } else {
             h->dev->ops->mem_free(h->dev, s->base, s->size);

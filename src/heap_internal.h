@@ -426,6 +426,7 @@ size_t cuh_hp_release_free_segments_locked(cuh_heap_t *h);
 /* heap_pages.c: virtual memory */
 void cuh_hp_stamp_pages_locked(cuh_heap_t *h, uintptr_t addr, size_t size, uint64_t gen);
 int cuh_hp_unmap_drain_locked(cuh_heap_t *h, const cuh_extent_t *x);
+void cuh_hp_unmap_all_units_locked(cuh_heap_t *h);
 int cuh_hp_drains_poll_locked(cuh_heap_t *h, int wait);
 int cuh_hp_map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_state_t *st, grow_result_t *why);
 int cuh_hp_needs_pages_locked(const cuh_heap_t *h, uintptr_t addr, size_t size);

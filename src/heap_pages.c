@@ -267,8 +267,6 @@ static vm_drain_t *drain_new_locked(cuh_heap_t *h, size_t cap)
 static int drain_carve_locked(cuh_heap_t *h, vm_drain_t *d, cuh_extent_t **rest, size_t p, size_t q, uint32_t tag,
                               cuh_page_plan_t *pl, size_t dest, int lent)
 {
-    if (pl->num_placed == pl->cap_placed)
-        return 0;
     cuh_extent_t *x = cuh_arena_take_at(&h->arena, *rest, cuh_hp_page_va(h, p), (q - p) * h->vm_page,
                                         CUH_EXTENT_DRAIN, tag);
     if (!x)
@@ -282,7 +280,7 @@ static int drain_carve_locked(cuh_heap_t *h, vm_drain_t *d, cuh_extent_t **rest,
         cuh_arena_join_used(&h->arena, last);
     else
         d->extents[d->num_extents++] = x;
-    (void)cuh_page_plan_place(pl, unit_leave_locked(h, p, q), dest, q - p, lent);
+    (void)cuh_page_plan_place(pl, unit_leave_locked(h, p, q), dest, q - p, lent);   /* where it fits: cannot fail */
     return 1;
 }
 
@@ -372,6 +370,43 @@ static uint64_t movable_gen_locked(cuh_heap_t *h, int may_wait)
     return settled_gen_locked(h, may_wait);
 }
 
+/* Unmaps units lying wholly inside global free extents of the reservation
+ * whose take-back generation is at most `settled`, oldest free memory
+ * first (the newest is the likeliest to be reused soon, and taking its
+ * pages would only move them back again). With a plan, a unit is unmapped
+ * only where it fits and placed there, until the plan lacks nothing;
+ * without, each goes back to the device, until `want` pages have gone.
+ * Returns the pages placed or released. */
+static size_t unmap_free_units_locked(cuh_heap_t *h, uint64_t settled, cuh_page_plan_t *pl, size_t want)
+{
+    size_t done = 0, head, q, dest = 0;
+    for (cuh_extent_t *e = h->arena.tags[CUH_TAG_GLOBAL].oldest; e && (pl ? pl->lacking : done < want);
+         e = e->tag_prev) {
+        if (e->segment != h->vm)
+            continue;
+        size_t p, end;
+        pages_inside_extent(h, e, &p, &end);
+        while ((pl ? pl->lacking : done < want) && next_unit(h, &p, end, settled, 0, &head, &q)) {
+            if (pl && !cuh_page_plan_fit(pl, q - head, 0, &dest))
+                continue;
+            if (h->dev->ops->vm_unmap(h->dev, cuh_hp_page_va(h, head), (q - head) * h->vm_page) != CUH_DEV_OK) {
+                cuh_log("device %d: %s", h->dev->ordinal, h->dev->last_error);
+                continue;
+            }
+            const uint64_t handle = unit_leave_locked(h, head, q);
+            if (pl) {
+                (void)cuh_page_plan_place(pl, handle, dest, q - head, 0);   /* where it fits: cannot fail */
+            } else {
+                h->dev->ops->vm_release(h->dev, handle);
+                h->physical_pages -= q - head;
+                h->num_segment_frees++;
+            }
+            done += q - head;
+        }
+    }
+    return done;
+}
+
 /* Moves units lying wholly inside global free extents of the reservation
  * into the plan where they fit: each is unmapped and placed. Then, for a
  * block of stream `own`, the units its own recent frees lend
@@ -390,26 +425,7 @@ static size_t steal_units_locked(cuh_heap_t *h, cuh_page_plan_t *pl, int may_wai
     const uint64_t settled = movable_gen_locked(h, may_wait);
     if (settled == UINT64_MAX)
         return 0;
-    size_t got = 0;
-    /* Oldest free memory first: the newest is the likeliest to be reused soon,
-     * and taking its pages would only move them back again. */
-    for (cuh_extent_t *e = h->arena.tags[CUH_TAG_GLOBAL].oldest; e && pl->lacking; e = e->tag_prev) {
-        if (e->segment != h->vm)
-            continue;
-        size_t p, end;
-        pages_inside_extent(h, e, &p, &end);
-        size_t head, q, dest;
-        while (pl->lacking && next_unit(h, &p, end, settled, 0, &head, &q)) {
-            if (pl->num_placed == pl->cap_placed || !cuh_page_plan_fit(pl, q - head, 0, &dest))
-                continue;
-            if (h->dev->ops->vm_unmap(h->dev, cuh_hp_page_va(h, head), (q - head) * h->vm_page) != CUH_DEV_OK) {
-                cuh_log("device %d: %s", h->dev->ordinal, h->dev->last_error);
-                continue;
-            }
-            (void)cuh_page_plan_place(pl, unit_leave_locked(h, head, q), dest, q - head, 0);
-            got += q - head;
-        }
-    }
+    size_t got = unmap_free_units_locked(h, settled, pl, 0);
     /* With `alias`, then units a take-back returned while the work before
      * their frees may still run (alias moves, docs/design.md): the take-back
      * made every later piece of work, on every stream, wait on the GPU for
@@ -429,27 +445,7 @@ static size_t steal_units_locked(cuh_heap_t *h, cuh_page_plan_t *pl, int may_wai
 static size_t release_units_locked(cuh_heap_t *h, size_t want, int may_wait)
 {
     const uint64_t settled = movable_gen_locked(h, may_wait);
-    if (settled == UINT64_MAX)
-        return 0;
-    size_t released = 0;
-    for (cuh_extent_t *e = h->arena.tags[CUH_TAG_GLOBAL].oldest; e && released < want; e = e->tag_prev) {
-        if (e->segment != h->vm)
-            continue;
-        size_t p, end;
-        pages_inside_extent(h, e, &p, &end);
-        size_t head, q;
-        while (released < want && next_unit(h, &p, end, settled, 0, &head, &q)) {
-            if (h->dev->ops->vm_unmap(h->dev, cuh_hp_page_va(h, head), (q - head) * h->vm_page) != CUH_DEV_OK) {
-                cuh_log("device %d: %s", h->dev->ordinal, h->dev->last_error);
-                continue;
-            }
-            h->dev->ops->vm_release(h->dev, unit_leave_locked(h, head, q));
-            h->physical_pages -= q - head;
-            h->num_segment_frees++;
-            released += q - head;
-        }
-    }
-    return released;
+    return settled == UINT64_MAX ? 0 : unmap_free_units_locked(h, settled, NULL, want);
 }
 
 /* ---- recurring moves --------------------------------------------------------------
@@ -653,6 +649,21 @@ int cuh_hp_needs_pages_locked(const cuh_heap_t *h, uintptr_t addr, size_t size)
     size_t first, end;
     pages_touched(h, addr, size, &first, &end);
     return !cuh_bits_all_set(h->page_mapped, first, end - 1);
+}
+
+/* Unmaps every unit still mapped and returns it to the device (the heap is
+ * going away). */
+void cuh_hp_unmap_all_units_locked(cuh_heap_t *h)
+{
+    for (size_t p = 0, q; p < h->pages_high; p = q) {
+        if (!h->page_handle[p]) {
+            q = p + 1;
+            continue;
+        }
+        q = unit_end(h, p);
+        h->dev->ops->vm_unmap(h->dev, cuh_hp_page_va(h, p), (q - p) * h->vm_page);
+        h->dev->ops->vm_release(h->dev, h->page_handle[p]);
+    }
 }
 
 /* Returns to the device every unit lying wholly inside global free memory

@@ -188,37 +188,46 @@ static void test_vmm_steps_marked_while_threads_allocate_count_every_page_once(v
     test_heap_free(&t);
 }
 
-/* vmm_page:8M: pages are 8 MiB pieces, created, mapped and moved whole. A
- * checkerboard of 8 MiB blocks still makes room for 32 MiB blocks at the
- * live peak plus two pages, and each move is one call per 8 MiB. */
+/* A checkerboard of 32 blocks of 8 MiB, every other one freed, then four
+ * blocks of 32 MiB: they fit at the live peak plus two pages, without an
+ * out-of-memory, and take the freed memory in 14-16 moves of 8 MiB (one
+ * unmap each). *c0: the device's counters once the 8 MiB blocks are in;
+ * *c1: after the 32 MiB blocks. Frees every block. */
+static void checkerboard_of_8m_then_32m(test_heap_t *t, cuh_sim_counters_t *c0, cuh_sim_counters_t *c1)
+{
+    uintptr_t a[32];
+    for (int i = 0; i < 32; i++)
+        a[i] = must_alloc(t->heap, 8 * MiB, 0);
+    cuh_sim_counters(t->dev, c0);
+    for (int i = 0; i < 32; i += 2)
+        must_free(t->heap, a[i], 0);
+    uintptr_t big[4];
+    for (int i = 0; i < 4; i++)
+        big[i] = must_alloc(t->heap, 32 * MiB, 0);
+    heap_ok(t->heap);
+    cuheap_stats_t s;
+    cuh_heap_stats(t->heap, &s);
+    assert_true(s.reserved.peak <= (256 + 16) * MiB);
+    assert_int_equal(s.num_ooms, 0);
+    cuh_heap_poll(t->heap);
+    cuh_sim_counters(t->dev, c1);
+    assert_true(c1->vm_unmaps - c0->vm_unmaps >= 14);     /* moved, not created ... */
+    assert_true(c1->vm_unmaps - c0->vm_unmaps <= 16);     /* ... 8 MiB per call */
+    for (int i = 0; i < 4; i++)
+        must_free(t->heap, big[i], 0);
+    for (int i = 1; i < 32; i += 2)
+        must_free(t->heap, a[i], 0);
+}
+
+/* vmm_page:8M: pages are 8 MiB pieces, created, mapped and moved whole: a
+ * page per 8 MiB block, not four, and a move per page. */
 static void test_vmm_larger_pages_move_in_fewer_calls(void **state)
 {
     (void)state;
     test_heap_t t = test_heap_new((256 + 16) * MiB, "vmm:1,vmm_page:8M,small_max:0,vmm_margin:0");
-    uintptr_t a[32];
-    for (int i = 0; i < 32; i++)
-        a[i] = must_alloc(t.heap, 8 * MiB, 0);
     cuh_sim_counters_t c0, c1;
-    cuh_sim_counters(t.dev, &c0);
+    checkerboard_of_8m_then_32m(&t, &c0, &c1);
     assert_int_equal(c0.vm_creates, 32);   /* a page per block, not four */
-    for (int i = 0; i < 32; i += 2)
-        must_free(t.heap, a[i], 0);
-    uintptr_t big[4];
-    for (int i = 0; i < 4; i++)
-        big[i] = must_alloc(t.heap, 32 * MiB, 0);
-    heap_ok(t.heap);
-    cuheap_stats_t s;
-    cuh_heap_stats(t.heap, &s);
-    assert_true(s.reserved.peak <= (256 + 16) * MiB);
-    assert_int_equal(s.num_ooms, 0);
-    cuh_heap_poll(t.heap);
-    cuh_sim_counters(t.dev, &c1);
-    assert_true(c1.vm_unmaps - c0.vm_unmaps >= 14);     /* moved, not created ... */
-    assert_true(c1.vm_unmaps - c0.vm_unmaps <= 16);     /* ... an 8 MiB page per call */
-    for (int i = 0; i < 4; i++)
-        must_free(t.heap, big[i], 0);
-    for (int i = 1; i < 32; i += 2)
-        must_free(t.heap, a[i], 0);
     test_heap_free(&t);
 }
 
@@ -231,33 +240,12 @@ static void test_vmm_units_are_created_mapped_and_moved_as_one(void **state)
 {
     (void)state;
     test_heap_t t = test_heap_new((256 + 16) * MiB, "vmm:1,vmm_unit:8M,small_max:0,vmm_margin:0");
-    uintptr_t a[32];
-    for (int i = 0; i < 32; i++)
-        a[i] = must_alloc(t.heap, 8 * MiB, 0);
     cuh_sim_counters_t c0, c1;
-    cuh_sim_counters(t.dev, &c0);
+    checkerboard_of_8m_then_32m(&t, &c0, &c1);
     assert_int_equal(c0.vm_creates, 32);
     assert_int_equal(c0.vm_maps, 32);
     assert_int_equal(c0.vm_mapped, 256 * MiB);
-    for (int i = 0; i < 32; i += 2)
-        must_free(t.heap, a[i], 0);
-    uintptr_t big[4];
-    for (int i = 0; i < 4; i++)
-        big[i] = must_alloc(t.heap, 32 * MiB, 0);
-    heap_ok(t.heap);
-    cuheap_stats_t s;
-    cuh_heap_stats(t.heap, &s);
-    assert_true(s.reserved.peak <= (256 + 16) * MiB);
-    assert_int_equal(s.num_ooms, 0);
-    cuh_heap_poll(t.heap);
-    cuh_sim_counters(t.dev, &c1);
-    assert_true(c1.vm_unmaps - c0.vm_unmaps >= 14);   /* moved, not created ... */
-    assert_true(c1.vm_unmaps - c0.vm_unmaps <= 16);   /* ... a unit of 4 pages per call */
     assert_true(c1.vm_maps - c0.vm_maps <= 18);
-    for (int i = 0; i < 4; i++)
-        must_free(t.heap, big[i], 0);
-    for (int i = 1; i < 32; i += 2)
-        must_free(t.heap, a[i], 0);
     /* A block longer than a unit gets several: 20 MiB is 8 + 8 + 4. */
     cuh_heap_release_cached(t.heap);
     cuh_sim_counters(t.dev, &c0);
