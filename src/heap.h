@@ -282,6 +282,7 @@ typedef struct cuh_snap_step_s {
     double seconds;           /* how long it took */
     uint64_t page_maps;       /* virtual: pages mapped in it, new ones and moved ones */
     uint64_t page_moves;      /* virtual: of those, pages moved from free memory (an unmap and a map each) */
+    uint64_t map_calls;       /* virtual: map and unmap calls to the device (one a unit, vmm_unit) */
     uint64_t device_allocs;   /* allocations asked of the device: segments, or new pages under vmm:1 */
     uint64_t cpu_waits;       /* times the CPU waited for the GPU */
 } cuh_snap_step_t;

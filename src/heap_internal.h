@@ -279,6 +279,7 @@ struct cuh_heap_s {
     size_t physical_pages;       /* held: mapped, or in hand while moving */
     size_t pages_high;           /* no page at or above this index was ever mapped */
     uint64_t num_page_maps, num_page_steals;
+    uint64_t num_map_calls;      /* vm_map and vm_unmap calls made (a unit a call) */
     /* Block sizes (in pages) that needed pages while the heap was above its
      * margin, with the story of their last mappings (mover_recurs). */
     struct {
@@ -330,7 +331,7 @@ struct cuh_heap_s {
     struct {
         uint64_t marked;
         double at;
-        uint64_t page_maps, page_moves, device_allocs, cpu_waits;
+        uint64_t page_maps, page_moves, map_calls, device_allocs, cpu_waits;
         cuh_snap_step_t ring[CUH_STEP_HISTORY];
         cuh_snap_step_t most_maps;
     } steps;

@@ -31,8 +31,8 @@ __attribute__((noinline)) void cuh_hp_sample_locked(cuh_heap_t *h)
 /* ---- steps ------------------------------------------------------------------
  * A program that marks its steps (cuheap_mark_step; cuheap's PyTorch package
  * marks every optimizer step) sees in its reports what each of the last steps
- * asked of the device: pages mapped and moved under vmm:1, new device memory,
- * CPU waits. A step that is slow because pages moved says so there. */
+ * asked of the device: pages mapped and moved under vmm:1 and the map and
+ * unmap calls they took, new device memory, CPU waits. A step that is slow because pages moved says so there. */
 
 void cuh_heap_mark_step(cuh_heap_t *h)
 {
@@ -44,6 +44,7 @@ void cuh_heap_mark_step(cuh_heap_t *h)
         .seconds = now - h->steps.at,
         .page_maps = h->num_page_maps - h->steps.page_maps,
         .page_moves = h->num_page_steals - h->steps.page_moves,
+        .map_calls = h->num_map_calls - h->steps.map_calls,
         .device_allocs = h->num_segment_allocs - h->steps.device_allocs,
         .cpu_waits = h->num_cpu_waits - h->steps.cpu_waits,
     };
@@ -54,6 +55,7 @@ void cuh_heap_mark_step(cuh_heap_t *h)
     h->steps.at = now;
     h->steps.page_maps = h->num_page_maps;
     h->steps.page_moves = h->num_page_steals;
+    h->steps.map_calls = h->num_map_calls;
     h->steps.device_allocs = h->num_segment_allocs;
     h->steps.cpu_waits = h->num_cpu_waits;
     cuh_unlock(&h->lock);

@@ -110,16 +110,18 @@ static void text_steps(FILE *out, const cuh_heap_snapshot_t *s)
         return;
     fprintf(out, "\n  steps marked: %" PRIu64 "%s\n", s->steps_marked,
             s->num_steps < s->steps_marked ? "; the last of them:" : "");
-    fprintf(out, "        step    seconds  pages mapped  of them moved  device allocs  CPU waits\n");
+    fprintf(out, "        step    seconds  pages mapped  of them moved  map calls  device allocs  CPU waits\n");
     for (size_t i = 0; i < s->num_steps; i++) {
         const cuh_snap_step_t *x = &s->steps[i];
-        fprintf(out, "  %10" PRIu64 " %10.3f %13" PRIu64 " %14" PRIu64 " %14" PRIu64 " %10" PRIu64 "\n", x->index,
-                x->seconds, x->page_maps, x->page_moves, x->device_allocs, x->cpu_waits);
+        fprintf(out, "  %10" PRIu64 " %10.3f %13" PRIu64 " %14" PRIu64 " %10" PRIu64 " %14" PRIu64 " %10" PRIu64 "\n",
+                x->index, x->seconds, x->page_maps, x->page_moves, x->map_calls, x->device_allocs, x->cpu_waits);
     }
     const cuh_snap_step_t *m = &s->most_maps;
     if (m->index)
-        fprintf(out, "  most pages mapped in one step: %" PRIu64 " in step %" PRIu64 " (%" PRIu64 " moved, %.3f s)\n",
-                m->page_maps, m->index, m->page_moves, m->seconds);
+        fprintf(out,
+                "  most pages mapped in one step: %" PRIu64 " in step %" PRIu64 " (%" PRIu64 " moved, %" PRIu64
+                " map calls, %.3f s)\n",
+                m->page_maps, m->index, m->page_moves, m->map_calls, m->seconds);
 }
 
 static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
@@ -327,8 +329,9 @@ static void json_step(FILE *out, const char *sep, const cuh_snap_step_t *x)
 {
     fprintf(out,
             "%s{\"index\":%" PRIu64 ",\"end\":%.6f,\"seconds\":%.6f,\"page_maps\":%" PRIu64 ",\"page_moves\":%" PRIu64
-            ",\"device_allocs\":%" PRIu64 ",\"cpu_waits\":%" PRIu64 "}",
-            sep, x->index, x->end, x->seconds, x->page_maps, x->page_moves, x->device_allocs, x->cpu_waits);
+            ",\"map_calls\":%" PRIu64 ",\"device_allocs\":%" PRIu64 ",\"cpu_waits\":%" PRIu64 "}",
+            sep, x->index, x->end, x->seconds, x->page_maps, x->page_moves, x->map_calls, x->device_allocs,
+            x->cpu_waits);
 }
 
 static void json_one(FILE *out, const cuh_heap_snapshot_t *s)

@@ -315,16 +315,18 @@ static void steps_table(FILE *out, const cuh_heap_snapshot_t *s)
     if (s->num_steps < s->steps_marked)
         fprintf(out, ", the last %zu below", s->num_steps);
     if (s->most_maps.index)
-        fprintf(out, " &middot; most pages mapped in one step: %" PRIu64 " in step %" PRIu64 " (%" PRIu64 " moved)",
-                s->most_maps.page_maps, s->most_maps.index, s->most_maps.page_moves);
+        fprintf(out,
+                " &middot; most pages mapped in one step: %" PRIu64 " in step %" PRIu64 " (%" PRIu64 " moved, %" PRIu64
+                " map calls)",
+                s->most_maps.page_maps, s->most_maps.index, s->most_maps.page_moves, s->most_maps.map_calls);
     fprintf(out, "</p>\n<table class=classes><tr><th>step</th><th>seconds</th><th>pages mapped</th>"
-                 "<th>of them moved</th><th>device allocations</th><th>CPU waits</th></tr>\n");
+                 "<th>of them moved</th><th>map calls</th><th>device allocations</th><th>CPU waits</th></tr>\n");
     for (size_t i = 0; i < s->num_steps; i++) {
         const cuh_snap_step_t *x = &s->steps[i];
         fprintf(out,
                 "<tr><td>%" PRIu64 "</td><td>%.3f</td><td>%" PRIu64 "</td><td>%" PRIu64 "</td><td>%" PRIu64
-                "</td><td>%" PRIu64 "</td></tr>\n",
-                x->index, x->seconds, x->page_maps, x->page_moves, x->device_allocs, x->cpu_waits);
+                "</td><td>%" PRIu64 "</td><td>%" PRIu64 "</td></tr>\n",
+                x->index, x->seconds, x->page_maps, x->page_moves, x->map_calls, x->device_allocs, x->cpu_waits);
     }
     fprintf(out, "</table>\n");
 }

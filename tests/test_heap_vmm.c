@@ -92,12 +92,14 @@ static void test_vmm_steps_count_what_each_step_mapped_and_moved(void **state)
     assert_int_equal(s[0].page_maps, 8);
     assert_int_equal(s[0].device_allocs, c0.vm_creates);
     assert_int_equal(s[0].page_moves, 0);
+    assert_int_equal(s[0].map_calls, c0.vm_maps + c0.vm_unmaps);   /* every call the device saw, none more */
     assert_int_equal(s[1].index, 2);
+    assert_int_equal(s[1].map_calls, c1.vm_maps + c1.vm_unmaps - c0.vm_maps - c0.vm_unmaps);
     assert_int_equal(s[1].page_maps, c1.vm_maps - c0.vm_maps);
     assert_int_equal(s[1].device_allocs, c1.vm_creates - c0.vm_creates);
     assert_int_equal(s[1].page_moves, s[1].page_maps - s[1].device_allocs);   /* every map not of a new page moved one */
     assert_true(s[1].page_moves >= 14);
-    assert_int_equal(s[2].page_maps + s[2].page_moves + s[2].device_allocs + s[2].cpu_waits, 0);
+    assert_int_equal(s[2].page_maps + s[2].page_moves + s[2].map_calls + s[2].device_allocs + s[2].cpu_waits, 0);
     for (int i = 0; i < 3; i++)
         assert_true(s[i].seconds >= 0 && s[i].end >= s[i].seconds && (i == 0 || s[i].end >= s[i - 1].end));
     assert_int_equal(snap->most_maps.index, 2);
@@ -248,11 +250,20 @@ static void test_vmm_units_are_created_mapped_and_moved_as_one(void **state)
     assert_true(c1.vm_maps - c0.vm_maps <= 18);
     /* A block longer than a unit gets several: 20 MiB is 8 + 8 + 4. */
     cuh_heap_release_cached(t.heap);
+    cuh_heap_mark_step(t.heap);
     cuh_sim_counters(t.dev, &c0);
     uintptr_t x = must_alloc(t.heap, 20 * MiB, 0);
     cuh_sim_counters(t.dev, &c1);
     assert_int_equal(c1.vm_creates - c0.vm_creates, 3);
     assert_int_equal(c1.vm_maps - c0.vm_maps, 3);
+    /* The step's record shows the 10 pages mapped, in 3 calls. */
+    cuh_heap_mark_step(t.heap);
+    cuh_heap_snapshot_t *snap = cuh_heap_snapshot(t.heap, 0);
+    assert_non_null(snap);
+    const cuh_snap_step_t *last = &snap->steps[snap->num_steps - 1];
+    assert_int_equal(last->page_maps, 10);
+    assert_int_equal(last->map_calls, 3);
+    cuh_heap_snapshot_free(snap);
     must_free(t.heap, x, 0);
     heap_ok(t.heap);
     test_heap_free(&t);

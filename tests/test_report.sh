@@ -340,6 +340,7 @@ check "41 marks: the report keeps the last 32 steps, in order ($kept)" '[ "$kept
 check "cuheap-report reads the steps back the same" 'cmp -s "$tmp/steps.json" "$tmp/steps2.json"'
 for broken in "st['last'][3]['index'] = 7|where step 4 belongs" \
     "st['last'][2]['page_moves'] = 99999|a moved page is a mapped one" \
+    "st['last'][2]['page_maps'] = 5; st['last'][2]['page_moves'] = 0; st['last'][2]['map_calls'] = 0|in no map call" \
     "st['last'][1]['seconds'] = -1|a negative time" \
     "st['most_maps']['index'] = 12; st['most_maps']['page_moves'] = 0|after the last step marked" \
     "st['most_maps'] = None|null, but step" \
@@ -358,6 +359,19 @@ import json, sys
 r = json.load(open(sys.argv[1])); del r['devices'][0]['steps']; json.dump(r, open(sys.argv[2], 'w'))" "$tmp/steps.json" "$tmp/older.json"
 check "a report from before steps were marked is read (no steps section)" \
     '"$report_tool" "$tmp/older.json" > "$tmp/older.txt" && ! grep -q "steps marked" "$tmp/older.txt"'
+python3 -c "
+import json, sys
+r = json.load(open(sys.argv[1])); st = r['devices'][0]['steps']
+for x in st['last'] + [st['most_maps']]:
+    del x['map_calls']
+json.dump(r, open(sys.argv[2], 'w'))" "$tmp/steps.json" "$tmp/nocalls.json"
+check "a report from before steps counted map calls is read" \
+    '"$report_tool" "$tmp/nocalls.json" > "$tmp/nocalls.txt" && grep -q "map calls" "$tmp/nocalls.txt"'
+calls=$(python3 -c "
+import json, sys
+st = json.load(open(sys.argv[1]))['devices'][0]['steps']
+print(all(0 < x['map_calls'] for x in st['last'] if x['page_maps']), sum(x['map_calls'] for x in st['last']) > 0)" "$tmp/steps.json")
+check "each step that mapped pages counts its map calls ($calls)" '[ "$calls" = "True True" ]'
 check "the HTML page loads nothing from outside" '! grep -Eqi "(src|href)=|https?:|<script|@import|url\(" $tmp/frag.html'
 
 # Render both pages; decode the PNGs with the standard library.

@@ -304,7 +304,8 @@ static void read_timeline(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t 
 }
 
 /* One step of "steps" (a step's object): its counts, and that it moved no
- * more pages than it mapped and ended no earlier than it began. */
+ * more pages than it mapped, mapped them in at least one call and ended no
+ * earlier than it began. */
 static void read_step(reader_t *r, const cuh_json_t *o, cuh_snap_step_t *x)
 {
     x->index = get_u64(r, o, "index", UINT64_MAX);
@@ -312,6 +313,8 @@ static void read_step(reader_t *r, const cuh_json_t *o, cuh_snap_step_t *x)
     x->seconds = get_double(r, o, "seconds");
     x->page_maps = get_u64(r, o, "page_maps", UINT64_MAX);
     x->page_moves = get_u64(r, o, "page_moves", UINT64_MAX);
+    const int have_calls = cuh_json_get(o, "map_calls") != NULL;   /* reports before 2026-12-06 lack it */
+    x->map_calls = opt_u64(r, o, "map_calls", UINT64_MAX, 0);
     x->device_allocs = get_u64(r, o, "device_allocs", UINT64_MAX);
     x->cpu_waits = get_u64(r, o, "cpu_waits", UINT64_MAX);
     if (r->failed)
@@ -324,6 +327,8 @@ static void read_step(reader_t *r, const cuh_json_t *o, cuh_snap_step_t *x)
     else if (x->page_moves > x->page_maps)
         fail(r, o, "step %" PRIu64 " moved %" PRIu64 " pages but mapped %" PRIu64 ": a moved page is a mapped one",
              x->index, x->page_moves, x->page_maps);
+    else if (have_calls && x->page_maps && !x->map_calls)
+        fail(r, o, "step %" PRIu64 " mapped %" PRIu64 " pages in no map call", x->index, x->page_maps);
 }
 
 /* The optional "steps" (reports before cuheap_mark_step lack it): how many
