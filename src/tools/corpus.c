@@ -50,9 +50,10 @@
 #define NUM_MODES 3
 /* The H200 the corpus was recorded on: its device memory as CUDA reports it. */
 #define DEFAULT_CAPACITY "150109880320"
-/* What a page move (an unmap, a map and an access grant) costs on an H200:
- * about 55 us whatever the page's size (bench/gpu/vm_costs.cu, docs/design.md). */
-#define MOVE_MS 0.055
+/* What a map or unmap call costs on an H200: a page moved (an unmap, a
+ * map and an access grant, two calls) about 55 us whatever the page's or
+ * the unit's size (bench/gpu/vm_costs.cu, docs/benchmarks.md). */
+#define CALL_MS 0.0275
 /* The rule's bound: no job worse by more than this fraction. */
 #define WORSE_BOUND 0.005
 /* Issue 42's bounds (--bounds): peak reserved at most the larger of these
@@ -79,9 +80,9 @@ typedef struct row_s {
     int64_t libs;                 /* preload: peak live beyond ref_live, the libraries' own cudaMalloc's */
     double ratio, min_ratio;      /* cuheap's peak reserved and min capacity over peak live */
     double base_ratio;            /* --baseline: the same job's ratio then; NAN if absent */
-    double moves;                 /* pages moved a step after the first (unmaps / steps); NAN: no steps marked */
-    double move_time;             /* those moves' time (MOVE_MS each) over PyTorch native's step time; NAN: unknown */
-    double worst_moves;           /* pages moved in the step after the first that moved the most; NAN: unknown */
+    double moves;                 /* map and unmap calls a step after the first ((maps + unmaps) / steps); NAN: no steps marked */
+    double move_time;             /* those calls' time (CALL_MS each) over PyTorch native's step time; NAN: unknown */
+    double worst_moves;           /* the calls of the step after the first that made the most; NAN: unknown */
     /* --bounds, preload rows: the same trace's replay with cudaFree's at lag 0 */
     int lag0_ok;
     uint64_t lag0_live, lag0_reserved, lag0_min;
@@ -330,19 +331,21 @@ static int replay_row(const options_t *o, row_t *row, int lag0)
     row->min_found = row->min_capacity != 0;
     const cuh_json_t *cache = cuh_json_get(r, "pytorch_cache");
     row->pytorch_cache = cache && cache->type == CUH_JSON_BOOL && cache->v.boolean;
-    /* A move unmaps a free page and maps it again; after the first step,
-     * which lays memory out, moves are what every step pays. */
+    /* The driver charges per map or unmap call (a page moved is one of
+     * each, a new unit a map); after the first step, which lays memory out,
+     * the calls are what every step pays. */
     const cuh_json_t *after = cuh_json_get(r, "after_step1");
     uint64_t steps = get_u64(after, "steps");
-    row->moves = steps ? (double)get_u64(after, "page_unmaps") / (double)steps : NAN;
+    row->moves =
+        steps ? (double)(get_u64(after, "page_maps") + get_u64(after, "page_unmaps")) / (double)steps : NAN;
     const cuh_json_t *worst = cuh_json_get(r, "worst_step");
-    row->worst_moves = worst && worst->type == CUH_JSON_OBJECT ? (double)get_u64(worst, "page_unmaps") : NAN;
+    row->worst_moves = worst && worst->type == CUH_JSON_OBJECT ? (double)get_u64(worst, "map_calls") : NAN;
     const cuh_json_t *measured = cuh_json_get(r, "measured");
     /* Native's total_ms is every step after its first; the trace's marks
      * count a warm-up step before them, so those steps are steps - 1 of the
      * after_step1 window (bench/corpus/jobs.py). */
     double native_ms = get_double(cuh_json_get(measured, "native"), "total_ms");
-    row->move_time = steps >= 2 && native_ms > 0 ? row->moves * MOVE_MS / (native_ms / (double)(steps - 1)) : NAN;
+    row->move_time = steps >= 2 && native_ms > 0 ? row->moves * CALL_MS / (native_ms / (double)(steps - 1)) : NAN;
     for (int m = 0; m < NUM_MODES; m++)
         row->measured[m] = get_u64(cuh_json_get(measured, MODES[m]), "peak_reserved");
     cuh_json_free(doc);
@@ -399,7 +402,7 @@ typedef struct summary_s {
     size_t jobs;
     double median, worst, median_min, worst_min;
     const char *worst_job;
-    double median_moves, most_moves; /* pages moved a step after the first; NAN: none marked */
+    double median_moves, most_moves; /* map calls a step after the first; NAN: none marked */
     double most_in_a_step;        /* the most pages any job moved in one step after its first; NAN: none */
     const char *most_in_a_step_job;
     double median_move_time, most_move_time; /* their estimated time over native's step time */
@@ -523,7 +526,7 @@ static void print_summary(const summary_t *s, int held_out, int way)
            SETS[held_out], WAYS[way], s->jobs, s->median, s->worst, s->worst_job, s->median_min, s->worst_min,
            s->below_best, s->with_measured);
     if (!isnan(s->median_moves))
-        printf("; pages moved a step after the first: median %.0f, most %.0f (%s)", s->median_moves, s->most_moves,
+        printf("; map calls a step after the first: median %.0f, most %.0f (%s)", s->median_moves, s->most_moves,
                s->most_moves_job);
     if (!isnan(s->most_in_a_step))
         printf(", in one step %.0f (%s)", s->most_in_a_step, s->most_in_a_step_job);
@@ -547,13 +550,13 @@ static void json_row(const row_t *r)
         else
             printf(",\"min_capacity\":null,\"min_ratio\":null");
         if (!isnan(r->moves))
-            printf(",\"moves_per_step\":%.1f", r->moves);
+            printf(",\"calls_per_step\":%.1f", r->moves);
         else
-            printf(",\"moves_per_step\":null");
+            printf(",\"calls_per_step\":null");
         if (!isnan(r->worst_moves))
-            printf(",\"worst_step_moves\":%.0f", r->worst_moves);
+            printf(",\"worst_step_calls\":%.0f", r->worst_moves);
         else
-            printf(",\"worst_step_moves\":null");
+            printf(",\"worst_step_calls\":null");
         if (!isnan(r->move_time))
             printf(",\"move_time\":%.4f", r->move_time);
         else
@@ -579,10 +582,10 @@ static void json_summary(const summary_t *s, int held_out, int way)
            SETS[held_out], WAYS[way], s->jobs, s->median, s->worst, s->worst_job, s->median_min, s->worst_min,
            s->below_best, s->with_measured);
     if (!isnan(s->median_moves))
-        printf(",\"median_moves\":%.1f,\"most_moves\":%.1f,\"most_moves_job\":\"%s\"", s->median_moves,
+        printf(",\"median_calls\":%.1f,\"most_calls\":%.1f,\"most_calls_job\":\"%s\"", s->median_moves,
                s->most_moves, s->most_moves_job);
     else
-        printf(",\"median_moves\":null,\"most_moves\":null,\"most_moves_job\":null");
+        printf(",\"median_calls\":null,\"most_calls\":null,\"most_calls_job\":null");
     if (!isnan(s->most_in_a_step))
         printf(",\"most_in_a_step\":%.0f,\"most_in_a_step_job\":\"%s\"", s->most_in_a_step, s->most_in_a_step_job);
     else
@@ -838,12 +841,13 @@ int main(int argc, char **argv)
                "  (the plugin trace's); best: the least of the three, and cuheap's bytes against it\n"
                "libs: MiB the libraries took with cudaMalloc themselves under LD_PRELOAD (the preload trace's\n"
                "  live peak beyond the plugin trace's), which PyTorch's figures do not hold: vs best leaves them out\n"
-               "moves: pages moved (unmapped from free memory, mapped again) a step after the first step, in\n"
-               "  the replay; worst: in the step after the first that moved the most (the step a user feels);\n"
-               "  +time: the moves a step at about 55 us each on an H200, over PyTorch native's step\n"
+               "calls: map and unmap calls a step after the first step, in the replay (a page moved is one\n"
+               "  of each; a unit of vmm_unit bytes takes one); worst: in the step after the first that made\n"
+               "  the most (the step a user feels); +time: the calls a step at about 27.5 us each on an H200\n"
+               "  (55 us a page moved), over PyTorch native's step\n"
                "%s\n", o.baseline ? "last column: cuheap's ratio against the baseline's\n" : "");
         printf("%-20s %-8s %-7s %8s %7s %7s %7s %7s %7s  %-10s %7s %6s %8s %7s %7s\n", "job", "set", "way",
-               "live GiB", "ratio", "min cap", "native", "expand", "async", "best", "vs best", "libs", "moves", "worst",
+               "live GiB", "ratio", "min cap", "native", "expand", "async", "best", "vs best", "libs", "calls", "worst",
                "+time");
         for (size_t i = 0; i < n; i++)
             print_row(&rows[i]);

@@ -76,23 +76,27 @@ typedef struct run_s {
     int have_step2;           /* the trace marks step 2's start and the replay got there */
     cuh_sim_counters_t at_step2; /* the device's calls before step 2's first event */
     uint64_t unmaps_at_mark;  /* the device's page unmaps at the last mark */
-    size_t worst_step;        /* of the steps after the first, the one that moved the most pages; 0: none */
-    uint64_t worst_step_unmaps;
+    uint64_t calls_at_mark;   /* the device's map and unmap calls at the last mark */
+    size_t worst_step;        /* of the steps after the first, the one that made the most map calls; 0: none */
+    uint64_t worst_step_unmaps, worst_step_calls;
 } run_t;
 
 /* The trace's mark number k (from 0) ends step k, which began at mark k - 1
  * (a corpus trace marks each step's start, and its end): follows the step
- * after the first that moved the most pages, the step a user feels. */
+ * after the first that made the most map and unmap calls (the driver
+ * charges per call), the step a user feels. */
 static void step_ends(run_t *run, cuh_device_t *dev, size_t k)
 {
     cuh_sim_counters_t c;
     cuh_sim_counters(dev, &c);
-    const uint64_t moved = c.vm_unmaps - run->unmaps_at_mark;
-    if (k >= 2 && (!run->worst_step || moved > run->worst_step_unmaps)) {
+    const uint64_t calls = c.vm_maps + c.vm_unmaps - run->calls_at_mark;
+    if (k >= 2 && (!run->worst_step || calls > run->worst_step_calls)) {
         run->worst_step = k;
-        run->worst_step_unmaps = moved;
+        run->worst_step_calls = calls;
+        run->worst_step_unmaps = c.vm_unmaps - run->unmaps_at_mark;
     }
     run->unmaps_at_mark = c.vm_unmaps;
+    run->calls_at_mark = c.vm_maps + c.vm_unmaps;
 }
 
 static void usage(FILE *f)
@@ -705,8 +709,8 @@ static void print_json(const result_t *r)
     else
         fputs(",\"after_step1\":null", f);
     if (run->worst_step)
-        fprintf(f, ",\"worst_step\":{\"step\":%zu,\"page_unmaps\":%" PRIu64 "}", run->worst_step,
-                run->worst_step_unmaps);
+        fprintf(f, ",\"worst_step\":{\"step\":%zu,\"page_unmaps\":%" PRIu64 ",\"map_calls\":%" PRIu64 "}",
+                run->worst_step, run->worst_step_unmaps, run->worst_step_calls);
     else
         fputs(",\"worst_step\":null", f);
     if (t->pytorch_peak_reserved) {
