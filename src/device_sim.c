@@ -663,12 +663,15 @@ static cuh_dev_status_t sim_vm_unmap(cuh_device_t *dev, uintptr_t va, size_t siz
     sim_device_t *s = sim_of(dev);
     cuh_dev_status_t rc = CUH_DEV_OK;
     pthread_mutex_lock(&s->lock);
-    uint64_t handle = (uint64_t)(uintptr_t)cuh_ptrmap_remove(&s->mappings, va);
+    /* A refused unmap leaves the mapping as it was (the driver's does). */
+    uint64_t handle = (uint64_t)(uintptr_t)cuh_ptrmap_get(&s->mappings, va);
     if (!handle || ((size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)handle << 9) & ~(size_t)1) != size) {
-        snprintf(dev->last_error, sizeof dev->last_error, "sim: unmap of 0x%llx (%zu bytes): nothing mapped there",
-                 (unsigned long long)va, size);
+        snprintf(dev->last_error, sizeof dev->last_error,
+                 "sim: unmap of 0x%llx (%zu bytes): %s", (unsigned long long)va, size,
+                 handle ? "not the whole range one map mapped" : "nothing mapped there");
         rc = CUH_DEV_ERROR;
     } else {
+        cuh_ptrmap_remove(&s->mappings, va);
         s->counters.vm_unmaps++;
         s->counters.vm_mapped -= size;
     }

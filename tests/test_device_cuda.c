@@ -204,6 +204,48 @@ static void test_vmm_pages_of_two_granules_move_whole_and_keep_data(void **state
     moves_pages_and_keeps_data("vmm:1,vmm_margin:0,small_max:0,vmm_page:4M", 4 * MiB);
 }
 
+/* The driver maps only a whole physical allocation (bench/gpu/vm_offset_probe.cu
+ * on an H100): part of one, at offset 0 or past it, is NOT_SUPPORTED; the
+ * whole one maps, a second time elsewhere too. The fake driver must refuse
+ * as the driver does, or a heap that leans on partial maps passes here and
+ * fails on a GPU. */
+static void test_fake_driver_maps_only_whole_allocations_as_the_driver_does(void **state)
+{
+    (void)state;
+    typedef int (*init_fn)(unsigned);
+    typedef int (*create_fn)(unsigned long long *, size_t, const void *, unsigned long long);
+    typedef int (*reserve_fn)(unsigned long long *, size_t, size_t, unsigned long long, unsigned long long);
+    typedef int (*map_fn)(unsigned long long, size_t, size_t, unsigned long long, unsigned long long);
+    typedef int (*unmap_fn)(unsigned long long, size_t);
+    typedef int (*release_fn)(unsigned long long);
+    init_fn init;
+    create_fn create;
+    reserve_fn reserve;
+    map_fn map;
+    unmap_fn unmap;
+    release_fn release;
+    void *f;
+    f = driver("cuInit"), memcpy(&init, &f, sizeof f);
+    f = driver("cuMemCreate"), memcpy(&create, &f, sizeof f);
+    f = driver("cuMemAddressReserve"), memcpy(&reserve, &f, sizeof f);
+    f = driver("cuMemMap"), memcpy(&map, &f, sizeof f);
+    f = driver("cuMemUnmap"), memcpy(&unmap, &f, sizeof f);
+    f = driver("cuMemRelease"), memcpy(&release, &f, sizeof f);
+    assert_int_equal(init(0), 0);
+    const int prop[8] = {1, 0, 1, 0};   /* pinned, on device 0 */
+    unsigned long long h = 0, va = 0;
+    assert_int_equal(create(&h, 8 * MiB, prop, 0), 0);
+    assert_int_equal(reserve(&va, 32 * MiB, 0, 0, 0), 0);
+    assert_int_equal(map(va, 2 * MiB, 0, h, 0), 801);             /* part, offset 0 */
+    assert_int_equal(map(va, 2 * MiB, 2 * MiB, h, 0), 801);       /* part, past it */
+    assert_int_equal(map(va, 8 * MiB, 2 * MiB, h, 0), 801);       /* whole size, shifted */
+    assert_int_equal(map(va, 8 * MiB, 0, h, 0), 0);               /* whole */
+    assert_int_equal(map(va + 16 * MiB, 8 * MiB, 0, h, 0), 0);    /* whole, again elsewhere */
+    assert_int_equal(unmap(va, 8 * MiB), 0);
+    assert_int_equal(unmap(va + 16 * MiB, 8 * MiB), 0);
+    assert_int_equal(release(h), 0);
+}
+
 static void *fake_symbol(const char *name)
 {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
@@ -321,6 +363,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_driver_path_serves_blocks_that_hold_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_current_device_costs_one_driver_call_once_its_context_is_known, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_fake_driver_maps_only_whole_allocations_as_the_driver_does, setup, teardown),
         cmocka_unit_test_setup_teardown(test_vmm_moves_pages_and_every_block_keeps_its_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_vmm_pages_of_two_granules_move_whole_and_keep_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_vmm_lent_pages_keep_old_mappings_until_queued_work_ran, setup, teardown),

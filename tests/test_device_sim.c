@@ -122,6 +122,33 @@ static void test_size_not_multiple_of_2mib_is_error_with_message(void **state)
     d->ops->destroy(d);
 }
 
+/* As the driver (bench/gpu/vm_offset_probe.cu): a mapping takes a whole
+ * physical allocation, never part of one; the whole one maps at a second
+ * range too, and reads back as the same allocation there. */
+static void test_vm_map_takes_only_a_whole_allocation(void **state)
+{
+    (void)state;
+    cuh_device_t *d = sim_new(GiB, 0);
+    uint64_t h = 0;
+    uintptr_t va = 0;
+    assert_int_equal(d->ops->vm_create(d, 8 * MiB, &h), CUH_DEV_OK);
+    assert_int_equal(d->ops->vm_reserve(d, 32 * MiB, &va), CUH_DEV_OK);
+    assert_int_equal(d->ops->vm_map(d, va, 2 * MiB, h), CUH_DEV_ERROR);
+    assert_int_equal(d->ops->vm_map(d, va, 16 * MiB, h), CUH_DEV_ERROR);
+    assert_int_equal(d->ops->vm_map(d, va, 8 * MiB, h), CUH_DEV_OK);
+    assert_int_equal(d->ops->vm_map(d, va + 16 * MiB, 8 * MiB, h), CUH_DEV_OK);
+    size_t off = 1;
+    assert_true(cuh_sim_handle_at(d, va + 16 * MiB + 6 * MiB, &off) == h);
+    assert_int_equal(off, 6 * MiB);
+    assert_int_equal(d->ops->vm_unmap(d, va, 2 * MiB), CUH_DEV_ERROR);   /* not the whole mapping */
+    assert_int_equal(d->ops->vm_unmap(d, va, 8 * MiB), CUH_DEV_OK);
+    assert_int_equal(d->ops->vm_unmap(d, va + 16 * MiB, 8 * MiB), CUH_DEV_OK);
+    d->ops->vm_release(d, h);
+    d->ops->vm_unreserve(d, va, 32 * MiB);
+    assert_int_equal(counters(d).used, 0);
+    d->ops->destroy(d);
+}
+
 static void test_beyond_capacity_is_oom_and_counted(void **state)
 {
     (void)state;
@@ -678,6 +705,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_alloc_gives_distinct_aligned_non_overlapping_segments),
         cmocka_unit_test(test_size_not_multiple_of_2mib_is_error_with_message),
+        cmocka_unit_test(test_vm_map_takes_only_a_whole_allocation),
         cmocka_unit_test(test_beyond_capacity_is_oom_and_counted),
         cmocka_unit_test(test_external_bytes_reduce_allocatable_and_free),
         cmocka_unit_test(test_free_of_unknown_address_or_wrong_size_is_error),

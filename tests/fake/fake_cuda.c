@@ -51,7 +51,8 @@
  *                   exported name to itself;
  *   virtual memory  an address reservation is an inaccessible mapping; a
  *                   physical allocation is a memfd; cuMemMap maps the memfd
- *                   there with no access, and cuMemSetAccess makes it
+ *                   (whole: part of one is NOT_SUPPORTED, as on the
+ *                   driver) there with no access, and cuMemSetAccess makes it
  *                   read-write (so a missing SetAccess faults, as on a GPU);
  *                   cuMemUnmap puts the inaccessible mapping back. Data
  *                   written through one mapping of a page is read back
@@ -1230,6 +1231,13 @@ API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, unsigned long l
 {
     CALLED();
     (void)f;
+    /* As the driver (580.159, bench/gpu/vm_offset_probe.cu): a mapping takes
+     * a whole allocation, never part of one at any offset. */
+    const off_t whole = lseek((int)(handle & 0xffffffffu) - 1, 0, SEEK_END);
+    if (whole < 0)
+        return INVALID_VALUE;
+    if (offset != 0 || size != (size_t)whole)
+        return NOT_SUPPORTED;
     void *m = mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_SHARED | MAP_FIXED, (int)(handle & 0xffffffffu) - 1,
                    (off_t)offset);
     if (m == MAP_FAILED)
