@@ -249,6 +249,17 @@ if part preload; then
     else
         row "ctx_fence" 1 - "build failed"
     fi
+    # What physical units (vmm_unit) rely on: a mapping takes a whole
+    # allocation, so a unit moves whole. Should a driver map parts, units
+    # could move in pieces (bench/HISTORY.md, "Pieces of a unit").
+    section "does cuMemMap take part of an allocation (bench/gpu/vm_offset_probe.cu)"
+    if "$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 bench/gpu/vm_offset_probe.cu -o "$BUILD"/vm_offset_probe -lcuda; then
+        run_logged "$BUILD/vm_offset_probe.log" timeout 60 "$BUILD"/vm_offset_probe
+        row "vm_offset_probe (cuMemMap of part of an allocation)" "$RUN_RC" "$RUN_SECS" \
+            "$(tail -1 "$BUILD/vm_offset_probe.log")"
+    else
+        row "vm_offset_probe" 1 - "build failed"
+    fi
     # The same under compute-sanitizer's memcheck (PRELOAD_MEMCHECK=0 skips
     # it), without the deliberate double free and the IPC guard's refusals:
     # memcheck rightly reports their error returns as API errors. The
