@@ -242,6 +242,7 @@ typedef struct cuh_snap_segment_s {
     uint64_t page_size;       /* virtual: the device's granularity */
     uint64_t page_maps;       /* virtual: pages mapped since the heap began (new ones and moved ones) */
     uint64_t page_moves;      /* virtual: pages unmapped from free memory to be mapped elsewhere */
+    uint64_t map_calls;       /* virtual: map and unmap calls made to the device since the heap began */
     size_t first_extent, num_extents;
     size_t first_run, num_runs;   /* virtual: its mapped ranges in the snapshot's runs */
 } cuh_snap_segment_t;

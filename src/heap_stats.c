@@ -538,6 +538,7 @@ cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h, int ask_device)
             ss->page_size = h->vm_page;
             ss->page_maps = h->num_page_maps;
             ss->page_moves = h->num_page_steals;
+            ss->map_calls = h->num_map_calls;
             snapshot_runs_locked(h, snap, ss);
         }
         ss->first_extent = snap->num_extents;

@@ -194,9 +194,10 @@ static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
             if (g->num_runs)
                 snprintf(ranges, sizeof ranges, " (%zu range%s)", g->num_runs, g->num_runs == 1 ? "" : "s");
             fprintf(out, "      virtual memory: %s mapped%s in pages of %s; %" PRIu64 " pages mapped since start, %" PRIu64
-                         " of them moved from free memory (an unmap and a map each)\n",
+                         " of them moved from free memory (an unmap and a map each), in %" PRIu64
+                         " map and unmap calls\n",
                     cuh_format_bytes(a, sizeof a, g->mapped), ranges, cuh_format_bytes(b, sizeof b, g->page_size),
-                    g->page_maps, g->page_moves);
+                    g->page_maps, g->page_moves, g->map_calls);
         }
     }
     int any_class = 0;
@@ -369,8 +370,10 @@ static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
                 i ? "," : "", g->base, g->size, g->workspace ? "true" : "false", g->virtual_space ? "true" : "false",
                 g->mapped);
         if (g->virtual_space) {
-            fprintf(out, ",\"page_size\":%" PRIu64 ",\"page_maps\":%" PRIu64 ",\"page_moves\":%" PRIu64, g->page_size,
-                    g->page_maps, g->page_moves);
+            fprintf(out,
+                    ",\"page_size\":%" PRIu64 ",\"page_maps\":%" PRIu64 ",\"page_moves\":%" PRIu64
+                    ",\"map_calls\":%" PRIu64,
+                    g->page_size, g->page_maps, g->page_moves, g->map_calls);
             /* Known unless host memory ran short for them, or the report
              * read back was written before they were: then left out. */
             if (g->num_runs || !g->mapped) {

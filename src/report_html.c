@@ -253,8 +253,10 @@ static void segment_map(FILE *out, const cuh_heap_snapshot_t *s)
                 g->workspace ? " workspace" : "", g->virtual_space ? " virtual" : "",
                 stranded ? " <span class=stranded>stranded</span>" : "");
         if (g->virtual_space)
-            fprintf(out, "<span class=seglabel>(%s mapped; %" PRIu64 " pages mapped, %" PRIu64 " moved)</span>",
-                    bytes(b, g->mapped), g->page_maps, g->page_moves);
+            fprintf(out,
+                    "<span class=seglabel>(%s mapped; %" PRIu64 " pages mapped, %" PRIu64 " moved, in %" PRIu64
+                    " map calls)</span>",
+                    bytes(b, g->mapped), g->page_maps, g->page_moves, g->map_calls);
         fprintf(out, "<svg width=\"%.0f\" height=\"16\">", width);
         for (size_t k = 0; k < g->num_extents; k++) {
             const cuh_snap_extent_t *x = &s->extents[g->first_extent + k];

@@ -315,11 +315,12 @@ import json, sys
 d = json.load(open(sys.argv[1]))['devices'][0]; st = d['steps']; seg = d['segments'][0]
 tot = lambda k: sum(x[k] for x in st['last'])
 print(st['marked'], len(st['last']), tot('page_maps') == seg['page_maps'] > 0, tot('page_moves') == seg['page_moves'] > 0,
+      tot('map_calls') == seg['map_calls'] > 0,
       tot('device_allocs') == d['stats']['num_segment_allocs'], tot('cpu_waits') == d['stats']['num_cpu_waits'],
       st['most_maps']['page_maps'] == max(x['page_maps'] for x in st['last']))" "$tmp/steps.json")
 marks=$(zcat "$llama" | grep -c '^# mark ')
 check "every mark of the trace is a step, and the steps add up to the heap's totals ($sums; $marks marks)" \
-    '[ "$sums" = "$marks $marks True True True True True" ]'
+    '[ "$sums" = "$marks $marks True True True True True True" ]'
 check "the text report lists the steps and the busiest one" \
     'grep -q "steps marked: $marks" $tmp/steps.txt && grep -q "most pages mapped in one step" $tmp/steps.txt'
 python3 -c "

@@ -212,6 +212,7 @@ static void read_segments(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t 
         g->page_size = opt_u64(r, o, "page_size", UINT64_MAX, 0);
         g->page_maps = opt_u64(r, o, "page_maps", UINT64_MAX, 0);
         g->page_moves = opt_u64(r, o, "page_moves", UINT64_MAX, 0);
+        g->map_calls = opt_u64(r, o, "map_calls", UINT64_MAX, 0);   /* reports before 2026-12-06 lack it */
         if (!r->failed && (g->virtual_space ? g->mapped > g->size : g->mapped != g->size))
             fail(r, o, "%" PRIu64 " bytes mapped in a %s of %" PRIu64 " bytes%s", g->mapped,
                  g->virtual_space ? "reservation" : "segment", g->size,
