@@ -71,9 +71,11 @@ static const option_t options[] = {
      "lacks are created as units of up to this size, one per run of missing pages, and each "
      "unit is mapped, moved and unmapped as one piece. The driver charges per call, not per "
      "byte, so long units move memory in few calls, but a unit moves only when it lies wholly "
-     "in free memory and fits where a block lacks pages; above vmm_margin a free unit that "
-     "fits nowhere goes back to the device and one of the needed length is made instead. "
-     "Rounded up to whole pages (vmm_page); between 2M and 1G."},
+     "in free memory and fits where a block lacks pages (the driver maps only whole "
+     "allocations, so a unit cannot be split), and one a live block still partly covers "
+     "strands the rest: the smallest device a job fits in grows. When the device or the "
+     "limit refuses, free units whose work is done go back and units of the needed length "
+     "are made instead. Rounded up to whole pages (vmm_page); between 2M and 1G."},
     {"thread_cache", KIND_SIZE, offsetof(cuh_config_t, thread_cache), "4M",
      "Most bytes of small objects (small_max and below) each thread keeps for itself, per "
      "device, beside the last large block it freed: what a thread frees on a stream it "
