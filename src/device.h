@@ -167,6 +167,7 @@ typedef struct cuh_sim_counters_s {
     size_t used;               /* bytes in live segments and physical pages */
     uint64_t vm_creates, vm_releases, vm_maps, vm_unmaps;
     uint64_t vm_releases_used;   /* releases of allocations that had been mapped (the GPU may have used them) */
+    uint64_t vm_releases_mapped; /* releases of allocations still mapped: their memory stays until the last unmap */
     size_t vm_mapped;          /* bytes mapped now */
     uint64_t mem_allocs, mem_frees, mem_refusals;
     uint64_t events_recorded, event_queries, event_waits, stream_waits, synchronizes;

@@ -548,6 +548,39 @@ static cuh_dev_status_t sim_synchronize(cuh_device_t *dev)
 
 #define SIM_VM_PAGE CUH_SEGMENT_GRAIN
 
+/* A physical allocation's entry in `physical`: its size (whole pages) with
+ * flags in the low bits. As with the driver, a released allocation's memory
+ * stays until its last mapping goes (cuMemRelease, cuMemUnmap). */
+#define PHYS_EVER_MAPPED ((size_t)1)   /* the GPU may have touched it */
+#define PHYS_RELEASED ((size_t)2)      /* released while still mapped */
+#define PHYS_MAP_ONE ((size_t)4)       /* bits 2-20: the ranges mapping it now */
+static size_t phys_size(size_t v) { return v & ~(size_t)(SIM_VM_PAGE - 1); }
+static size_t phys_maps(size_t v) { return (v & (SIM_VM_PAGE - 1)) >> 2; }
+
+static void phys_set(sim_device_t *s, uint64_t handle, size_t v)
+{
+    cuh_ptrmap_remove(&s->physical, (uintptr_t)handle << 9);
+    (void)cuh_ptrmap_insert(&s->physical, (uintptr_t)handle << 9, (void *)v);   /* the slot just freed */
+}
+
+/* Whether any mapping covers a page of [va, va + size): the nearest one
+ * starting at or below va, within the largest ever mapped (mappings never
+ * overlap), or one starting inside the range. */
+static int range_mapped(const sim_device_t *s, uintptr_t va, size_t size)
+{
+    for (uintptr_t a = va + SIM_VM_PAGE; a < va + size; a += SIM_VM_PAGE)
+        if (cuh_ptrmap_get(&s->mappings, a))
+            return 1;
+    for (uintptr_t a = va; va - a < s->largest_mapping; a -= SIM_VM_PAGE) {
+        const uint64_t h = (uint64_t)(uintptr_t)cuh_ptrmap_get(&s->mappings, a);
+        if (h)
+            return va - a < phys_size((size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)h << 9));
+        if (a < SIM_VM_PAGE)
+            break;
+    }
+    return 0;
+}
+
 static size_t sim_vm_granularity(cuh_device_t *dev)
 {
     (void)dev;
@@ -606,11 +639,18 @@ static void sim_vm_release(cuh_device_t *dev, uint64_t handle)
 {
     sim_device_t *s = sim_of(dev);
     pthread_mutex_lock(&s->lock);
-    size_t v = (size_t)cuh_ptrmap_remove(&s->physical, (uintptr_t)handle << 9);
-    size_t size = v & ~(size_t)1;
-    s->counters.used -= size;
-    s->counters.vm_releases += size != 0;
-    s->counters.vm_releases_used += v & 1;
+    const size_t v = (size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)handle << 9);
+    if (v && !(v & PHYS_RELEASED)) {
+        s->counters.vm_releases++;
+        s->counters.vm_releases_used += v & PHYS_EVER_MAPPED;
+        if (phys_maps(v)) {
+            s->counters.vm_releases_mapped++;
+            phys_set(s, handle, v | PHYS_RELEASED);   /* its memory goes with its last mapping */
+        } else {
+            cuh_ptrmap_remove(&s->physical, (uintptr_t)handle << 9);
+            s->counters.used -= phys_size(v);
+        }
+    }
     pthread_mutex_unlock(&s->lock);
 }
 
@@ -619,17 +659,18 @@ static cuh_dev_status_t sim_vm_map(cuh_device_t *dev, uintptr_t va, size_t size,
     sim_device_t *s = sim_of(dev);
     cuh_dev_status_t rc = CUH_DEV_OK;
     pthread_mutex_lock(&s->lock);
-    size_t phys = (size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)handle << 9) & ~(size_t)1;
-    if (phys != size || cuh_ptrmap_get(&s->mappings, va) || cuh_ptrmap_insert(&s->mappings, va, (void *)(uintptr_t)handle)) {
+    const size_t v = (size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)handle << 9);
+    const size_t phys = v & PHYS_RELEASED ? 0 : phys_size(v);
+    const int taken = size && range_mapped(s, va, size);
+    if (phys != size || taken || cuh_ptrmap_insert(&s->mappings, va, (void *)(uintptr_t)handle)) {
         snprintf(dev->last_error, sizeof dev->last_error,
-                 "sim: map of handle %llu (%zu bytes, allocation has %zu) at 0x%llx refused (already mapped?)",
-                 (unsigned long long)handle, size, phys, (unsigned long long)va);
+                 "sim: map of handle %llu (%zu bytes, allocation has %zu%s) at 0x%llx refused%s",
+                 (unsigned long long)handle, size, phys, v & PHYS_RELEASED ? ", released" : "",
+                 (unsigned long long)va, taken ? ": already mapped" : "");
         rc = CUH_DEV_ERROR;
     } else {
-        /* The allocation has been mapped (bit 0 of its entry): from now on
-         * the GPU may have touched it. */
-        cuh_ptrmap_remove(&s->physical, (uintptr_t)handle << 9);
-        cuh_ptrmap_insert(&s->physical, (uintptr_t)handle << 9, (void *)(size | 1));
+        /* From now on the GPU may have touched the allocation. */
+        phys_set(s, handle, (v + PHYS_MAP_ONE) | PHYS_EVER_MAPPED);
         s->counters.vm_maps++;
         s->counters.vm_mapped += size;
         if (size > s->largest_mapping)
@@ -665,13 +706,20 @@ static cuh_dev_status_t sim_vm_unmap(cuh_device_t *dev, uintptr_t va, size_t siz
     pthread_mutex_lock(&s->lock);
     /* A refused unmap leaves the mapping as it was (the driver's does). */
     uint64_t handle = (uint64_t)(uintptr_t)cuh_ptrmap_get(&s->mappings, va);
-    if (!handle || ((size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)handle << 9) & ~(size_t)1) != size) {
+    const size_t v = handle ? (size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)handle << 9) : 0;
+    if (!handle || phys_size(v) != size) {
         snprintf(dev->last_error, sizeof dev->last_error,
                  "sim: unmap of 0x%llx (%zu bytes): %s", (unsigned long long)va, size,
                  handle ? "not the whole range one map mapped" : "nothing mapped there");
         rc = CUH_DEV_ERROR;
     } else {
         cuh_ptrmap_remove(&s->mappings, va);
+        if (phys_maps(v) == 1 && (v & PHYS_RELEASED)) {   /* released: its memory goes now */
+            cuh_ptrmap_remove(&s->physical, (uintptr_t)handle << 9);
+            s->counters.used -= size;
+        } else if (phys_maps(v)) {
+            phys_set(s, handle, v - PHYS_MAP_ONE);
+        }
         s->counters.vm_unmaps++;
         s->counters.vm_mapped -= size;
     }
@@ -991,7 +1039,7 @@ uint64_t cuh_sim_handle_at(cuh_device_t *dev, uintptr_t va, size_t *offset)
     for (uintptr_t start = top; top - start < s->largest_mapping; start -= SIM_VM_PAGE) {
         uint64_t h = (uint64_t)(uintptr_t)cuh_ptrmap_get(&s->mappings, start);
         if (h) {
-            size_t size = (size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)h << 9) & ~(size_t)1;
+            size_t size = phys_size((size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)h << 9));
             if (va - start < size) {
                 handle = h;
                 if (offset)

@@ -149,6 +149,41 @@ static void test_vm_map_takes_only_a_whole_allocation(void **state)
     d->ops->destroy(d);
 }
 
+/* As with the driver: an allocation released while mapped keeps its memory
+ * until its last mapping goes, and can no longer be mapped; no mapping may
+ * overlap another. */
+static void test_vm_release_while_mapped_frees_at_the_last_unmap(void **state)
+{
+    (void)state;
+    cuh_device_t *d = sim_new(GiB, 0);
+    uint64_t h = 0, g = 0;
+    uintptr_t va = 0;
+    assert_int_equal(d->ops->vm_create(d, 8 * MiB, &h), CUH_DEV_OK);
+    assert_int_equal(d->ops->vm_create(d, 4 * MiB, &g), CUH_DEV_OK);
+    assert_int_equal(d->ops->vm_reserve(d, 64 * MiB, &va), CUH_DEV_OK);
+    assert_int_equal(d->ops->vm_map(d, va, 8 * MiB, h), CUH_DEV_OK);
+    assert_int_equal(d->ops->vm_map(d, va + 16 * MiB, 8 * MiB, h), CUH_DEV_OK);
+    assert_int_equal(d->ops->vm_map(d, va + 4 * MiB, 4 * MiB, g), CUH_DEV_ERROR);    /* inside h's first */
+    assert_int_equal(d->ops->vm_map(d, va + 14 * MiB, 4 * MiB, g), CUH_DEV_ERROR);   /* into h's second */
+    d->ops->vm_release(d, h);
+    cuh_sim_counters_t c = counters(d);
+    assert_int_equal(c.used, 12 * MiB);   /* still mapped: still held */
+    assert_int_equal(c.vm_releases, 1);
+    assert_int_equal(c.vm_releases_mapped, 1);
+    assert_int_equal(d->ops->vm_map(d, va + 32 * MiB, 8 * MiB, h), CUH_DEV_ERROR);   /* released */
+    assert_true(cuh_sim_handle_at(d, va + 18 * MiB, NULL) == h);
+    assert_int_equal(d->ops->vm_unmap(d, va, 8 * MiB), CUH_DEV_OK);
+    assert_int_equal(counters(d).used, 12 * MiB);
+    assert_int_equal(d->ops->vm_unmap(d, va + 16 * MiB, 8 * MiB), CUH_DEV_OK);
+    assert_int_equal(counters(d).used, 4 * MiB);   /* h's memory went with its last mapping */
+    d->ops->vm_release(d, h);                      /* once is enough: nothing more happens */
+    assert_int_equal(counters(d).vm_releases, 1);
+    d->ops->vm_release(d, g);
+    d->ops->vm_unreserve(d, va, 64 * MiB);
+    assert_int_equal(counters(d).used, 0);
+    d->ops->destroy(d);
+}
+
 static void test_beyond_capacity_is_oom_and_counted(void **state)
 {
     (void)state;
@@ -706,6 +741,7 @@ int main(void)
         cmocka_unit_test(test_alloc_gives_distinct_aligned_non_overlapping_segments),
         cmocka_unit_test(test_size_not_multiple_of_2mib_is_error_with_message),
         cmocka_unit_test(test_vm_map_takes_only_a_whole_allocation),
+        cmocka_unit_test(test_vm_release_while_mapped_frees_at_the_last_unmap),
         cmocka_unit_test(test_beyond_capacity_is_oom_and_counted),
         cmocka_unit_test(test_external_bytes_reduce_allocatable_and_free),
         cmocka_unit_test(test_free_of_unknown_address_or_wrong_size_is_error),
