@@ -174,8 +174,9 @@ CUHEAP_API cuheap_status_t cuheap_dump_report(const char *path, cuheap_report_fo
 
 /* Marks the end of a training step on every device cuheap serves: reports
  * then show, for each of the last 32 steps, how long it took and what the
- * heap asked of the device in it (pages mapped and moved under vmm:1, new
- * device memory, CPU waits for the GPU), and which step mapped the most
+ * heap asked of the device in it (pages mapped and moved under vmm:1 and the
+ * map and unmap calls they took, new device memory, CPU waits for the GPU),
+ * and which step mapped the most
  * pages. A step runs from the mark before (or the heap's start) to its own
  * mark. Cheap (a lock per device); cuheap's PyTorch package calls it after
  * every optimizer step. It writes nothing into a trace: cuheap_trace_mark
