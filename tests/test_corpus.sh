@@ -117,7 +117,7 @@ BIN=$CORPUS
 run table --dir "$TMP/c" --replay "$BUILD/cuheap-replay"
 check "cuheap-corpus prints a row per job and way, tuning first, then the held-out set" \
     '[ $rc = 0 ] && [ "$(grep -cE "^(churn|steady) " "$TMP/table.out")" = 4 ] && \
-     grep -n "^steady " "$TMP/table.out" | head -1 | cut -d: -f1 | { read s; c=$(grep -n "^churn " "$TMP/table.out" | tail -1 | cut -d: -f1); [ "$s" -gt "$c" ]; }'
+     grep -n "^steady " "$TMP/table.out" | sed -n 1p | cut -d: -f1 | { read s; c=$(grep -n "^churn " "$TMP/table.out" | tail -1 | cut -d: -f1); [ "$s" -gt "$c" ]; }'
 check "a summary line per set and way, held-out on its own" \
     'grep -q "^tuning   plugin   1 jobs: ratio median" "$TMP/table.out" && grep -q "^held-out preload  1 jobs" "$TMP/table.out"'
 run json --dir "$TMP/c" --replay "$BUILD/cuheap-replay" --json
