@@ -563,22 +563,33 @@ static void phys_set(sim_device_t *s, uint64_t handle, size_t v)
     (void)cuh_ptrmap_insert(&s->physical, (uintptr_t)handle << 9, (void *)v);   /* the slot just freed */
 }
 
-/* Whether any mapping covers a page of [va, va + size): the nearest one
- * starting at or below va, within the largest ever mapped (mappings never
- * overlap), or one starting inside the range. */
-static int range_mapped(const sim_device_t *s, uintptr_t va, size_t size)
+/* The allocation mapped over va, 0 if none, and where that mapping starts:
+ * mappings never overlap, so the nearest one starting at or below va,
+ * within the largest ever mapped, covers it or nothing does. */
+static uint64_t mapping_at(const sim_device_t *s, uintptr_t va, uintptr_t *start)
 {
-    for (uintptr_t a = va + SIM_VM_PAGE; a < va + size; a += SIM_VM_PAGE)
-        if (cuh_ptrmap_get(&s->mappings, a))
-            return 1;
-    for (uintptr_t a = va; va - a < s->largest_mapping; a -= SIM_VM_PAGE) {
+    const uintptr_t top = va & ~(uintptr_t)(SIM_VM_PAGE - 1);
+    for (uintptr_t a = top; top - a < s->largest_mapping; a -= SIM_VM_PAGE) {
         const uint64_t h = (uint64_t)(uintptr_t)cuh_ptrmap_get(&s->mappings, a);
-        if (h)
-            return va - a < phys_size((size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)h << 9));
+        if (h) {
+            *start = a;
+            return va - a < phys_size((size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)h << 9)) ? h : 0;
+        }
         if (a < SIM_VM_PAGE)
             break;
     }
     return 0;
+}
+
+/* Whether any mapping covers a page of [va, va + size): the one over va, or
+ * one starting inside the range. */
+static int range_mapped(const sim_device_t *s, uintptr_t va, size_t size)
+{
+    uintptr_t start;
+    for (uintptr_t a = va + SIM_VM_PAGE; a < va + size; a += SIM_VM_PAGE)
+        if (cuh_ptrmap_get(&s->mappings, a))
+            return 1;
+    return mapping_at(s, va, &start) != 0;
 }
 
 static size_t sim_vm_granularity(cuh_device_t *dev)
@@ -1032,24 +1043,10 @@ uint64_t cuh_sim_handle_at(cuh_device_t *dev, uintptr_t va, size_t *offset)
 {
     sim_device_t *s = sim_of(dev);
     pthread_mutex_lock(&s->lock);
-    /* Mappings never overlap: the nearest one starting at or below va,
-     * within the largest ever mapped, covers it or nothing does. */
-    uint64_t handle = 0;
-    const uintptr_t top = va & ~(uintptr_t)(SIM_VM_PAGE - 1);
-    for (uintptr_t start = top; top - start < s->largest_mapping; start -= SIM_VM_PAGE) {
-        uint64_t h = (uint64_t)(uintptr_t)cuh_ptrmap_get(&s->mappings, start);
-        if (h) {
-            size_t size = phys_size((size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)h << 9));
-            if (va - start < size) {
-                handle = h;
-                if (offset)
-                    *offset = va - start;
-            }
-            break;
-        }
-        if (start < SIM_VM_PAGE)
-            break;
-    }
+    uintptr_t start = 0;
+    const uint64_t handle = mapping_at(s, va, &start);
+    if (handle && offset)
+        *offset = va - start;
     pthread_mutex_unlock(&s->lock);
     return handle;
 }
