@@ -169,6 +169,14 @@ static int next_unit(const cuh_heap_t *h, size_t *p, size_t end, uint64_t settle
     return 0;
 }
 
+/* Returns unit `handle` of `pages` pages, mapped nowhere, to the device. */
+static void unit_release_locked(cuh_heap_t *h, uint64_t handle, size_t pages)
+{
+    h->dev->ops->vm_release(h->dev, handle);
+    h->physical_pages -= pages;
+    h->num_segment_frees++;
+}
+
 /* Takes the unit over pages [p, q) out of its place for a new use; its
  * handle. */
 static uint64_t unit_leave_locked(cuh_heap_t *h, size_t p, size_t q)
@@ -406,9 +414,7 @@ static size_t unmap_free_units_locked(cuh_heap_t *h, uint64_t settled, cuh_page_
             if (pl) {
                 (void)cuh_page_plan_place(pl, handle, dest, q - head, 0);   /* where it fits: cannot fail */
             } else {
-                h->dev->ops->vm_release(h->dev, handle);
-                h->physical_pages -= q - head;
-                h->num_segment_frees++;
+                unit_release_locked(h, handle, q - head);
             }
             done += q - head;
         }
@@ -542,14 +548,7 @@ static int create_units_locked(cuh_heap_t *h, cuh_page_plan_t *pl, grow_result_t
         }
         h->physical_pages += k;
         h->num_segment_allocs++;
-        if (!cuh_page_plan_place(pl, handle, r.start, k, 0)) {   /* cannot fail: a run's start, room for a unit a page */
-            h->dev->ops->vm_release(h->dev, handle);
-            h->physical_pages -= k;
-            h->num_segment_frees++;
-            cuh_set_error("out of host memory for page handles");
-            *why = GROW_ERROR;
-            return 0;
-        }
+        (void)cuh_page_plan_place(pl, handle, r.start, k, 0);   /* cannot fail: a run's start, room for a unit a page */
     }
     return 1;
 }
@@ -631,9 +630,7 @@ int cuh_hp_map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_s
         h->num_map_calls++;
         if (h->dev->ops->vm_map(h->dev, cuh_hp_page_va(h, u->dest), u->pages * page, u->handle) != CUH_DEV_OK) {
             cuh_set_error("device %d: %s", h->dev->ordinal, h->dev->last_error);
-            h->dev->ops->vm_release(h->dev, u->handle);
-            h->physical_pages -= u->pages;
-            h->num_segment_frees++;
+            unit_release_locked(h, u->handle, u->pages);
             *why = GROW_ERROR;
             ok = 0;
             continue;

@@ -32,7 +32,8 @@ __attribute__((noinline)) void cuh_hp_sample_locked(cuh_heap_t *h)
  * A program that marks its steps (cuheap_mark_step; cuheap's PyTorch package
  * marks every optimizer step) sees in its reports what each of the last steps
  * asked of the device: pages mapped and moved under vmm:1 and the map and
- * unmap calls they took, new device memory, CPU waits. A step that is slow because pages moved says so there. */
+ * unmap calls they took, new device memory, CPU waits. A step that is slow
+ * because pages moved says so there. */
 
 void cuh_heap_mark_step(cuh_heap_t *h)
 {

@@ -72,9 +72,7 @@ mutant() {
 # A map that failed after its physical unit was created or moved: the unit must go
 # back to the device (and out of the heap's count).
 mutant map-rollback-skipped src/heap_pages.c \
-'            h->dev->ops->vm_release(h->dev, u->handle);
-            h->physical_pages -= u->pages;
-            h->num_segment_frees++;
+'            unit_release_locked(h, u->handle, u->pages);
             *why = GROW_ERROR;' \
 '            *why = GROW_ERROR;'
 
