@@ -126,6 +126,17 @@ elif [[ -x /usr/local/cuda/bin/compute-sanitizer ]]; then
     SANITIZER=/usr/local/cuda/bin/compute-sanitizer
 fi
 san_summary() { grep -E 'ERROR SUMMARY' "$1" | tail -n 1 | sed -E 's/^=+ *//' || true; }
+# driver_probe NAME ROW: builds bench/gpu/NAME.cu against the driver, runs it,
+# and gives it a row named ROW whose result is the probe's last line.
+driver_probe() {
+    local name=$1 label=$2
+    if "$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 "bench/gpu/$name.cu" -o "$BUILD/$name" -lcuda; then
+        run_logged "$BUILD/$name.log" timeout 60 "$BUILD/$name"
+        row "$label" "$RUN_RC" "$RUN_SECS" "$(tail -1 "$BUILD/$name.log")"
+    else
+        row "$name" 1 - "build failed"
+    fi
+}
 
 if part api; then
     section "gpu_check ($GPU_CHECK_OPS stress ops)"
@@ -232,34 +243,17 @@ if part preload; then
     # Whether giving a segment back waits for the GPU: what the wait before
     # idle segments go back (heap_segments.c, release_idle_segments_locked) relies on.
     section "does cuMemFree wait for the GPU (bench/gpu/free_sync.cu)"
-    if "$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 bench/gpu/free_sync.cu -o "$BUILD"/free_sync -lcuda; then
-        run_logged "$BUILD/free_sync.log" timeout 60 "$BUILD"/free_sync
-        row "free_sync (cuMemFree with a kernel running on another stream)" "$RUN_RC" "$RUN_SECS" \
-            "$(tail -1 "$BUILD/free_sync.log")"
-    else
-        row "free_sync" 1 - "build failed"
-    fi
+    driver_probe free_sync "free_sync (cuMemFree with a kernel running on another stream)"
     # What cudaFree's device-wide fences rely on: one event over every
     # stream, one wait that every stream (those created later too) obeys,
     # and what they cost against an event and a wait per stream.
     section "device-wide fences (bench/gpu/ctx_fence.cu)"
-    if "$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 bench/gpu/ctx_fence.cu -o "$BUILD"/ctx_fence -lcuda; then
-        run_logged "$BUILD/ctx_fence.log" timeout 60 "$BUILD"/ctx_fence
-        row "ctx_fence (cuCtxRecordEvent / cuCtxWaitEvent)" "$RUN_RC" "$RUN_SECS" "$(tail -1 "$BUILD/ctx_fence.log")"
-    else
-        row "ctx_fence" 1 - "build failed"
-    fi
+    driver_probe ctx_fence "ctx_fence (cuCtxRecordEvent / cuCtxWaitEvent)"
     # What physical units (vmm_unit) rely on: a mapping takes a whole
     # allocation, so a unit moves whole. Should a driver map parts, units
     # could move in pieces (bench/HISTORY.md, "Pieces of a unit").
     section "does cuMemMap take part of an allocation (bench/gpu/vm_offset_probe.cu)"
-    if "$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 bench/gpu/vm_offset_probe.cu -o "$BUILD"/vm_offset_probe -lcuda; then
-        run_logged "$BUILD/vm_offset_probe.log" timeout 60 "$BUILD"/vm_offset_probe
-        row "vm_offset_probe (cuMemMap of part of an allocation)" "$RUN_RC" "$RUN_SECS" \
-            "$(tail -1 "$BUILD/vm_offset_probe.log")"
-    else
-        row "vm_offset_probe" 1 - "build failed"
-    fi
+    driver_probe vm_offset_probe "vm_offset_probe (cuMemMap of part of an allocation)"
     # The same under compute-sanitizer's memcheck (PRELOAD_MEMCHECK=0 skips
     # it), without the deliberate double free and the IPC guard's refusals:
     # memcheck rightly reports their error returns as API errors. The
