@@ -564,6 +564,15 @@ static cuheap_status_t diagnose_free_locked(cuh_heap_t *h, uintptr_t addr)
 
 /* Finds the live block at addr; an error status (message set) if there is
  * none: already free, held back, inside a block, or not cuheap's. */
+/* A free of a block that an earlier free left waiting for GPU work (held:
+ * the held map, or a small object's held bit). */
+static cuheap_status_t held_double_free(const cuh_heap_t *h, uintptr_t addr)
+{
+    cuh_set_error("double free: 0x%llx on device %d was already freed (it waits for GPU work before reuse)",
+                  (unsigned long long)addr, h->dev->ordinal);
+    return CUHEAP_ERR_DOUBLE_FREE;
+}
+
 cuheap_status_t cuh_hp_find_live_locked(cuh_heap_t *h, uintptr_t addr, live_block_t *b)
 {
     memset(b, 0, sizeof *b);
@@ -575,11 +584,8 @@ cuheap_status_t cuh_hp_find_live_locked(cuh_heap_t *h, uintptr_t addr, live_bloc
         if ((e && e->chunked) || (!e && !cuh_hp_slab_of_locked(h, addr)))
             cuh_hp_chunk_dissolve_at_locked(h, addr);
     }
-    if (cuh_unlikely(h->held.count) && cuh_ptrmap_get(&h->held, addr)) {
-        cuh_set_error("double free: 0x%llx on device %d was already freed (it waits for GPU work before reuse)",
-                      (unsigned long long)addr, h->dev->ordinal);
-        return CUHEAP_ERR_DOUBLE_FREE;
-    }
+    if (cuh_unlikely(h->held.count) && cuh_ptrmap_get(&h->held, addr))
+        return held_double_free(h, addr);
     cuh_slab_t *s = h->last_slab;
     if (!s || addr - s->base >= s->span) {
         if ((b->ext = cuh_ptrmap_get(&h->blocks, addr))) {
@@ -611,6 +617,8 @@ cuheap_status_t cuh_hp_find_live_locked(cuh_heap_t *h, uintptr_t addr, live_bloc
                       s->obj_size, h->dev->ordinal);
         return CUHEAP_ERR_DOUBLE_FREE;
     }
+    if (cuh_unlikely(cuh_slab_bit(s->held, (uint32_t)idx)))
+        return held_double_free(h, addr);
     if (cuh_unlikely(cuh_slab_bit(s->tcached, (uint32_t)idx))) {
         cuheap_status_t status = cuh_hp_tcache_take_locked(h, s, addr);
         if (status != CUHEAP_OK)
@@ -669,7 +677,7 @@ cuheap_status_t cuh_heap_free_device_wide(cuh_heap_t *h, uintptr_t addr)
         if (graph && (st0 = cuh_hp_stream_get_locked(h, 0)) &&
             cuh_hp_maybe_hold_locked(h, addr, b.size, b.requested, st0)) {
             /* held for its graph pool, freed when the pool is released */
-        } else if (cuh_hp_batch_add_locked(h, addr, b.size, b.requested)) {
+        } else if (cuh_hp_batch_add_locked(h, addr, &b)) {
             /* No room to track it: wait for the whole device instead. */
             if (!h->captures)
                 cuh_hp_cpu_wait_device(h);

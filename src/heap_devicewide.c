@@ -42,8 +42,18 @@ static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch, uint64_t gen
         live_block_t b;
         if (cuh_unlikely(gen))
             cuh_hp_stamp_pages_locked(h, x->addr, x->size, gen);
-        if (cuh_hp_unhold_locked(h, x->addr, x->size, x->requested, &b))
+        if (x->slab) {
+            /* A small object: its slab stays while it is held (it is not avail). */
+            const uint32_t index = (uint32_t)cuh_slab_index(x->slab, x->addr);
+            cuh_slab_clear(x->slab->held, index);
+            h->held_small--;
+            h->held_bytes -= x->size;
+            h->held_requested -= x->requested;
+            b = (live_block_t){.slab = x->slab, .index = index, .size = x->size, .requested = x->requested};
             cuh_hp_release_block_global_locked(h, &b, x->addr);
+        } else if (cuh_hp_unhold_locked(h, x->addr, x->size, x->requested, &b)) {
+            cuh_hp_release_block_global_locked(h, &b, x->addr);
+        }
     }
     for (size_t i = 0; i < batch->num_events; i++)
         cuh_hp_event_put_locked(h, batch->events[i]);
@@ -182,9 +192,10 @@ size_t cuh_hp_free_slack_locked(const cuh_heap_t *h)
     return cuh_max_size(cuh_hp_reserved_bytes(h) / 64, floor);
 }
 
-/* Adds a block to the open batch. -1 when host memory runs out. */
-int cuh_hp_batch_add_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested)
+/* Adds live block b at addr to the open batch. -1 when host memory runs out. */
+int cuh_hp_batch_add_locked(cuh_heap_t *h, uintptr_t addr, const live_block_t *b)
 {
+    const size_t size = b->size, requested = b->requested;
     free_batch_t *batch = h->open_batch;
     if (!batch) {
         batch = h->spare_batch ? h->spare_batch : calloc(1, sizeof *batch);
@@ -201,9 +212,13 @@ int cuh_hp_batch_add_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t r
         batch->entries = grown;
         batch->cap_entries = cap;
     }
-    if (cuh_ptrmap_insert(&h->held, addr, batch))
+    if (b->slab) {
+        cuh_slab_set(b->slab->held, b->index);
+        h->held_small++;
+    } else if (cuh_ptrmap_insert(&h->held, addr, batch)) {
         return -1;
-    batch->entries[batch->num_entries++] = (batch_entry_t){addr, size, requested};
+    }
+    batch->entries[batch->num_entries++] = (batch_entry_t){addr, size, requested, b->slab};
     batch->bytes += size;
     h->held_bytes += size;
     h->held_requested += requested;

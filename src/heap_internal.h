@@ -142,11 +142,12 @@ typedef struct batch_entry_s {
     uintptr_t addr;
     size_t size;                 /* block bytes */
     size_t requested;
+    cuh_slab_t *slab;            /* a small object's (its held bit set), or NULL: a block, in the held map */
 } batch_entry_t;
 
 typedef struct free_batch_s {
     struct free_batch_s *next;   /* closed batches, oldest first */
-    batch_entry_t *entries;      /* in the held map too, with the batch as value */
+    batch_entry_t *entries;      /* blocks in the held map too, small objects by their slab's held bit */
     size_t num_entries, cap_entries;
     size_t bytes;                /* the entries' sizes added up */
     size_t num_events, cap_events;
@@ -237,6 +238,7 @@ struct cuh_heap_s {
     hold_t **holds;
     size_t num_holds, cap_holds;
     size_t held_bytes;
+    size_t held_small;           /* batch entries that are small objects: held by their slab's bit, not the map */
     int took_back;               /* streams waited stream by stream: new streams must wait too (stream_joins_locked) */
     int device_fences;           /* cfg.device_fences, while the device has them (cuh_hp_record_all_locked) */
     uint64_t allocs_at_take_back; /* num_allocs at the last take-back (cuh_hp_take_back_all_locked) */
@@ -444,7 +446,7 @@ int cuh_hp_take_private_locked(cuh_heap_t *h, stream_state_t *st, size_t size);
 void cuh_hp_release_block_global_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr);
 void cuh_hp_batch_close_locked(cuh_heap_t *h);
 int cuh_hp_batches_poll_locked(cuh_heap_t *h, int wait);
-int cuh_hp_batch_add_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t requested);
+int cuh_hp_batch_add_locked(cuh_heap_t *h, uintptr_t addr, const live_block_t *b);
 size_t cuh_hp_free_slack_locked(const cuh_heap_t *h);
 /* Frees a batch and its arrays (NULL: nothing). */
 void cuh_hp_batch_free(free_batch_t *batch);

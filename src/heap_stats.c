@@ -438,21 +438,33 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
                  "flagged", (long long)large_owned, listed, flagged);
         rc = -1;
     }
-    /* Every held block is in exactly one hold list or batch, and in the map. */
-    size_t held = 0, num_held = h->num_holds;
+    /* Every held block is in exactly one hold list or batch, and in the map;
+     * a small object in a batch by its slab's held bit instead, live. */
+    size_t held = 0, num_held = h->num_holds, unmarked = 0;
     for (size_t k = 0; k < h->num_holds; k++)
         held += h->holds[k]->size;
     const free_batch_t *lists[2] = {h->open_batch, h->closed_batches};
     for (int l = 0; l < 2; l++) {
         for (const free_batch_t *batch = lists[l]; batch; batch = l ? batch->next : NULL) {
-            for (size_t k = 0; k < batch->num_entries; k++)
-                held += batch->entries[k].size;
+            for (size_t k = 0; k < batch->num_entries; k++) {
+                const batch_entry_t *x = &batch->entries[k];
+                held += x->size;
+                if (x->slab) {
+                    int64_t i = cuh_slab_index(x->slab, x->addr);
+                    unmarked += i < 0 || !cuh_slab_bit(x->slab->held, (uint32_t)i) ||
+                                !cuh_slab_bit(x->slab->live, (uint32_t)i);
+                }
+            }
             num_held += batch->num_entries;
         }
     }
-    if (!rc && (held != h->held_bytes || num_held != h->held.count)) {
-        snprintf(msg, len, "held blocks: %zu (%zu bytes) in lists and batches, %zu in the map, books say %zu bytes",
-                 num_held, held, h->held.count, h->held_bytes);
+    if (!rc && unmarked) {
+        snprintf(msg, len, "held small objects: %zu in batches without their held and live bits", unmarked);
+        rc = -1;
+    }
+    if (!rc && (held != h->held_bytes || num_held != h->held.count + h->held_small)) {
+        snprintf(msg, len, "held blocks: %zu (%zu bytes) in lists and batches, %zu in the map and %zu small, books "
+                 "say %zu bytes", num_held, held, h->held.count, h->held_small, h->held_bytes);
         rc = -1;
     }
     if (!rc)

@@ -13,13 +13,14 @@ cuh_slab_t *cuh_slab_create(cuh_extent_t *ext, uint32_t size_class, size_t obj_s
 {
     uint32_t n = (uint32_t)(ext->size / obj_size);
     size_t words = (n + 63) / 64;
-    cuh_slab_t *s = calloc(1, sizeof *s + 3 * words * sizeof(uint64_t) + n * sizeof(uint32_t));
+    cuh_slab_t *s = calloc(1, sizeof *s + 4 * words * sizeof(uint64_t) + n * sizeof(uint32_t));
     if (!s)
         return NULL;
     s->avail = (uint64_t *)(void *)(s + 1);
     s->live = s->avail + words;
     s->tcached = s->live + words;
-    s->requested = (uint32_t *)(void *)(s->tcached + words);
+    s->held = s->tcached + words;
+    s->requested = (uint32_t *)(void *)(s->held + words);
     s->extent = ext;
     s->base = ext->addr;
     s->obj_size = obj_size;

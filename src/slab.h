@@ -1,13 +1,19 @@
 /* slab.h - slabs: extents of the arena cut into equal objects of one size
  * class, for small requests.
  *
- * A slab records, per object, three bits and the requested size:
+ * A slab records, per object, four bits and the requested size:
  *   live   handed out to the program (cleared at free: a second free finds it
  *          clear and is reported as a double free);
  *   avail  back in the slab, free for any stream. An object that is neither
  *          live nor avail sits in a stream's private cache (see heap_small.c);
  *   tcached  owned by a thread cache (tcache.h), handed out or held there;
- *          live stays set: the heap counts the object as allocated.
+ *          live stays set: the heap counts the object as allocated;
+ *   held   freed by cudaFree and waiting in a batch for its fence
+ *          (heap_devicewide.c); live stays set until the batch finishes, and
+ *          a second free finds this bit (a double free). A bit rather than
+ *          the heap's held map: with PyTorch's cache off every small tensor
+ *          comes here, and the map's insert and remove were a tenth of what
+ *          such a tensor cost the CPU (issue 45).
  * A slab whose objects are all avail goes back to the arena, so small objects
  * never pin memory that large requests could use. Slabs are 64 KiB-aligned and
  * found from an address through the heap's page map.
@@ -36,6 +42,7 @@ typedef struct cuh_slab_s {
     uint64_t *avail;
     uint64_t *live;
     uint64_t *tcached;
+    uint64_t *held;
 } cuh_slab_t;
 
 /* A slab over `ext` (already taken from the arena) with every object avail.
