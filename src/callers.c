@@ -83,9 +83,12 @@ void cuh_callers_alloc(uintptr_t ptr, size_t size, int device, int id)
     cuh_lock(&s->lock);
     if (!s->ready)
         s->ready = cuh_ptrmap_init(&s->map, 64) == 0;
-    uintptr_t stale = s->ready ? (uintptr_t)cuh_ptrmap_remove(&s->map, ptr) : 0;
-    int kept = s->ready && cuh_ptrmap_insert(&s->map, ptr, (void *)record) == 0;
+    void *stale_record = NULL;
+    int kept = s->ready && cuh_ptrmap_put(&s->map, ptr, (void *)record, &stale_record) == 0;
+    if (!kept && s->ready)
+        stale_record = cuh_ptrmap_remove(&s->map, ptr);   /* no room: a block there before is gone */
     cuh_unlock(&s->lock);
+    uintptr_t stale = (uintptr_t)stale_record;
     if (stale)
         count_free(stale);
     if (!kept)

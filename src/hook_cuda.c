@@ -107,11 +107,16 @@ static unsigned long begin_call(void) { return cuh_failure_mark(); }
  * invalid value. The runtime's codes equal the driver's for these. */
 static int cuda_code(cuheap_status_t status, int allocation, unsigned long mark)
 {
-    int failed = cuh_cuda_failure_since(mark);
-    if (!failed)
-        failed = cuh_noted_lost_since(mark);   /* a heap that refused: its device was lost earlier */
-    if (cuh_cuda_sticky(failed))
-        return failed;   /* even where the heap could finish the call: CUDA would not have */
+    int failed = 0;
+    if (cuh_unlikely(cuh_failure_mark() != mark)) {   /* something failed somewhere since: one load to know */
+        failed = cuh_cuda_failure_since(mark);
+        if (!failed)
+            failed = cuh_noted_lost_since(mark);   /* a heap that refused: its device was lost earlier */
+        if (cuh_cuda_sticky(failed))
+            return failed;   /* even where the heap could finish the call: CUDA would not have */
+    }
+    if (cuh_likely(status == CUHEAP_OK))
+        return CUH_CUDA_SUCCESS;
     switch (status) {
     case CUHEAP_OK:
         return CUH_CUDA_SUCCESS;

@@ -67,6 +67,29 @@ int cuh_ptrmap_insert(cuh_ptrmap_t *m, uintptr_t key, void *value)
     return 0;
 }
 
+int cuh_ptrmap_put(cuh_ptrmap_t *m, uintptr_t key, void *value, void **old)
+{
+    size_t i = slot_of(m, key);
+    while (m->slots[i].key && m->slots[i].key != key)
+        i = (i + 1) & m->mask;
+    if (m->slots[i].key) {
+        *old = m->slots[i].value;
+        m->slots[i].value = value;
+        return 0;
+    }
+    *old = NULL;
+    if ((m->count + 1) * 2 > m->mask + 1) {
+        if (grow(m))
+            return -1;
+        place(m, key, value);
+    } else {
+        m->slots[i].key = key;   /* the end of its run: where place() would put it */
+        m->slots[i].value = value;
+    }
+    m->count++;
+    return 0;
+}
+
 void *cuh_ptrmap_get(const cuh_ptrmap_t *m, uintptr_t key)
 {
     size_t i = slot_of(m, key);

@@ -33,6 +33,10 @@ int cuh_ptrmap_init(cuh_ptrmap_t *map, size_t capacity);
 void cuh_ptrmap_destroy(cuh_ptrmap_t *map);
 /* 0 on success, -1 if the table could not grow. key must not be 0 or present. */
 int cuh_ptrmap_insert(cuh_ptrmap_t *map, uintptr_t key, void *value);
+/* Maps key to value whether or not it was present, with one walk of its
+ * run: 0 with the value it replaced (NULL if none) in *old, -1 if the table
+ * could not grow (nothing changed). key must not be 0. */
+int cuh_ptrmap_put(cuh_ptrmap_t *map, uintptr_t key, void *value, void **old);
 void *cuh_ptrmap_get(const cuh_ptrmap_t *map, uintptr_t key);
 /* Removes key; returns its value or NULL if absent. */
 void *cuh_ptrmap_remove(cuh_ptrmap_t *map, uintptr_t key);

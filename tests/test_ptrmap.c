@@ -175,7 +175,15 @@ static void run_random_mix(uint64_t seed, int ops)
         /* Phases: mostly inserting, then mixed, then mostly removing. */
         unsigned pct = (unsigned)((x >> 40) % 100);
         unsigned insert_pct = op < ops / 3 ? 70 : op < 2 * ops / 3 ? 50 : 25;
-        if (pct < insert_pct) {
+        if (pct < insert_pct && (x >> 20) % 4 == 0) {
+            /* put: inserts, or replaces what is there and returns it */
+            void *v = value_for((uint64_t)op), *old = (void *)1;
+            assert_int_equal(cuh_ptrmap_put(&m, r->keys[i], v, &old), 0);
+            assert_ptr_equal(old, r->values[i]);
+            if (!r->values[i])
+                r->count++;
+            r->values[i] = v;
+        } else if (pct < insert_pct) {
             if (!r->values[i]) {
                 void *v = value_for((uint64_t)op);
                 assert_int_equal(cuh_ptrmap_insert(&m, r->keys[i], v), 0);
