@@ -305,6 +305,7 @@ cuh_heap_t *cuh_heap_create(cuh_device_t *dev, const cuh_config_t *cfg, char *er
     h->device_total = total;
     h->limit = limit;
     cuh_arena_init(&h->arena);
+    h->keep_class = CUH_MAX_CLASSES;
     h->num_classes = cuh_sizeclass_count(cfg->small_max);
     for (unsigned i = 0; i < h->num_classes; i++) {
         h->classes[i].size = cuh_sizeclass_size(i);

@@ -208,6 +208,8 @@ struct cuh_heap_s {
     cuh_ptrmap_t blocks;         /* large block address -> extent */
     cuh_pagemap_t pages;         /* 64 KiB page -> slab */
     cuh_slab_t *last_slab;       /* the slab of the last small lookup, or NULL */
+    unsigned keep_class;         /* a class whose allocation waits on a take-back, or CUH_MAX_CLASSES */
+    cuh_slab_t *kept_slab;       /* the slab of keep_class that the take-back emptied, kept for it */
     size_class_t classes[CUH_MAX_CLASSES];
     unsigned num_classes;
 

@@ -78,22 +78,32 @@ static void slab_forget_locked(cuh_heap_t *h, cuh_slab_t *s)
     cuh_slab_destroy(s);
 }
 
+/* A slab with every object avail goes back to the arena. */
+static void slab_release_locked(cuh_heap_t *h, size_class_t *c, cuh_slab_t *s)
+{
+    if (s->listed)
+        slab_unlist(c, s);
+    cuh_pagemap_set(&h->pages, s->base, s->extent->size, NULL);
+    cuh_arena_release(&h->arena, s->extent, CUH_TAG_GLOBAL);
+    slab_forget_locked(h, s);
+}
+
 /* Returns a small object to its slab (it is now free for every stream); a
- * slab left with no object in use or cached goes back to the arena. */
+ * slab left with no object in use or cached goes back to the arena, except
+ * the first one of the class an allocation waits for (small_taken_back_locked). */
 void cuh_hp_slab_object_home_locked(cuh_heap_t *h, uintptr_t addr)
 {
     cuh_slab_t *s = cuh_hp_slab_of_locked(h, addr);
     size_class_t *c = &h->classes[s->size_class];
     cuh_slab_give_back(s, (uint32_t)cuh_slab_index(s, addr));
-    if (s->num_avail == s->num_objs) {
-        if (s->listed)
-            slab_unlist(c, s);
-        cuh_pagemap_set(&h->pages, s->base, s->extent->size, NULL);
-        cuh_arena_release(&h->arena, s->extent, CUH_TAG_GLOBAL);
-        slab_forget_locked(h, s);
-    } else if (!s->listed) {
-        slab_list(c, s);
+    if (s->num_avail == s->num_objs && !(s->size_class == h->keep_class && !h->kept_slab)) {
+        slab_release_locked(h, c, s);
+        return;
     }
+    if (s->num_avail == s->num_objs)
+        h->kept_slab = s;
+    if (!s->listed)
+        slab_list(c, s);
 }
 
 static void small_mark_live_locked(cuh_heap_t *h, cuh_slab_t *s, uintptr_t addr, size_t size)
@@ -145,6 +155,28 @@ static uintptr_t small_from_slabs_locked(size_class_t *c)
     return s->base + (uintptr_t)i * s->obj_size;
 }
 
+/* An object of class ci from what cudaFree'd memory gives back: the batches
+ * the GPU has passed and, device-wide fenced, a take-back of all that is held
+ * (what the ladder would do first, cuh_hp_extent_alloc_locked); 0 if none.
+ * A slab whose objects all come home stays for this allocation rather than
+ * go back to the arena and be cut again at once: with PyTorch's cache off a
+ * loop of 64 KiB tensors emptied and made a slab every sixteen tensors. */
+static uintptr_t small_taken_back_locked(cuh_heap_t *h, unsigned ci)
+{
+    size_class_t *c = &h->classes[ci];
+    h->keep_class = ci;
+    int any = cuh_hp_poll_all_locked(h, 0);
+    if (!c->partial && h->held_bytes && !cuh_hp_fences_per_stream_locked(h))
+        any |= cuh_hp_take_back_all_locked(h);
+    h->keep_class = CUH_MAX_CLASSES;
+    uintptr_t a = any ? small_from_slabs_locked(c) : 0;
+    cuh_slab_t *kept = h->kept_slab;
+    h->kept_slab = NULL;
+    if (kept && kept->num_avail == kept->num_objs)
+        slab_release_locked(h, c, kept);   /* another slab served: no slab stays empty */
+    return a;
+}
+
 cuheap_status_t cuh_hp_small_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, uintptr_t *addr)
 {
     unsigned ci = cuh_sizeclass_index(size);
@@ -161,7 +193,7 @@ cuheap_status_t cuh_hp_small_alloc_locked(cuh_heap_t *h, stream_state_t *st, siz
         }
         a = e.addr;
         h->num_cache_hits++;
-    } else if ((a = small_from_slabs_locked(c)) || (cuh_hp_poll_all_locked(h, 0) && (a = small_from_slabs_locked(c)))) {
+    } else if ((a = small_from_slabs_locked(c)) || (a = small_taken_back_locked(h, ci))) {
         h->num_cache_hits++;
     } else {
         cuheap_status_t status = CUHEAP_OK;

@@ -248,6 +248,14 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
                 if (rc || live != s->num_live || avail != s->num_avail || cuh_pagemap_get(&h->pages, e->addr) != s) {
                     snprintf(msg, len, "slab 0x%llx: bitmaps disagree with counts or page map", (unsigned long long)e->addr);
                     rc = -1;
+                } else if (avail == s->num_objs || h->kept_slab == s) {
+                    /* Small objects pin no memory: a slab all of whose
+                     * objects are avail went back to the arena (one kept
+                     * for an allocation, heap_small.c, is let go before the
+                     * allocation returns). */
+                    snprintf(msg, len, "slab 0x%llx: every object avail, yet the slab was not given back%s",
+                             (unsigned long long)e->addr, h->kept_slab == s ? " (kept for an allocation)" : "");
+                    rc = -1;
                 }
                 allocated += s->num_live * s->obj_size;
                 slab_spare += s->num_objs - s->num_live - s->num_avail;

@@ -784,6 +784,49 @@ static void test_reuse_across_streams_device_wide_orders_every_stream(void **sta
     }
 }
 
+/* A cudaMalloc of a small size whose slabs are all in use takes back what
+ * cudaFree'd (a take-back, as the ladder's first step would): a slab that
+ * take-back empties serves the request rather than go to the arena and be
+ * cut again, and when another slab of the class serves instead, the empty
+ * one still goes back (heap_ok: no slab stays with every object avail). */
+static void test_small_take_back_keeps_the_slab_it_empties_for_the_request(void **state)
+{
+    (void)state;
+    enum { PER_SLAB = 16 };   /* 64 KiB objects: sixteen a slab (sizeclass.c) */
+    const size_t obj = 64 * KiB;
+    for (int other_serves = 0; other_serves <= 1; other_serves++) {
+        print_message("case: %s\n", other_serves ? "another slab of the class serves" : "the emptied slab serves");
+        test_heap_t t = test_heap_new(GiB, NULL);
+        uintptr_t a[PER_SLAB], b[PER_SLAB];
+        for (int i = 0; i < PER_SLAB; i++)
+            assert_int_equal(cuh_heap_malloc_device_wide(t.heap, obj, &a[i]), CUHEAP_OK);
+        for (int i = 0; i < PER_SLAB; i++)
+            assert_int_equal(cuh_heap_malloc_device_wide(t.heap, obj, &b[i]), CUHEAP_OK);
+        for (int i = 0; i < PER_SLAB; i++)
+            assert_false(b[i] >= a[0] && b[i] < a[0] + PER_SLAB * obj);   /* a second slab */
+        for (int i = 0; i < PER_SLAB; i++)
+            assert_int_equal(cuh_heap_free_device_wide(t.heap, a[i]), CUHEAP_OK);
+        if (other_serves)
+            assert_int_equal(cuh_heap_free_device_wide(t.heap, b[PER_SLAB - 1]), CUHEAP_OK);
+        heap_ok(t.heap);
+        cuh_sim_complete_all(t.dev);
+        uintptr_t x;
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, obj, &x), CUHEAP_OK);
+        if (other_serves)
+            assert_int_equal(x, b[PER_SLAB - 1]);   /* the slab listed last; the empty one went back */
+        else
+            assert_true(x >= a[0] && x < a[0] + PER_SLAB * obj);
+        heap_ok(t.heap);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, x), CUHEAP_OK);
+        for (int i = 0; i < PER_SLAB - other_serves; i++)
+            assert_int_equal(cuh_heap_free_device_wide(t.heap, b[i]), CUHEAP_OK);
+        cuh_sim_complete_all(t.dev);
+        assert_int_equal(cuh_heap_release_cached(t.heap), CUHEAP_OK);
+        heap_ok(t.heap);
+        test_heap_free(&t);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -802,6 +845,7 @@ int main(void)
         cmocka_unit_test(test_device_wide_frees_with_many_streams_ration_batch_closes),
         cmocka_unit_test(test_poll_sends_a_rationed_batch_out),
         cmocka_unit_test(test_device_fences_come_once_per_half_slack_of_small_frees),
+        cmocka_unit_test(test_small_take_back_keeps_the_slab_it_empties_for_the_request),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
