@@ -59,6 +59,7 @@ struct cuh_extent_s {
     uint32_t tag;                   /* free: who may reuse; used: allocating stream's tag */
     uint8_t state;                  /* cuh_extent_state_t */
     uint8_t chunked;                /* block: a thread's chunk (chunk.h); `owner` is that thread's cache */
+    uint8_t held;                   /* block: freed by cudaFree, waiting in a batch for its fence (heap_devicewide.c) */
 };
 
 struct cuh_segment_s {

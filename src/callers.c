@@ -93,7 +93,8 @@ void cuh_callers_alloc(uintptr_t ptr, size_t size, int device, int id)
         count_free(stale);
     if (!kept)
         return;   /* no room for the record: the block is not counted, its free finds nothing */
-    atomic_store_explicit(&recorded, 1, memory_order_relaxed);
+    if (!atomic_load_explicit(&recorded, memory_order_relaxed))
+        atomic_store_explicit(&recorded, 1, memory_order_relaxed);   /* a store each time would bounce its line between threads */
     uint64_t now = atomic_fetch_add_explicit(&live[id], size, memory_order_relaxed) + size;
     uint64_t seen = atomic_load_explicit(&peak[id], memory_order_relaxed);
     while (now > seen && !atomic_compare_exchange_weak_explicit(&peak[id], &seen, now, memory_order_relaxed,

@@ -566,7 +566,7 @@ static cuheap_status_t diagnose_free_locked(cuh_heap_t *h, uintptr_t addr)
 /* Finds the live block at addr; an error status (message set) if there is
  * none: already free, held back, inside a block, or not cuheap's. */
 /* A free of a block that an earlier free left waiting for GPU work (held:
- * the held map, or a small object's held bit). */
+ * in the held map, or in a batch by its own held bit). */
 static cuheap_status_t held_double_free(const cuh_heap_t *h, uintptr_t addr)
 {
     cuh_set_error("double free: 0x%llx on device %d was already freed (it waits for GPU work before reuse)",
@@ -590,6 +590,8 @@ cuheap_status_t cuh_hp_find_live_locked(cuh_heap_t *h, uintptr_t addr, live_bloc
     cuh_slab_t *s = h->last_slab;
     if (!s || addr - s->base >= s->span) {
         if ((b->ext = cuh_ptrmap_get(&h->blocks, addr))) {
+            if (cuh_unlikely(b->ext->held))
+                return held_double_free(h, addr);
             if (cuh_unlikely(b->ext == h->parked)) {
                 cuh_set_error("double free: 0x%llx on device %d is already free", (unsigned long long)addr,
                               h->dev->ordinal);

@@ -42,18 +42,19 @@ static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch, uint64_t gen
         live_block_t b;
         if (cuh_unlikely(gen))
             cuh_hp_stamp_pages_locked(h, x->addr, x->size, gen);
+        /* Still live to the heap: a small object's slab stays (the object
+         * is not avail), a block's extent is in use. */
+        b = (live_block_t){.ext = x->ext, .slab = x->slab, .size = x->size, .requested = x->requested};
         if (x->slab) {
-            /* A small object: its slab stays while it is held (it is not avail). */
-            const uint32_t index = (uint32_t)cuh_slab_index(x->slab, x->addr);
-            cuh_slab_clear(x->slab->held, index);
-            h->held_small--;
-            h->held_bytes -= x->size;
-            h->held_requested -= x->requested;
-            b = (live_block_t){.slab = x->slab, .index = index, .size = x->size, .requested = x->requested};
-            cuh_hp_release_block_global_locked(h, &b, x->addr);
-        } else if (cuh_hp_unhold_locked(h, x->addr, x->size, x->requested, &b)) {
-            cuh_hp_release_block_global_locked(h, &b, x->addr);
+            b.index = (uint32_t)cuh_slab_index(x->slab, x->addr);
+            cuh_slab_clear(x->slab->held, b.index);
+        } else {
+            x->ext->held = 0;
         }
+        h->held_batched--;
+        h->held_bytes -= x->size;
+        h->held_requested -= x->requested;
+        cuh_hp_release_block_global_locked(h, &b, x->addr);
     }
     for (size_t i = 0; i < batch->num_events; i++)
         cuh_hp_event_put_locked(h, batch->events[i]);
@@ -212,13 +213,12 @@ int cuh_hp_batch_add_locked(cuh_heap_t *h, uintptr_t addr, const live_block_t *b
         batch->entries = grown;
         batch->cap_entries = cap;
     }
-    if (b->slab) {
+    if (b->slab)
         cuh_slab_set(b->slab->held, b->index);
-        h->held_small++;
-    } else if (cuh_ptrmap_insert(&h->held, addr, batch)) {
-        return -1;
-    }
-    batch->entries[batch->num_entries++] = (batch_entry_t){addr, size, requested, b->slab};
+    else
+        b->ext->held = 1;
+    h->held_batched++;
+    batch->entries[batch->num_entries++] = (batch_entry_t){addr, size, requested, b->slab, b->ext};
     batch->bytes += size;
     h->held_bytes += size;
     h->held_requested += requested;

@@ -142,12 +142,13 @@ typedef struct batch_entry_s {
     uintptr_t addr;
     size_t size;                 /* block bytes */
     size_t requested;
-    cuh_slab_t *slab;            /* a small object's (its held bit set), or NULL: a block, in the held map */
+    cuh_slab_t *slab;            /* a small object's slab (its held bit set), or NULL */
+    cuh_extent_t *ext;           /* a block's extent (its held flag set), or NULL */
 } batch_entry_t;
 
 typedef struct free_batch_s {
     struct free_batch_s *next;   /* closed batches, oldest first */
-    batch_entry_t *entries;      /* blocks in the held map too, small objects by their slab's held bit */
+    batch_entry_t *entries;      /* held by a bit of their own, not in the held map (unlike holds) */
     size_t num_entries, cap_entries;
     size_t bytes;                /* the entries' sizes added up */
     size_t num_events, cap_events;
@@ -240,7 +241,7 @@ struct cuh_heap_s {
     hold_t **holds;
     size_t num_holds, cap_holds;
     size_t held_bytes;
-    size_t held_small;           /* batch entries that are small objects: held by their slab's bit, not the map */
+    size_t held_batched;         /* blocks and small objects in batches: held by a bit of their own, not the map */
     int took_back;               /* streams waited stream by stream: new streams must wait too (stream_joins_locked) */
     int device_fences;           /* cfg.device_fences, while the device has them (cuh_hp_record_all_locked) */
     uint64_t allocs_at_take_back; /* num_allocs at the last take-back (cuh_hp_take_back_all_locked) */

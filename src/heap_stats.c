@@ -446,8 +446,8 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
                  "flagged", (long long)large_owned, listed, flagged);
         rc = -1;
     }
-    /* Every held block is in exactly one hold list or batch, and in the map;
-     * a small object in a batch by its slab's held bit instead, live. */
+    /* Every held block is in exactly one hold list or batch; in the map if
+     * in a hold list, marked held (and live) if in a batch. */
     size_t held = 0, num_held = h->num_holds, unmarked = 0;
     for (size_t k = 0; k < h->num_holds; k++)
         held += h->holds[k]->size;
@@ -461,18 +461,21 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
                     int64_t i = cuh_slab_index(x->slab, x->addr);
                     unmarked += i < 0 || !cuh_slab_bit(x->slab->held, (uint32_t)i) ||
                                 !cuh_slab_bit(x->slab->live, (uint32_t)i);
+                } else {
+                    unmarked += !x->ext || !x->ext->held || x->ext->state != CUH_EXTENT_BLOCK ||
+                                x->ext->addr != x->addr || cuh_ptrmap_get(&h->blocks, x->addr) != x->ext;
                 }
             }
             num_held += batch->num_entries;
         }
     }
     if (!rc && unmarked) {
-        snprintf(msg, len, "held small objects: %zu in batches without their held and live bits", unmarked);
+        snprintf(msg, len, "held blocks: %zu in batches without their held mark (and live)", unmarked);
         rc = -1;
     }
-    if (!rc && (held != h->held_bytes || num_held != h->held.count + h->held_small)) {
-        snprintf(msg, len, "held blocks: %zu (%zu bytes) in lists and batches, %zu in the map and %zu small, books "
-                 "say %zu bytes", num_held, held, h->held.count, h->held_small, h->held_bytes);
+    if (!rc && (held != h->held_bytes || num_held != h->held.count + h->held_batched)) {
+        snprintf(msg, len, "held blocks: %zu (%zu bytes) in lists and batches, %zu in the map and %zu in batches, "
+                 "books say %zu bytes", num_held, held, h->held.count, h->held_batched, h->held_bytes);
         rc = -1;
     }
     if (!rc)
