@@ -3,8 +3,12 @@
  *
  * A block's record is its size, its device and its library's number packed
  * in one word (size << 12 | device << 6 | number + 1), kept in the map of its
- * shard; the counters per library are atomics, so a snapshot needs no lock
- * but the names'.
+ * shard. Bytes live and their peak per library are atomics, shared by the
+ * shards; allocations are counted per shard under its lock and added up by a
+ * snapshot. A shard's lock is a spin lock (released by a store, not an
+ * exchange) held for a hash walk: with PyTorch's cache off every tensor
+ * passes here twice, and its atomic operations were a third of what a small
+ * tensor's cudaMalloc and cudaFree cost the CPU (issue 45).
  */
 #include "callers.h"
 
@@ -23,16 +27,17 @@
 #define SHARDS (1u << SHARD_BITS)
 
 typedef struct shard_s {
-    cuh_lock_t lock;   /* all zero is unlocked */
+    cuh_spinlock_t lock;   /* all zero is unlocked */
     cuh_ptrmap_t map;
     int ready;
+    uint64_t allocs[CUH_CALLERS_MAX];   /* allocations recorded here, by library */
 } shard_t;
 
 static shard_t shards[SHARDS];
 static pthread_mutex_t names_lock = PTHREAD_MUTEX_INITIALIZER;
 static char names[CUH_CALLERS_MAX][CUH_CALLER_NAME_MAX];
 static atomic_int num_names;
-static _Atomic uint64_t live[CUH_CALLERS_MAX], peak[CUH_CALLERS_MAX], allocs[CUH_CALLERS_MAX];
+static _Atomic uint64_t live[CUH_CALLERS_MAX], peak[CUH_CALLERS_MAX];
 static atomic_int recorded;   /* 1 once a block was recorded: frees look only then */
 
 static shard_t *shard_of(uintptr_t ptr)
@@ -80,14 +85,16 @@ void cuh_callers_alloc(uintptr_t ptr, size_t size, int device, int id)
         return;
     uintptr_t record = ((uintptr_t)size << 12) | ((uintptr_t)device << 6) | (uintptr_t)(id + 1);
     shard_t *s = shard_of(ptr);
-    cuh_lock(&s->lock);
+    cuh_spin_lock(&s->lock);
     if (!s->ready)
         s->ready = cuh_ptrmap_init(&s->map, 64) == 0;
     void *stale_record = NULL;
     int kept = s->ready && cuh_ptrmap_put(&s->map, ptr, (void *)record, &stale_record) == 0;
     if (!kept && s->ready)
         stale_record = cuh_ptrmap_remove(&s->map, ptr);   /* no room: a block there before is gone */
-    cuh_unlock(&s->lock);
+    if (kept)
+        s->allocs[id]++;
+    cuh_spin_unlock(&s->lock);
     uintptr_t stale = (uintptr_t)stale_record;
     if (stale)
         count_free(stale);
@@ -100,7 +107,6 @@ void cuh_callers_alloc(uintptr_t ptr, size_t size, int device, int id)
     while (now > seen && !atomic_compare_exchange_weak_explicit(&peak[id], &seen, now, memory_order_relaxed,
                                                                 memory_order_relaxed))
         ;
-    atomic_fetch_add_explicit(&allocs[id], 1, memory_order_relaxed);
 }
 
 void cuh_callers_free(uintptr_t ptr)
@@ -108,9 +114,9 @@ void cuh_callers_free(uintptr_t ptr)
     if (!ptr || !atomic_load_explicit(&recorded, memory_order_relaxed))
         return;
     shard_t *s = shard_of(ptr);
-    cuh_lock(&s->lock);
+    cuh_spin_lock(&s->lock);
     uintptr_t record = s->ready ? (uintptr_t)cuh_ptrmap_remove(&s->map, ptr) : 0;
-    cuh_unlock(&s->lock);
+    cuh_spin_unlock(&s->lock);
     if (record)
         count_free(record);
 }
@@ -119,7 +125,7 @@ void cuh_callers_forget_device(int device)
 {
     for (unsigned i = 0; i < SHARDS; i++) {
         shard_t *s = &shards[i];
-        cuh_lock(&s->lock);
+        cuh_spin_lock(&s->lock);
         for (size_t k = 0; s->ready && k <= s->map.mask;) {
             const cuh_ptrmap_entry_t *slot = &s->map.slots[k];
             uintptr_t record = (uintptr_t)slot->value;
@@ -130,7 +136,7 @@ void cuh_callers_forget_device(int device)
                 k++;
             }
         }
-        cuh_unlock(&s->lock);
+        cuh_spin_unlock(&s->lock);
     }
 }
 
@@ -153,9 +159,15 @@ size_t cuh_callers_snapshot(cuh_caller_stat_t *out, size_t max)
         memcpy(all[i].library, names[i], CUH_CALLER_NAME_MAX);
         all[i].live = atomic_load_explicit(&live[i], memory_order_relaxed);
         all[i].peak = atomic_load_explicit(&peak[i], memory_order_relaxed);
-        all[i].allocs = atomic_load_explicit(&allocs[i], memory_order_relaxed);
+        all[i].allocs = 0;
     }
     pthread_mutex_unlock(&names_lock);
+    for (unsigned k = 0; k < SHARDS; k++) {
+        cuh_spin_lock(&shards[k].lock);
+        for (size_t i = 0; i < n; i++)
+            all[i].allocs += shards[k].allocs[i];
+        cuh_spin_unlock(&shards[k].lock);
+    }
     size_t kept = 0;
     for (size_t i = 0; i < n; i++)
         if (all[i].allocs)
@@ -206,18 +218,18 @@ size_t cuh_callers_live_summary(char *out, size_t len)
 void cuh_callers_reset(void)
 {
     for (unsigned i = 0; i < SHARDS; i++) {
-        cuh_lock(&shards[i].lock);
+        cuh_spin_lock(&shards[i].lock);
         if (shards[i].ready)
             cuh_ptrmap_destroy(&shards[i].map);
         shards[i].ready = 0;
-        cuh_unlock(&shards[i].lock);
+        memset(shards[i].allocs, 0, sizeof shards[i].allocs);
+        cuh_spin_unlock(&shards[i].lock);
     }
     pthread_mutex_lock(&names_lock);
     atomic_store(&num_names, 0);
     for (int i = 0; i < CUH_CALLERS_MAX; i++) {
         atomic_store(&live[i], 0);
         atomic_store(&peak[i], 0);
-        atomic_store(&allocs[i], 0);
     }
     pthread_mutex_unlock(&names_lock);
     atomic_store(&recorded, 0);
