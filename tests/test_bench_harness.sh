@@ -147,8 +147,18 @@ expect(env.get("CUHEAP_TORCH") == "1" and env.get("CUHEAP_CONF") == "vmm:0" and 
 env = per_tensor.environment("preload")
 expect(env.get("LD_PRELOAD", "").endswith("build/libcuheap.so") and env.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1",
        "per-tensor preload: run_modes.py's, PyTorch's cache off")
+with tempfile.NamedTemporaryFile(suffix=".so") as other:
+    env = per_tensor.environment("preload=" + other.name)
+    expect(env.get("LD_PRELOAD") == other.name and env.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1"
+           and per_tensor.FLOOR_ENV not in env and per_tensor.floor_of("preload=" + other.name) == "floor-preload",
+           "per-tensor preload=PATH: that build preloaded, PyTorch's cache off, beside the preload floor")
+try:
+    per_tensor.environment("preload=/no/such/libcuheap.so")
+    expect(False, "per-tensor preload=PATH of a missing file is refused")
+except SystemExit as e:
+    expect("/no/such/libcuheap.so" in str(e), "per-tensor preload=PATH of a missing file is refused, naming it")
 del os.environ[per_tensor.FLOOR_ENV]
-for bad in (["--rounds", "1"], ["--modes", "native,bogus"], ["--iterations", "0"]):
+for bad in (["--rounds", "1"], ["--modes", "native,bogus"], ["--iterations", "0"], ["--modes", "preload="]):
     try:
         with contextlib.redirect_stderr(io.StringIO()):
             per_tensor.arguments(bad)
@@ -172,6 +182,11 @@ expect("error" in r and "asked for mode cuheap, the child ran in native" in r["e
        "per-tensor: a child that ran in another mode is a failed row")
 r = per_tensor.run("preload", "/b", 10, 1, 5)
 expect(r.get("error") == "Boom: no GPU", "per-tensor: a child that failed is a failed row with its last words")
+answers["preload"] = (0, {"mode": "preload"})
+with tempfile.NamedTemporaryFile(suffix=".so") as other:
+    r = per_tensor.run("preload=" + other.name, "/b", 10, 1, 5)
+expect("error" not in r and r["mode"] == "preload=" + other.name,
+       "per-tensor: a preload=PATH child runs as preload and keeps its own row")
 per_tensor.subprocess.run = real_run
 order = []
 real_child_run = per_tensor.run
@@ -181,6 +196,14 @@ with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.St
 per_tensor.run = real_child_run
 expect(order == ["native", "cuheap", "floor-plugin", "floor-plugin", "cuheap", "native", "native", "cuheap",
                 "floor-plugin"] and rc == 0, "per-tensor: every mode in every round, the order reversed every other round")
+
+us = lambda x: {"512": x, "65536": x, "1048576": x, "67108864": x, "mixed": x}
+t = per_tensor.table(per_tensor.combine([{"mode": "preload", "us": us(2.5)}, {"mode": "preload=/old.so", "us": us(2.75)},
+                                         {"mode": "floor-preload", "us": us(2.0)}]))
+over = t.split("over the floor")[-1]
+expect("| cuheap LD_PRELOAD, PyTorch's cache off | floor LD_PRELOAD" in over and "+0.50" in over
+       and "| cuheap LD_PRELOAD, PyTorch's cache off, /old.so | floor LD_PRELOAD" in over and "+0.75" in over,
+       "per-tensor: a preload=PATH row has its own line over the preload floor")
 
 fixed = [
     {"mode": "native", "round": 0, "us": {"512": 2.17, "65536": 3.39, "1048576": 2.21, "67108864": 2.17, "mixed": 1.87}},

@@ -26,6 +26,11 @@ plugin, vmm:0), preload (LD_PRELOAD=build/libcuheap.so, PyTorch's cache off),
 floor-plugin (BUILD/floor/libfloor_plugin.so as PyTorch's allocator),
 floor-preload (LD_PRELOAD=BUILD/floor/libfloor_preload.so, PyTorch's cache
 off). `make floor` builds the floor; FLOOR_ARENA sizes its arena (default 8G).
+preload=PATH is the preload mode with another build of libcuheap.so (the
+library before a change, say), so that two builds run side by side in the
+same rounds:
+
+    python bench/torch/per_tensor.py --modes preload,preload=/tmp/before.so,floor-preload --rounds 3
 """
 
 import argparse
@@ -63,6 +68,22 @@ MIXED_SIZES = [512, 4096, 65536, 512, 262144, 1 << 20, 512, 16384, 4 << 20, 512,
 MIXED_WINDOW = 32
 
 FLOOR_ENV = "CUHEAP_BENCH_FLOOR_PLUGIN"   # the child installs this library as the floor plugin
+OTHER_BUILD = "preload="                   # a mode's prefix: LD_PRELOAD of another libcuheap.so
+
+
+def known(mode):
+    return mode in LABELS or (mode.startswith(OTHER_BUILD) and len(mode) > len(OTHER_BUILD))
+
+
+def label(mode):
+    if mode.startswith(OTHER_BUILD):
+        return "cuheap LD_PRELOAD, PyTorch's cache off, %s" % mode[len(OTHER_BUILD):]
+    return LABELS.get(mode, mode)
+
+
+def floor_of(mode):
+    """The floor mode of `mode`'s way in, or None."""
+    return "floor-preload" if mode.startswith(OTHER_BUILD) else FLOOR_OF.get(mode)
 
 
 def floor_library(build, way):
@@ -72,8 +93,15 @@ def floor_library(build, way):
 def environment(mode, build=os.path.join(ROOT, "build")):
     """The environment of `mode`: run_modes.environment() for the modes it
     knows, the floor's from its native (or cache-off) one."""
-    if mode not in LABELS:
-        raise SystemExit("unknown mode %s (modes: %s)" % (mode, ", ".join(m for m, _ in MODES)))
+    if not known(mode):
+        raise SystemExit("unknown mode %s (modes: %s, preload=PATH)" % (mode, ", ".join(m for m, _ in MODES)))
+    if mode.startswith(OTHER_BUILD):
+        path = os.path.abspath(mode[len(OTHER_BUILD):])
+        if not os.path.isfile(path):
+            raise SystemExit("mode %s: no library at %s" % (mode, path))
+        env = environment("preload", build)
+        env["LD_PRELOAD"] = path
+        return env
     env = run_modes.environment({"floor-plugin": "native", "floor-preload": "nocache"}.get(mode, mode))
     env.pop(FLOOR_ENV, None)   # the caller's never reaches a mode
     if mode == "floor-plugin":
@@ -194,7 +222,7 @@ def run(mode, build, iterations, repeat, timeout):
         return {"mode": mode, "error": (p.stderr or p.stdout or "no output").strip()[-2000:],
                 "returncode": p.returncode}
     r = json.loads(lines[-1])
-    if r.get("mode") != mode:
+    if r.get("mode") != ("preload" if mode.startswith(OTHER_BUILD) else mode):
         r["error"] = "asked for mode %s, the child ran in %s" % (mode, r.get("mode"))
     r["mode"] = mode
     return r
@@ -256,27 +284,27 @@ def table(results):
              "| mode | " + " | ".join(c for _, c in SIZES) + " |",
              "|---|" + "---|" * len(SIZES)]
     for r in results:
-        label = LABELS.get(r["mode"], r["mode"])
+        name = label(r["mode"])
         if "error" in r:
             last = r["error"].strip().splitlines()[-1] if r["error"].strip() else "failed"
-            lines.append("| %s | failed: %s |" % (label, last[:160]) + " |" * (len(SIZES) - 1))
+            lines.append("| %s | failed: %s |" % (name, last[:160]) + " |" * (len(SIZES) - 1))
         else:
-            lines.append("| %s | " % label + " | ".join(cell(r, k) for k, _ in SIZES) + " |")
+            lines.append("| %s | " % name + " | ".join(cell(r, k) for k, _ in SIZES) + " |")
     notes = []
     for r in results:
         for k, c in SIZES:
             wall, cpu = r.get("us", {}).get(k), r.get("cpu_us", {}).get(k)
             if wall and cpu is not None and cpu < 0.9 * wall:
                 notes.append("%s, %s: %.2f of %.2f us on the CPU, the rest waiting" % (
-                    LABELS.get(r["mode"], r["mode"]), c, cpu, wall))
+                    label(r["mode"]), c, cpu, wall))
             counted = r.get("cuheap", {}).get(k, {})
             if counted.get("cpu_waits") or counted.get("segments"):
                 notes.append("%s, %s: cuheap waited for the GPU %d times and took %d segments while timed" % (
-                    LABELS.get(r["mode"], r["mode"]), c, counted.get("cpu_waits", 0), counted.get("segments", 0)))
+                    label(r["mode"]), c, counted.get("cpu_waits", 0), counted.get("segments", 0)))
     if notes:
         lines += [""] + ["- " + n for n in notes]
     by_mode = {r["mode"]: r for r in results if "error" not in r}
-    over = [(m, f) for m, f in FLOOR_OF.items() if m in by_mode and f in by_mode]
+    over = [(m, floor_of(m)) for m in by_mode if floor_of(m) in by_mode]
     if over:
         lines += ["", "over the floor of the same way in (microseconds per tensor, medians)", "",
                   "| mode | floor | " + " | ".join(c for _, c in SIZES) + " |",
@@ -286,7 +314,7 @@ def table(results):
             for k, _ in SIZES:
                 a, b = by_mode[m]["us"].get(k), by_mode[f]["us"].get(k)
                 diffs.append("-" if a is None or b is None else "%+.2f" % (a - b))
-            lines.append("| %s | %s | " % (LABELS[m], LABELS[f]) + " | ".join(diffs) + " |")
+            lines.append("| %s | %s | " % (label(m), label(f)) + " | ".join(diffs) + " |")
     return "\n".join(lines)
 
 
@@ -305,8 +333,8 @@ def arguments(argv=None):
     args = ap.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
     for m in args.modes:
-        if m not in LABELS:
-            ap.error("unknown mode %s (modes: %s)" % (m, ", ".join(m for m, _ in MODES)))
+        if not known(m):
+            ap.error("unknown mode %s (modes: %s, preload=PATH)" % (m, ", ".join(m for m, _ in MODES)))
     if not args.child and not args.results and args.rounds < 2:
         ap.error("--rounds must be at least 2: one round cannot show the machine's drift")
     if args.iterations < 1 or args.repeat < 1:
