@@ -57,8 +57,10 @@ import torch
 
 
 def preloaded_cuheap():
-    """libcuheap.so when it is preloaded into this process (LD_PRELOAD), else None."""
-    if "libcuheap" not in os.environ.get("LD_PRELOAD", ""):
+    """libcuheap.so when it is preloaded into this process (LD_PRELOAD), else None:
+    whatever its file is called (per_tensor.py's preload=PATH), a preloaded
+    library that exports cuheap's API."""
+    if not os.environ.get("LD_PRELOAD", "").strip():
         return None
     lib = ctypes.CDLL(None)
     return lib if hasattr(lib, "cuheap_get_stats") else None
