@@ -28,6 +28,11 @@
 #     the floor (bench/torch/floor.h, built here with `make floor`) as plugin
 #     and preload; PER_TENSOR_ROUNDS rounds (default 2) of every mode, about
 #     5 minutes.
+# On a host of 8 cores or more the PyTorch parts and the pairs run pinned
+# (taskset): the jobs to JOBS_CPUS (default 4-7), one tensor and the pairs to
+# PIN_CPU (default 5). Unpinned, a job's rounds differed by up to 45% and a
+# loop's speed jumped by 2x between runs; pinned they repeat within 3%
+# (docs/benchmarks.md). JOBS_CPUS= and PIN_CPU= (empty) run unpinned.
 # BENCH_PARTS picks parts (default latency,sync,vm,pinned,pairs,torchlat,jobs).
 # Argument 1 is the build directory (default build). Exit status 0 only if
 # every part ran.
@@ -40,6 +45,18 @@ rc=0
 section() { printf '\n== %s\n' "$*"; }
 parts=",${BENCH_PARTS:-latency,sync,vm,pinned,pairs,torchlat,jobs},"
 want() { [[ "$parts" == *",$1,"* ]]; }
+# on_cpus CPUS CMD...: CMD on those CPUs where the host has 8 cores or more and taskset is there.
+on_cpus() {
+    local cpus=$1
+    shift
+    if [[ -n "$cpus" && $(nproc) -ge 8 ]] && command -v taskset >/dev/null; then
+        taskset -c "$cpus" "$@"
+    else
+        "$@"
+    fi
+}
+JOBS_CPUS="${JOBS_CPUS-4-7}"
+PIN_CPU="${PIN_CPU-5}"
 
 section "GPU"
 nvidia-smi -L 2>/dev/null || echo "nvidia-smi not found"
@@ -82,9 +99,9 @@ if want pairs; then
     if gcc -std=c11 -O2 -I"$cudart_dir/../include" bench/gpu/preload_pairs.c -L"$cudart_dir" -lcudart -lcuda \
         -Wl,-rpath,"$cudart_dir" -o "$BUILD"/preload_pairs; then
         for round in $(seq "${PAIRS_ROUNDS:-3}"); do
-            out=$(FLOOR_ARENA=8G LD_PRELOAD="$BUILD/floor/libfloor_preload.so" "$BUILD"/preload_pairs) || rc=1
+            out=$(on_cpus "$PIN_CPU" env FLOOR_ARENA=8G LD_PRELOAD="$BUILD/floor/libfloor_preload.so" "$BUILD"/preload_pairs) || rc=1
             echo "round $round, floor:  $out"
-            out=$(LD_PRELOAD="$(pwd)/$BUILD/libcuheap.so" "$BUILD"/preload_pairs) || rc=1
+            out=$(on_cpus "$PIN_CPU" env LD_PRELOAD="$(pwd)/$BUILD/libcuheap.so" "$BUILD"/preload_pairs) || rc=1
             echo "round $round, cuheap: $out"
         done
         out=$("$BUILD"/preload_pairs 2000 --fences) || rc=1
@@ -120,7 +137,7 @@ if want jobs; then
         echo "PyTorch with CUDA not found: training jobs skipped"
     else
         section "training jobs (bench/torch/run_modes.py)"
-        timeout 1200 python3 bench/torch/run_modes.py \
+        on_cpus "$JOBS_CPUS" timeout 1200 python3 bench/torch/run_modes.py \
             --jobs "${BENCH_JOBS:-resnet50,gpt2,bert_varlen,llama_ckpt,kv_generate}" \
             --modes "${BENCH_MODES:-native,expandable,async,cuheap,preload}" \
             --steps "${TORCH_STEPS:-20}" --out "$BUILD/gpu_bench_jobs.json" || rc=1
@@ -132,7 +149,7 @@ if want pertensor; then
     if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
         echo "PyTorch with CUDA not found: per-tensor benchmark skipped"
     else
-        timeout 1500 python3 bench/torch/per_tensor.py --build "$BUILD" --rounds "${PER_TENSOR_ROUNDS:-2}" \
+        on_cpus "$PIN_CPU" timeout 1500 python3 bench/torch/per_tensor.py --build "$BUILD" --rounds "${PER_TENSOR_ROUNDS:-2}" \
             --out "$BUILD/gpu_bench_per_tensor.json" || rc=1
     fi
 fi
