@@ -4,7 +4,8 @@
 # capacity, ns per event), then the LD_PRELOAD path's CPU cost per
 # cudaMalloc/cudaFree on the fake CUDA libraries (bench/bench_preload.c), and
 # what one tensor costs on each way in, with the driver calls it makes, beside
-# the floor's (bench/bench_per_tensor.c).
+# the floor's (bench/bench_per_tensor.c), and the instructions one tensor
+# costs on each way in (scripts/instructions.sh, where valgrind is installed).
 # Machines are noisy: compare figures of one run.
 set -euo pipefail
 build=${1:-build}
@@ -34,3 +35,6 @@ FLOOR_ARENA=4G "$build/bench_per_tensor" plugin "$floor/libfloor_plugin.so"
 LD_PRELOAD="$lib" "$build/bench_per_tensor" runtime
 FLOOR_ARENA=4G LD_PRELOAD="$floor/libfloor_preload.so" "$build/bench_per_tensor" runtime
 "$build/bench_per_tensor" --pairs 20000 runtime
+echo
+echo "== instructions per tensor on each way in (scripts/instructions.sh: callgrind, steady against the machine's noise)"
+scripts/instructions.sh "$build"
