@@ -67,7 +67,10 @@ cuh_extent_t *cuh_hp_extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
     cuh_extent_t *e;
     int tried_vm_take_back = 0, tried_page_aligned = 0, tried_private = 0;
     if (h->held_bytes && !cuh_hp_fences_per_stream_locked(h)) {
-        cuh_hp_take_back_all_locked(h);
+        if (state == CUH_EXTENT_SLAB)
+            cuh_hp_take_back_all_locked(h);
+        else
+            cuh_hp_take_back_for_block_locked(h);
     } else if (h->held_bytes >= size) {
         cuh_hp_batches_poll_locked(h, 0);   /* those the GPU has passed: no wait */
         if (h->held_bytes >= size &&

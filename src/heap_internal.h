@@ -150,6 +150,7 @@ typedef struct free_batch_s {
     struct free_batch_s *next;   /* closed batches, oldest first */
     batch_entry_t *entries;      /* held by a bit of their own, not in the held map (unlike holds) */
     size_t num_entries, cap_entries;
+    size_t num_blocks;           /* entries that are blocks (extents) */
     size_t bytes;                /* the entries' sizes added up */
     size_t num_events, cap_events;
     cuh_event_t *events;
@@ -444,6 +445,7 @@ void cuh_hp_start_vm_locked(cuh_heap_t *h);
 
 /* heap_devicewide.c: device-wide frees and take-backs */
 int cuh_hp_take_back_all_locked(cuh_heap_t *h);
+int cuh_hp_take_back_for_block_locked(cuh_heap_t *h);
 int cuh_hp_may_take_private_locked(const cuh_heap_t *h, const stream_state_t *st, size_t size);
 int cuh_hp_take_private_locked(cuh_heap_t *h, stream_state_t *st, size_t size);
 void cuh_hp_release_block_global_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr);

@@ -827,6 +827,43 @@ static void test_small_take_back_keeps_the_slab_it_empties_for_the_request(void 
     }
 }
 
+/* A block's allocation takes back the batches that are closed (a block's
+ * free closes its batch at once), but leaves an open batch of small objects
+ * alone: closing it there cost a second fence for memory no block could use.
+ * That batch still comes back at the ladder's later steps (here: before the
+ * heap would grow for a block that fits nowhere else). */
+static void test_block_allocation_leaves_an_open_batch_of_small_objects(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(64 * MiB, "vmm:0");
+    uintptr_t big, small, again, huge;
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 8 * MiB, &big), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 2000, &small), CUHEAP_OK);
+    cuh_sim_counters_t c0, c1, c2;
+    cuh_sim_counters(t.dev, &c0);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, big), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, small), CUHEAP_OK);
+    cuh_sim_counters(t.dev, &c1);
+    assert_int_equal(c1.events_recorded_all - c0.events_recorded_all, 1);   /* the block's free */
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 8 * MiB, &again), CUHEAP_OK);
+    cuh_sim_counters(t.dev, &c2);
+    assert_int_equal(again, big);   /* its batch came back */
+    assert_int_equal(c2.events_recorded_all - c1.events_recorded_all, 0);   /* no fence for the small one */
+    cuheap_stats_t st;
+    cuh_heap_stats(t.heap, &st);
+    assert_int_equal(st.pending.current, 2048);   /* still in the open batch */
+    heap_ok(t.heap);
+    /* Nothing free fits 56 MiB without the small object's segment: the
+     * ladder takes everything back before it grows. */
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, again), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 56 * MiB, &huge), CUHEAP_OK);
+    cuh_heap_stats(t.heap, &st);
+    assert_int_equal(st.pending.current, 0);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, huge), CUHEAP_OK);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -846,6 +883,7 @@ int main(void)
         cmocka_unit_test(test_poll_sends_a_rationed_batch_out),
         cmocka_unit_test(test_device_fences_come_once_per_half_slack_of_small_frees),
         cmocka_unit_test(test_small_take_back_keeps_the_slab_it_empties_for_the_request),
+        cmocka_unit_test(test_block_allocation_leaves_an_open_batch_of_small_objects),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
