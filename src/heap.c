@@ -566,10 +566,8 @@ static cuheap_status_t diagnose_free_locked(cuh_heap_t *h, uintptr_t addr)
     return CUHEAP_ERR_INVALID_ARGUMENT;
 }
 
-/* Finds the live block at addr; an error status (message set) if there is
- * none: already free, held back, inside a block, or not cuheap's. */
 /* A free of a block that an earlier free left waiting for GPU work (held:
- * in the held map, or in a batch by its own held bit). */
+ * in the held map, or in a batch by its own held mark). */
 static cuheap_status_t held_double_free(const cuh_heap_t *h, uintptr_t addr)
 {
     cuh_set_error("double free: 0x%llx on device %d was already freed (it waits for GPU work before reuse)",
@@ -577,6 +575,8 @@ static cuheap_status_t held_double_free(const cuh_heap_t *h, uintptr_t addr)
     return CUHEAP_ERR_DOUBLE_FREE;
 }
 
+/* Finds the live block at addr; an error status (message set) if there is
+ * none: already free, held back, inside a block, or not cuheap's. */
 cuheap_status_t cuh_hp_find_live_locked(cuh_heap_t *h, uintptr_t addr, live_block_t *b)
 {
     memset(b, 0, sizeof *b);
