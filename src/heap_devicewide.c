@@ -51,7 +51,6 @@ static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch, uint64_t gen
         } else {
             x->ext->held = 0;
         }
-        h->held_batched--;
         h->held_bytes -= x->size;
         h->held_requested -= x->requested;
         cuh_hp_release_block_global_locked(h, &b, x->addr);
@@ -218,7 +217,6 @@ int cuh_hp_batch_add_locked(cuh_heap_t *h, uintptr_t addr, const live_block_t *b
     else
         b->ext->held = 1;
     batch->num_blocks += b->ext != NULL;
-    h->held_batched++;
     batch->entries[batch->num_entries++] = (batch_entry_t){addr, size, requested, b->slab, b->ext};
     batch->bytes += size;
     h->held_bytes += size;

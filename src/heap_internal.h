@@ -242,7 +242,6 @@ struct cuh_heap_s {
     hold_t **holds;
     size_t num_holds, cap_holds;
     size_t held_bytes;
-    size_t held_batched;         /* blocks and small objects in batches: held by a bit of their own, not the map */
     int took_back;               /* streams waited stream by stream: new streams must wait too (stream_joins_locked) */
     int device_fences;           /* cfg.device_fences, while the device has them (cuh_hp_record_all_locked) */
     uint64_t allocs_at_take_back; /* num_allocs at the last take-back (cuh_hp_take_back_all_locked) */

@@ -448,7 +448,7 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
     }
     /* Every held block is in exactly one hold list or batch; in the map if
      * in a hold list, marked held (and live) if in a batch. */
-    size_t held = 0, num_held = h->num_holds, unmarked = 0;
+    size_t held = 0, unmarked = 0;
     for (size_t k = 0; k < h->num_holds; k++)
         held += h->holds[k]->size;
     const free_batch_t *lists[2] = {h->open_batch, h->closed_batches};
@@ -466,16 +466,15 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
                                 x->ext->addr != x->addr || cuh_ptrmap_get(&h->blocks, x->addr) != x->ext;
                 }
             }
-            num_held += batch->num_entries;
         }
     }
     if (!rc && unmarked) {
         snprintf(msg, len, "held blocks: %zu in batches without their held mark (and live)", unmarked);
         rc = -1;
     }
-    if (!rc && (held != h->held_bytes || num_held != h->held.count + h->held_batched)) {
-        snprintf(msg, len, "held blocks: %zu (%zu bytes) in lists and batches, %zu in the map and %zu in batches, "
-                 "books say %zu bytes", num_held, held, h->held.count, h->held_batched, h->held_bytes);
+    if (!rc && (held != h->held_bytes || h->num_holds != h->held.count)) {
+        snprintf(msg, len, "held blocks: %zu bytes in lists and batches, books say %zu bytes; %zu holds, %zu in the map",
+                 held, h->held_bytes, h->num_holds, h->held.count);
         rc = -1;
     }
     if (!rc)
