@@ -380,8 +380,21 @@ typedef struct worker_s {
     interval_set_t *set;
     cuh_stream_t stream;
     uint64_t seed;
+    int device_wide;   /* most calls cudaMalloc/cudaFree: the caches of device-wide frees */
     int failures;
 } worker_t;
+
+static cuheap_status_t worker_free(const worker_t *w, uintptr_t addr, uint64_t r)
+{
+    return w->device_wide && (r >> 20) % 4 ? cuh_heap_free_device_wide(w->heap, addr)
+                                           : cuh_heap_free(w->heap, addr, w->stream);
+}
+
+static cuheap_status_t worker_malloc(const worker_t *w, size_t size, uint64_t r, uintptr_t *addr)
+{
+    return w->device_wide && (r >> 24) % 4 ? cuh_heap_malloc_device_wide(w->heap, size, addr)
+                                           : cuh_heap_malloc(w->heap, size, w->stream, addr);
+}
 
 static void *worker(void *arg)
 {
@@ -394,18 +407,18 @@ static void *worker(void *arg)
         int i = (int)(r % SLOTS);
         if (addr[i]) {
             set_remove(w->set, addr[i]);
-            w->failures += cuh_heap_free(w->heap, addr[i], w->stream) != CUHEAP_OK;
+            w->failures += worker_free(w, addr[i], r) != CUHEAP_OK;
             addr[i] = 0;
             if (!((r >> 8) % 3)) {
                 /* The same size again at once: a thread cache's fast path. */
-                if (cuh_heap_malloc(w->heap, sizes[i], w->stream, &addr[i]) != CUHEAP_OK)
+                if (worker_malloc(w, sizes[i], r, &addr[i]) != CUHEAP_OK)
                     w->failures++;
                 else
                     set_add(w->set, addr[i], sizes[i]);
             }
         } else {
             size_t size = (r >> 40) % 8 ? 1 + (size_t)(r >> 16) % (64 * KiB) : 1 + (size_t)(r >> 16) % (8 * MiB);
-            if (cuh_heap_malloc(w->heap, size, w->stream, &addr[i]) != CUHEAP_OK)
+            if (worker_malloc(w, size, r, &addr[i]) != CUHEAP_OK)
                 w->failures++;
             else
                 set_add(w->set, addr[i], sizes[i] = size);
@@ -423,10 +436,13 @@ static void test_concurrent_threads_never_share_memory(void **state)
 {
     (void)state;
     /* As the threads come, and as if they had contended from the start
-     * (each then keeps the large block it freed: "a thread's large block"). */
-    for (int contended = 0; contended < 2; contended++) {
+     * (each then keeps the large block it freed: "a thread's large block");
+     * and with most calls device-wide (cudaMalloc/cudaFree: small objects
+     * wait in each thread's cache for its own device-wide event), while
+     * the main thread reads statistics and gives the caches back. */
+    for (int contended = 0; contended < 3; contended++) {
         test_heap_t t = test_heap_new(16 * GiB, NULL);
-        if (contended)
+        if (contended == 1)
             cuh_heap_assume_contention(t.heap, 1u << 30);
         enum { THREADS = 8 };
         interval_set_t set = {.start = calloc(THREADS * 32, sizeof(uintptr_t)),
@@ -437,8 +453,14 @@ static void test_concurrent_threads_never_share_memory(void **state)
         for (int i = 0; i < THREADS; i++) {
             /* Half the threads share stream S1: frees and reuse across threads. */
             w[i] = (worker_t){.heap = t.heap, .set = &set, .stream = i % 2 ? S1 : (cuh_stream_t)(0x100 + i),
-                              .seed = 1000 + (uint64_t)i};
+                              .seed = 1000 + (uint64_t)i, .device_wide = contended == 2};
             pthread_create(&th[i], NULL, worker, &w[i]);
+        }
+        for (int k = 0; contended == 2 && k < 20; k++) {
+            cuheap_stats_t st;
+            cuh_heap_stats(t.heap, &st);
+            if (k % 5 == 0)
+                assert_int_equal(cuh_heap_release_cached(t.heap), CUHEAP_OK);
         }
         for (int i = 0; i < THREADS; i++) {
             pthread_join(th[i], NULL);

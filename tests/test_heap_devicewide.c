@@ -393,9 +393,8 @@ static void test_take_back_orders_every_stream_after_the_frees_at_linear_cost(vo
 /* A model of cudaFree's promise checked over random operations: a block
  * freed device-wide is unsafe until every stream, the registered-only S3
  * included, has finished the work issued before the free. */
-static void test_random_device_wide_frees_are_never_reused_early(void **state)
+static void random_device_wide_frees(int small_mix)
 {
-    (void)state;
     test_heap_t t = test_heap_new(8 * GiB, "wait_before_grow:0");
     cuh_sim_hold_events(t.dev, 1);
     enum { SLOTS = 300, OPS = 20000, NSTREAMS = 4, UNSAFE_MAX = 20000 };
@@ -414,7 +413,7 @@ static void test_random_device_wide_frees_are_never_reused_early(void **state)
         uint64_t r = test_rand(&seed);
         int i = (int)(r % SLOTS);
         if (addr[i]) {
-            if ((r >> 30) & 1) {
+            if ((r >> 30) & 1 || (small_mix && (r >> 31) % 4)) {
                 /* Work on every stream may still read it: a kernel each. */
                 assert_true(num_unsafe < UNSAFE_MAX);
                 for (int k = 0; k < NSTREAMS; k++)
@@ -429,8 +428,10 @@ static void test_random_device_wide_frees_are_never_reused_early(void **state)
             addr[i] = 0;
         } else {
             size[i] = (r >> 40) % 4 ? 1 + (size_t)(r >> 16) % (96 * KiB) : 1 + (size_t)(r >> 16) % (8 * MiB);
+            if (small_mix)   /* mostly small cudaMalloc/cudaFree pairs: what threads' caches take */
+                size[i] = (r >> 40) % 8 ? 1 + (size_t)(r >> 16) % (4 * KiB) : size[i];
             stream[i] = streams[(r >> 8) % 3];
-            if ((r >> 12) % 4 == 0)   /* cudaMalloc: for every stream */
+            if ((r >> 12) % 4 == 0 || (small_mix && (r >> 13) % 4))   /* cudaMalloc: for every stream */
                 assert_int_equal(cuh_heap_malloc_device_wide(t.heap, size[i], &addr[i]), CUHEAP_OK);
             else
                 addr[i] = must_alloc(t.heap, size[i], stream[i]);
@@ -472,6 +473,16 @@ static void test_random_device_wide_frees_are_never_reused_early(void **state)
     free(unsafe_len);
     free(unsafe_work);
     test_heap_free(&t);
+}
+
+/* Over random operations, and over a mix of mostly small cudaMalloc and
+ * cudaFree pairs, the kind a thread's cache holds until its own device-wide
+ * event has completed (heap_tcache.c). */
+static void test_random_device_wide_frees_are_never_reused_early(void **state)
+{
+    (void)state;
+    random_device_wide_frees(0);
+    random_device_wide_frees(1);
 }
 
 /* ---- device-wide fences -------------------------------------------------- */
@@ -538,28 +549,34 @@ static void test_device_fences_take_back_at_every_malloc_and_cover_every_stream(
 static void test_device_fences_come_once_per_half_slack_of_small_frees(void **state)
 {
     (void)state;
-    test_heap_t t = test_heap_new(GiB, NULL);
-    cuh_sim_counters_t c0, c1;
-    uintptr_t a = must_alloc(t.heap, 512, 0);   /* the slab exists */
-    must_free(t.heap, a, 0);
-    cuh_sim_counters(t.dev, &c0);
-    for (int i = 0; i < 4096; i++) {
-        uintptr_t x;
-        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 512, &x), CUHEAP_OK);
-        assert_int_equal(cuh_heap_free_device_wide(t.heap, x), CUHEAP_OK);
-    }
-    cuh_sim_counters(t.dev, &c1);
-    assert_true(c1.events_recorded - c0.events_recorded <= 4096 / 128);
-    assert_true(c1.event_queries - c0.event_queries <= 2 * 4096 / 128);
     cuheap_stats_t st;
-    cuh_heap_stats(t.heap, &st);
-    assert_int_equal(st.num_segment_allocs, 1);
-    heap_ok(t.heap);
-    cuh_heap_poll(t.heap);
-    test_heap_free(&t);
+    cuh_sim_counters_t c0, c1;
+    /* Through the heap's batches (thread caches off), and through the
+     * thread's cache, which fences its own frees once 64 of a class wait
+     * (heap_tcache.c). */
+    for (int cached = 0; cached <= 1; cached++) {
+        test_heap_t t = test_heap_new(GiB, cached ? NULL : "thread_cache:0");
+        uintptr_t a = must_alloc(t.heap, 512, 0);   /* the slab exists */
+        must_free(t.heap, a, 0);
+        cuh_sim_counters(t.dev, &c0);
+        for (int i = 0; i < 4096; i++) {
+            uintptr_t x;
+            assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 512, &x), CUHEAP_OK);
+            assert_int_equal(cuh_heap_free_device_wide(t.heap, x), CUHEAP_OK);
+        }
+        cuh_sim_counters(t.dev, &c1);
+        const uint64_t per = cached ? 64 : 128;
+        assert_true(c1.events_recorded - c0.events_recorded <= 4096 / per);
+        assert_true(c1.event_queries - c0.event_queries <= 2 * 4096 / per);
+        cuh_heap_stats(t.heap, &st);
+        assert_int_equal(st.num_segment_allocs, 1);
+        heap_ok(t.heap);
+        cuh_heap_poll(t.heap);
+        test_heap_free(&t);
+    }
 
     /* The limit: what holds 1,000 objects now, no more. */
-    t = test_heap_new(GiB, NULL);
+    test_heap_t t = test_heap_new(GiB, NULL);
     enum { N = 1000 };
     uintptr_t obj[N], again[N];
     for (int i = 0; i < N; i++)

@@ -412,6 +412,254 @@ static void hold_two(cuh_heap_t *h, uintptr_t a, uintptr_t b)
     heap_ok(h);
 }
 
+/* ---- device-wide frees in a thread's cache ---------------------------------------- */
+
+static void *dw_free_job(void *arg)
+{
+    tc_job_t *j = arg;
+    j->status = cuh_heap_free_device_wide(j->heap, j->addr);
+    return NULL;
+}
+
+static void *dw_alloc_job(void *arg)
+{
+    tc_job_t *j = arg;
+    j->status = cuh_heap_malloc_device_wide(j->heap, j->size, &j->addr);
+    return NULL;
+}
+
+static void *dw_churn_job(void *arg)
+{
+    tc_job_t *j = arg;
+    j->status = CUHEAP_OK;
+    for (int i = 0; i < 1000; i++) {
+        uintptr_t x;
+        if (cuh_heap_malloc_device_wide(j->heap, j->size, &x) != CUHEAP_OK ||
+            cuh_heap_free_device_wide(j->heap, x) != CUHEAP_OK)
+            j->status = CUHEAP_ERR_INVALID_ARGUMENT;
+        j->addr = x;   /* the last: pending in this thread's cache when it exits */
+    }
+    return NULL;
+}
+
+/* Small objects a thread frees device-wide (cudaFree) wait in its cache
+ * until an event recorded on the whole device after their frees has
+ * completed: while a kernel on another stream still reads them, the
+ * thread's next allocations get other memory; once it has finished, the
+ * thread gets them back (from its cache: the fence was the cache's one
+ * event, asked at most every 16 misses). Meanwhile they are pending in the
+ * statistics, and a second free of one, by any thread or on a stream, is a
+ * double free. */
+static void test_thread_cache_holds_device_wide_frees_until_their_fence(void **state)
+{
+    (void)state;
+    enum { N = 64 };   /* what the cache fences at once, of a class */
+    test_heap_t t = test_heap_new(GiB, NULL);
+    cuh_sim_hold_events(t.dev, 1);
+    uintptr_t a[N], x;
+    for (int i = 0; i < N; i++)
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 512, &a[i]), CUHEAP_OK);
+    const uint64_t reading = cuh_sim_enqueue_work(t.dev, S1);   /* a kernel still reads them */
+    for (int i = 0; i < N; i++)
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, a[i]), CUHEAP_OK);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.pending.current, N * 512);
+    assert_int_equal(s.allocated.current, 0);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, a[3]), CUHEAP_ERR_DOUBLE_FREE);
+    assert_int_equal(cuh_heap_free(t.heap, a[3], S1), CUHEAP_ERR_DOUBLE_FREE);
+    tc_job_t other = {.heap = t.heap, .addr = a[5]};
+    on_other_thread(dw_free_job, &other);
+    assert_int_equal(other.status, CUHEAP_ERR_DOUBLE_FREE);
+    heap_ok(t.heap);
+
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    uintptr_t fresh[16];
+    for (int k = 0; k < 16; k++) {
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 512, &fresh[k]), CUHEAP_OK);
+        for (int i = 0; i < N; i++)
+            assert_true(fresh[k] != a[i]);
+    }
+    cuh_sim_counters(t.dev, &c1);
+    assert_int_equal(c1.events_recorded_all - c0.events_recorded_all, 1);   /* one fence over all 64 */
+    assert_true(c1.event_queries - c0.event_queries <= 2);
+    assert_int_equal(c1.event_waits, c0.event_waits);   /* nobody waited */
+    heap_ok(t.heap);
+
+    cuh_sim_complete_all(t.dev);
+    assert_true(cuh_sim_work_done(t.dev, S1, reading));
+    int back = 0;
+    for (int k = 0; k < 33 && !back; k++) {
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 512, &x), CUHEAP_OK);
+        for (int i = 0; i < N; i++)
+            back |= x == a[i];
+        if (!back)
+            assert_int_equal(cuh_heap_free(t.heap, x, 0), CUHEAP_OK);
+    }
+    assert_true(back);
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.pending.current, 0);
+    assert_int_equal(s.requested.current, 16 * 512 + 512);
+    assert_int_equal(cuh_heap_block_size(t.heap, x), 512);
+    heap_ok(t.heap);
+    /* Handed out by the cache and freed on a stream: the heap takes it. */
+    assert_int_equal(cuh_heap_free(t.heap, x, S1), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, x), CUHEAP_ERR_DOUBLE_FREE);
+    for (int k = 0; k < 16; k++)
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, fresh[k]), CUHEAP_OK);
+    heap_ok(t.heap);
+    cuh_sim_complete_all(t.dev);
+    all_freed(t.heap);
+    test_heap_free(&t);
+}
+
+/* What a thread's cache holds from device-wide frees goes back as those
+ * frees would have gone: pending ones into the heap's batch (so still out
+ * of reach while a kernel reads them), ready ones to every stream, at
+ * release_cached, before an out-of-memory and when the thread exits; with
+ * device-wide events missing or during a capture the cache takes none. */
+static void test_thread_cache_device_wide_frees_go_back_as_cudafree_would(void **state)
+{
+    (void)state;
+    cuheap_stats_t s;
+    {
+        test_heap_t t = test_heap_new(GiB, NULL);
+        cuh_sim_hold_events(t.dev, 1);
+        uintptr_t a[8], x;
+        for (int i = 0; i < 8; i++)
+            assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 3000, &a[i]), CUHEAP_OK);
+        cuh_sim_enqueue_work(t.dev, S2);
+        for (int i = 0; i < 8; i++)
+            assert_int_equal(cuh_heap_free_device_wide(t.heap, a[i]), CUHEAP_OK);
+        assert_int_equal(cuh_heap_release_cached(t.heap), CUHEAP_OK);   /* settles: the CPU waits */
+        cuh_heap_stats(t.heap, &s);
+        assert_int_equal(s.pending.current, 0);
+        assert_int_equal(s.reserved.current, 0);
+        heap_ok(t.heap);
+        /* Pending ones join the batch: a kernel may still read them. */
+        for (int i = 0; i < 8; i++)
+            assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 3000, &a[i]), CUHEAP_OK);
+        cuh_sim_enqueue_work(t.dev, S2);
+        for (int i = 0; i < 8; i++)
+            assert_int_equal(cuh_heap_free_device_wide(t.heap, a[i]), CUHEAP_OK);
+        cuh_heap_set_limit(t.heap, GiB);   /* a new limit gives thread caches back */
+        assert_int_equal(cuh_heap_malloc(t.heap, 3000, S1, &x), CUHEAP_OK);
+        for (int i = 0; i < 8; i++)
+            assert_true(x != a[i]);
+        cuh_heap_stats(t.heap, &s);
+        assert_int_equal(s.pending.current, 8 * 3072);
+        heap_ok(t.heap);
+        assert_int_equal(cuh_heap_free(t.heap, x, S1), CUHEAP_OK);
+        cuh_sim_complete_all(t.dev);
+        test_heap_free(&t);
+    }
+    {
+        /* The thread exits with objects pending: they are the heap's. */
+        test_heap_t t = test_heap_new(GiB, NULL);
+        tc_job_t job = {.heap = t.heap, .size = 700};
+        on_other_thread(dw_churn_job, &job);
+        assert_int_equal(job.status, CUHEAP_OK);
+        heap_ok(t.heap);
+        cuh_heap_stats(t.heap, &s);
+        assert_int_equal(s.allocated.current, 0);
+        assert_int_equal(s.num_allocs, 1000);
+        assert_int_equal(s.num_frees, 1000);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, job.addr), CUHEAP_ERR_DOUBLE_FREE);
+        assert_int_equal(cuh_heap_release_cached(t.heap), CUHEAP_OK);
+        cuh_heap_stats(t.heap, &s);
+        assert_int_equal(s.reserved.current, 0);
+        test_heap_free(&t);
+    }
+    {
+        /* The device refuses the cache's first event (a driver without
+         * device-wide events): what the cache holds goes to the heap's
+         * batches, fenced stream by stream, still out of reach while a
+         * kernel reads it; the cache takes no more. */
+        test_heap_t t = test_heap_new(GiB, NULL);
+        cuh_sim_hold_events(t.dev, 1);
+        enum { N = 64 };
+        uintptr_t a[N], x[N];
+        for (int i = 0; i < N; i++)
+            assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 512, &a[i]), CUHEAP_OK);
+        cuh_sim_enqueue_work(t.dev, S1);
+        for (int i = 0; i < N; i++)
+            assert_int_equal(cuh_heap_free_device_wide(t.heap, a[i]), CUHEAP_OK);
+        cuh_sim_device_fences(t.dev, 0);
+        for (int k = 0; k < N; k++) {
+            assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 512, &x[k]), CUHEAP_OK);
+            for (int i = 0; i < N; i++)
+                assert_true(x[k] != a[i]);
+        }
+        cuh_heap_stats(t.heap, &s);
+        assert_int_equal(s.pending.current, N * 512);
+        heap_ok(t.heap);
+        /* Once the kernel is done they serve any thread (a slab holds 128). */
+        cuh_sim_complete_all(t.dev);
+        tc_job_t other = {.heap = t.heap, .size = 512};
+        on_other_thread(dw_alloc_job, &other);
+        int found = 0;
+        for (int i = 0; i < N; i++)
+            found |= other.addr == a[i];
+        assert_true(found);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, other.addr), CUHEAP_OK);
+        for (int k = 0; k < N; k++)
+            assert_int_equal(cuh_heap_free_device_wide(t.heap, x[k]), CUHEAP_OK);
+        cuh_sim_complete_all(t.dev);
+        assert_int_equal(cuh_heap_release_cached(t.heap), CUHEAP_OK);
+        cuh_heap_stats(t.heap, &s);
+        assert_int_equal(s.pending.current, 0);
+        assert_int_equal(s.reserved.current, 0);
+        heap_ok(t.heap);
+        test_heap_free(&t);
+    }
+    for (int fences = 0; fences <= 1; fences++) {
+        /* Into the cache, only the freeing thread gets an object back;
+         * without device-wide events (once the heap knows: its first fence
+         * found out) the batches serve every thread as before; during a
+         * capture the graph's pool keeps it. */
+        test_heap_t t = test_heap_new(GiB, NULL);
+        cuh_sim_device_fences(t.dev, fences);
+        enum { PER_SLAB = 16 };   /* 64 KiB objects: the other thread gets a's slot or another slab */
+        tc_job_t other = {.heap = t.heap, .size = 64 * KiB};
+        uintptr_t keep[PER_SLAB - 1], a, block;
+        /* A block's free fences at once: the heap learns what the device has. */
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 4 * MiB, &block), CUHEAP_OK);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, block), CUHEAP_OK);
+        for (int i = 0; i < PER_SLAB - 1; i++)
+            assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * KiB, &keep[i]), CUHEAP_OK);
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 64 * KiB, &a), CUHEAP_OK);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);
+        on_other_thread(dw_alloc_job, &other);
+        assert_int_equal(other.status, CUHEAP_OK);
+        if (fences)
+            assert_true(other.addr != a);
+        else
+            assert_int_equal(other.addr, a);
+        assert_int_equal(cuh_heap_free(t.heap, other.addr, 0), CUHEAP_OK);
+        heap_ok(t.heap);
+        if (fences) {
+            assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 512, &a), CUHEAP_OK);
+            cuh_heap_capture_begin(t.heap, 3);
+            assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);
+            cuh_heap_capture_end(t.heap);
+            uintptr_t b[80];
+            for (int i = 0; i < 80; i++) {   /* past what the cache would fence at once */
+                assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 512, &b[i]), CUHEAP_OK);
+                assert_true(b[i] != a);
+            }
+            for (int i = 0; i < 80; i++)
+                assert_int_equal(cuh_heap_free_device_wide(t.heap, b[i]), CUHEAP_OK);
+            cuh_heap_release_pool(t.heap, 3);
+            heap_ok(t.heap);
+        }
+        for (int i = 0; i < PER_SLAB - 1; i++)
+            assert_int_equal(cuh_heap_free_device_wide(t.heap, keep[i]), CUHEAP_OK);
+        cuh_sim_complete_all(t.dev);
+        test_heap_free(&t);
+    }
+}
+
 /* While nobody contends, another thread's search sees the block this thread
  * holds, as it saw the parked block; once threads contend, only when it
  * finds no other fit. */
@@ -709,6 +957,8 @@ int main(void)
         cmocka_unit_test(test_thread_exit_gives_its_cache_back),
         cmocka_unit_test(test_retired_stream_takes_its_objects_out_of_thread_caches),
         cmocka_unit_test(test_thread_cache_outlives_its_heap_safely),
+        cmocka_unit_test(test_thread_cache_holds_device_wide_frees_until_their_fence),
+        cmocka_unit_test(test_thread_cache_device_wide_frees_go_back_as_cudafree_would),
         cmocka_unit_test(test_a_threads_large_block_is_everyones_unless_threads_contend),
         cmocka_unit_test(test_statistics_add_up_after_every_operation),
         cmocka_unit_test(test_held_large_blocks_go_back_before_the_heap_grows),
