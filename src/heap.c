@@ -95,7 +95,6 @@ retry_after_take_back:
         (e = cuh_hp_find_fit_locked(h, size, align, st->tag)))
         goto hit;
 
-    cuh_hp_tcache_dw_flush_mine_locked(h);   /* this thread's device-wide frees come back before growth */
     if (cuh_hp_take_back_all_locked(h) && (e = cuh_hp_find_fit_locked(h, size, align, st->tag)))
         goto hit;
     if (!tried_private && (tried_private = 1, cuh_hp_take_private_locked(h, st, size)) &&
@@ -161,8 +160,7 @@ hit:
         uintptr_t at = 0;
         if (mapped) {
             e = mapped;
-        } else if ((cuh_hp_tcache_dw_flush_mine_locked(h), h->held_bytes >= size) && !tried_vm_take_back &&
-                   !h->chunk_call) {
+        } else if (h->held_bytes >= size && !tried_vm_take_back && !h->chunk_call) {
             /* Under vmm:1 a fit in unmapped address space is growth too:
              * memory cudaFree gave back comes first there as well. */
             tried_vm_take_back = 1;
@@ -481,8 +479,7 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
         cuh_set_error("request of %zu bytes is larger than any device", size);
         return CUHEAP_ERR_OUT_OF_MEMORY;
     }
-    if (!device_wide ? (*addr = cuh_hp_tcache_alloc(h, size, stream)) != 0
-                     : size <= h->cfg.small_max && !shareable && (*addr = cuh_hp_tcache_alloc_dw(h, size)) != 0)
+    if (!device_wide && (*addr = cuh_hp_tcache_alloc(h, size, stream)))
         return CUHEAP_OK;
     int waited = cuh_hp_heap_lock(h);
     if (cuh_unlikely(!h->started))
@@ -667,8 +664,6 @@ cuheap_status_t cuh_heap_free_device_wide(cuh_heap_t *h, uintptr_t addr)
         return CUHEAP_OK;
     if (cuh_unlikely(atomic_load_explicit(&h->dev->lost, memory_order_relaxed)))
         return refuse_lost(h);
-    if (cuh_hp_tcache_free_dw(h, addr))
-        return CUHEAP_OK;
     cuh_lock(&h->lock);
     cuh_hp_unpark_locked(h);
     live_block_t b;
@@ -688,8 +683,6 @@ cuheap_status_t cuh_heap_free_device_wide(cuh_heap_t *h, uintptr_t addr)
         if (graph && (st0 = cuh_hp_stream_get_locked(h, 0)) &&
             cuh_hp_maybe_hold_locked(h, addr, b.size, b.requested, st0)) {
             /* held for its graph pool, freed when the pool is released */
-        } else if (!graph && cuh_hp_tcache_adopt_dw_locked(h, &b, addr)) {
-            /* pending in this thread's cache (heap_tcache.c) */
         } else if (cuh_hp_batch_add_locked(h, addr, &b)) {
             /* No room to track it: wait for the whole device instead. */
             if (!h->captures)

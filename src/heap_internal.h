@@ -607,11 +607,6 @@ static inline int cuh_hp_heap_lock(cuh_heap_t *h)
 /* This thread's caches, one per heap it used: defined in heap_tcache.c, read
  * here by the fast paths of every malloc and free, which take no heap lock. */
 extern _Thread_local cuh_tcache_t *cuh_hp_my_tcaches;
-int cuh_hp_tcache_dw_refill(cuh_heap_t *h, cuh_tcache_t *tc, unsigned c);
-void cuh_hp_tcache_dw_refused(cuh_heap_t *h, int rc);
-int cuh_hp_tcache_adopt_dw_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr);
-void cuh_hp_tcache_dw_flush_mine_locked(cuh_heap_t *h);
-uintptr_t cuh_hp_tcache_dw_serve_locked(cuh_heap_t *h, unsigned c, size_t size);
 
 static inline cuh_tcache_t *cuh_hp_my_tcache(const cuh_heap_t *h)
 {
@@ -676,56 +671,6 @@ static inline int cuh_hp_tcache_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t
             done = 1;
         }
         tc->num_frees += (uint64_t)done;
-    }
-    cuh_spin_unlock(&tc->lock);
-    return done;
-}
-
-/* Fast path of cuh_heap_malloc_device_wide for a small request: an object
- * of its class this thread freed device-wide, whose fence has completed
- * (heap_tcache.c, "device-wide frees in a thread's cache"). 0 if none. */
-static inline uintptr_t cuh_hp_tcache_alloc_dw(cuh_heap_t *h, size_t size)
-{
-    cuh_tcache_t *tc = cuh_hp_my_tcache(h);
-    if (!tc)
-        return 0;
-    uintptr_t addr = 0;
-    int refused = 0;
-    cuh_spin_lock(&tc->lock);
-    if (cuh_likely(tc->dw.event && !tc->dead && cuh_hp_tcache_open(h))) {
-        const unsigned c = cuh_sizeclass_index(size);
-        cuh_tc_list_t *l = &tc->dw.ready[c];
-        if (!l->count)
-            refused = cuh_hp_tcache_dw_refill(h, tc, c);
-        if (l->count) {
-            addr = l->addr[--l->count];
-            cuh_tcache_hand_out(tc, cuh_tcache_find(tc, addr), (uint32_t)size);
-            tc->num_allocs++;
-        }
-    }
-    cuh_spin_unlock(&tc->lock);
-    if (cuh_unlikely(refused))
-        cuh_hp_tcache_dw_refused(h, refused);
-    return addr;
-}
-
-/* Fast path of cuh_heap_free_device_wide: an object this thread's cache
- * handed out device-wide comes back to it, pending. 0 if the heap must see
- * the free. */
-static inline int cuh_hp_tcache_free_dw(cuh_heap_t *h, uintptr_t addr)
-{
-    cuh_tcache_t *tc = cuh_hp_my_tcache(h);
-    if (!tc)
-        return 0;
-    int done = 0;
-    cuh_spin_lock(&tc->lock);
-    if (cuh_likely(tc->dw.event && !tc->dead && cuh_hp_tcache_open(h))) {
-        cuh_tc_entry_t *e = cuh_tcache_find(tc, addr);
-        if (e && e->state == CUH_TC_LIVE && e->stream == CUH_TC_DEVICE_WIDE &&
-            tc->cached_bytes + e->size <= h->cfg.thread_cache && cuh_tcache_dw_hold(tc, e) == 0) {
-            tc->num_frees++;
-            done = 1;
-        }
     }
     cuh_spin_unlock(&tc->lock);
     return done;

@@ -166,7 +166,6 @@ static uintptr_t small_taken_back_locked(cuh_heap_t *h, unsigned ci)
     size_class_t *c = &h->classes[ci];
     h->keep_class = ci;
     int any = cuh_hp_poll_all_locked(h, 0);
-    cuh_hp_tcache_dw_flush_mine_locked(h);   /* what this thread freed device-wide joins the batch */
     if (!c->partial && h->held_bytes && !cuh_hp_fences_per_stream_locked(h))
         any |= cuh_hp_take_back_all_locked(h);
     h->keep_class = CUH_MAX_CLASSES;
@@ -194,13 +193,7 @@ cuheap_status_t cuh_hp_small_alloc_locked(cuh_heap_t *h, stream_state_t *st, siz
         }
         a = e.addr;
         h->num_cache_hits++;
-    } else if ((a = small_from_slabs_locked(c))) {
-        h->num_cache_hits++;
-    } else if (st == &h->device_wide && (a = cuh_hp_tcache_dw_serve_locked(h, ci, size))) {
-        h->num_cache_hits++;   /* from this thread's device-wide frees (heap_tcache.c): live already */
-        *addr = a;
-        return CUHEAP_OK;
-    } else if ((a = small_taken_back_locked(h, ci))) {
+    } else if ((a = small_from_slabs_locked(c)) || (a = small_taken_back_locked(h, ci))) {
         h->num_cache_hits++;
     } else {
         cuheap_status_t status = CUHEAP_OK;

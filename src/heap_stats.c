@@ -94,22 +94,18 @@ static void cuh_heap_stats_locked(cuh_heap_t *h, cuheap_stats_t *out)
     COPY_STAT(cached);
     COPY_STAT(pending);
 #undef COPY_STAT
-    /* What thread caches hold is free to the program, and what they hold
-     * from device-wide frees whose fence is not known complete is pending;
-     * what they served, allocations, frees and cache hits. */
+    /* What thread caches hold is free to the program; what they served,
+     * allocations, frees and cache hits. */
     int64_t allocated_adjust = 0, requested_adjust = 0;
     uint64_t tc_allocs = 0, tc_frees = 0;
     for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next) {
         cuh_spin_lock(&tc->lock);
-        out->pending.current += tc->dw.pending_bytes + tc->dw.fenced_bytes;
         allocated_adjust += tc->allocated_adjust;
         requested_adjust += tc->requested_adjust;
         tc_allocs += tc->num_allocs;
         tc_frees += tc->num_frees;
         cuh_spin_unlock(&tc->lock);
     }
-    if (out->pending.peak < out->pending.current)
-        out->pending.peak = out->pending.current;
     out->allocated.current = (size_t)((int64_t)h->allocated.current + allocated_adjust);
     out->requested.current = (size_t)((int64_t)h->requested.current + requested_adjust);
     /* Cached is what is reserved and not allocated, counted now: moves
@@ -416,32 +412,6 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
                 const cuh_tc_entry_t *e = cuh_tcache_find(tc, tc->bins[c].addr[k]);
                 binned += e && e->state == CUH_TC_CACHED && e->size_class == c;
             }
-        /* Objects freed device-wide are held but on their own lists, of
-         * their class, with the bytes and classes the books say. */
-        size_t dw_bytes[2] = {0, 0};
-        uint64_t dw_classes[2] = {0, 0};
-        int dw_bad = 0;
-        for (unsigned c = 0; c < CUH_MAX_CLASSES; c++) {
-            const cuh_tc_list_t *lists[3] = {&tc->dw.pending[c], &tc->dw.fenced[c], &tc->dw.ready[c]};
-            for (int k = 0; k < 3; k++)
-                for (uint32_t i = 0; i < lists[k]->count; i++) {
-                    const cuh_tc_entry_t *e = cuh_tcache_find(tc, lists[k]->addr[i]);
-                    binned += e && e->state == CUH_TC_CACHED && e->stream == CUH_TC_DEVICE_WIDE && e->size_class == c;
-                    if (k < 2) {
-                        dw_bytes[k] += e ? e->size : 0;
-                        dw_classes[k] |= (uint64_t)1 << c;
-                    }
-                    dw_bad |= !tc->dw.event;
-                }
-        }
-        dw_bad |= dw_bytes[0] != tc->dw.pending_bytes || dw_bytes[1] != tc->dw.fenced_bytes ||
-                  dw_classes[0] != tc->dw.pending_classes || dw_classes[1] != tc->dw.fenced_classes;
-        if (!rc && dw_bad) {
-            rc = -1;
-            snprintf(msg, len, "thread cache: device-wide lists: %zu / %zu bytes pending / fenced (books %zu / %zu)%s",
-                     dw_bytes[0], dw_bytes[1], tc->dw.pending_bytes, tc->dw.fenced_bytes,
-                     tc->dw.event ? "" : ", without an event");
-        }
         allocated_adjust -= (int64_t)cached_bytes;
         if (!rc && (entries != tc->count || binned != cached || cached_bytes != tc->cached_bytes ||
                     tc->allocated_adjust != allocated_adjust || tc->requested_adjust != requested_adjust)) {

@@ -45,12 +45,11 @@ static int tcache_exit_key_ok;
 
 /* Gives cached object `addr` (its entry e, freed on `stream`, already out of
  * its bin) back to the heap as that stream's free; the entry goes. */
-/* Takes held object e out of cache tc as the heap's live block, its free
- * counted: its entry goes, and the block it was is returned. */
-static live_block_t tcache_leave_locked(cuh_heap_t *h, cuh_tcache_t *tc, cuh_tc_entry_t *e)
+static void tcache_return_locked(cuh_heap_t *h, cuh_tcache_t *tc, cuh_tc_entry_t *e)
 {
-    const uintptr_t addr = e->addr;
-    const size_t size = e->size;
+    uintptr_t addr = e->addr;
+    size_t size = e->size;
+    cuh_stream_t stream = (cuh_stream_t)e->stream;
     cuh_tcache_hand_out(tc, e, e->size);
     cuh_tcache_remove(tc, e);
     cuh_slab_t *s = cuh_hp_slab_of_locked(h, addr);
@@ -58,15 +57,6 @@ static live_block_t tcache_leave_locked(cuh_heap_t *h, cuh_tcache_t *tc, cuh_tc_
     cuh_slab_clear(s->tcached, b.index);
     cuh_hp_stat_set(&h->requested, h->requested.current - size);
     cuh_hp_stat_set(&h->allocated, h->allocated.current - size);
-    return b;
-}
-
-static void tcache_return_locked(cuh_heap_t *h, cuh_tcache_t *tc, cuh_tc_entry_t *e)
-{
-    const uintptr_t addr = e->addr;
-    cuh_stream_t stream = (cuh_stream_t)e->stream;
-    live_block_t b = tcache_leave_locked(h, tc, e);
-    cuh_slab_t *s = b.slab;
     /* The stream was known when the object came in: found, not created. */
     stream_state_t *st = cuh_hp_stream_get_locked(h, stream);
     if (cuh_likely(st != NULL)) {
@@ -101,38 +91,6 @@ static void tcache_disown_live_locked(cuh_heap_t *h, cuh_tcache_t *tc, cuh_tc_en
     cuh_tcache_remove(tc, e);
 }
 
-/* Gives object addr, freed device-wide into the cache, back to the heap:
- * as global free memory if the fence covering its free is known complete
- * (`done`), else into the heap's open batch, as its cudaFree would have
- * gone. Its entry goes (the caller has taken it off its list). */
-static void tcache_return_dw_locked(cuh_heap_t *h, cuh_tcache_t *tc, uintptr_t addr, int done)
-{
-    live_block_t b = tcache_leave_locked(h, tc, cuh_tcache_find(tc, addr));
-    if (!done && cuh_hp_batch_add_locked(h, addr, &b) == 0)
-        return;
-    if (!done && !h->captures)
-        cuh_hp_cpu_wait_device(h);   /* no room to track it: safe for everyone the slow way */
-    cuh_hp_release_block_global_locked(h, &b, addr);
-}
-
-/* Gives back every object the cache holds from device-wide frees. */
-static void tcache_return_device_wide_locked(cuh_heap_t *h, cuh_tcache_t *tc)
-{
-    cuh_tc_dw_t *d = &tc->dw;
-    const int fenced_done = d->fenced_classes && !h->captures &&
-                            h->dev->ops->event_query(h->dev, (cuh_event_t)d->event) == CUH_DEV_OK;
-    for (unsigned c = 0; c < CUH_MAX_CLASSES; c++) {
-        while (d->ready[c].count)
-            tcache_return_dw_locked(h, tc, d->ready[c].addr[--d->ready[c].count], 1);
-        while (d->fenced[c].count)
-            tcache_return_dw_locked(h, tc, d->fenced[c].addr[--d->fenced[c].count], fenced_done);
-        while (d->pending[c].count)
-            tcache_return_dw_locked(h, tc, d->pending[c].addr[--d->pending[c].count], 0);
-    }
-    d->pending_classes = d->fenced_classes = 0;
-    d->pending_bytes = d->fenced_bytes = 0;
-}
-
 /* Gives back what one cache holds (all streams, or only `stream`'s); with
  * forget_live, its handed-out objects become the heap's live blocks too. */
 void cuh_hp_tcache_flush_one_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_streams, cuh_stream_t stream,
@@ -146,8 +104,6 @@ void cuh_hp_tcache_flush_one_locked(cuh_heap_t *h, cuh_tcache_t *tc, int all_str
             if (all_streams || tc->bins[c].stream[i] == (uintptr_t)stream)
                 tcache_return_binned_locked(h, tc, c, i);
         }
-    if (all_streams)
-        tcache_return_device_wide_locked(h, tc);
     if (forget_live)
         for (size_t i = 0; i <= tc->mask; i++) {
             cuh_tc_entry_t *e = &tc->slots[i];
@@ -208,10 +164,6 @@ static void tcache_detach_locked(cuh_heap_t *h, cuh_tcache_t *tc)
         cuh_spin_unlock(&tc->lock);
         large_unlist_locked(h, tc);
     }
-    if (tc->dw.event) {
-        cuh_hp_event_put_locked(h, (cuh_event_t)tc->dw.event);
-        tc->dw.event = NULL;
-    }
     /* Its counts stay in the heap's. */
     h->num_allocs += tc->num_allocs;
     h->num_cache_hits += tc->num_allocs;
@@ -257,9 +209,6 @@ void cuh_hp_tcaches_orphan(cuh_heap_t *h)
     for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next) {
         cuh_spin_lock(&tc->lock);
         tc->dead = 1;
-        if (tc->dw.event)
-            h->dev->ops->event_destroy(h->dev, (cuh_event_t)tc->dw.event);
-        tc->dw.event = NULL;
         cuh_spin_unlock(&tc->lock);
     }
     pthread_mutex_unlock(&tcache_registry);
@@ -321,31 +270,6 @@ static void tcache_make_room_locked(cuh_heap_t *h, cuh_tcache_t *tc, unsigned c,
     }
 }
 
-/* A new entry for small object b at addr, live with its whole size
- * requested (as the heap counts what a cache owns); NULL when out of host
- * memory. */
-static cuh_tc_entry_t *tcache_enter(cuh_tcache_t *tc, const live_block_t *b, uintptr_t addr)
-{
-    cuh_tc_entry_t *e = cuh_tcache_insert(tc, addr);
-    if (e) {
-        e->size = (uint32_t)b->size;
-        e->requested = (uint32_t)b->size;
-        e->size_class = (uint16_t)b->slab->size_class;
-        e->state = CUH_TC_LIVE;
-    }
-    return e;
-}
-
-/* The heap's side of an object a cache took after its free was counted:
- * its slab marks it tcached, and the heap counts it allocated, whole. */
-static void tcache_adopted_locked(cuh_heap_t *h, const live_block_t *b)
-{
-    b->slab->requested[b->index] = (uint32_t)b->size;
-    cuh_slab_set(b->slab->tcached, b->index);
-    cuh_hp_stat_set(&h->requested, h->requested.current + b->size);
-    cuh_hp_stat_set(&h->allocated, h->allocated.current + b->size);
-}
-
 /* A small object the program freed on `stream` through the heap goes to the
  * freeing thread's cache instead of the stream's ring, if there is room.
  * The caller has counted the free; 1 if the cache took it. */
@@ -361,162 +285,25 @@ int cuh_hp_tcache_adopt_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t a
     cuh_spin_lock(&tc->lock);
     tcache_make_room_locked(h, tc, s->size_class, b->size);
     if (tc->cached_bytes + b->size <= h->cfg.thread_cache && tc->bins[s->size_class].count < CUH_TC_BIN_MAX) {
-        cuh_tc_entry_t *e = tcache_enter(tc, b, addr);
+        cuh_tc_entry_t *e = cuh_tcache_insert(tc, addr);
         if (e) {
+            e->size = (uint32_t)b->size;
+            e->requested = (uint32_t)b->size;
+            e->size_class = (uint16_t)s->size_class;
+            e->state = CUH_TC_LIVE;
             cuh_tcache_hold(tc, e, (uintptr_t)stream);
             cuh_tcache_push(tc, s->size_class, addr, (uintptr_t)stream);
             took = 1;
         }
     }
     cuh_spin_unlock(&tc->lock);
-    if (took)
-        tcache_adopted_locked(h, b);
+    if (took) {
+        s->requested[b->index] = (uint32_t)b->size;
+        cuh_slab_set(s->tcached, b->index);
+        cuh_hp_stat_set(&h->requested, h->requested.current + b->size);
+        cuh_hp_stat_set(&h->allocated, h->allocated.current + b->size);
+    }
     return took;
-}
-
-/* ---- device-wide frees in a thread's cache ---------------------------------------- *
- * Without PyTorch's cache every tensor is a cudaMalloc and a cudaFree, and a
- * small one through the heap's lock and its batches costs a tenth to a
- * fifth more than handing out preallocated memory (docs/benchmarks.md). So
- * a small object a thread frees device-wide goes to its own cache, as a
- * stream's free does, but pending: work issued before the free, on any
- * stream, may still use it. Once half of thread_cache is pending, a miss of
- * the thread's device-wide allocations records one event on the whole
- * device (the cache's own: event_record_all) over all of them, and asks
- * whether it has completed, then and every DW_QUERY_EVERY misses after; once
- * it has, they serve the thread's device-wide allocations of their class
- * without the heap's lock, and their frees by the thread come back without
- * it. A thread's loop of small tensors then costs a record and a query per
- * half cache of frees, not a lock per call. The rules are the batches'
- * (heap_devicewide.c): nothing is handed out before the work before its
- * free has finished on every stream; a held object freed again is a double
- * free; a flush (before an out-of-memory, release_cached, a new limit,
- * thread exit) puts pending objects into the heap's open batch and ready
- * ones into global free memory. Only where the device has device-wide
- * events, and not during a capture. */
-#define DW_QUERY_EVERY 16u
-#define DW_FENCE_OBJECTS 64u
-
-/* A small object this thread freed device-wide through the heap goes to the
- * thread's cache, pending, if there is room. The caller has counted the
- * free; 1 if the cache took it. */
-int cuh_hp_tcache_adopt_dw_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr)
-{
-    if (!h->cfg.thread_cache || h->captures || !h->device_fences || !b->slab || b->size > h->cfg.thread_cache / 2)
-        return 0;
-    cuh_tcache_t *tc = cuh_hp_tcache_mine_locked(h);
-    if (!tc)
-        return 0;
-    cuh_event_t event = NULL;
-    if (tc->dw.refused || (!tc->dw.event && !(event = cuh_hp_event_get_locked(h))))
-        return 0;
-    int took = 0;
-    cuh_spin_lock(&tc->lock);
-    if (event)
-        tc->dw.event = event;
-    if (tc->cached_bytes + b->size <= h->cfg.thread_cache) {
-        cuh_tc_entry_t *e = tcache_enter(tc, b, addr);
-        if (e && !(took = cuh_tcache_dw_hold(tc, e) == 0))
-            cuh_tcache_remove(tc, e);
-    }
-    cuh_spin_unlock(&tc->lock);
-    if (took)
-        tcache_adopted_locked(h, b);
-    return took;
-}
-
-/* Before a small allocation takes back what device-wide frees left (its
- * class's slabs are all in use), the objects this thread's cache holds from
- * its own device-wide frees join the heap's open batch, where the take-back
- * finds them, as it would have without the cache. */
-void cuh_hp_tcache_dw_flush_mine_locked(cuh_heap_t *h)
-{
-    cuh_tcache_t *tc = cuh_hp_my_tcache(h);
-    if (!tc || !tc->dw.event)
-        return;
-    cuh_spin_lock(&tc->lock);
-    tcache_return_device_wide_locked(h, tc);
-    cuh_spin_unlock(&tc->lock);
-}
-
-/* Refills class c's ready list of cache tc (its lock held): asks whether
- * the fenced objects' event has completed, and fences the pending objects
- * when none are fenced. On the fast path (`eager` 0) the event is asked at
- * most every DW_QUERY_EVERY misses, and pending objects are fenced only once
- * there are enough to pay for the event; under the heap's lock, where the
- * class's slabs have run out, at once (dw_serve_locked). */
-static cuh_dev_status_t dw_refill(cuh_heap_t *h, cuh_tcache_t *tc, unsigned c, int eager)
-{
-    cuh_tc_dw_t *d = &tc->dw;
-    const cuh_device_ops_t *ops = h->dev->ops;
-    if (d->fenced_classes) {
-        if ((!eager && d->misses++ % DW_QUERY_EVERY) || ops->event_query(h->dev, (cuh_event_t)d->event) != CUH_DEV_OK ||
-            cuh_tcache_dw_ready(tc) != 0)
-            return CUH_DEV_OK;
-    }
-    if (!d->pending_classes ||
-        (!eager && d->pending[c].count < DW_FENCE_OBJECTS && d->pending_bytes < h->cfg.thread_cache / 2))
-        return CUH_DEV_OK;   /* little pending */
-    const cuh_dev_status_t rc = ops->event_record_all(h->dev, (cuh_event_t)d->event);
-    if (rc != CUH_DEV_OK) {
-        /* A capture began: later. Anything else (a driver without
-         * device-wide events): the cache takes no more. */
-        d->refused |= rc != CUH_DEV_CAPTURING;
-        return rc == CUH_DEV_CAPTURING ? CUH_DEV_OK : rc;
-    }
-    cuh_tcache_dw_fence(tc);
-    d->misses = 1;
-    if (ops->event_query(h->dev, (cuh_event_t)d->event) == CUH_DEV_OK)
-        (void)cuh_tcache_dw_ready(tc);
-    return CUH_DEV_OK;
-}
-
-/* The device refused the cache's event (rc): the heap learns that it has
- * no device-wide events, and what this thread's cache holds goes to the
- * heap's batches, fenced stream by stream. */
-static void dw_refused_locked(cuh_heap_t *h, cuh_dev_status_t rc)
-{
-    cuh_hp_device_fences_refused_locked(h, rc);
-    cuh_hp_tcache_dw_flush_mine_locked(h);
-}
-
-int cuh_hp_tcache_dw_refill(cuh_heap_t *h, cuh_tcache_t *tc, unsigned c)
-{
-    return dw_refill(h, tc, c, 0);
-}
-
-void cuh_hp_tcache_dw_refused(cuh_heap_t *h, int rc)
-{
-    cuh_lock(&h->lock);
-    dw_refused_locked(h, (cuh_dev_status_t)rc);
-    cuh_unlock(&h->lock);
-}
-
-/* A device-wide allocation of class c whose slabs are all in use: an object
- * of the class from this thread's cache, fencing what it holds pending and
- * asking at once, before the heap takes back or cuts a slab; 0 if the GPU
- * has not passed those frees yet (they then join the heap's batch, whose
- * take-back makes the GPU wait instead: small_taken_back_locked). The object
- * is already counted as allocated; the cache hands it out as its own. */
-uintptr_t cuh_hp_tcache_dw_serve_locked(cuh_heap_t *h, unsigned c, size_t size)
-{
-    cuh_tcache_t *tc = cuh_hp_my_tcache(h);
-    if (!tc || !tc->dw.event || h->captures)
-        return 0;
-    uintptr_t addr = 0;
-    cuh_dev_status_t rc = CUH_DEV_OK;
-    cuh_spin_lock(&tc->lock);
-    cuh_tc_list_t *l = &tc->dw.ready[c];
-    if (!l->count)
-        rc = dw_refill(h, tc, c, 1);
-    if (l->count) {
-        addr = l->addr[--l->count];
-        cuh_tcache_hand_out(tc, cuh_tcache_find(tc, addr), (uint32_t)size);
-    }
-    cuh_spin_unlock(&tc->lock);
-    if (rc != CUH_DEV_OK)
-        dw_refused_locked(h, rc);
-    return addr;
 }
 
 /* ---- the parked block ----------------------------------------------------------- *

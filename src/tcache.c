@@ -39,11 +39,6 @@ void cuh_tcache_destroy(cuh_tcache_t *tc)
         return;
     for (unsigned i = 0; i < tc->num_chunks; i++)
         cuh_chunk_fini(&tc->chunks[i]);
-    for (unsigned c = 0; c < CUH_MAX_CLASSES; c++) {
-        free(tc->dw.pending[c].addr);
-        free(tc->dw.fenced[c].addr);
-        free(tc->dw.ready[c].addr);
-    }
     free(tc->slots);
     free(tc);
 }
@@ -96,71 +91,6 @@ void cuh_tcache_remove(cuh_tcache_t *tc, cuh_tc_entry_t *e)
     }
     memset(&tc->slots[hole], 0, sizeof tc->slots[hole]);
     tc->count--;
-}
-
-_Static_assert(CUH_MAX_CLASSES <= 64, "a class is a bit of cuh_tc_dw_t's masks");
-
-static int list_reserve(cuh_tc_list_t *l, uint32_t n)
-{
-    if (n <= l->cap)
-        return 0;
-    uint32_t cap = l->cap ? l->cap : 64;
-    while (cap < n)
-        cap *= 2;
-    uintptr_t *grown = realloc(l->addr, cap * sizeof *grown);
-    if (!grown)
-        return -1;
-    l->addr = grown;
-    l->cap = cap;
-    return 0;
-}
-
-int cuh_tc_list_grow_push(cuh_tc_list_t *l, uintptr_t addr)
-{
-    if (list_reserve(l, l->count + 1) != 0)
-        return -1;
-    l->addr[l->count++] = addr;
-    return 0;
-}
-
-static void list_swap(cuh_tc_list_t *a, cuh_tc_list_t *b)
-{
-    const cuh_tc_list_t t = *a;
-    *a = *b;
-    *b = t;
-}
-
-void cuh_tcache_dw_fence(cuh_tcache_t *tc)
-{
-    cuh_tc_dw_t *d = &tc->dw;
-    for (uint64_t m = d->pending_classes; m; m &= m - 1)
-        list_swap(&d->pending[__builtin_ctzll(m)], &d->fenced[__builtin_ctzll(m)]);
-    d->fenced_classes = d->pending_classes;
-    d->fenced_bytes = d->pending_bytes;
-    d->pending_classes = 0;
-    d->pending_bytes = 0;
-}
-
-int cuh_tcache_dw_ready(cuh_tcache_t *tc)
-{
-    cuh_tc_dw_t *d = &tc->dw;
-    for (uint64_t m = d->fenced_classes; m; m &= m - 1) {
-        const unsigned c = (unsigned)__builtin_ctzll(m);
-        cuh_tc_list_t *f = &d->fenced[c], *r = &d->ready[c];
-        const uint32_t n = f->count;
-        if (!r->count) {
-            list_swap(f, r);
-        } else {
-            if (list_reserve(r, r->count + f->count) != 0)
-                return -1;
-            memcpy(r->addr + r->count, f->addr, f->count * sizeof *f->addr);
-            r->count += f->count;
-        }
-        d->fenced_bytes -= n * cuh_sizeclass_size(c);
-        f->count = 0;
-        d->fenced_classes &= ~((uint64_t)1 << c);
-    }
-    return 0;
 }
 
 void cuh_tcache_unbin(cuh_tcache_t *tc, unsigned size_class, uint32_t i)

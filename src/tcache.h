@@ -62,31 +62,6 @@ typedef struct cuh_tc_large_s {
     uint8_t state;            /* 0 (none), CUH_TC_LIVE or CUH_TC_CACHED */
 } cuh_tc_large_t;
 
-/* The stream key of objects freed device-wide (cudaFree) into the cache and
- * handed out device-wide again (cudaMalloc): no stream handle is all ones. */
-#define CUH_TC_DEVICE_WIDE UINTPTR_MAX
-
-/* A growable stack of object addresses. */
-typedef struct cuh_tc_list_s {
-    uintptr_t *addr;
-    uint32_t count, cap;
-} cuh_tc_list_t;
-
-/* Objects the thread freed device-wide (heap_tcache.c, "device-wide frees in
- * a thread's cache"), per size class: work issued before such a free, on any
- * stream, may still use the object, so it serves again only once an event
- * recorded on the whole device after its free has completed. Pending
- * objects no event covers yet; fenced ones, `event`'s (recorded, not yet
- * seen complete); ready ones, any stream's to use. */
-typedef struct cuh_tc_dw_s {
-    cuh_tc_list_t pending[CUH_MAX_CLASSES], fenced[CUH_MAX_CLASSES], ready[CUH_MAX_CLASSES];
-    uint64_t pending_classes, fenced_classes;   /* bit c: the class's list holds objects */
-    size_t pending_bytes, fenced_bytes;
-    void *event;              /* the heap's event (cuh_event_t), the cache's own while it has one */
-    uint32_t misses;          /* allocations the cache could not serve since the event was last asked */
-    int refused;              /* the device refused the event (not a capture): the cache takes no more */
-} cuh_tc_dw_t;
-
 /* Most chunks a thread holds at once (heap_chunks.c, "a thread's chunks"). */
 #define CUH_TC_CHUNKS 8
 
@@ -125,7 +100,6 @@ typedef struct cuh_tcache_s {
     uint32_t waits;          /* bit i: the heap's lock was held at this thread's large allocation i+1 back through it */
     uint32_t chunks_off;     /* large allocations through the heap's lock before this thread gets a chunk again */
     cuh_tc_bin_t bins[CUH_MAX_CLASSES];
-    cuh_tc_dw_t dw;
 } cuh_tcache_t;
 
 /* An empty cache; NULL when out of host memory. */
@@ -237,37 +211,6 @@ static inline uintptr_t cuh_tcache_pop(cuh_tcache_t *tc, unsigned size_class, ui
         return b->addr[--b->count];
     return cuh_tcache_pop_deeper(tc, size_class, stream);
 }
-int cuh_tc_list_grow_push(cuh_tc_list_t *l, uintptr_t addr);
-
-/* Pushes addr on list l; -1 when out of host memory. */
-static inline int cuh_tc_list_push(cuh_tc_list_t *l, uintptr_t addr)
-{
-    if (__builtin_expect(l->count < l->cap, 1)) {
-        l->addr[l->count++] = addr;
-        return 0;
-    }
-    return cuh_tc_list_grow_push(l, addr);
-}
-
-/* A device-wide free of object addr (its entry e, handed out by the cache)
- * becomes pending. -1 when out of host memory (nothing changed). */
-static inline int cuh_tcache_dw_hold(cuh_tcache_t *tc, cuh_tc_entry_t *e)
-{
-    if (cuh_tc_list_push(&tc->dw.pending[e->size_class], e->addr) != 0)
-        return -1;
-    cuh_tcache_hold(tc, e, CUH_TC_DEVICE_WIDE);
-    tc->dw.pending_classes |= (uint64_t)1 << e->size_class;
-    tc->dw.pending_bytes += e->size;
-    return 0;
-}
-
-/* The pending objects become fenced: an event now covers them (none may be
- * fenced already). */
-void cuh_tcache_dw_fence(cuh_tcache_t *tc);
-/* The fenced objects' event has completed: they become ready. -1 when out
- * of host memory (what could not move stays fenced). */
-int cuh_tcache_dw_ready(cuh_tcache_t *tc);
-
 /* Takes item i out of a bin, keeping the order of the others. */
 void cuh_tcache_unbin(cuh_tcache_t *tc, unsigned size_class, uint32_t i);
 

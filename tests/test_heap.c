@@ -380,7 +380,7 @@ typedef struct worker_s {
     interval_set_t *set;
     cuh_stream_t stream;
     uint64_t seed;
-    int device_wide;   /* most calls cudaMalloc/cudaFree: the caches of device-wide frees */
+    int device_wide;   /* most calls cudaMalloc/cudaFree */
     int failures;
 } worker_t;
 
@@ -437,9 +437,9 @@ static void test_concurrent_threads_never_share_memory(void **state)
     (void)state;
     /* As the threads come, and as if they had contended from the start
      * (each then keeps the large block it freed: "a thread's large block");
-     * and with most calls device-wide (cudaMalloc/cudaFree: small objects
-     * wait in each thread's cache for its own device-wide event), while
-     * the main thread reads statistics and gives the caches back. */
+     * and with most calls device-wide (cudaMalloc/cudaFree: frees wait in
+     * the heap's batches), while the main thread reads statistics and gives
+     * the caches back. */
     for (int contended = 0; contended < 3; contended++) {
         test_heap_t t = test_heap_new(16 * GiB, NULL);
         if (contended == 1)
