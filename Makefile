@@ -21,11 +21,7 @@ CC      ?= gcc
 BUILD   ?= build
 OPT     ?= -O2 -g
 WARN    := -Wall -Wextra -Wshadow -Wconversion -Wstrict-prototypes -Wmissing-prototypes -Werror
-# Thread-locals through TLS descriptors: a thread cache or the hooks' state
-# costs a few instructions, not a call to __tls_get_addr (x86-64's default
-# for a shared library; the library stays loadable by dlopen either way).
-TLS_DIALECT := $(if $(filter x86_64,$(shell uname -m)),-mtls-dialect=gnu2)
-CFLAGS_BASE := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -Iinclude -Isrc -pthread $(TLS_DIALECT)
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -Iinclude -Isrc -pthread
 SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 TSAN    := -fsanitize=thread -fno-omit-frame-pointer
 
