@@ -50,6 +50,22 @@ for bad in ("native@vmm_page:8M", "cuheap@"):
         expect(False, "%s is refused" % bad)
     except SystemExit:
         expect(True, "%s is refused" % bad)
+lib = os.path.abspath("../../README.md")      # any file stands for another build here
+env = run_modes.environment("preload=../../README.md@thread_cache:0")
+expect(env.get("LD_PRELOAD") == lib and env.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1"
+       and env.get("CUHEAP_CONF") == "thread_cache:0", "preload=PATH: that build preloaded, cache off, settings after @")
+env = run_modes.environment("cuheap=../../README.md")
+expect(env.get("CUHEAP_LIB") == lib and env.get("CUHEAP_TORCH") == "1" and "LD_PRELOAD" not in env,
+       "cuheap=PATH: the plugin from that build")
+os.environ["CUHEAP_LIB"] = "/stale.so"
+expect("CUHEAP_LIB" not in run_modes.environment("cuheap"), "the caller's CUHEAP_LIB never reaches a mode")
+del os.environ["CUHEAP_LIB"]
+for bad in ("native=../../README.md", "preload=", "preload=/no/such/libcuheap.so"):
+    try:
+        run_modes.environment(bad)
+        expect(False, "%s is refused" % bad)
+    except SystemExit as e:
+        expect("mode" in str(e), "%s is refused, naming the mode" % bad)
 try:
     run_modes.environment("native-limit")
     expect(False, "a *-limit mode without a limit is refused")

@@ -39,6 +39,12 @@ runs beside the plain one as MODE@key:value+key:value (for example
 cuheap-vmm@vmm_page:8M or cuheap-vmm-limit@vmm_page:8M): the settings after
 "@" ("+" between them) are added to that mode's CUHEAP_CONF.
 
+Another build of the library runs beside the tree's own, in the same rounds,
+as preload=PATH (LD_PRELOAD=PATH, PyTorch's cache off) or cuheap=PATH (the
+plugin with CUHEAP_LIB=PATH), settings after it as above
+(preload=/tmp/before/libcuheap.so@thread_cache:0): a change to the library
+is judged on a job against the build before it, the machine's drift shared.
+
 CUHEAP_BENCH_STRICT=1 makes every kernel deterministic in every mode
 (train_job.py: attention on PyTorch's math path, no warn_only): two native
 runs of GPT-2 and BERT then agree bit for bit, and so must every allocator.
@@ -70,12 +76,33 @@ def split_variant(mode):
     return base, extra.replace("+", ",")
 
 
+OTHER_BUILD_MODES = ("preload", "cuheap")   # MODE=PATH: that mode with another libcuheap.so
+
+
+def split_build(mode):
+    """(mode, another build's libcuheap.so or None) of preload=PATH and cuheap=PATH."""
+    base, sep, path = mode.partition("=")
+    if not sep:
+        return mode, None
+    if base not in OTHER_BUILD_MODES or not path:
+        raise SystemExit("mode %s: another build is MODE=PATH with MODE one of %s" % (mode, ", ".join(OTHER_BUILD_MODES)))
+    path = os.path.abspath(path)
+    if not os.path.isfile(path):
+        raise SystemExit("mode %s: %s is not a file (a libcuheap.so built elsewhere)" % (mode, path))
+    return base, path
+
+
 def environment(mode, limit=None):
     """The environment of `mode`; a *-limit mode needs `limit` (bytes)."""
     mode, variant = split_variant(mode)
     if variant:
         env = environment(mode, limit)
         env["CUHEAP_CONF"] = (env["CUHEAP_CONF"] + "," if "CUHEAP_CONF" in env else "") + variant
+        return env
+    mode, other = split_build(mode)
+    if other:
+        env = environment(mode, limit)
+        env["LD_PRELOAD" if mode == "preload" else "CUHEAP_LIB"] = other
         return env
     if mode.endswith("-limit"):
         if limit is None:
@@ -88,7 +115,7 @@ def environment(mode, limit=None):
         return env
     env = dict(os.environ)
     for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING", "CUHEAP_TORCH", "CUHEAP_CONF", "LD_PRELOAD",
-              "CUHEAP_BENCH_LIMIT"):
+              "CUHEAP_BENCH_LIMIT", "CUHEAP_LIB"):
         env.pop(k, None)
     env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"   # deterministic cuBLAS
     env["PYTHONUNBUFFERED"] = "1"
@@ -130,7 +157,7 @@ def run(job, mode, steps, seed, timeout, limit=None):
     r = json.loads(lines[-1])
     if mode == "native-again" and r["mode"] == "native":
         r["mode"] = mode
-    base, variant = split_variant(mode)
+    base = split_build(split_variant(mode)[0])[0]
     if r["mode"] != base:
         r["error"] = "asked for mode %s, the job ran in %s" % (base, r["mode"])
     r["mode"] = mode
@@ -255,7 +282,7 @@ def main():
         ap.error("--repeat must be at least 1")
     modes = args.modes.split(",")
     for m in modes:
-        split_variant(m)
+        split_build(split_variant(m)[0])
     results, limits = [], {}
     for _ in range(args.repeat):
         for job in args.jobs.split(","):
