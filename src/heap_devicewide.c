@@ -302,13 +302,15 @@ static int order_streams_after_locked(cuh_heap_t *h, cuh_event_t **running, cons
  * on the default stream first: order_streams_after_locked); idle streams
  * cost one event query each and no wait. Only when a wait cannot be enqueued
  * does the CPU wait. Returns 1 when memory came back (try again), 0 when
- * there was none to take (or wait_before_grow:0, or a capture is underway). */
-int cuh_hp_take_back_all_locked(cuh_heap_t *h)
+ * there was none to take (or wait_before_grow:0, or a capture is underway).
+ * The open batch is closed and taken with the rest only `with_open`. */
+static int take_back_locked(cuh_heap_t *h, int with_open)
 {
-    if (!h->cfg.wait_before_grow || h->captures || (!h->open_batch && !h->closed_batches))
+    if (!h->cfg.wait_before_grow || h->captures || (!(with_open && h->open_batch) && !h->closed_batches))
         return 0;
     const size_t held_before = h->held_bytes;
-    cuh_hp_batch_close_locked(h);   /* may finish it at once, or leave it open (a capture underway) */
+    if (with_open)
+        cuh_hp_batch_close_locked(h);   /* may finish it at once, or leave it open (a capture underway) */
     const int others = cuh_hp_other_streams_locked(h);
     int per_stream = 0, device_wide = 0;   /* batches fenced stream by stream, and over the device */
     for (free_batch_t *b = h->closed_batches; b; b = b->next)
@@ -389,6 +391,11 @@ int cuh_hp_take_back_all_locked(cuh_heap_t *h)
     return h->held_bytes < held_before;
 }
 
+int cuh_hp_take_back_all_locked(cuh_heap_t *h)
+{
+    return take_back_locked(h, 1);
+}
+
 /* What a block's allocation takes back first (the ladder's first step,
  * cuh_hp_extent_alloc_locked): every closed batch, but not an open batch of
  * small objects only, when closed batches are there to take. A block's free
@@ -403,13 +410,8 @@ int cuh_hp_take_back_all_locked(cuh_heap_t *h)
  * 1.1890x -> 1.1833x its live peak, the most calls a step 891 -> 811. */
 int cuh_hp_take_back_for_block_locked(cuh_heap_t *h)
 {
-    free_batch_t *small = h->open_batch;
-    if (!small || small->num_blocks || !h->closed_batches)
-        return cuh_hp_take_back_all_locked(h);
-    h->open_batch = NULL;   /* out of this take-back's reach; a take-back adds no free */
-    const int got = cuh_hp_take_back_all_locked(h);
-    h->open_batch = small;
-    return got;
+    const free_batch_t *open = h->open_batch;
+    return take_back_locked(h, !open || open->num_blocks || !h->closed_batches);
 }
 
 /* ---- reuse across streams ----------------------------------------------------------- */
