@@ -118,8 +118,6 @@ static int cuda_code(cuheap_status_t status, int allocation, unsigned long mark)
     if (cuh_likely(status == CUHEAP_OK))
         return CUH_CUDA_SUCCESS;
     switch (status) {
-    case CUHEAP_OK:
-        return CUH_CUDA_SUCCESS;
     case CUHEAP_ERR_OUT_OF_MEMORY:
         return CUH_CUDA_OUT_OF_MEMORY;
     case CUHEAP_ERR_INVALID_ARGUMENT:
