@@ -92,16 +92,10 @@ def floor_library(build, way):
 
 def environment(mode, build=os.path.join(ROOT, "build")):
     """The environment of `mode`: run_modes.environment() for the modes it
-    knows, the floor's from its native (or cache-off) one."""
+    knows (preload=PATH included), the floor's from its native (or cache-off)
+    one."""
     if not known(mode):
         raise SystemExit("unknown mode %s (modes: %s, preload=PATH)" % (mode, ", ".join(m for m, _ in MODES)))
-    if mode.startswith(OTHER_BUILD):
-        path = os.path.abspath(mode[len(OTHER_BUILD):])
-        if not os.path.isfile(path):
-            raise SystemExit("mode %s: no library at %s" % (mode, path))
-        env = environment("preload", build)
-        env["LD_PRELOAD"] = path
-        return env
     env = run_modes.environment({"floor-plugin": "native", "floor-preload": "nocache"}.get(mode, mode))
     env.pop(FLOOR_ENV, None)   # the caller's never reaches a mode
     if mode == "floor-plugin":
