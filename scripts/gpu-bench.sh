@@ -9,6 +9,8 @@
 #     cost (the figures behind cuheap's cudaFree bookkeeping);
 #     bench/gpu/vm_costs.cu: what mapping, granting access to and unmapping a
 #     page of virtual memory cost (the price of a page moved under vmm:1);
+#     bench/gpu/vm_regroup.cu: scattered free pages gathered into one
+#     allocation (released and created anew) against moved one by one;
 #     bench/gpu/pinned_costs.cu: cudaHostAlloc+cudaFreeHost against cuheap's
 #     pinned cache, and host-to-device copy bandwidth from each;
 #     bench/gpu/preload_pairs.c (part pairs): a cudaMalloc+cudaFree pair by
@@ -69,6 +71,7 @@ make lib BUILD="$BUILD"
     -ldl -lpthread -o "$BUILD"/alloc_latency
 "$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 bench/gpu/sync_costs.cu -o "$BUILD"/sync_costs
 "$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 bench/gpu/vm_costs.cu -lcuda -o "$BUILD"/vm_costs
+"$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 bench/gpu/vm_regroup.cu -lcuda -o "$BUILD"/vm_regroup
 "$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 -Iinclude bench/gpu/pinned_costs.cu "$BUILD"/libcuheap.a \
     -ldl -lpthread -o "$BUILD"/pinned_costs
 
@@ -85,6 +88,8 @@ fi
 if want vm; then
     section "virtual-memory page costs (bench/gpu/vm_costs.cu)"
     timeout 120 "$BUILD"/vm_costs || rc=1
+    section "scattered pages gathered into one allocation (bench/gpu/vm_regroup.cu)"
+    timeout 180 "$BUILD"/vm_regroup || rc=1
 fi
 
 if want pinned; then
