@@ -37,7 +37,7 @@ LIB_SRCS := src/log.c src/callers.c src/config.c src/sizeclass.c src/freebins.c 
 # links libcuheap.a keeps its own CUDA runtime.
 HOOK_SRCS := src/hook_cuda.c src/hook_runtime.c src/hook_driver.c
 # Tool-side code (reads gzip traces, so it links zlib); never in the .so.
-TOOL_SRCS := src/trace_read.c src/json_read.c src/torch_model.c src/device_fault.c
+TOOL_SRCS := src/trace_read.c src/json_read.c src/torch_model.c src/device_fault.c src/step_plan.c
 # cuheap-report: the command line, reading, checking and rendering.
 REPORT_SRCS := src/tools/report.c src/tools/report_read.c src/tools/report_check.c src/tools/report_render.c
 

@@ -112,8 +112,72 @@ run plain_text "$TMP/c/churn_plugin.trace.gz"
 check "the text output says what PyTorch measured when the trace was recorded" \
     'grep -q "PyTorch measured when the trace was recorded.*native [0-9.]*, expandable [0-9.]*, async [0-9.]*" "$TMP/plain_text.out"'
 
-# ---- cuheap-corpus ----------------------------------------------------------
+# ---- a steady step laid out in advance (step_plan.h) -------------------------
+# Job "rep" repeats its step: weights live throughout, an activation freed in
+# the step, a gradient freed in the next one. Its plan: the weights plus one
+# activation beside one gradient (they meet at the step's start), each step
+# the same, against a live peak one gradient higher in step 1.
+mkdir -p "$TMP/r"
+rep() {
+    py '
+t, i = 0, 1
+print("a 0 0 100000000 0")
+prev = None
+for step in range(6):
+    print("# mark %d step %d" % (t, step))
+    t += 1; print("a %d %d 30000000 0" % (t, i)); act = i; i += 1
+    if prev is not None:
+        t += 1; print("f %d %d" % (t, prev))
+    t += 1; print("a %d %d 50000000 0" % (t, i)); prev = i; i += 1
+    t += 1; print("f %d %d" % (t, act))
+print("# mark %d end" % t)
+'
+}
+for w in plugin preload; do
+    { header rep $w 1073741824 1073741824 1073741824; rep; } >"$TMP/r/rep_${w}.trace.gz"
+done
+printf '# job set\nrep tuning\n' >"$TMP/r/MANIFEST"
+run plan_rep --json --way plugin "$TMP/r/rep_plugin.trace.gz"
+run plan_churn --json --way plugin "$TMP/c/churn_plugin.trace.gz"
+run plan_steady --json --way plugin "$TMP/c/steady_plugin.trace.gz"
+check "plan: step 3 of a repeating trace laid out in advance; its steps differ in churn; null without marks" \
+    'py "
+import json
+a = json.load(open(\"$TMP/plan_rep.out\"))
+p = a[\"plan\"]
+assert p[\"step\"] == 3 and p[\"repeats\"] and p[\"blocks\"] == 2, p
+assert p[\"persistent\"] == 100000256 and p[\"step_peak\"] == 30000128 + 50000384, p   # rounded to 512 B
+assert p[\"window\"] == 39 << 21, p    # 80000256 bytes rounded up to 2 MiB pages
+assert abs(p[\"ratio\"] - (p[\"persistent\"] + p[\"window\"]) / a[\"peak_live\"]) < 1e-4, (p, a[\"peak_live\"])
+c = json.load(open(\"$TMP/plan_churn.out\"))[\"plan\"]
+assert c[\"step\"] == 3 and not c[\"repeats\"] and c[\"window\"] >= c[\"step_peak\"] > 0, c
+assert json.load(open(\"$TMP/plan_steady.out\"))[\"plan\"] is None
+"'
+run plan_text --way plugin "$TMP/r/rep_plugin.trace.gz"
+check "plan: the text output says what step 3 laid out in advance holds" \
+    'grep -q "step 3 laid out in advance (the next step repeats it): 95.37 MiB live through it + 78.00 MiB for its 2 blocks = " "$TMP/plan_text.out"'
 BIN=$CORPUS
+run plan_corpus --dir "$TMP/r" --replay "$BUILD/cuheap-replay" --json
+check "cuheap-corpus: a repeating job's plan per row, and the plan beside the replay in the summary" \
+    '[ $rc = 0 ] && py "
+import json
+rows = [json.loads(l) for l in open(\"$TMP/plan_corpus.out\")]
+r = {o[\"way\"]: o for o in rows if \"job\" in o}
+a = json.load(open(\"$TMP/plan_rep.out\"))
+assert r[\"plugin\"][\"plan_repeats\"] and abs(r[\"plugin\"][\"plan_ratio\"] - a[\"plan\"][\"ratio\"]) < 1e-4, r
+s = [o[\"summary\"] for o in rows if \"summary\" in o][0]
+assert s[\"repeating\"] == 1 and s[\"plan_median\"] == s[\"plan_worst\"] == r[\"plugin\"][\"plan_ratio\"], s
+assert s[\"heap_median_repeating\"] == r[\"plugin\"][\"ratio\"], s
+"'
+run plan_table --dir "$TMP/r" --replay "$BUILD/cuheap-replay"
+run plan_churn_table --dir "$TMP/c" --replay "$BUILD/cuheap-replay"
+check "cuheap-corpus: the plan column, varies where steps differ, and the summary line of repeating jobs" \
+    'grep -qE "^rep +tuning +plugin .* [01][.][0-9]{4}$" "$TMP/plan_table.out" && \
+     grep -q "^tuning   plugin   1 of 1 jobs repeat their steps: a steady step laid out in advance holds median" "$TMP/plan_table.out" && \
+     grep -qE "^churn +tuning +plugin .* varies$" "$TMP/plan_churn_table.out" && \
+     ! grep -q "jobs repeat their steps" "$TMP/plan_churn_table.out"'
+
+# ---- cuheap-corpus ----------------------------------------------------------
 run table --dir "$TMP/c" --replay "$BUILD/cuheap-replay"
 check "cuheap-corpus prints a row per job and way, tuning first, then the held-out set" \
     '[ $rc = 0 ] && [ "$(grep -cE "^(churn|steady) " "$TMP/table.out")" = 4 ] && \
@@ -155,8 +219,8 @@ w = json.loads(open(\"$TMP/moves_all.out\").readline())[\"worst_step\"]
 assert c[\"worst_step_calls\"] == w[\"map_calls\"] and r[(\"steady\", \"plugin\")][\"worst_step_calls\"] is None, c
 assert s[0][\"most_in_a_step\"] == c[\"worst_step_calls\"] and s[0][\"most_in_a_step_job\"] == \"churn\", s
 "'
-check "the table has map-call and worst-step columns and the summary names the job that makes the most" \
-    'grep -q " calls   worst   +time\$" "$TMP/table.out" && grep -q "^tuning   plugin   1 jobs: .*map calls a step after the first: median [0-9]*, most [0-9]* (churn), in one step [0-9]* (churn)" "$TMP/table.out"'
+check "the table has map-call, worst-step and plan columns and the summary names the job that makes the most" \
+    'grep -q " calls   worst   +time    plan\$" "$TMP/table.out" && grep -q "^tuning   plugin   1 jobs: .*map calls a step after the first: median [0-9]*, most [0-9]* (churn), in one step [0-9]* (churn)" "$TMP/table.out"'
 run tuning --dir "$TMP/c" --replay "$BUILD/cuheap-replay" --tuning
 check "--tuning leaves the held-out set out" '[ $rc = 0 ] && ! grep -q "^steady\|^held-out" "$TMP/tuning.out"'
 

@@ -13,7 +13,9 @@
  * sets cuheap's peak reserved over peak live bytes, and the smallest device
  * it fits, beside PyTorch's measured peaks. Summary lines per set and way:
  * the median and worst ratio, and on how many jobs cuheap holds less than
- * the least of PyTorch's three modes.
+ * the least of PyTorch's three modes; and, beside them, what a steady step
+ * laid out in advance would hold (the replay's plan, step_plan.h) on the
+ * jobs that repeat their steps: a yardstick, not a policy.
  *
  * With --baseline FILE (the --json output of an earlier run, say before a
  * change) it applies the rule of bench/README.md: a change is kept only if,
@@ -83,6 +85,9 @@ typedef struct row_s {
     double moves;                 /* map and unmap calls a step after the first ((maps + unmaps) / steps); NAN: no steps marked */
     double move_time;             /* those calls' time (CALL_MS each) over PyTorch native's step time; NAN: unknown */
     double worst_moves;           /* the calls of the step after the first that made the most; NAN: unknown */
+    double plan_ratio;            /* a steady step laid out in advance (cuheap-replay's plan) over the live
+                                   * peak; NAN: the trace marks too few steps */
+    int plan_repeats;             /* that step repeats in the next: a layout learned from it would hold */
     /* --bounds, preload rows: the same trace's replay with cudaFree's at lag 0 */
     int lag0_ok;
     uint64_t lag0_live, lag0_reserved, lag0_min;
@@ -348,6 +353,10 @@ static int replay_row(const options_t *o, row_t *row, int lag0)
     row->move_time = steps >= 2 && native_ms > 0 ? row->moves * CALL_MS / (native_ms / (double)(steps - 1)) : NAN;
     for (int m = 0; m < NUM_MODES; m++)
         row->measured[m] = get_u64(cuh_json_get(measured, MODES[m]), "peak_reserved");
+    const cuh_json_t *plan = cuh_json_get(r, "plan");
+    row->plan_ratio = plan && plan->type == CUH_JSON_OBJECT ? get_double(plan, "ratio") : NAN;
+    const cuh_json_t *repeats = plan && plan->type == CUH_JSON_OBJECT ? cuh_json_get(plan, "repeats") : NULL;
+    row->plan_repeats = repeats && repeats->type == CUH_JSON_BOOL && repeats->v.boolean;
     cuh_json_free(doc);
     if (!row->peak_live) {
         fprintf(stderr, PROG ": %s: no live bytes\n", trace);
@@ -409,6 +418,9 @@ typedef struct summary_s {
     const char *most_moves_job;
     size_t below_best;            /* jobs where cuheap reserves less than PyTorch's least */
     size_t with_measured;         /* jobs with PyTorch's peaks recorded */
+    size_t planned, repeating;    /* jobs with a step planned, and those whose step repeats */
+    double plan_median, plan_worst;   /* on the repeating ones: the plan over the live peak */
+    double heap_median, heap_worst;   /* and cuheap's replay on the same jobs */
 } summary_t;
 
 static summary_t summarize(const row_t *rows, size_t n, int held_out, int way)
@@ -416,11 +428,12 @@ static summary_t summarize(const row_t *rows, size_t n, int held_out, int way)
     summary_t s = {0};
     double *ratios = calloc(n + 1, sizeof *ratios), *mins = calloc(n + 1, sizeof *mins);
     double *moves = calloc(n + 1, sizeof *moves), *times = calloc(n + 1, sizeof *times);
+    double *plans = calloc(n + 1, sizeof *plans), *heaps = calloc(n + 1, sizeof *heaps);
     size_t nm = 0, nv = 0, nt = 0;
     s.most_moves = NAN;
     s.most_move_time = NAN;
     s.most_in_a_step = NAN;
-    if (!ratios || !mins || !moves || !times) {
+    if (!ratios || !mins || !moves || !times || !plans || !heaps) {
         fprintf(stderr, PROG ": out of memory\n");
         exit(1);
     }
@@ -460,7 +473,20 @@ static summary_t summarize(const row_t *rows, size_t n, int held_out, int way)
             s.with_measured++;
             s.below_best += vs_best(r, best) < 1;
         }
+        if (!isnan(r->plan_ratio)) {
+            s.planned++;
+            if (r->plan_repeats) {
+                plans[s.repeating] = r->plan_ratio;
+                heaps[s.repeating++] = r->ratio;
+                s.plan_worst = r->plan_ratio > s.plan_worst ? r->plan_ratio : s.plan_worst;
+                s.heap_worst = r->ratio > s.heap_worst ? r->ratio : s.heap_worst;
+            }
+        }
     }
+    s.plan_median = s.repeating ? median_of(plans, s.repeating) : NAN;
+    s.heap_median = s.repeating ? median_of(heaps, s.repeating) : NAN;
+    free(plans);
+    free(heaps);
     s.median = s.jobs ? median_of(ratios, s.jobs) : NAN;
     s.median_min = nm ? median_of(mins, nm) : NAN;
     s.median_moves = nv ? median_of(moves, nv) : NAN;
@@ -512,6 +538,12 @@ static void print_row(const row_t *r)
         printf(" %+6.1f%%", 100.0 * r->move_time);
     else
         printf(" %7s", "-");
+    if (isnan(r->plan_ratio))
+        printf(" %7s", "-");
+    else if (r->plan_repeats)
+        printf(" %7.4f", r->plan_ratio);
+    else
+        printf(" %7s", "varies");
     if (!isnan(r->base_ratio))
         printf("  %+6.2f%%", 100.0 * (r->ratio / r->base_ratio - 1));
     printf("%s\n", r->oom ? "  OUT OF MEMORY" : "");
@@ -534,6 +566,11 @@ static void print_summary(const summary_t *s, int held_out, int way)
         printf(", their time over native's step: median %+.1f%%, most %+.1f%%", 100.0 * s->median_move_time,
                100.0 * s->most_move_time);
     printf("\n");
+    if (s->repeating)
+        printf("%-8s %-7s %2zu of %zu jobs repeat their steps: a steady step laid out in advance holds median %.4f, "
+               "worst %.4f of the live peak, where cuheap's replay holds median %.4f, worst %.4f\n",
+               SETS[held_out], WAYS[way], s->repeating, s->planned, s->plan_median, s->plan_worst, s->heap_median,
+               s->heap_worst);
 }
 
 static void json_row(const row_t *r)
@@ -561,6 +598,10 @@ static void json_row(const row_t *r)
             printf(",\"move_time\":%.4f", r->move_time);
         else
             printf(",\"move_time\":null");
+        if (!isnan(r->plan_ratio))
+            printf(",\"plan_ratio\":%.6f,\"plan_repeats\":%s", r->plan_ratio, r->plan_repeats ? "true" : "false");
+        else
+            printf(",\"plan_ratio\":null,\"plan_repeats\":null");
         printf(",\"pytorch\":{");
         for (int m = 0; m < NUM_MODES; m++) {
             if (r->measured[m])
@@ -591,9 +632,16 @@ static void json_summary(const summary_t *s, int held_out, int way)
     else
         printf(",\"most_in_a_step\":null,\"most_in_a_step_job\":null");
     if (!isnan(s->median_move_time))
-        printf(",\"median_move_time\":%.4f,\"most_move_time\":%.4f}}\n", s->median_move_time, s->most_move_time);
+        printf(",\"median_move_time\":%.4f,\"most_move_time\":%.4f", s->median_move_time, s->most_move_time);
     else
-        printf(",\"median_move_time\":null,\"most_move_time\":null}}\n");
+        printf(",\"median_move_time\":null,\"most_move_time\":null");
+    if (s->repeating)
+        printf(",\"repeating\":%zu,\"plan_median\":%.6f,\"plan_worst\":%.6f,\"heap_median_repeating\":%.6f,"
+               "\"heap_worst_repeating\":%.6f}}\n",
+               s->repeating, s->plan_median, s->plan_worst, s->heap_median, s->heap_worst);
+    else
+        printf(",\"repeating\":0,\"plan_median\":null,\"plan_worst\":null,\"heap_median_repeating\":null,"
+               "\"heap_worst_repeating\":null}}\n");
 }
 
 /* ---- issue 42's bounds (--bounds) -------------------------------------------------- */
@@ -845,10 +893,13 @@ int main(int argc, char **argv)
                "  of each; a unit of vmm_unit bytes takes one); worst: in the step after the first that made\n"
                "  the most (the step a user feels); +time: the calls a step at about 27.5 us each on an H200\n"
                "  (55 us a page moved), over PyTorch native's step\n"
+               "plan: a steady step (the third) laid out before it runs, greedy by size (cuheap-replay's plan):\n"
+               "  the bytes live through it plus the layout's, over the live peak; varies: the next step asks for\n"
+               "  other sizes, so no layout learned from one step would serve the next\n"
                "%s\n", o.baseline ? "last column: cuheap's ratio against the baseline's\n" : "");
-        printf("%-20s %-8s %-7s %8s %7s %7s %7s %7s %7s  %-10s %7s %6s %8s %7s %7s\n", "job", "set", "way",
+        printf("%-20s %-8s %-7s %8s %7s %7s %7s %7s %7s  %-10s %7s %6s %8s %7s %7s %7s\n", "job", "set", "way",
                "live GiB", "ratio", "min cap", "native", "expand", "async", "best", "vs best", "libs", "calls", "worst",
-               "+time");
+               "+time", "plan");
         for (size_t i = 0; i < n; i++)
             print_row(&rows[i]);
         printf("\n");

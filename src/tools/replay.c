@@ -20,6 +20,7 @@
 #include "config.h"
 #include "device.h"
 #include "heap.h"
+#include "step_plan.h"
 #include "torch_model.h"
 #include "trace_read.h"
 
@@ -658,7 +659,24 @@ typedef struct result_s {
      * the same replay with vmm:1 added. */
     int tried_vmm;
     run_t vmm_run;
+    /* The planned layout of a steady step (step_plan.h), where the trace
+     * marks PLAN_STEP and the step after it. */
+    int have_plan;
+    cuh_step_plan_t plan;
 } result_t;
+
+/* The step planned: the third, after the first step's set-up and the second
+ * step's warm-up (a corpus trace marks ten). */
+#define PLAN_STEP 3
+/* A block's bytes as the heap rounds them, and the page the window is
+ * mapped in (vmm:1's default). */
+#define PLAN_ALIGN 512
+#define PLAN_PAGE ((uint64_t)2 << 20)
+
+static double plan_ratio(const result_t *r)
+{
+    return ratio_of(r->plan.persistent + r->plan.window, r->peak_live);
+}
 
 /* Would vmm:1 change this out-of-memory? Not when the live bytes themselves
  * do not fit (capacity), when others hold the memory (external), or when it
@@ -713,6 +731,14 @@ static void print_json(const result_t *r)
                 run->worst_step, run->worst_step_unmaps, run->worst_step_calls);
     else
         fputs(",\"worst_step\":null", f);
+    if (r->have_plan)
+        fprintf(f,
+                ",\"plan\":{\"step\":%zu,\"repeats\":%s,\"blocks\":%zu,\"persistent\":%" PRIu64
+                ",\"window\":%" PRIu64 ",\"step_peak\":%" PRIu64 ",\"ratio\":%.4f}",
+                r->plan.step, r->plan.repeats ? "true" : "false", r->plan.blocks, r->plan.persistent, r->plan.window,
+                r->plan.step_peak, plan_ratio(r));
+    else
+        fputs(",\"plan\":null", f);
     if (t->pytorch_peak_reserved) {
         fprintf(f, ",\"pytorch_peak_reserved\":%" PRIu64, t->pytorch_peak_reserved);
         if (t->peak_live)
@@ -976,6 +1002,16 @@ static void print_row(const result_t *r, int name_width)
         if (m == CUH_TRACE_NUM_MODES - 1 || !t->measured[m + 1].present)
             putchar('\n');
     }
+    if (r->have_plan) {
+        char persistent[32], window[32];
+        cuh_format_bytes(persistent, sizeof persistent, (size_t)r->plan.persistent);
+        cuh_format_bytes(window, sizeof window, (size_t)r->plan.window);
+        printf("%-*s   step %zu laid out in advance (%s): %s live through it + %s for its %zu blocks = "
+               "%.4f of the live peak\n",
+               name_width, "", r->plan.step,
+               r->plan.repeats ? "the next step repeats it" : "the next step differs: no later step foretold",
+               persistent, window, r->plan.blocks, plan_ratio(r));
+    }
     if (t->unfinished)
         printf("%-*s   the trace lacks the line trace:PATH writes at exit: the program stopped before it exited "
                "(killed or crashed?), and this is what it recorded until then\n",
@@ -1103,6 +1139,16 @@ static int replay_trace(const char *arg, const options_t *o, int name_width)
             status = 1;
             goto out;
         }
+    }
+    /* The planned layout, a yardstick beside the replay: only where the
+     * trace marks the step and the one after it. */
+    if (trace.num_marks > PLAN_STEP + 1) {
+        if (cuh_step_plan_trace(&trace, PLAN_STEP, PLAN_ALIGN, PLAN_PAGE, &r.plan, err, sizeof err) != 0) {
+            fprintf(stderr, PROG ": %s: %s\n", arg, err);
+            status = 1;
+            goto out;
+        }
+        r.have_plan = 1;
     }
     if (o->json) {
         print_json(&r);
