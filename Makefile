@@ -32,12 +32,12 @@ LIB_SRCS := src/log.c src/callers.c src/config.c src/sizeclass.c src/freebins.c 
             src/heap.c src/heap_streams.c src/heap_small.c src/heap_tcache.c src/heap_chunks.c src/heap_place.c src/heap_segments.c \
             src/heap_pages.c src/heap_devicewide.c src/heap_holds.c src/heap_oom.c src/heap_stats.c \
             src/pinned.c src/report.c src/report_html.c src/device_sim.c \
-            src/device_cuda.c src/api.c src/hook_torch.c src/trace_write.c
+            src/device_cuda.c src/api.c src/hook_torch.c src/trace_write.c src/step_plan.c src/heap_plan.c
 # The CUDA entry points for LD_PRELOAD: in libcuheap.so only. A program that
 # links libcuheap.a keeps its own CUDA runtime.
 HOOK_SRCS := src/hook_cuda.c src/hook_runtime.c src/hook_driver.c
 # Tool-side code (reads gzip traces, so it links zlib); never in the .so.
-TOOL_SRCS := src/trace_read.c src/json_read.c src/torch_model.c src/device_fault.c src/step_plan.c
+TOOL_SRCS := src/trace_read.c src/json_read.c src/torch_model.c src/device_fault.c src/step_plan_trace.c
 # cuheap-report: the command line, reading, checking and rendering.
 REPORT_SRCS := src/tools/report.c src/tools/report_read.c src/tools/report_check.c src/tools/report_render.c
 
@@ -365,9 +365,11 @@ $(BUILD)/bench_heap: bench/bench_heap.c $(BUILD)/libcuheap.a
 
 # cudaMalloc/cudaFree through the fake runtime, alone or under the preload.
 # It links no heap code (under LD_PRELOAD it finds cuheap by name), only the
-# trace reader and the message helpers of log.o that the reader's errors use.
-$(BUILD)/bench_preload: bench/bench_preload.c $(TOOL_OBJS) $(BUILD)/obj/log.o $(FAKE_CUDART) $(FAKE_DEV_LINKS)
-	$(CC) $(CFLAGS_BASE) -O2 -g -Wno-missing-prototypes -Itests/fake -o $@ $< $(TOOL_OBJS) $(BUILD)/obj/log.o \
+# trace reader, the message helpers of log.o that the reader's errors use and
+# the step layout (step_plan.o) the tool-side objects call.
+$(BUILD)/bench_preload: bench/bench_preload.c $(TOOL_OBJS) $(BUILD)/obj/log.o $(BUILD)/obj/step_plan.o $(FAKE_CUDART) \
+                        $(FAKE_DEV_LINKS)
+	$(CC) $(CFLAGS_BASE) -O2 -g -Wno-missing-prototypes -Itests/fake -o $@ $< $(TOOL_OBJS) $(BUILD)/obj/log.o $(BUILD)/obj/step_plan.o \
 	    -L$(BUILD)/fake -lcudart -lz -ldl $(FAKE_RPATH)
 
 # What one tensor costs the CPU on each way in, with the driver calls it makes

@@ -313,6 +313,8 @@ cuh_extent_t *cuh_arena_take_at(cuh_arena_t *a, cuh_extent_t *ext, uintptr_t sta
     ext->requested = 0;
     ext->owner = NULL;
     ext->chunked = 0;
+    ext->seq = 0;
+    ext->plan = 0;
     ext->segment->used_bytes += size;
     a->used += size;
     return ext;

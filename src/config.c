@@ -76,6 +76,14 @@ static const option_t options[] = {
      "strands the rest: the smallest device a job fits in grows. When the device or the "
      "limit refuses, free units whose work is done go back and units of the needed length "
      "are made instead. Rounded up to whole pages (vmm_page); between 2M and 1G."},
+    {"step_plan", KIND_BOOL, offsetof(cuh_config_t, step_plan), "0",
+     "With vmm:1, for a program that marks its steps (cuheap's PyTorch package marks every "
+     "optimizer step): 1 lays out the blocks of the step just ended in a window of the "
+     "reservation, as if the whole step had been known in advance, and places the same "
+     "requests there in the steps after, until a step asks for something else. A job that "
+     "repeats its steps then moves no page once the window is filled. Experimental: off by "
+     "default; blocks allocated on other streams than the busiest, by cudaMalloc, or in a "
+     "graph capture are placed as always, and thread caches hold no large block."},
     {"thread_cache", KIND_SIZE, offsetof(cuh_config_t, thread_cache), "4M",
      "Most bytes of small objects (small_max and below) each thread keeps for itself, per "
      "device, beside the last large block it freed: what a thread frees on a stream it "
@@ -459,9 +467,9 @@ void cuh_config_format(const cuh_config_t *cfg, char *buf, size_t len)
     else
         snprintf(limit, sizeof limit, "none");
     int n = snprintf(buf, len, "workspace:%zu,limit:%s,small_max:%zu,segment_min:%zu,grow_fraction:%g,vmm:%zu,vmm_margin:%g,"
-                     "vmm_page:%zu,vmm_unit:%zu,thread_cache:%zu,wait_before_grow:%zu,device_fences:%zu,reuse_across_streams:%zu,ipc_safe:%zu,ipc_callers:%s,meminfo_cached:%zu,pinned:%zu,pinned_chunk:%zu",
+                     "vmm_page:%zu,vmm_unit:%zu,step_plan:%zu,thread_cache:%zu,wait_before_grow:%zu,device_fences:%zu,reuse_across_streams:%zu,ipc_safe:%zu,ipc_callers:%s,meminfo_cached:%zu,pinned:%zu,pinned_chunk:%zu",
                      cfg->workspace, limit, cfg->small_max, cfg->segment_min, cfg->grow_fraction, cfg->vmm, cfg->vmm_margin,
-                     cfg->vmm_page, cfg->vmm_unit, cfg->thread_cache, cfg->wait_before_grow, cfg->device_fences, cfg->reuse_across_streams, cfg->ipc_safe, cfg->ipc_callers[0] ? cfg->ipc_callers : "none",
+                     cfg->vmm_page, cfg->vmm_unit, cfg->step_plan, cfg->thread_cache, cfg->wait_before_grow, cfg->device_fences, cfg->reuse_across_streams, cfg->ipc_safe, cfg->ipc_callers[0] ? cfg->ipc_callers : "none",
                      cfg->meminfo_cached, cfg->pinned, cfg->pinned_chunk);
     if (cfg->report[0] && n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, ",report:%s", cfg->report);

@@ -22,6 +22,7 @@ typedef struct cuh_config_s {
     double vmm_margin;       /* vmm: new pages up to (1 + margin) x live peak, then move pages */
     size_t vmm_page;
     size_t vmm_unit;         /* vmm: most bytes of one physical allocation (a unit), mapped and moved as one */         /* vmm: bytes of physical memory per page (rounded to the device's granularity) */
+    size_t step_plan;        /* vmm: lay out each step's blocks as the steps before asked for them (heap_plan.c) */
     size_t wait_before_grow; /* 1: a device-wide malloc waits for cudaFree batches before growing */
     size_t device_fences;    /* 1: cudaFree batches are fenced by one event and one wait over the device */
     size_t reuse_across_streams; /* 1: before growing, streams' pending frees serve others, ordered on the GPU */

@@ -234,14 +234,15 @@ void cuh_hp_large_mark_live_locked(cuh_heap_t *h, cuh_extent_t *e, size_t size)
     cuh_hp_stat_set(&h->allocated, h->allocated.current + e->size);   /* > the rounded size only for an own segment */
 }
 
-static cuheap_status_t large_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, uintptr_t *addr)
+cuheap_status_t cuh_hp_large_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, int record_oom,
+                                          uintptr_t *addr)
 {
     size_t block = cuh_align_up(size, CUH_ALIGN);
     cuheap_status_t status = CUHEAP_OK;
     grow_result_t why = GROW_OK;
     cuh_extent_t *e = cuh_hp_extent_alloc_locked(h, st, block, CUH_ALIGN, CUH_EXTENT_BLOCK, &status, &why);
     if (!e) {
-        if (status == CUHEAP_ERR_OUT_OF_MEMORY && why != GROW_OK)
+        if (status == CUHEAP_ERR_OUT_OF_MEMORY && why != GROW_OK && record_oom)
             cuh_hp_record_oom_locked(h, st, size, block, CUH_ALIGN, why);
         return status;
     }
@@ -388,6 +389,7 @@ void cuh_heap_destroy(cuh_heap_t *h)
     free(h->page_mapped);
     free(h->page_gen);
     free(h->drain_head);
+    cuh_hp_plan_free_records(h);
     cuh_arena_destroy(&h->arena);
     cuh_ptrmap_destroy(&h->blocks);
     cuh_pagemap_destroy(&h->pages);
@@ -506,11 +508,13 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
         status = CUHEAP_ERR_OUT_OF_MEMORY;
     } else if (size <= h->cfg.small_max && !cuh_hp_own_segment_locked(h)) {
         status = cuh_hp_small_alloc_locked(h, st, size, addr);
-    } else if (cuh_unlikely(h->contended) && !device_wide &&
+    } else if (cuh_unlikely(h->contended) && !device_wide && !h->cfg.step_plan &&
                (*addr = cuh_hp_chunk_alloc_locked(h, st, stream, size, waited))) {
         status = CUHEAP_OK;   /* cut from a new chunk of this thread's (heap_chunks.c) */
+    } else if (cuh_unlikely(h->cfg.step_plan) && !device_wide) {
+        status = cuh_hp_plan_alloc_locked(h, st, stream, size, addr);   /* heap_plan.c */
     } else {
-        status = large_alloc_locked(h, st, size, addr);
+        status = cuh_hp_large_alloc_locked(h, st, size, 1, addr);
     }
     h->shareable_call = 0;
     if (cuh_unlikely(atomic_load_explicit(&h->dev->lost, memory_order_relaxed)) && status == CUHEAP_OK)
@@ -669,6 +673,8 @@ cuheap_status_t cuh_heap_free_device_wide(cuh_heap_t *h, uintptr_t addr)
     live_block_t b;
     cuheap_status_t status = cuh_hp_find_live_locked(h, addr, &b);
     if (status == CUHEAP_OK) {
+        if (cuh_unlikely(h->cfg.step_plan) && b.ext)
+            cuh_hp_plan_note_free_locked(h, b.ext, 0, 1);
         cuh_hp_stat_set(&h->requested, h->requested.current - b.requested);
         cuh_hp_stat_set(&h->allocated, h->allocated.current - b.size);
         h->num_frees++;
@@ -722,10 +728,17 @@ cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
     } else if ((status = cuh_hp_find_live_locked(h, addr, &b)) == CUHEAP_OK) {
         cuh_hp_stat_set(&h->requested, h->requested.current - b.requested);
         cuh_hp_stat_set(&h->allocated, h->allocated.current - b.size);
+        if (cuh_unlikely(h->cfg.step_plan) && b.ext)
+            cuh_hp_plan_note_free_locked(h, b.ext, stream, 0);
         int held = cuh_unlikely(h->graph.count || h->captures || h->uses.count) &&
                    cuh_hp_maybe_hold_locked(h, addr, b.size, b.requested, st);
         if (held || (b.slab && cuh_hp_tcache_adopt_locked(h, &b, addr, stream))) {
             /* held, or in this thread's cache */
+        } else if (cuh_unlikely(h->cfg.step_plan) && b.ext) {
+            /* Back to the plan's room, or to the arena: never parked or
+             * held by a thread, whose takes the plan would not see. */
+            if (!cuh_hp_plan_room_locked(h, &b, addr, stream))
+                cuh_hp_release_block_locked(h, &b, addr, st);
         } else if (b.ext && !h->captures && !h->cfg.ipc_safe) {
             if (!cuh_hp_large_slot_adopt_locked(h, &b, st, stream))
                 cuh_hp_park_locked(h, &b, st);

@@ -15,8 +15,9 @@
  *     is done (the page-rule model) [heap_pages.c];
  *     These hold through the places a freed block may wait outside the
  *     arena: a thread's cache of small objects, a thread's last large block
- *     and the parked large block [heap_tcache.c], and a thread's chunks
- *     [heap_chunks.c];
+ *     and the parked large block [heap_tcache.c], a thread's chunks
+ *     [heap_chunks.c], and a step plan's room, which takes back only blocks
+ *     freed on the plan's stream [heap_plan.c];
  *   - when the device (or the limit) refuses a segment, the heap waits for
  *     pending frees, gives back what thread caches and chunks hold, releases
  *     cached segments and retries before it reports out-of-memory [heap.c, the
@@ -291,6 +292,17 @@ typedef struct cuh_snap_step_s {
 /* How many of the last steps a heap keeps (reports show them). */
 #define CUH_STEP_HISTORY 32
 
+/* step_plan (heap_plan.c): what the steps' layout did. */
+typedef struct cuh_snap_plan_s {
+    int active;               /* a plan is in force */
+    uint64_t made;            /* plans made */
+    uint64_t steps_followed;  /* steps that asked for what the plan in force expected */
+    uint64_t placed;          /* blocks placed where a plan put them */
+    uint64_t missed;          /* blocks a plan placed whose place was not free (served as always) */
+    uint64_t dropped;         /* plans dropped: a step asked for something else */
+    uint64_t room_bytes;      /* address space the plan in force holds for its blocks */
+} cuh_snap_plan_t;
+
 typedef struct cuh_heap_snapshot_s {
     int device;
     const char *device_kind;
@@ -318,6 +330,7 @@ typedef struct cuh_heap_snapshot_s {
     cuh_snap_step_t steps[CUH_STEP_HISTORY];   /* the last num_steps of them, oldest first */
     size_t num_steps;
     cuh_snap_step_t most_maps; /* the step that mapped the most pages (the earliest of equals); index 0: none mapped any */
+    cuh_snap_plan_t plan;     /* step_plan: the layout learned from the steps (heap_plan.c) */
 } cuh_heap_snapshot_t;
 
 /* A consistent copy of the heap's state; NULL if out of host memory.

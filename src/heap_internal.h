@@ -10,6 +10,7 @@
  *   heap_place.c       placement: which free extent a block takes (best fit, whole segments, mapped fits)
  *   heap_segments.c    growth and release of plain segments
  *   heap_pages.c       virtual memory (vmm:1): pages mapped, lent, moved and released, a unit at a time
+ *   heap_plan.c        step plans (step_plan:1): a repeating step's blocks laid out once and placed there
  *   heap_devicewide.c  device-wide frees in batches, take-backs, reuse across streams
  *   heap_holds.c       blocks held for record_stream's streams and graph pools; captures
  *   heap_oom.c         out of memory: the record that proves its cause
@@ -187,6 +188,41 @@ typedef struct live_block_s {
  * was sized to the one request it was made for. */
 #define GROW_CAP CUH_GiB
 
+/* One block event of a step, as step_plan records it (heap_plan.c). */
+typedef struct plan_event_s {
+    uint64_t seq;                /* the block's number among block allocations */
+    uintptr_t addr;              /* alloc: where the block went */
+    size_t size;                 /* alloc: bytes, rounded as the heap rounds them */
+    cuh_stream_t stream;         /* alloc: its stream; free: the stream it was freed on */
+    uint8_t free;                /* 0: an allocation, 1: a free */
+    uint8_t device_wide;         /* free: by cudaFree */
+} plan_event_t;
+
+typedef struct plan_s {
+    plan_event_t *events[2];     /* the step under way [cur] and the one before [!cur] */
+    size_t num_events[2], cap_events[2];
+    uint64_t first_seq[2];       /* the number of each step's first block allocation */
+    int cur, have_prev;
+    uint64_t next_seq;           /* block allocations so far */
+    /* The layout in force: the step's block allocations in order, what each
+     * asks for, and where it goes in the window (PLAN_NONE: not planned). */
+    int active;
+    uint32_t gen;                /* the plan in force (extents it placed carry it), from 1 */
+    size_t num_allocs;
+    size_t *sizes;
+    uintptr_t *addrs;            /* where each goes; 0: not planned */
+    cuh_stream_t *streams;
+    cuh_stream_t stream;         /* the planned blocks' stream */
+    size_t room_bytes;           /* memory the plan took out of the arena for its blocks */
+    cuh_extent_t **rooms;        /* the room: used extents no block owns, by address */
+    size_t num_rooms, cap_rooms;
+    size_t pos;                  /* block allocations of this step so far */
+    int off_track;               /* this step asked for something else: no more placements */
+    int mapping;                 /* pages for a planned block are being mapped: moved first */
+    int unrecorded, prev_unrecorded; /* host memory ran out recording the step (the one before) */
+    uint64_t made, steps_followed, placed, missed, dropped;
+} plan_t;
+
 struct cuh_heap_s {
     /* The lock has its cache lines to itself (two: a core may fetch lines
      * in pairs): waiters spin reading it, and every read takes the line
@@ -293,6 +329,9 @@ struct cuh_heap_s {
         uint8_t seen;            /* mappings recorded, up to 255 */
     } movers[MOVERS];
     unsigned movers_next;        /* the entry a new size takes */
+    /* step_plan: the steps' block events and the layout learned from them
+     * (heap_plan.c). */
+    plan_t plan;
     /* Pages a stream's own recent frees lent to its next block before the
      * GPU passed those frees (lend_own_pages_locked): each physical page is
      * mapped at its new place and still at its old one, whose address range
@@ -435,6 +474,37 @@ int cuh_hp_unmap_drain_locked(cuh_heap_t *h, const cuh_extent_t *x);
 void cuh_hp_unmap_all_units_locked(cuh_heap_t *h);
 int cuh_hp_drains_poll_locked(cuh_heap_t *h, int wait);
 int cuh_hp_map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_state_t *st, grow_result_t *why);
+
+/* ---- step plans (heap_plan.c) ---- */
+/* A block for st and `size` bytes (heap.c); an out-of-memory is recorded
+ * for reports only with `record_oom` (a caller that tries again does not). */
+cuheap_status_t cuh_hp_large_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, int record_oom,
+                                          uintptr_t *addr);
+/* With step_plan: a block for st, placed where the layout learned from the
+ * steps before puts it, else as always (cuh_hp_large_alloc_locked); the
+ * allocation is recorded for the next plan. */
+cuheap_status_t cuh_hp_plan_alloc_locked(cuh_heap_t *h, stream_state_t *st, cuh_stream_t stream, size_t size,
+                                         uintptr_t *addr);
+/* With step_plan: block e, freed on `stream` (device_wide: by cudaFree), is
+ * recorded for the next plan. */
+void cuh_hp_plan_note_free_locked(cuh_heap_t *h, const cuh_extent_t *e, cuh_stream_t stream, int device_wide);
+/* 1 if block b at addr, freed on `stream`, went back to the window's room
+ * (the caller does nothing more); 0 if the caller releases it as always. */
+int cuh_hp_plan_room_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr, cuh_stream_t stream);
+/* A step ended (cuh_heap_mark_step) in which `pages_moved` pages moved: the
+ * plan is kept, dropped or made. */
+void cuh_hp_plan_step_locked(cuh_heap_t *h, uint64_t pages_moved);
+/* The window's room goes back to the arena, private to the plan's stream,
+ * and no more blocks are placed. */
+void cuh_hp_plan_drop_locked(cuh_heap_t *h);
+/* 1 if e is a plan's room: a used extent no block owns. */
+int cuh_hp_plan_is_room(const cuh_extent_t *e);
+/* The plan's books agree with the arena (`room`: the bytes of room extents
+ * found there): its room list sorted, disjoint and all room, and no room
+ * without a plan in force. 0, or -1 with msg. */
+int cuh_hp_plan_check_locked(const cuh_heap_t *h, size_t room, char *msg, size_t len);
+/* Frees the plan's records (the heap is going away). */
+void cuh_hp_plan_free_records(cuh_heap_t *h);
 int cuh_hp_needs_pages_locked(const cuh_heap_t *h, uintptr_t addr, size_t size);
 size_t cuh_hp_release_free_pages_locked(cuh_heap_t *h);
 size_t cuh_hp_largest_free_locked(const cuh_heap_t *h, size_t cached);

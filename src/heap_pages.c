@@ -586,6 +586,8 @@ int cuh_hp_map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_s
     if (mover_recurs_locked(h, block_pages, move_first) &&
         held <= (double)live_peak * (1.0 + RECURRING_MARGINS * h->cfg.vmm_margin))
         move_first = 0;   /* recurring moves: new pages instead, within bounds */
+    if (h->plan.mapping)
+        move_first = 1;   /* a planned block's pages: the heap's own, moved (heap_plan.c) */
     if (h->drains)
         cuh_hp_drains_poll_locked(h, 0);
     if (move_first)

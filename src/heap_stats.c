@@ -59,6 +59,8 @@ void cuh_heap_mark_step(cuh_heap_t *h)
     h->steps.map_calls = h->num_map_calls;
     h->steps.device_allocs = h->num_segment_allocs;
     h->steps.cpu_waits = h->num_cpu_waits;
+    if (h->cfg.step_plan)
+        cuh_hp_plan_step_locked(h, x.page_moves);
     cuh_unlock(&h->lock);
 }
 
@@ -70,6 +72,10 @@ static void snapshot_steps_locked(const cuh_heap_t *h, cuh_heap_snapshot_t *snap
     for (uint64_t i = 0; i < kept; i++)
         snap->steps[i] = h->steps.ring[(h->steps.marked - kept + i) % CUH_STEP_HISTORY];
     snap->most_maps = h->steps.most_maps;
+    const plan_t *p = &h->plan;
+    snap->plan = (cuh_snap_plan_t){.active = p->active, .made = p->made, .steps_followed = p->steps_followed,
+                                   .placed = p->placed, .missed = p->missed, .dropped = p->dropped,
+                                   .room_bytes = p->active ? p->room_bytes : 0};
 }
 
 static void cuh_heap_stats_locked(cuh_heap_t *h, cuheap_stats_t *out);
@@ -219,10 +225,12 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
     cuh_lock(&h->lock);
     int rc = cuh_arena_check(&h->arena, msg, len);
     size_t allocated = 0, requested = 0, ring_objs = 0, slab_spare = 0, tcached = 0, large_owned = 0, chunked = 0;
-    size_t chunks = 0;
+    size_t chunks = 0, room = 0;
     for (cuh_segment_t *seg = h->arena.segments; !rc && seg; seg = seg->next)
         for (cuh_extent_t *e = seg->first; e; e = e->next) {
-            if (e->state == CUH_EXTENT_BLOCK) {
+            if (cuh_unlikely(cuh_hp_plan_is_room(e))) {
+                room += e->size;   /* a step plan's room: no block's (heap_plan.c) */
+            } else if (e->state == CUH_EXTENT_BLOCK) {
                 allocated += e->size;
                 requested += e->requested;
                 large_owned += e->owner != NULL && !e->chunked;
@@ -261,6 +269,8 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
                 slab_spare += s->num_objs - s->num_live - s->num_avail;
             }
         }
+    if (!rc)
+        rc = cuh_hp_plan_check_locked(h, room, msg, len);
     if (!rc) {
         uint32_t live_others = 0;
         cuh_stream_t handle;
@@ -310,8 +320,8 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
             rc = -1;
         }
         for (cuh_extent_t *e = h->vm->first; !rc && e; e = e->next) {
-            if (e->state == CUH_EXTENT_FREE || e->state == CUH_EXTENT_DRAIN)
-                continue;
+            if (e->state == CUH_EXTENT_FREE || e->state == CUH_EXTENT_DRAIN || cuh_hp_plan_is_room(e))
+                continue;   /* a plan's room keeps the pages it has, mapped or not */
             size_t first = (size_t)(e->addr - h->vm->base) / h->vm_page;
             size_t end = (size_t)(e->addr + e->size - h->vm->base + h->vm_page - 1) / h->vm_page;
             for (size_t p = first; p < end; p++)

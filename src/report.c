@@ -122,6 +122,17 @@ static void text_steps(FILE *out, const cuh_heap_snapshot_t *s)
                 "  most pages mapped in one step: %" PRIu64 " in step %" PRIu64 " (%" PRIu64 " moved, %" PRIu64
                 " map calls, %.3f s)\n",
                 m->page_maps, m->index, m->page_moves, m->map_calls, m->seconds);
+    const cuh_snap_plan_t *p = &s->plan;
+    if (s->config.step_plan) {
+        char room[32];
+        fprintf(out,
+                "  step plans (step_plan:1): %" PRIu64 " made, %" PRIu64 " dropped, %" PRIu64 " steps followed one; %" PRIu64
+                " blocks placed by a plan, %" PRIu64 " not (their place was taken)",
+                p->made, p->dropped, p->steps_followed, p->placed, p->missed);
+        if (p->active)
+            fprintf(out, "; the plan in force holds %s", cuh_format_bytes(room, sizeof room, (size_t)p->room_bytes));
+        fprintf(out, "\n");
+    }
 }
 
 static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
@@ -422,7 +433,12 @@ static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
         json_step(out, "", &s->most_maps);
     else
         fprintf(out, "null");
-    fprintf(out, "},\"uptime\":%.6f,\"timeline\":[", s->uptime);
+    fprintf(out,
+            "},\"plan\":{\"active\":%s,\"made\":%" PRIu64 ",\"steps_followed\":%" PRIu64 ",\"placed\":%" PRIu64
+            ",\"missed\":%" PRIu64 ",\"dropped\":%" PRIu64 ",\"room_bytes\":%" PRIu64 "}",
+            s->plan.active ? "true" : "false", s->plan.made, s->plan.steps_followed, s->plan.placed, s->plan.missed,
+            s->plan.dropped, s->plan.room_bytes);
+    fprintf(out, ",\"uptime\":%.6f,\"timeline\":[", s->uptime);
     for (size_t i = 0; i < s->num_samples; i++)
         fprintf(out, "%s{\"t\":%.6f,\"live\":%" PRIu64 ",\"reserved\":%" PRIu64 ",\"cached\":%" PRIu64 "}", i ? "," : "",
                 s->timeline[i].t, s->timeline[i].live, s->timeline[i].reserved, s->timeline[i].cached);

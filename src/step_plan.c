@@ -6,13 +6,13 @@
  * is greedy by size: each block, largest first, gathers the ranges of the
  * blocks already placed whose lives meet its own, sorted by offset, and takes
  * the first gap that holds it. That is O(n^2) in the step's blocks, a few
- * thousand in the corpus's steps: milliseconds.
+ * thousand in the corpus's steps: milliseconds. Library code: the heap's
+ * step plans (heap_plan.c) lay their steps out with it; cutting a step out
+ * of a trace is tool-side (step_plan_trace.c).
  */
 #include "step_plan.h"
 
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 typedef struct {
     size_t s, e;
@@ -32,7 +32,7 @@ static int pieces_of(const cuh_step_block_t *b, size_t len, piece_t p[2])
     return 2;
 }
 
-static int lives_meet(const cuh_step_block_t *a, const cuh_step_block_t *b, size_t len)
+int cuh_step_lives_meet(const cuh_step_block_t *a, const cuh_step_block_t *b, size_t len)
 {
     piece_t pa[2], pb[2];
     const int na = pieces_of(a, len, pa), nb = pieces_of(b, len, pb);
@@ -81,7 +81,7 @@ uint64_t cuh_step_plan_layout(cuh_step_block_t *b, size_t n, size_t len)
         cuh_step_block_t *x = order[i];
         size_t k = 0;
         for (size_t j = 0; j < i; j++)
-            if (lives_meet(x, order[j], len))
+            if (cuh_step_lives_meet(x, order[j], len))
                 taken[k++] = (range_t){order[j]->offset, order[j]->offset + order[j]->size};
         qsort(taken, k, sizeof *taken, lower_first);
         uint64_t at = 0;
@@ -119,63 +119,4 @@ uint64_t cuh_step_plan_live_peak(const cuh_step_block_t *b, size_t n, size_t len
     }
     free(delta);
     return (uint64_t)peak;
-}
-
-static uint64_t round_up(uint64_t x, uint64_t to)
-{
-    return to > 1 ? (x + to - 1) / to * to : x;
-}
-
-int cuh_step_plan_trace(const cuh_trace_t *t, size_t step, uint64_t align, uint64_t page, cuh_step_plan_t *out,
-                        char *err, size_t errlen)
-{
-    memset(out, 0, sizeof *out);
-    out->step = step;
-    /* Step k (from 1) runs from mark k - 1 to mark k; the next one must end too. */
-    if (step < 1 || step + 1 >= t->num_marks) {
-        snprintf(err, errlen, "%s: no step %zu and step after it to plan (the trace marks %zu step start%s)", t->path,
-                 step, t->num_marks, t->num_marks == 1 ? "" : "s");
-        return -1;
-    }
-    const size_t a0 = t->mark_events[step - 1], a1 = t->mark_events[step], a2 = t->mark_events[step + 1];
-    const size_t len = a1 - a0;
-    out->repeats = a2 - a1 == len;
-    for (size_t j = 0; out->repeats && j < len; j++) {
-        const cuh_trace_event_t *x = &t->events[a0 + j], *y = &t->events[a1 + j];
-        out->repeats = x->kind == y->kind && x->size == y->size;
-    }
-    cuh_step_block_t *blocks = malloc((len ? len : 1) * sizeof *blocks);
-    if (!blocks) {
-        snprintf(err, errlen, "out of host memory planning %s", t->path);
-        return -1;
-    }
-    size_t n = 0;
-    for (size_t i = 0; i < a1; i++) {
-        const cuh_trace_event_t *x = &t->events[i];
-        if (x->kind != CUH_TRACE_ALLOC)
-            continue;
-        const size_t f = x->match;   /* CUH_TRACE_NO_MATCH (never freed) is above every index */
-        const uint64_t size = round_up(x->size, align);
-        if (i < a0) {
-            if (f >= a1)
-                out->persistent += size;   /* live through the step; what is freed in it is the step before's */
-            continue;
-        }
-        if (f < a1)
-            blocks[n++] = (cuh_step_block_t){.size = size, .start = i - a0, .end = f - a0};
-        else if (f < a2 && f - a1 <= i - a0)
-            blocks[n++] = (cuh_step_block_t){.size = size, .start = i - a0, .end = f - a1};   /* wraps */
-        else
-            out->persistent += size;   /* outlives the next step's own copy of it */
-    }
-    out->blocks = n;
-    const uint64_t footprint = cuh_step_plan_layout(blocks, n, len);
-    out->step_peak = cuh_step_plan_live_peak(blocks, n, len);
-    free(blocks);
-    if (footprint == UINT64_MAX || out->step_peak == UINT64_MAX) {
-        snprintf(err, errlen, "out of host memory planning %s", t->path);
-        return -1;
-    }
-    out->window = round_up(footprint, page);
-    return 0;
 }

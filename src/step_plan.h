@@ -14,8 +14,10 @@
  *
  * What comes out is a yardstick, not a policy: the memory a layout of the
  * step holds, beside its live peak and beside what the heap's replay held
- * (cuheap-replay's "plan", cuheap-corpus's column). Tool-side code, never in
- * the library.
+ * (cuheap-replay's "plan", cuheap-corpus's column); the heap lays out the
+ * steps it learns with the same function when step_plan is set
+ * (heap_plan.c). The layout is library code; cutting a step out of a trace
+ * (cuh_step_plan_trace) is tool-side (step_plan_trace.c).
  */
 #ifndef CUH_STEP_PLAN_H
 #define CUH_STEP_PLAN_H
@@ -39,6 +41,9 @@ typedef struct cuh_step_block_s {
  * of a block; 0 for none), or UINT64_MAX when host memory runs out. */
 uint64_t cuh_step_plan_layout(cuh_step_block_t *b, size_t n, size_t len);
 
+/* 1 if the lives of a and b in a step of `len` events meet. */
+int cuh_step_lives_meet(const cuh_step_block_t *a, const cuh_step_block_t *b, size_t len);
+
 /* The most bytes of b[0..n) live at once over the step: no layout of the
  * step holds less. */
 uint64_t cuh_step_plan_live_peak(const cuh_step_block_t *b, size_t n, size_t len);
@@ -52,7 +57,7 @@ typedef struct cuh_step_plan_s {
     uint64_t step_peak;     /* the planned blocks' live peak */
 } cuh_step_plan_t;
 
-/* Plans step `step` (from 1) of trace t, whose marks give its steps (a
+/* Tool-side (step_plan_trace.c). Plans step `step` (from 1) of trace t, whose marks give its steps (a
  * corpus trace marks each step's start and the end): every block allocated
  * in the step, sizes rounded up to `align`, the window rounded up to `page`.
  * A block that outlives the next step counts as persistent. Returns 0, or -1

@@ -396,15 +396,15 @@ static void test_format_writes_every_value(void **state)
     cuh_config_defaults(&c);
     cuh_config_format(&c, buf, sizeof buf);
     assert_string_equal(buf, "workspace:0,limit:none,small_max:65536,segment_min:2097152,grow_fraction:0.0625,"
-                             "vmm:1,vmm_margin:0.1,vmm_page:2097152,vmm_unit:2097152,thread_cache:4194304,wait_before_grow:1,device_fences:1,reuse_across_streams:0,"
+                             "vmm:1,vmm_margin:0.1,vmm_page:2097152,vmm_unit:2097152,step_plan:0,thread_cache:4194304,wait_before_grow:1,device_fences:1,reuse_across_streams:0,"
                              "ipc_safe:0,ipc_callers:libnccl,"
                              "meminfo_cached:1,pinned:1,pinned_chunk:33554432");
 
     c = parse_ok("workspace:1G,limit:40G,small_max:4K,segment_min:3M,grow_fraction:0.5,vmm:1,vmm_margin:0.25,"
-                 "vmm_page:16M,vmm_unit:64M,thread_cache:0,device_fences:0,reuse_across_streams:1,pinned:0,pinned_chunk:5M");
+                 "vmm_page:16M,vmm_unit:64M,step_plan:1,thread_cache:0,device_fences:0,reuse_across_streams:1,pinned:0,pinned_chunk:5M");
     cuh_config_format(&c, buf, sizeof buf);
     assert_string_equal(buf, "workspace:1073741824,limit:42949672960,small_max:4096,segment_min:4194304,"
-                             "grow_fraction:0.5,vmm:1,vmm_margin:0.25,vmm_page:16777216,vmm_unit:67108864,thread_cache:0,wait_before_grow:1,"
+                             "grow_fraction:0.5,vmm:1,vmm_margin:0.25,vmm_page:16777216,vmm_unit:67108864,step_plan:1,thread_cache:0,wait_before_grow:1,"
                              "device_fences:0,reuse_across_streams:1,ipc_safe:0,"
                              "ipc_callers:libnccl,meminfo_cached:1,pinned:0,pinned_chunk:6291456");
 

@@ -1,0 +1,487 @@
+/* heap_plan.c - step plans (step_plan:1): a training step's blocks laid out
+ * once, from the steps before, and placed there every step after.
+ *
+ * The heap places a block when it is asked for, knowing nothing of the rest
+ * of the step, and under vmm:1 moves pages where free memory lies in the
+ * wrong place: below a small vmm_margin, every step. Most training jobs ask
+ * for the same blocks in the same order every step, and laid out with the
+ * whole step known (step_plan.h, greedy by size) a step of the corpus's
+ * jobs that repeat holds within 1% of its live peak (bench/README.md, "A
+ * step laid out in advance"). So with step_plan the heap records each
+ * step's block allocations and frees (a step ends at cuh_heap_mark_step:
+ * cuheap's PyTorch package marks every optimizer step). At a mark, when the
+ * step just ended asked for what the step before asked for, in the same
+ * order and with the same lives, and moved pages, it is laid out: every
+ * block allocated on the step's busiest stream and freed there in the step,
+ * or in the next step before its own next copy comes (its life wraps round).
+ * The layout goes in a window cut from the unused top of the reservation.
+ * The window's free room is out of the arena's reach (used extents the plan
+ * owns, "room"), so its pages, once mapped, stay: moving in costs the
+ * window's pages once, in the first step the plan is in force.
+ *
+ * In the next steps the k-th block allocation takes its place in the window
+ * if it asks for what the k-th did and its place is room; pages behind it
+ * are mapped as always, moved from free memory first. A planned block freed
+ * on the plan's stream becomes room again. The first request that differs
+ * from the plan ends placements for the step, and at its mark the plan is
+ * dropped: the room goes back to the arena as memory freed on the plan's
+ * stream. So does it when the heap would otherwise run out of memory.
+ *
+ * Rules kept here (heap.h): a block is placed only in room, memory no block
+ * owns; room comes back only from the plan's blocks freed on the plan's
+ * stream, so a block placed there runs after the work of the block before
+ * it on that stream (the stream rule); a request the plan does not expect is
+ * served as it would be without a plan.
+ */
+#include "heap_internal.h"
+#include "step_plan.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PLAN_NONE SIZE_MAX
+
+/* The owner of the window's room extents (used extents no block owns). */
+static char room_owner;
+#define ROOM ((void *)&room_owner)
+
+static int is_room(const cuh_extent_t *e)
+{
+    return e && e->state == CUH_EXTENT_BLOCK && e->owner == ROOM;
+}
+
+int cuh_hp_plan_is_room(const cuh_extent_t *e) { return is_room(e); }
+
+int cuh_hp_plan_check_locked(const cuh_heap_t *h, size_t room, char *msg, size_t len)
+{
+    const plan_t *p = &h->plan;
+    size_t listed = 0;
+    for (size_t i = 0; i < p->num_rooms; i++) {
+        const cuh_extent_t *e = p->rooms[i];
+        listed += e->size;
+        if (!is_room(e) || (i && p->rooms[i - 1]->addr + p->rooms[i - 1]->size > e->addr)) {
+            snprintf(msg, len, "step plan: room %zu at 0x%llx is not room, or out of order", i,
+                     (unsigned long long)e->addr);
+            return -1;
+        }
+    }
+    if (listed != room || (!p->active && room)) {
+        snprintf(msg, len, "step plan: %zu bytes of room in the arena, %zu listed (plan %s)", room, listed,
+                 p->active ? "in force" : "dropped");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the room: used extents of the window, sorted by address --------------------- */
+
+/* The index of the first room extent above addr (so the one before it, if
+ * any, starts at or below addr). */
+static size_t room_upper(const plan_t *p, uintptr_t addr)
+{
+    size_t lo = 0, hi = p->num_rooms;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (p->rooms[mid]->addr <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int room_insert(plan_t *p, cuh_extent_t *e)
+{
+    if (p->num_rooms == p->cap_rooms) {
+        size_t cap = p->cap_rooms ? 2 * p->cap_rooms : 64;
+        cuh_extent_t **grown = realloc(p->rooms, cap * sizeof *grown);
+        if (!grown)
+            return -1;
+        p->rooms = grown;
+        p->cap_rooms = cap;
+    }
+    size_t i = room_upper(p, e->addr);
+    memmove(&p->rooms[i + 1], &p->rooms[i], (p->num_rooms - i) * sizeof *p->rooms);
+    p->rooms[i] = e;
+    p->num_rooms++;
+    return 0;
+}
+
+static void room_remove(plan_t *p, const cuh_extent_t *e)
+{
+    size_t i = room_upper(p, e->addr);
+    if (i == 0 || p->rooms[i - 1] != e)
+        return;   /* not a room extent: nothing to remove */
+    memmove(&p->rooms[i - 1], &p->rooms[i], (p->num_rooms - i) * sizeof *p->rooms);
+    p->num_rooms--;
+}
+
+/* Used extent e of the window becomes room, joined with room next to it.
+ * 0, or -1 when host memory runs out (e is then left as it was). */
+static int to_room(cuh_heap_t *h, cuh_extent_t *e)
+{
+    plan_t *p = &h->plan;
+    e->owner = ROOM;
+    e->requested = 0;
+    if (room_insert(p, e) != 0) {
+        e->owner = NULL;
+        return -1;
+    }
+    if (is_room(e->next) && e->next->addr == e->addr + e->size) {
+        room_remove(p, e->next);
+        cuh_arena_join_used(&h->arena, e);
+    }
+    if (is_room(e->prev) && e->prev->addr + e->prev->size == e->addr) {
+        room_remove(p, e);
+        cuh_arena_join_used(&h->arena, e->prev);
+    }
+    return 0;
+}
+
+/* Carves [a, a + size) out of the room for a block of stream st; NULL if
+ * that range is not all room (or host memory ran out). */
+static cuh_extent_t *take_room(cuh_heap_t *h, uintptr_t a, size_t size, const stream_state_t *st)
+{
+    plan_t *p = &h->plan;
+    size_t i = room_upper(p, a);
+    if (i == 0)
+        return NULL;
+    cuh_extent_t *r = p->rooms[i - 1];
+    if (a + size > r->addr + r->size)
+        return NULL;
+    cuh_extent_t *b = r;
+    if (a > r->addr) {
+        if (!(b = cuh_arena_split_used(&h->arena, r, a)))
+            return NULL;
+        b->owner = ROOM;
+        if (room_insert(p, b) != 0) {
+            cuh_arena_join_used(&h->arena, r);
+            return NULL;
+        }
+    }
+    if (a + size < b->addr + b->size) {
+        cuh_extent_t *rest = cuh_arena_split_used(&h->arena, b, a + size);
+        if (!rest)
+            return NULL;   /* b stays room */
+        rest->owner = ROOM;
+        if (room_insert(p, rest) != 0) {
+            cuh_arena_join_used(&h->arena, b);
+            return NULL;
+        }
+    }
+    room_remove(p, b);
+    b->owner = NULL;
+    b->tag = st->tag;
+    return b;
+}
+
+/* ---- recording ------------------------------------------------------------------- */
+
+static void record(plan_t *p, plan_event_t ev)
+{
+    const int c = p->cur;
+    if (p->unrecorded)
+        return;
+    if (p->num_events[c] == p->cap_events[c]) {
+        size_t cap = p->cap_events[c] ? 2 * p->cap_events[c] : 1024;
+        plan_event_t *grown = realloc(p->events[c], cap * sizeof *grown);
+        if (!grown) {
+            p->unrecorded = 1;   /* this step cannot be compared or planned */
+            return;
+        }
+        p->events[c] = grown;
+        p->cap_events[c] = cap;
+    }
+    p->events[c][p->num_events[c]++] = ev;
+}
+
+void cuh_hp_plan_note_free_locked(cuh_heap_t *h, const cuh_extent_t *e, cuh_stream_t stream, int device_wide)
+{
+    if (e->seq)
+        record(&h->plan, (plan_event_t){.seq = e->seq, .stream = stream, .free = 1, .device_wide = (uint8_t)device_wide});
+}
+
+/* ---- placing and freeing ---------------------------------------------------------- */
+
+/* The block the plan puts at a: carved from the room, its pages mapped
+ * (moved from free memory first: the window's pages are the heap's, not
+ * more of them), and counted live. 0 if it cannot go there. */
+static uintptr_t place_locked(cuh_heap_t *h, stream_state_t *st, uintptr_t a, size_t block, size_t size)
+{
+    cuh_extent_t *e = take_room(h, a, block, st);
+    if (!e)
+        return 0;
+    grow_result_t why;
+    h->plan.mapping = 1;
+    int mapped = cuh_hp_map_range_locked(h, a, block, st, &why);
+    h->plan.mapping = 0;
+    if (!mapped || cuh_ptrmap_insert(&h->blocks, a, e)) {
+        (void)to_room(h, e);   /* cannot fail: it was room a moment ago (and if it did, e is a used extent no one finds) */
+        return 0;
+    }
+    cuh_hp_large_mark_live_locked(h, e, size);
+    e->plan = h->plan.gen;
+    h->num_cache_hits++;
+    return a;
+}
+
+cuheap_status_t cuh_hp_plan_alloc_locked(cuh_heap_t *h, stream_state_t *st, cuh_stream_t stream, size_t size,
+                                         uintptr_t *addr)
+{
+    plan_t *p = &h->plan;
+    const size_t block = cuh_align_up(size, CUH_ALIGN);
+    *addr = 0;
+    if (p->active && !p->off_track && !h->captures) {
+        const size_t k = p->pos;
+        if (k < p->num_allocs && p->sizes[k] == block && p->streams[k] == stream) {
+            if (p->addrs[k]) {
+                *addr = place_locked(h, st, p->addrs[k], block, size);
+                p->placed += *addr != 0;
+                p->missed += *addr == 0;
+            }
+        } else {
+            p->off_track = 1;   /* the step asks for something else: as always from here */
+        }
+    }
+    p->pos++;
+    cuheap_status_t status = *addr ? CUHEAP_OK : cuh_hp_large_alloc_locked(h, st, size, !p->active, addr);
+    if (status == CUHEAP_ERR_OUT_OF_MEMORY && p->active) {
+        /* The room may be what is missing: it goes back, and once more. */
+        cuh_hp_plan_drop_locked(h);
+        status = cuh_hp_large_alloc_locked(h, st, size, 1, addr);
+    }
+    if (status != CUHEAP_OK)
+        return status;
+    cuh_extent_t *e = cuh_ptrmap_get(&h->blocks, *addr);
+    if (e) {
+        e->seq = ++p->next_seq;
+        record(p, (plan_event_t){.seq = e->seq, .addr = *addr, .size = block, .stream = stream});
+    }
+    return CUHEAP_OK;
+}
+
+int cuh_hp_plan_room_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr, cuh_stream_t stream)
+{
+    const plan_t *p = &h->plan;
+    if (!p->active || !b->ext || b->ext->plan != p->gen || stream != p->stream || h->captures)
+        return 0;
+    cuh_ptrmap_remove(&h->blocks, addr);
+    if (to_room(h, b->ext) != 0) {
+        (void)cuh_ptrmap_insert(&h->blocks, addr, b->ext);   /* room was just freed from it: cannot fail */
+        return 0;
+    }
+    return 1;
+}
+
+/* ---- dropping and making plans ------------------------------------------------------ */
+
+void cuh_hp_plan_drop_locked(cuh_heap_t *h)
+{
+    plan_t *p = &h->plan;
+    if (!p->active)
+        return;
+    /* The room goes back as memory freed on the plan's stream: its last
+     * blocks' work ran there. */
+    stream_state_t *st = cuh_hp_stream_get_locked(h, p->stream);
+    for (size_t i = 0; i < p->num_rooms; i++) {
+        cuh_extent_t *e = p->rooms[i];
+        e->owner = NULL;
+        cuh_arena_release(&h->arena, e, st ? st->tag : CUH_TAG_GLOBAL);
+    }
+    if (!st)
+        cuh_hp_cpu_wait_device(h);   /* released as global memory: the GPU must have passed it */
+    p->num_rooms = 0;
+    p->room_bytes = 0;
+    p->active = 0;
+    p->dropped++;
+}
+
+/* 1 if the two recorded steps asked for the same blocks in the same order
+ * and freed them alike (blocks of steps before them by the same distance). */
+static int steps_alike(const plan_t *p)
+{
+    const int a = p->cur, b = !p->cur;
+    if (p->num_events[a] != p->num_events[b])
+        return 0;
+    for (size_t i = 0; i < p->num_events[a]; i++) {
+        const plan_event_t *x = &p->events[a][i], *y = &p->events[b][i];
+        if (x->free != y->free || x->stream != y->stream || x->size != y->size ||
+            x->device_wide != y->device_wide || x->seq - p->first_seq[a] != y->seq - p->first_seq[b])
+            return 0;
+    }
+    return 1;
+}
+
+/* The stream whose allocations in the step asked for the most bytes. */
+static cuh_stream_t busiest_stream(const plan_event_t *ev, size_t n)
+{
+    enum { KEPT = 8 };
+    cuh_stream_t seen[KEPT];
+    size_t bytes[KEPT], num = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ev[i].free)
+            continue;
+        size_t k = 0;
+        while (k < num && seen[k] != ev[i].stream)
+            k++;
+        if (k == num) {
+            if (num == KEPT)
+                continue;
+            seen[num] = ev[i].stream;
+            bytes[num++] = 0;
+        }
+        bytes[k] += ev[i].size;
+    }
+    size_t best = 0;
+    for (size_t k = 1; k < num; k++)
+        if (bytes[k] > bytes[best])
+            best = k;
+    return num ? seen[best] : 0;
+}
+
+/* The window: `size` bytes of unused address space at the top of the
+ * reservation, as one room extent; its address, or 0 if there is not that
+ * much. */
+static uintptr_t cut_window_locked(cuh_heap_t *h, size_t size, const stream_state_t *st)
+{
+    cuh_extent_t *top = h->vm->first;
+    while (top->next)
+        top = top->next;
+    if (top->state != CUH_EXTENT_FREE || top->tag != CUH_TAG_GLOBAL)
+        return 0;
+    const uintptr_t at = cuh_addr_align_up(top->addr, h->vm_page);
+    if (at < top->addr || at + size < at || at + size > top->addr + top->size)
+        return 0;
+    cuh_extent_t *w = cuh_arena_take_at(&h->arena, top, at, size, CUH_EXTENT_BLOCK, st->tag);
+    if (!w)
+        return 0;
+    if (to_room(h, w) != 0) {
+        cuh_arena_release(&h->arena, w, CUH_TAG_GLOBAL);   /* never mapped, never used */
+        return 0;
+    }
+    h->plan.room_bytes = size;
+    return at;
+}
+
+/* Makes a plan from the step just recorded, which repeated the step before:
+ * what that step's blocks did in this one, this step's will do in the next.
+ * Only where the step moved pages enough to repay moving into the window
+ * once (a heap that has settled moves none, and a plan would not lower the
+ * peak it has reached). */
+static void make_plan_locked(cuh_heap_t *h, uint64_t pages_moved)
+{
+    plan_t *p = &h->plan;
+    const plan_event_t *ev = p->events[p->cur];
+    const size_t n = p->num_events[p->cur];
+    const uint64_t first = p->first_seq[p->cur];
+    size_t num_allocs = 0;
+    for (size_t i = 0; i < n; i++)
+        num_allocs += !ev[i].free;
+    if (!num_allocs || !pages_moved)
+        return;
+    size_t *start = malloc(num_allocs * sizeof *start), *end = malloc(num_allocs * sizeof *end);
+    size_t *wrap = malloc(num_allocs * sizeof *wrap), *sizes = malloc(num_allocs * sizeof *sizes);
+    uintptr_t *addrs = calloc(num_allocs, sizeof *addrs);
+    cuh_stream_t *streams = malloc(num_allocs * sizeof *streams);
+    cuh_step_block_t *blocks = malloc(num_allocs * sizeof *blocks);
+    size_t *index = malloc(num_allocs * sizeof *index);
+    if (!start || !end || !wrap || !sizes || !addrs || !streams || !blocks || !index)
+        goto out;
+    const cuh_stream_t stream = busiest_stream(ev, n);
+    stream_state_t *st = cuh_hp_stream_get_locked(h, stream);
+    if (!st)
+        goto out;
+    for (size_t k = 0; k < num_allocs; k++)
+        end[k] = wrap[k] = PLAN_NONE;
+    for (size_t i = 0, k = 0; i < n; i++) {
+        const plan_event_t *x = &ev[i];
+        if (!x->free) {
+            start[k] = i;
+            sizes[k] = x->size;
+            streams[k++] = x->stream;
+            continue;
+        }
+        const int ours = x->stream == stream && !x->device_wide;
+        if (x->seq > first && x->seq - first <= num_allocs)
+            end[x->seq - first - 1] = ours ? i : PLAN_NONE - 1;   /* freed in the step (elsewhere: not planned) */
+        else if (x->seq <= first && first - x->seq < num_allocs)
+            wrap[num_allocs - 1 - (first - x->seq)] = ours ? i : PLAN_NONE - 1;   /* the step before's copy */
+    }
+    size_t nb = 0;
+    for (size_t k = 0; k < num_allocs; k++) {
+        if (streams[k] != stream)
+            continue;
+        if (end[k] < PLAN_NONE - 1)
+            blocks[nb] = (cuh_step_block_t){.size = sizes[k], .start = start[k], .end = end[k]};
+        else if (end[k] == PLAN_NONE && wrap[k] < start[k])
+            blocks[nb] = (cuh_step_block_t){.size = sizes[k], .start = start[k], .end = wrap[k]};   /* lives on */
+        else
+            continue;   /* freed elsewhere, or lives through the next step: as always */
+        index[nb++] = k;
+    }
+    const uint64_t footprint = cuh_step_plan_layout(blocks, nb, n);
+    if (!footprint || footprint == UINT64_MAX)
+        goto out;
+    const uintptr_t window = cut_window_locked(h, cuh_align_up((size_t)footprint, h->vm_page), st);
+    if (!window)
+        goto out;
+    for (size_t j = 0; j < nb; j++)
+        addrs[index[j]] = window + (uintptr_t)blocks[j].offset;
+    free(p->sizes);
+    free(p->addrs);
+    free(p->streams);
+    p->sizes = sizes;
+    p->addrs = addrs;
+    p->streams = streams;
+    sizes = NULL;
+    addrs = NULL;
+    streams = NULL;
+    p->num_allocs = num_allocs;
+    p->stream = stream;
+    p->gen++;
+    p->made++;
+    p->active = 1;
+out:
+    free(start);
+    free(end);
+    free(wrap);
+    free(sizes);
+    free(addrs);
+    free(streams);
+    free(blocks);
+    free(index);
+}
+
+void cuh_hp_plan_step_locked(cuh_heap_t *h, uint64_t pages_moved)
+{
+    plan_t *p = &h->plan;
+    const int alike = p->have_prev && !p->unrecorded && !p->prev_unrecorded && steps_alike(p);
+    if (p->active && (p->off_track || p->pos != p->num_allocs || p->unrecorded))
+        cuh_hp_plan_drop_locked(h);   /* this step did not follow it */
+    else if (p->active)
+        p->steps_followed++;
+    if (!p->active && alike && h->vm && !h->captures)
+        make_plan_locked(h, pages_moved);
+    /* The next step is recorded over the one before this. */
+    p->prev_unrecorded = p->unrecorded;
+    p->unrecorded = 0;
+    p->cur = !p->cur;
+    p->num_events[p->cur] = 0;
+    p->first_seq[p->cur] = p->next_seq;
+    p->have_prev = 1;
+    p->pos = 0;
+    p->off_track = 0;
+}
+
+void cuh_hp_plan_free_records(cuh_heap_t *h)
+{
+    plan_t *p = &h->plan;
+    for (int i = 0; i < 2; i++)
+        free(p->events[i]);
+    free(p->sizes);
+    free(p->addrs);
+    free(p->streams);
+    free(p->rooms);
+    memset(p, 0, sizeof *p);
+}
