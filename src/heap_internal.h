@@ -201,7 +201,8 @@ typedef struct plan_event_s {
 typedef struct plan_s {
     plan_event_t *events[2];     /* the step under way [cur] and the one before [!cur] */
     size_t num_events[2], cap_events[2];
-    uint64_t first_seq[2];       /* the number of each step's first block allocation */
+    uint64_t first_seq[2];       /* block allocations before each step */
+    uint64_t first_older;        /* block allocations before the step before the previous one */
     int cur, have_prev;
     uint64_t next_seq;           /* block allocations so far */
     /* The layout in force: the step's block allocations in order, what each

@@ -297,8 +297,23 @@ void cuh_hp_plan_drop_locked(cuh_heap_t *h)
     p->dropped++;
 }
 
+/* Where a freed block came from, seen from the step that freed it (whose
+ * first allocation followed `first`, the step before's `before`): 1 + its
+ * index in that step, 1 + its index in the step before plus 2^62, or 2^63
+ * for an older one. */
+static uint64_t freed_from(uint64_t seq, uint64_t first, uint64_t before)
+{
+    if (seq > first)
+        return seq - first;
+    if (seq > before)
+        return (seq - before) | ((uint64_t)1 << 62);
+    return (uint64_t)1 << 63;
+}
+
 /* 1 if the two recorded steps asked for the same blocks in the same order
- * and freed them alike (blocks of steps before them by the same distance). */
+ * and freed them alike: a block of the step at the same place, one of the
+ * step before each at the same place too (a step that follows a different
+ * first step still repeats the second), an older one anywhere. */
 static int steps_alike(const plan_t *p)
 {
     const int a = p->cur, b = !p->cur;
@@ -306,8 +321,11 @@ static int steps_alike(const plan_t *p)
         return 0;
     for (size_t i = 0; i < p->num_events[a]; i++) {
         const plan_event_t *x = &p->events[a][i], *y = &p->events[b][i];
-        if (x->free != y->free || x->stream != y->stream || x->size != y->size ||
-            x->device_wide != y->device_wide || x->seq - p->first_seq[a] != y->seq - p->first_seq[b])
+        if (x->free != y->free || x->stream != y->stream || x->size != y->size || x->device_wide != y->device_wide)
+            return 0;
+        if (x->free ? freed_from(x->seq, p->first_seq[a], p->first_seq[b]) !=
+                          freed_from(y->seq, p->first_seq[b], p->first_older)
+                    : x->seq - p->first_seq[a] != y->seq - p->first_seq[b])
             return 0;
     }
     return 1;
@@ -466,6 +484,7 @@ void cuh_hp_plan_step_locked(cuh_heap_t *h, uint64_t pages_moved)
     /* The next step is recorded over the one before this. */
     p->prev_unrecorded = p->unrecorded;
     p->unrecorded = 0;
+    p->first_older = p->first_seq[!p->cur];   /* the step before the one just ended */
     p->cur = !p->cur;
     p->num_events[p->cur] = 0;
     p->first_seq[p->cur] = p->next_seq;
