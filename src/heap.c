@@ -857,6 +857,8 @@ cuheap_status_t cuh_heap_release_cached(cuh_heap_t *h)
 {
     cuh_lock(&h->lock);
     cuh_hp_unpark_all_locked(h);
+    if (!h->captures)
+        cuh_hp_plan_drop_locked(h);   /* a step plan's room is cached memory too (heap_plan.c) */
     cuh_hp_settle_all_locked(h);
     if (!h->captures)
         cuh_hp_release_free_segments_locked(h);

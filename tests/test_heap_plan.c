@@ -3,7 +3,7 @@
  * every block where they put it the step before and move no page (without
  * step_plan the same steps keep moving pages); a step that asks for
  * something else is served as always and drops the plan, whose room serves
- * again; a planned block freed on another stream does not go back to the
+ * again, and releasing cached memory gives the room back; a planned block freed on another stream does not go back to the
  * room; a device that refuses maps and memory leaves sound books; over
  * random repeating steps with deviations, other streams and cudaFree, no
  * block reuses memory before the work of the block before it, by address or
@@ -155,6 +155,29 @@ static void test_plan_a_step_that_differs_drops_the_plan(void **state)
     cuheap_stats_t s;
     cuh_heap_stats(t.heap, &s);
     assert_int_equal(s.num_ooms, 0);
+    all_freed(t.heap);
+    test_heap_free(&t);
+}
+
+/* Releasing cached memory (torch.cuda.empty_cache) gives back the plan's
+ * room too: the plan goes, and nothing but live blocks stays reserved. */
+static void test_plan_release_cached_gives_the_room_back(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, PLAN_CONF);
+    run_steps(t.heap, 6);
+    assert_true(plan_of(t.heap).room_bytes > 0);
+    uintptr_t keep = must_alloc(t.heap, 2 * MiB, 0);
+    cuh_sim_complete_all(t.dev);
+    assert_int_equal(cuh_heap_release_cached(t.heap), CUHEAP_OK);
+    const cuh_snap_plan_t p = plan_of(t.heap);
+    assert_false(p.active);
+    assert_int_equal(p.dropped, 1);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.reserved.current, 2 * MiB);
+    heap_ok(t.heap);
+    must_free(t.heap, keep, 0);
     all_freed(t.heap);
     test_heap_free(&t);
 }
@@ -358,6 +381,7 @@ int main(void)
         cmocka_unit_test(test_plan_repeating_steps_stop_moving_pages),
         cmocka_unit_test(test_plan_off_the_same_steps_keep_moving_pages),
         cmocka_unit_test(test_plan_a_step_that_differs_drops_the_plan),
+        cmocka_unit_test(test_plan_release_cached_gives_the_room_back),
         cmocka_unit_test(test_plan_a_block_freed_on_another_stream_is_not_room),
         cmocka_unit_test(test_plan_device_failures_leave_sound_books),
         cmocka_unit_test(test_plan_random_steps_never_reuse_or_unmap_a_page_before_its_work),
