@@ -762,6 +762,7 @@ void cuh_heap_set_limit(cuh_heap_t *h, size_t limit)
     cuh_hp_unpark_all_locked(h);
     h->limit = limit;
     if (limit && cuh_hp_reserved_bytes(h) > limit && !h->captures) {
+        cuh_hp_plan_drop_locked(h);   /* its room may be what is over */
         cuh_hp_settle_all_locked(h);
         cuh_hp_release_free_segments_locked(h);
     }

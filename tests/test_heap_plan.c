@@ -160,7 +160,8 @@ static void test_plan_a_step_that_differs_drops_the_plan(void **state)
 }
 
 /* Releasing cached memory (torch.cuda.empty_cache) gives back the plan's
- * room too: the plan goes, and nothing but live blocks stays reserved. */
+ * room too: the plan goes, and nothing but live blocks stays reserved; so
+ * does a limit set below what the heap holds. */
 static void test_plan_release_cached_gives_the_room_back(void **state)
 {
     (void)state;
@@ -178,6 +179,14 @@ static void test_plan_release_cached_gives_the_room_back(void **state)
     assert_int_equal(s.reserved.current, 2 * MiB);
     heap_ok(t.heap);
     must_free(t.heap, keep, 0);
+    /* So does a limit below what the heap holds. */
+    run_steps(t.heap, 6);
+    cuh_sim_complete_all(t.dev);
+    cuh_heap_set_limit(t.heap, 4 * MiB);
+    assert_false(plan_of(t.heap).active);
+    cuh_heap_stats(t.heap, &s);
+    assert_true(s.reserved.current <= 4 * MiB);
+    heap_ok(t.heap);
     all_freed(t.heap);
     test_heap_free(&t);
 }
