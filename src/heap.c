@@ -44,8 +44,8 @@
 /* An extent of `size` bytes aligned to `align` for stream st, or NULL after
  * the whole ladder with *status saying why; for an out-of-memory, *why says
  * what refused the last segment (the caller records the OOM). */
-cuh_extent_t *cuh_hp_extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, size_t align,
-                                         cuh_extent_state_t state, cuheap_status_t *status, grow_result_t *why_out)
+static cuh_extent_t *extent_alloc_once_locked(cuh_heap_t *h, stream_state_t *st, size_t size, size_t align,
+                                              cuh_extent_state_t state, cuheap_status_t *status, grow_result_t *why_out)
 {
     /* Memory cudaFree gave back comes first, as it would with stream-ordered
      * frees: left in its batches while other free memory is cut up, its
@@ -226,6 +226,19 @@ host_oom:
     return NULL;
 }
 
+cuh_extent_t *cuh_hp_extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, size_t align,
+                                         cuh_extent_state_t state, cuheap_status_t *status, grow_result_t *why_out)
+{
+    cuh_extent_t *e = extent_alloc_once_locked(h, st, size, align, state, status, why_out);
+    if (cuh_unlikely(!e && *status == CUHEAP_ERR_OUT_OF_MEMORY && h->plan.active && !h->captures && !h->chunk_call)) {
+        /* A step plan's room may be what is missing: it goes back, and the
+         * ladder runs once more (heap_plan.c). */
+        cuh_hp_plan_drop_locked(h);
+        e = extent_alloc_once_locked(h, st, size, align, state, status, why_out);
+    }
+    return e;
+}
+
 /* Counts large block e as handed out for a request of `size` bytes. */
 void cuh_hp_large_mark_live_locked(cuh_heap_t *h, cuh_extent_t *e, size_t size)
 {
@@ -234,15 +247,14 @@ void cuh_hp_large_mark_live_locked(cuh_heap_t *h, cuh_extent_t *e, size_t size)
     cuh_hp_stat_set(&h->allocated, h->allocated.current + e->size);   /* > the rounded size only for an own segment */
 }
 
-cuheap_status_t cuh_hp_large_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, int record_oom,
-                                          uintptr_t *addr)
+cuheap_status_t cuh_hp_large_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, uintptr_t *addr)
 {
     size_t block = cuh_align_up(size, CUH_ALIGN);
     cuheap_status_t status = CUHEAP_OK;
     grow_result_t why = GROW_OK;
     cuh_extent_t *e = cuh_hp_extent_alloc_locked(h, st, block, CUH_ALIGN, CUH_EXTENT_BLOCK, &status, &why);
     if (!e) {
-        if (status == CUHEAP_ERR_OUT_OF_MEMORY && why != GROW_OK && record_oom)
+        if (status == CUHEAP_ERR_OUT_OF_MEMORY && why != GROW_OK)
             cuh_hp_record_oom_locked(h, st, size, block, CUH_ALIGN, why);
         return status;
     }
@@ -514,7 +526,7 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
     } else if (cuh_unlikely(h->cfg.step_plan) && !device_wide) {
         status = cuh_hp_plan_alloc_locked(h, st, stream, size, addr);   /* heap_plan.c */
     } else {
-        status = cuh_hp_large_alloc_locked(h, st, size, 1, addr);
+        status = cuh_hp_large_alloc_locked(h, st, size, addr);
     }
     h->shareable_call = 0;
     if (cuh_unlikely(atomic_load_explicit(&h->dev->lost, memory_order_relaxed)) && status == CUHEAP_OK)

@@ -477,10 +477,8 @@ int cuh_hp_drains_poll_locked(cuh_heap_t *h, int wait);
 int cuh_hp_map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_state_t *st, grow_result_t *why);
 
 /* ---- step plans (heap_plan.c) ---- */
-/* A block for st and `size` bytes (heap.c); an out-of-memory is recorded
- * for reports only with `record_oom` (a caller that tries again does not). */
-cuheap_status_t cuh_hp_large_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, int record_oom,
-                                          uintptr_t *addr);
+/* A block for st and `size` bytes (heap.c). */
+cuheap_status_t cuh_hp_large_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, uintptr_t *addr);
 /* With step_plan: a block for st, placed where the layout learned from the
  * steps before puts it, else as always (cuh_hp_large_alloc_locked); the
  * allocation is recorded for the next plan. */

@@ -25,7 +25,9 @@
  * on the plan's stream becomes room again. The first request that differs
  * from the plan ends placements for the step, and at its mark the plan is
  * dropped: the room goes back to the arena as memory freed on the plan's
- * stream. So does it when the heap would otherwise run out of memory.
+ * stream. So does it when the heap would otherwise run out of memory (the
+ * allocation ladder, heap.c), release its cached memory or exceed a new
+ * limit.
  *
  * Rules kept here (heap.h): a block is placed only in room, memory no block
  * owns; room comes back only from the plan's blocks freed on the plan's
@@ -245,12 +247,9 @@ cuheap_status_t cuh_hp_plan_alloc_locked(cuh_heap_t *h, stream_state_t *st, cuh_
         }
     }
     p->pos++;
-    cuheap_status_t status = *addr ? CUHEAP_OK : cuh_hp_large_alloc_locked(h, st, size, !p->active, addr);
-    if (status == CUHEAP_ERR_OUT_OF_MEMORY && p->active) {
-        /* The room may be what is missing: it goes back, and once more. */
-        cuh_hp_plan_drop_locked(h);
-        status = cuh_hp_large_alloc_locked(h, st, size, 1, addr);
-    }
+    /* Out of memory with a plan in force, the allocation ladder gives the
+     * room back and tries again (cuh_hp_extent_alloc_locked). */
+    cuheap_status_t status = *addr ? CUHEAP_OK : cuh_hp_large_alloc_locked(h, st, size, addr);
     if (status != CUHEAP_OK)
         return status;
     cuh_extent_t *e = cuh_ptrmap_get(&h->blocks, *addr);

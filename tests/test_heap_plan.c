@@ -3,7 +3,8 @@
  * every block where they put it the step before and move no page (without
  * step_plan the same steps keep moving pages); a step that asks for
  * something else is served as always and drops the plan, whose room serves
- * again, and releasing cached memory gives the room back; a planned block freed on another stream does not go back to the
+ * again, and releasing cached memory or a request that would run out of
+ * memory gives the room back; a planned block freed on another stream does not go back to the
  * room; a device that refuses maps and memory leaves sound books; over
  * random repeating steps with deviations, other streams and cudaFree, no
  * block reuses memory before the work of the block before it, by address or
@@ -187,6 +188,29 @@ static void test_plan_release_cached_gives_the_room_back(void **state)
     cuh_heap_stats(t.heap, &s);
     assert_true(s.reserved.current <= 4 * MiB);
     heap_ok(t.heap);
+    all_freed(t.heap);
+    test_heap_free(&t);
+}
+
+/* A request the plan does not serve (a cudaMalloc here) that finds no
+ * memory but the room's gets it: the allocation ladder drops the plan and
+ * runs again, and no out-of-memory is recorded. */
+static void test_plan_room_serves_a_request_that_would_run_out(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, PLAN_CONF);
+    run_steps(t.heap, 6);
+    cuh_sim_complete_all(t.dev);
+    uintptr_t x;
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 48 * MiB, &x), CUHEAP_OK);
+    assert_false(plan_of(t.heap).active);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.num_ooms, 0);
+    assert_true(s.reserved.peak <= 56 * MiB);
+    heap_ok(t.heap);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, x), CUHEAP_OK);
+    cuh_sim_complete_all(t.dev);
     all_freed(t.heap);
     test_heap_free(&t);
 }
@@ -391,6 +415,7 @@ int main(void)
         cmocka_unit_test(test_plan_off_the_same_steps_keep_moving_pages),
         cmocka_unit_test(test_plan_a_step_that_differs_drops_the_plan),
         cmocka_unit_test(test_plan_release_cached_gives_the_room_back),
+        cmocka_unit_test(test_plan_room_serves_a_request_that_would_run_out),
         cmocka_unit_test(test_plan_a_block_freed_on_another_stream_is_not_room),
         cmocka_unit_test(test_plan_device_failures_leave_sound_books),
         cmocka_unit_test(test_plan_random_steps_never_reuse_or_unmap_a_page_before_its_work),
