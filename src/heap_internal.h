@@ -191,7 +191,6 @@ typedef struct live_block_s {
 /* One block event of a step, as step_plan records it (heap_plan.c). */
 typedef struct plan_event_s {
     uint64_t seq;                /* the block's number among block allocations */
-    uintptr_t addr;              /* alloc: where the block went */
     size_t size;                 /* alloc: bytes, rounded as the heap rounds them */
     cuh_stream_t stream;         /* alloc: its stream; free: the stream it was freed on */
     uint8_t free;                /* 0: an allocation, 1: a free */
@@ -206,7 +205,7 @@ typedef struct plan_s {
     int cur, have_prev;
     uint64_t next_seq;           /* block allocations so far */
     /* The layout in force: the step's block allocations in order, what each
-     * asks for, and where it goes in the window (PLAN_NONE: not planned). */
+     * asks for, and where it goes in the window. */
     int active;
     uint32_t gen;                /* the plan in force (extents it placed carry it), from 1 */
     size_t num_allocs;

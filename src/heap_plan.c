@@ -255,7 +255,7 @@ cuheap_status_t cuh_hp_plan_alloc_locked(cuh_heap_t *h, stream_state_t *st, cuh_
     cuh_extent_t *e = cuh_ptrmap_get(&h->blocks, *addr);
     if (e) {
         e->seq = ++p->next_seq;
-        record(p, (plan_event_t){.seq = e->seq, .addr = *addr, .size = block, .stream = stream});
+        record(p, (plan_event_t){.seq = e->seq, .size = block, .stream = stream});
     }
     return CUHEAP_OK;
 }
@@ -298,29 +298,22 @@ void cuh_hp_plan_drop_locked(cuh_heap_t *h)
 
 /* Where a freed block came from, seen from the step that freed it (whose
  * first allocation followed `first`, the step before's `before`): 1 + its
- * index in that step, 1 + its index in the step before plus 2^62, or 2^63
- * for an older one. */
+ * index in that step, FROM_STEP_BEFORE, or FROM_OLDER. Which block of the
+ * step before does not count: its place there depends on that step, and a
+ * second step that follows a longer first one still repeats the third (the
+ * plan takes the lives of the blocks that wrap from the step it lays out). */
+#define FROM_STEP_BEFORE ((uint64_t)1 << 62)
+#define FROM_OLDER ((uint64_t)1 << 63)
+
 static uint64_t freed_from(uint64_t seq, uint64_t first, uint64_t before)
 {
     if (seq > first)
         return seq - first;
-    if (seq > before)
-        return (seq - before) | ((uint64_t)1 << 62);
-    return (uint64_t)1 << 63;
-}
-
-/* Two frees alike: of a block of their own step at the same place, or both
- * of a block of the step before, or both of an older one. Which block of the
- * step before does not matter: its place there depends on that step, and a
- * second step that follows a longer first one still repeats the third (the
- * plan takes the lives of the blocks that wrap from the step it lays out). */
-static int freed_alike(uint64_t x, uint64_t y)
-{
-    return x >> 62 == y >> 62 && (x >> 62 || x == y);
+    return seq > before ? FROM_STEP_BEFORE : FROM_OLDER;
 }
 
 /* 1 if the two recorded steps asked for the same blocks in the same order
- * and freed them alike (freed_alike). */
+ * and freed them alike (freed_from). */
 static int steps_alike(const plan_t *p)
 {
     const int a = p->cur, b = !p->cur;
@@ -330,8 +323,8 @@ static int steps_alike(const plan_t *p)
         const plan_event_t *x = &p->events[a][i], *y = &p->events[b][i];
         if (x->free != y->free || x->stream != y->stream || x->size != y->size || x->device_wide != y->device_wide)
             return 0;
-        if (x->free ? !freed_alike(freed_from(x->seq, p->first_seq[a], p->first_seq[b]),
-                                   freed_from(y->seq, p->first_seq[b], p->first_older))
+        if (x->free ? freed_from(x->seq, p->first_seq[a], p->first_seq[b]) !=
+                          freed_from(y->seq, p->first_seq[b], p->first_older)
                     : x->seq - p->first_seq[a] != y->seq - p->first_seq[b])
             return 0;
     }
@@ -391,9 +384,9 @@ static uintptr_t cut_window_locked(cuh_heap_t *h, size_t size, const stream_stat
 
 /* Makes a plan from the step just recorded, which repeated the step before:
  * what that step's blocks did in this one, this step's will do in the next.
- * Only where the step moved pages enough to repay moving into the window
- * once (a heap that has settled moves none, and a plan would not lower the
- * peak it has reached). */
+ * Only where the step moved pages: a heap that has settled moves none, and a
+ * plan would cost it the move into the window and lower no peak it has
+ * reached. */
 static void make_plan_locked(cuh_heap_t *h, uint64_t pages_moved)
 {
     plan_t *p = &h->plan;

@@ -75,7 +75,7 @@ static void snapshot_steps_locked(const cuh_heap_t *h, cuh_heap_snapshot_t *snap
     const plan_t *p = &h->plan;
     snap->plan = (cuh_snap_plan_t){.active = p->active, .made = p->made, .steps_followed = p->steps_followed,
                                    .placed = p->placed, .missed = p->missed, .dropped = p->dropped,
-                                   .room_bytes = p->active ? p->room_bytes : 0};
+                                   .room_bytes = p->room_bytes};
 }
 
 static void cuh_heap_stats_locked(cuh_heap_t *h, cuheap_stats_t *out);

@@ -122,8 +122,8 @@ static void text_steps(FILE *out, const cuh_heap_snapshot_t *s)
                 "  most pages mapped in one step: %" PRIu64 " in step %" PRIu64 " (%" PRIu64 " moved, %" PRIu64
                 " map calls, %.3f s)\n",
                 m->page_maps, m->index, m->page_moves, m->map_calls, m->seconds);
-    const cuh_snap_plan_t *p = &s->plan;
     if (s->config.step_plan) {
+        const cuh_snap_plan_t *p = &s->plan;
         char room[32];
         fprintf(out,
                 "  step plans (step_plan:1): %" PRIu64 " made, %" PRIu64 " dropped, %" PRIu64 " steps followed one; %" PRIu64
