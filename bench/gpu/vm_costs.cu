@@ -9,28 +9,9 @@
 // whether one larger physical allocation costs per call or per page, and
 // whether the driver maps a page of such an allocation on its own.
 // Prints microseconds per page (median of 5 rounds over 512 pages).
-#include <cuda.h>
+#include "vm_bench.h"
+
 #include <cuda_runtime.h>
-#include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <vector>
-
-#define CHECK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { const char *s_ = "?"; \
-    cuGetErrorString(r_, &s_); fprintf(stderr, "%s: %s\n", #x, s_); return 1; } } while (0)
-
-__global__ void spin(long long cycles) { long long t = clock64(); while (clock64() - t < cycles) {} }
-
-static double now_us()
-{
-    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-static double median(std::vector<double> v)
-{
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
 
 int main()
 {

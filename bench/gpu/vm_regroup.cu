@@ -13,28 +13,9 @@
 // (then a run of old mappings would go in one call). Prints microseconds per
 // page (median of ROUNDS), with the GPU idle and with a kernel running on
 // another stream.
-#include <cuda.h>
+#include "vm_bench.h"
+
 #include <cuda_runtime.h>
-#include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <vector>
-
-#define CHECK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { const char *s_ = "?"; \
-    cuGetErrorString(r_, &s_); fprintf(stderr, "line %d: %s: %s\n", __LINE__, #x, s_); return 1; } } while (0)
-
-__global__ void spin(long long cycles) { long long t = clock64(); while (clock64() - t < cycles) {} }
-
-static double now_us()
-{
-    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-static double median(std::vector<double> v)
-{
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
 
 static CUmemAllocationProp prop;
 static CUmemAccessDesc access;
