@@ -32,7 +32,7 @@ static int pieces_of(const cuh_step_block_t *b, size_t len, piece_t p[2])
     return 2;
 }
 
-int cuh_step_lives_meet(const cuh_step_block_t *a, const cuh_step_block_t *b, size_t len)
+static int lives_meet(const cuh_step_block_t *a, const cuh_step_block_t *b, size_t len)
 {
     piece_t pa[2], pb[2];
     const int na = pieces_of(a, len, pa), nb = pieces_of(b, len, pb);
@@ -81,7 +81,7 @@ uint64_t cuh_step_plan_layout(cuh_step_block_t *b, size_t n, size_t len)
         cuh_step_block_t *x = order[i];
         size_t k = 0;
         for (size_t j = 0; j < i; j++)
-            if (cuh_step_lives_meet(x, order[j], len))
+            if (lives_meet(x, order[j], len))
                 taken[k++] = (range_t){order[j]->offset, order[j]->offset + order[j]->size};
         qsort(taken, k, sizeof *taken, lower_first);
         uint64_t at = 0;

@@ -41,9 +41,6 @@ typedef struct cuh_step_block_s {
  * of a block; 0 for none), or UINT64_MAX when host memory runs out. */
 uint64_t cuh_step_plan_layout(cuh_step_block_t *b, size_t n, size_t len);
 
-/* 1 if the lives of a and b in a step of `len` events meet. */
-int cuh_step_lives_meet(const cuh_step_block_t *a, const cuh_step_block_t *b, size_t len);
-
 /* The most bytes of b[0..n) live at once over the step: no layout of the
  * step holds less. */
 uint64_t cuh_step_plan_live_peak(const cuh_step_block_t *b, size_t n, size_t len);
