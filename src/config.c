@@ -83,7 +83,8 @@ static const option_t options[] = {
      "requests there in the steps after, until a step asks for something else. A job that "
      "repeats its steps then moves no page once the window is filled. Experimental: off by "
      "default; blocks allocated on other streams than the busiest, by cudaMalloc, or in a "
-     "graph capture are placed as always, and thread caches hold no large block."},
+     "graph capture are placed as always, and thread caches hold no large block (the heap "
+     "parks one while no plan is in force)."},
     {"thread_cache", KIND_SIZE, offsetof(cuh_config_t, thread_cache), "4M",
      "Most bytes of small objects (small_max and below) each thread keeps for itself, per "
      "device, beside the last large block it freed: what a thread frees on a stream it "

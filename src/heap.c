@@ -505,6 +505,8 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
         cuh_extent_t *e = cuh_hp_take_parked_locked(h, st, size);
         if (e) {
             e->tag = st->tag;
+            if (cuh_unlikely(h->cfg.step_plan))
+                cuh_hp_plan_note_alloc_locked(h, e, stream, size);
             h->num_cache_hits++;
             h->num_allocs++;
             *addr = e->addr;
@@ -747,10 +749,16 @@ cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
         if (held || (b.slab && cuh_hp_tcache_adopt_locked(h, &b, addr, stream))) {
             /* held, or in this thread's cache */
         } else if (cuh_unlikely(h->cfg.step_plan) && b.ext) {
-            /* Back to the plan's room, or to the arena: never parked or
-             * held by a thread, whose takes the plan would not see. */
-            if (!cuh_hp_plan_room_locked(h, &b, addr, stream))
-                cuh_hp_release_block_locked(h, &b, addr, st);
+            /* With a plan in force: back to its room, or to the arena, never
+             * parked (a take the plan did not place). Without: parked, the
+             * take recorded (heap_malloc); never held by a thread, whose
+             * takes take no lock and so are not recorded. */
+            if (h->plan.active || h->captures || h->cfg.ipc_safe) {
+                if (!cuh_hp_plan_room_locked(h, &b, addr, stream))
+                    cuh_hp_release_block_locked(h, &b, addr, st);
+            } else {
+                cuh_hp_park_locked(h, &b, st);
+            }
         } else if (b.ext && !h->captures && !h->cfg.ipc_safe) {
             if (!cuh_hp_large_slot_adopt_locked(h, &b, st, stream))
                 cuh_hp_park_locked(h, &b, st);

@@ -483,6 +483,9 @@ cuheap_status_t cuh_hp_large_alloc_locked(cuh_heap_t *h, stream_state_t *st, siz
  * allocation is recorded for the next plan. */
 cuheap_status_t cuh_hp_plan_alloc_locked(cuh_heap_t *h, stream_state_t *st, cuh_stream_t stream, size_t size,
                                          uintptr_t *addr);
+/* With step_plan: block e, allocated on `stream` for `size` bytes outside
+ * the plan (a parked block taken again), is recorded for the next plan. */
+void cuh_hp_plan_note_alloc_locked(cuh_heap_t *h, cuh_extent_t *e, cuh_stream_t stream, size_t size);
 /* With step_plan: block e, freed on `stream` (device_wide: by cudaFree), is
  * recorded for the next plan. */
 void cuh_hp_plan_note_free_locked(cuh_heap_t *h, const cuh_extent_t *e, cuh_stream_t stream, int device_wide);

@@ -246,18 +246,27 @@ cuheap_status_t cuh_hp_plan_alloc_locked(cuh_heap_t *h, stream_state_t *st, cuh_
             p->off_track = 1;   /* the step asks for something else: as always from here */
         }
     }
-    p->pos++;
     /* Out of memory with a plan in force, the allocation ladder gives the
      * room back and tries again (cuh_hp_extent_alloc_locked). */
     cuheap_status_t status = *addr ? CUHEAP_OK : cuh_hp_large_alloc_locked(h, st, size, addr);
-    if (status != CUHEAP_OK)
+    if (status != CUHEAP_OK) {
+        p->pos++;
         return status;
-    cuh_extent_t *e = cuh_ptrmap_get(&h->blocks, *addr);
-    if (e) {
-        e->seq = ++p->next_seq;
-        record(p, (plan_event_t){.seq = e->seq, .size = block, .stream = stream});
     }
+    cuh_extent_t *e = cuh_ptrmap_get(&h->blocks, *addr);
+    if (e)
+        cuh_hp_plan_note_alloc_locked(h, e, stream, size);
+    else
+        p->pos++;
     return CUHEAP_OK;
+}
+
+void cuh_hp_plan_note_alloc_locked(cuh_heap_t *h, cuh_extent_t *e, cuh_stream_t stream, size_t size)
+{
+    plan_t *p = &h->plan;
+    p->pos++;
+    e->seq = ++p->next_seq;
+    record(p, (plan_event_t){.seq = e->seq, .size = cuh_align_up(size, CUH_ALIGN), .stream = stream});
 }
 
 int cuh_hp_plan_room_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr, cuh_stream_t stream)
@@ -398,6 +407,7 @@ static void make_plan_locked(cuh_heap_t *h, uint64_t pages_moved)
         num_allocs += !ev[i].free;
     if (!num_allocs || !pages_moved)
         return;
+    cuh_hp_unpark_locked(h);   /* a parked block's take would pass the plan by */
     size_t *start = malloc(num_allocs * sizeof *start), *end = malloc(num_allocs * sizeof *end);
     size_t *wrap = malloc(num_allocs * sizeof *wrap), *sizes = malloc(num_allocs * sizeof *sizes);
     uintptr_t *addrs = calloc(num_allocs, sizeof *addrs);

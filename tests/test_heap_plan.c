@@ -408,6 +408,76 @@ static void test_plan_random_steps_never_reuse_or_unmap_a_page_before_its_work(v
     assert_true(planned >= 6);
 }
 
+/* Until a plan is in force, step_plan changes nothing: random steps that
+ * never repeat, with large blocks freed and asked for again (which the heap
+ * parks and hands back), get every block at the same address as without the
+ * setting. */
+static void test_plan_without_a_plan_blocks_go_where_they_would(void **state)
+{
+    (void)state;
+    enum { OPS = 3000, SLOTS = 48 };
+    uintptr_t got[2][OPS];
+    for (int run = 0; run < 2; run++) {
+        test_heap_t t = test_heap_new(GiB, run ? "vmm:1,small_max:0,step_plan:1" : "vmm:1,small_max:0");
+        uintptr_t live[SLOTS] = {0};
+        size_t last = 0;
+        uint64_t seed = 4242;
+        for (int i = 0; i < OPS; i++) {
+            const uint64_t r = test_rand(&seed);
+            const int slot = (int)(r % SLOTS);
+            if (live[slot]) {
+                must_free(t.heap, live[slot], 0);
+                live[slot] = 0;
+                got[run][i] = 1;
+            } else {
+                /* Half the requests ask again for the size freed last. */
+                const size_t size = (r >> 8) % 2 && last ? last : (1 + (r >> 16) % 64) * 256 * KiB;
+                live[slot] = got[run][i] = must_alloc(t.heap, size, 0);
+                last = size;
+            }
+            if (i % 97 == 96)
+                cuh_heap_mark_step(t.heap);
+        }
+        assert_false(plan_of(t.heap).made);
+        for (int k = 0; k < SLOTS; k++)
+            if (live[k])
+                must_free(t.heap, live[k], 0);
+        all_freed(t.heap);
+        test_heap_free(&t);
+    }
+    for (int i = 0; i < OPS; i++)
+        if (got[0][i] != got[1][i])
+            fail_msg("operation %d: 0x%lx with step_plan, 0x%lx without", i, (unsigned long)got[1][i],
+                     (unsigned long)got[0][i]);
+}
+
+/* A block freed and asked for again within a step is parked and handed back
+ * before the plan is made: that take is part of the step, so the plan made
+ * from it is followed, not dropped at the first repeat. */
+static void test_plan_counts_a_parked_block_taken_again(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, PLAN_CONF);
+    uintptr_t now[STEP_BLOCKS];
+    for (int step = 0; step < 8; step++) {
+        checkerboard_step(t.heap, now, 8 * MiB);
+        const uintptr_t a = must_alloc(t.heap, 4 * MiB, 0);
+        must_free(t.heap, a, 0);
+        const uintptr_t b = must_alloc(t.heap, 4 * MiB, 0);
+        if (!plan_of(t.heap).active)
+            assert_int_equal(b, a);   /* the parked block */
+        must_free(t.heap, b, 0);
+        cuh_heap_mark_step(t.heap);
+        heap_ok(t.heap);
+    }
+    const cuh_snap_plan_t p = plan_of(t.heap);
+    assert_int_equal(p.made, 1);
+    assert_int_equal(p.dropped, 0);
+    assert_true(p.steps_followed >= 4);
+    all_freed(t.heap);
+    test_heap_free(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -419,6 +489,8 @@ int main(void)
         cmocka_unit_test(test_plan_a_block_freed_on_another_stream_is_not_room),
         cmocka_unit_test(test_plan_device_failures_leave_sound_books),
         cmocka_unit_test(test_plan_random_steps_never_reuse_or_unmap_a_page_before_its_work),
+        cmocka_unit_test(test_plan_without_a_plan_blocks_go_where_they_would),
+        cmocka_unit_test(test_plan_counts_a_parked_block_taken_again),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
