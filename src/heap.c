@@ -525,8 +525,8 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
     } else if (cuh_unlikely(h->contended) && !device_wide && !h->cfg.step_plan &&
                (*addr = cuh_hp_chunk_alloc_locked(h, st, stream, size, waited))) {
         status = CUHEAP_OK;   /* cut from a new chunk of this thread's (heap_chunks.c) */
-    } else if (cuh_unlikely(h->cfg.step_plan) && !device_wide) {
-        status = cuh_hp_plan_alloc_locked(h, st, stream, size, addr);   /* heap_plan.c */
+    } else if (cuh_unlikely(h->cfg.step_plan)) {
+        status = cuh_hp_plan_alloc_locked(h, st, stream, device_wide, size, addr);   /* heap_plan.c */
     } else {
         status = cuh_hp_large_alloc_locked(h, st, size, addr);
     }

@@ -53,6 +53,8 @@ static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch, uint64_t gen
         }
         h->held_bytes -= x->size;
         h->held_requested -= x->requested;
+        if (cuh_unlikely(h->plan.active) && x->ext && cuh_hp_plan_room_finished_locked(h, x->ext))
+            continue;   /* a step plan's block: back to its room (heap_plan.c) */
         cuh_hp_release_block_global_locked(h, &b, x->addr);
     }
     for (size_t i = 0; i < batch->num_events; i++)

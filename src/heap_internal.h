@@ -478,11 +478,17 @@ int cuh_hp_map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_s
 /* ---- step plans (heap_plan.c) ---- */
 /* A block for st and `size` bytes (heap.c). */
 cuheap_status_t cuh_hp_large_alloc_locked(cuh_heap_t *h, stream_state_t *st, size_t size, uintptr_t *addr);
-/* With step_plan: a block for st, placed where the layout learned from the
- * steps before puts it, else as always (cuh_hp_large_alloc_locked); the
- * allocation is recorded for the next plan. */
-cuheap_status_t cuh_hp_plan_alloc_locked(cuh_heap_t *h, stream_state_t *st, cuh_stream_t stream, size_t size,
-                                         uintptr_t *addr);
+/* With step_plan: a block for st (on `stream`, or device_wide: cudaMalloc),
+ * placed where the layout learned from the steps before puts it, else as
+ * always (cuh_hp_large_alloc_locked); the allocation is recorded for the
+ * next plan. */
+cuheap_status_t cuh_hp_plan_alloc_locked(cuh_heap_t *h, stream_state_t *st, cuh_stream_t stream, int device_wide,
+                                         size_t size, uintptr_t *addr);
+/* Block e, freed by cudaFree, whose batch has finished (the GPU passed the
+ * free, or every stream's later work waits for it): 1 if it went back to a
+ * device-wide plan's room (out of the heap's blocks), 0 if it is not the
+ * plan's (the caller releases it). */
+int cuh_hp_plan_room_finished_locked(cuh_heap_t *h, cuh_extent_t *e);
 /* With step_plan: block e, allocated on `stream` for `size` bytes outside
  * the plan (a parked block taken again), is recorded for the next plan. */
 void cuh_hp_plan_note_alloc_locked(cuh_heap_t *h, cuh_extent_t *e, cuh_stream_t stream, size_t size);

@@ -19,6 +19,18 @@
  * owns, "room"), so its pages, once mapped, stay: moving in costs the
  * window's pages once, in the first step the plan is in force.
  *
+ * A plan is made only where the device and the limit leave the window's
+ * size free: moving in may need that much while the step before's blocks
+ * are still where they were.
+ *
+ * cudaMalloc's blocks (LD_PRELOAD) form one more lane beside the streams,
+ * the device-wide one: a step whose busiest lane it is gets a plan for its
+ * cudaMalloc blocks freed by cudaFree. Their room comes back when the
+ * cudaFree's batch finishes (heap_devicewide.c: the GPU passed the free, or
+ * every stream's later work waits for it), and a block whose place is not
+ * back yet takes back what cudaFree gave, as the allocation ladder's first
+ * step would, before it gives up its place.
+ *
  * In the next steps the k-th block allocation takes its place in the window
  * if it asks for what the k-th did and its place is room; pages behind it
  * are mapped as always, moved from free memory first. A planned block freed
@@ -32,8 +44,9 @@
  * Rules kept here (heap.h): a block is placed only in room, memory no block
  * owns; room comes back only from the plan's blocks freed on the plan's
  * stream, so a block placed there runs after the work of the block before
- * it on that stream (the stream rule); a request the plan does not expect is
- * served as it would be without a plan.
+ * it on that stream (the stream rule), or for the device-wide lane once
+ * cudaFree's promise is kept; a request the plan does not expect is served
+ * as it would be without a plan.
  */
 #include "heap_internal.h"
 #include "step_plan.h"
@@ -47,6 +60,17 @@
 /* The owner of the window's room extents (used extents no block owns). */
 static char room_owner;
 #define ROOM ((void *)&room_owner)
+
+/* The lane of cudaMalloc's blocks (device-wide: any stream may use them),
+ * in the records and as a plan's stream. */
+#define LANE_DEVICE_WIDE ((cuh_stream_t)UINTPTR_MAX)
+
+/* The heap's state for a plan's lane: the device-wide one, or its stream's
+ * (NULL when host memory runs out). */
+static stream_state_t *lane_state_locked(cuh_heap_t *h, cuh_stream_t lane)
+{
+    return lane == LANE_DEVICE_WIDE ? &h->device_wide : cuh_hp_stream_get_locked(h, lane);
+}
 
 static int is_room(const cuh_extent_t *e)
 {
@@ -201,7 +225,10 @@ static void record(plan_t *p, plan_event_t ev)
 void cuh_hp_plan_note_free_locked(cuh_heap_t *h, const cuh_extent_t *e, cuh_stream_t stream, int device_wide)
 {
     if (e->seq)
-        record(&h->plan, (plan_event_t){.seq = e->seq, .stream = stream, .free = 1, .device_wide = (uint8_t)device_wide});
+        record(&h->plan, (plan_event_t){.seq = e->seq,
+                                        .stream = device_wide ? LANE_DEVICE_WIDE : stream,
+                                        .free = 1,
+                                        .device_wide = (uint8_t)device_wide});
 }
 
 /* ---- placing and freeing ---------------------------------------------------------- */
@@ -228,17 +255,35 @@ static uintptr_t place_locked(cuh_heap_t *h, stream_state_t *st, uintptr_t a, si
     return a;
 }
 
-cuheap_status_t cuh_hp_plan_alloc_locked(cuh_heap_t *h, stream_state_t *st, cuh_stream_t stream, size_t size,
-                                         uintptr_t *addr)
+/* What cudaFree gave back comes home before a device-wide block is placed,
+ * as the allocation ladder's first step would bring it (heap.c): with
+ * device-wide fences a take-back of all of it, with fences per stream what
+ * the GPU has passed. 1 if anything came back. */
+static int bring_back_locked(cuh_heap_t *h)
+{
+    if (!h->held_bytes)
+        return 0;
+    if (!cuh_hp_fences_per_stream_locked(h))
+        return cuh_hp_take_back_for_block_locked(h);
+    return cuh_hp_batches_poll_locked(h, 0);
+}
+
+cuheap_status_t cuh_hp_plan_alloc_locked(cuh_heap_t *h, stream_state_t *st, cuh_stream_t stream, int device_wide,
+                                         size_t size, uintptr_t *addr)
 {
     plan_t *p = &h->plan;
     const size_t block = cuh_align_up(size, CUH_ALIGN);
+    const cuh_stream_t lane = device_wide ? LANE_DEVICE_WIDE : stream;
     *addr = 0;
     if (p->active && !p->off_track && !h->captures) {
         const size_t k = p->pos;
-        if (k < p->num_allocs && p->sizes[k] == block && p->streams[k] == stream) {
+        if (k < p->num_allocs && p->sizes[k] == block && p->streams[k] == lane) {
             if (p->addrs[k]) {
+                /* A planned cudaMalloc block's room comes back once the
+                 * GPU has passed its cudaFree (cuh_hp_plan_room_finished_locked). */
                 *addr = place_locked(h, st, p->addrs[k], block, size);
+                if (!*addr && device_wide && bring_back_locked(h))
+                    *addr = place_locked(h, st, p->addrs[k], block, size);
                 p->placed += *addr != 0;
                 p->missed += *addr == 0;
             }
@@ -255,7 +300,7 @@ cuheap_status_t cuh_hp_plan_alloc_locked(cuh_heap_t *h, stream_state_t *st, cuh_
     }
     cuh_extent_t *e = cuh_ptrmap_get(&h->blocks, *addr);
     if (e)
-        cuh_hp_plan_note_alloc_locked(h, e, stream, size);
+        cuh_hp_plan_note_alloc_locked(h, e, lane, size);
     else
         p->pos++;
     return CUHEAP_OK;
@@ -266,7 +311,10 @@ void cuh_hp_plan_note_alloc_locked(cuh_heap_t *h, cuh_extent_t *e, cuh_stream_t 
     plan_t *p = &h->plan;
     p->pos++;
     e->seq = ++p->next_seq;
-    record(p, (plan_event_t){.seq = e->seq, .size = cuh_align_up(size, CUH_ALIGN), .stream = stream});
+    record(p, (plan_event_t){.seq = e->seq,
+                             .size = cuh_align_up(size, CUH_ALIGN),
+                             .stream = stream,
+                             .device_wide = stream == LANE_DEVICE_WIDE});
 }
 
 int cuh_hp_plan_room_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr, cuh_stream_t stream)
@@ -282,6 +330,19 @@ int cuh_hp_plan_room_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr
     return 1;
 }
 
+int cuh_hp_plan_room_finished_locked(cuh_heap_t *h, cuh_extent_t *e)
+{
+    const plan_t *p = &h->plan;
+    if (!p->active || e->plan != p->gen || p->stream != LANE_DEVICE_WIDE || h->captures)
+        return 0;
+    cuh_ptrmap_remove(&h->blocks, e->addr);
+    if (to_room(h, e) != 0) {
+        (void)cuh_ptrmap_insert(&h->blocks, e->addr, e);   /* room was just freed from it: cannot fail */
+        return 0;
+    }
+    return 1;
+}
+
 /* ---- dropping and making plans ------------------------------------------------------ */
 
 void cuh_hp_plan_drop_locked(cuh_heap_t *h)
@@ -290,14 +351,17 @@ void cuh_hp_plan_drop_locked(cuh_heap_t *h)
     if (!p->active)
         return;
     /* The room goes back as memory freed on the plan's stream: its last
-     * blocks' work ran there. */
-    stream_state_t *st = cuh_hp_stream_get_locked(h, p->stream);
+     * blocks' work ran there. A device-wide plan's room came back when the
+     * GPU had passed its frees, or every stream's later work waited for
+     * them: global memory. */
+    const int global = p->stream == LANE_DEVICE_WIDE;
+    stream_state_t *st = global ? NULL : cuh_hp_stream_get_locked(h, p->stream);
     for (size_t i = 0; i < p->num_rooms; i++) {
         cuh_extent_t *e = p->rooms[i];
         e->owner = NULL;
         cuh_arena_release(&h->arena, e, st ? st->tag : CUH_TAG_GLOBAL);
     }
-    if (!st)
+    if (!st && !global)
         cuh_hp_cpu_wait_device(h);   /* released as global memory: the GPU must have passed it */
     p->num_rooms = 0;
     p->room_bytes = 0;
@@ -391,6 +455,21 @@ static uintptr_t cut_window_locked(cuh_heap_t *h, size_t size, const stream_stat
     return at;
 }
 
+/* 1 if the device, and the limit, leave `window` bytes free beyond what the
+ * heap holds. Moving into the window can take up to that much: the step
+ * before's blocks stay where they were until freed, and pages only partly
+ * free cannot move. Near the device's end the transition would run out of
+ * memory, drop the plan and leave the heap cut up (the corpus's smallest
+ * device for unet_denoiser under LD_PRELOAD: 1.014x -> 1.031x its live peak). */
+static int room_to_move_in_locked(cuh_heap_t *h, size_t window)
+{
+    const size_t reserved = cuh_hp_reserved_bytes(h);
+    if (h->limit && (reserved > h->limit || h->limit - reserved < window))
+        return 0;
+    size_t free_bytes = 0, total = 0;
+    return h->dev->ops->mem_info(h->dev, &free_bytes, &total) == CUH_DEV_OK && free_bytes >= window;
+}
+
 /* Makes a plan from the step just recorded, which repeated the step before:
  * what that step's blocks did in this one, this step's will do in the next.
  * Only where the step moved pages: a heap that has settled moves none, and a
@@ -417,7 +496,7 @@ static void make_plan_locked(cuh_heap_t *h, uint64_t pages_moved)
     if (!start || !end || !wrap || !sizes || !addrs || !streams || !blocks || !index)
         goto out;
     const cuh_stream_t stream = busiest_stream(ev, n);
-    stream_state_t *st = cuh_hp_stream_get_locked(h, stream);
+    stream_state_t *st = lane_state_locked(h, stream);
     if (!st)
         goto out;
     for (size_t k = 0; k < num_allocs; k++)
@@ -430,7 +509,7 @@ static void make_plan_locked(cuh_heap_t *h, uint64_t pages_moved)
             streams[k++] = x->stream;
             continue;
         }
-        const int ours = x->stream == stream && !x->device_wide;
+        const int ours = x->stream == stream;   /* freed in the plan's lane */
         if (x->seq > first && x->seq - first <= num_allocs)
             end[x->seq - first - 1] = ours ? i : PLAN_NONE - 1;   /* freed in the step (elsewhere: not planned) */
         else if (x->seq <= first && first - x->seq < num_allocs)
@@ -451,7 +530,10 @@ static void make_plan_locked(cuh_heap_t *h, uint64_t pages_moved)
     const uint64_t footprint = cuh_step_plan_layout(blocks, nb, n);
     if (!footprint || footprint == UINT64_MAX)
         goto out;
-    const uintptr_t window = cut_window_locked(h, cuh_align_up((size_t)footprint, h->vm_page), st);
+    const size_t window_bytes = cuh_align_up((size_t)footprint, h->vm_page);
+    if (!room_to_move_in_locked(h, window_bytes))
+        goto out;
+    const uintptr_t window = cut_window_locked(h, window_bytes, st);
     if (!window)
         goto out;
     for (size_t j = 0; j < nb; j++)

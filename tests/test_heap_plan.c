@@ -12,7 +12,7 @@
  */
 #include "heap_test.h"
 
-/* One step of a job that moves pages every step under a tight limit: 24
+/* One step of a job that moves pages every step (vmm_margin:0): 24
  * blocks of 2 MiB, every other one freed, three blocks of 8 MiB where the
  * freed ones leave only holes of 2 MiB, then everything freed. addrs gets
  * the step's 27 addresses in order of allocation. */
@@ -33,6 +33,29 @@ static void checkerboard_step(cuh_heap_t *heap, uintptr_t *addrs, size_t big)
         must_free(heap, large[i], 0);
 }
 
+/* The same step in cudaMalloc's blocks (LD_PRELOAD), each used by work on
+ * stream S1 that the GPU has not run when cudaFree comes. */
+static void checkerboard_step_cudamalloc(test_heap_t *t, uintptr_t *addrs, size_t big)
+{
+    uintptr_t small[24], large[3];
+    for (int i = 0; i < 24; i++) {
+        assert_int_equal(cuh_heap_malloc_device_wide(t->heap, 2 * MiB, &small[i]), CUHEAP_OK);
+        addrs[i] = small[i];
+        cuh_sim_enqueue_work(t->dev, S1);
+    }
+    for (int i = 0; i < 24; i += 2)
+        assert_int_equal(cuh_heap_free_device_wide(t->heap, small[i]), CUHEAP_OK);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(cuh_heap_malloc_device_wide(t->heap, big, &large[i]), CUHEAP_OK);
+        addrs[24 + i] = large[i];
+        cuh_sim_enqueue_work(t->dev, S1);
+    }
+    for (int i = 1; i < 24; i += 2)
+        assert_int_equal(cuh_heap_free_device_wide(t->heap, small[i]), CUHEAP_OK);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(cuh_heap_free_device_wide(t->heap, large[i]), CUHEAP_OK);
+}
+
 static cuh_snap_plan_t plan_of(cuh_heap_t *heap)
 {
     cuh_heap_snapshot_t *snap = cuh_heap_snapshot(heap, 0);
@@ -43,7 +66,7 @@ static cuh_snap_plan_t plan_of(cuh_heap_t *heap)
 }
 
 /* A heap under a tight limit whose plan is in force: six repeating steps. */
-#define PLAN_CONF "vmm:1,small_max:0,vmm_margin:0,limit:56M,step_plan:1"
+#define PLAN_CONF "vmm:1,small_max:0,vmm_margin:0,limit:128M,step_plan:1"
 
 static void run_steps(cuh_heap_t *heap, int steps)
 {
@@ -100,12 +123,73 @@ static void test_plan_repeating_steps_stop_moving_pages(void **state)
     test_heap_free(&t);
 }
 
+/* cudaMalloc's blocks (LD_PRELOAD) get a plan too: with the GPU behind
+ * every cudaFree, the steps repeat their addresses and move no page once it
+ * is in force. */
+static void test_plan_cudamalloc_steps_stop_moving_pages(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, PLAN_CONF);
+    cuh_sim_hold_events(t.dev, 1);
+    assert_int_equal(cuh_heap_register_stream(t.heap, S1), CUHEAP_OK);
+    uintptr_t before[STEP_BLOCKS], now[STEP_BLOCKS];
+    cuh_sim_counters_t c0, c1;
+    int followed_steps = 0;
+    for (int step = 0; step < 10; step++) {
+        cuh_sim_counters(t.dev, &c0);
+        checkerboard_step_cudamalloc(&t, now, 8 * MiB);
+        cuh_sim_counters(t.dev, &c1);
+        const cuh_snap_plan_t p = plan_of(t.heap);
+        if (p.active && p.placed && followed_steps++) {
+            assert_memory_equal(now, before, sizeof now);
+            assert_int_equal(c1.vm_unmaps, c0.vm_unmaps);
+            assert_int_equal(c1.vm_maps, c0.vm_maps);
+        }
+        memcpy(before, now, sizeof now);
+        cuh_sim_complete_all(t.dev);
+        cuh_heap_mark_step(t.heap);
+        heap_ok(t.heap);
+    }
+    const cuh_snap_plan_t p = plan_of(t.heap);
+    assert_int_equal(p.made, 1);
+    assert_int_equal(p.dropped, 0);
+    assert_true(followed_steps >= 4);
+    assert_int_equal(p.missed, 0);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.num_ooms, 0);
+    all_freed(t.heap);
+    test_heap_free(&t);
+}
+
+/* Near the limit no plan is made: moving into its window can take as much
+ * memory as the window while the step before's blocks are where they were,
+ * and running out there would leave the heap cut up. */
+static void test_plan_needs_room_to_move_in(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, "vmm:1,small_max:0,vmm_margin:0,limit:56M,step_plan:1");
+    uintptr_t now[STEP_BLOCKS];
+    cuh_sim_counters_t c0, c1;
+    for (int step = 0; step < 8; step++) {
+        cuh_sim_counters(t.dev, &c0);
+        checkerboard_step(t.heap, now, 8 * MiB);
+        cuh_sim_counters(t.dev, &c1);
+        if (step >= 2)
+            assert_true(c1.vm_unmaps > c0.vm_unmaps);   /* it does move pages every step */
+        cuh_heap_mark_step(t.heap);
+    }
+    assert_false(plan_of(t.heap).made);
+    all_freed(t.heap);
+    test_heap_free(&t);
+}
+
 /* Without step_plan the same steps move pages every step: the plan is what
  * stops them. */
 static void test_plan_off_the_same_steps_keep_moving_pages(void **state)
 {
     (void)state;
-    test_heap_t t = test_heap_new(GiB, "vmm:1,small_max:0,vmm_margin:0,limit:56M");
+    test_heap_t t = test_heap_new(GiB, "vmm:1,small_max:0,vmm_margin:0,limit:128M");
     uintptr_t now[STEP_BLOCKS];
     cuh_sim_counters_t c0, c1;
     for (int step = 0; step < 6; step++) {
@@ -202,12 +286,12 @@ static void test_plan_room_serves_a_request_that_would_run_out(void **state)
     run_steps(t.heap, 6);
     cuh_sim_complete_all(t.dev);
     uintptr_t x;
-    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 48 * MiB, &x), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 112 * MiB, &x), CUHEAP_OK);
     assert_false(plan_of(t.heap).active);
     cuheap_stats_t s;
     cuh_heap_stats(t.heap, &s);
     assert_int_equal(s.num_ooms, 0);
-    assert_true(s.reserved.peak <= 56 * MiB);
+    assert_true(s.reserved.peak <= 128 * MiB);
     heap_ok(t.heap);
     assert_int_equal(cuh_heap_free_device_wide(t.heap, x), CUHEAP_OK);
     cuh_sim_complete_all(t.dev);
@@ -307,10 +391,13 @@ static void plan_rule_fail(void *ctx, const char *what)
  * on another stream, or freed by cudaFree. The GPU runs behind (work completes every 23
  * operations on one stream); the heap_model checks every new block against
  * what frees left, by address and physical page, and that no page is
- * unmapped under running work. Returns the blocks plans placed. */
-static uint64_t plan_rule_model(uint64_t seed)
+ * unmapped under running work. With device_wide every block is cudaMalloc's
+ * and cudaFree's, used by any of the streams (a differing step then uses
+ * the odd slot on a stream no step used before). Returns the blocks plans
+ * placed. */
+static uint64_t plan_rule_model(uint64_t seed, int device_wide)
 {
-    test_heap_t t = test_heap_new(GiB, "vmm:1,small_max:0,vmm_margin:0,limit:64M,step_plan:1");
+    test_heap_t t = test_heap_new(GiB, "vmm:1,small_max:0,vmm_margin:0,limit:128M,step_plan:1");
     cuh_sim_hold_events(t.dev, 1);
     assert_int_equal(cuh_heap_register_stream(t.heap, S1), CUHEAP_OK);
     enum { SLOTS = 24, EVENTS = 2 * SLOTS, STEPS = 40, MAX_PIECES = 40000 };
@@ -347,7 +434,7 @@ static uint64_t plan_rule_model(uint64_t seed)
             if (order[e] & 1) {
                 if (!addr[i])
                     continue;   /* its first allocation is still to come */
-                const int by_cudafree = differs && i == odd_slot && how == 2;
+                const int by_cudafree = device_wide || (differs && i == odd_slot && how == 2);
                 for (int k = 0; k < 3; k++)
                     if (by_cudafree || streams[k] == used_on[i])
                         heap_model_add(&model, addr[i], sized[i], streams[k],
@@ -360,14 +447,18 @@ static uint64_t plan_rule_model(uint64_t seed)
             } else {
                 if (addr[i]) {   /* freed in the next step, after this allocation: a wrap that came late */
                     for (int k = 0; k < 3; k++)
-                        if (streams[k] == used_on[i])
+                        if (device_wide || streams[k] == used_on[i])
                             heap_model_add(&model, addr[i], sized[i], streams[k],
                                            cuh_sim_enqueue_work(t.dev, streams[k]), 0, 0);
-                    must_free(t.heap, addr[i], used_on[i]);
+                    if (device_wide)
+                        assert_int_equal(cuh_heap_free_device_wide(t.heap, addr[i]), CUHEAP_OK);
+                    else
+                        must_free(t.heap, addr[i], used_on[i]);
                 }
                 sized[i] = differs && i == odd_slot && how == 0 ? size[i] + 3 * MiB : size[i];
                 used_on[i] = differs && i == odd_slot && how == 1 ? S2 : stream[i];
-                cuheap_status_t st = cuh_heap_malloc(t.heap, sized[i], used_on[i], &addr[i]);
+                cuheap_status_t st = device_wide ? cuh_heap_malloc_device_wide(t.heap, sized[i], &addr[i])
+                                                 : cuh_heap_malloc(t.heap, sized[i], used_on[i], &addr[i]);
                 if (st == CUHEAP_ERR_OUT_OF_MEMORY) {
                     addr[i] = 0;
                     continue;
@@ -377,7 +468,7 @@ static uint64_t plan_rule_model(uint64_t seed)
                     if (k != i && addr[k] && heap_model_overlap(addr[i], sized[i], addr[k], sized[k]))
                         fail_msg("seed %llu step %d: block %d overlaps live block %d", (unsigned long long)run.seed,
                                  step, i, k);
-                heap_model_check(&model, addr[i], sized[i], used_on[i], 0, streams, 3);
+                heap_model_check(&model, addr[i], sized[i], used_on[i], device_wide, streams, 3);
             }
             if ((step * EVENTS + e) % 23 == 0)
                 cuh_sim_complete_stream(t.dev, streams[(r >> (e % 8)) % 3]);
@@ -388,7 +479,9 @@ static uint64_t plan_rule_model(uint64_t seed)
     }
     const uint64_t placed = plan_of(t.heap).placed;
     for (int i = 0; i < SLOTS; i++)
-        if (addr[i])
+        if (addr[i] && device_wide)
+            assert_int_equal(cuh_heap_free_device_wide(t.heap, addr[i]), CUHEAP_OK);
+        else if (addr[i])
             must_free(t.heap, addr[i], used_on[i]);
     cuh_sim_complete_all(t.dev);
     all_freed(t.heap);
@@ -404,7 +497,19 @@ static void test_plan_random_steps_never_reuse_or_unmap_a_page_before_its_work(v
      * of plans. */
     int planned = 0;
     for (uint64_t seed = 1; seed <= 12; seed++)
-        planned += plan_rule_model(seed * 7919) > 0;
+        planned += plan_rule_model(seed * 7919, 0) > 0;
+    assert_true(planned >= 6);
+}
+
+/* The same for cudaMalloc's blocks (LD_PRELOAD): a planned block's place
+ * comes back only once the GPU has passed its cudaFree, or every stream's
+ * later work waits for it. */
+static void test_plan_random_cudamalloc_steps_never_reuse_or_unmap_a_page_before_its_work(void **state)
+{
+    (void)state;
+    int planned = 0;
+    for (uint64_t seed = 1; seed <= 12; seed++)
+        planned += plan_rule_model(seed * 6007, 1) > 0;
     assert_true(planned >= 6);
 }
 
@@ -483,12 +588,15 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plan_repeating_steps_stop_moving_pages),
         cmocka_unit_test(test_plan_off_the_same_steps_keep_moving_pages),
+        cmocka_unit_test(test_plan_cudamalloc_steps_stop_moving_pages),
+        cmocka_unit_test(test_plan_needs_room_to_move_in),
         cmocka_unit_test(test_plan_a_step_that_differs_drops_the_plan),
         cmocka_unit_test(test_plan_release_cached_gives_the_room_back),
         cmocka_unit_test(test_plan_room_serves_a_request_that_would_run_out),
         cmocka_unit_test(test_plan_a_block_freed_on_another_stream_is_not_room),
         cmocka_unit_test(test_plan_device_failures_leave_sound_books),
         cmocka_unit_test(test_plan_random_steps_never_reuse_or_unmap_a_page_before_its_work),
+        cmocka_unit_test(test_plan_random_cudamalloc_steps_never_reuse_or_unmap_a_page_before_its_work),
         cmocka_unit_test(test_plan_without_a_plan_blocks_go_where_they_would),
         cmocka_unit_test(test_plan_counts_a_parked_block_taken_again),
     };
