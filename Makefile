@@ -32,7 +32,7 @@ LIB_SRCS := src/log.c src/callers.c src/config.c src/sizeclass.c src/freebins.c 
             src/heap.c src/heap_streams.c src/heap_small.c src/heap_tcache.c src/heap_chunks.c src/heap_place.c src/heap_segments.c \
             src/heap_pages.c src/heap_devicewide.c src/heap_holds.c src/heap_oom.c src/heap_stats.c \
             src/pinned.c src/report.c src/report_html.c src/device_sim.c \
-            src/device_cuda.c src/api.c src/hook_torch.c src/trace_write.c src/step_plan.c src/heap_plan.c
+            src/device_cuda.c src/api.c src/hook_torch.c src/trace_write.c src/step_plan.c src/step_detect.c src/heap_plan.c
 # The CUDA entry points for LD_PRELOAD: in libcuheap.so only. A program that
 # links libcuheap.a keeps its own CUDA runtime.
 HOOK_SRCS := src/hook_cuda.c src/hook_runtime.c src/hook_driver.c

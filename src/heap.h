@@ -301,6 +301,9 @@ typedef struct cuh_snap_plan_s {
     uint64_t missed;          /* blocks a plan placed whose place was not free (served as always) */
     uint64_t dropped;         /* plans dropped: a step asked for something else */
     uint64_t room_bytes;      /* address space the plan in force holds for its blocks */
+    uint64_t found_period;    /* a program that marks no steps: the step found in its allocations (block allocations), 0 none */
+    uint64_t steps_found;     /* steps begun where the allocations said (step_detect.h) */
+    uint64_t last_period;     /* the period of the last of them */
 } cuh_snap_plan_t;
 
 typedef struct cuh_heap_snapshot_s {

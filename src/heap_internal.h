@@ -27,6 +27,7 @@
 
 #include "heap.h"
 #include "page_plan.h"
+#include "step_detect.h"
 
 #include "arena.h"
 #include "common.h"
@@ -220,6 +221,13 @@ typedef struct plan_s {
     int off_track;               /* this step asked for something else: no more placements */
     int mapping;                 /* pages for a planned block are being mapped: moved first */
     int unrecorded, prev_unrecorded; /* host memory ran out recording the step (the one before) */
+    /* A program that marks no steps: its steps found in its block
+     * allocations (step_detect.h), given the live bytes of recorded blocks. */
+    cuh_step_detect_t detect;
+    int program_marks;           /* the program marks its steps: none are looked for */
+    int detect_failed;           /* host memory ran out for the detector */
+    uint64_t found_period;       /* the step the detector last began to mark */
+    uint64_t live_blocks;
     uint64_t made, steps_followed, placed, missed, dropped;
 } plan_t;
 
@@ -498,6 +506,13 @@ void cuh_hp_plan_note_free_locked(cuh_heap_t *h, const cuh_extent_t *e, cuh_stre
 /* 1 if block b at addr, freed on `stream`, went back to the window's room
  * (the caller does nothing more); 0 if the caller releases it as always. */
 int cuh_hp_plan_room_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr, cuh_stream_t stream);
+/* A step ends: its counters go to the history, and with step_plan the plan
+ * is kept, dropped or made (cuh_heap_mark_step, or a step found in the
+ * allocations). */
+void cuh_hp_mark_step_locked(cuh_heap_t *h);
+/* The program marks its steps (cuh_heap_mark_step): steps are no longer
+ * looked for in its allocations. */
+void cuh_hp_plan_program_marks_locked(cuh_heap_t *h);
 /* A step ended (cuh_heap_mark_step) in which `pages_moved` pages moved: the
  * plan is kept, dropped or made. */
 void cuh_hp_plan_step_locked(cuh_heap_t *h, uint64_t pages_moved);

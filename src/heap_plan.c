@@ -204,11 +204,26 @@ static cuh_extent_t *take_room(cuh_heap_t *h, uintptr_t a, size_t size, const st
 
 /* ---- recording ------------------------------------------------------------------- */
 
+/* The longest step looked for in a program's allocations where it marks
+ * none, in block allocations (the detector's 32 bytes of host memory each,
+ * and up to 4 events of 32 bytes each recorded, allocated at the program's
+ * first block). */
+#define DETECT_HISTORY ((size_t)1 << 15)
+
+/* Events kept of a program that marks no steps while no step has been
+ * found in them: twice what the longest step found may hold (an event for
+ * each allocation and free), the oldest half going when that fills. */
+#define UNMARKED_EVENTS (4 * DETECT_HISTORY)
+
 static void record(plan_t *p, plan_event_t ev)
 {
     const int c = p->cur;
     if (p->unrecorded)
         return;
+    if (!p->program_marks && !p->detect.period && p->num_events[c] >= 2 * UNMARKED_EVENTS) {
+        memmove(p->events[c], p->events[c] + UNMARKED_EVENTS, (p->num_events[c] - UNMARKED_EVENTS) * sizeof *p->events[c]);
+        p->num_events[c] -= UNMARKED_EVENTS;
+    }
     if (p->num_events[c] == p->cap_events[c]) {
         size_t cap = p->cap_events[c] ? 2 * p->cap_events[c] : 1024;
         plan_event_t *grown = realloc(p->events[c], cap * sizeof *grown);
@@ -224,11 +239,91 @@ static void record(plan_t *p, plan_event_t ev)
 
 void cuh_hp_plan_note_free_locked(cuh_heap_t *h, const cuh_extent_t *e, cuh_stream_t stream, int device_wide)
 {
-    if (e->seq)
+    if (e->seq) {
+        h->plan.live_blocks -= e->size;
         record(&h->plan, (plan_event_t){.seq = e->seq,
                                         .stream = device_wide ? LANE_DEVICE_WIDE : stream,
                                         .free = 1,
                                         .device_wide = (uint8_t)device_wide});
+    }
+}
+
+/* ---- steps found in the allocations --------------------------------------------- */
+
+
+void cuh_hp_plan_program_marks_locked(cuh_heap_t *h)
+{
+    plan_t *p = &h->plan;
+    if (!p->program_marks) {
+        p->program_marks = 1;
+        cuh_step_detect_free(&p->detect);
+    }
+}
+
+/* The detector found a step of `period` allocations that repeated in full:
+ * the events recorded are cut where it says the last two steps began, as
+ * if they had been marked, so that the step about to be marked is compared
+ * with the one before it at once. No cut if they are not all there. */
+static void cut_found_steps(plan_t *p, uint64_t period)
+{
+    const int c = p->cur;
+    plan_event_t *ev = p->events[c];
+    const size_t n = p->num_events[c];
+    if (p->unrecorded || p->next_seq < 2 * period)
+        return;
+    const uint64_t s1 = p->next_seq - period + 1, s0 = s1 - period;   /* the two steps' first allocations */
+    size_t e1 = n, e0 = n;
+    for (size_t k = n; k-- > 0;) {
+        if (ev[k].free)
+            continue;
+        if (ev[k].seq == s1)
+            e1 = k;
+        if (ev[k].seq == s0) {
+            e0 = k;
+            break;
+        }
+    }
+    if (e0 == n || e1 == n)
+        return;
+    const int b = !c;
+    if (p->cap_events[b] < e1 - e0) {
+        plan_event_t *grown = realloc(p->events[b], (e1 - e0) * sizeof *grown);
+        if (!grown)
+            return;
+        p->events[b] = grown;
+        p->cap_events[b] = e1 - e0;
+    }
+    memcpy(p->events[b], ev + e0, (e1 - e0) * sizeof *ev);
+    p->num_events[b] = e1 - e0;
+    memmove(ev, ev + e1, (n - e1) * sizeof *ev);
+    p->num_events[c] = n - e1;
+    p->first_seq[b] = s0 - 1;
+    p->first_seq[c] = s1 - 1;
+    p->first_older = s0 - 1 > period ? s0 - 1 - period : 0;
+    p->have_prev = 1;
+    p->prev_unrecorded = 0;
+    p->pos = p->next_seq - (s1 - 1);
+}
+
+/* A block allocation of `block` bytes on `lane` comes: where the program
+ * marks no steps, it may begin one (step_detect.h), which is marked first. */
+static void find_step_locked(cuh_heap_t *h, cuh_stream_t lane, size_t block)
+{
+    plan_t *p = &h->plan;
+    if (p->program_marks || p->detect_failed || !h->vm)
+        return;
+    if (!p->detect.keys && cuh_step_detect_init(&p->detect, DETECT_HISTORY) != 0) {
+        p->detect_failed = 1;
+        return;
+    }
+    const uint64_t key = ((uint64_t)block * 0x9e3779b97f4a7c15ull) ^ (uint64_t)lane;
+    if (cuh_step_detect_push(&p->detect, key, p->live_blocks)) {
+        if (p->detect.period != p->found_period) {   /* a step newly found */
+            p->found_period = p->detect.period;
+            cut_found_steps(p, p->found_period);
+        }
+        cuh_hp_mark_step_locked(h);
+    }
 }
 
 /* ---- placing and freeing ---------------------------------------------------------- */
@@ -255,6 +350,8 @@ static uintptr_t place_locked(cuh_heap_t *h, stream_state_t *st, uintptr_t a, si
     return a;
 }
 
+static void record_alloc(cuh_heap_t *h, cuh_extent_t *e, cuh_stream_t stream, size_t size);
+
 /* What cudaFree gave back comes home before a device-wide block is placed,
  * as the allocation ladder's first step would bring it (heap.c): with
  * device-wide fences a take-back of all of it, with fences per stream what
@@ -275,6 +372,7 @@ cuheap_status_t cuh_hp_plan_alloc_locked(cuh_heap_t *h, stream_state_t *st, cuh_
     const size_t block = cuh_align_up(size, CUH_ALIGN);
     const cuh_stream_t lane = device_wide ? LANE_DEVICE_WIDE : stream;
     *addr = 0;
+    find_step_locked(h, lane, block);
     if (p->active && !p->off_track && !h->captures) {
         const size_t k = p->pos;
         if (k < p->num_allocs && p->sizes[k] == block && p->streams[k] == lane) {
@@ -300,7 +398,7 @@ cuheap_status_t cuh_hp_plan_alloc_locked(cuh_heap_t *h, stream_state_t *st, cuh_
     }
     cuh_extent_t *e = cuh_ptrmap_get(&h->blocks, *addr);
     if (e)
-        cuh_hp_plan_note_alloc_locked(h, e, lane, size);
+        record_alloc(h, e, lane, size);
     else
         p->pos++;
     return CUHEAP_OK;
@@ -308,8 +406,15 @@ cuheap_status_t cuh_hp_plan_alloc_locked(cuh_heap_t *h, stream_state_t *st, cuh_
 
 void cuh_hp_plan_note_alloc_locked(cuh_heap_t *h, cuh_extent_t *e, cuh_stream_t stream, size_t size)
 {
+    find_step_locked(h, stream, cuh_align_up(size, CUH_ALIGN));
+    record_alloc(h, e, stream, size);
+}
+
+static void record_alloc(cuh_heap_t *h, cuh_extent_t *e, cuh_stream_t stream, size_t size)
+{
     plan_t *p = &h->plan;
     p->pos++;
+    p->live_blocks += e->size;
     e->seq = ++p->next_seq;
     record(p, (plan_event_t){.seq = e->seq,
                              .size = cuh_align_up(size, CUH_ALIGN),
@@ -594,5 +699,6 @@ void cuh_hp_plan_free_records(cuh_heap_t *h)
     free(p->addrs);
     free(p->streams);
     free(p->rooms);
+    cuh_step_detect_free(&p->detect);
     memset(p, 0, sizeof *p);
 }

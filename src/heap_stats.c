@@ -33,11 +33,20 @@ __attribute__((noinline)) void cuh_hp_sample_locked(cuh_heap_t *h)
  * marks every optimizer step) sees in its reports what each of the last steps
  * asked of the device: pages mapped and moved under vmm:1 and the map and
  * unmap calls they took, new device memory, CPU waits. A step that is slow
- * because pages moved says so there. */
+ * because pages moved says so there. With step_plan, a program that marks
+ * none has its steps found in its allocations (heap_plan.c, step_detect.h),
+ * and they are marked here alike. */
 
 void cuh_heap_mark_step(cuh_heap_t *h)
 {
     cuh_lock(&h->lock);
+    cuh_hp_plan_program_marks_locked(h);
+    cuh_hp_mark_step_locked(h);
+    cuh_unlock(&h->lock);
+}
+
+void cuh_hp_mark_step_locked(cuh_heap_t *h)
+{
     const double now = cuh_hp_seconds_since(&h->born);
     cuh_snap_step_t x = {
         .index = h->steps.marked + 1,
@@ -61,7 +70,6 @@ void cuh_heap_mark_step(cuh_heap_t *h)
     h->steps.cpu_waits = h->num_cpu_waits;
     if (h->cfg.step_plan)
         cuh_hp_plan_step_locked(h, x.page_moves);
-    cuh_unlock(&h->lock);
 }
 
 static void snapshot_steps_locked(const cuh_heap_t *h, cuh_heap_snapshot_t *snap)
@@ -75,7 +83,8 @@ static void snapshot_steps_locked(const cuh_heap_t *h, cuh_heap_snapshot_t *snap
     const plan_t *p = &h->plan;
     snap->plan = (cuh_snap_plan_t){.active = p->active, .made = p->made, .steps_followed = p->steps_followed,
                                    .placed = p->placed, .missed = p->missed, .dropped = p->dropped,
-                                   .room_bytes = p->room_bytes};
+                                   .room_bytes = p->room_bytes, .found_period = p->detect.period,
+                                   .steps_found = p->detect.steps, .last_period = p->found_period};
 }
 
 static void cuh_heap_stats_locked(cuh_heap_t *h, cuheap_stats_t *out);

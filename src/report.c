@@ -132,6 +132,12 @@ static void text_steps(FILE *out, const cuh_heap_snapshot_t *s)
         if (p->active)
             fprintf(out, "; the plan in force holds %s", cuh_format_bytes(room, sizeof room, (size_t)p->room_bytes));
         fprintf(out, "\n");
+        if (p->steps_found)
+            fprintf(out,
+                    "  steps found in the allocations (the program marks none): %" PRIu64 " begun%s%" PRIu64
+                    " block allocations\n",
+                    p->steps_found, p->found_period ? ", each of " : "; none in force now, the last of ",
+                    p->found_period ? p->found_period : p->last_period);
     }
 }
 
@@ -435,9 +441,10 @@ static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
         fprintf(out, "null");
     fprintf(out,
             "},\"plan\":{\"active\":%s,\"made\":%" PRIu64 ",\"steps_followed\":%" PRIu64 ",\"placed\":%" PRIu64
-            ",\"missed\":%" PRIu64 ",\"dropped\":%" PRIu64 ",\"room_bytes\":%" PRIu64 "}",
+            ",\"missed\":%" PRIu64 ",\"dropped\":%" PRIu64 ",\"room_bytes\":%" PRIu64 ",\"steps_found\":%" PRIu64
+            ",\"found_period\":%" PRIu64 "}",
             s->plan.active ? "true" : "false", s->plan.made, s->plan.steps_followed, s->plan.placed, s->plan.missed,
-            s->plan.dropped, s->plan.room_bytes);
+            s->plan.dropped, s->plan.room_bytes, s->plan.steps_found, s->plan.found_period);
     fprintf(out, ",\"uptime\":%.6f,\"timeline\":[", s->uptime);
     for (size_t i = 0; i < s->num_samples; i++)
         fprintf(out, "%s{\"t\":%.6f,\"live\":%" PRIu64 ",\"reserved\":%" PRIu64 ",\"cached\":%" PRIu64 "}", i ? "," : "",

@@ -162,6 +162,69 @@ static void test_plan_cudamalloc_steps_stop_moving_pages(void **state)
     test_heap_free(&t);
 }
 
+/* A program that marks no steps (LD_PRELOAD, the C API) gets its plan from
+ * the steps found in its allocations (step_detect.h), for blocks on a
+ * stream and for cudaMalloc's alike; once it is in force no page moves. */
+static void plan_from_steps_found(int cudamalloc)
+{
+    test_heap_t t = test_heap_new(GiB, PLAN_CONF);
+    if (cudamalloc) {
+        cuh_sim_hold_events(t.dev, 1);
+        assert_int_equal(cuh_heap_register_stream(t.heap, S1), CUHEAP_OK);
+    }
+    uintptr_t now[STEP_BLOCKS];
+    cuh_sim_counters_t c0, c1;
+    int quiet_steps = 0;
+    for (int step = 0; step < 12; step++) {
+        cuh_sim_counters(t.dev, &c0);
+        if (cudamalloc)
+            checkerboard_step_cudamalloc(&t, now, 8 * MiB);
+        else
+            checkerboard_step(t.heap, now, 8 * MiB);
+        cuh_sim_complete_all(t.dev);
+        cuh_sim_counters(t.dev, &c1);
+        quiet_steps = c1.vm_unmaps == c0.vm_unmaps && c1.vm_maps == c0.vm_maps ? quiet_steps + 1 : 0;
+        heap_ok(t.heap);
+    }
+    const cuh_snap_plan_t p = plan_of(t.heap);
+    assert_int_equal(p.found_period, STEP_BLOCKS);
+    assert_true(p.steps_found >= 6);
+    assert_int_equal(p.made, 1);
+    assert_int_equal(p.dropped, 0);
+    assert_true(p.active);
+    assert_true(p.placed >= 5 * STEP_BLOCKS);
+    /* Found once the step has repeated in full, and planned at once from
+     * the two steps found (without cutting them out of the record, the plan
+     * would come two steps later). */
+    assert_true(quiet_steps >= 8);
+    all_freed(t.heap);
+    test_heap_free(&t);
+}
+
+static void test_plan_from_steps_found_in_the_allocations(void **state)
+{
+    (void)state;
+    plan_from_steps_found(0);
+    plan_from_steps_found(1);
+}
+
+/* A program that marks its steps is taken at its word: no steps are looked
+ * for in its allocations, so steps it leaves unmarked get no plan. */
+static void test_plan_a_program_that_marks_is_not_second_guessed(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, PLAN_CONF);
+    uintptr_t now[STEP_BLOCKS];
+    cuh_heap_mark_step(t.heap);
+    for (int step = 0; step < 10; step++)
+        checkerboard_step(t.heap, now, 8 * MiB);
+    const cuh_snap_plan_t p = plan_of(t.heap);
+    assert_int_equal(p.steps_found, 0);
+    assert_int_equal(p.made, 0);
+    all_freed(t.heap);
+    test_heap_free(&t);
+}
+
 /* Near the limit no plan is made: moving into its window can take as much
  * memory as the window while the step before's blocks are where they were,
  * and running out there would leave the heap cut up. */
@@ -590,6 +653,8 @@ int main(void)
         cmocka_unit_test(test_plan_off_the_same_steps_keep_moving_pages),
         cmocka_unit_test(test_plan_cudamalloc_steps_stop_moving_pages),
         cmocka_unit_test(test_plan_needs_room_to_move_in),
+        cmocka_unit_test(test_plan_from_steps_found_in_the_allocations),
+        cmocka_unit_test(test_plan_a_program_that_marks_is_not_second_guessed),
         cmocka_unit_test(test_plan_a_step_that_differs_drops_the_plan),
         cmocka_unit_test(test_plan_release_cached_gives_the_room_back),
         cmocka_unit_test(test_plan_room_serves_a_request_that_would_run_out),

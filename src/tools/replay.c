@@ -58,6 +58,7 @@ typedef struct options_s {
     long report_at;           /* --report-at: REPORT_AT_END, REPORT_AT_PEAK or an event number */
     char **traces;
     int num_traces;
+    int marks;                /* --marks 1, --no-marks 0, else -1: the way's (preload: none) */
 } options_t;
 
 /* The outcome of one replay. */
@@ -157,6 +158,12 @@ static void usage(FILE *f)
             "                     'end' (the default: the first out-of-memory, or the\n"
             "                     end); a replay cut short by an out-of-memory before\n"
             "                     that event takes it there\n"
+            "  --marks, --no-marks  whether the heap is told where the trace's steps end\n"
+            "                     (cuheap_mark_step, as cuheap's PyTorch package does at\n"
+            "                     every optimizer step); the steps are counted either\n"
+            "                     way. Default: told, but not with --way preload (a\n"
+            "                     program under LD_PRELOAD marks none: with step_plan\n"
+            "                     the heap finds its steps in its allocations)\n"
             "  --settings         print every CUHEAP_CONF key with its default and exit\n"
             "  --min-capacity     also find the smallest capacity (to within 2 MiB)\n"
             "                     that replays the trace without out-of-memory, for\n"
@@ -233,6 +240,7 @@ static void parse_options(int argc, char **argv, options_t *o)
     o->cudafree_lag = -1;
     o->report_at = REPORT_AT_END;
     o->way = "capi";
+    o->marks = -1;
     o->traces = calloc((size_t)argc, sizeof *o->traces);
     const char **confs = calloc((size_t)argc, sizeof *confs);
     int num_confs = 0, streams_given = 0;
@@ -271,6 +279,8 @@ static void parse_options(int argc, char **argv, options_t *o)
             value = argv[++i];
         } else if (!takes_value && value) {
             int known = (name_len == 14 && strncmp(a, "--min-capacity", 14) == 0) ||
+                        (name_len == 7 && strncmp(a, "--marks", 7) == 0) ||
+                        (name_len == 10 && strncmp(a, "--no-marks", 10) == 0) ||
                         (name_len == 6 && strncmp(a, "--json", 6) == 0) ||
                         (name_len == 10 && strncmp(a, "--settings", 10) == 0) ||
                         (name_len == 6 && strncmp(a, "--help", 6) == 0) ||
@@ -313,6 +323,10 @@ static void parse_options(int argc, char **argv, options_t *o)
             else
                 o->report_at = count_value("--report-at", value, LONG_MAX,
                                            "an event number (0 or more), 'peak' or 'end'");
+        } else if (strcmp(a, "--marks") == 0) {
+            o->marks = 1;
+        } else if (strcmp(a, "--no-marks") == 0) {
+            o->marks = 0;
         } else if (strcmp(a, "--min-capacity") == 0) {
             o->min_capacity = 1;
         } else if (strcmp(a, "--json") == 0) {
@@ -341,6 +355,8 @@ static void parse_options(int argc, char **argv, options_t *o)
         if (!streams_given)
             o->streams = 32;
     }
+    if (o->marks < 0)
+        o->marks = !(ways & CUH_WAY_INTERPOSER);   /* under LD_PRELOAD the program marks no steps */
     cuh_config_defaults_for(&o->cfg, ways);
     for (int k = 0; k < num_confs; k++) {
         char err[1024] = "";
@@ -384,6 +400,7 @@ static void short_name(const char *path, char *out, size_t len);
 
 static size_t g_external;   /* --external, for every replay */
 static long g_cudafree_lag = -1;   /* --cudafree, for every replay */
+static int g_marks = 1;            /* the heap is told where the trace's steps end (--marks) */
 static long g_lag;                 /* --lag, for every replay */
 static long g_streams;             /* --streams, for every replay */
 static long g_busy_streams;        /* --busy-streams */
@@ -471,7 +488,8 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
                 cuh_sim_counters(dev, &run->at_step2);
                 run->have_step2 = 1;
             }
-            cuh_heap_mark_step(heap);
+            if (g_marks)
+                cuh_heap_mark_step(heap);
             step_ends(run, dev, next_mark);
         }
         if (g_cudafree_lag >= 0) {
@@ -513,7 +531,8 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
     if (i == n) {
         const int ends_with_mark = t->num_marks && t->mark_events[t->num_marks - 1] == n;
         for (; next_mark < t->num_marks; next_mark++) {   /* marks after the last event ("end") */
-            cuh_heap_mark_step(heap);
+            if (g_marks)
+                cuh_heap_mark_step(heap);
             step_ends(run, dev, next_mark);
         }
         if (t->num_marks && !ends_with_mark)
@@ -1172,6 +1191,7 @@ int main(int argc, char **argv)
     parse_options(argc, argv, &o);
     g_external = o.external;
     g_cudafree_lag = o.cudafree_lag;
+    g_marks = o.marks;
     g_lag = o.lag;
     g_streams = o.streams;
     g_busy_streams = o.busy_streams;
