@@ -77,14 +77,16 @@ static const option_t options[] = {
      "limit refuses, free units whose work is done go back and units of the needed length "
      "are made instead. Rounded up to whole pages (vmm_page); between 2M and 1G."},
     {"step_plan", KIND_BOOL, offsetof(cuh_config_t, step_plan), "0",
-     "With vmm:1, for a program that marks its steps (cuheap's PyTorch package marks every "
-     "optimizer step): 1 lays out the blocks of the step just ended in a window of the "
-     "reservation, as if the whole step had been known in advance, and places the same "
-     "requests there in the steps after, until a step asks for something else. A job that "
-     "repeats its steps then moves no page once the window is filled. Experimental: off by "
-     "default; blocks allocated on other streams than the busiest, by cudaMalloc, or in a "
-     "graph capture are placed as always, and thread caches hold no large block (the heap "
-     "parks one while no plan is in force)."},
+     "With vmm:1: 1 lays out the blocks of a step that repeated the one before in a window "
+     "of the reservation, as if the whole step had been known in advance, and places the "
+     "same requests there in the steps after, until a step asks for something else. A job "
+     "that repeats its steps then moves no page once the window is filled. A step ends where "
+     "the program marks one (cuheap's PyTorch package marks every optimizer step); in a "
+     "program that marks none (LD_PRELOAD, the C API) steps are found in its block "
+     "allocations. Experimental: off by default; blocks of other lanes than the step's "
+     "busiest (a lane: a stream, or cudaMalloc's blocks) or allocated in a graph capture are "
+     "placed as always, no plan is made without the window's size free on the device, and "
+     "thread caches hold no large block (the heap parks one while no plan is in force)."},
     {"thread_cache", KIND_SIZE, offsetof(cuh_config_t, thread_cache), "4M",
      "Most bytes of small objects (small_max and below) each thread keeps for itself, per "
      "device, beside the last large block it freed: what a thread frees on a stream it "
