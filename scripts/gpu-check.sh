@@ -181,6 +181,7 @@ preload_run() {
     [[ $1 == *+noreuse* ]] && keys+=(reuse_across_streams:0)
     [[ $1 == *+ipc* ]] && keys+=(ipc_safe:1)
     [[ $1 == *+unit* ]] && keys+=(vmm_unit:8M)
+    [[ $1 == *+plan* ]] && keys+=(step_plan:1 vmm_margin:0)
     conf="" tag=""
     if (( ${#keys[@]} )); then
         local joined
@@ -211,12 +212,17 @@ if part preload; then
     # test must still find its data intact. static+noreuse: with
     # reuse_across_streams:0 such memory waits for an event instead, and the
     # heap grows while the GPU runs behind.
-    for run in static shared static+plain static+noreuse static+plain+noreuse static+unit; do
+    # static+plan: step plans with the steps found in the allocations (check
+    # h's training loop marks none) and pages moving every step until the
+    # plan is in force (vmm_margin:0); --expect-plan wants blocks placed.
+    for run in static shared static+plain static+noreuse static+plain+noreuse static+unit static+plan; do
         preload_run "$run"
         section "preload_stress ($rt runtime$tag) under LD_PRELOAD=$PRELOAD"
         log="$BUILD/preload_stress.$run.log"
+        extra=()
+        [[ $run == *+plan* ]] && extra=(--expect-plan)
         run_logged "$log" env LD_PRELOAD="$PRELOAD" $conf timeout "$MAIN_TIMEOUT" "$BUILD/preload_stress_$rt" \
-            --ops "$PRELOAD_OPS" --expect-cuheap
+            --ops "$PRELOAD_OPS" --expect-cuheap ${extra[@]+"${extra[@]}"}
         row "LD_PRELOAD preload_stress, $rt runtime, $PRELOAD_OPS ops$tag" "$RUN_RC" "$RUN_SECS" \
             "$(verdict "$log" "$RUN_RC"); $(preload_memory "$log"); $(preload_ipc "$log")"
     done

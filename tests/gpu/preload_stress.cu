@@ -42,10 +42,17 @@
  *               the capture begin (through the runtime's cuGetProcAddress)
  *               and make none; the capture ends with its graph, which runs
  *               and writes what was captured
+ *   h. steps    a training loop that marks no steps: 12 repeating steps of
+ *               cudaMalloc'd blocks, each stamped on one stream and verified
+ *               on another behind a slow kernel, cudaFree'd before the
+ *               verification ran; no byte verified may change. Under
+ *               --expect-plan (CUHEAP_CONF=step_plan:1,vmm_margin:0) cuheap
+ *               must have found the steps in the allocations and placed
+ *               blocks by a plan (its text report, through dlsym)
  * Prints "preload_stress: all checks passed" or "preload_stress: FAILED"; exit
  * status 0 only if every check passed.
  * Options: --ops N (stress operations, default 200000), --expect-cuheap,
- * --no-double-free, --expect-ipc, --no-ipc (skips f: compute-sanitizer
+ * --no-double-free, --expect-ipc, --expect-plan, --no-ipc (skips f: compute-sanitizer
  * reports the guard's refusals, error returns as CUDA gives them, as API
  * errors).
  */
@@ -69,7 +76,7 @@
 #define MAX_LIVE 32        /* per thread */
 
 static int failures;
-static unsigned long long *d_errors;   /* device counters: [0] stress, [1] promise */
+static unsigned long long *d_errors;   /* device counters: [0] stress, [1] promise, [2] steps */
 static unsigned long long program_allocs;
 static pthread_mutex_t count_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -311,6 +318,110 @@ static void check_promise(void)
              "freed block handed out again %d times, corrupted bytes %llu",
              free_ms, loop_ms, reused, bad);
     report("promise", e == cudaSuccess && bad == 0 && free_ms < 5.0, detail);
+}
+
+/* ---- h. steps ------------------------------------------------------------ */
+
+/* "N made" and "N blocks placed" from cuheap's text report, and whether it
+ * says steps were found; -1 if there is no report. */
+static int plan_figures(long *made, long *placed, int *found)
+{
+    void *sym = dlsym(RTLD_DEFAULT, "cuheap_dump_report");
+    if (!sym)
+        return -1;
+    cuheap_status_t (*dump)(const char *, cuheap_report_format_t) =
+        (cuheap_status_t (*)(const char *, cuheap_report_format_t))sym;
+    char path[] = "/tmp/preload_stress_report_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0)
+        return -1;
+    close(fd);
+    int rc = -1;
+    *made = *placed = 0;
+    *found = 0;
+    if (dump(path, CUHEAP_REPORT_TEXT) == CUHEAP_OK) {
+        FILE *f = fopen(path, "r");
+        char line[512];
+        while (f && fgets(line, sizeof line, f)) {
+            const char *at = strstr(line, "step plans (step_plan:1): ");
+            if (at) {
+                sscanf(at, "step plans (step_plan:1): %ld made", made);
+                const char *comma = strstr(at, "; ");
+                if (comma)
+                    sscanf(comma, "; %ld blocks placed", placed);
+                rc = 0;
+            }
+            if (strstr(line, "steps found in the allocations"))
+                *found = 1;
+        }
+        if (f)
+            fclose(f);
+    }
+    unlink(path);
+    return rc;
+}
+
+static void check_steps(int expect_plan)
+{
+    enum { STEPS = 12, SMALL = 24, LARGE = 3 };
+    cudaStream_t work, check;
+    cudaStreamCreateWithFlags(&work, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&check, cudaStreamNonBlocking);
+    int clock_khz = 0;
+    cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
+    const long long cycles = (long long)clock_khz * 2;   /* about 2 ms before each verification */
+    cudaEvent_t stamped;
+    cudaEventCreateWithFlags(&stamped, cudaEventDisableTiming);
+    unsigned char *small[SMALL], *large[LARGE];
+    int allocs = 0;
+    cudaError_t e = cudaSuccess;
+    for (int step = 0; step < STEPS && e == cudaSuccess; step++) {
+        /* Blocks stamped on `work`; `check` verifies each behind a slow
+         * kernel, and cudaFree comes before that has run. */
+        for (int i = 0; i < SMALL; i++) {
+            e = cudaMalloc((void **)&small[i], 2 * MiB);
+            allocs++;
+            stamp<<<blocks_for(2 * MiB), 256, 0, work>>>(small[i], 2 * MiB, (unsigned char)(1 + i));
+        }
+        cudaEventRecord(stamped, work);
+        cudaStreamWaitEvent(check, stamped, 0);
+        for (int i = 0; i < SMALL; i += 2) {
+            slow_verify<<<blocks_for(2 * MiB), 256, 0, check>>>(small[i], 2 * MiB, (unsigned char)(1 + i), cycles,
+                                                                  &d_errors[2]);
+            cudaFree(small[i]);
+        }
+        for (int i = 0; i < LARGE; i++) {
+            e = e == cudaSuccess ? cudaMalloc((void **)&large[i], 8 * MiB) : e;
+            allocs++;
+            stamp<<<blocks_for(8 * MiB), 256, 0, work>>>(large[i], 8 * MiB, (unsigned char)(100 + i));
+        }
+        cudaEventRecord(stamped, work);
+        cudaStreamWaitEvent(check, stamped, 0);
+        for (int i = 1; i < SMALL; i += 2) {
+            verify<<<blocks_for(2 * MiB), 256, 0, check>>>(small[i], 2 * MiB, (unsigned char)(1 + i), &d_errors[2]);
+            cudaFree(small[i]);
+        }
+        for (int i = 0; i < LARGE; i++) {
+            slow_verify<<<blocks_for(8 * MiB), 256, 0, check>>>(large[i], 8 * MiB, (unsigned char)(100 + i), cycles,
+                                                                  &d_errors[2]);
+            cudaFree(large[i]);
+        }
+    }
+    counted(allocs);
+    e = e == cudaSuccess ? cudaDeviceSynchronize() : e;
+    unsigned long long bad = 0;
+    cudaMemcpy(&bad, &d_errors[2], sizeof bad, cudaMemcpyDeviceToHost);
+    cudaEventDestroy(stamped);
+    cudaStreamDestroy(work);
+    cudaStreamDestroy(check);
+    long made = 0, placed = 0;
+    int found = 0;
+    const int have = plan_figures(&made, &placed, &found);
+    char detail[240];
+    snprintf(detail, sizeof detail, "%d steps, %d cudaMalloc's, corrupted bytes %llu, %s; plans %ld, blocks placed %ld%s",
+             STEPS, allocs, bad, cudaGetErrorString(e), made, placed,
+             have != 0 ? " (no step plans)" : found ? ", steps found in the allocations" : "");
+    report("steps", e == cudaSuccess && bad == 0 && (!expect_plan || (found && made > 0 && placed > 0)), detail);
 }
 
 /* ---- d. served by cuheap ------------------------------------------------ */
@@ -630,7 +741,7 @@ static void check_ipc(int expect_all)
 int main(int argc, char **argv)
 {
     long ops = 200000;
-    int expect = 0, expect_ipc = 0, skip_ipc = 0;
+    int expect = 0, expect_ipc = 0, expect_plan = 0, skip_ipc = 0;
     if (argc >= 2 && !strcmp(argv[1], "--ipc-child"))
         return ipc_child(argc - 2, argv + 2);
     for (int i = 1; i < argc; i++) {
@@ -642,27 +753,31 @@ int main(int argc, char **argv)
             skip_double_free = 1;
         else if (!strcmp(argv[i], "--expect-ipc"))
             expect_ipc = 1;
+        else if (!strcmp(argv[i], "--expect-plan"))
+            expect_plan = 1;
         else if (!strcmp(argv[i], "--no-ipc"))
             skip_ipc = 1;
         else {
-            fprintf(stderr, "usage: %s [--ops N] [--expect-cuheap] [--no-double-free] [--expect-ipc] [--no-ipc]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--ops N] [--expect-cuheap] [--no-double-free] [--expect-ipc] [--expect-plan] [--no-ipc]\n",
+                    argv[0]);
             return 2;
         }
     }
     cudaSetDevice(0);
     /* The counters come from the runtime like everything else. */
-    if (cudaMalloc((void **)&d_errors, 2 * sizeof *d_errors) != cudaSuccess) {
+    if (cudaMalloc((void **)&d_errors, 3 * sizeof *d_errors) != cudaSuccess) {
         printf("preload_stress: FAILED (no device memory)\n");
         return 1;
     }
     counted(1);
-    cudaMemset(d_errors, 0, 2 * sizeof *d_errors);
+    cudaMemset(d_errors, 0, 3 * sizeof *d_errors);
     check_basics();
     check_stress(ops);
     check_promise();
     check_served(expect);
     check_pinned(expect);
     check_capture();
+    check_steps(expect_plan);
     if (!skip_ipc)
         check_ipc(expect_ipc);
     cudaFree(d_errors);
