@@ -212,7 +212,10 @@ static cuh_extent_t *take_room(cuh_heap_t *h, uintptr_t a, size_t size, const st
 
 /* Events kept of a program that marks no steps while no step has been
  * found in them: twice what the longest step found may hold (an event for
- * each allocation and free), the oldest half going when that fills. */
+ * each allocation and free), the oldest half going when that fills. A step
+ * that holds more events than that (a program that stopped marking, or
+ * marks an epoch) is not recorded: no plan is made from it, and the record
+ * stays within 8 MiB. */
 #define UNMARKED_EVENTS (4 * DETECT_HISTORY)
 
 static void record(plan_t *p, plan_event_t ev)
@@ -220,7 +223,12 @@ static void record(plan_t *p, plan_event_t ev)
     const int c = p->cur;
     if (p->unrecorded)
         return;
-    if (!p->program_marks && !p->detect.period && p->num_events[c] >= 2 * UNMARKED_EVENTS) {
+    if (p->num_events[c] >= 2 * UNMARKED_EVENTS) {
+        if (p->program_marks || p->detect.period) {
+            p->unrecorded = 1;   /* too long a step to plan */
+            p->num_events[c] = 0;
+            return;
+        }
         memmove(p->events[c], p->events[c] + UNMARKED_EVENTS, (p->num_events[c] - UNMARKED_EVENTS) * sizeof *p->events[c]);
         p->num_events[c] -= UNMARKED_EVENTS;
     }

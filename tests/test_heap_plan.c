@@ -225,6 +225,31 @@ static void test_plan_a_program_that_marks_is_not_second_guessed(void **state)
     test_heap_free(&t);
 }
 
+/* A step too long to record (over 131,072 block allocations and frees) gets
+ * no plan, and its record does not grow without end: a program that marks
+ * rarely costs bounded host memory. */
+static void test_plan_a_step_too_long_to_record_gets_none(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, PLAN_CONF);
+    uintptr_t now[STEP_BLOCKS];
+    for (int step = 0; step < 4; step++) {
+        checkerboard_step(t.heap, now, 8 * MiB);
+        for (int i = 0; i < 140000; i++)
+            must_free(t.heap, must_alloc(t.heap, 256 * KiB, 0), 0);
+        cuh_heap_mark_step(t.heap);
+    }
+    assert_int_equal(plan_of(t.heap).made, 0);
+    /* The same steps, short enough, get one. */
+    for (int step = 0; step < 4; step++) {
+        checkerboard_step(t.heap, now, 8 * MiB);
+        cuh_heap_mark_step(t.heap);
+    }
+    assert_int_equal(plan_of(t.heap).made, 1);
+    all_freed(t.heap);
+    test_heap_free(&t);
+}
+
 /* Near the limit no plan is made: moving into its window can take as much
  * memory as the window while the step before's blocks are where they were,
  * and running out there would leave the heap cut up. */
@@ -653,6 +678,7 @@ int main(void)
         cmocka_unit_test(test_plan_off_the_same_steps_keep_moving_pages),
         cmocka_unit_test(test_plan_cudamalloc_steps_stop_moving_pages),
         cmocka_unit_test(test_plan_needs_room_to_move_in),
+        cmocka_unit_test(test_plan_a_step_too_long_to_record_gets_none),
         cmocka_unit_test(test_plan_from_steps_found_in_the_allocations),
         cmocka_unit_test(test_plan_a_program_that_marks_is_not_second_guessed),
         cmocka_unit_test(test_plan_a_step_that_differs_drops_the_plan),
