@@ -325,7 +325,14 @@ static void find_step_locked(cuh_heap_t *h, cuh_stream_t lane, size_t block)
         return;
     }
     const uint64_t key = ((uint64_t)block * 0x9e3779b97f4a7c15ull) ^ (uint64_t)lane;
-    if (cuh_step_detect_push(&p->detect, key, p->live_blocks)) {
+    const int begins = cuh_step_detect_push(&p->detect, key, p->live_blocks);
+    if (p->found_period && !p->detect.period) {
+        /* The step found changed and no other is in sight: no mark will
+         * come to drop the plan, whose room would sit idle meanwhile. */
+        p->found_period = 0;
+        cuh_hp_plan_drop_locked(h);
+    }
+    if (begins) {
         if (p->detect.period != p->found_period) {   /* a step newly found */
             p->found_period = p->detect.period;
             cut_found_steps(p, p->found_period);

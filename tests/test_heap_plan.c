@@ -208,6 +208,30 @@ static void test_plan_from_steps_found_in_the_allocations(void **state)
     plan_from_steps_found(1);
 }
 
+/* When the steps found change and no new one is in sight, the plan goes at
+ * once (no mark will come to drop it), its room back for the requests that
+ * differ. */
+static void test_plan_from_found_steps_goes_when_they_change(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, PLAN_CONF);
+    uintptr_t now[STEP_BLOCKS];
+    for (int step = 0; step < 8; step++)
+        checkerboard_step(t.heap, now, 8 * MiB);
+    assert_true(plan_of(t.heap).active);
+    /* Every step from here asks for other sizes: the first large one differs. */
+    checkerboard_step(t.heap, now, 6 * MiB);
+    const cuh_snap_plan_t p = plan_of(t.heap);
+    assert_false(p.active);
+    assert_int_equal(p.dropped, 1);
+    assert_int_equal(p.room_bytes, 0);
+    for (int step = 0; step < 3; step++)
+        checkerboard_step(t.heap, now, (size_t)(3 + step) * MiB + 4 * KiB * (size_t)step);
+    heap_ok(t.heap);
+    all_freed(t.heap);
+    test_heap_free(&t);
+}
+
 /* A program that marks its steps is taken at its word: no steps are looked
  * for in its allocations, so steps it leaves unmarked get no plan. */
 static void test_plan_a_program_that_marks_is_not_second_guessed(void **state)
@@ -680,6 +704,7 @@ int main(void)
         cmocka_unit_test(test_plan_needs_room_to_move_in),
         cmocka_unit_test(test_plan_a_step_too_long_to_record_gets_none),
         cmocka_unit_test(test_plan_from_steps_found_in_the_allocations),
+        cmocka_unit_test(test_plan_from_found_steps_goes_when_they_change),
         cmocka_unit_test(test_plan_a_program_that_marks_is_not_second_guessed),
         cmocka_unit_test(test_plan_a_step_that_differs_drops_the_plan),
         cmocka_unit_test(test_plan_release_cached_gives_the_room_back),
