@@ -168,6 +168,10 @@ PY'
     expect_pass $p-order free-ordering \
         "$r: cudaFree under a running kernel on a non-blocking stream: the block waits for it, then comes back"
 
+    preload $p-steps $p steps-planned CUHEAP_CONF=step_plan:1,vmm_margin:0
+    expect_pass $p-steps steps-planned \
+        "$r: a loop that marks no steps gets a plan from the steps found, its checks seeing no later block's bytes"
+
     preload $p-destroy $p stream-destroy
     expect_pass $p-destroy stream-destroy \
         "$r: cudaStreamDestroy with a pending free; the block comes back once the work completes"

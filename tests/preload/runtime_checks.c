@@ -590,6 +590,126 @@ static void check_stream_destroy(void)
     fake.hold(0);
 }
 
+/* ---- step plans for a program that marks no steps ------------------------------ */
+
+/* From cuheap's text report (dumped through dlsym, as the program does not
+ * link cuheap): plans made, blocks placed by them, and whether steps were
+ * found in the allocations. 0, or -1 without the report's plan line. */
+static int plan_figures(long *made, long *placed, int *found)
+{
+    cuheap_status_t (*dump)(const char *, cuheap_report_format_t) =
+        (cuheap_status_t (*)(const char *, cuheap_report_format_t))dlsym(RTLD_DEFAULT, "cuheap_dump_report");
+    char path[] = "/tmp/runtime_checks_report_XXXXXX";
+    int fd = mkstemp(path), rc = -1;
+    *made = *placed = 0;
+    *found = 0;
+    if (fd < 0 || !dump)
+        return -1;
+    close(fd);
+    FILE *f = dump(path, CUHEAP_REPORT_TEXT) == CUHEAP_OK ? fopen(path, "r") : NULL;
+    char line[1024];
+    while (f && fgets(line, sizeof line, f)) {
+        const char *at = strstr(line, "step plans (step_plan:1): "), *semi = at ? strstr(at, "; ") : NULL;
+        if (at && semi && sscanf(at, "step plans (step_plan:1): %ld made", made) == 1 &&
+            sscanf(semi, "; %ld blocks placed", placed) == 1)
+            rc = 0;
+        *found |= strstr(line, "steps found in the allocations") != NULL;
+    }
+    if (f)
+        fclose(f);
+    unlink(path);
+    return rc;
+}
+
+/* A training loop that marks no steps, run with step_plan:1 (and
+ * vmm_margin:0, so that pages move every step until a plan is in force):
+ * cuheap must find its steps and place blocks by a plan. Every block is
+ * filled and, just before its cudaFree, checked on one of two streams, the
+ * next block on the other; blocks freed on one stream are followed by as
+ * many of their size on the other, which the plan puts in their places
+ * before their checks ran; the work is held until the step's end and then
+ * the second blocks' stream runs first. No check may see a later block's
+ * bytes. */
+static void check_steps_planned(void)
+{
+    start_runtime();
+    fake.hold(1);
+    cudaStream_t s[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++)
+        expect(cudaStreamCreateWithFlags(&s[i], cudaStreamNonBlocking) == cudaSuccess, "stream creation failed");
+    enum { STEPS = 12, SMALL = 24, LARGE = 3, PAIRS = 8, BLOCKS = SMALL + LARGE + 2 * PAIRS };
+    int same_place = 0;
+    for (int step = 0; step < STEPS; step++) {
+        void *small[SMALL], *large[LARGE];
+        unsigned char v[SMALL + LARGE];
+        int on[SMALL + LARGE];
+        for (int k = 0; k < SMALL + LARGE; k++) {
+            v[k] = (unsigned char)(1 + (step * (SMALL + LARGE) + k) % 250);
+            on[k] = (step + k) % 2;
+        }
+        for (int i = 0; i < SMALL; i++) {
+            expect(cudaMalloc(&small[i], 2 * MiB) == cudaSuccess, "cudaMalloc failed");
+            expect(fake.enqueue_fill(s[on[i]], small[i], 2 * MiB, v[i]) == 0, "enqueueing a fill failed");
+        }
+        for (int i = 0; i < SMALL; i += 2) {
+            expect(fake.enqueue_check(s[on[i]], small[i], 2 * MiB, v[i]) == 0, "enqueueing a check failed");
+            expect(cudaFree(small[i]) == cudaSuccess, "cudaFree failed");
+        }
+        for (int i = 0; i < LARGE; i++) {
+            expect(cudaMalloc(&large[i], 8 * MiB) == cudaSuccess, "cudaMalloc failed");
+            expect(fake.enqueue_fill(s[on[SMALL + i]], large[i], 8 * MiB, v[SMALL + i]) == 0, "enqueueing a fill failed");
+        }
+        /* Blocks of 2 MiB used on one stream and freed, then as many on the
+         * other: laid out by size, the second ones go where the first ones
+         * were, before the first ones' checks have run (their fills have). */
+        void *first[PAIRS], *second[PAIRS];
+        for (int i = 0; i < PAIRS; i++) {
+            expect(cudaMalloc(&first[i], 2 * MiB) == cudaSuccess, "cudaMalloc failed");
+            expect(fake.enqueue_fill(s[step % 2], first[i], 2 * MiB, (unsigned char)(200 + i)) == 0,
+                   "enqueueing a fill failed");
+        }
+        fake.complete(s[step % 2]);   /* their fills ran; their checks will wait */
+        for (int i = 0; i < PAIRS; i++) {
+            expect(fake.enqueue_check(s[step % 2], first[i], 2 * MiB, (unsigned char)(200 + i)) == 0,
+                   "enqueueing a check failed");
+            expect(cudaFree(first[i]) == cudaSuccess, "cudaFree failed");
+        }
+        for (int i = 0; i < PAIRS; i++) {
+            expect(cudaMalloc(&second[i], 2 * MiB) == cudaSuccess, "cudaMalloc failed");
+            same_place += second[i] == first[i];
+            expect(fake.enqueue_fill(s[(step + 1) % 2], second[i], 2 * MiB, (unsigned char)(220 + i)) == 0,
+                   "enqueueing a fill failed");
+        }
+        for (int i = 0; i < PAIRS; i++) {
+            expect(fake.enqueue_check(s[(step + 1) % 2], second[i], 2 * MiB, (unsigned char)(220 + i)) == 0,
+                   "enqueueing a check failed");
+            expect(cudaFree(second[i]) == cudaSuccess, "cudaFree failed");
+        }
+        for (int i = 1; i < SMALL; i += 2) {
+            expect(fake.enqueue_check(s[on[i]], small[i], 2 * MiB, v[i]) == 0, "enqueueing a check failed");
+            expect(cudaFree(small[i]) == cudaSuccess, "cudaFree failed");
+        }
+        for (int i = 0; i < LARGE; i++) {
+            expect(fake.enqueue_check(s[on[SMALL + i]], large[i], 8 * MiB, v[SMALL + i]) == 0,
+                   "enqueueing a check failed");
+            expect(cudaFree(large[i]) == cudaSuccess, "cudaFree failed");
+        }
+        fake.complete(s[(step + 1) % 2]);   /* the second blocks' stream first */
+        fake.complete_all();
+    }
+    unsigned long corrupt = fake.corrupt_bytes();
+    expect(corrupt == 0, "checks saw %lu bytes of later blocks", corrupt);
+    long made = 0, placed = 0;
+    int found = 0;
+    expect(plan_figures(&made, &placed, &found) == 0, "cuheap's report has no step plans line (step_plan:1 not set?)");
+    expect(found, "cuheap found no steps in the allocations");
+    expect(made >= 1 && placed >= 4 * BLOCKS, "plans made %ld, blocks placed by them %ld", made, placed);
+    expect(same_place >= 4 * PAIRS, "the second blocks took the first ones' places %d times", same_place);
+    fake.hold(0);
+    for (int i = 0; i < 2; i++)
+        expect(cudaStreamDestroy(s[i]) == cudaSuccess, "cudaStreamDestroy failed");
+}
+
 /* Memory freed in order on stream A while A's kernel still reads it, asked
  * for in order on stream B when nothing else fits: under LD_PRELOAD cuheap
  * orders streams as CUDA's pools do (reuse_across_streams:1 unless
@@ -999,13 +1119,15 @@ int main(int argc, char **argv)
         check_pinned_double_free();
     else if (!strcmp(mode, "pinned-ordering"))
         check_pinned_ordering();
+    else if (!strcmp(mode, "steps-planned"))
+        check_steps_planned();
     else if (!strcmp(mode, "pinned-off"))
         check_pinned_off();
     else {
         fprintf(stderr, "usage: %s threads|entry-point|pass-through|double-free|zero-and-alignment|"
                         "out-of-memory|fork|ipc|ipc-safe|ipc-callers|capture|capture-fences|unseen-capture|new-stream-after-reuse|free-ordering|free-ordering-unseen-stream|stream-destroy|async-reuse|async-reuse-off|"
                         "meminfo|meminfo-right-after-free|meminfo-uncached|device-reset|pinned|pinned-double-free|"
-                        "pinned-ordering|pinned-off\n", argv[0]);
+                        "pinned-ordering|pinned-off|steps-planned\n", argv[0]);
         return 2;
     }
     return finish(mode);
