@@ -15,7 +15,9 @@
 # pretend kernels on a non-blocking stream; stream destruction; cudaMemGetInfo;
 # cudaDeviceReset; two devices; peer access to virtual memory; pinned host
 # memory (cudaHostAlloc & co. from cuheap's cache: flags, pass-through,
-# cudaFreeHost's ordering, pinned:0); programs that use no CUDA.
+# cudaFreeHost's ordering, pinned:0); step plans from the steps found in a
+# loop that marks none, blocks placed where freed ones were before their
+# checks ran (step_plan:1); programs that use no CUDA.
 #
 # The sanitized run (BUILD_DIR build/san) preloads libasan and the sanitized
 # library, build/san/libcuheap-asan.so (whose dlsym runs inside ASan's own
