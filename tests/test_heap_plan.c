@@ -505,9 +505,9 @@ static void plan_rule_fail(void *ctx, const char *what)
  * what frees left, by address and physical page, and that no page is
  * unmapped under running work. With device_wide every block is cudaMalloc's
  * and cudaFree's, used by any of the streams (a differing step then uses
- * the odd slot on a stream no step used before). Returns the blocks plans
- * placed. */
-static uint64_t plan_rule_model(uint64_t seed, int device_wide)
+ * the odd slot on a stream no step used before). Without marks the heap
+ * finds the steps itself. Returns the blocks plans placed. */
+static uint64_t plan_rule_model(uint64_t seed, int device_wide, int marks)
 {
     test_heap_t t = test_heap_new(GiB, "vmm:1,small_max:0,vmm_margin:0,limit:128M,step_plan:1");
     cuh_sim_hold_events(t.dev, 1);
@@ -586,7 +586,8 @@ static uint64_t plan_rule_model(uint64_t seed, int device_wide)
                 cuh_sim_complete_stream(t.dev, streams[(r >> (e % 8)) % 3]);
             heap_model_prune(&model);
         }
-        cuh_heap_mark_step(t.heap);
+        if (marks)
+            cuh_heap_mark_step(t.heap);
         heap_ok(t.heap);
     }
     const uint64_t placed = plan_of(t.heap).placed;
@@ -609,7 +610,7 @@ static void test_plan_random_steps_never_reuse_or_unmap_a_page_before_its_work(v
      * of plans. */
     int planned = 0;
     for (uint64_t seed = 1; seed <= 12; seed++)
-        planned += plan_rule_model(seed * 7919, 0) > 0;
+        planned += plan_rule_model(seed * 7919, 0, 1) > 0;
     assert_true(planned >= 6);
 }
 
@@ -621,7 +622,7 @@ static void test_plan_random_cudamalloc_steps_never_reuse_or_unmap_a_page_before
     (void)state;
     int planned = 0;
     for (uint64_t seed = 1; seed <= 12; seed++)
-        planned += plan_rule_model(seed * 6007, 1) > 0;
+        planned += plan_rule_model(seed * 6007, 1, 1) > 0;
     assert_true(planned >= 6);
 }
 
@@ -695,6 +696,19 @@ static void test_plan_counts_a_parked_block_taken_again(void **state)
     test_heap_free(&t);
 }
 
+/* The same without marks: the steps the heap finds, cut out of its record
+ * and dropped when a step differs, keep the rules too. */
+static void test_plan_random_steps_found_keep_the_rules(void **state)
+{
+    (void)state;
+    int planned = 0;
+    for (uint64_t seed = 1; seed <= 12; seed++) {
+        planned += plan_rule_model(seed * 7919, 0, 0) > 0;
+        planned += plan_rule_model(seed * 6007, 1, 0) > 0;
+    }
+    assert_true(planned >= 6);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -713,6 +727,7 @@ int main(void)
         cmocka_unit_test(test_plan_device_failures_leave_sound_books),
         cmocka_unit_test(test_plan_random_steps_never_reuse_or_unmap_a_page_before_its_work),
         cmocka_unit_test(test_plan_random_cudamalloc_steps_never_reuse_or_unmap_a_page_before_its_work),
+        cmocka_unit_test(test_plan_random_steps_found_keep_the_rules),
         cmocka_unit_test(test_plan_without_a_plan_blocks_go_where_they_would),
         cmocka_unit_test(test_plan_counts_a_parked_block_taken_again),
     };
