@@ -748,19 +748,16 @@ cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
                    cuh_hp_maybe_hold_locked(h, addr, b.size, b.requested, st);
         if (held || (b.slab && cuh_hp_tcache_adopt_locked(h, &b, addr, stream))) {
             /* held, or in this thread's cache */
-        } else if (cuh_unlikely(h->cfg.step_plan) && b.ext) {
-            /* With a plan in force: back to its room, or to the arena, never
-             * parked (a take the plan did not place). Without: parked, the
-             * take recorded (heap_malloc); never held by a thread, whose
-             * takes take no lock and so are not recorded. */
-            if (h->plan.active || h->captures || h->cfg.ipc_safe) {
-                if (!cuh_hp_plan_room_locked(h, &b, addr, stream))
-                    cuh_hp_release_block_locked(h, &b, addr, st);
-            } else {
-                cuh_hp_park_locked(h, &b, st);
-            }
+        } else if (cuh_unlikely(h->plan.active) && b.ext) {
+            /* With a step plan in force: back to its room, or to the arena,
+             * never parked (a take the plan did not place). */
+            if (!cuh_hp_plan_room_locked(h, &b, addr, stream))
+                cuh_hp_release_block_locked(h, &b, addr, st);
         } else if (b.ext && !h->captures && !h->cfg.ipc_safe) {
-            if (!cuh_hp_large_slot_adopt_locked(h, &b, st, stream))
+            /* With step_plan never held by a thread, whose takes take no
+             * lock and so are not recorded; parked, the take recorded
+             * (heap_malloc). */
+            if (h->cfg.step_plan || !cuh_hp_large_slot_adopt_locked(h, &b, st, stream))
                 cuh_hp_park_locked(h, &b, st);
         } else {
             cuh_hp_release_block_locked(h, &b, addr, st);

@@ -193,9 +193,9 @@ typedef struct live_block_s {
 typedef struct plan_event_s {
     uint64_t seq;                /* the block's number among block allocations */
     size_t size;                 /* alloc: bytes, rounded as the heap rounds them */
-    cuh_stream_t stream;         /* alloc: its stream; free: the stream it was freed on */
+    cuh_stream_t stream;         /* its lane: alloc, its stream; free, the stream it was freed on;
+                                  * cudaMalloc and cudaFree: the device-wide lane (heap_plan.c) */
     uint8_t free;                /* 0: an allocation, 1: a free */
-    uint8_t device_wide;         /* free: by cudaFree */
 } plan_event_t;
 
 typedef struct plan_s {
@@ -213,7 +213,7 @@ typedef struct plan_s {
     size_t *sizes;
     uintptr_t *addrs;            /* where each goes; 0: not planned */
     cuh_stream_t *streams;
-    cuh_stream_t stream;         /* the planned blocks' stream */
+    cuh_stream_t stream;         /* the planned blocks' lane */
     size_t room_bytes;           /* memory the plan took out of the arena for its blocks */
     cuh_extent_t **rooms;        /* the room: used extents no block owns, by address */
     size_t num_rooms, cap_rooms;
@@ -516,8 +516,8 @@ void cuh_hp_plan_program_marks_locked(cuh_heap_t *h);
 /* A step ended (cuh_heap_mark_step) in which `pages_moved` pages moved: the
  * plan is kept, dropped or made. */
 void cuh_hp_plan_step_locked(cuh_heap_t *h, uint64_t pages_moved);
-/* The window's room goes back to the arena, private to the plan's stream,
- * and no more blocks are placed. */
+/* The window's room goes back to the arena, private to the plan's stream
+ * (global for cudaMalloc's lane), and no more blocks are placed. */
 void cuh_hp_plan_drop_locked(cuh_heap_t *h);
 /* 1 if e is a plan's room: a used extent no block owns. */
 int cuh_hp_plan_is_room(const cuh_extent_t *e);

@@ -249,10 +249,7 @@ void cuh_hp_plan_note_free_locked(cuh_heap_t *h, const cuh_extent_t *e, cuh_stre
 {
     if (e->seq) {
         h->plan.live_blocks -= e->size;
-        record(&h->plan, (plan_event_t){.seq = e->seq,
-                                        .stream = device_wide ? LANE_DEVICE_WIDE : stream,
-                                        .free = 1,
-                                        .device_wide = (uint8_t)device_wide});
+        record(&h->plan, (plan_event_t){.seq = e->seq, .stream = device_wide ? LANE_DEVICE_WIDE : stream, .free = 1});
     }
 }
 
@@ -431,23 +428,28 @@ static void record_alloc(cuh_heap_t *h, cuh_extent_t *e, cuh_stream_t stream, si
     p->pos++;
     p->live_blocks += e->size;
     e->seq = ++p->next_seq;
-    record(p, (plan_event_t){.seq = e->seq,
-                             .size = cuh_align_up(size, CUH_ALIGN),
-                             .stream = stream,
-                             .device_wide = stream == LANE_DEVICE_WIDE});
+    record(p, (plan_event_t){.seq = e->seq, .size = cuh_align_up(size, CUH_ALIGN), .stream = stream});
+}
+
+/* Planned block e, freed in the plan's lane, leaves the heap's blocks for
+ * the room: 1, or 0 (e left as it was) if host memory ran out. */
+static int block_to_room(cuh_heap_t *h, cuh_extent_t *e)
+{
+    cuh_ptrmap_remove(&h->blocks, e->addr);
+    if (to_room(h, e) != 0) {
+        (void)cuh_ptrmap_insert(&h->blocks, e->addr, e);   /* room was just freed from it: cannot fail */
+        return 0;
+    }
+    return 1;
 }
 
 int cuh_hp_plan_room_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr, cuh_stream_t stream)
 {
     const plan_t *p = &h->plan;
+    (void)addr;   /* the block's extent starts there */
     if (!p->active || !b->ext || b->ext->plan != p->gen || stream != p->stream || h->captures)
         return 0;
-    cuh_ptrmap_remove(&h->blocks, addr);
-    if (to_room(h, b->ext) != 0) {
-        (void)cuh_ptrmap_insert(&h->blocks, addr, b->ext);   /* room was just freed from it: cannot fail */
-        return 0;
-    }
-    return 1;
+    return block_to_room(h, b->ext);
 }
 
 int cuh_hp_plan_room_finished_locked(cuh_heap_t *h, cuh_extent_t *e)
@@ -455,12 +457,7 @@ int cuh_hp_plan_room_finished_locked(cuh_heap_t *h, cuh_extent_t *e)
     const plan_t *p = &h->plan;
     if (!p->active || e->plan != p->gen || p->stream != LANE_DEVICE_WIDE || h->captures)
         return 0;
-    cuh_ptrmap_remove(&h->blocks, e->addr);
-    if (to_room(h, e) != 0) {
-        (void)cuh_ptrmap_insert(&h->blocks, e->addr, e);   /* room was just freed from it: cannot fail */
-        return 0;
-    }
-    return 1;
+    return block_to_room(h, e);
 }
 
 /* ---- dropping and making plans ------------------------------------------------------ */
@@ -514,7 +511,7 @@ static int steps_alike(const plan_t *p)
         return 0;
     for (size_t i = 0; i < p->num_events[a]; i++) {
         const plan_event_t *x = &p->events[a][i], *y = &p->events[b][i];
-        if (x->free != y->free || x->stream != y->stream || x->size != y->size || x->device_wide != y->device_wide)
+        if (x->free != y->free || x->stream != y->stream || x->size != y->size)
             return 0;
         if (x->free ? freed_from(x->seq, p->first_seq[a], p->first_seq[b]) !=
                           freed_from(y->seq, p->first_seq[b], p->first_older)

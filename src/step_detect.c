@@ -39,7 +39,6 @@ int cuh_step_detect_init(cuh_step_detect_t *d, size_t history)
         return -1;
     }
     d->mask = cap - 1;
-    d->head_mask = cap - 1;
     return 0;
 }
 
@@ -101,7 +100,7 @@ static void add_candidate(cuh_step_detect_t *d, uint64_t period)
  * with the same keys become candidates. */
 static void find_candidates(cuh_step_detect_t *d, uint64_t i)
 {
-    const uint64_t slot = window_hash(d, i) & d->head_mask;
+    const uint64_t slot = window_hash(d, i) & d->mask;
     uint64_t j1 = d->heads[slot];
     d->chain[i & d->mask] = j1;
     d->heads[slot] = i + 1;

@@ -55,8 +55,8 @@ typedef struct cuh_step_detect_s {
     uint64_t *keys;    /* ring: the key of allocation i at [i & mask] */
     uint64_t *live;    /* ring: live bytes of blocks before allocation i */
     uint64_t *chain;   /* ring: 1 + the allocation before i whose window hashed alike, 0 none */
-    uint64_t *heads;   /* window hash -> 1 + its latest allocation, 0 none */
-    uint64_t mask, head_mask;
+    uint64_t *heads;   /* window hash (as many slots as the history) -> 1 + its latest allocation, 0 none */
+    uint64_t mask;     /* the history's length less one (a power of two) */
     uint64_t n;        /* allocations seen */
     cuh_detect_candidate_t cand[CUH_DETECT_CANDIDATES];
     size_t num_cand;
