@@ -11,6 +11,8 @@
 #     page of virtual memory cost (the price of a page moved under vmm:1);
 #     bench/gpu/vm_regroup.cu: scattered free pages gathered into one
 #     allocation (released and created anew) against moved one by one;
+#     bench/gpu/vm_unmap_thread.cu: whether a move's unmap can run on a
+#     second thread while the allocating thread maps;
 #     bench/gpu/pinned_costs.cu: cudaHostAlloc+cudaFreeHost against cuheap's
 #     pinned cache, and host-to-device copy bandwidth from each;
 #     bench/gpu/preload_pairs.c (part pairs): a cudaMalloc+cudaFree pair by
@@ -72,6 +74,7 @@ make lib BUILD="$BUILD"
 "$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 bench/gpu/sync_costs.cu -o "$BUILD"/sync_costs
 "$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 bench/gpu/vm_costs.cu -lcuda -o "$BUILD"/vm_costs
 "$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 bench/gpu/vm_regroup.cu -lcuda -o "$BUILD"/vm_regroup
+"$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 bench/gpu/vm_unmap_thread.cu -lcuda -o "$BUILD"/vm_unmap_thread
 "$NVCC" -O2 -arch="$GPU_ARCH" -std=c++17 -Iinclude bench/gpu/pinned_costs.cu "$BUILD"/libcuheap.a \
     -ldl -lpthread -o "$BUILD"/pinned_costs
 
@@ -90,6 +93,8 @@ if want vm; then
     timeout 120 "$BUILD"/vm_costs || rc=1
     section "scattered pages gathered into one allocation (bench/gpu/vm_regroup.cu)"
     timeout 180 "$BUILD"/vm_regroup || rc=1
+    section "an old range unmapped by a second thread (bench/gpu/vm_unmap_thread.cu)"
+    timeout 120 "$BUILD"/vm_unmap_thread || rc=1
 fi
 
 if want pinned; then
