@@ -28,10 +28,22 @@
  * (a lock per call) is in the figures: they bound cuheap's CPU cost from
  * above, and the calls are what a GPU's driver would be asked.
  *
- * usage: bench_per_tensor [--pairs N] [--size BYTES] plugin LIB | runtime
+ * A tight loop keeps the allocator's code and data in the CPU's caches; a
+ * Python loop does not (between two tensors the interpreter runs through its
+ * own), and there a pair's cost follows the cache lines it touches more than
+ * its instructions (docs/benchmarks.md: 45 ns saved in C did not show in
+ * Python). --cold KIB models that: before each allocation and each free the
+ * loop writes a line in every 64 bytes of a KIB KiB buffer (Python's
+ * footprint between two calls), and only the calls are timed, each between
+ * two clock reads (the clock's own cost, measured with nothing between,
+ * taken off twice: a pair is two calls). Under valgrind --tool=cachegrind
+ * (scripts/cold_misses.sh) the cache lines a pair misses are counted.
+ *
+ * usage: bench_per_tensor [--pairs N] [--size BYTES] [--cold KIB] plugin LIB | runtime
  *   --pairs N      pairs per round (3 rounds, the median; default 200000)
  *   --size BYTES   that size alone, 0 the mixed live set alone (to profile one:
  *                  valgrind --tool=callgrind, perf record)
+ *   --cold KIB     sweep KIB KiB between pairs (default 0: none)
  */
 #include <dlfcn.h>
 #include <stdint.h>
@@ -107,9 +119,35 @@ static void give(void *p, size_t size)
     plugin_free(p, (ssize_t)size, 0, NULL);
 }
 
+/* The buffer swept between pairs (--cold), and its size in bytes. */
+static volatile unsigned char *sweep_buf;
+static size_t sweep_bytes;
+
+static void sweep(void)
+{
+    for (size_t i = 0; i < sweep_bytes; i += 64)
+        sweep_buf[i]++;
+}
+
+/* With --cold: nanoseconds spent in pairs alone, clock reads included. */
+static double cold_ns;
+
 /* n allocation+free pairs of `size`, or of the mixed live set (size 0). */
 static void pairs(long n, size_t size)
 {
+    if (size && sweep_bytes) {
+        for (long i = 0; i < n; i++) {
+            sweep();
+            double t0 = now_ns();
+            void *p = take(size);
+            cold_ns += now_ns() - t0;
+            sweep();
+            t0 = now_ns();
+            give(p, size);
+            cold_ns += now_ns() - t0;
+        }
+        return;
+    }
     if (size) {
         for (long i = 0; i < n; i++)
             give(take(size), size);
@@ -120,9 +158,18 @@ static void pairs(long n, size_t size)
     for (long i = 0; i < n; i++) {
         /* The new one first, then the oldest goes, as per_tensor.py's deque. */
         size_t k = (size_t)i % MIXED_WINDOW, size_now = mixed_sizes[(size_t)i % NUM_MIXED];
+        sweep();
+        double t0 = sweep_bytes ? now_ns() : 0;
         void *p = take(size_now);
+        if (sweep_bytes) {
+            cold_ns += now_ns() - t0;
+            sweep();
+            t0 = now_ns();
+        }
         if (live[k])
             give(live[k], live_size[k]);
+        if (sweep_bytes)
+            cold_ns += now_ns() - t0;
         live[k] = p;
         live_size[k] = size_now;
     }
@@ -208,7 +255,25 @@ static int by_value(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Times one size: a warm-up, then ROUNDS rounds of n pairs (the median). */
+/* What a clock read around nothing costs, after a sweep (--cold). */
+static double clock_ns(long n)
+{
+    double ns[ROUNDS];
+    for (int r = 0; r < ROUNDS; r++) {
+        double sum = 0;
+        for (long i = 0; i < n; i++) {
+            sweep();
+            double t0 = now_ns();
+            sum += now_ns() - t0;
+        }
+        ns[r] = sum / (double)n;
+    }
+    qsort(ns, ROUNDS, sizeof ns[0], by_value);
+    return ns[ROUNDS / 2];
+}
+
+/* Times one size: a warm-up, then ROUNDS rounds of n pairs (the median);
+ * with --cold, the pairs alone, less a clock read's cost. */
 static void measure(const char *label, size_t size, long n)
 {
     counts_t before, after;
@@ -216,13 +281,14 @@ static void measure(const char *label, size_t size, long n)
     pairs(n / 4 + MIXED_WINDOW, size);
     count_now(&before);
     for (int r = 0; r < ROUNDS; r++) {
+        cold_ns = 0;
         double t0 = now_ns();
         pairs(n, size);
-        ns[r] = (now_ns() - t0) / (double)n;
+        ns[r] = ((sweep_bytes ? cold_ns : now_ns() - t0)) / (double)n;
     }
     count_now(&after);
     qsort(ns, ROUNDS, sizeof ns[0], by_value);
-    printf("  %-10s %8.1f ns/pair ", label, ns[ROUNDS / 2]);
+    printf("  %-10s %8.1f ns/pair ", label, ns[ROUNDS / 2] - (sweep_bytes ? 2 * clock_ns(n) : 0));
     print_calls(&before, &after, n * ROUNDS);
 }
 
@@ -235,14 +301,20 @@ int main(int argc, char **argv)
             n = atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--size"))
             only = atol(argv[i + 1]);
+        else if (!strcmp(argv[i], "--cold"))
+            sweep_bytes = (size_t)atol(argv[i + 1]) << 10;
         else
             n = 0;   /* a usage error below */
     const char *way = i < argc ? argv[i] : "";
     const char *lib = i + 1 < argc ? argv[i + 1] : NULL;
     const char *conf = getenv("CUHEAP_CONF");
+    if (sweep_bytes && !(sweep_buf = calloc(1, sweep_bytes))) {
+        fprintf(stderr, "bench_per_tensor: no memory for --cold\n");
+        return 1;
+    }
 #ifdef PER_TENSOR_SIM
     if (n < 1 || strcmp(way, "plugin") != 0 || lib) {
-        fprintf(stderr, "usage: bench_per_tensor_sim [--pairs N] [--size BYTES] plugin\n");
+        fprintf(stderr, "usage: bench_per_tensor_sim [--pairs N] [--size BYTES] [--cold KIB] plugin\n");
         return 2;
     }
     if (cuh_runtime_use_sim((size_t)80 << 30) != 0)
@@ -253,7 +325,7 @@ int main(int argc, char **argv)
     printf("cuheap plugin on the simulated device (CUHEAP_CONF=%s)\n", conf ? conf : "");
 #else
     if (n < 1 || !((!strcmp(way, "plugin") && lib) || (!strcmp(way, "runtime") && !lib))) {
-        fprintf(stderr, "usage: bench_per_tensor [--pairs N] [--size BYTES] plugin LIB | runtime\n");
+        fprintf(stderr, "usage: bench_per_tensor [--pairs N] [--size BYTES] [--cold KIB] plugin LIB | runtime\n");
         return 2;
     }
     void *driver = dlopen("libcuda.so.1", RTLD_NOW);

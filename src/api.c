@@ -242,7 +242,7 @@ cuheap_status_t cuheap_configure(const char *conf)
  * device-wide blocks are recorded on stream 0); a shareable block is
  * device-wide and starts a segment of its own. */
 static cuheap_status_t alloc_block(const char *fn, void **ptr, size_t size, int device, int device_wide,
-                                   int shareable, cuheap_stream_t stream)
+                                   int shareable, cuheap_stream_t stream, unsigned label)
 {
     if (!ptr) {
         cuh_set_error("%s: ptr is NULL", fn);
@@ -254,7 +254,9 @@ static cuheap_status_t alloc_block(const char *fn, void **ptr, size_t size, int 
     if (status != CUHEAP_OK)
         return status;
     uintptr_t addr = 0;
-    if (!device_wide)
+    if (label)
+        status = cuh_heap_malloc_labelled(h, size, device_wide, shareable, (cuh_stream_t)stream, label, &addr);
+    else if (!device_wide)
         status = cuh_heap_malloc(h, size, (cuh_stream_t)stream, &addr);
     else if (shareable)
         status = cuh_heap_malloc_shareable(h, size, &addr);
@@ -271,18 +273,30 @@ static cuheap_status_t alloc_block(const char *fn, void **ptr, size_t size, int 
 
 cuheap_status_t cuheap_malloc(void **ptr, size_t size, int device, cuheap_stream_t stream)
 {
-    return alloc_block("cuheap_malloc", ptr, size, device, 0, 0, stream);
+    return alloc_block("cuheap_malloc", ptr, size, device, 0, 0, stream, 0);
 }
 
 cuheap_status_t cuheap_malloc_device_wide(void **ptr, size_t size, int device)
 {
-    return alloc_block("cuheap_malloc_device_wide", ptr, size, device, 1, 0, NULL);
+    return alloc_block("cuheap_malloc_device_wide", ptr, size, device, 1, 0, NULL, 0);
+}
+
+/* Frees in h: the hooks ask what the block was (freed), the C API and the
+ * plugin do not (the shorter path). */
+static inline cuheap_status_t heap_free(cuh_heap_t *h, uintptr_t addr, int device_wide, cuh_stream_t stream,
+                                        cuh_heap_freed_t *freed)
+{
+    if (freed)
+        return cuh_heap_free_labelled(h, addr, device_wide, stream, freed);
+    return device_wide ? cuh_heap_free_device_wide(h, addr) : cuh_heap_free(h, addr, stream);
 }
 
 /* Frees on `stream`, or device-wide; names the heap that owns a foreign
- * pointer, if any. */
-static cuheap_status_t free_block(const char *fn, void *ptr, int device, int device_wide, cuheap_stream_t stream)
+ * pointer, if any. On success *freed (if given) says what the block was. */
+static cuheap_status_t free_block(const char *fn, void *ptr, int device, int device_wide, cuheap_stream_t stream,
+                                  cuh_heap_freed_t *freed)
 {
+
     if (!ptr)
         return CUHEAP_OK;
     uintptr_t addr = (uintptr_t)ptr;
@@ -293,10 +307,9 @@ static cuheap_status_t free_block(const char *fn, void *ptr, int device, int dev
          * the current device (cudaFree takes any device's pointer). */
         for (int d = 0; d < CUH_MAX_DEVICES && status == CUHEAP_ERR_NOT_OWNED; d++)
             if ((h = rt.heaps[d]))
-                status = device_wide ? cuh_heap_free_device_wide(h, addr)
-                                     : cuh_heap_free(h, addr, (cuh_stream_t)stream);
+                status = heap_free(h, addr, device_wide, (cuh_stream_t)stream, freed);
     } else if ((h = cuh_runtime_existing_heap(device))) {
-        status = device_wide ? cuh_heap_free_device_wide(h, addr) : cuh_heap_free(h, addr, (cuh_stream_t)stream);
+        status = heap_free(h, addr, device_wide, (cuh_stream_t)stream, freed);
     }
     cuh_trace_writer_t *trace = rt.trace;
     if (cuh_unlikely(trace != NULL) && status == CUHEAP_OK)
@@ -314,15 +327,16 @@ static cuheap_status_t free_block(const char *fn, void *ptr, int device, int dev
     return CUHEAP_ERR_NOT_OWNED;
 }
 
-cuheap_status_t cuh_runtime_free_owned(const char *fn, void *ptr, int device_wide, cuh_stream_t stream)
+cuheap_status_t cuh_runtime_free_owned(const char *fn, void *ptr, int device_wide, cuh_stream_t stream,
+                                       cuh_heap_freed_t *freed)
 {
-    return free_block(fn, ptr, CUH_ANY_DEVICE, device_wide, (cuheap_stream_t)stream);
+    return free_block(fn, ptr, CUH_ANY_DEVICE, device_wide, (cuheap_stream_t)stream, freed);
 }
 
 cuheap_status_t cuh_runtime_malloc(const char *fn, void **ptr, size_t size, int device, int device_wide,
-                                   int shareable, cuh_stream_t stream)
+                                   int shareable, cuh_stream_t stream, unsigned label)
 {
-    return alloc_block(fn, ptr, size, device, device_wide, shareable, (cuheap_stream_t)stream);
+    return alloc_block(fn, ptr, size, device, device_wide, shareable, (cuheap_stream_t)stream, label);
 }
 
 int cuh_runtime_owner(uintptr_t addr)
@@ -387,7 +401,13 @@ void cuh_runtime_drop_heap(int device)
     atomic_fetch_add(&rt.heap_generation[device], 1);
     pthread_mutex_unlock(&runtime_lock);
     retire_pinned_of(device);
-    cuh_callers_forget_device(device);   /* its blocks are gone with it */
+    /* Its blocks are gone with it: the labelled ones the heap knows, the
+     * others the table of callers. */
+    uint64_t by_label[256] = {0};
+    if (h)
+        cuh_heap_live_by_label(h, by_label);
+    cuh_callers_forget_labelled(by_label);
+    cuh_callers_forget_device(device);
     if (h)
         cuh_heap_destroy(h);
     if (dev)
@@ -418,12 +438,12 @@ const cuh_config_t *cuh_runtime_config(void)
 
 cuheap_status_t cuheap_free(void *ptr, int device, cuheap_stream_t stream)
 {
-    return free_block("cuheap_free", ptr, device, 0, stream);
+    return free_block("cuheap_free", ptr, device, 0, stream, NULL);
 }
 
 cuheap_status_t cuheap_free_device_wide(void *ptr, int device)
 {
-    return free_block("cuheap_free_device_wide", ptr, device, 1, NULL);
+    return free_block("cuheap_free_device_wide", ptr, device, 1, NULL, NULL);
 }
 
 cuheap_status_t cuheap_stream_register(int device, cuheap_stream_t stream)

@@ -313,6 +313,7 @@ cuh_extent_t *cuh_arena_take_at(cuh_arena_t *a, cuh_extent_t *ext, uintptr_t sta
     ext->requested = 0;
     ext->owner = NULL;
     ext->chunked = 0;
+    ext->label = 0;
     ext->seq = 0;
     ext->plan = 0;
     ext->segment->used_bytes += size;
@@ -398,6 +399,7 @@ void cuh_arena_release_freed_at(cuh_arena_t *a, cuh_extent_t *ext, uint32_t tag,
     ext->requested = 0;
     ext->owner = NULL;
     ext->chunked = 0;
+    ext->label = 0;
     /* Absorbing a global neighbour can bring the next one of our own tag
      * alongside: keep going until no neighbour may be absorbed. */
     while (absorbable(ext->prev, tag))

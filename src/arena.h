@@ -60,6 +60,7 @@ struct cuh_extent_s {
     uint8_t state;                  /* cuh_extent_state_t */
     uint8_t chunked;                /* block: a thread's chunk (chunk.h); `owner` is that thread's cache */
     uint8_t held;                   /* block: freed by cudaFree, waiting in a batch for its fence (heap_devicewide.c) */
+    uint8_t label;                  /* block: its allocator's label (cuh_heap_malloc_labelled), 0 for none */
     uint64_t seq;                   /* block, with step_plan: its number among the heap's block allocations (heap_plan.c) */
     uint32_t plan;                  /* block: the step plan that placed it (heap_plan.c), 0 for none */
 };

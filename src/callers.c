@@ -1,14 +1,20 @@
 /* callers.c - device memory by the shared library that asked for it (see
  * callers.h).
  *
- * A block's record is its size, its device and its library's number packed
- * in one word (size << 12 | device << 6 | number + 1), kept in the map of its
- * shard. Bytes live and their peak per library are atomics, shared by the
- * shards; allocations are counted per shard under its lock and added up by a
- * snapshot. A shard's lock is a spin lock (released by a store, not an
- * exchange) held for a hash walk: with PyTorch's cache off every tensor
- * passes here twice, and its atomic operations were a third of what a small
- * tensor's cudaMalloc and cudaFree cost the CPU (issue 45).
+ * A library's bytes live, their peak and its allocations are atomics in one
+ * cache line of their own. A cudaMalloc'd block carries its library's
+ * label in the heap's own record (cuh_heap_malloc_labelled), which its free
+ * hands back: no map of ours is touched. With PyTorch's cache off every
+ * tensor passes here twice, and Python's interpreter pushes our data out of
+ * the CPU's caches between tensors: the map's lines were about half of what
+ * a small tensor cost cuheap over the floor then (issue 45,
+ * bench_per_tensor --cold). Blocks of the stream-ordered calls
+ * (cudaMallocAsync: a thread's cache serves them without the heap's lock,
+ * where no label is set) are recorded by address: the record is its size,
+ * its device and its library's number packed in one word (size << 12 |
+ * device << 6 | number + 1), in the map of its shard, under a spin lock
+ * (released by a store, not an exchange) held for a hash walk; their
+ * allocations are counted per shard and added up by a snapshot.
  */
 #include "callers.h"
 
@@ -37,7 +43,14 @@ static shard_t shards[SHARDS];
 static pthread_mutex_t names_lock = PTHREAD_MUTEX_INITIALIZER;
 static char names[CUH_CALLERS_MAX][CUH_CALLER_NAME_MAX];
 static atomic_int num_names;
-static _Atomic uint64_t live[CUH_CALLERS_MAX], peak[CUH_CALLERS_MAX];
+
+/* A library's counts, a cache line to themselves. */
+typedef struct counts_s {
+    _Alignas(64) _Atomic uint64_t live;
+    _Atomic uint64_t peak;
+    _Atomic uint64_t allocs;   /* labelled allocations (the map's are counted per shard) */
+} counts_t;
+static counts_t counts[CUH_CALLERS_MAX];
 static atomic_int recorded;   /* 1 once a block was recorded: frees look only then */
 
 static shard_t *shard_of(uintptr_t ptr)
@@ -74,7 +87,38 @@ int cuh_callers_id(const char *library)
 static void count_free(uintptr_t record)
 {
     int id = (int)(record & 63) - 1;
-    atomic_fetch_sub_explicit(&live[id], (uint64_t)(record >> 12), memory_order_relaxed);
+    atomic_fetch_sub_explicit(&counts[id].live, (uint64_t)(record >> 12), memory_order_relaxed);
+}
+
+static void count_live(int id, size_t size)
+{
+    uint64_t now = atomic_fetch_add_explicit(&counts[id].live, size, memory_order_relaxed) + size;
+    uint64_t seen = atomic_load_explicit(&counts[id].peak, memory_order_relaxed);
+    while (now > seen && !atomic_compare_exchange_weak_explicit(&counts[id].peak, &seen, now, memory_order_relaxed,
+                                                                memory_order_relaxed))
+        ;
+}
+
+void cuh_callers_count_alloc(int id, size_t size)
+{
+    if (id < 0 || id >= CUH_CALLERS_MAX)
+        return;
+    atomic_fetch_add_explicit(&counts[id].allocs, 1, memory_order_relaxed);
+    count_live(id, size);
+}
+
+void cuh_callers_count_free(int id, size_t size)
+{
+    if (id < 0 || id >= CUH_CALLERS_MAX)
+        return;
+    atomic_fetch_sub_explicit(&counts[id].live, size, memory_order_relaxed);
+}
+
+void cuh_callers_forget_labelled(const uint64_t by_label[256])
+{
+    for (int id = 0; id < CUH_CALLERS_MAX; id++)
+        if (by_label[cuh_callers_label(id)])
+            atomic_fetch_sub_explicit(&counts[id].live, by_label[cuh_callers_label(id)], memory_order_relaxed);
 }
 
 static int device_of(uintptr_t record) { return (int)((record >> 6) & 63); }
@@ -102,11 +146,7 @@ void cuh_callers_alloc(uintptr_t ptr, size_t size, int device, int id)
         return;   /* no room for the record: the block is not counted, its free finds nothing */
     if (!atomic_load_explicit(&recorded, memory_order_relaxed))
         atomic_store_explicit(&recorded, 1, memory_order_relaxed);   /* a store each time would bounce its line between threads */
-    uint64_t now = atomic_fetch_add_explicit(&live[id], size, memory_order_relaxed) + size;
-    uint64_t seen = atomic_load_explicit(&peak[id], memory_order_relaxed);
-    while (now > seen && !atomic_compare_exchange_weak_explicit(&peak[id], &seen, now, memory_order_relaxed,
-                                                                memory_order_relaxed))
-        ;
+    count_live(id, size);
 }
 
 void cuh_callers_free(uintptr_t ptr)
@@ -157,9 +197,9 @@ size_t cuh_callers_snapshot(cuh_caller_stat_t *out, size_t max)
     size_t n = (size_t)atomic_load(&num_names);
     for (size_t i = 0; i < n; i++) {
         memcpy(all[i].library, names[i], CUH_CALLER_NAME_MAX);
-        all[i].live = atomic_load_explicit(&live[i], memory_order_relaxed);
-        all[i].peak = atomic_load_explicit(&peak[i], memory_order_relaxed);
-        all[i].allocs = 0;
+        all[i].live = atomic_load_explicit(&counts[i].live, memory_order_relaxed);
+        all[i].peak = atomic_load_explicit(&counts[i].peak, memory_order_relaxed);
+        all[i].allocs = atomic_load_explicit(&counts[i].allocs, memory_order_relaxed);
     }
     pthread_mutex_unlock(&names_lock);
     for (unsigned k = 0; k < SHARDS; k++) {
@@ -228,8 +268,9 @@ void cuh_callers_reset(void)
     pthread_mutex_lock(&names_lock);
     atomic_store(&num_names, 0);
     for (int i = 0; i < CUH_CALLERS_MAX; i++) {
-        atomic_store(&live[i], 0);
-        atomic_store(&peak[i], 0);
+        atomic_store(&counts[i].live, 0);
+        atomic_store(&counts[i].peak, 0);
+        atomic_store(&counts[i].allocs, 0);
     }
     pthread_mutex_unlock(&names_lock);
     atomic_store(&recorded, 0);

@@ -8,11 +8,14 @@
  * number of allocations, so that a report can say where memory went. The C
  * API and the PyTorch plugin have no caller to name and record nothing.
  *
- * Blocks are found again at free by address in 64 maps, each under its own
- * lock, so threads that free different blocks rarely meet. A block's record
- * is one word: its size, its device and its library's number. At most
- * CUH_CALLERS_MAX libraries are named; later ones count under the last
- * name, "other libraries".
+ * A block cudaMalloc serves carries its library's label in the heap's
+ * record (cuh_heap_malloc_labelled), and its free says whose bytes went
+ * (cuh_callers_count_alloc/_free). Blocks of the stream-ordered calls,
+ * which a thread's cache serves without labels, are found again at free by
+ * address in 64 maps, each under its own lock, so threads that free
+ * different blocks rarely meet; such a record is one word: its size, its
+ * device and its library's number. At most CUH_CALLERS_MAX libraries are
+ * named; later ones count under the last name, "other libraries".
  */
 #ifndef CUH_CALLERS_H
 #define CUH_CALLERS_H
@@ -33,8 +36,17 @@ typedef struct cuh_caller_stat_s {
 /* The number for `library` (its file name, any directory is cut off),
  * given the first time it is seen; -1 for NULL or an empty name. */
 int cuh_callers_id(const char *library);
-/* A block of `size` bytes at ptr on `device`, asked for by library `id`. A
- * block recorded at ptr already (its free was not seen) is replaced. */
+/* The heap's label for library `id`'s blocks (cuh_heap_malloc_labelled). */
+static inline unsigned cuh_callers_label(int id) { return (unsigned)id + 1; }
+/* A labelled block of `size` bytes asked for by library `id` / freed. */
+void cuh_callers_count_alloc(int id, size_t size);
+void cuh_callers_count_free(int id, size_t size);
+/* The labelled blocks of a device that is gone: by_label[k] bytes of label k
+ * (cuh_heap_live_by_label) no longer count as live. */
+void cuh_callers_forget_labelled(const uint64_t by_label[256]);
+/* A block of `size` bytes at ptr on `device`, asked for by library `id`,
+ * recorded by address. A block recorded at ptr already (its free was not
+ * seen) is replaced. */
 void cuh_callers_alloc(uintptr_t ptr, size_t size, int device, int id);
 /* The block at ptr is freed; nothing if it was not recorded. */
 void cuh_callers_free(uintptr_t ptr);

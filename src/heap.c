@@ -243,6 +243,9 @@ cuh_extent_t *cuh_hp_extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
 void cuh_hp_large_mark_live_locked(cuh_heap_t *h, cuh_extent_t *e, size_t size)
 {
     e->requested = size;
+    e->label = 0;
+    h->marked_label = &e->label;
+    h->marked_addr = e->addr;
     cuh_hp_stat_set(&h->requested, h->requested.current + size);
     cuh_hp_stat_set(&h->allocated, h->allocated.current + e->size);   /* > the rounded size only for an own segment */
 }
@@ -480,10 +483,18 @@ static cuheap_status_t lost_during_malloc_locked(cuh_heap_t *h, uintptr_t *addr)
     return refuse_lost(h);
 }
 
-/* Allocates for stream `stream`, or for every stream at once (device_wide). */
-static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, int shareable, cuh_stream_t stream,
+/* How heap_malloc allocates: for every stream at once, and then with a
+ * segment of its own (cuh_heap_malloc_shareable). Flags rather than two
+ * arguments: a seventh would go on the stack, on every malloc. */
+enum { MALLOC_DEVICE_WIDE = 1, MALLOC_SHAREABLE = 2 };
+
+/* Allocates for stream `stream`, or for every stream at once, a block
+ * labelled `label` (0: none; only under the lock, never from a thread's
+ * cache). */
+static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, unsigned how, cuh_stream_t stream, unsigned label,
                                    uintptr_t *addr)
 {
+    const int device_wide = (how & MALLOC_DEVICE_WIDE) != 0, shareable = (how & MALLOC_SHAREABLE) != 0;
     *addr = 0;
     if (cuh_unlikely(atomic_load_explicit(&h->dev->lost, memory_order_relaxed)))
         return refuse_lost(h);
@@ -493,8 +504,6 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
         cuh_set_error("request of %zu bytes is larger than any device", size);
         return CUHEAP_ERR_OUT_OF_MEMORY;
     }
-    if (!device_wide && (*addr = cuh_hp_tcache_alloc(h, size, stream)))
-        return CUHEAP_OK;
     int waited = cuh_hp_heap_lock(h);
     if (cuh_unlikely(!h->started))
         start_locked(h);
@@ -505,6 +514,7 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
         cuh_extent_t *e = cuh_hp_take_parked_locked(h, st, size);
         if (e) {
             e->tag = st->tag;
+            e->label = (uint8_t)label;
             if (cuh_unlikely(h->cfg.step_plan))
                 cuh_hp_plan_note_alloc_locked(h, e, stream, size);
             h->num_cache_hits++;
@@ -522,7 +532,7 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
         status = CUHEAP_ERR_OUT_OF_MEMORY;
     } else if (size <= h->cfg.small_max && !cuh_hp_own_segment_locked(h)) {
         status = cuh_hp_small_alloc_locked(h, st, size, addr);
-    } else if (cuh_unlikely(h->contended) && !device_wide && !h->cfg.step_plan &&
+    } else if (cuh_unlikely(h->contended) && !device_wide && !label && !h->cfg.step_plan &&
                (*addr = cuh_hp_chunk_alloc_locked(h, st, stream, size, waited))) {
         status = CUHEAP_OK;   /* cut from a new chunk of this thread's (heap_chunks.c) */
     } else if (cuh_unlikely(h->cfg.step_plan)) {
@@ -533,6 +543,8 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
     h->shareable_call = 0;
     if (cuh_unlikely(atomic_load_explicit(&h->dev->lost, memory_order_relaxed)) && status == CUHEAP_OK)
         status = lost_during_malloc_locked(h, addr);
+    if (status == CUHEAP_OK && label && h->marked_addr == *addr && h->marked_label)
+        *h->marked_label = (uint8_t)label;
     if (status == CUHEAP_OK) {
         h->num_allocs++;
         /* A block allocated during a capture belongs to the graph's pool: its
@@ -550,17 +562,35 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, int device_wide, 
 
 cuheap_status_t cuh_heap_malloc(cuh_heap_t *h, size_t size, cuh_stream_t stream, uintptr_t *addr)
 {
-    return heap_malloc(h, size, 0, 0, stream, addr);
+    /* The thread's cache first, without the lock (heap_malloc checks the
+     * rest: a lost device, a size of 0 or larger than any device). */
+    if (cuh_likely(size - 1 < ((size_t)1 << 60)) &&
+        cuh_likely(!atomic_load_explicit(&h->dev->lost, memory_order_relaxed)) &&
+        (*addr = cuh_hp_tcache_alloc(h, size, stream)))
+        return CUHEAP_OK;
+    return heap_malloc(h, size, 0, stream, 0, addr);
 }
 
 cuheap_status_t cuh_heap_malloc_device_wide(cuh_heap_t *h, size_t size, uintptr_t *addr)
 {
-    return heap_malloc(h, size, 1, 0, 0, addr);
+    return heap_malloc(h, size, MALLOC_DEVICE_WIDE, 0, 0, addr);
 }
 
 cuheap_status_t cuh_heap_malloc_shareable(cuh_heap_t *h, size_t size, uintptr_t *addr)
 {
-    return heap_malloc(h, size, 1, 1, 0, addr);
+    return heap_malloc(h, size, MALLOC_DEVICE_WIDE | MALLOC_SHAREABLE, 0, 0, addr);
+}
+
+cuheap_status_t cuh_heap_malloc_labelled(cuh_heap_t *h, size_t size, int device_wide, int shareable,
+                                         cuh_stream_t stream, unsigned label, uintptr_t *addr)
+{
+    if (label > UINT8_MAX) {
+        *addr = 0;
+        cuh_set_error("label %u is over %d", label, UINT8_MAX);
+        return CUHEAP_ERR_INVALID_ARGUMENT;
+    }
+    const unsigned how = device_wide ? MALLOC_DEVICE_WIDE | (shareable ? MALLOC_SHAREABLE : 0) : 0;
+    return heap_malloc(h, size, how, stream, label, addr);
 }
 
 /* Explains an address that is neither a live block nor a slab object. */
@@ -625,6 +655,7 @@ cuheap_status_t cuh_hp_find_live_locked(cuh_heap_t *h, uintptr_t addr, live_bloc
             }
             b->size = b->ext->size;
             b->requested = b->ext->requested;
+            b->label = b->ext->label;
             return CUHEAP_OK;
         }
         if (!(s = cuh_hp_slab_of_locked(h, addr)))
@@ -652,7 +683,23 @@ cuheap_status_t cuh_hp_find_live_locked(cuh_heap_t *h, uintptr_t addr, live_bloc
     b->index = (uint32_t)idx;
     b->size = s->obj_size;
     b->requested = s->requested[idx];
+    b->label = s->labels[idx];
     return CUHEAP_OK;
+}
+
+/* A block being freed gives its label and requested bytes to `freed` (if
+ * any), and its record forgets the label: a later holder of the memory
+ * that came by a path that sets none (a thread's cache) must not inherit it. */
+static void hand_back_label(const live_block_t *b, cuh_heap_freed_t *freed)
+{
+    if (freed) {
+        freed->requested = b->requested;
+        freed->label = b->label;
+    }
+    if (b->ext)
+        b->ext->label = 0;
+    else if (b->slab)
+        b->slab->labels[b->index] = 0;
 }
 
 /* Turns a live block into st's private free memory (the statistics of
@@ -676,7 +723,7 @@ void cuh_hp_release_block_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t
     cuh_hp_slab_object_home_locked(h, addr);
 }
 
-cuheap_status_t cuh_heap_free_device_wide(cuh_heap_t *h, uintptr_t addr)
+static cuheap_status_t heap_free_device_wide(cuh_heap_t *h, uintptr_t addr, cuh_heap_freed_t *freed)
 {
     if (!addr)
         return CUHEAP_OK;
@@ -687,6 +734,7 @@ cuheap_status_t cuh_heap_free_device_wide(cuh_heap_t *h, uintptr_t addr)
     live_block_t b;
     cuheap_status_t status = cuh_hp_find_live_locked(h, addr, &b);
     if (status == CUHEAP_OK) {
+        hand_back_label(&b, freed);
         if (cuh_unlikely(h->cfg.step_plan) && b.ext)
             cuh_hp_plan_note_free_locked(h, b.ext, 0, 1);
         cuh_hp_stat_set(&h->requested, h->requested.current - b.requested);
@@ -723,7 +771,7 @@ cuheap_status_t cuh_heap_free_device_wide(cuh_heap_t *h, uintptr_t addr)
     return status;
 }
 
-cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream)
+static cuheap_status_t heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream, cuh_heap_freed_t *freed)
 {
     if (!addr)
         return CUHEAP_OK;
@@ -740,6 +788,7 @@ cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
         cuh_set_error("out of host memory for stream records");
         status = CUHEAP_ERR_OUT_OF_MEMORY;
     } else if ((status = cuh_hp_find_live_locked(h, addr, &b)) == CUHEAP_OK) {
+        hand_back_label(&b, freed);
         cuh_hp_stat_set(&h->requested, h->requested.current - b.requested);
         cuh_hp_stat_set(&h->allocated, h->allocated.current - b.size);
         if (cuh_unlikely(h->cfg.step_plan) && b.ext)
@@ -771,6 +820,23 @@ cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream
     cuh_hp_refresh_stats_locked(h);
     cuh_unlock(&h->lock);
     return status;
+}
+
+cuheap_status_t cuh_heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream)
+{
+    return heap_free(h, addr, stream, NULL);
+}
+
+cuheap_status_t cuh_heap_free_device_wide(cuh_heap_t *h, uintptr_t addr)
+{
+    return heap_free_device_wide(h, addr, NULL);
+}
+
+cuheap_status_t cuh_heap_free_labelled(cuh_heap_t *h, uintptr_t addr, int device_wide, cuh_stream_t stream,
+                                       cuh_heap_freed_t *freed)
+{
+    *freed = (cuh_heap_freed_t){0, 0};
+    return device_wide ? heap_free_device_wide(h, addr, freed) : heap_free(h, addr, stream, freed);
 }
 
 void cuh_heap_set_limit(cuh_heap_t *h, size_t limit)

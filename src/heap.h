@@ -139,6 +139,29 @@ cuheap_status_t cuh_heap_malloc_shareable(cuh_heap_t *heap, size_t size, uintptr
  * waits: blocks freed this way wait in batches, one event per stream per
  * batch. Errors as for cuh_heap_free. */
 cuheap_status_t cuh_heap_free_device_wide(cuh_heap_t *heap, uintptr_t addr);
+
+/* A label the allocator gives a block (1-255; 0 for none), kept with the
+ * block's record and handed back at its free: the hooks label cudaMalloc's
+ * blocks with the calling library, so that cudaFree needs no map of its own
+ * to know whose bytes went (callers.h). Only device-wide allocations and
+ * allocations under the heap's lock carry one: a labelled malloc never
+ * comes from a thread's cache. */
+typedef struct cuh_heap_freed_s {
+    size_t requested;   /* the bytes the block was asked for */
+    unsigned label;     /* its label, 0 for none */
+} cuh_heap_freed_t;
+/* cuh_heap_malloc (device_wide 0), _device_wide or _shareable (device_wide
+ * and shareable), the block labelled `label` (at most 255). */
+cuheap_status_t cuh_heap_malloc_labelled(cuh_heap_t *heap, size_t size, int device_wide, int shareable,
+                                         cuh_stream_t stream, unsigned label, uintptr_t *addr);
+/* cuh_heap_free or _device_wide; on success *freed says what the block
+ * was, its label 0 where none was given (or a thread's cache took the free,
+ * requested 0 then too). The label is forgotten with the block. */
+cuheap_status_t cuh_heap_free_labelled(cuh_heap_t *heap, uintptr_t addr, int device_wide, cuh_stream_t stream,
+                                       cuh_heap_freed_t *freed);
+/* The requested bytes of the live blocks labelled k, added to by_label[k]
+ * (k in 1-255). */
+void cuh_heap_live_by_label(cuh_heap_t *heap, uint64_t by_label[256]);
 /* The program has a stream the heap may not have seen (it created it):
  * device-wide frees must cover it too. */
 cuheap_status_t cuh_heap_register_stream(cuh_heap_t *heap, cuh_stream_t stream);

@@ -180,6 +180,7 @@ typedef struct live_block_s {
     uint32_t index;              /* small object's index in its slab */
     size_t size;                 /* block bytes */
     size_t requested;
+    unsigned label;              /* its allocator's label (cuh_heap_malloc_labelled), 0 for none */
 } live_block_t;
 
 /* How many block sizes the heap follows for recurring page moves. */
@@ -247,13 +248,47 @@ struct cuh_heap_s {
     cuh_tcache_t *tcaches;       /* every thread's cache of this heap (under the lock) */
     size_t device_total;
     size_t limit;
-    int started;
     cuh_segment_t *workspace;
+
+    /* What every allocation and free under the lock reads or writes, in a
+     * few cache lines of its own: a Python program's interpreter empties the
+     * CPU's caches between two tensors, and each line touched is a miss
+     * then (issue 45; scripts/cold_misses.sh counts them). */
+    _Alignas(64) int started;
+    int captures;                /* graph captures underway on this device */
+    int shareable_call;          /* the allocation underway must start a segment of its own */
+    uint32_t contended;          /* see "a thread's large block" below */
+    int device_fences;           /* cfg.device_fences, while the device has them (cuh_hp_record_all_locked) */
+    uint32_t live_other_streams; /* streams neither retired nor the default one (what cuh_hp_next_live_stream
+                                    walks, kept: every device-wide malloc and poll asks) */
+    cuh_slab_t *last_slab;       /* the slab of the last small lookup, or NULL */
+    cuh_extent_t *parked;        /* see "the parked block" below */
+    cuh_tcache_t *large_tcs;     /* see "a thread's large block" below */
+    free_batch_t *open_batch;    /* device-wide frees no event covers yet */
+    cuh_segment_t *vm;           /* see "virtual memory" below */
+    size_t vm_page;
+    size_t physical_pages;       /* held: mapped, or in hand while moving */
+    size_t small_fenced_total;
+    size_t held_bytes;           /* see "holds" below */
+    size_t held_requested;
+    stat_t requested, allocated, reserved, cached, pending;
+    uint64_t num_allocs, num_frees, num_cache_hits;
+    uint64_t sample_every, ops_since_sample;   /* see "timeline" below */
+    size_t last_sampled_reserved;
+    /* The label of the block last counted live and its address: a labelled
+     * malloc (cuh_heap_malloc_labelled) writes its label there. */
+    uint8_t *marked_label;
+    uintptr_t marked_addr;
+    cuh_ptrmap_t held;           /* address -> hold_t (see "holds") */
+    cuh_ptrmap_t uses;           /* address -> use_list_t: streams from record_stream */
+    cuh_ptrmap_t graph;          /* address -> graph pool id, for blocks allocated in a capture */
+    uint64_t num_segment_allocs, num_segment_frees, num_retries, num_ooms;
+    size_t num_holds;            /* holds (below) */
+    size_t num_chunks;           /* chunks lent to threads now (heap_chunks.c) */
 
     cuh_arena_t arena;
     cuh_ptrmap_t blocks;         /* large block address -> extent */
     cuh_pagemap_t pages;         /* 64 KiB page -> slab */
-    cuh_slab_t *last_slab;       /* the slab of the last small lookup, or NULL */
     unsigned keep_class;         /* a class whose allocation waits on a take-back, or CUH_MAX_CLASSES */
     cuh_slab_t *kept_slab;       /* the slab of keep_class that the take-back emptied, kept for it */
     size_class_t classes[CUH_MAX_CLASSES];
@@ -265,29 +300,21 @@ struct cuh_heap_s {
      * handle, and is never fenced or listed. */
     stream_state_t device_wide;
     uint32_t num_streams, cap_streams;
-    uint32_t live_other_streams; /* streams neither retired nor the default one (what cuh_hp_next_live_stream
-                                    walks, kept: every device-wide malloc and poll asks) */
     stream_state_t *last_stream;
 
     cuh_event_t *spare_events;
     size_t num_spare_events, cap_spare_events;
 
-    size_t small_fenced_total;
-    stat_t requested, allocated, reserved, cached, pending;
-    uint64_t num_allocs, num_frees, num_segment_allocs, num_segment_frees;
-    uint64_t num_cache_hits, num_retries, num_ooms;
     uint64_t num_cpu_waits;      /* times the CPU waited for the GPU (an event or the device) */
 
     int has_oom;
     cuh_oom_info_t last_oom;
 
-    /* Blocks the program freed that nobody may reuse yet (see "holds"). */
-    cuh_ptrmap_t held;           /* address -> hold_t */
+    /* Blocks the program freed that nobody may reuse yet ("holds": the map
+     * `held` and the bytes are in the lines above). */
     hold_t **holds;
-    size_t num_holds, cap_holds;
-    size_t held_bytes;
+    size_t cap_holds;
     int took_back;               /* streams waited stream by stream: new streams must wait too (stream_joins_locked) */
-    int device_fences;           /* cfg.device_fences, while the device has them (cuh_hp_record_all_locked) */
     uint64_t allocs_at_take_back; /* num_allocs at the last take-back (cuh_hp_take_back_all_locked) */
     /* Under vmm:1, the events recorded when other streams got memory before
      * the GPU passed its frees (reuse_across_streams): that memory is theirs
@@ -307,25 +334,19 @@ struct cuh_heap_s {
     uint64_t settled_gen;        /* every take-back up to this generation has its work done */
     uint64_t allocs_at_close;    /* num_allocs when the last batch closed (cuh_hp_batches_poll_locked) */
     double closed_at;            /* cuh_hp_seconds_since(born) when the last batch closed (cuh_heap_poll) */
-    size_t held_requested;
-    free_batch_t *open_batch;    /* device-wide frees no event covers yet */
     free_batch_t *spare_batch;   /* a finished batch kept with its arrays for the next (one a cudaFree, else) */
     free_batch_t *closed_batches;
     cuh_heap_fence_t *fences;    /* outstanding fences for memory outside the heap (cuh_heap_fence) */
-    cuh_ptrmap_t uses;           /* address -> use_list_t: streams from record_stream */
-    cuh_ptrmap_t graph;          /* address -> graph pool id, for blocks allocated in a capture */
-    /* Virtual memory (vmm:1): the general region is one reservation whose
-     * pages are mapped on demand; page_handle[i] is the physical allocation
-     * (the unit, page_plan.h) behind page i, 0 when unmapped. */
-    cuh_segment_t *vm;
-    size_t vm_page;
+    /* Virtual memory (vmm:1): the general region is one reservation (`vm`,
+     * above, with the page size) whose pages are mapped on demand;
+     * page_handle[i] is the physical allocation (the unit, page_plan.h)
+     * behind page i, 0 when unmapped. */
     size_t unit_pages;           /* the most pages a new unit holds (vmm_unit) */
     uint64_t *page_handle;
     uint64_t *page_mapped;       /* bit i: page_handle[i] != 0 (ranges test 64 pages a word) */
     uint64_t *page_gen;          /* the last take-back generation that returned memory on page i */
     uint64_t *drain_head;        /* bit i: an old mapping of a unit that moved begins at page i (DRAIN) */
     size_t num_pages, mapped_pages;
-    size_t physical_pages;       /* held: mapped, or in hand while moving */
     size_t pages_high;           /* no page at or above this index was ever mapped */
     uint64_t num_page_maps, num_page_steals;
     uint64_t num_map_calls;      /* vm_map and vm_unmap calls made (a unit a call) */
@@ -348,34 +369,28 @@ struct cuh_heap_s {
     vm_drain_t *stuck_drains;    /* DRAIN ranges whose old mappings the device would not unmap: out of use */
     uint32_t last_take_tag;      /* the tag of the free extent cuh_hp_take_locked cut from last */
     /* The last large block freed on a stream, not yet given back to the
-     * arena (see "the parked block"): still in the block map, counted as
-     * freed. Any other heap operation gives it back first. */
-    cuh_extent_t *parked;
+     * arena (`parked`, above; see "the parked block"): still in the block
+     * map, counted as freed. Any other heap operation gives it back first. */
     stream_state_t *parked_st;   /* the stream it was freed on */
     uint64_t parked_epoch;       /* that stream's fences recorded at the free */
     const cuh_tcache_t *parked_tc;   /* the freeing thread's cache (compared, never followed) */
-    /* Thread caches that hold a large block (see "a thread's large block"),
-     * and how many more uncontended allocations and frees the heap treats as
-     * contended since one found its lock held. */
-    cuh_tcache_t *large_tcs;
-    uint32_t contended;
+    /* Thread caches that hold a large block (`large_tcs`, above; see "a
+     * thread's large block"), and how many more uncontended allocations and
+     * frees the heap treats as contended since one found its lock held
+     * (`contended`, above). */
     int assume_waits;            /* cuh_heap_assume_waits: every large allocation counts as having waited */
-    size_t num_chunks;           /* chunks lent to threads now (heap_chunks.c) */
     uint64_t num_chunks_lent;    /* ever */
     uint64_t chunks_short_at;    /* num_allocs when memory for chunks last ran short */
     const cuh_tcache_t *last_chunk_asker;   /* whose large allocation asked last (compared, never followed) */
     int chunk_call;              /* the allocation underway is a chunk: no heavy ways to memory */
-    int captures;                /* graph captures underway on this device */
-    int shareable_call;          /* the allocation underway must start a segment of its own */
 
-    /* Timeline for reports: a sample every sample_every operations and at
-     * every change of reserved bytes; when full, every other sample goes and
-     * the interval doubles, so it always spans the heap's whole life. */
+    /* Timeline for reports: a sample every sample_every operations (above)
+     * and at every change of reserved bytes; when full, every other sample
+     * goes and the interval doubles, so it always spans the heap's whole
+     * life. */
     struct timespec born;
     cuh_sample_t timeline[CUH_TIMELINE_SAMPLES];
     size_t num_samples;
-    uint64_t sample_every, ops_since_sample;
-    size_t last_sampled_reserved;
     /* Steps the program marked (cuh_heap_mark_step): the counters at the
      * last mark, the last CUH_STEP_HISTORY steps in a ring (the oldest at
      * steps_marked % CUH_STEP_HISTORY once it is full) and the step that

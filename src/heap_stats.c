@@ -229,6 +229,23 @@ static int check_events_locked(const cuh_heap_t *h, char *msg, size_t len)
     return rc;
 }
 
+void cuh_heap_live_by_label(cuh_heap_t *h, uint64_t by_label[256])
+{
+    cuh_lock(&h->lock);
+    for (cuh_segment_t *seg = h->arena.segments; seg; seg = seg->next)
+        for (const cuh_extent_t *e = seg->first; e; e = e->next) {
+            if (e->state == CUH_EXTENT_BLOCK && e->label) {
+                by_label[e->label] += e->requested;
+            } else if (e->state == CUH_EXTENT_SLAB) {
+                const cuh_slab_t *s = e->owner;
+                for (uint32_t i = 0; i < s->num_objs; i++)
+                    if (s->labels[i])
+                        by_label[s->labels[i]] += s->requested[i];
+            }
+        }
+    cuh_unlock(&h->lock);
+}
+
 int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
 {
     cuh_lock(&h->lock);
@@ -242,6 +259,11 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
             } else if (e->state == CUH_EXTENT_BLOCK) {
                 allocated += e->size;
                 requested += e->requested;
+                if (e->label && (e->held || e->owner || e == h->parked)) {
+                    snprintf(msg, len, "block 0x%llx keeps label %u after its free", (unsigned long long)e->addr,
+                             e->label);
+                    rc = -1;
+                }
                 large_owned += e->owner != NULL && !e->chunked;
                 chunked += e->chunked;
                 if (cuh_ptrmap_get(&h->blocks, e->addr) != e) {
@@ -261,9 +283,14 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
                     tcached += (size_t)cuh_slab_bit(s->tcached, i);
                     if (cuh_slab_bit(s->live, i))
                         requested += s->requested[i];
+                    /* A label only on a live object the program holds. */
+                    if (s->labels[i] && (!cuh_slab_bit(s->live, i) || cuh_slab_bit(s->held, i) ||
+                                         cuh_slab_bit(s->tcached, i)))
+                        rc = -1;
                 }
                 if (rc || live != s->num_live || avail != s->num_avail || cuh_pagemap_get(&h->pages, e->addr) != s) {
-                    snprintf(msg, len, "slab 0x%llx: bitmaps disagree with counts or page map", (unsigned long long)e->addr);
+                    snprintf(msg, len, "slab 0x%llx: bitmaps disagree with counts, labels or page map",
+                             (unsigned long long)e->addr);
                     rc = -1;
                 } else if (avail == s->num_objs || h->kept_slab == s) {
                     /* Small objects pin no memory: a slab all of whose

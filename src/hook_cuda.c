@@ -134,26 +134,36 @@ static int cuda_code(cuheap_status_t status, int allocation, unsigned long mark)
  * whose file name contains the ipc_callers text (its blocks may be shared),
  * and that library's number in the report's table of callers (-1 if dladdr
  * cannot name it). dladdr walks the loaded objects and reading the settings
- * takes the runtime's lock, so each thread keeps its last answers (the
- * settings no longer change once a heap serves allocations): allocations
- * come from few call sites. */
+ * takes the runtime's lock (the settings no longer change once a heap serves
+ * allocations), so the answers are kept, for the few call sites that
+ * allocate, in a table the process's threads share: one word a caller (its
+ * address << 8 | (library + 1) << 1 | shares), read with one load, written
+ * only when a caller is new. A table of each thread's own cost every
+ * cudaMalloc a trip through __tls_get_addr, whose lines a Python program's
+ * interpreter has pushed out of the CPU's caches by then (issue 45). */
 typedef struct caller_info_s {
     int shares;
     int library;
 } caller_info_t;
 
+#define CALLER_SLOTS 256   /* a power of two */
+#define CALLER_PROBES 4    /* slots looked at from a caller's own, within a cache line */
+static _Atomic uint64_t caller_slots[CALLER_SLOTS];
+
 static caller_info_t caller_info(const void *caller)
 {
-    enum { REMEMBERED = 8 };
-    static _Thread_local const void *seen[REMEMBERED];
-    static _Thread_local caller_info_t answer[REMEMBERED];
-    static _Thread_local unsigned next;
     caller_info_t info = {0, -1};
+    const uint64_t key = (uint64_t)(uintptr_t)caller;
     if (!caller)
         return info;
-    for (unsigned i = 0; i < REMEMBERED; i++)
-        if (seen[i] == caller)
-            return answer[i];
+    const unsigned home = (unsigned)((key * 0x9E3779B97F4A7C15ull) >> 56) & (CALLER_SLOTS - CALLER_PROBES);
+    for (unsigned i = 0; i < CALLER_PROBES && !(key >> 56); i++) {
+        const uint64_t v = atomic_load_explicit(&caller_slots[home + i], memory_order_relaxed);
+        if (v >> 8 == key)
+            return (caller_info_t){(int)(v & 1), (int)((v >> 1) & 127) - 1};
+        if (!v)
+            break;
+    }
     const char *text = cuh_runtime_config()->ipc_callers;
     Dl_info where;
     if (dladdr(caller, &where) && where.dli_fname) {
@@ -162,9 +172,18 @@ static caller_info_t caller_info(const void *caller)
         info.shares = text[0] && strstr(name, text) != NULL;
         info.library = cuh_callers_id(name);
     }
-    seen[next % REMEMBERED] = caller;
-    answer[next % REMEMBERED] = info;
-    next++;
+    if (key >> 56)
+        return info;   /* no room in a word for such an address: asked each time */
+    /* The first empty slot of the caller's, else its own: two threads that
+     * meet here store the same answer, or another caller's, asked again. */
+    unsigned slot = home;
+    for (unsigned i = 0; i < CALLER_PROBES; i++)
+        if (!atomic_load_explicit(&caller_slots[home + i], memory_order_relaxed)) {
+            slot = home + i;
+            break;
+        }
+    const uint64_t v = key << 8 | (uint64_t)(info.library + 1) << 1 | (uint64_t)info.shares;
+    atomic_store_explicit(&caller_slots[slot], v, memory_order_relaxed);
     return info;
 }
 
@@ -175,9 +194,18 @@ int cuh_hook_malloc(const char *fn, void **ptr, size_t size, int device, cuh_hoo
     const unsigned long mark = begin_call();
     caller_info_t who = caller_info(caller);
     int shareable = stream.device_wide && who.shares;
-    cuheap_status_t status = cuh_runtime_malloc(fn, ptr, size, device, stream.device_wide, shareable, stream.stream);
-    if (status == CUHEAP_OK)
-        cuh_callers_alloc((uintptr_t)*ptr, size, device, who.library);
+    /* cudaMalloc's block carries its library's label in the heap's record;
+     * a stream-ordered one (a thread's cache may serve it) is recorded by
+     * address (callers.h). */
+    const unsigned label = stream.device_wide && who.library >= 0 ? cuh_callers_label(who.library) : 0;
+    cuheap_status_t status =
+        cuh_runtime_malloc(fn, ptr, size, device, stream.device_wide, shareable, stream.stream, label);
+    if (status == CUHEAP_OK && *ptr) {
+        if (label)
+            cuh_callers_count_alloc(who.library, size);
+        else
+            cuh_callers_alloc((uintptr_t)*ptr, size, device, who.library);
+    }
     /* Out of memory was explained already; anything else is unexpected (at
      * most a line a second: a program may retry in a loop). */
     if (status != CUHEAP_OK && status != CUHEAP_ERR_OUT_OF_MEMORY) {
@@ -217,10 +245,13 @@ int cuh_hook_free(const char *fn, void *ptr, cuh_hook_stream_t stream, int *code
 {
     interposing();
     const unsigned long mark = begin_call();
-    cuheap_status_t status = cuh_runtime_free_owned(fn, ptr, stream.device_wide, stream.stream);
+    cuh_heap_freed_t freed;
+    cuheap_status_t status = cuh_runtime_free_owned(fn, ptr, stream.device_wide, stream.stream, &freed);
     if (status == CUHEAP_ERR_NOT_OWNED)
         return 0;
-    if (status == CUHEAP_OK)
+    if (status == CUHEAP_OK && freed.label)
+        cuh_callers_count_free((int)freed.label - 1, freed.requested);
+    else if (status == CUHEAP_OK)
         cuh_callers_free((uintptr_t)ptr);
     else
         print_program_error(fn, ptr);

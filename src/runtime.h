@@ -40,13 +40,17 @@ cuh_device_t *cuh_runtime_device(int device);
 
 /* Allocates on `device` (CUHEAP_CURRENT_DEVICE: the thread's) for `stream`,
  * or device-wide, then with `shareable` starting a segment of its own (see
- * cuh_heap_malloc_shareable); as cuheap_malloc, with `fn` naming the caller. */
+ * cuh_heap_malloc_shareable); as cuheap_malloc, with `fn` naming the caller;
+ * the block labelled `label` (0: none; cuh_heap_malloc_labelled). */
 cuheap_status_t cuh_runtime_malloc(const char *fn, void **ptr, size_t size, int device, int device_wide,
-                                   int shareable, cuh_stream_t stream);
-/* Frees `ptr` in whichever heap owns it. CUHEAP_ERR_NOT_OWNED when none
- * does (the hooks pass such pointers to CUDA); a double free or a pointer
- * inside a block is an error with its message set. */
-cuheap_status_t cuh_runtime_free_owned(const char *fn, void *ptr, int device_wide, cuh_stream_t stream);
+                                   int shareable, cuh_stream_t stream, unsigned label);
+/* Frees `ptr` in whichever heap owns it; on success *freed (if not NULL)
+ * gives its requested bytes and label (cuh_heap_free_labelled).
+ * CUHEAP_ERR_NOT_OWNED when none does (the hooks pass such pointers to
+ * CUDA); a double free or a pointer inside a block is an error with its
+ * message set. */
+cuheap_status_t cuh_runtime_free_owned(const char *fn, void *ptr, int device_wide, cuh_stream_t stream,
+                                       cuh_heap_freed_t *freed);
 /* The device whose heap holds `addr` in a segment, or -1. */
 int cuh_runtime_owner(uintptr_t addr);
 /* A stream is about to be destroyed: every heap records its last event. */

@@ -1,6 +1,7 @@
 /* slab.c - slab records: bitmaps of live and avail objects (see slab.h).
  *
- * The bitmaps and the requested sizes share one host allocation per slab.
+ * The bitmaps, the requested sizes and the labels share one host allocation
+ * per slab.
  * Taking an object scans the avail bitmap a word at a time from a hint, so a
  * slab of 2048 objects is found free in a few instructions.
  */
@@ -13,7 +14,7 @@ cuh_slab_t *cuh_slab_create(cuh_extent_t *ext, uint32_t size_class, size_t obj_s
 {
     uint32_t n = (uint32_t)(ext->size / obj_size);
     size_t words = (n + 63) / 64;
-    cuh_slab_t *s = calloc(1, sizeof *s + 4 * words * sizeof(uint64_t) + n * sizeof(uint32_t));
+    cuh_slab_t *s = calloc(1, sizeof *s + 4 * words * sizeof(uint64_t) + n * sizeof(uint32_t) + n);
     if (!s)
         return NULL;
     s->avail = (uint64_t *)(void *)(s + 1);
@@ -21,6 +22,7 @@ cuh_slab_t *cuh_slab_create(cuh_extent_t *ext, uint32_t size_class, size_t obj_s
     s->tcached = s->live + words;
     s->held = s->tcached + words;
     s->requested = (uint32_t *)(void *)(s->held + words);
+    s->labels = (uint8_t *)(s->requested + n);
     s->extent = ext;
     s->base = ext->addr;
     s->obj_size = obj_size;

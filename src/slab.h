@@ -1,7 +1,8 @@
 /* slab.h - slabs: extents of the arena cut into equal objects of one size
  * class, for small requests.
  *
- * A slab records, per object, four bits and the requested size:
+ * A slab records, per object, four bits, the requested size and a label (the
+ * allocator's, cuh_heap_malloc_labelled; 0 for none):
  *   live   handed out to the program (cleared at free: a second free finds it
  *          clear and is reported as a double free);
  *   avail  back in the slab, free for any stream. An object that is neither
@@ -39,6 +40,7 @@ typedef struct cuh_slab_s {
     struct cuh_slab_s *prev, *next;   /* in its class's list of slabs with avail objects */
     int listed;
     uint32_t *requested;
+    uint8_t *labels;
     uint64_t *avail;
     uint64_t *live;
     uint64_t *tcached;

@@ -193,12 +193,45 @@ static void test_threads_leave_every_count_exact(void **state)
     assert_int_equal(allocs, THREADS * PER_THREAD);
 }
 
+/* Labelled blocks (cudaMalloc's, whose label the heap keeps) count with the
+ * blocks recorded by address: live, peak and allocations add up per library;
+ * a device that is gone takes its labelled bytes out (as the heap's
+ * cuh_heap_live_by_label gives them). */
+static void test_labelled_blocks_count_beside_recorded_ones(void **state)
+{
+    (void)state;
+    int torch = cuh_callers_id("libc10_cuda.so");
+    assert_int_equal(cuh_callers_label(torch), (unsigned)torch + 1);
+    cuh_callers_count_alloc(torch, 1000);
+    cuh_callers_count_alloc(torch, 3000);
+    cuh_callers_alloc(0x10000, 500, 0, torch);   /* a stream-ordered one, by address */
+    cuh_callers_count_free(torch, 1000);
+    cuh_callers_count_alloc(-1, 77);             /* no library: nothing */
+    cuh_callers_count_alloc(CUH_CALLERS_MAX, 77);
+    cuh_caller_stat_t c[CUH_CALLERS_MAX];
+    size_t n = cuh_callers_snapshot(c, CUH_CALLERS_MAX);
+    assert_int_equal(n, 1);
+    assert_int_equal(c[0].live, 3500);
+    assert_int_equal(c[0].peak, 4500);
+    assert_int_equal(c[0].allocs, 3);
+    uint64_t by_label[256] = {0};
+    by_label[cuh_callers_label(torch)] = 3000;
+    cuh_callers_forget_labelled(by_label);
+    n = cuh_callers_snapshot(c, CUH_CALLERS_MAX);
+    assert_int_equal(c[0].live, 500);
+    cuh_callers_free(0x10000);
+    n = cuh_callers_snapshot(c, CUH_CALLERS_MAX);
+    assert_int_equal(c[0].live, 0);
+    assert_int_equal(c[0].peak, 4500);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_names_get_one_number_each, reset),
         cmocka_unit_test_setup(test_after_31_libraries_the_rest_are_other_libraries, reset),
         cmocka_unit_test_setup(test_live_peak_and_allocations_follow_allocs_and_frees, reset),
+        cmocka_unit_test_setup(test_labelled_blocks_count_beside_recorded_ones, reset),
         cmocka_unit_test_setup(test_the_live_summary_names_the_three_holding_most, reset),
         cmocka_unit_test_setup(test_a_reset_device_takes_its_blocks_out, reset),
         cmocka_unit_test_setup(test_threads_leave_every_count_exact, reset),

@@ -2,8 +2,9 @@
  * proved on the simulated device: alignment and disjointness of blocks; a
  * double free or a foreign pointer leaves the heap intact; the limit caps
  * reserved bytes; release-and-retry happens before an out-of-memory; the
- * workspace is used first; statistics are exact; random operations and
- * concurrent threads never get overlapping blocks. The rules of the heap's
+ * workspace is used first; statistics are exact; a block's label comes back
+ * at its free and goes with it; random operations and concurrent threads
+ * never get overlapping blocks. The rules of the heap's
  * other rooms are proved in test_heap_ROOM.c (helpers in heap_test.h).
  * Every test ends by checking the heap's books (heap_ok).
  */
@@ -523,10 +524,72 @@ static void test_a_lost_device_refuses_new_work_and_reports_still_render(void **
     }
 }
 
+/* ---- labels ------------------------------------------------------------------ */
+
+/* A block's label comes back at its free, with the bytes it was asked for,
+ * for small objects and blocks, device-wide and on a stream; the live
+ * labelled bytes add up by label; the label goes with the block: memory a
+ * thread's cache hands out again (no label set on that path) frees with
+ * none. A label over 255 is refused. */
+static void test_a_label_comes_back_at_its_free_and_goes_with_the_block(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(4 * GiB, NULL);
+    const size_t sizes[] = {700, 40 * KiB, 3 * MiB + 5};
+    uintptr_t a[3][2];
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(cuh_heap_malloc_labelled(t.heap, sizes[k], 1, 0, 0, 7, &a[k][0]), CUHEAP_OK);
+        assert_int_equal(cuh_heap_malloc_labelled(t.heap, sizes[k], 0, 0, S1, 9, &a[k][1]), CUHEAP_OK);
+    }
+    uint64_t by_label[256] = {0};
+    cuh_heap_live_by_label(t.heap, by_label);
+    assert_int_equal(by_label[7], 700 + 40 * KiB + 3 * MiB + 5);
+    assert_int_equal(by_label[9], 700 + 40 * KiB + 3 * MiB + 5);
+    heap_ok(t.heap);
+    for (int k = 0; k < 3; k++) {
+        cuh_heap_freed_t f;
+        assert_int_equal(cuh_heap_free_labelled(t.heap, a[k][0], 1, 0, &f), CUHEAP_OK);
+        assert_int_equal(f.label, 7);
+        assert_int_equal(f.requested, sizes[k]);
+        assert_int_equal(cuh_heap_free_labelled(t.heap, a[k][1], 0, S1, &f), CUHEAP_OK);
+        assert_int_equal(f.label, 9);
+        assert_int_equal(f.requested, sizes[k]);
+    }
+    memset(by_label, 0, sizeof by_label);
+    cuh_heap_live_by_label(t.heap, by_label);
+    for (int k = 0; k < 256; k++)
+        assert_int_equal(by_label[k], 0);
+    heap_ok(t.heap);
+    /* Freed on its stream, a small object goes to the thread's cache, which
+     * hands it out again without the lock: it must not bring its old label. */
+    uintptr_t x, y;
+    assert_int_equal(cuh_heap_malloc_labelled(t.heap, 700, 0, 0, S1, 5, &x), CUHEAP_OK);
+    cuh_heap_freed_t f;
+    assert_int_equal(cuh_heap_free_labelled(t.heap, x, 0, S1, &f), CUHEAP_OK);
+    assert_int_equal(f.label, 5);
+    assert_int_equal(cuh_heap_malloc(t.heap, 700, S1, &y), CUHEAP_OK);
+    assert_int_equal(y, x);   /* from the thread's cache */
+    heap_ok(t.heap);
+    assert_int_equal(cuh_heap_free_labelled(t.heap, y, 0, S1, &f), CUHEAP_OK);
+    assert_int_equal(f.label, 0);
+    /* The same for a block through the parked place and the arena. */
+    assert_int_equal(cuh_heap_malloc_labelled(t.heap, 3 * MiB, 1, 0, 0, 6, &x), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_labelled(t.heap, x, 1, 0, &f), CUHEAP_OK);
+    assert_int_equal(f.label, 6);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 3 * MiB, &y), CUHEAP_OK);
+    assert_int_equal(cuh_heap_free_labelled(t.heap, y, 1, 0, &f), CUHEAP_OK);
+    assert_int_equal(f.label, 0);
+    assert_int_equal(cuh_heap_malloc_labelled(t.heap, 512, 1, 0, 0, 256, &x), CUHEAP_ERR_INVALID_ARGUMENT);
+    assert_int_equal(x, 0);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_block_is_512_aligned_and_disjoint),
+        cmocka_unit_test(test_a_label_comes_back_at_its_free_and_goes_with_the_block),
         cmocka_unit_test(test_zero_size_gives_null_and_ok),
         cmocka_unit_test(test_set_limit_applies_and_releases_what_is_over),
         cmocka_unit_test(test_double_free_is_an_error_and_changes_nothing),
