@@ -5,7 +5,9 @@
 # cudaMalloc/cudaFree on the fake CUDA libraries (bench/bench_preload.c), and
 # what one tensor costs on each way in, with the driver calls it makes, beside
 # the floor's (bench/bench_per_tensor.c), and the instructions one tensor
-# costs on each way in (scripts/instructions.sh, where valgrind is installed).
+# costs on each way in (scripts/instructions.sh, where valgrind is installed),
+# and the cache lines a cudaMalloc+cudaFree pair misses when the CPU's caches
+# were emptied before each call, as Python empties them (scripts/cold_misses.sh).
 # Machines are noisy: compare figures of one run.
 set -euo pipefail
 build=${1:-build}
@@ -38,3 +40,6 @@ FLOOR_ARENA=4G LD_PRELOAD="$floor/libfloor_preload.so" "$build/bench_per_tensor"
 echo
 echo "== instructions per tensor on each way in (scripts/instructions.sh: callgrind, steady against the machine's noise)"
 scripts/instructions.sh "$build"
+echo
+echo "== cache lines a pair misses under LD_PRELOAD, caches emptied before each call (scripts/cold_misses.sh)"
+scripts/cold_misses.sh "$build"
