@@ -483,6 +483,23 @@ static cuheap_status_t lost_during_malloc_locked(cuh_heap_t *h, uintptr_t *addr)
     return refuse_lost(h);
 }
 
+/* Block addr, just allocated, takes `label`: where the call counted it live
+ * (the usual case: no lookup), else found by its address. */
+static void set_label_locked(cuh_heap_t *h, uintptr_t addr, unsigned label)
+{
+    if (h->marked_label && h->marked_addr == addr) {
+        *h->marked_label = (uint8_t)label;
+        return;
+    }
+    cuh_extent_t *e = cuh_ptrmap_get(&h->blocks, addr);
+    cuh_slab_t *s = e ? NULL : cuh_hp_slab_of_locked(h, addr);
+    int64_t i = s ? cuh_slab_index(s, addr) : -1;
+    if (e)
+        e->label = (uint8_t)label;
+    else if (i >= 0)
+        s->labels[i] = (uint8_t)label;
+}
+
 /* How heap_malloc allocates: for every stream at once, and then with a
  * segment of its own (cuh_heap_malloc_shareable). Flags rather than two
  * arguments: a seventh would go on the stack, on every malloc. */
@@ -505,6 +522,7 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, unsigned how, cuh
         return CUHEAP_ERR_OUT_OF_MEMORY;
     }
     int waited = cuh_hp_heap_lock(h);
+    h->marked_label = NULL;   /* only a block counted live by this call takes its label */
     if (cuh_unlikely(!h->started))
         start_locked(h);
     cuheap_status_t status;
@@ -543,8 +561,8 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, unsigned how, cuh
     h->shareable_call = 0;
     if (cuh_unlikely(atomic_load_explicit(&h->dev->lost, memory_order_relaxed)) && status == CUHEAP_OK)
         status = lost_during_malloc_locked(h, addr);
-    if (status == CUHEAP_OK && label && h->marked_addr == *addr && h->marked_label)
-        *h->marked_label = (uint8_t)label;
+    if (status == CUHEAP_OK && label && *addr)
+        set_label_locked(h, *addr, label);
     if (status == CUHEAP_OK) {
         h->num_allocs++;
         /* A block allocated during a capture belongs to the graph's pool: its

@@ -585,11 +585,58 @@ static void test_a_label_comes_back_at_its_free_and_goes_with_the_block(void **s
     test_heap_free(&t);
 }
 
+/* Every way a labelled block can be cut keeps its label: plain segments,
+ * a segment of its own (shareable, ipc_safe), the reservation, small and
+ * large; a step plan's window; the labelled bytes add up, then all go. */
+static void test_every_way_a_block_is_cut_keeps_its_label(void **state)
+{
+    (void)state;
+    const char *confs[] = {NULL, "vmm:0", "vmm:0,ipc_safe:1", "ipc_safe:1", "step_plan:1", "vmm:0,small_max:0"};
+    const size_t sizes[] = {100, 9 * KiB, 64 * KiB, 70 * KiB, 2 * MiB, 9 * MiB + 3};
+    for (size_t c = 0; c < sizeof confs / sizeof confs[0]; c++) {
+        test_heap_t t = test_heap_new(4 * GiB, confs[c]);
+        enum { N = 6 * 3 };
+        uintptr_t a[N];
+        unsigned label[N];
+        uint64_t want[256] = {0};
+        for (int k = 0; k < N; k++) {
+            const int way = k % 3;   /* device-wide, shareable, on a stream */
+            const size_t size = sizes[k / 3];
+            label[k] = 1 + (unsigned)k * 13 % 255;
+            assert_int_equal(cuh_heap_malloc_labelled(t.heap, size, way < 2, way == 1, way == 2 ? S1 : 0, label[k],
+                                                      &a[k]),
+                             CUHEAP_OK);
+            want[label[k]] += size;
+        }
+        uint64_t by_label[256] = {0};
+        cuh_heap_live_by_label(t.heap, by_label);
+        for (int k = 0; k < 256; k++)
+            if (by_label[k] != want[k])
+                fail_msg("settings %s: label %d holds %llu bytes, %llu allocated", confs[c] ? confs[c] : "default", k,
+                         (unsigned long long)by_label[k], (unsigned long long)want[k]);
+        heap_ok(t.heap);
+        for (int k = 0; k < N; k++) {
+            cuh_heap_freed_t f;
+            assert_int_equal(cuh_heap_free_labelled(t.heap, a[k], k % 3 < 2, k % 3 == 2 ? S1 : 0, &f), CUHEAP_OK);
+            if (f.label != label[k] || f.requested != sizes[k / 3])
+                fail_msg("settings %s: block %d freed with label %u and %zu bytes, allocated with %u and %zu",
+                         confs[c] ? confs[c] : "default", k, f.label, f.requested, label[k], sizes[k / 3]);
+        }
+        memset(by_label, 0, sizeof by_label);
+        cuh_heap_live_by_label(t.heap, by_label);
+        for (int k = 0; k < 256; k++)
+            assert_int_equal(by_label[k], 0);
+        heap_ok(t.heap);
+        test_heap_free(&t);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_block_is_512_aligned_and_disjoint),
         cmocka_unit_test(test_a_label_comes_back_at_its_free_and_goes_with_the_block),
+        cmocka_unit_test(test_every_way_a_block_is_cut_keeps_its_label),
         cmocka_unit_test(test_zero_size_gives_null_and_ok),
         cmocka_unit_test(test_set_limit_applies_and_releases_what_is_over),
         cmocka_unit_test(test_double_free_is_an_error_and_changes_nothing),
