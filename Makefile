@@ -221,7 +221,7 @@ PRELOAD_PROGRAMS := $(PRELOAD_DIR)/fault_checks $(PRELOAD_DIR)/runtime_shared $(
                     $(PRELOAD_DIR)/no_cuda $(PRELOAD_DIR)/rtld_next $(PRELOAD_DIR)/libnccl_fake.so \
                     $(PRELOAD_DIR)/floor_checks
 PRELOAD_CFLAGS := -std=c11 -O1 -g -Wall -Wextra -Werror -Iinclude -Itests/fake -Itests/preload -pthread
-PRELOAD_SUPPORT := tests/preload/support.c tests/preload/support.h tests/fake/fake_cuda.h include/cuheap.h
+PRELOAD_SUPPORT := tests/preload/support.c tests/preload/support.h tests/fake/fake_cuda.h include/cuheap.h tests/plan_report.h
 
 $(FAKE_CUDART): tests/fake/fake_cudart.c tests/fake/fake_cudart.h
 	@mkdir -p $(dir $@)

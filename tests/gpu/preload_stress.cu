@@ -60,6 +60,7 @@
 #include <dlfcn.h>
 
 #include "cuheap.h"   /* types only: the program reaches cuheap through dlsym */
+#include "../plan_report.h"
 #include <pthread.h>
 #include <spawn.h>
 #include <stdint.h>
@@ -322,44 +323,6 @@ static void check_promise(void)
 
 /* ---- h. steps ------------------------------------------------------------ */
 
-/* "N made" and "N blocks placed" from cuheap's text report, and whether it
- * says steps were found; -1 if there is no report. */
-static int plan_figures(long *made, long *placed, int *found)
-{
-    void *sym = dlsym(RTLD_DEFAULT, "cuheap_dump_report");
-    if (!sym)
-        return -1;
-    cuheap_status_t (*dump)(const char *, cuheap_report_format_t) =
-        (cuheap_status_t (*)(const char *, cuheap_report_format_t))sym;
-    char path[] = "/tmp/preload_stress_report_XXXXXX";
-    int fd = mkstemp(path);
-    if (fd < 0)
-        return -1;
-    close(fd);
-    int rc = -1;
-    *made = *placed = 0;
-    *found = 0;
-    if (dump(path, CUHEAP_REPORT_TEXT) == CUHEAP_OK) {
-        FILE *f = fopen(path, "r");
-        char line[512];
-        while (f && fgets(line, sizeof line, f)) {
-            const char *at = strstr(line, "step plans (step_plan:1): ");
-            if (at) {
-                sscanf(at, "step plans (step_plan:1): %ld made", made);
-                const char *comma = strstr(at, "; ");
-                if (comma)
-                    sscanf(comma, "; %ld blocks placed", placed);
-                rc = 0;
-            }
-            if (strstr(line, "steps found in the allocations"))
-                *found = 1;
-        }
-        if (f)
-            fclose(f);
-    }
-    unlink(path);
-    return rc;
-}
 
 static void check_steps(int expect_plan)
 {
@@ -416,7 +379,7 @@ static void check_steps(int expect_plan)
     cudaStreamDestroy(check);
     long made = 0, placed = 0;
     int found = 0;
-    const int have = plan_figures(&made, &placed, &found);
+    const int have = plan_report_figures(&made, &placed, &found);
     char detail[240];
     snprintf(detail, sizeof detail, "%d steps, %d cudaMalloc's, corrupted bytes %llu, %s; plans %ld, blocks placed %ld%s",
              STEPS, allocs, bad, cudaGetErrorString(e), made, placed,

@@ -12,6 +12,7 @@
 #define _GNU_SOURCE
 #include "fake_cudart.h"
 #include "support.h"
+#include "../plan_report.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -592,34 +593,6 @@ static void check_stream_destroy(void)
 
 /* ---- step plans for a program that marks no steps ------------------------------ */
 
-/* From cuheap's text report (dumped through dlsym, as the program does not
- * link cuheap): plans made, blocks placed by them, and whether steps were
- * found in the allocations. 0, or -1 without the report's plan line. */
-static int plan_figures(long *made, long *placed, int *found)
-{
-    cuheap_status_t (*dump)(const char *, cuheap_report_format_t) =
-        (cuheap_status_t (*)(const char *, cuheap_report_format_t))dlsym(RTLD_DEFAULT, "cuheap_dump_report");
-    char path[] = "/tmp/runtime_checks_report_XXXXXX";
-    int fd = mkstemp(path), rc = -1;
-    *made = *placed = 0;
-    *found = 0;
-    if (fd < 0 || !dump)
-        return -1;
-    close(fd);
-    FILE *f = dump(path, CUHEAP_REPORT_TEXT) == CUHEAP_OK ? fopen(path, "r") : NULL;
-    char line[1024];
-    while (f && fgets(line, sizeof line, f)) {
-        const char *at = strstr(line, "step plans (step_plan:1): "), *semi = at ? strstr(at, "; ") : NULL;
-        if (at && semi && sscanf(at, "step plans (step_plan:1): %ld made", made) == 1 &&
-            sscanf(semi, "; %ld blocks placed", placed) == 1)
-            rc = 0;
-        *found |= strstr(line, "steps found in the allocations") != NULL;
-    }
-    if (f)
-        fclose(f);
-    unlink(path);
-    return rc;
-}
 
 /* A training loop that marks no steps, run with step_plan:1 (and
  * vmm_margin:0, so that pages move every step until a plan is in force):
@@ -701,7 +674,7 @@ static void check_steps_planned(void)
     expect(corrupt == 0, "checks saw %lu bytes of later blocks", corrupt);
     long made = 0, placed = 0;
     int found = 0;
-    expect(plan_figures(&made, &placed, &found) == 0, "cuheap's report has no step plans line (step_plan:1 not set?)");
+    expect(plan_report_figures(&made, &placed, &found) == 0, "cuheap's report has no step plans line (step_plan:1 not set?)");
     expect(found, "cuheap found no steps in the allocations");
     expect(made >= 1 && placed >= 4 * BLOCKS, "plans made %ld, blocks placed by them %ld", made, placed);
     expect(same_place >= 4 * PAIRS, "the second blocks took the first ones' places %d times", same_place);
