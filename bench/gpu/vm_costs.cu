@@ -16,18 +16,11 @@
 int main()
 {
     const int PAGES = 512, ROUNDS = 5;
-    cudaFree(0);   // the primary context
-    CUdevice dev;
-    CHECK(cuCtxGetDevice(&dev));
-    CUmemAllocationProp prop = {};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = (int)dev;
-    size_t page = 0;
-    CHECK(cuMemGetAllocationGranularity(&page, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-    CUmemAccessDesc access = {};
-    access.location = prop.location;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    vm_device d;
+    CHECK(vm_device_open(&d));
+    const CUmemAllocationProp prop = d.prop;
+    const CUmemAccessDesc access = d.access;
+    const size_t page = d.page;
     std::vector<CUmemGenericAllocationHandle> h(PAGES);
     for (auto &x : h) CHECK(cuMemCreate(&x, page, &prop, 0));
     CUdeviceptr va;

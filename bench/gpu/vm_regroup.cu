@@ -37,15 +37,11 @@ static int scatter(CUdeviceptr from, std::vector<CUmemGenericAllocationHandle> &
 int main()
 {
     const int ROUNDS = 5;
-    cudaFree(0);   // the primary context
-    CUdevice dev;
-    CHECK(cuCtxGetDevice(&dev));
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = (int)dev;
-    CHECK(cuMemGetAllocationGranularity(&page, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-    access.location = prop.location;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    vm_device d;
+    CHECK(vm_device_open(&d));
+    prop = d.prop;
+    access = d.access;
+    page = d.page;
     const size_t KMAX = 256;
     CUdeviceptr from, to;
     CHECK(cuMemAddressReserve(&from, 2 * KMAX * page, 0, 0, 0));

@@ -24,20 +24,13 @@ __global__ void nothing() {}
 int main()
 {
     const int PAGES = 512, ROUNDS = 5, LAUNCHES = 2000;
-    cudaFree(0);
-    CUdevice dev;
-    CHECK(cuCtxGetDevice(&dev));
+    vm_device d;
+    CHECK(vm_device_open(&d));
     CUcontext ctx;
     CHECK(cuCtxGetCurrent(&ctx));
-    CUmemAllocationProp prop = {};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = (int)dev;
-    size_t page = 0;
-    CHECK(cuMemGetAllocationGranularity(&page, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-    CUmemAccessDesc access = {};
-    access.location = prop.location;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    const CUmemAllocationProp prop = d.prop;
+    const CUmemAccessDesc access = d.access;
+    const size_t page = d.page;
     std::vector<CUmemGenericAllocationHandle> h(PAGES);
     for (auto &x : h) CHECK(cuMemCreate(&x, page, &prop, 0));
     CUdeviceptr old_va, new_va;
