@@ -296,7 +296,6 @@ static inline cuheap_status_t heap_free(cuh_heap_t *h, uintptr_t addr, int devic
 static cuheap_status_t free_block(const char *fn, void *ptr, int device, int device_wide, cuheap_stream_t stream,
                                   cuh_heap_freed_t *freed)
 {
-
     if (!ptr)
         return CUHEAP_OK;
     uintptr_t addr = (uintptr_t)ptr;

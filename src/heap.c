@@ -243,7 +243,6 @@ cuh_extent_t *cuh_hp_extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
 void cuh_hp_large_mark_live_locked(cuh_heap_t *h, cuh_extent_t *e, size_t size)
 {
     e->requested = size;
-    e->label = 0;
     h->marked_label = &e->label;
     h->marked_addr = e->addr;
     cuh_hp_stat_set(&h->requested, h->requested.current + size);
@@ -483,23 +482,6 @@ static cuheap_status_t lost_during_malloc_locked(cuh_heap_t *h, uintptr_t *addr)
     return refuse_lost(h);
 }
 
-/* Block addr, just allocated, takes `label`: where the call counted it live
- * (the usual case: no lookup), else found by its address. */
-static void set_label_locked(cuh_heap_t *h, uintptr_t addr, unsigned label)
-{
-    if (h->marked_label && h->marked_addr == addr) {
-        *h->marked_label = (uint8_t)label;
-        return;
-    }
-    cuh_extent_t *e = cuh_ptrmap_get(&h->blocks, addr);
-    cuh_slab_t *s = e ? NULL : cuh_hp_slab_of_locked(h, addr);
-    int64_t i = s ? cuh_slab_index(s, addr) : -1;
-    if (e)
-        e->label = (uint8_t)label;
-    else if (i >= 0)
-        s->labels[i] = (uint8_t)label;
-}
-
 /* How heap_malloc allocates: for every stream at once, and then with a
  * segment of its own (cuh_heap_malloc_shareable). Flags rather than two
  * arguments: a seventh would go on the stack, on every malloc. */
@@ -561,8 +543,11 @@ static cuheap_status_t heap_malloc(cuh_heap_t *h, size_t size, unsigned how, cuh
     h->shareable_call = 0;
     if (cuh_unlikely(atomic_load_explicit(&h->dev->lost, memory_order_relaxed)) && status == CUHEAP_OK)
         status = lost_during_malloc_locked(h, addr);
-    if (status == CUHEAP_OK && label && *addr)
-        set_label_locked(h, *addr, label);
+    /* Every block a labelled malloc can hand out was counted live by this
+     * call, which left where its label goes (the parked one, above, takes
+     * it there): no lookup. */
+    if (status == CUHEAP_OK && label && h->marked_label && h->marked_addr == *addr)
+        *h->marked_label = (uint8_t)label;
     if (status == CUHEAP_OK) {
         h->num_allocs++;
         /* A block allocated during a capture belongs to the graph's pool: its

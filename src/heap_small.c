@@ -111,7 +111,6 @@ static void small_mark_live_locked(cuh_heap_t *h, cuh_slab_t *s, uintptr_t addr,
     uint32_t i = (uint32_t)cuh_slab_index(s, addr);
     cuh_slab_set(s->live, i);
     s->requested[i] = (uint32_t)size;
-    s->labels[i] = 0;
     h->marked_label = &s->labels[i];
     h->marked_addr = addr;
     s->num_live++;
