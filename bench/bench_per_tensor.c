@@ -129,28 +129,44 @@ static void sweep(void)
         sweep_buf[i]++;
 }
 
-/* With --cold: nanoseconds spent in pairs alone, clock reads included. */
+/* With --cold: nanoseconds spent in the calls alone, clock reads included. */
 static double cold_ns;
+
+/* take and give, with --cold each after a sweep and timed alone. */
+static void *take_cold(size_t size)
+{
+    if (!sweep_bytes)
+        return take(size);
+    sweep();
+    double t0 = now_ns();
+    void *p = take(size);
+    cold_ns += now_ns() - t0;
+    return p;
+}
+
+static void give_cold(void *p, size_t size)
+{
+    if (!sweep_bytes) {
+        give(p, size);
+        return;
+    }
+    sweep();
+    double t0 = now_ns();
+    give(p, size);
+    cold_ns += now_ns() - t0;
+}
 
 /* n allocation+free pairs of `size`, or of the mixed live set (size 0). */
 static void pairs(long n, size_t size)
 {
-    if (size && sweep_bytes) {
-        for (long i = 0; i < n; i++) {
-            sweep();
-            double t0 = now_ns();
-            void *p = take(size);
-            cold_ns += now_ns() - t0;
-            sweep();
-            t0 = now_ns();
-            give(p, size);
-            cold_ns += now_ns() - t0;
-        }
+    if (size && !sweep_bytes) {
+        for (long i = 0; i < n; i++)
+            give(take(size), size);
         return;
     }
     if (size) {
         for (long i = 0; i < n; i++)
-            give(take(size), size);
+            give_cold(take_cold(size), size);
         return;
     }
     void *live[MIXED_WINDOW] = {0};
@@ -158,18 +174,9 @@ static void pairs(long n, size_t size)
     for (long i = 0; i < n; i++) {
         /* The new one first, then the oldest goes, as per_tensor.py's deque. */
         size_t k = (size_t)i % MIXED_WINDOW, size_now = mixed_sizes[(size_t)i % NUM_MIXED];
-        sweep();
-        double t0 = sweep_bytes ? now_ns() : 0;
-        void *p = take(size_now);
-        if (sweep_bytes) {
-            cold_ns += now_ns() - t0;
-            sweep();
-            t0 = now_ns();
-        }
+        void *p = take_cold(size_now);
         if (live[k])
-            give(live[k], live_size[k]);
-        if (sweep_bytes)
-            cold_ns += now_ns() - t0;
+            give_cold(live[k], live_size[k]);
         live[k] = p;
         live_size[k] = size_now;
     }
