@@ -37,11 +37,16 @@ echo "(cachegrind, LL 2 MiB; reads + writes)"
 echo
 echo "| library | 512 B | 64 KiB | 1 MiB |"
 echo "|---|---|---|---|"
-for lib in "$build/libcuheap.so" "$@" "$build/floor/libfloor_preload.so"; do
-    line="| $lib |"
+row() {
+    local name=$1 lib=$2 line="| $1 |" r w
     for size in 512 65536 1048576; do
         read -r r w <<<"$(misses "$lib" "$size")"
         line+=" $r + $w |"
     done
     echo "$line"
+}
+for lib in "$build/libcuheap.so" "$@" "$build/floor/libfloor_preload.so"; do
+    row "$lib" "$lib"
 done
+# The fenced floor: a device-wide record at each free and its query at the next malloc.
+FLOOR_FENCE=1 row "$build/floor/libfloor_preload.so, FLOOR_FENCE=1" "$build/floor/libfloor_preload.so"

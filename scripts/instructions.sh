@@ -53,3 +53,5 @@ for way in plugin preload; do
     done
     row "$way" floor "$build/floor/libfloor_$way.so"
 done
+# The fenced floor (FLOOR_FENCE=1): a device-wide record at each cudaFree, its query at the next cudaMalloc.
+FLOOR_FENCE=1 row preload "floor, fenced" "$build/floor/libfloor_preload.so"

@@ -157,6 +157,17 @@ env = per_tensor.environment("floor-preload", "/b")
 expect(env.get("LD_PRELOAD") == "/b/floor/libfloor_preload.so" and env.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1"
        and per_tensor.FLOOR_ENV not in env and "CUHEAP_CONF" not in env,
        "per-tensor floor-preload: the floor preloaded, PyTorch's cache off")
+env = per_tensor.environment("floor-preload-fenced", "/b")
+expect(env.get("LD_PRELOAD") == "/b/floor/libfloor_preload.so" and env.get("FLOOR_FENCE") == "1"
+       and env.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1" and per_tensor.FLOOR_ENV not in env,
+       "per-tensor floor-preload-fenced: the floor preloaded with its fence, PyTorch's cache off")
+os.environ["FLOOR_FENCE"] = "1"
+expect("FLOOR_FENCE" not in per_tensor.environment("floor-preload", "/b"),
+       "per-tensor floor-preload: a FLOOR_FENCE in the caller's environment does not fence the plain floor")
+del os.environ["FLOOR_FENCE"]
+expect(per_tensor.floors_of("preload") == ["floor-preload", "floor-preload-fenced"]
+       and per_tensor.floors_of("cuheap") == ["floor-plugin"] and per_tensor.floors_of("native") == [],
+       "per-tensor: LD_PRELOAD is shown over both preload floors, the plugin over its own, native over none")
 env = per_tensor.environment("cuheap-plain")
 expect(env.get("CUHEAP_TORCH") == "1" and env.get("CUHEAP_CONF") == "vmm:0" and per_tensor.FLOOR_ENV not in env,
        "per-tensor cuheap-plain: run_modes.py's plugin on plain segments, no stale floor")

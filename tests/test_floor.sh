@@ -83,6 +83,14 @@ expect_ok blocks runtime-exhaust "runtime: out of blocks (FLOOR_BLOCKS) is out o
 check "runtime: ... and says to raise FLOOR_BLOCKS" \
     'grep -q "8 of FLOOR_BLOCKS=8 blocks cut.*raise FLOOR_BLOCKS" "$TMP/blocks.err"'
 
+floor fenced runtime-fenced FLOOR_ARENA=64M FLOOR_FENCE=1
+expect_ok fenced runtime-fenced "FLOOR_FENCE=1: cudaFree records a device-wide fence, cudaMalloc queries it and waits on the GPU while it runs"
+floor unfenced runtime-unfenced FLOOR_ARENA=64M
+expect_ok unfenced runtime-unfenced "FLOOR_FENCE unset: the floor makes no fence call"
+floor fence-bad runtime FLOOR_ARENA=64M FLOOR_FENCE=yes
+check "a bad FLOOR_FENCE is named, and no block is served" \
+    'grep -q "FLOOR_FENCE=yes is not 0 or 1" "$TMP/fence-bad.err" && grep -q "cudaMalloc(1) on device 0 answered 1" "$TMP/fence-bad.out"'
+
 floor bad runtime-exhaust FLOOR_ARENA=lots
 check "a bad FLOOR_ARENA is named, and no block is served" \
     'grep -q "FLOOR_ARENA=lots is not a size" "$TMP/bad.err" && grep -q "refused block 0 with 2" "$TMP/bad.out"'

@@ -96,6 +96,11 @@ check "the floor's plugin: no driver call per tensor" '[ "$rc" -eq 0 ] && all_si
 per floor-preload LD_PRELOAD="$floor/libfloor_preload.so" -- runtime
 check "the floor's preload: cudaGetDevice's one call per tensor and nothing else" \
     '[ "$rc" -eq 0 ] && all_sizes floor-preload "x == 1" && [ "$(calls_of floor-preload mixed cuCtxGetDevice)" = 1.00 ]'
+per floor-preload-fenced LD_PRELOAD="$floor/libfloor_preload.so" FLOOR_FENCE=1 -- runtime
+check "the fenced floor: cudaGetDevice's call, a device-wide record and its query per tensor" \
+    '[ "$rc" -eq 0 ] && all_sizes floor-preload-fenced "x > 2.9 && x <= 3" &&
+     [ "$(calls_of floor-preload-fenced "1 MiB" cuCtxRecordEvent)" = 1.00 ] &&
+     [ "$(calls_of floor-preload-fenced "1 MiB" cuEventQuery)" = 1.00 ]'
 
 timeout 120 "$sim" --pairs $pairs plugin >"$TMP/sim.out" 2>&1
 check "the simulated device's build: no device call per tensor once warm" \

@@ -25,7 +25,10 @@ expandable, async, cuheap (the plugin, vmm:1 by default), cuheap-plain (the
 plugin, vmm:0), preload (LD_PRELOAD=build/libcuheap.so, PyTorch's cache off),
 floor-plugin (BUILD/floor/libfloor_plugin.so as PyTorch's allocator),
 floor-preload (LD_PRELOAD=BUILD/floor/libfloor_preload.so, PyTorch's cache
-off). `make floor` builds the floor; FLOOR_ARENA sizes its arena (default 8G).
+off), floor-preload-fenced (the same with FLOOR_FENCE=1: cudaFree records a
+device-wide fence and the next cudaMalloc queries it, the least a cudaFree
+that keeps its promise without a CPU wait costs). `make floor` builds the
+floor; FLOOR_ARENA sizes its arena (default 8G).
 preload=PATH is the preload mode with another build of libcuheap.so (the
 library before a change, say), so that two builds run side by side in the
 same rounds:
@@ -55,6 +58,7 @@ MODES = [
     ("preload", "cuheap LD_PRELOAD, PyTorch's cache off"),
     ("floor-plugin", "floor plugin"),
     ("floor-preload", "floor LD_PRELOAD, PyTorch's cache off"),
+    ("floor-preload-fenced", "floor LD_PRELOAD, fenced (FLOOR_FENCE=1), PyTorch's cache off"),
 ]
 LABELS = dict(MODES)
 # The floor of each cuheap mode's way in.
@@ -86,6 +90,13 @@ def floor_of(mode):
     return "floor-preload" if mode.startswith(OTHER_BUILD) else FLOOR_OF.get(mode)
 
 
+def floors_of(mode):
+    """Every floor `mode` is shown over: its way in's, and for LD_PRELOAD the
+    fenced floor too (what keeping cudaFree's promise adds)."""
+    floor = floor_of(mode)
+    return [floor, "floor-preload-fenced"] if floor == "floor-preload" else [floor] if floor else []
+
+
 def floor_library(build, way):
     return os.path.join(os.path.abspath(build), "floor", "libfloor_%s.so" % way)
 
@@ -96,12 +107,16 @@ def environment(mode, build=os.path.join(ROOT, "build")):
     one."""
     if not known(mode):
         raise SystemExit("unknown mode %s (modes: %s, preload=PATH)" % (mode, ", ".join(m for m, _ in MODES)))
-    env = run_modes.environment({"floor-plugin": "native", "floor-preload": "nocache"}.get(mode, mode))
+    env = run_modes.environment({"floor-plugin": "native", "floor-preload": "nocache",
+                                 "floor-preload-fenced": "nocache"}.get(mode, mode))
     env.pop(FLOOR_ENV, None)   # the caller's never reaches a mode
+    env.pop("FLOOR_FENCE", None)
     if mode == "floor-plugin":
         env[FLOOR_ENV] = floor_library(build, "plugin")
-    elif mode == "floor-preload":
+    elif mode in ("floor-preload", "floor-preload-fenced"):
         env["LD_PRELOAD"] = floor_library(build, "preload")
+        if mode == "floor-preload-fenced":
+            env["FLOOR_FENCE"] = "1"
     return env
 
 
@@ -124,7 +139,7 @@ def mode_now():
         with open("/proc/self/maps") as maps:
             mapped = "libfloor_preload" in maps.read()
         if mapped and os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
-            return "floor-preload"
+            return "floor-preload-fenced" if os.environ.get("FLOOR_FENCE") == "1" else "floor-preload"
         return "floor-preload not in effect"
     import train_job   # the other modes, as the training jobs tell them
     return train_job.base_mode_name()
@@ -298,7 +313,7 @@ def table(results):
     if notes:
         lines += [""] + ["- " + n for n in notes]
     by_mode = {r["mode"]: r for r in results if "error" not in r}
-    over = [(m, floor_of(m)) for m in by_mode if floor_of(m) in by_mode]
+    over = [(m, f) for m in by_mode for f in floors_of(m) if f in by_mode]
     if over:
         lines += ["", "over the floor of the same way in (microseconds per tensor, medians)", "",
                   "| mode | floor | " + " | ".join(c for _, c in SIZES) + " |",

@@ -7,6 +7,8 @@
  *   floor_checks plugin-exhaust LIB    allocates 1 MiB blocks until the plugin stops the process
  *   floor_checks runtime               cudaMalloc/cudaFree, under LD_PRELOAD=libfloor_preload.so
  *   floor_checks runtime-exhaust       cudaMalloc of 1 MiB until it answers out of memory
+ *   floor_checks runtime-fenced        FLOOR_FENCE=1: a freed block comes back behind a fence
+ *   floor_checks runtime-unfenced      FLOOR_FENCE unset: no fence at all
  *
  * The exhaust modes expect FLOOR_ARENA=8M; the others FAKE_CUDA_DEVICES=2.
  * Each prints "ok MODE" or what failed.
@@ -171,6 +173,62 @@ static void exhaust(const char *mode)
     (void)mode;
 }
 
+/* The fence calls of one cudaFree + cudaMalloc pair of 1 MiB, which must
+ * give the freed block back: device-wide records, event queries, device-wide
+ * waits. Work queued on the legacy stream before the free still waits
+ * (`busy`) or has run. */
+typedef struct {
+    unsigned long records, queries, waits;
+} fence_calls_t;
+
+static fence_calls_t pair_fence_calls(int busy)
+{
+    void *fn = driver_lookup("fake_cuda_count");
+    fake_cuda_count_fn count;
+    memcpy(&count, &fn, sizeof fn);
+    fence_calls_t calls = {0};
+    if (!expect(count != NULL, "the fake driver has no fake_cuda_count"))
+        return calls;
+    void *a = take(MiB, 0);
+    fake.hold(busy);
+    if (busy)
+        expect(fake.enqueue_fill(NULL, a, MiB, 0xAA) == 0, "a fill could not be queued");
+    const fake_cuda_calls_t before = fake_calls(&fake);
+    const unsigned long queries = count("cuEventQuery");
+    give(a, MiB, 0);
+    void *b = take(MiB, 0);
+    expect(b == a, "the freed block %p did not come back (%p)", a, b);
+    const fake_cuda_calls_t after = fake_calls(&fake);
+    calls = (fence_calls_t){after.ctx_records - before.ctx_records, count("cuEventQuery") - queries,
+                            after.ctx_waits - before.ctx_waits};
+    fake.hold(0);
+    fake.complete_all();
+    give(b, MiB, 0);
+    return calls;
+}
+
+/* FLOOR_FENCE=1: cudaFree records a device-wide event, the next cudaMalloc
+ * queries it and, while the work before the free still waits, makes all
+ * later work wait for it on the GPU; FLOOR_FENCE unset: none of these. */
+static void fence(const char *mode)
+{
+    fake_helpers_load(&fake, driver_lookup);
+    const int fenced = !strcmp(mode, "runtime-fenced");
+    const fence_calls_t busy = pair_fence_calls(1), idle = pair_fence_calls(0);
+    if (fenced) {
+        expect(busy.records == 1 && busy.queries == 1 && busy.waits == 1,
+               "work still queued: %lu records, %lu queries, %lu waits for a pair, not 1, 1, 1", busy.records,
+               busy.queries, busy.waits);
+        expect(idle.records == 1 && idle.queries == 1 && idle.waits == 0,
+               "GPU idle: %lu records, %lu queries, %lu waits for a pair, not 1, 1, 0", idle.records, idle.queries,
+               idle.waits);
+    } else {
+        expect(busy.records + busy.queries + busy.waits + idle.records + idle.queries + idle.waits == 0,
+               "the plain floor made fence calls: %lu records, %lu queries, %lu waits", busy.records + idle.records,
+               busy.queries + idle.queries, busy.waits + idle.waits);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "";
@@ -192,7 +250,10 @@ int main(int argc, char **argv)
         checks(mode);
     else if (!strcmp(mode, "plugin-exhaust") || !strcmp(mode, "runtime-exhaust"))
         exhaust(mode);
+    else if (!strcmp(mode, "runtime-fenced") || !strcmp(mode, "runtime-unfenced"))
+        fence(mode);
     else
-        expect(0, "usage: floor_checks plugin LIB | plugin-exhaust LIB | runtime | runtime-exhaust");
+        expect(0, "usage: floor_checks plugin LIB | plugin-exhaust LIB | runtime | runtime-exhaust | "
+               "runtime-fenced | runtime-unfenced");
     return finish(mode);
 }
