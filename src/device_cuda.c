@@ -755,12 +755,9 @@ static cuh_dev_status_t cuda_fence_all(cuh_device_t *dev, CUresult (*call)(CUcon
         snprintf(dev->last_error, sizeof dev->last_error, "%s: a CUDA graph capture is underway", name);
         return CUH_DEV_CAPTURING;
     }
-    int pushed;
-    CUresult r = cuda_ctx_enter(d, &pushed);
-    if (r == CUDA_SUCCESS) {
-        r = call(d->ctx, (CUevent)(void *)event);
-        cuda_ctx_leave(pushed);
-    }
+    /* The context is an argument: the driver ignores the current one, so
+     * none is made current (a cuCtxGetCurrent saved per cudaFree's fence). */
+    CUresult r = call(d->ctx, (CUevent)(void *)event);
     pthread_mutex_unlock(&g_captures.lock);
     if (r == CUDA_SUCCESS)
         return CUH_DEV_OK;
