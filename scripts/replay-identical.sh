@@ -214,6 +214,10 @@ for d in r.get("devices", []):
         s.pop("t", None)
     if isinstance(d.get("oom"), dict):
         d["oom"].pop("t", None)
+    # Steps: their ends and lengths come from the host clock, as the timeline does.
+    steps = d.get("steps") if isinstance(d.get("steps"), dict) else {}
+    for s in steps.get("last", []) + [steps.get("most_maps") or {}]:
+        s.pop("end", None); s.pop("seconds", None)
 print(json.dumps(r, separators=(",", ":")))
 ' "$1"
 }
