@@ -267,6 +267,19 @@ static void unlink_extent(cuh_extent_t *e)
         e->next->prev = e->prev;
 }
 
+void cuh_arena_fresh_take(cuh_extent_t *ext, cuh_extent_state_t state, uint32_t tag)
+{
+    ext->state = (uint8_t)state;
+    ext->tag = tag;
+    ext->epoch = 0;
+    ext->requested = 0;
+    ext->owner = NULL;
+    ext->chunked = 0;
+    ext->label = 0;
+    ext->seq = 0;
+    ext->plan = 0;
+}
+
 cuh_extent_t *cuh_arena_take(cuh_arena_t *a, cuh_extent_t *ext, size_t size, size_t align,
                              cuh_extent_state_t state, uint32_t tag)
 {
@@ -307,15 +320,7 @@ cuh_extent_t *cuh_arena_take_at(cuh_arena_t *a, cuh_extent_t *ext, uintptr_t sta
     }
     ext->addr = start;
     ext->size = size;
-    ext->state = (uint8_t)state;
-    ext->tag = tag;
-    ext->epoch = 0;
-    ext->requested = 0;
-    ext->owner = NULL;
-    ext->chunked = 0;
-    ext->label = 0;
-    ext->seq = 0;
-    ext->plan = 0;
+    cuh_arena_fresh_take(ext, state, tag);
     ext->segment->used_bytes += size;
     a->used += size;
     return ext;
@@ -406,6 +411,12 @@ void cuh_arena_release_freed_at(cuh_arena_t *a, cuh_extent_t *ext, uint32_t tag,
         absorb(a, ext, ext->prev);
     while (absorbable(ext->next, tag))
         absorb(a, ext, ext->next);
+    index_insert(a, ext);
+}
+
+void cuh_arena_requeue(cuh_arena_t *a, cuh_extent_t *ext)
+{
+    index_remove(a, ext);
     index_insert(a, ext);
 }
 

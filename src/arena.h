@@ -147,6 +147,14 @@ void cuh_arena_release(cuh_arena_t *arena, cuh_extent_t *ext, uint32_t tag);
  * fences was `epoch` (the fence numbered `epoch` is the first that covers
  * it), released only now. */
 void cuh_arena_release_freed_at(cuh_arena_t *arena, cuh_extent_t *ext, uint32_t tag, uint64_t epoch);
+/* The fields of a used extent as a take leaves them (state, tag, and every
+ * mark of its last use cleared): for a caller that hands a used extent out
+ * again without a release and a take. */
+void cuh_arena_fresh_take(cuh_extent_t *ext, cuh_extent_state_t state, uint32_t tag);
+/* Puts free extent ext first in its index's lists, where a free extent
+ * just made (a release, the rest of a take) goes: for a caller that skips
+ * a release and a take that would have made it anew. */
+void cuh_arena_requeue(cuh_arena_t *arena, cuh_extent_t *ext);
 
 /* A fence was recorded for `tag`: its unfenced bytes become fenced. Returns
  * the fence's number (the epoch it covers). */

@@ -67,10 +67,12 @@ static cuh_extent_t *extent_alloc_once_locked(cuh_heap_t *h, stream_state_t *st,
     cuh_extent_t *e;
     int tried_vm_take_back = 0, tried_page_aligned = 0, tried_private = 0;
     if (h->held_bytes && !cuh_hp_fences_per_stream_locked(h)) {
-        if (state == CUH_EXTENT_SLAB)
+        if (state == CUH_EXTENT_SLAB) {
             cuh_hp_take_back_all_locked(h);
-        else
-            cuh_hp_take_back_for_block_locked(h);
+        } else if (cuh_hp_take_back_for_block_locked(h, st, size, align, &e) && e) {
+            h->num_cache_hits++;
+            return e;   /* the block cudaFree gave back, where the search would find it */
+        }
     } else if (h->held_bytes >= size) {
         cuh_hp_batches_poll_locked(h, 0);   /* those the GPU has passed: no wait */
         if (h->held_bytes >= size &&

@@ -32,6 +32,8 @@ void cuh_hp_release_block_global_locked(cuh_heap_t *h, const live_block_t *b, ui
     cuh_hp_slab_object_home_locked(h, addr);
 }
 
+static void batch_recycle_locked(cuh_heap_t *h, free_batch_t *batch);
+
 /* The batch's events have all completed, or a take-back returns its blocks
  * early: they become global. A nonzero `gen` is that take-back's generation
  * (cuh_hp_gen_open_locked), stamped on their pages. */
@@ -57,6 +59,13 @@ static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch, uint64_t gen
             continue;   /* a step plan's block: back to its room (heap_plan.c) */
         cuh_hp_release_block_global_locked(h, &b, x->addr);
     }
+    batch_recycle_locked(h, batch);
+}
+
+/* A finished batch's events go back to the spares, and the batch itself
+ * too. */
+static void batch_recycle_locked(cuh_heap_t *h, free_batch_t *batch)
+{
     for (size_t i = 0; i < batch->num_events; i++)
         cuh_hp_event_put_locked(h, batch->events[i]);
     /* Kept for the next batch with its arrays: with PyTorch's cache off every
@@ -288,6 +297,138 @@ static int order_streams_after_locked(cuh_heap_t *h, cuh_event_t **running, cons
     return ok;
 }
 
+static int free_global(const cuh_extent_t *x)
+{
+    return x && x->state == CUH_EXTENT_FREE && x->tag == CUH_TAG_GLOBAL;
+}
+
+/* The free extent a block released as global memory would become: where it
+ * starts (the block's own start: a free neighbour below it fails the test
+ * before), its size, and its segment's rank (freebins.h: ties go to the
+ * older segment, then the lower address). */
+typedef struct {
+    uintptr_t addr;
+    size_t size;
+    uint64_t serial;
+} merged_t;
+
+/* Whether free extent r comes before m in the search (freebins.h, and the
+ * stream's own memory first on a tie, cuh_arena_find). */
+static int comes_before(const cuh_extent_t *r, const merged_t *m)
+{
+    if (r->size != m->size)
+        return r->size < m->size;
+    if (r->tag != CUH_TAG_GLOBAL)
+        return 1;
+    return r->segment->serial != m->serial ? r->segment->serial < m->serial : r->addr < m->addr;
+}
+
+/* How many free extents other_fit_before looks at before it gives up (and
+ * says yes: the round trip then runs, never wrong). */
+#define OTHER_FITS_LOOKED_AT 16
+
+/* Whether a global free extent of `bins`, other than n (which the block
+ * would absorb), holds `size` bytes and comes before m: the search's best
+ * fit is n, so any other is at least n's size, in n's bin or above. */
+static int other_fit_before(const cuh_freebins_t *bins, const cuh_extent_t *n, size_t size, const merged_t *m)
+{
+    int looked = 0;
+    const unsigned last = cuh_freebins_bin(m->size);
+    for (unsigned bin = cuh_freebins_next(bins, cuh_freebins_bin(n->size)); bin != CUH_BINS_NONE && bin <= last;
+         bin = bin + 1 < CUH_BINS_NONE ? cuh_freebins_next(bins, bin + 1) : CUH_BINS_NONE)
+        for (const cuh_binnode_t *x = cuh_freebins_head(bins, bin); x; x = x->next) {
+            if (x == &n->node || x->size < size)
+                continue;
+            if (++looked > OTHER_FITS_LOOKED_AT || comes_before(cuh_container_of(x, cuh_extent_t, node), m))
+                return 1;
+        }
+    return 0;
+}
+
+/* Whether the search would hand block e out again, at its address, were it
+ * released as global memory, for a request of its size on st (the
+ * allocation ladder's first steps, heap.c): released, it merges with no
+ * free neighbour below it (the merged extent would start lower), and the
+ * extent it becomes (with a global free neighbour above it absorbed) is the
+ * best fit (freebins.h: the first region, the smallest size, the stream's
+ * own memory on a tie, then the older segment and the lower address). At
+ * the growth edge of the reservation (cuh_hp_at_growth_edge) the search
+ * takes any other fit on mapped pages first, so there it must be the only
+ * fit. The block's own pages are mapped: no page rule applies. */
+static int search_would_take(cuh_heap_t *h, const cuh_extent_t *e, const stream_state_t *st)
+{
+    const cuh_extent_t *n = e->next;
+    if (free_global(e->prev))
+        return 0;
+    const int absorbs = free_global(n);
+    const merged_t m = {e->addr, e->size + (absorbs ? n->size : 0), e->segment->serial};
+    const cuh_extent_t *above = absorbs ? n->next : n;
+    const uintptr_t end = e->segment->base + e->segment->size;
+    const int edge = e->segment == h->vm && (m.addr + m.size == end || (above && above->state == CUH_EXTENT_FREE &&
+                                                                        above->addr + above->size == end));
+    const cuh_extent_t *r = cuh_arena_find(&h->arena, e->size, CUH_ALIGN, st->tag);
+    if (r && r != n) {
+        /* The best fit now, absorbed neighbour aside: the merged extent
+         * must come before it, and at the edge there must be none. */
+        if (r->segment->region != e->segment->region)
+            return r->segment->region > e->segment->region && !edge;
+        return !edge && !comes_before(r, &m);
+    }
+    if (!r)
+        return 1;
+    /* n itself is the best fit: the next best must come after the merged
+     * extent (at the edge: there must be none), global or the stream's own. */
+    const merged_t bound = edge ? (merged_t){UINTPTR_MAX, SIZE_MAX, UINT64_MAX} : m;
+    const cuh_region_t region = (cuh_region_t)e->segment->region;
+    if (other_fit_before(&h->arena.tags[CUH_TAG_GLOBAL].bins[region], n, e->size, &bound))
+        return 0;
+    if (st->tag == CUH_TAG_GLOBAL)
+        return 1;
+    const cuh_binnode_t *own = cuh_freebins_find(&h->arena.tags[st->tag].bins[region], e->size, CUH_ALIGN);
+    return !own || own->size > bound.size;
+}
+
+/* A program that cudaFrees a block and asks for its size again (PyTorch
+ * without its cache: a pair per tensor) would have it merged back into the
+ * arena when its batch finished, and the same bytes split off again by the
+ * search: 40% of such a pair's instructions. When a take-back for a
+ * device-wide block finds the only memory cudaFree gave back to be one
+ * block of exactly the request's size, in the one closed batch, with no
+ * work left running on the GPU that it waits for, and the search would hand
+ * out that block (search_would_take), the request takes it as it is: the
+ * same block, the same device calls, and the same heap afterwards, without
+ * the round trip. Returns that block, or NULL. */
+static cuh_extent_t *same_block_locked(cuh_heap_t *h, const stream_state_t *st, size_t size, size_t align)
+{
+    const free_batch_t *batch = h->closed_batches;
+    if (!st || st != &h->device_wide || !batch || batch->next || batch->num_entries != 1 || h->open_batch ||
+        h->plan.active || h->cfg.step_plan || h->chunk_call || cuh_hp_own_segment_locked(h))
+        return NULL;
+    cuh_extent_t *e = batch->entries[0].ext;
+    if (!e || e->size != size || e->addr % align || e->tag != st->tag || e->chunked || !search_would_take(h, e, st))
+        return NULL;
+    return e;
+}
+
+/* The batch holding only block e finishes with e handed out again: as the
+ * release and the take would leave it (cuh_arena_take_at), out of the block
+ * map for the caller to put back. */
+static void hand_out_same_locked(cuh_heap_t *h, cuh_extent_t *e)
+{
+    free_batch_t *batch = h->closed_batches;
+    const batch_entry_t *x = &batch->entries[0];
+    e->held = 0;
+    h->held_bytes -= x->size;
+    h->held_requested -= x->requested;
+    h->closed_batches = NULL;
+    batch_recycle_locked(h, batch);
+    cuh_ptrmap_remove(&h->blocks, e->addr);
+    if (free_global(e->next))
+        cuh_arena_requeue(&h->arena, e->next);   /* the rest of the merged extent, cut anew */
+    cuh_arena_fresh_take(e, CUH_EXTENT_BLOCK, e->tag);
+    h->last_take_tag = CUH_TAG_GLOBAL;   /* the take was from global memory */
+}
+
 /* Device-wide frees (cudaFree under LD_PRELOAD) wait in batches until the
  * GPU has passed them. A program that frees and allocates as it goes -
  * PyTorch without its cache: a cudaFree per tensor - would otherwise make
@@ -306,7 +447,8 @@ static int order_streams_after_locked(cuh_heap_t *h, cuh_event_t **running, cons
  * does the CPU wait. Returns 1 when memory came back (try again), 0 when
  * there was none to take (or wait_before_grow:0, or a capture is underway).
  * The open batch is closed and taken with the rest only `with_open`. */
-static int take_back_locked(cuh_heap_t *h, int with_open)
+static int take_back_locked(cuh_heap_t *h, int with_open, const stream_state_t *st, size_t size, size_t align,
+                            cuh_extent_t **same)
 {
     if (!h->cfg.wait_before_grow || h->captures || (!(with_open && h->open_batch) && !h->closed_batches))
         return 0;
@@ -382,6 +524,9 @@ static int take_back_locked(cuh_heap_t *h, int with_open)
             free(where);
         }
     }
+    cuh_extent_t *e = same && !stamp ? same_block_locked(h, st, size, align) : NULL;
+    if (e)
+        hand_out_same_locked(h, e);
     while (h->closed_batches) {
         free_batch_t *oldest = h->closed_batches;
         h->closed_batches = oldest->next;
@@ -390,12 +535,14 @@ static int take_back_locked(cuh_heap_t *h, int with_open)
     if (per_stream)
         h->took_back = 1;   /* a stream heard of later must wait too (stream_joins_locked) */
     h->allocs_at_take_back = h->num_allocs;
+    if (same)
+        *same = e;
     return h->held_bytes < held_before;
 }
 
 int cuh_hp_take_back_all_locked(cuh_heap_t *h)
 {
-    return take_back_locked(h, 1);
+    return take_back_locked(h, 1, NULL, 0, 0, NULL);
 }
 
 /* What a block's allocation takes back first (the ladder's first step,
@@ -410,10 +557,13 @@ int cuh_hp_take_back_all_locked(cuh_heap_t *h)
  * free slack, when a slab runs out, and at every later step of the ladder.
  * Tuning corpus (2026-12-06): the same median, `llama_ckpt` under LD_PRELOAD
  * 1.1890x -> 1.1833x its live peak, the most calls a step 891 -> 811. */
-int cuh_hp_take_back_for_block_locked(cuh_heap_t *h)
+int cuh_hp_take_back_for_block_locked(cuh_heap_t *h, const stream_state_t *st, size_t size, size_t align,
+                                      cuh_extent_t **same)
 {
     const free_batch_t *open = h->open_batch;
-    return take_back_locked(h, !open || open->num_blocks || !h->closed_batches);
+    if (same)
+        *same = NULL;
+    return take_back_locked(h, !open || open->num_blocks || !h->closed_batches, st, size, align, same);
 }
 
 /* ---- reuse across streams ----------------------------------------------------------- */

@@ -551,7 +551,8 @@ void cuh_hp_start_vm_locked(cuh_heap_t *h);
 
 /* heap_devicewide.c: device-wide frees and take-backs */
 int cuh_hp_take_back_all_locked(cuh_heap_t *h);
-int cuh_hp_take_back_for_block_locked(cuh_heap_t *h);
+int cuh_hp_take_back_for_block_locked(cuh_heap_t *h, const stream_state_t *st, size_t size, size_t align,
+                                      cuh_extent_t **same);
 int cuh_hp_may_take_private_locked(const cuh_heap_t *h, const stream_state_t *st, size_t size);
 int cuh_hp_take_private_locked(cuh_heap_t *h, stream_state_t *st, size_t size);
 void cuh_hp_release_block_global_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr);

@@ -373,7 +373,7 @@ static int bring_back_locked(cuh_heap_t *h)
     if (!h->held_bytes)
         return 0;
     if (!cuh_hp_fences_per_stream_locked(h))
-        return cuh_hp_take_back_for_block_locked(h);
+        return cuh_hp_take_back_for_block_locked(h, NULL, 0, 0, NULL);
     return cuh_hp_batches_poll_locked(h, 0);
 }
 

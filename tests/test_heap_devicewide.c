@@ -876,6 +876,92 @@ static void test_block_allocation_leaves_an_open_batch_of_small_objects(void **s
     test_heap_free(&t);
 }
 
+/* ---- a cudaFree'd block asked for again at its size ---------------------------- */
+
+static uintptr_t dw_alloc(test_heap_t *t, size_t size)
+{
+    uintptr_t a = 0;
+    assert_int_equal(cuh_heap_malloc_device_wide(t->heap, size, &a), CUHEAP_OK);
+    return a;
+}
+
+/* A heap for the cases below: one segment (or the reservation) for every
+ * block, and a small object allocated first, below them, whose
+ * stream-ordered free finishes every batch whose fence is done (a free
+ * polls them), touching no free block. */
+static test_heap_t same_size_heap(int vm, uintptr_t *small)
+{
+    test_heap_t t = test_heap_new(GiB, vm ? "vmm:1" : "vmm:0,segment_min:256M");
+    *small = must_alloc(t.heap, 100, S1);
+    return t;
+}
+
+/* Frees block a and lets its batch finish (a is free memory then), frees
+ * block b (held in its batch), and asks for `size` bytes device-wide: the
+ * address the request gets. */
+static uintptr_t free_a_then_b_and_ask(test_heap_t *t, uintptr_t small, uintptr_t a, uintptr_t b, size_t size)
+{
+    assert_int_equal(cuh_heap_free_device_wide(t->heap, a), CUHEAP_OK);
+    must_free(t->heap, small, S1);
+    assert_int_equal(cuh_heap_free_device_wide(t->heap, b), CUHEAP_OK);
+    return dw_alloc(t, size);
+}
+
+/* A block cudaFree'd and asked for again at its size skips the round trip
+ * through the arena only where the search would hand out the same block
+ * (heap_devicewide.c, cuh_hp_take_freed_block_locked): an equal hole lower
+ * down, a free neighbour below it, and a hole of its size while it would
+ * absorb the free space above it each send the request elsewhere, as the
+ * search does. On plain segments and on virtual memory (where the block at
+ * the top is at the growth edge). */
+static void test_cudafree_same_size_goes_where_the_search_would(void **state)
+{
+    (void)state;
+    const size_t B = MiB;
+    for (int vm = 0; vm <= 1; vm++) {
+        print_message("case: %s\n", vm ? "vmm:1" : "vmm:0");
+        uintptr_t small;
+        {   /* The block alone: it comes back. */
+            test_heap_t t = same_size_heap(vm, &small);
+            uintptr_t g0 = dw_alloc(&t, B), a = dw_alloc(&t, B), g1 = dw_alloc(&t, B);
+            assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);
+            assert_int_equal(dw_alloc(&t, B), a);
+            (void)g0, (void)g1, (void)small;
+            heap_ok(t.heap);
+            test_heap_free(&t);
+        }
+        {   /* An equal hole lower down wins: the same size, the lower address. */
+            test_heap_t t = same_size_heap(vm, &small);
+            uintptr_t g0 = dw_alloc(&t, B), a = dw_alloc(&t, B), g1 = dw_alloc(&t, B), b = dw_alloc(&t, B);
+            uintptr_t g2 = dw_alloc(&t, B);
+            assert_true(g0 < a && a < g1 && g1 < b && b < g2);
+            assert_int_equal(free_a_then_b_and_ask(&t, small, a, b, B), a);
+            assert_int_equal(dw_alloc(&t, B), b);
+            heap_ok(t.heap);
+            test_heap_free(&t);
+        }
+        {   /* A free neighbour below, too small to serve by itself: released,
+             * the block would merge with it and be cut from its start. */
+            test_heap_t t = same_size_heap(vm, &small);
+            uintptr_t g0 = dw_alloc(&t, B), a = dw_alloc(&t, B / 2), b = dw_alloc(&t, B), g2 = dw_alloc(&t, B);
+            assert_true(a + B / 2 == b && g0 < a && b < g2);
+            assert_int_equal(free_a_then_b_and_ask(&t, small, a, b, B), a);
+            heap_ok(t.heap);
+            test_heap_free(&t);
+        }
+        {   /* At the top, the block would absorb the free space above it: a
+             * hole of its size elsewhere is the better fit. */
+            test_heap_t t = same_size_heap(vm, &small);
+            uintptr_t g0 = dw_alloc(&t, B), a = dw_alloc(&t, B), g1 = dw_alloc(&t, B), b = dw_alloc(&t, B);
+            assert_true(g0 < a && a < g1 && g1 < b);
+            assert_int_equal(free_a_then_b_and_ask(&t, small, a, b, B), a);
+            assert_int_equal(dw_alloc(&t, B), b);
+            heap_ok(t.heap);
+            test_heap_free(&t);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -896,6 +982,7 @@ int main(void)
         cmocka_unit_test(test_device_fences_come_once_per_half_slack_of_small_frees),
         cmocka_unit_test(test_small_take_back_keeps_the_slab_it_empties_for_the_request),
         cmocka_unit_test(test_block_allocation_leaves_an_open_batch_of_small_objects),
+        cmocka_unit_test(test_cudafree_same_size_goes_where_the_search_would),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
