@@ -9,7 +9,8 @@
  * them is the way in's cost (PyTorch, Python, the dynamic linker), not an
  * allocator's. It is a benchmark's yardstick, not an allocator: it keeps no
  * stream order (a block freed on one stream is handed out on another at
- * once) and never gives memory back.
+ * once) and never gives memory back. The preload's FLOOR_FENCE=1 adds the
+ * one order a cudaFree must keep (floor_preload.c: the fenced floor).
  *
  * The arena: one range of device memory, cut by a bump pointer into blocks
  * of the request rounded up to FLOOR_ALIGN, which are never split or merged.
