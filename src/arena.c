@@ -370,7 +370,7 @@ void cuh_arena_join_used(cuh_arena_t *a, cuh_extent_t *ext)
  * in global neighbours, except in a virtual-memory reservation: there the
  * global free space is the whole unused address range, and one stream's free
  * must not make it that stream's alone. */
-static int absorbable(const cuh_extent_t *n, uint32_t tag)
+int cuh_arena_absorbs(const cuh_extent_t *n, uint32_t tag)
 {
     return n && n->state == CUH_EXTENT_FREE &&
            (n->tag == tag || (n->tag == CUH_TAG_GLOBAL && (tag == CUH_TAG_GLOBAL || !n->segment->virtual_space)));
@@ -407,9 +407,9 @@ void cuh_arena_release_freed_at(cuh_arena_t *a, cuh_extent_t *ext, uint32_t tag,
     ext->label = 0;
     /* Absorbing a global neighbour can bring the next one of our own tag
      * alongside: keep going until no neighbour may be absorbed. */
-    while (absorbable(ext->prev, tag))
+    while (cuh_arena_absorbs(ext->prev, tag))
         absorb(a, ext, ext->prev);
-    while (absorbable(ext->next, tag))
+    while (cuh_arena_absorbs(ext->next, tag))
         absorb(a, ext, ext->next);
     index_insert(a, ext);
 }
@@ -443,9 +443,9 @@ void cuh_arena_hand_over(cuh_arena_t *a, uint32_t from, uint64_t completed, uint
         e->epoch = to == CUH_TAG_GLOBAL ? 0 : a->tags[to].fences_recorded;
         /* As a free into `to` would merge (cuh_arena_release): neighbours
          * absorbed here are `to`'s or global, so never `next`. */
-        while (absorbable(e->prev, to))
+        while (cuh_arena_absorbs(e->prev, to))
             absorb(a, e, e->prev);
-        while (absorbable(e->next, to))
+        while (cuh_arena_absorbs(e->next, to))
             absorb(a, e, e->next);
         index_insert(a, e);
     }

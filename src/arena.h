@@ -151,6 +151,9 @@ void cuh_arena_release_freed_at(cuh_arena_t *arena, cuh_extent_t *ext, uint32_t 
  * mark of its last use cleared): for a caller that hands a used extent out
  * again without a release and a take. */
 void cuh_arena_fresh_take(cuh_extent_t *ext, cuh_extent_state_t state, uint32_t tag);
+/* Whether a release into `tag` of an extent next to n would absorb n (the
+ * merge rule of cuh_arena_release; n NULL: no neighbour, no). */
+int cuh_arena_absorbs(const cuh_extent_t *n, uint32_t tag);
 /* Puts free extent ext first in its index's lists, where a free extent
  * just made (a release, the rest of a take) goes: for a caller that skips
  * a release and a take that would have made it anew. */

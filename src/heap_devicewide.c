@@ -34,6 +34,23 @@ void cuh_hp_release_block_global_locked(cuh_heap_t *h, const live_block_t *b, ui
 
 static void batch_recycle_locked(cuh_heap_t *h, free_batch_t *batch);
 
+/* Batch entry x is held no more (its fence is done, or it is handed out
+ * again): its mark goes, and its bytes from the held ones. Returns its index
+ * in its slab (0 for a block). */
+static uint32_t entry_unhold_locked(cuh_heap_t *h, const batch_entry_t *x)
+{
+    uint32_t index = 0;
+    if (x->slab) {
+        index = (uint32_t)cuh_slab_index(x->slab, x->addr);
+        cuh_slab_clear(x->slab->held, index);
+    } else {
+        x->ext->held = 0;
+    }
+    h->held_bytes -= x->size;
+    h->held_requested -= x->requested;
+    return index;
+}
+
 /* The batch's events have all completed, or a take-back returns its blocks
  * early: they become global. A nonzero `gen` is that take-back's generation
  * (cuh_hp_gen_open_locked), stamped on their pages. */
@@ -47,14 +64,7 @@ static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch, uint64_t gen
         /* Still live to the heap: a small object's slab stays (the object
          * is not avail), a block's extent is in use. */
         b = (live_block_t){.ext = x->ext, .slab = x->slab, .size = x->size, .requested = x->requested};
-        if (x->slab) {
-            b.index = (uint32_t)cuh_slab_index(x->slab, x->addr);
-            cuh_slab_clear(x->slab->held, b.index);
-        } else {
-            x->ext->held = 0;
-        }
-        h->held_bytes -= x->size;
-        h->held_requested -= x->requested;
+        b.index = entry_unhold_locked(h, x);
         if (cuh_unlikely(h->plan.active) && x->ext && cuh_hp_plan_room_finished_locked(h, x->ext))
             continue;   /* a step plan's block: back to its room (heap_plan.c) */
         cuh_hp_release_block_global_locked(h, &b, x->addr);
@@ -297,11 +307,6 @@ static int order_streams_after_locked(cuh_heap_t *h, cuh_event_t **running, cons
     return ok;
 }
 
-static int free_global(const cuh_extent_t *x)
-{
-    return x && x->state == CUH_EXTENT_FREE && x->tag == CUH_TAG_GLOBAL;
-}
-
 /* The free extent a block released as global memory would become: where it
  * starts (the block's own start: a free neighbour below it fails the test
  * before), its size, and its segment's rank (freebins.h: ties go to the
@@ -358,14 +363,11 @@ static int other_fit_before(const cuh_freebins_t *bins, const cuh_extent_t *n, s
 static int search_would_take(cuh_heap_t *h, const cuh_extent_t *e, const stream_state_t *st)
 {
     const cuh_extent_t *n = e->next;
-    if (free_global(e->prev))
+    if (cuh_arena_absorbs(e->prev, CUH_TAG_GLOBAL))
         return 0;
-    const int absorbs = free_global(n);
+    const int absorbs = cuh_arena_absorbs(n, CUH_TAG_GLOBAL);
     const merged_t m = {e->addr, e->size + (absorbs ? n->size : 0), e->segment->serial};
-    const cuh_extent_t *above = absorbs ? n->next : n;
-    const uintptr_t end = e->segment->base + e->segment->size;
-    const int edge = e->segment == h->vm && (m.addr + m.size == end || (above && above->state == CUH_EXTENT_FREE &&
-                                                                        above->addr + above->size == end));
+    const int edge = cuh_hp_range_at_growth_edge(h, e->segment, m.addr + m.size, absorbs ? n->next : n);
     const cuh_extent_t *r = cuh_arena_find(&h->arena, e->size, CUH_ALIGN, st->tag);
     if (r && r != n) {
         /* The best fit now, absorbed neighbour aside: the merged extent
@@ -416,14 +418,11 @@ static cuh_extent_t *same_block_locked(cuh_heap_t *h, const stream_state_t *st, 
 static void hand_out_same_locked(cuh_heap_t *h, cuh_extent_t *e)
 {
     free_batch_t *batch = h->closed_batches;
-    const batch_entry_t *x = &batch->entries[0];
-    e->held = 0;
-    h->held_bytes -= x->size;
-    h->held_requested -= x->requested;
+    entry_unhold_locked(h, &batch->entries[0]);
     h->closed_batches = NULL;
     batch_recycle_locked(h, batch);
     cuh_ptrmap_remove(&h->blocks, e->addr);
-    if (free_global(e->next))
+    if (cuh_arena_absorbs(e->next, CUH_TAG_GLOBAL))
         cuh_arena_requeue(&h->arena, e->next);   /* the rest of the merged extent, cut anew */
     cuh_arena_fresh_take(e, CUH_EXTENT_BLOCK, e->tag);
     h->last_take_tag = CUH_TAG_GLOBAL;   /* the take was from global memory */

@@ -478,6 +478,10 @@ cuh_extent_t *cuh_hp_take_parked_locked(cuh_heap_t *h, stream_state_t *st, size_
 cuh_extent_t *cuh_hp_take_locked(cuh_heap_t *h, cuh_extent_t *free_ext, size_t size, size_t align,
                                  cuh_extent_state_t state, stream_state_t *st);
 int cuh_hp_at_growth_edge(const cuh_heap_t *h, const cuh_extent_t *e);
+/* The same for a range of seg ending at `end` with extent `above` after it
+ * (an extent a release would make, not yet made). */
+int cuh_hp_range_at_growth_edge(const cuh_heap_t *h, const cuh_segment_t *seg, uintptr_t end,
+                                const cuh_extent_t *above);
 int cuh_hp_mapped_fits_off_the_edge(const cuh_heap_t *h, const cuh_extent_t *e, size_t size);
 cuh_extent_t *cuh_hp_smallest_fit_by_bins_locked(cuh_heap_t *h, size_t size, size_t align, uint32_t tag,
                                                  extent_test_t accept);

@@ -65,13 +65,18 @@ static int mapped_fits(const cuh_heap_t *h, const cuh_extent_t *e, size_t size)
  * 1.0061x its live peak instead of 1.0222; BERT 1.0120x instead of 1.0114,
  * the bundled ResNet-50 trace 1.0120x instead of 1.0092 (expandable
  * segments: 1.0103). */
+int cuh_hp_range_at_growth_edge(const cuh_heap_t *h, const cuh_segment_t *seg, uintptr_t end,
+                                const cuh_extent_t *above)
+{
+    if (seg != h->vm)
+        return 0;
+    const uintptr_t top = seg->base + seg->size;
+    return end == top || (above && above->state == CUH_EXTENT_FREE && above->addr + above->size == top);
+}
+
 int cuh_hp_at_growth_edge(const cuh_heap_t *h, const cuh_extent_t *e)
 {
-    if (e->segment != h->vm)
-        return 0;
-    const uintptr_t end = e->segment->base + e->segment->size;
-    const cuh_extent_t *n = e->next;
-    return e->addr + e->size == end || (n && n->state == CUH_EXTENT_FREE && n->addr + n->size == end);
+    return cuh_hp_range_at_growth_edge(h, e->segment, e->addr + e->size, e->next);
 }
 
 int cuh_hp_mapped_fits_off_the_edge(const cuh_heap_t *h, const cuh_extent_t *e, size_t size)
