@@ -31,15 +31,18 @@ static void explain_oom(void);
 static cuheap_status_t dump_all(const char *path, cuheap_report_format_t format, int ask_device);
 
 static struct {
+    /* What every allocation and free reads, in the first cache line: the
+     * trace writer, if any, and the first devices' heaps (issue 45: each
+     * line a call touches is a miss when Python has emptied the caches). */
+    _Alignas(64) cuh_trace_writer_t *_Atomic trace;
+    cuh_heap_t *_Atomic heaps[CUH_MAX_DEVICES];
     int configured;
-    cuh_trace_writer_t *_Atomic trace;
     int reports_armed;
     pid_t reports_pid;            /* the process that armed them: a fork's child writes none */
     _Atomic int oom_reported;     /* a report shows the heap at an out-of-memory: exit keeps it */
     _Atomic long oom_report_second; /* the second the last one was written (one a second at most); 0 or -1: none */
     cuh_config_t cfg;
     size_t sim_capacity;          /* nonzero: simulated devices */
-    cuh_heap_t *_Atomic heaps[CUH_MAX_DEVICES];
     cuh_device_t *devices[CUH_MAX_DEVICES];
     uint64_t peers[CUH_MAX_DEVICES];   /* bit p of peers[d]: device p may access device d's memory */
     _Atomic uint64_t heap_generation[CUH_MAX_DEVICES];   /* bumped when a heap is dropped */

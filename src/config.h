@@ -12,22 +12,24 @@
 #include <stddef.h>
 
 typedef struct cuh_config_s {
-    size_t workspace;        /* bytes preallocated at first use; 0 = none */
-    size_t limit_bytes;      /* cap on reserved bytes; 0 = none */
-    double limit_fraction;   /* cap as a fraction of device memory; 0 = none */
+    /* First the settings every allocation and free reads (heap.h: the heap
+     * keeps them in the cache line of its device pointer). */
     size_t small_max;        /* requests up to this size come from size classes */
-    size_t segment_min;      /* smallest segment asked of the device */
-    double grow_fraction;    /* a new segment is at least this share of reserved */
     size_t vmm;              /* 1: general region on CUDA virtual memory */
-    double vmm_margin;       /* vmm: new pages up to (1 + margin) x live peak, then move pages */
-    size_t vmm_page;
-    size_t vmm_unit;         /* vmm: most bytes of one physical allocation (a unit), mapped and moved as one */         /* vmm: bytes of physical memory per page (rounded to the device's granularity) */
     size_t step_plan;        /* vmm: lay out each step's blocks as the steps before asked for them (heap_plan.c) */
     size_t wait_before_grow; /* 1: a device-wide malloc waits for cudaFree batches before growing */
     size_t device_fences;    /* 1: cudaFree batches are fenced by one event and one wait over the device */
-    size_t reuse_across_streams; /* 1: before growing, streams' pending frees serve others, ordered on the GPU */
     size_t ipc_safe;         /* 1: every block starts a segment of its own */
     size_t thread_cache;     /* most bytes of small objects each thread keeps for itself; 0 = none */
+    size_t workspace;        /* bytes preallocated at first use; 0 = none */
+    size_t limit_bytes;      /* cap on reserved bytes; 0 = none */
+    double limit_fraction;   /* cap as a fraction of device memory; 0 = none */
+    size_t segment_min;      /* smallest segment asked of the device */
+    double grow_fraction;    /* a new segment is at least this share of reserved */
+    double vmm_margin;       /* vmm: new pages up to (1 + margin) x live peak, then move pages */
+    size_t vmm_page;         /* vmm: bytes of physical memory per page (rounded to the device's granularity) */
+    size_t vmm_unit;         /* vmm: most bytes of one physical allocation (a unit), mapped and moved as one */
+    size_t reuse_across_streams; /* 1: before growing, streams' pending frees serve others, ordered on the GPU */
     size_t meminfo_cached;   /* 1: hooked cudaMemGetInfo counts ready cached bytes as free */
     size_t pinned;           /* 1: hooked cudaHostAlloc & co. are served from the pinned cache */
     size_t pinned_chunk;     /* bytes of page-locked memory taken from CUDA at a time */

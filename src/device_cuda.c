@@ -82,17 +82,24 @@ _Static_assert(sizeof(void *) == sizeof(cuh_dlsym_fn), "function pointers differ
 /* ---- the driver, loaded once ------------------------------------------- */
 
 static struct {
+    /* What every cudaMalloc and cudaFree under LD_PRELOAD reads, in one cache
+     * line with the first devices' primary contexts: a Python program's
+     * interpreter empties the CPU's caches between two tensors, and each
+     * line touched is then a miss (issue 45; scripts/cold_misses.sh). */
+    _Alignas(64) int ready;       /* 1: loaded, every symbol found, cuInit done */
+    int device_count;
+    CUresult (*cuCtxGetCurrent)(CUcontext *ctx);
+    CUresult (*cuEventQuery)(CUevent event);
+    CUresult (*cuCtxRecordEvent)(CUcontext ctx, CUevent event);   /* device-wide fences (optional: CUDA 12.5 on) */
+    /* Each device's primary context once known (cuh_cuda_current_context). */
+    CUcontext _Atomic primary[CUH_CUDA_MAX_DEVICES];
     pthread_once_t once;
     pthread_once_t lib_once;      /* dlopen only (pass-through needs no cuInit) */
     pthread_once_t dlsym_once;    /* glibc's dlsym found */
-    int ready;                    /* 1: loaded, every symbol found, cuInit done */
     char error[384];              /* why not, when ready is 0 */
     void *lib;                    /* dlopen handle of libcuda.so.1 */
     cuh_dlsym_fn real_dlsym;      /* see cuda_sym() */
-    int device_count;
     CUdevice devices[CUH_CUDA_MAX_DEVICES];   /* CUdevice of each ordinal */
-    /* Each device's primary context once known (cuh_cuda_current_context). */
-    CUcontext _Atomic primary[CUH_CUDA_MAX_DEVICES];
     pthread_mutex_t primary_lock;
     void *runtime_lib;            /* a loaded libcudart found by name, if needed */
 
@@ -104,7 +111,6 @@ static struct {
     CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *ctx, CUdevice device);
     CUresult (*cuDevicePrimaryCtxRelease_v2)(CUdevice device);
     CUresult (*cuDevicePrimaryCtxGetState)(CUdevice device, unsigned int *flags, int *active);
-    CUresult (*cuCtxGetCurrent)(CUcontext *ctx);
     CUresult (*cuCtxGetDevice)(CUdevice *device);
     CUresult (*cuCtxPushCurrent_v2)(CUcontext ctx);
     CUresult (*cuCtxPopCurrent_v2)(CUcontext *ctx);
@@ -115,7 +121,6 @@ static struct {
     CUresult (*cuEventCreate)(CUevent *event, unsigned int flags);
     CUresult (*cuEventDestroy_v2)(CUevent event);
     CUresult (*cuEventRecord)(CUevent event, CUstream stream);
-    CUresult (*cuEventQuery)(CUevent event);
     CUresult (*cuEventSynchronize)(CUevent event);
     CUresult (*cuStreamWaitEvent)(CUstream stream, CUevent event, unsigned int flags);
     CUresult (*cuThreadExchangeStreamCaptureMode)(int *mode);
@@ -132,8 +137,7 @@ static struct {
     CUresult (*cuMemUnmap)(CUdeviceptr ptr, size_t size);
     CUresult (*cuMemSetAccess)(CUdeviceptr ptr, size_t size, const cuh_CUmemAccessDesc *desc, size_t count);
     CUresult (*cuStreamIsCapturing)(CUstream stream, int *status);
-    /* Device-wide fences (optional: CUDA 12.5 and later). */
-    CUresult (*cuCtxRecordEvent)(CUcontext ctx, CUevent event);
+    /* Device-wide fences (optional: CUDA 12.5 and later; cuCtxRecordEvent is above). */
     CUresult (*cuCtxWaitEvent)(CUcontext ctx, CUevent event);
     /* Page-locked host memory (optional). */
     CUresult (*cuMemHostAlloc)(void **pp, size_t bytes, unsigned int flags);

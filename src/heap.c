@@ -802,7 +802,7 @@ static cuheap_status_t heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t str
                    cuh_hp_maybe_hold_locked(h, addr, b.size, b.requested, st);
         if (held || (b.slab && cuh_hp_tcache_adopt_locked(h, &b, addr, stream))) {
             /* held, or in this thread's cache */
-        } else if (cuh_unlikely(h->plan.active) && b.ext) {
+        } else if (cuh_unlikely(h->cfg.step_plan && h->plan.active) && b.ext) {
             /* With a step plan in force: back to its room, or to the arena,
              * never parked (a take the plan did not place). */
             if (!cuh_hp_plan_room_locked(h, &b, addr, stream))
@@ -889,10 +889,16 @@ void cuh_heap_poll(cuh_heap_t *h)
         cuh_hp_drains_poll_locked(h, 0);
     /* Whoever polls wants to see freed memory come back (cudaMemGetInfo
      * counts it as free): the open batch goes out, at most once a
-     * millisecond (libraries may ask for memory info often), or a program
-     * that frees and then waits for free memory would wait for ever. */
-    if (!h->closed_batches && h->open_batch && cuh_hp_seconds_since(&h->born) - h->closed_at >= POLL_CLOSE_SECONDS)
-        cuh_hp_batch_close_locked(h);
+     * millisecond from here (libraries may ask for memory info often), or a
+     * program that frees and then waits for free memory would wait for ever.
+     * The clock is read here only: a close at a cudaFree does not read it. */
+    if (!h->closed_batches && h->open_batch) {
+        const double now = cuh_hp_seconds_since(&h->born);
+        if (now - h->poll_closed_at >= POLL_CLOSE_SECONDS) {
+            h->poll_closed_at = now;
+            cuh_hp_batch_close_locked(h);
+        }
+    }
     cuh_hp_refresh_stats_locked(h);
     cuh_unlock(&h->lock);
 }

@@ -15,6 +15,7 @@
 #include "heap_internal.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 /* ---- device-wide frees -------------------------------------------------------------- */
 
@@ -65,7 +66,7 @@ static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch, uint64_t gen
          * is not avail), a block's extent is in use. */
         b = (live_block_t){.ext = x->ext, .slab = x->slab, .size = x->size, .requested = x->requested};
         b.index = entry_unhold_locked(h, x);
-        if (cuh_unlikely(h->plan.active) && x->ext && cuh_hp_plan_room_finished_locked(h, x->ext))
+        if (cuh_unlikely(h->cfg.step_plan && h->plan.active) && x->ext && cuh_hp_plan_room_finished_locked(h, x->ext))
             continue;   /* a step plan's block: back to its room (heap_plan.c) */
         cuh_hp_release_block_global_locked(h, &b, x->addr);
     }
@@ -82,7 +83,8 @@ static void batch_recycle_locked(cuh_heap_t *h, free_batch_t *batch)
      * cudaFree opens and closes one, and four host allocations and frees a
      * cudaFree were a cost per tensor (issue 45). */
     if (!h->spare_batch) {
-        batch->num_entries = batch->num_events = batch->num_blocks = 0;
+        batch->num_entries = 0;
+        batch->num_events = batch->num_blocks = 0;
         batch->bytes = 0;
         batch->next = NULL;
         h->spare_batch = batch;
@@ -91,14 +93,52 @@ static void batch_recycle_locked(cuh_heap_t *h, free_batch_t *batch)
     cuh_hp_batch_free(batch);
 }
 
+/* A batch with room for one entry and one event inside it, in two whole
+ * cache lines, or NULL when host memory runs out. */
+free_batch_t *cuh_hp_batch_new(void)
+{
+    _Static_assert(sizeof(free_batch_t) <= 128, "a batch of one entry and one event fits two cache lines");
+    free_batch_t *batch = aligned_alloc(64, 128);
+    if (!batch)
+        return NULL;
+    memset(batch, 0, sizeof *batch);
+    batch->entries = batch->first_entry;
+    batch->cap_entries = 1;
+    batch->events = batch->first_event;
+    batch->event_streams = batch->first_stream;
+    batch->cap_events = 1;
+    return batch;
+}
+
 void cuh_hp_batch_free(free_batch_t *batch)
 {
     if (!batch)
         return;
-    free(batch->events);
-    free(batch->event_streams);
-    free(batch->entries);
+    if (batch->events != batch->first_event)
+        free(batch->events);
+    if (batch->event_streams != batch->first_stream)
+        free(batch->event_streams);
+    if (batch->entries != batch->first_entry)
+        free(batch->entries);
     free(batch);
+}
+
+/* *array (of `*cap` items of `item` bytes, `inline_items` the batch's own
+ * first ones) grown to `cap` items, its items kept. 0 when host memory runs
+ * out (the array is as it was). */
+static int batch_grow(void **array, const void *inline_items, size_t item, size_t cap)
+{
+    void *grown;
+    if (*array == inline_items) {
+        if ((grown = malloc(cap * item)))
+            memcpy(grown, inline_items, item);   /* an inline array holds one item */
+    } else {
+        grown = realloc(*array, cap * item);
+    }
+    if (!grown)
+        return 0;
+    *array = grown;
+    return 1;
 }
 
 /* Closes the open batch: one device-wide event (cuh_hp_record_all_locked), or one
@@ -117,16 +157,12 @@ void cuh_hp_batch_close_locked(cuh_heap_t *h)
     const int fenced_all = fenced == CUH_DEV_OK;
     h->open_batch = NULL;
     h->allocs_at_close = h->num_allocs;
-    h->closed_at = cuh_hp_seconds_since(&h->born);
     int synced = 0;
     if (batch->cap_events < h->num_streams + 1) {
-        size_t cap = h->num_streams + 1;
-        cuh_event_t *events = realloc(batch->events, cap * sizeof *events);
-        if (events)
-            batch->events = events;
-        cuh_stream_t *where = realloc(batch->event_streams, cap * sizeof *where);
-        if (where)
-            batch->event_streams = where;
+        const size_t cap = (size_t)h->num_streams + 1;
+        const int events = batch_grow((void **)&batch->events, batch->first_event, sizeof *batch->events, cap);
+        const int where = batch_grow((void **)&batch->event_streams, batch->first_stream, sizeof *batch->event_streams,
+                                     cap);
         if (events && where)
             batch->cap_events = cap;
         synced = !events || !where;
@@ -219,18 +255,17 @@ int cuh_hp_batch_add_locked(cuh_heap_t *h, uintptr_t addr, const live_block_t *b
     const size_t size = b->size, requested = b->requested;
     free_batch_t *batch = h->open_batch;
     if (!batch) {
-        batch = h->spare_batch ? h->spare_batch : calloc(1, sizeof *batch);
+        batch = h->spare_batch ? h->spare_batch : cuh_hp_batch_new();
         if (!batch)
             return -1;
         h->spare_batch = NULL;
         h->open_batch = batch;
     }
     if (batch->num_entries == batch->cap_entries) {
-        size_t cap = batch->cap_entries ? 2 * batch->cap_entries : 64;
-        batch_entry_t *grown = realloc(batch->entries, cap * sizeof *grown);
-        if (!grown)
+        const uint32_t cap = batch->cap_entries < 64 ? 64 : 2 * batch->cap_entries;
+        if (batch->cap_entries > UINT32_MAX / 2 ||
+            !batch_grow((void **)&batch->entries, batch->first_entry, sizeof *batch->entries, cap))
             return -1;
-        batch->entries = grown;
         batch->cap_entries = cap;
     }
     if (b->slab)
@@ -404,7 +439,7 @@ static cuh_extent_t *same_block_locked(cuh_heap_t *h, const stream_state_t *st, 
 {
     const free_batch_t *batch = h->closed_batches;
     if (!st || st != &h->device_wide || !batch || batch->next || batch->num_entries != 1 || h->open_batch ||
-        h->plan.active || h->cfg.step_plan || h->chunk_call || cuh_hp_own_segment_locked(h))
+        h->cfg.step_plan || h->chunk_call || cuh_hp_own_segment_locked(h))   /* plans come only with step_plan */
         return NULL;
     cuh_extent_t *e = batch->entries[0].ext;
     if (!e || e->size != size || e->addr % align || e->tag != st->tag || e->chunked || !search_would_take(h, e, st))

@@ -63,9 +63,9 @@ typedef struct fence_s {
 } fence_t;
 
 typedef struct stream_state_s {
-    cuh_stream_t handle;
-    uint32_t tag;
+    uint32_t tag;                /* first: what every allocation reads (the heap's device_wide) */
     int retired;                 /* the program destroyed the stream: never record on it again */
+    cuh_stream_t handle;
     uint64_t completed;          /* fences [0, completed) have completed */
     fence_t *fences;             /* outstanding, oldest first */
     size_t num_fences, cap_fences;
@@ -148,15 +148,23 @@ typedef struct batch_entry_s {
     cuh_extent_t *ext;           /* a block's extent (its held flag set), or NULL */
 } batch_entry_t;
 
+/* A batch's arrays start inside it (first_*: a cudaFree of a block makes a
+ * batch of one entry and one device-wide event), so that such a batch is two
+ * cache lines, not five (issue 45: each line a pair touches is a miss when
+ * Python has emptied the caches); they move to the host heap when they grow.
+ * Made by cuh_hp_batch_new, freed by cuh_hp_batch_free. */
 typedef struct free_batch_s {
     struct free_batch_s *next;   /* closed batches, oldest first */
     batch_entry_t *entries;      /* held by a bit of their own, not in the held map (unlike holds) */
-    size_t num_entries, cap_entries;
-    size_t num_blocks;           /* entries that are blocks (extents) */
-    size_t bytes;                /* the entries' sizes added up */
-    size_t num_events, cap_events;
     cuh_event_t *events;
     cuh_stream_t *event_streams;  /* the stream each event was recorded on */
+    uint32_t num_entries, cap_entries;
+    size_t num_events, cap_events;
+    size_t num_blocks;           /* entries that are blocks (extents) */
+    size_t bytes;                /* the entries' sizes added up */
+    batch_entry_t first_entry[1];
+    cuh_event_t first_event[1];
+    cuh_stream_t first_stream[1];
 } free_batch_t;
 
 /* A fence for memory outside the heap (cuh_heap_fence): like a closed
@@ -285,9 +293,25 @@ struct cuh_heap_s {
     uint64_t num_segment_allocs, num_segment_frees, num_retries, num_ooms;
     size_t num_holds;            /* holds (below) */
     size_t num_chunks;           /* chunks lent to threads now (heap_chunks.c) */
+    int chunk_call;              /* the allocation underway is a chunk: no heavy ways to memory */
+    uint32_t last_take_tag;      /* the tag of the free extent cuh_hp_take_locked cut from last */
+    uint32_t num_streams;        /* streams (below) */
+    /* cudaFree's batches (heap_devicewide.c): a block's pair under LD_PRELOAD
+     * touches each of these. */
+    free_batch_t *closed_batches;
+    free_batch_t *spare_batch;   /* a finished batch kept with its arrays for the next (one a cudaFree, else) */
+    uint64_t allocs_at_close;    /* num_allocs when the last batch closed (cuh_hp_batches_poll_locked) */
+    uint64_t allocs_at_take_back; /* num_allocs at the last take-back (cuh_hp_take_back_all_locked) */
+    cuh_event_t *spare_events;
+    size_t num_spare_events, cap_spare_events;
 
     cuh_arena_t arena;
     cuh_ptrmap_t blocks;         /* large block address -> extent */
+    /* Allocations for no stream (cudaMalloc: any stream may use the block at
+     * once) take global memory only: this state has the global tag, no
+     * handle, and is never fenced or listed. Its head shares the block
+     * map's last cache line. */
+    stream_state_t device_wide;
     cuh_pagemap_t pages;         /* 64 KiB page -> slab */
     unsigned keep_class;         /* a class whose allocation waits on a take-back, or CUH_MAX_CLASSES */
     cuh_slab_t *kept_slab;       /* the slab of keep_class that the take-back emptied, kept for it */
@@ -295,15 +319,8 @@ struct cuh_heap_s {
     unsigned num_classes;
 
     stream_state_t **streams;    /* index = tag - 1 */
-    /* Allocations for no stream (cudaMalloc: any stream may use the block at
-     * once) take global memory only: this state has the global tag, no
-     * handle, and is never fenced or listed. */
-    stream_state_t device_wide;
-    uint32_t num_streams, cap_streams;
+    uint32_t cap_streams;        /* num_streams (above) in use */
     stream_state_t *last_stream;
-
-    cuh_event_t *spare_events;
-    size_t num_spare_events, cap_spare_events;
 
     uint64_t num_cpu_waits;      /* times the CPU waited for the GPU (an event or the device) */
 
@@ -315,7 +332,6 @@ struct cuh_heap_s {
     hold_t **holds;
     size_t cap_holds;
     int took_back;               /* streams waited stream by stream: new streams must wait too (stream_joins_locked) */
-    uint64_t allocs_at_take_back; /* num_allocs at the last take-back (cuh_hp_take_back_all_locked) */
     /* Under vmm:1, the events recorded when other streams got memory before
      * the GPU passed its frees (reuse_across_streams): that memory is theirs
      * at once, but no page may be unmapped (steal_pages_locked) before these
@@ -332,10 +348,7 @@ struct cuh_heap_s {
     size_t num_gen_events;
     uint64_t take_back_gen;      /* the generation of the last take-back that left work running */
     uint64_t settled_gen;        /* every take-back up to this generation has its work done */
-    uint64_t allocs_at_close;    /* num_allocs when the last batch closed (cuh_hp_batches_poll_locked) */
-    double closed_at;            /* cuh_hp_seconds_since(born) when the last batch closed (cuh_heap_poll) */
-    free_batch_t *spare_batch;   /* a finished batch kept with its arrays for the next (one a cudaFree, else) */
-    free_batch_t *closed_batches;
+    double poll_closed_at;       /* cuh_hp_seconds_since(born) when cuh_heap_poll last closed a batch */
     cuh_heap_fence_t *fences;    /* outstanding fences for memory outside the heap (cuh_heap_fence) */
     /* Virtual memory (vmm:1): the general region is one reservation (`vm`,
      * above, with the page size) whose pages are mapped on demand;
@@ -367,7 +380,6 @@ struct cuh_heap_s {
      * is a DRAIN extent until the stream's work up to the move is done. */
     vm_drain_t *drains;          /* oldest first */
     vm_drain_t *stuck_drains;    /* DRAIN ranges whose old mappings the device would not unmap: out of use */
-    uint32_t last_take_tag;      /* the tag of the free extent cuh_hp_take_locked cut from last */
     /* The last large block freed on a stream, not yet given back to the
      * arena (`parked`, above; see "the parked block"): still in the block
      * map, counted as freed. Any other heap operation gives it back first. */
@@ -382,7 +394,6 @@ struct cuh_heap_s {
     uint64_t num_chunks_lent;    /* ever */
     uint64_t chunks_short_at;    /* num_allocs when memory for chunks last ran short */
     const cuh_tcache_t *last_chunk_asker;   /* whose large allocation asked last (compared, never followed) */
-    int chunk_call;              /* the allocation underway is a chunk: no heavy ways to memory */
 
     /* Timeline for reports: a sample every sample_every operations (above)
      * and at every change of reserved bytes; when full, every other sample
@@ -565,6 +576,7 @@ int cuh_hp_batches_poll_locked(cuh_heap_t *h, int wait);
 int cuh_hp_batch_add_locked(cuh_heap_t *h, uintptr_t addr, const live_block_t *b);
 size_t cuh_hp_free_slack_locked(const cuh_heap_t *h);
 /* Frees a batch and its arrays (NULL: nothing). */
+free_batch_t *cuh_hp_batch_new(void);
 void cuh_hp_batch_free(free_batch_t *batch);
 
 /* heap_chunks.c: a thread's chunks */
