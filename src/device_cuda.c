@@ -62,7 +62,6 @@ typedef struct CUstream_st *CUstream;
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_OUT_OF_MEMORY 2
 #define CUDA_ERROR_DEINITIALIZED 4
-#define CUDA_ERROR_INVALID_CONTEXT 201
 #define CUDA_ERROR_NOT_READY 600
 #define CUDA_ERROR_NOT_SUPPORTED 801
 #define CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
@@ -604,22 +603,15 @@ static cuh_dev_status_t cuda_event_record(cuh_device_t *dev, cuh_event_t event, 
     return CUH_DEV_OK;
 }
 
-/* An event carries its context, and cuEventQuery needs no current one (its
- * documented errors include no invalid context; cudaEventQuery succeeds for
- * another device's event): no context is made current, a cuCtxGetCurrent
- * saved per query, which is one per cudaFree'd block asked for again
- * (issue 45). Should a driver refuse for want of a context after all, the
- * query runs again with the device's context current. */
 static cuh_dev_status_t cuda_event_query(cuh_device_t *dev, cuh_event_t event)
 {
-    CUresult r = g_cu.cuEventQuery((CUevent)(void *)event);
-    if (cuh_unlikely(r == CUDA_ERROR_INVALID_CONTEXT)) {
-        cuh_cuda_device_t *d = cuda_dev(dev);
-        int pushed;
-        CUDA_ENTER(d, pushed, "cuEventQuery");
-        r = g_cu.cuEventQuery((CUevent)(void *)event);
-        cuda_ctx_leave(pushed);
-    }
+    cuh_cuda_device_t *d = cuda_dev(dev);
+    int pushed;
+    CUresult r;
+
+    CUDA_ENTER(d, pushed, "cuEventQuery");
+    r = g_cu.cuEventQuery((CUevent)(void *)event);
+    cuda_ctx_leave(pushed);
     if (r == CUDA_SUCCESS)
         return CUH_DEV_OK;
     if (r == CUDA_ERROR_NOT_READY)

@@ -190,69 +190,6 @@ static void test_current_device_costs_one_driver_call_once_its_context_is_known(
     assert_int_equal(release(0), 0);
 }
 
-/* A cudaFree'd block's fence is a device-wide record at the free and a query
- * at the next allocation that wants the block back: two driver calls a pair
- * and no context call, since both take their context from their arguments
- * (issue 45: each driver call is a cost per tensor under LD_PRELOAD). A
- * driver that refused a query for want of a current context would get it
- * again with the device's context current: the pair still succeeds. */
-static void test_a_cudafree_fence_is_a_record_and_a_query_and_no_context_call(void **state)
-{
-    (void)state;
-    typedef int (*init_fn)(unsigned);
-    typedef int (*retain_fn)(void **, int);
-    typedef int (*set_fn)(void *);
-    typedef int (*release_fn)(int);
-    typedef int (*faults_fn)(const char *);
-    init_fn init;
-    retain_fn retain;
-    set_fn set_current;
-    release_fn release;
-    faults_fn faults;
-    void *sym = driver("cuInit");
-    memcpy(&init, &sym, sizeof sym);
-    sym = driver("cuDevicePrimaryCtxRetain");
-    memcpy(&retain, &sym, sizeof sym);
-    sym = driver("cuCtxSetCurrent");
-    memcpy(&set_current, &sym, sizeof sym);
-    sym = driver("cuDevicePrimaryCtxRelease_v2");
-    memcpy(&release, &sym, sizeof sym);
-    sym = driver("fake_cuda_faults");
-    memcpy(&faults, &sym, sizeof sym);
-    void *ctx = NULL;
-    assert_int_equal(init(0), 0);
-    assert_int_equal(retain(&ctx, 0), 0);
-    assert_int_equal(set_current(ctx), 0);
-    void *p, *q;
-    assert_int_equal(cuheap_malloc_device_wide(&p, MiB, 0), CUHEAP_OK);
-    assert_int_equal(cuheap_free_device_wide(p, 0), CUHEAP_OK);
-    unsigned long all = driver_calls(NULL), records = driver_calls("cuCtxRecordEvent"),
-                  queries = driver_calls("cuEventQuery");
-    for (int i = 0; i < 100; i++) {
-        assert_int_equal(cuheap_malloc_device_wide(&q, MiB, 0), CUHEAP_OK);
-        assert_ptr_equal(q, p);   /* the freed block, taken back */
-        assert_int_equal(cuheap_free_device_wide(q, 0), CUHEAP_OK);
-    }
-    assert_int_equal(driver_calls("cuCtxRecordEvent") - records, 100);
-    assert_int_equal(driver_calls("cuEventQuery") - queries, 100);
-    assert_int_equal(driver_calls(NULL) - all, 200);   /* no cuCtxGetCurrent, nothing else */
-
-    /* The next query refused for want of a context: asked again in it. */
-    char plan[64];
-    snprintf(plan, sizeof plan, "cuEventQuery@%lu=201", driver_calls("cuEventQuery") + 1);
-    assert_int_equal(faults(plan), 0);
-    unsigned long current = driver_calls("cuCtxGetCurrent");
-    queries = driver_calls("cuEventQuery");
-    assert_int_equal(cuheap_malloc_device_wide(&q, MiB, 0), CUHEAP_OK);
-    assert_ptr_equal(q, p);
-    assert_int_equal(driver_calls("cuEventQuery") - queries, 2);
-    assert_int_equal(driver_calls("cuCtxGetCurrent") - current, 1);
-    assert_int_equal(cuheap_free_device_wide(q, 0), CUHEAP_OK);
-    assert_int_equal(faults(""), 0);
-    assert_int_equal(set_current(NULL), 0);
-    assert_int_equal(release(0), 0);
-}
-
 static void test_vmm_moves_pages_and_every_block_keeps_its_data(void **state)
 {
     (void)state;
@@ -425,8 +362,6 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_driver_path_serves_blocks_that_hold_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_current_device_costs_one_driver_call_once_its_context_is_known, setup,
-                                        teardown),
-        cmocka_unit_test_setup_teardown(test_a_cudafree_fence_is_a_record_and_a_query_and_no_context_call, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_fake_driver_maps_only_whole_allocations_as_the_driver_does, setup, teardown),
         cmocka_unit_test_setup_teardown(test_vmm_moves_pages_and_every_block_keeps_its_data, setup, teardown),
