@@ -603,6 +603,12 @@ static cuh_dev_status_t cuda_event_record(cuh_device_t *dev, cuh_event_t event, 
     return CUH_DEV_OK;
 }
 
+/* Inside the device's context, though the event carries its own: a driver
+ * may crash in cuEventQuery on a thread with no current context (the GPU
+ * check's stress under CUDA's shared runtime did, on an H100 with driver
+ * 580.159, where a hooked cudaMalloc reaches here before the runtime has
+ * made a context current; bench/HISTORY.md). The enter costs a
+ * cuCtxGetCurrent where the context is current already. */
 static cuh_dev_status_t cuda_event_query(cuh_device_t *dev, cuh_event_t event)
 {
     cuh_cuda_device_t *d = cuda_dev(dev);

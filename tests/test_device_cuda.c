@@ -190,6 +190,54 @@ static void test_current_device_costs_one_driver_call_once_its_context_is_known(
     assert_int_equal(release(0), 0);
 }
 
+/* A thread with no current context (a hooked cudaMalloc from a thread the
+ * CUDA runtime has not yet set up) frees a block and asks for its size
+ * again: the query of the block's fence runs inside the device's context,
+ * pushed for it and popped after. A real driver may crash in cuEventQuery
+ * with no current context (the GPU check's shared-runtime stress did, when
+ * the query ran without one); the fake driver stops the process there. */
+static void test_a_fence_query_from_a_thread_without_a_context_runs_in_the_devices(void **state)
+{
+    (void)state;
+    typedef int (*init_fn)(unsigned);
+    typedef int (*retain_fn)(void **, int);
+    typedef int (*set_fn)(void *);
+    typedef int (*get_fn)(void **);
+    typedef int (*release_fn)(int);
+    init_fn init;
+    retain_fn retain;
+    set_fn set_current;
+    get_fn get_current;
+    release_fn release;
+    void *sym = driver("cuInit");
+    memcpy(&init, &sym, sizeof sym);
+    sym = driver("cuDevicePrimaryCtxRetain");
+    memcpy(&retain, &sym, sizeof sym);
+    sym = driver("cuCtxSetCurrent");
+    memcpy(&set_current, &sym, sizeof sym);
+    sym = driver("cuCtxGetCurrent");
+    memcpy(&get_current, &sym, sizeof sym);
+    sym = driver("cuDevicePrimaryCtxRelease_v2");
+    memcpy(&release, &sym, sizeof sym);
+    void *ctx = NULL;
+    assert_int_equal(init(0), 0);
+    assert_int_equal(retain(&ctx, 0), 0);
+    assert_int_equal(set_current(NULL), 0);
+    void *p, *q;
+    assert_int_equal(cuheap_malloc_device_wide(&p, MiB, 0), CUHEAP_OK);
+    assert_int_equal(cuheap_free_device_wide(p, 0), CUHEAP_OK);
+    const unsigned long queries = driver_calls("cuEventQuery"), pushes = driver_calls("cuCtxPushCurrent_v2");
+    assert_int_equal(cuheap_malloc_device_wide(&q, MiB, 0), CUHEAP_OK);
+    assert_ptr_equal(q, p);   /* the freed block, its fence queried */
+    assert_true(driver_calls("cuEventQuery") > queries);
+    assert_true(driver_calls("cuCtxPushCurrent_v2") > pushes);
+    void *now = (void *)1;
+    assert_int_equal(get_current(&now), 0);
+    assert_null(now);   /* popped: the thread's own (none) is current again */
+    assert_int_equal(cuheap_free_device_wide(q, 0), CUHEAP_OK);
+    assert_int_equal(release(0), 0);
+}
+
 static void test_vmm_moves_pages_and_every_block_keeps_its_data(void **state)
 {
     (void)state;
@@ -362,6 +410,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_driver_path_serves_blocks_that_hold_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_current_device_costs_one_driver_call_once_its_context_is_known, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_a_fence_query_from_a_thread_without_a_context_runs_in_the_devices, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_fake_driver_maps_only_whole_allocations_as_the_driver_does, setup, teardown),
         cmocka_unit_test_setup_teardown(test_vmm_moves_pages_and_every_block_keeps_its_data, setup, teardown),

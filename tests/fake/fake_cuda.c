@@ -76,6 +76,7 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -744,9 +745,18 @@ API CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned flags)
     pthread_mutex_unlock(&lock);
     return r;
 }
+/* A real driver may crash in cuEventQuery when the calling thread has no
+ * current context (a SIGSEGV under LD_PRELOAD with CUDA's shared runtime,
+ * 2026-12-07, where a hooked cudaMalloc reaches cuheap before the runtime has
+ * made a context current): the fake one stops the process, naming it, so a
+ * test fails wherever cuheap would query so. */
 API CUresult cuEventQuery(CUevent event)
 {
     CALLED();
+    if (!current_context()) {
+        fprintf(stderr, "fake CUDA driver: cuEventQuery with no current context (a real driver may crash there)\n");
+        abort();
+    }
     fake_event_t *e = event;
     CUresult r = OK;
     pthread_mutex_lock(&lock);
