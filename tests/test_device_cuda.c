@@ -148,6 +148,31 @@ static void moves_pages_and_keeps_data(const char *conf, size_t hole)
     assert_int_equal(after[2], after[3]);   /* every physical page went back */
 }
 
+/* The fake driver's context calls a test makes itself. */
+typedef struct ctx_calls_s {
+    int (*init)(unsigned);
+    int (*retain)(void **, int);
+    int (*set_current)(void *);
+    int (*get_current)(void **);
+    int (*release)(int);
+} ctx_calls_t;
+
+static ctx_calls_t ctx_calls(void)
+{
+    ctx_calls_t c;
+    void *sym = driver("cuInit");
+    memcpy(&c.init, &sym, sizeof sym);
+    sym = driver("cuDevicePrimaryCtxRetain");
+    memcpy(&c.retain, &sym, sizeof sym);
+    sym = driver("cuCtxSetCurrent");
+    memcpy(&c.set_current, &sym, sizeof sym);
+    sym = driver("cuCtxGetCurrent");
+    memcpy(&c.get_current, &sym, sizeof sym);
+    sym = driver("cuDevicePrimaryCtxRelease_v2");
+    memcpy(&c.release, &sym, sizeof sym);
+    return c;
+}
+
 /* The C API with CUHEAP_CURRENT_DEVICE asks for the thread's current context
  * on every call; once its primary context is known, nothing more: the
  * context's device is not asked for again (issue 45: a driver call per
@@ -155,27 +180,12 @@ static void moves_pages_and_keeps_data(const char *conf, size_t hole)
 static void test_current_device_costs_one_driver_call_once_its_context_is_known(void **state)
 {
     (void)state;
-    typedef int (*init_fn)(unsigned);
-    typedef int (*retain_fn)(void **, int);
-    typedef int (*set_fn)(void *);
-    typedef int (*release_fn)(int);
-    init_fn init;
-    retain_fn retain;
-    set_fn set_current;
-    release_fn release;
-    void *sym = driver("cuInit");
-    memcpy(&init, &sym, sizeof sym);
-    sym = driver("cuDevicePrimaryCtxRetain");
-    memcpy(&retain, &sym, sizeof sym);
-    sym = driver("cuCtxSetCurrent");
-    memcpy(&set_current, &sym, sizeof sym);
-    sym = driver("cuDevicePrimaryCtxRelease_v2");
-    memcpy(&release, &sym, sizeof sym);
+    const ctx_calls_t c = ctx_calls();
     void *ctx = NULL;
     /* As the CUDA runtime leaves a thread: device 0's primary context current. */
-    assert_int_equal(init(0), 0);
-    assert_int_equal(retain(&ctx, 0), 0);
-    assert_int_equal(set_current(ctx), 0);
+    assert_int_equal(c.init(0), 0);
+    assert_int_equal(c.retain(&ctx, 0), 0);
+    assert_int_equal(c.set_current(ctx), 0);
     void *p;
     assert_int_equal(cuheap_malloc(&p, 4096, CUHEAP_CURRENT_DEVICE, NULL), CUHEAP_OK);
     assert_int_equal(cuheap_free(p, CUHEAP_CURRENT_DEVICE, NULL), CUHEAP_OK);
@@ -186,8 +196,8 @@ static void test_current_device_costs_one_driver_call_once_its_context_is_known(
     }
     assert_int_equal(driver_calls("cuCtxGetCurrent") - current, 200);
     assert_int_equal(driver_calls(NULL) - all, 200);   /* no cuCtxGetDevice, nothing else */
-    assert_int_equal(set_current(NULL), 0);
-    assert_int_equal(release(0), 0);
+    assert_int_equal(c.set_current(NULL), 0);
+    assert_int_equal(c.release(0), 0);
 }
 
 /* A thread with no current context (a hooked cudaMalloc from a thread the
@@ -199,30 +209,11 @@ static void test_current_device_costs_one_driver_call_once_its_context_is_known(
 static void test_a_fence_query_from_a_thread_without_a_context_runs_in_the_devices(void **state)
 {
     (void)state;
-    typedef int (*init_fn)(unsigned);
-    typedef int (*retain_fn)(void **, int);
-    typedef int (*set_fn)(void *);
-    typedef int (*get_fn)(void **);
-    typedef int (*release_fn)(int);
-    init_fn init;
-    retain_fn retain;
-    set_fn set_current;
-    get_fn get_current;
-    release_fn release;
-    void *sym = driver("cuInit");
-    memcpy(&init, &sym, sizeof sym);
-    sym = driver("cuDevicePrimaryCtxRetain");
-    memcpy(&retain, &sym, sizeof sym);
-    sym = driver("cuCtxSetCurrent");
-    memcpy(&set_current, &sym, sizeof sym);
-    sym = driver("cuCtxGetCurrent");
-    memcpy(&get_current, &sym, sizeof sym);
-    sym = driver("cuDevicePrimaryCtxRelease_v2");
-    memcpy(&release, &sym, sizeof sym);
+    const ctx_calls_t c = ctx_calls();
     void *ctx = NULL;
-    assert_int_equal(init(0), 0);
-    assert_int_equal(retain(&ctx, 0), 0);
-    assert_int_equal(set_current(NULL), 0);
+    assert_int_equal(c.init(0), 0);
+    assert_int_equal(c.retain(&ctx, 0), 0);
+    assert_int_equal(c.set_current(NULL), 0);
     void *p, *q;
     assert_int_equal(cuheap_malloc_device_wide(&p, MiB, 0), CUHEAP_OK);
     assert_int_equal(cuheap_free_device_wide(p, 0), CUHEAP_OK);
@@ -232,10 +223,10 @@ static void test_a_fence_query_from_a_thread_without_a_context_runs_in_the_devic
     assert_true(driver_calls("cuEventQuery") > queries);
     assert_true(driver_calls("cuCtxPushCurrent_v2") > pushes);
     void *now = (void *)1;
-    assert_int_equal(get_current(&now), 0);
+    assert_int_equal(c.get_current(&now), 0);
     assert_null(now);   /* popped: the thread's own (none) is current again */
     assert_int_equal(cuheap_free_device_wide(q, 0), CUHEAP_OK);
-    assert_int_equal(release(0), 0);
+    assert_int_equal(c.release(0), 0);
 }
 
 static void test_vmm_moves_pages_and_every_block_keeps_its_data(void **state)
