@@ -232,7 +232,8 @@ cuh_extent_t *cuh_hp_extent_alloc_locked(cuh_heap_t *h, stream_state_t *st, size
                                          cuh_extent_state_t state, cuheap_status_t *status, grow_result_t *why_out)
 {
     cuh_extent_t *e = extent_alloc_once_locked(h, st, size, align, state, status, why_out);
-    if (cuh_unlikely(!e && *status == CUHEAP_ERR_OUT_OF_MEMORY && h->plan.active && !h->captures && !h->chunk_call)) {
+    if (cuh_unlikely(!e && *status == CUHEAP_ERR_OUT_OF_MEMORY && cuh_hp_plan_in_force(h) && !h->captures &&
+                     !h->chunk_call)) {
         /* A step plan's room may be what is missing: it goes back, and the
          * ladder runs once more (heap_plan.c). */
         cuh_hp_plan_drop_locked(h);
@@ -802,7 +803,7 @@ static cuheap_status_t heap_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t str
                    cuh_hp_maybe_hold_locked(h, addr, b.size, b.requested, st);
         if (held || (b.slab && cuh_hp_tcache_adopt_locked(h, &b, addr, stream))) {
             /* held, or in this thread's cache */
-        } else if (cuh_unlikely(h->cfg.step_plan && h->plan.active) && b.ext) {
+        } else if (cuh_unlikely(cuh_hp_plan_in_force(h)) && b.ext) {
             /* With a step plan in force: back to its room, or to the arena,
              * never parked (a take the plan did not place). */
             if (!cuh_hp_plan_room_locked(h, &b, addr, stream))

@@ -66,7 +66,7 @@ static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch, uint64_t gen
          * is not avail), a block's extent is in use. */
         b = (live_block_t){.ext = x->ext, .slab = x->slab, .size = x->size, .requested = x->requested};
         b.index = entry_unhold_locked(h, x);
-        if (cuh_unlikely(h->cfg.step_plan && h->plan.active) && x->ext && cuh_hp_plan_room_finished_locked(h, x->ext))
+        if (cuh_unlikely(cuh_hp_plan_in_force(h)) && x->ext && cuh_hp_plan_room_finished_locked(h, x->ext))
             continue;   /* a step plan's block: back to its room (heap_plan.c) */
         cuh_hp_release_block_global_locked(h, &b, x->addr);
     }
@@ -123,22 +123,18 @@ void cuh_hp_batch_free(free_batch_t *batch)
     free(batch);
 }
 
-/* *array (of `*cap` items of `item` bytes, `inline_items` the batch's own
- * first ones) grown to `cap` items, its items kept. 0 when host memory runs
- * out (the array is as it was). */
-static int batch_grow(void **array, const void *inline_items, size_t item, size_t cap)
+/* A batch's array (`array`, of `item`-byte items) grown to `cap` items, its
+ * items kept: the first one copied out of the batch's own storage
+ * (`inline_items`, which holds one), the others by realloc. NULL when host
+ * memory runs out (the array is as it was). */
+static void *batch_grown(void *array, const void *inline_items, size_t item, size_t cap)
 {
-    void *grown;
-    if (*array == inline_items) {
-        if ((grown = malloc(cap * item)))
-            memcpy(grown, inline_items, item);   /* an inline array holds one item */
-    } else {
-        grown = realloc(*array, cap * item);
-    }
-    if (!grown)
-        return 0;
-    *array = grown;
-    return 1;
+    if (array != inline_items)
+        return realloc(array, cap * item);
+    void *grown = malloc(cap * item);
+    if (grown)
+        memcpy(grown, inline_items, item);
+    return grown;
 }
 
 /* Closes the open batch: one device-wide event (cuh_hp_record_all_locked), or one
@@ -160,9 +156,12 @@ void cuh_hp_batch_close_locked(cuh_heap_t *h)
     int synced = 0;
     if (batch->cap_events < h->num_streams + 1) {
         const size_t cap = (size_t)h->num_streams + 1;
-        const int events = batch_grow((void **)&batch->events, batch->first_event, sizeof *batch->events, cap);
-        const int where = batch_grow((void **)&batch->event_streams, batch->first_stream, sizeof *batch->event_streams,
-                                     cap);
+        cuh_event_t *events = batch_grown(batch->events, batch->first_event, sizeof *events, cap);
+        if (events)
+            batch->events = events;
+        cuh_stream_t *where = batch_grown(batch->event_streams, batch->first_stream, sizeof *where, cap);
+        if (where)
+            batch->event_streams = where;
         if (events && where)
             batch->cap_events = cap;
         synced = !events || !where;
@@ -263,9 +262,12 @@ int cuh_hp_batch_add_locked(cuh_heap_t *h, uintptr_t addr, const live_block_t *b
     }
     if (batch->num_entries == batch->cap_entries) {
         const uint32_t cap = batch->cap_entries < 64 ? 64 : 2 * batch->cap_entries;
-        if (batch->cap_entries > UINT32_MAX / 2 ||
-            !batch_grow((void **)&batch->entries, batch->first_entry, sizeof *batch->entries, cap))
+        batch_entry_t *grown = NULL;
+        if (batch->cap_entries <= UINT32_MAX / 2)
+            grown = batch_grown(batch->entries, batch->first_entry, sizeof *grown, cap);
+        if (!grown)
             return -1;
+        batch->entries = grown;
         batch->cap_entries = cap;
     }
     if (b->slab)
@@ -439,7 +441,7 @@ static cuh_extent_t *same_block_locked(cuh_heap_t *h, const stream_state_t *st, 
 {
     const free_batch_t *batch = h->closed_batches;
     if (!st || st != &h->device_wide || !batch || batch->next || batch->num_entries != 1 || h->open_batch ||
-        h->cfg.step_plan || h->chunk_call || cuh_hp_own_segment_locked(h))   /* plans come only with step_plan */
+        h->cfg.step_plan || h->chunk_call || cuh_hp_own_segment_locked(h))   /* a plan: placed by heap_plan.c */
         return NULL;
     cuh_extent_t *e = batch->entries[0].ext;
     if (!e || e->size != size || e->addr % align || e->tag != st->tag || e->chunked || !search_would_take(h, e, st))

@@ -575,8 +575,9 @@ void cuh_hp_batch_close_locked(cuh_heap_t *h);
 int cuh_hp_batches_poll_locked(cuh_heap_t *h, int wait);
 int cuh_hp_batch_add_locked(cuh_heap_t *h, uintptr_t addr, const live_block_t *b);
 size_t cuh_hp_free_slack_locked(const cuh_heap_t *h);
-/* Frees a batch and its arrays (NULL: nothing). */
+/* A batch with room for one entry and one event inside it, or NULL. */
 free_batch_t *cuh_hp_batch_new(void);
+/* Frees a batch and its arrays (NULL: nothing). */
 void cuh_hp_batch_free(free_batch_t *batch);
 
 /* heap_chunks.c: a thread's chunks */
@@ -609,6 +610,14 @@ static inline void cuh_hp_stat_set(stat_t *s, size_t value)
     s->current = value;
     if (value > s->peak)
         s->peak = value;
+}
+
+/* A step plan is in force. Plans come only with step_plan, so the plan's
+ * own line is read only where the setting is on (issue 45: a line a pair
+ * touches is a miss when Python has emptied the caches). */
+static inline int cuh_hp_plan_in_force(const cuh_heap_t *h)
+{
+    return h->cfg.step_plan && h->plan.active;
 }
 
 /* A block that must start a segment of its own: every block with ipc_safe:1,
