@@ -328,6 +328,7 @@ static void do_free(run_t *r, int i, unsigned how)
     /* A block of one pool freed while another's graph is captured: both
      * graphs may use it. */
     uint64_t also = capture_gen(r) != s->pool ? capture_gen(r) : 0;
+    const size_t pieces_before = r->model.num;
     for (int k = 0; k < NSTREAMS; k++) {
         if (!wide && streams[k] != s->stream && !(s->users >> k & 1))
             continue;
@@ -341,8 +342,13 @@ static void do_free(run_t *r, int i, unsigned how)
     cuheap_stats_t st;
     cuh_heap_stats(r->heap, &st);
     cuheap_status_t rc = wide ? cuh_heap_free_device_wide(r->heap, s->addr) : cuh_heap_free(r->heap, s->addr, s->stream);
-    if (refused_lost(r, was_lost, &st, rc, "free") || failed_by_fault(r, faults, rc, "free"))
-        return;   /* refused: the block stays the program's, to be freed again */
+    if (refused_lost(r, was_lost, &st, rc, "free") || failed_by_fault(r, faults, rc, "free")) {
+        /* Refused: the block stays the program's, to be freed again, and
+         * what this free would have told the model (a graph pool holding
+         * the block, if a capture is underway) did not happen. */
+        r->model.num = pieces_before;
+        return;
+    }
     if (rc != CUHEAP_OK)
         broken(r, "free of live block 0x%lx failed: %s", (unsigned long)s->addr, cuheap_status_string(rc));
     uintptr_t gone = s->addr;
