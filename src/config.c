@@ -55,11 +55,11 @@ static const option_t options[] = {
     {"vmm_margin", KIND_FRACTION, offsetof(cuh_config_t, vmm_margin), "0.1",
      "With vmm:1: new pages come from the device while the heap holds at most (1 + vmm_margin) "
      "times the most bytes the program has had live; beyond that, or when the device or the "
-     "limit refuses, free pages are moved instead (an unmap and a map each). A block size that "
-     "needed moved pages in half of its last 8 mappings gets new pages anyway while the heap "
-     "holds at most (1 + 3 x vmm_margin) times that and the limit has room: moving the same "
-     "pages every step costs more than new pages once. Smaller values usually hold less memory "
-     "and move pages more often. Between 0 and 1."},
+     "limit refuses, free pages are moved instead (a map each, and an unmap once their old "
+     "range is needed again). A block size that needed moved pages in half of its last 8 "
+     "mappings gets new pages anyway while the heap holds at most (1 + 3 x vmm_margin) times "
+     "that and the limit has room: moving the same pages every step costs more than new pages "
+     "once. Smaller values usually hold less memory and move pages more often. Between 0 and 1."},
     {"vmm_page", KIND_SIZE, offsetof(cuh_config_t, vmm_page), "2M",
      "With vmm:1: the unit of physical memory that is created, mapped and moved (rounded up "
      "to a multiple of the device's granularity, 2 MiB on an H200). A move costs about the "

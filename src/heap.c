@@ -383,19 +383,12 @@ void cuh_heap_destroy(cuh_heap_t *h)
             for (vm_drain_t *d = h->drains, *next; d; d = next) {
                 next = d->next;
                 for (size_t i = 0; i < d->num_extents; i++)
-                    cuh_hp_unmap_drain_locked(h, d->extents[i]);
+                    cuh_hp_keep_drain_locked(h, d->extents[i]);   /* unmapped below with the other kept ones */
                 if (d->event)
                     h->dev->ops->event_destroy(h->dev, d->event);
                 free(d);
             }
             h->drains = NULL;
-            for (vm_drain_t *d = h->stuck_drains, *next; d; d = next) {
-                next = d->next;
-                for (size_t i = 0; i < d->num_extents; i++)   /* once more; some went before */
-                    (void)cuh_hp_unmap_drain_locked(h, d->extents[i]);
-                free(d);
-            }
-            h->stuck_drains = NULL;
             cuh_hp_unmap_all_units_locked(h);
             h->dev->ops->vm_unreserve(h->dev, s->base, s->size);
         } else {
@@ -406,6 +399,9 @@ void cuh_heap_destroy(cuh_heap_t *h)
     free(h->page_mapped);
     free(h->page_gen);
     free(h->drain_head);
+    free(h->drain_handle);
+    free(h->kept_handle);
+    free(h->kept_head);
     cuh_hp_plan_free_records(h);
     cuh_arena_destroy(&h->arena);
     cuh_ptrmap_destroy(&h->blocks);

@@ -267,6 +267,9 @@ typedef struct cuh_snap_segment_s {
     uint64_t page_maps;       /* virtual: pages mapped since the heap began (new ones and moved ones) */
     uint64_t page_moves;      /* virtual: pages unmapped from free memory to be mapped elsewhere */
     uint64_t map_calls;       /* virtual: map and unmap calls made to the device since the heap began */
+    uint64_t kept_pages;      /* virtual: pages where a unit that moved away stays mapped (not memory; not reported) */
+    uint64_t kept_hits;       /* virtual: units placed again where they stayed mapped (no call) */
+    uint64_t draining;        /* virtual: bytes of old mappings that stay until the work on them is done */
     size_t first_extent, num_extents;
     size_t first_run, num_runs;   /* virtual: its mapped ranges in the snapshot's runs */
 } cuh_snap_segment_t;
@@ -306,7 +309,7 @@ typedef struct cuh_snap_step_s {
     double end;               /* seconds since the heap began, at its mark */
     double seconds;           /* how long it took */
     uint64_t page_maps;       /* virtual: pages mapped in it, new ones and moved ones */
-    uint64_t page_moves;      /* virtual: of those, pages moved from free memory (an unmap and a map each) */
+    uint64_t page_moves;      /* virtual: of those, pages moved from free memory (kept mapped where they were) */
     uint64_t map_calls;       /* virtual: map and unmap calls to the device (one a unit, vmm_unit) */
     uint64_t device_allocs;   /* allocations asked of the device: segments, or new pages under vmm:1 */
     uint64_t cpu_waits;       /* times the CPU waited for the GPU */

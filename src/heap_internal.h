@@ -88,9 +88,9 @@ typedef struct stat_s {
 typedef enum { GROW_OK, GROW_LIMIT, GROW_DEVICE, GROW_ERROR } grow_result_t;
 
 /* Old mappings of pages that moved before the GPU passed their frees, as
- * DRAIN extents: they are unmapped, and the extents freed, once `event`
- * (recorded on the freeing stream after the move) has completed
- * (cuh_hp_drains_poll_locked). */
+ * DRAIN extents: once `event` (recorded on the freeing stream after the
+ * move) has completed, the extents become free memory and the old mappings
+ * kept ones (cuh_hp_drains_poll_locked). */
 typedef struct vm_drain_s {
     struct vm_drain_s *next;
     cuh_event_t event;
@@ -359,6 +359,14 @@ struct cuh_heap_s {
     uint64_t *page_mapped;       /* bit i: page_handle[i] != 0 (ranges test 64 pages a word) */
     uint64_t *page_gen;          /* the last take-back generation that returned memory on page i */
     uint64_t *drain_head;        /* bit i: an old mapping of a unit that moved begins at page i (DRAIN) */
+    uint64_t *drain_handle;      /* the unit whose old mapping lies at page i of a DRAIN extent */
+    /* Kept mappings (heap_pages.c): a unit that moved stays mapped where it
+     * was, at pages the heap counts as unmapped, until something is mapped
+     * over them or the unit goes back to the device. */
+    uint64_t *kept_handle;       /* the unit still mapped at page i, 0 if none (never where page_handle[i] is set) */
+    uint64_t *kept_head;         /* bit i: a kept mapping begins at page i */
+    size_t kept_pages;           /* pages with a kept mapping */
+    uint64_t num_kept_hits;      /* units placed where a kept mapping of theirs lay: no map call */
     size_t num_pages, mapped_pages;
     size_t pages_high;           /* no page at or above this index was ever mapped */
     uint64_t num_page_maps, num_page_steals;
@@ -379,7 +387,6 @@ struct cuh_heap_s {
      * mapped at its new place and still at its old one, whose address range
      * is a DRAIN extent until the stream's work up to the move is done. */
     vm_drain_t *drains;          /* oldest first */
-    vm_drain_t *stuck_drains;    /* DRAIN ranges whose old mappings the device would not unmap: out of use */
     /* The last large block freed on a stream, not yet given back to the
      * arena (`parked`, above; see "the parked block"): still in the block
      * map, counted as freed. Any other heap operation gives it back first. */
@@ -508,7 +515,7 @@ size_t cuh_hp_release_free_segments_locked(cuh_heap_t *h);
 
 /* heap_pages.c: virtual memory */
 void cuh_hp_stamp_pages_locked(cuh_heap_t *h, uintptr_t addr, size_t size, uint64_t gen);
-int cuh_hp_unmap_drain_locked(cuh_heap_t *h, const cuh_extent_t *x);
+void cuh_hp_keep_drain_locked(cuh_heap_t *h, const cuh_extent_t *x);
 void cuh_hp_unmap_all_units_locked(cuh_heap_t *h);
 int cuh_hp_drains_poll_locked(cuh_heap_t *h, int wait);
 int cuh_hp_map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_state_t *st, grow_result_t *why);

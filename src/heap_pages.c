@@ -15,7 +15,8 @@
  * once, its old mapping kept until the stream's work up to then is done
  * (lend_own_pages_locked, DRAIN extents); so do the pages of cudaFree'd
  * memory a take-back returned early, to any stream, the GPU already ordered
- * (alias moves, steal_pages_locked).
+ * (alias moves, steal_pages_locked). A unit that moves stays mapped where it
+ * was (kept mappings) until something else is mapped there.
  */
 #include "heap_internal.h"
 
@@ -169,9 +170,114 @@ static int next_unit(const cuh_heap_t *h, size_t *p, size_t end, uint64_t settle
     return 0;
 }
 
-/* Returns unit `handle` of `pages` pages, mapped nowhere, to the device. */
+/* ---- kept mappings -----------------------------------------------------------------
+ * A unit that moves from free memory to a block is not unmapped where it
+ * was: the unmap is a third of a move's cost (16-20 us a unit on an H100 of
+ * 53-58, docs/benchmarks.md), and the range it leaves, free memory without
+ * pages as far as the heap knows, is often never mapped again, or mapped
+ * again with the same unit, which then costs no call at all (replayed, half
+ * of the map and unmap calls of the corpus's jobs that move pages in every
+ * step; bench/HISTORY.md, "Kept mappings"). The driver lets one allocation
+ * be mapped at several ranges at once. A kept mapping is unmapped when
+ * another unit is mapped over any of its pages, before its unit goes back
+ * to the device (an allocation's memory stays while a mapping of it
+ * remains), when a peer is granted access (a kept mapping lacks the grant),
+ * and with the heap. No block lies on a kept mapping, so nothing reaches a
+ * unit through it: the stream and page rules hold where the unit is used.
+ * A kept mapping that the device refused to unmap as its unit went back is
+ * marked KEPT_ORPHAN: the range stays mapped until an unmap succeeds, and no
+ * later unit, whatever its handle (the driver may hand out a released one's
+ * again), is taken to be mapped there. */
+#define KEPT_ORPHAN UINT64_MAX
+
+static int kept_head_at(const cuh_heap_t *h, size_t p)
+{
+    return (int)((h->kept_head[p >> 6] >> (p & 63)) & 1);
+}
+
+/* The page after the kept mapping that begins at page p. */
+static size_t kept_end(const cuh_heap_t *h, size_t p)
+{
+    size_t q = p + 1;
+    while (q < h->pages_high && h->kept_handle[q] == h->kept_handle[p] && !kept_head_at(h, q))
+        q++;
+    return q;
+}
+
+/* Keeps unit `handle` mapped over pages [p, q), which it has just left. */
+static void kept_add_locked(cuh_heap_t *h, size_t p, size_t q, uint64_t handle)
+{
+    h->kept_head[p >> 6] |= (uint64_t)1 << (p & 63);
+    for (size_t i = p; i < q; i++)
+        h->kept_handle[i] = handle;
+    h->kept_pages += q - p;
+}
+
+/* Unmaps the kept mapping that begins at page p. 0 when the device refused:
+ * it stays, and the error is set. */
+static int kept_drop_locked(cuh_heap_t *h, size_t p)
+{
+    const size_t q = kept_end(h, p);
+    if (vm_unmap_counted(h, cuh_hp_page_va(h, p), (q - p) * h->vm_page) != CUH_DEV_OK) {
+        cuh_set_error("device %d: %s", h->dev->ordinal, h->dev->last_error);
+        return 0;
+    }
+    h->kept_head[p >> 6] &= ~((uint64_t)1 << (p & 63));
+    for (size_t i = p; i < q; i++)
+        h->kept_handle[i] = 0;
+    h->kept_pages -= q - p;
+    return 1;
+}
+
+/* Unmaps every kept mapping over any of pages [first, end). 0 if one stays. */
+static int kept_clear_locked(cuh_heap_t *h, size_t first, size_t end)
+{
+    int ok = 1;
+    if (!h->kept_pages)
+        return 1;
+    /* A mapping over `first` may begin before it. */
+    size_t p = first;
+    if (p < h->pages_high && h->kept_handle[p])
+        while (!kept_head_at(h, p))
+            p--;
+    for (end = cuh_min_size(end, h->pages_high); p < end; p++) {
+        if (!h->kept_handle[p])
+            continue;
+        const size_t q = kept_end(h, p);
+        ok &= kept_drop_locked(h, p);
+        p = q - 1;
+    }
+    return ok;
+}
+
+/* Unmaps every kept mapping of unit `handle` (of every unit: 0), before the
+ * unit goes back to the device. One the device refuses to unmap becomes an
+ * orphan (KEPT_ORPHAN, above). 0 if one stays. */
+static int kept_drop_unit_locked(cuh_heap_t *h, uint64_t handle)
+{
+    int ok = 1;
+    for (size_t p = 0; h->kept_pages && (p = cuh_bits_next(h->kept_head, p, h->pages_high, 1)) < h->pages_high;) {
+        const size_t q = kept_end(h, p);
+        if ((!handle || h->kept_handle[p] == handle) && !kept_drop_locked(h, p)) {
+            ok = 0;
+            for (size_t i = p; i < q; i++)
+                h->kept_handle[i] = KEPT_ORPHAN;
+        }
+        p = q;
+    }
+    return ok;
+}
+
+/* Returns unit `handle` of `pages` pages, mapped nowhere in use, to the
+ * device: its kept mappings go first. */
 static void unit_release_locked(cuh_heap_t *h, uint64_t handle, size_t pages)
 {
+    if (h->kept_pages && !kept_drop_unit_locked(h, handle))
+        cuh_log("device %d: a kept mapping of a unit given back stays mapped: %s", h->dev->ordinal, cuh_get_error());
+    /* An old mapping of it still draining will be kept as an orphan. */
+    for (size_t p = 0; h->drains && p < h->pages_high; p++)
+        if (h->drain_handle[p] == handle)
+            h->drain_handle[p] = KEPT_ORPHAN;
     h->dev->ops->vm_release(h->dev, handle);
     h->physical_pages -= pages;
     h->num_segment_frees++;
@@ -191,34 +297,26 @@ static uint64_t unit_leave_locked(cuh_heap_t *h, size_t p, size_t q)
     return handle;
 }
 
-/* Unmaps the old mappings in DRAIN extent x, a unit at a time (drain_head
- * marks where each begins), one refused tried once more. 0 if one stays
- * mapped. */
-int cuh_hp_unmap_drain_locked(cuh_heap_t *h, const cuh_extent_t *x)
+/* Once the GPU has passed the work on DRAIN extent x, its old mappings
+ * become kept ones, a unit at a time (drain_head marks where each begins):
+ * no device call. */
+void cuh_hp_keep_drain_locked(cuh_heap_t *h, const cuh_extent_t *x)
 {
     const size_t first = (size_t)(x->addr - h->vm->base) / h->vm_page, end = first + x->size / h->vm_page;
-    size_t failed = 0;
     for (size_t p = first, q; p < end; p = q) {
         for (q = p + 1; q < end && !((h->drain_head[q >> 6] >> (q & 63)) & 1);)
             q++;
-        const uintptr_t va = cuh_hp_page_va(h, p);
-        if (vm_unmap_counted(h, va, (q - p) * h->vm_page) != CUH_DEV_OK &&
-            vm_unmap_counted(h, va, (q - p) * h->vm_page) != CUH_DEV_OK)
-            failed++;
-    }
-    if (failed) {
-        cuh_log("device %d: %zu old mapping%s at 0x%llx not unmapped: %s", h->dev->ordinal, failed,
-                failed == 1 ? "" : "s", (unsigned long long)x->addr, h->dev->last_error);
-        return 0;
-    }
-    for (size_t p = first; p < end; p++)
+        kept_add_locked(h, p, q, h->drain_handle[p]);
+        for (size_t i = p; i < q; i++)
+            h->drain_handle[i] = 0;
         h->drain_head[p >> 6] &= ~((uint64_t)1 << (p & 63));
-    return 1;
+    }
 }
 
-/* Unmaps the old mappings of every drain whose event has completed (with
- * `wait`: of every drain, the CPU waiting for their events). 1 when none is
- * left. During a graph capture it makes no event call and unmaps nothing. */
+/* Frees the DRAIN extents of every drain whose event has completed (with
+ * `wait`: of every drain, the CPU waiting for their events), their old
+ * mappings kept. 1 when none is left. During a graph capture it makes no
+ * event call. */
 int cuh_hp_drains_poll_locked(cuh_heap_t *h, int wait)
 {
     if (h->captures)
@@ -233,30 +331,15 @@ int cuh_hp_drains_poll_locked(cuh_heap_t *h, int wait)
             }
             cuh_hp_cpu_wait_event(h, d->event);
         }
-        /* The GPU passed the frees: the ranges become free memory, but for a
-         * range an old mapping stays in (the device refused to unmap it):
-         * nothing may be placed there, so it stays out of use for good, in
-         * stuck_drains, said on stderr. */
-        size_t stuck = 0;
+        /* The GPU passed the frees: the ranges become free memory. */
         for (size_t i = 0; i < d->num_extents; i++) {
-            if (cuh_hp_unmap_drain_locked(h, d->extents[i]))
-                cuh_arena_release(&h->arena, d->extents[i], CUH_TAG_GLOBAL);
-            else
-                d->extents[stuck++] = d->extents[i];
+            cuh_hp_keep_drain_locked(h, d->extents[i]);
+            cuh_arena_release(&h->arena, d->extents[i], CUH_TAG_GLOBAL);
         }
         if (d->event)
             cuh_hp_event_put_locked(h, d->event);
         *link = d->next;
-        if (stuck) {
-            cuh_log("device %d: %zu range%s kept out of use: an old mapping could not be unmapped", h->dev->ordinal,
-                    stuck, stuck == 1 ? "" : "s");
-            d->num_extents = stuck;
-            d->event = NULL;
-            d->next = h->stuck_drains;
-            h->stuck_drains = d;
-        } else {
-            free(d);
-        }
+        free(d);
     }
     return h->drains == NULL;
 }
@@ -297,7 +380,10 @@ static int drain_carve_locked(cuh_heap_t *h, vm_drain_t *d, cuh_extent_t **rest,
         cuh_arena_join_used(&h->arena, last);
     else
         d->extents[d->num_extents++] = x;
-    (void)cuh_page_plan_place(pl, unit_leave_locked(h, p, q), dest, q - p, lent);   /* where it fits: cannot fail */
+    const uint64_t handle = unit_leave_locked(h, p, q);
+    for (size_t i = p; i < q; i++)
+        h->drain_handle[i] = handle;   /* kept there once the drain is done */
+    (void)cuh_page_plan_place(pl, handle, dest, q - p, lent);   /* where it fits: cannot fail */
     return 1;
 }
 
@@ -406,12 +492,13 @@ static size_t unmap_free_units_locked(cuh_heap_t *h, uint64_t settled, cuh_page_
         while ((pl ? pl->lacking : done < want) && next_unit(h, &p, end, settled, 0, &head, &q)) {
             if (pl && !cuh_page_plan_fit(pl, q - head, 0, &dest))
                 continue;
-            if (vm_unmap_counted(h, cuh_hp_page_va(h, head), (q - head) * h->vm_page) != CUH_DEV_OK) {
+            if (!pl && vm_unmap_counted(h, cuh_hp_page_va(h, head), (q - head) * h->vm_page) != CUH_DEV_OK) {
                 cuh_log("device %d: %s", h->dev->ordinal, h->dev->last_error);
                 continue;
             }
             const uint64_t handle = unit_leave_locked(h, head, q);
             if (pl) {
+                kept_add_locked(h, head, q, handle);   /* a move keeps its old mapping (kept mappings) */
                 (void)cuh_page_plan_place(pl, handle, dest, q - head, 0);   /* where it fits: cannot fail */
             } else {
                 unit_release_locked(h, handle, q - head);
@@ -553,6 +640,30 @@ static int create_units_locked(cuh_heap_t *h, cuh_page_plan_t *pl, grow_result_t
     return 1;
 }
 
+/* Maps unit u at its place in the plan: where a kept mapping of its own
+ * lies there, by taking it back (no call); else kept mappings over those
+ * pages are unmapped first. 0 with the error set if the device refused. */
+static int map_unit_locked(cuh_heap_t *h, const cuh_unit_place_t *u)
+{
+    const size_t d = u->dest, e = u->dest + u->pages;
+    if (h->kept_pages && h->kept_handle[d] == u->handle && kept_head_at(h, d) && kept_end(h, d) == e) {
+        h->kept_head[d >> 6] &= ~((uint64_t)1 << (d & 63));
+        for (size_t p = d; p < e; p++)
+            h->kept_handle[p] = 0;
+        h->kept_pages -= u->pages;
+        h->num_kept_hits++;
+        return 1;
+    }
+    if (!kept_clear_locked(h, d, e))
+        return 0;
+    h->num_map_calls++;
+    if (h->dev->ops->vm_map(h->dev, cuh_hp_page_va(h, d), u->pages * h->vm_page, u->handle) != CUH_DEV_OK) {
+        cuh_set_error("device %d: %s", h->dev->ordinal, h->dev->last_error);
+        return 0;
+    }
+    return 1;
+}
+
 /* Maps every unmapped page of [addr, addr+size) in the reservation: units
  * moved from free memory first, then new ones from the device. 1 when all
  * are mapped; 0 with *why (the device or the limit refused, or an error). */
@@ -629,9 +740,7 @@ int cuh_hp_map_range_locked(cuh_heap_t *h, uintptr_t addr, size_t size, stream_s
     ok = ok && !plan.lacking;
     for (size_t i = 0; i < plan.num_placed; i++) {
         const cuh_unit_place_t *u = &plan.placed[i];
-        h->num_map_calls++;
-        if (h->dev->ops->vm_map(h->dev, cuh_hp_page_va(h, u->dest), u->pages * page, u->handle) != CUH_DEV_OK) {
-            cuh_set_error("device %d: %s", h->dev->ordinal, h->dev->last_error);
+        if (!map_unit_locked(h, u)) {
             unit_release_locked(h, u->handle, u->pages);
             *why = GROW_ERROR;
             ok = 0;
@@ -664,6 +773,8 @@ int cuh_hp_needs_pages_locked(const cuh_heap_t *h, uintptr_t addr, size_t size)
  * going away). */
 void cuh_hp_unmap_all_units_locked(cuh_heap_t *h)
 {
+    if (h->kept_pages && !kept_drop_unit_locked(h, 0))
+        cuh_log("device %d: kept mappings stay mapped: %s", h->dev->ordinal, cuh_get_error());
     for (size_t p = 0, q; p < h->pages_high; p = q) {
         if (!h->page_handle[p]) {
             q = p + 1;
@@ -682,8 +793,11 @@ size_t cuh_hp_release_free_pages_locked(cuh_heap_t *h)
     if (!h->vm)
         return 0;
     /* A unit released while an old mapping of it remains would stay
-     * allocated on the device: the old mappings go first. */
+     * allocated on the device: the old mappings go first (the kept ones all
+     * at once, rather than a search for each unit's). */
     cuh_hp_drains_poll_locked(h, 1);
+    if (h->kept_pages && !kept_drop_unit_locked(h, 0))
+        cuh_log("device %d: kept mappings stay mapped: %s", h->dev->ordinal, cuh_get_error());
     return release_units_locked(h, SIZE_MAX, 1);
 }
 
@@ -809,14 +923,24 @@ void cuh_hp_start_vm_locked(cuh_heap_t *h)
     h->page_mapped = calloc((size / page + 63) / 64, sizeof *h->page_mapped);
     h->page_gen = calloc(size / page, sizeof *h->page_gen);
     h->drain_head = calloc((size / page + 63) / 64, sizeof *h->drain_head);
-    cuh_segment_t *seg = h->page_handle && h->page_mapped && h->page_gen && h->drain_head
+    h->drain_handle = calloc(size / page, sizeof *h->drain_handle);
+    h->kept_handle = calloc(size / page, sizeof *h->kept_handle);
+    h->kept_head = calloc((size / page + 63) / 64, sizeof *h->kept_head);
+    cuh_segment_t *seg = h->page_handle && h->page_mapped && h->page_gen && h->drain_head && h->drain_handle &&
+                                 h->kept_handle && h->kept_head
                              ? cuh_arena_add_segment(&h->arena, va, size, CUH_REGION_GENERAL) : NULL;
     if (!seg) {
         free(h->page_handle);
         free(h->page_mapped);
         free(h->page_gen);
         free(h->drain_head);
+        free(h->drain_handle);
+        free(h->kept_handle);
+        free(h->kept_head);
         h->drain_head = NULL;
+        h->drain_handle = NULL;
+        h->kept_handle = NULL;
+        h->kept_head = NULL;
         h->page_handle = NULL;
         h->page_mapped = NULL;
         h->page_gen = NULL;
@@ -837,7 +961,9 @@ cuheap_status_t cuh_heap_allow_peer(cuh_heap_t *h, int peer)
     cuheap_status_t status = CUHEAP_OK;
     if (h->cfg.vmm) {   /* the reservation may come later: the device remembers the peer */
         const cuh_device_ops_t *ops = h->dev->ops;
-        int ok = ops->vm_allow_peer(h->dev, peer, 0, 0) == CUH_DEV_OK;
+        /* A kept mapping would lack the grant if its unit came back there. */
+        int ok = !h->kept_pages || kept_drop_unit_locked(h, 0);
+        ok = ok && ops->vm_allow_peer(h->dev, peer, 0, 0) == CUH_DEV_OK;
         /* The mapped pages, a run of neighbours at a time. */
         for (size_t p = 0; ok && p < h->pages_high;) {
             if (!h->page_handle[p]) {

@@ -329,7 +329,24 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
                 rc = -1;
             }
         }
-        if (mapped != h->mapped_pages || h->mapped_pages > h->physical_pages) {
+        /* Kept mappings lie only where no unit is in use, each a run from
+         * its first page; the count agrees. */
+        size_t kept = 0;
+        for (size_t p = 0; !rc && p < h->num_pages; p++) {
+            const int head = (int)((h->kept_head[p >> 6] >> (p & 63)) & 1);
+            kept += h->kept_handle[p] != 0;
+            if ((h->kept_handle[p] && h->page_handle[p]) || (head && !h->kept_handle[p]) ||
+                (h->kept_handle[p] && !head && (!p || h->kept_handle[p - 1] != h->kept_handle[p]))) {
+                snprintf(msg, len, "vmm: the kept mapping at page 0x%llx is not sound",
+                         (unsigned long long)cuh_hp_page_va(h, p));
+                rc = -1;
+            }
+        }
+        if (!rc && kept != h->kept_pages) {
+            snprintf(msg, len, "vmm: %zu pages kept mapped, books say %zu", kept, h->kept_pages);
+            rc = -1;
+        }
+        if (!rc && (mapped != h->mapped_pages || h->mapped_pages > h->physical_pages)) {
             snprintf(msg, len, "vmm: %zu pages mapped, books say %zu (physical %zu)", mapped, h->mapped_pages,
                      h->physical_pages);
             rc = -1;
@@ -342,14 +359,15 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
                 if ((e->addr - h->vm->base) % h->vm_page || e->size % h->vm_page)
                     rc = -1;
                 for (uintptr_t va = e->addr; !rc && va < e->addr + e->size; va += h->vm_page)
-                    rc = h->page_handle[(va - h->vm->base) / h->vm_page] ? -1 : 0;
+                    rc = h->page_handle[(va - h->vm->base) / h->vm_page] ||
+                                 h->kept_handle[(va - h->vm->base) / h->vm_page] ||
+                                 !h->drain_handle[(va - h->vm->base) / h->vm_page]
+                             ? -1 : 0;
                 if (rc)
-                    snprintf(msg, len, "vmm: draining range at 0x%llx is not whole unmapped pages",
+                    snprintf(msg, len, "vmm: draining range at 0x%llx is not whole pages left by known units",
                              (unsigned long long)e->addr);
             }
         for (const vm_drain_t *d = h->drains; !rc && d; d = d->next)
-            listed += d->num_extents;
-        for (const vm_drain_t *d = h->stuck_drains; !rc && d; d = d->next)
             listed += d->num_extents;
         if (!rc && draining != listed) {
             snprintf(msg, len, "vmm: %zu draining ranges, drains list %zu", draining, listed);
@@ -608,6 +626,8 @@ cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h, int ask_device)
             ss->page_maps = h->num_page_maps;
             ss->page_moves = h->num_page_steals;
             ss->map_calls = h->num_map_calls;
+            ss->kept_pages = h->kept_pages;
+            ss->kept_hits = h->num_kept_hits;
             snapshot_runs_locked(h, snap, ss);
         }
         ss->first_extent = snap->num_extents;
@@ -620,6 +640,7 @@ cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h, int ask_device)
                 x->stream_tag = e->tag;
                 x->pending = e->tag != CUH_TAG_GLOBAL && e->epoch < h->arena.tags[e->tag].fences_recorded;
             } else if (e->state == CUH_EXTENT_DRAIN) {   /* address space only: its pages moved */
+                ss->draining += e->size;
                 x->kind = CUH_SNAP_FREE;
                 x->stream_tag = e->tag;
                 x->pending = 1;

@@ -211,7 +211,7 @@ static void text_one(FILE *out, const cuh_heap_snapshot_t *s)
             if (g->num_runs)
                 snprintf(ranges, sizeof ranges, " (%zu range%s)", g->num_runs, g->num_runs == 1 ? "" : "s");
             fprintf(out, "      virtual memory: %s mapped%s in pages of %s; %" PRIu64 " pages mapped since start, %" PRIu64
-                         " of them moved from free memory (an unmap and a map each), in %" PRIu64
+                         " of them moved from free memory (a map each; the old mapping goes when the range is needed), in %" PRIu64
                          " map and unmap calls\n",
                     cuh_format_bytes(a, sizeof a, g->mapped), ranges, cuh_format_bytes(b, sizeof b, g->page_size),
                     g->page_maps, g->page_moves, g->map_calls);

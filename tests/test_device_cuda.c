@@ -128,8 +128,10 @@ static void moves_pages_and_keeps_data(const char *conf, size_t hole)
         fill(b[i], 8 * MiB, 200 + i);
     }
     fake_counters(after);
-    assert_true(after[1] > before[1]);   /* pages were unmapped from free memory */
-    assert_true(after[4] > before[4]);   /* and mapped again read-write */
+    /* Pages moved from free memory (they stay mapped where they were too:
+     * kept mappings), fewer new than mapped, and mapped read-write. */
+    assert_true(after[0] - before[0] > after[2] - before[2]);
+    assert_true(after[4] > before[4]);
     for (unsigned i = 0; i < 4; i++)
         assert_true(intact(b[i], 8 * MiB, 200 + i));
     for (unsigned i = 1; i < n; i += 2)
@@ -346,13 +348,15 @@ static void test_vmm_lent_pages_keep_old_mappings_until_queued_work_ran(void **s
     const unsigned char *live1 = a[1], *live3 = a[3];
     assert_true(live1[0] == 0x11 && live1[2 * MiB - 1] == 0x11 && live3[0] == 0x13 && live3[2 * MiB - 1] == 0x13);
     hold(0);
-    /* The next allocation that maps pages first unmaps what has drained. */
+    /* The drained old mappings are kept ones now; the next block that needs
+     * pages gets the freed ones moved, and writing it changes no other
+     * block's data. */
     void *d = NULL;
     assert_int_equal(cuheap_free(a[1], 0, s), CUHEAP_OK);
     assert_int_equal(cuheap_free(a[3], 0, s), CUHEAP_OK);
     assert_int_equal(cuheap_malloc(&d, 4 * MiB, 0, s), CUHEAP_OK);
     fake_counters(after);
-    assert_true(after[1] - before[1] >= 2);
+    assert_int_equal(after[2], before[2]);   /* still no new page */
     memset(d, 0x66, 4 * MiB);
     const unsigned char *bb = b;
     assert_true(bb[0] == 0x55 && bb[4 * MiB - 1] == 0x55);

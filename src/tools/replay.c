@@ -75,6 +75,7 @@ typedef struct run_s {
     size_t peak_event;        /* with track_peak: the event after which reserved memory first reached its peak */
     size_t report_event;      /* with a report: the event after which it was taken */
     cuh_sim_counters_t device; /* the simulated device's calls */
+    uint64_t page_moves;      /* pages moved from free memory (vmm:1): a move no longer unmaps at once */
     int have_step2;           /* the trace marks step 2's start and the replay got there */
     cuh_sim_counters_t at_step2; /* the device's calls before step 2's first event */
     uint64_t unmaps_at_mark;  /* the device's page unmaps at the last mark */
@@ -572,6 +573,10 @@ static int replay_once(const cuh_trace_t *t, size_t capacity, const cuh_config_t
     if (rc == 0)
         cuh_heap_stats(heap, &run->stats);
     cuh_sim_counters(dev, &run->device);
+    cuh_heap_snapshot_t *moves = cuh_heap_snapshot(heap, 0);
+    for (size_t k = 0; moves && k < moves->num_segments; k++)
+        run->page_moves += moves->segments[k].page_moves;
+    cuh_heap_snapshot_free(moves);
     if (rc == 0 && report && !reported) {
         run->report_event = run->replayed ? run->replayed - 1 : 0;
         if (write_report(heap, report, t->path) != 0)
@@ -734,6 +739,7 @@ static void print_json(const result_t *r)
             run->device.events_recorded, run->device.event_queries, run->device.stream_waits,
             run->device.events_recorded_all, run->device.waits_all,
             run->device.event_waits, run->device.synchronizes, run->device.vm_maps, run->device.vm_unmaps);
+    fprintf(f, ",\"page_moves\":%" PRIu64, run->page_moves);
     /* Page maps after the first step: the first step lays memory out; what
      * moves after it, each step, is what a job pays on every step. */
     if (run->have_step2 && t->num_marks >= 2)
