@@ -282,9 +282,21 @@ static void test_fake_driver_maps_only_whole_allocations_as_the_driver_does(void
     assert_int_equal(map(va, 8 * MiB, 2 * MiB, h, 0), 801);       /* whole size, shifted */
     assert_int_equal(map(va, 8 * MiB, 0, h, 0), 0);               /* whole */
     assert_int_equal(map(va + 16 * MiB, 8 * MiB, 0, h, 0), 0);    /* whole, again elsewhere */
+    /* A range still mapped takes no other mapping, and an unmap takes whole
+     * mappings: cuheap keeps the mappings of pages that moved and must unmap
+     * one before mapping anything over it. */
+    unsigned long long h2 = 0;
+    assert_int_equal(create(&h2, 8 * MiB, prop, 0), 0);
+    assert_int_equal(map(va, 8 * MiB, 0, h2, 0), 1);              /* over h's mapping */
+    assert_int_equal(map(va + 4 * MiB, 8 * MiB, 0, h2, 0), 1);    /* over part of it */
+    assert_int_equal(unmap(va, 2 * MiB), 1);                      /* part of a mapping */
+    assert_int_equal(unmap(va + 8 * MiB, 8 * MiB), 1);            /* nothing mapped there */
+    assert_int_equal(unmap(va, 8 * MiB), 0);
+    assert_int_equal(map(va, 8 * MiB, 0, h2, 0), 0);              /* the range is free again */
     assert_int_equal(unmap(va, 8 * MiB), 0);
     assert_int_equal(unmap(va + 16 * MiB, 8 * MiB), 0);
     assert_int_equal(release(h), 0);
+    assert_int_equal(release(h2), 0);
 }
 
 static void *fake_symbol(const char *name)

@@ -54,7 +54,9 @@
  *                   (whole: part of one is NOT_SUPPORTED, as on the
  *                   driver) there with no access, and cuMemSetAccess makes it
  *                   read-write (so a missing SetAccess faults, as on a GPU);
- *                   cuMemUnmap puts the inaccessible mapping back. Data
+ *                   cuMemUnmap puts the inaccessible mapping back. A map
+ *                   over a range still mapped, and an unmap of part of a
+ *                   mapping or of nothing, are INVALID_VALUE. Data
  *                   written through one mapping of a page is read back
  *                   through any other;
  *   pinned memory   cuMemHostAlloc and cuMemAllocHost_v2 give anonymous
@@ -1196,9 +1198,69 @@ API CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUde
     *p = ((CUdeviceptr)(uintptr_t)m + PAGE - 1) & ~(CUdeviceptr)(PAGE - 1);
     return OK;
 }
+/* The ranges cuMemMap mapped and cuMemUnmap has not unmapped yet: a map
+ * over a range still mapped is refused, as the driver refuses it (cuheap
+ * keeps the mappings of pages that moved, and must unmap one before it maps
+ * anything there), and an unmap takes whole mappings. */
+static struct mapped_range_s {
+    CUdeviceptr va;
+    size_t size;
+} *mapped_ranges;
+static size_t num_mapped_ranges, cap_mapped_ranges;
+
+/* Books [p, p + size) as mapped; 0 if any of it already is (lock held). */
+static int mapped_add_locked(CUdeviceptr p, size_t size)
+{
+    for (size_t i = 0; i < num_mapped_ranges; i++)
+        if (p < mapped_ranges[i].va + mapped_ranges[i].size && mapped_ranges[i].va < p + size)
+            return 0;
+    if (num_mapped_ranges == cap_mapped_ranges) {
+        size_t cap = cap_mapped_ranges ? 2 * cap_mapped_ranges : 256;
+        struct mapped_range_s *grown = realloc(mapped_ranges, cap * sizeof *grown);
+        if (!grown)
+            return 0;
+        mapped_ranges = grown;
+        cap_mapped_ranges = cap;
+    }
+    mapped_ranges[num_mapped_ranges++] = (struct mapped_range_s){p, size};
+    return 1;
+}
+
+/* Forgets the mappings inside [p, p + size); 0 (nothing forgotten) if one
+ * lies partly outside it or none lies inside (lock held). */
+static int mapped_remove_locked(CUdeviceptr p, size_t size)
+{
+    size_t inside = 0;
+    for (size_t i = 0; i < num_mapped_ranges; i++) {
+        const struct mapped_range_s *m = &mapped_ranges[i];
+        if (m->va < p + size && p < m->va + m->size) {
+            if (m->va < p || m->va + m->size > p + size)
+                return 0;
+            inside++;
+        }
+    }
+    if (!inside)
+        return 0;
+    size_t kept = 0;
+    for (size_t i = 0; i < num_mapped_ranges; i++)
+        if (!(mapped_ranges[i].va >= p && mapped_ranges[i].va + mapped_ranges[i].size <= p + size))
+            mapped_ranges[kept++] = mapped_ranges[i];
+    num_mapped_ranges = kept;
+    return 1;
+}
+
 API CUresult cuMemAddressFree(CUdeviceptr p, size_t size)
 {
     CALLED();
+    /* Mappings left in the range go with it (the process's address space is
+     * the fake's device). */
+    pthread_mutex_lock(&lock);
+    size_t kept = 0;
+    for (size_t i = 0; i < num_mapped_ranges; i++)
+        if (!(mapped_ranges[i].va >= p && mapped_ranges[i].va < p + size))
+            mapped_ranges[kept++] = mapped_ranges[i];
+    num_mapped_ranges = kept;
+    pthread_mutex_unlock(&lock);
     munmap((void *)(uintptr_t)p, size);
     return OK;
 }
@@ -1248,10 +1310,19 @@ API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, unsigned long l
         return INVALID_VALUE;
     if (offset != 0 || size != (size_t)whole)
         return NOT_SUPPORTED;
+    pthread_mutex_lock(&lock);
+    const int free_range = mapped_add_locked(p, size);
+    pthread_mutex_unlock(&lock);
+    if (!free_range)
+        return INVALID_VALUE;   /* already mapped */
     void *m = mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_SHARED | MAP_FIXED, (int)(handle & 0xffffffffu) - 1,
                    (off_t)offset);
-    if (m == MAP_FAILED)
+    if (m == MAP_FAILED) {
+        pthread_mutex_lock(&lock);
+        (void)mapped_remove_locked(p, size);
+        pthread_mutex_unlock(&lock);
         return INVALID_VALUE;
+    }
     __atomic_fetch_add(&maps, 1, __ATOMIC_RELAXED);
     return OK;
 }
@@ -1271,6 +1342,11 @@ API CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const void *desc, size_t
 API CUresult cuMemUnmap(CUdeviceptr p, size_t size)
 {
     CALLED();
+    pthread_mutex_lock(&lock);
+    const int whole = mapped_remove_locked(p, size);
+    pthread_mutex_unlock(&lock);
+    if (!whole)
+        return INVALID_VALUE;   /* nothing mapped there, or part of a mapping */
     void *m = mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
     __atomic_fetch_add(&unmaps, 1, __ATOMIC_RELAXED);
     return m == MAP_FAILED ? INVALID_VALUE : OK;
