@@ -275,9 +275,14 @@ static void unit_release_locked(cuh_heap_t *h, uint64_t handle, size_t pages)
     if (h->kept_pages && !kept_drop_unit_locked(h, handle))
         cuh_log("device %d: a kept mapping of a unit given back stays mapped: %s", h->dev->ordinal, cuh_get_error());
     /* An old mapping of it still draining will be kept as an orphan. */
-    for (size_t p = 0; h->drains && p < h->pages_high; p++)
-        if (h->drain_handle[p] == handle)
-            h->drain_handle[p] = KEPT_ORPHAN;
+    for (const vm_drain_t *d = h->drains; d; d = d->next)
+        for (size_t i = 0; i < d->num_extents; i++) {
+            const cuh_extent_t *x = d->extents[i];
+            const size_t first = (size_t)(x->addr - h->vm->base) / h->vm_page, end = first + x->size / h->vm_page;
+            for (size_t p = first; p < end; p++)
+                if (h->drain_handle[p] == handle)
+                    h->drain_handle[p] = KEPT_ORPHAN;
+        }
     h->dev->ops->vm_release(h->dev, handle);
     h->physical_pages -= pages;
     h->num_segment_frees++;
