@@ -213,6 +213,16 @@ static void kept_add_locked(cuh_heap_t *h, size_t p, size_t q, uint64_t handle)
     h->kept_pages += q - p;
 }
 
+/* Forgets the kept mapping over pages [p, q), which begins at p: it was
+ * unmapped, or its unit is in use there again. */
+static void kept_forget_locked(cuh_heap_t *h, size_t p, size_t q)
+{
+    h->kept_head[p >> 6] &= ~((uint64_t)1 << (p & 63));
+    for (size_t i = p; i < q; i++)
+        h->kept_handle[i] = 0;
+    h->kept_pages -= q - p;
+}
+
 /* Unmaps the kept mapping that begins at page p. 0 when the device refused:
  * it stays, and the error is set. */
 static int kept_drop_locked(cuh_heap_t *h, size_t p)
@@ -222,10 +232,7 @@ static int kept_drop_locked(cuh_heap_t *h, size_t p)
         cuh_set_error("device %d: %s", h->dev->ordinal, h->dev->last_error);
         return 0;
     }
-    h->kept_head[p >> 6] &= ~((uint64_t)1 << (p & 63));
-    for (size_t i = p; i < q; i++)
-        h->kept_handle[i] = 0;
-    h->kept_pages -= q - p;
+    kept_forget_locked(h, p, q);
     return 1;
 }
 
@@ -266,6 +273,14 @@ static int kept_drop_unit_locked(cuh_heap_t *h, uint64_t handle)
         p = q;
     }
     return ok;
+}
+
+/* Unmaps every kept mapping before memory goes back (the heap goes, or its
+ * cache is released); one that stays is said on stderr. */
+static void kept_drop_all_locked(cuh_heap_t *h)
+{
+    if (h->kept_pages && !kept_drop_unit_locked(h, 0))
+        cuh_log("device %d: kept mappings stay mapped: %s", h->dev->ordinal, cuh_get_error());
 }
 
 /* Returns unit `handle` of `pages` pages, mapped nowhere in use, to the
@@ -652,10 +667,7 @@ static int map_unit_locked(cuh_heap_t *h, const cuh_unit_place_t *u)
 {
     const size_t d = u->dest, e = u->dest + u->pages;
     if (h->kept_pages && h->kept_handle[d] == u->handle && kept_head_at(h, d) && kept_end(h, d) == e) {
-        h->kept_head[d >> 6] &= ~((uint64_t)1 << (d & 63));
-        for (size_t p = d; p < e; p++)
-            h->kept_handle[p] = 0;
-        h->kept_pages -= u->pages;
+        kept_forget_locked(h, d, e);
         h->num_kept_hits++;
         return 1;
     }
@@ -778,8 +790,7 @@ int cuh_hp_needs_pages_locked(const cuh_heap_t *h, uintptr_t addr, size_t size)
  * going away). */
 void cuh_hp_unmap_all_units_locked(cuh_heap_t *h)
 {
-    if (h->kept_pages && !kept_drop_unit_locked(h, 0))
-        cuh_log("device %d: kept mappings stay mapped: %s", h->dev->ordinal, cuh_get_error());
+    kept_drop_all_locked(h);
     for (size_t p = 0, q; p < h->pages_high; p = q) {
         if (!h->page_handle[p]) {
             q = p + 1;
@@ -801,8 +812,7 @@ size_t cuh_hp_release_free_pages_locked(cuh_heap_t *h)
      * allocated on the device: the old mappings go first (the kept ones all
      * at once, rather than a search for each unit's). */
     cuh_hp_drains_poll_locked(h, 1);
-    if (h->kept_pages && !kept_drop_unit_locked(h, 0))
-        cuh_log("device %d: kept mappings stay mapped: %s", h->dev->ordinal, cuh_get_error());
+    kept_drop_all_locked(h);
     return release_units_locked(h, SIZE_MAX, 1);
 }
 
