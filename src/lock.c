@@ -29,7 +29,7 @@
  * throughput at 2-16 threads, random large sizes 1.3-3.4x at 2-8 threads
  * and 1.0-1.2x at 16; on the 2-core machine 0.8-3.3x, better in 22 of 24
  * cells. 1024 and 4096 measured the same as 256, 16 and 64 less
- * (bench/HISTORY.md, "The heap's lock backs off"). */
+ * (bench/HISTORY-speed.md, "The heap's lock backs off"). */
 #ifndef CUH_LOCK_BACKOFF_MAX
 #define CUH_LOCK_BACKOFF_MAX 256
 #endif
