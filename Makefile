@@ -20,6 +20,17 @@
 CC      ?= gcc
 BUILD   ?= build
 OPT     ?= -O2 -g
+# Link-time optimization of libcuheap.so: a cudaMalloc under LD_PRELOAD
+# crosses the hooks, the API and the heap, a dozen files, and inlined across
+# them a pair costs about 170 fewer instructions (bench/HISTORY-speed.md,
+# "What a block's pair pays for"). Only where the compiler links that way (some
+# installs lack GCC's lto-wrapper), and only for the .so, from objects of its
+# own: libcuheap.a keeps plain objects that any linker takes. LTO= builds
+# without.
+ifeq ($(origin LTO),undefined)
+LTO := $(shell printf 'int main(void) { return 0; }\n' | \
+         $(CC) -flto=auto -x c - -o /dev/null >/dev/null 2>&1 && echo -flto=auto)
+endif
 WARN    := -Wall -Wextra -Wshadow -Wconversion -Wstrict-prototypes -Wmissing-prototypes -Werror
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -Iinclude -Isrc -pthread
 SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
@@ -53,6 +64,9 @@ TESTS := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
 LIB_OBJS      := $(LIB_SRCS:src/%.c=$(BUILD)/obj/%.o)
 HOOK_OBJS     := $(HOOK_SRCS:src/%.c=$(BUILD)/obj/%.o)
 TOOL_OBJS     := $(TOOL_SRCS:src/%.c=$(BUILD)/obj/%.o)
+# The .so's objects: compiled for link-time optimization where LTO is on.
+SO_OBJ_DIR    := $(if $(LTO),$(BUILD)/lto/obj,$(BUILD)/obj)
+SO_OBJS       := $(LIB_SRCS:src/%.c=$(SO_OBJ_DIR)/%.o) $(HOOK_SRCS:src/%.c=$(SO_OBJ_DIR)/%.o)
 SAN_LIB_OBJS  := $(LIB_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
 SAN_HOOK_OBJS := $(HOOK_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
 SAN_TOOL_OBJS := $(TOOL_SRCS:src/%.c=$(BUILD)/san/obj/%.o)
@@ -77,12 +91,17 @@ $(JE_LIB):
 	@scripts/install-deps.sh
 	@scripts/build-jemalloc.sh $(JEMALLOC)
 
-$(BUILD)/obj/pinned.o $(BUILD)/san/obj/pinned.o $(BUILD)/tsan/obj/pinned.o: | $(JE_LIB)
-$(BUILD)/obj/pinned.o $(BUILD)/san/obj/pinned.o $(BUILD)/tsan/obj/pinned.o: CFLAGS_BASE += -isystem $(JEMALLOC)/include
+PINNED_OBJS := $(BUILD)/obj/pinned.o $(BUILD)/lto/obj/pinned.o $(BUILD)/san/obj/pinned.o $(BUILD)/tsan/obj/pinned.o
+$(PINNED_OBJS): | $(JE_LIB)
+$(PINNED_OBJS): CFLAGS_BASE += -isystem $(JEMALLOC)/include
 
 $(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) include/cuheap.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) $(OPT) -c $< -o $@
+
+$(BUILD)/lto/obj/%.o: src/%.c $(wildcard src/*.h) include/cuheap.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_BASE) $(OPT) $(LTO) -c $< -o $@
 
 $(BUILD)/san/obj/%.o: src/%.c $(wildcard src/*.h) include/cuheap.h
 	@mkdir -p $(dir $@)
@@ -92,9 +111,9 @@ $(BUILD)/tsan/obj/%.o: src/%.c $(wildcard src/*.h) include/cuheap.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_BASE) -O1 -g $(TSAN) -c $< -o $@
 
-$(BUILD)/libcuheap.so: $(LIB_OBJS) $(HOOK_OBJS) src/exports.map $(JE_LIB)
-	$(CC) -shared -Wl,--version-script=src/exports.map -Wl,--exclude-libs,ALL -Wl,-z,defs -Wl,-z,nodelete -pthread \
-	    -o $@ $(LIB_OBJS) $(HOOK_OBJS) $(JE_LIB) -ldl
+$(BUILD)/libcuheap.so: $(SO_OBJS) src/exports.map $(JE_LIB)
+	$(CC) $(OPT) $(LTO) -shared -Wl,--version-script=src/exports.map -Wl,--exclude-libs,ALL -Wl,-z,defs \
+	    -Wl,-z,nodelete -pthread -o $@ $(SO_OBJS) $(JE_LIB) -ldl
 
 # The static library carries jemalloc's objects too: linking it needs nothing else.
 define static_library
