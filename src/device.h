@@ -162,6 +162,13 @@ int cuh_sim_segment_of(cuh_device_t *dev, uintptr_t addr, uintptr_t *base, uint6
  * not NULL) va's byte offset into it: lets a test follow a page that moved,
  * alone or inside a unit of several pages. */
 uint64_t cuh_sim_handle_at(cuh_device_t *dev, uintptr_t va, size_t *offset);
+/* 1 if the allocation mapped over `va` was released: only a mapping keeps
+ * it, and what the heap maps there anew is not what the device has there. */
+int cuh_sim_released_at(cuh_device_t *dev, uintptr_t va);
+/* From now on a new physical allocation takes a released one's handle
+ * value when there is one, as a driver may hand out a released handle's
+ * value again while a mapping keeps the released allocation alive. */
+void cuh_sim_reuse_handles(cuh_device_t *dev, int on);
 /* Counters a test can read. */
 typedef struct cuh_sim_counters_s {
     size_t used;               /* bytes in live segments and physical pages */
@@ -213,6 +220,10 @@ void cuh_fault_random(cuh_device_t *dev, cuh_fault_call_t call, double p, uint64
  * not struck. */
 #define CUH_FAULT_STICKY_CODE 700
 void cuh_fault_sticky(cuh_device_t *dev, uint64_t after, cuh_dev_status_t status);
+/* Every vm_unmap of a range that starts at `va` fails from now on (a
+ * mapping the driver will not let go), whatever else the plan says; 0
+ * cancels. */
+void cuh_fault_unmap_stuck(cuh_device_t *dev, uintptr_t va);
 /* No more planned failures (a sticky error that struck is forgotten too,
  * and the device is no longer lost: a test's way to clean up). */
 void cuh_fault_clear(cuh_device_t *dev);

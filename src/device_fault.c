@@ -7,8 +7,9 @@
  * from then on returns the same error (CUDA's sticky errors). This device
  * wraps another (the simulated GPU, in the tests and the fuzz target) and
  * makes its calls fail by a plan: the Nth call of a kind from now, each call
- * of a kind with a seeded probability, or every call from some call on
- * (sticky). A failed call does nothing on the device beneath, as a failed
+ * of a kind with a seeded probability, every call from some call on
+ * (sticky), or every unmap of one range (a mapping the driver will not let
+ * go). A failed call does nothing on the device beneath, as a failed
  * driver call does nothing; every other call goes through unchanged. The
  * calls that return nothing (event_destroy, vm_unreserve, vm_release,
  * host_free) cannot fail here: the driver's own failures of those are the
@@ -45,6 +46,7 @@ typedef struct fault_device_s {
     uint64_t sticky_from;                    /* from this call (of any kind) on, every call fails; 0: never */
     cuh_dev_status_t sticky_status;
     int sticky;                              /* the sticky error has struck */
+    uintptr_t stuck_va;                      /* every vm_unmap of a range starting here fails; 0: none */
 } fault_device_t;
 
 static const char *const call_names[CUH_FAULT_NUM_CALLS] = {
@@ -231,6 +233,19 @@ static cuh_dev_status_t f_vm_map(cuh_device_t *dev, uintptr_t va, size_t size, u
 
 static cuh_dev_status_t f_vm_unmap(cuh_device_t *dev, uintptr_t va, size_t size)
 {
+    fault_device_t *fd = fault_of(dev);
+    pthread_mutex_lock(&fd->lock);
+    const int stuck = fd->stuck_va && va == fd->stuck_va;
+    if (stuck) {
+        fd->calls[CUH_FAULT_VM_UNMAP]++;
+        fd->total_calls++;
+        fd->injected[CUH_FAULT_VM_UNMAP]++;
+        snprintf(fd->base.last_error, sizeof fd->base.last_error,
+                 "vm_unmap failed: injected fault (the mapping at 0x%llx stays)", (unsigned long long)va);
+    }
+    pthread_mutex_unlock(&fd->lock);
+    if (stuck)
+        return CUH_DEV_ERROR;
     THROUGH(CUH_FAULT_VM_UNMAP, fault_of(dev)->inner->ops->vm_unmap(fault_of(dev)->inner, va, size));
 }
 
@@ -329,11 +344,20 @@ void cuh_fault_sticky(cuh_device_t *dev, uint64_t after, cuh_dev_status_t status
     pthread_mutex_unlock(&f->lock);
 }
 
+void cuh_fault_unmap_stuck(cuh_device_t *dev, uintptr_t va)
+{
+    fault_device_t *f = fault_of(dev);
+    pthread_mutex_lock(&f->lock);
+    f->stuck_va = va;
+    pthread_mutex_unlock(&f->lock);
+}
+
 void cuh_fault_clear(cuh_device_t *dev)
 {
     fault_device_t *f = fault_of(dev);
     pthread_mutex_lock(&f->lock);
     memset(f->rule, 0, sizeof f->rule);
+    f->stuck_va = 0;
     f->sticky_from = 0;
     f->sticky = 0;
     atomic_store_explicit(&f->base.lost, 0, memory_order_relaxed);

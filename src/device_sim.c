@@ -93,10 +93,20 @@ typedef struct sim_device_s {
     size_t num_streams, cap_streams;
     cuh_ptrmap_t segments;       /* address -> size (stored as pointer-sized int) */
     cuh_ptrmap_t reservations;   /* va -> size */
-    cuh_ptrmap_t physical;       /* handle -> size */
-    cuh_ptrmap_t mappings;       /* va -> handle, one entry per mapped allocation */
+    /* Physical allocations by an id of the sim's own, never reused; the
+     * handle a caller holds names one until it is released. With
+     * cuh_sim_reuse_handles, a released handle's value names the next
+     * allocation made, as a driver may: while the old allocation lives on in
+     * a mapping, the two share a value and only their ids tell them apart. */
+    cuh_ptrmap_t physical;       /* id -> size and flags (PHYS_*) */
+    cuh_ptrmap_t mappings;       /* va -> id, one entry per mapped allocation */
+    cuh_ptrmap_t handles;        /* handle -> id, until the handle is released */
+    cuh_ptrmap_t values;         /* id -> the handle it was made with */
     size_t largest_mapping;      /* bytes of the largest allocation ever mapped */
-    uint64_t next_handle;
+    uint64_t next_handle, next_id;
+    int reuse_handles;
+    uint64_t *free_handles;      /* released handles, to be given again (reuse_handles) */
+    size_t num_free_handles, cap_free_handles;
     struct sim_host_chunk_s {
         uintptr_t base;
         size_t size;
@@ -557,10 +567,25 @@ static cuh_dev_status_t sim_synchronize(cuh_device_t *dev)
 static size_t phys_size(size_t v) { return v & ~(size_t)(SIM_VM_PAGE - 1); }
 static size_t phys_maps(size_t v) { return (v & (SIM_VM_PAGE - 1)) >> 2; }
 
-static void phys_set(sim_device_t *s, uint64_t handle, size_t v)
+static void phys_set(sim_device_t *s, uint64_t id, size_t v)
 {
-    cuh_ptrmap_remove(&s->physical, (uintptr_t)handle << 9);
-    (void)cuh_ptrmap_insert(&s->physical, (uintptr_t)handle << 9, (void *)v);   /* the slot just freed */
+    cuh_ptrmap_remove(&s->physical, (uintptr_t)id << 9);
+    (void)cuh_ptrmap_insert(&s->physical, (uintptr_t)id << 9, (void *)v);   /* the slot just freed */
+}
+
+/* The id of the allocation `handle` names, 0 if it names none (never made,
+ * or released). */
+static uint64_t id_of(const sim_device_t *s, uint64_t handle)
+{
+    return handle ? (uint64_t)(uintptr_t)cuh_ptrmap_get(&s->handles, (uintptr_t)handle << 9) : 0;
+}
+
+/* Allocation `id` is gone (released, and no mapping keeps it). */
+static void phys_forget(sim_device_t *s, uint64_t id, size_t size)
+{
+    cuh_ptrmap_remove(&s->physical, (uintptr_t)id << 9);
+    cuh_ptrmap_remove(&s->values, (uintptr_t)id << 9);
+    s->counters.used -= size;
 }
 
 /* The allocation mapped over va, 0 if none, and where that mapping starts:
@@ -635,13 +660,38 @@ static cuh_dev_status_t sim_vm_create(cuh_device_t *dev, size_t size, uint64_t *
     } else if (size > s->capacity - s->counters.used - s->external) {
         s->counters.mem_refusals++;
         rc = CUH_DEV_OOM;
-    } else if (cuh_ptrmap_insert(&s->physical, ++s->next_handle << 9, (void *)size)) {
-        rc = CUH_DEV_ERROR;
     } else {
-        *handle = s->next_handle;
-        s->counters.used += size;
-        s->counters.vm_creates++;
+        /* The lowest released handle's value first (reuse_handles), as
+         * file descriptors are given, else a new one. */
+        const int reused = s->reuse_handles && s->num_free_handles;
+        size_t lowest = 0;
+        for (size_t i = 1; i < s->num_free_handles; i++)
+            if (s->free_handles[i] < s->free_handles[lowest])
+                lowest = i;
+        const uint64_t value = reused ? s->free_handles[lowest] : s->next_handle + 1;
+        const uint64_t id = s->next_id + 1;
+        if (cuh_ptrmap_insert(&s->physical, id << 9, (void *)size)) {
+            rc = CUH_DEV_ERROR;
+        } else if (cuh_ptrmap_insert(&s->handles, value << 9, (void *)(uintptr_t)id)) {
+            cuh_ptrmap_remove(&s->physical, id << 9);
+            rc = CUH_DEV_ERROR;
+        } else if (cuh_ptrmap_insert(&s->values, id << 9, (void *)(uintptr_t)value)) {
+            cuh_ptrmap_remove(&s->physical, id << 9);
+            cuh_ptrmap_remove(&s->handles, value << 9);
+            rc = CUH_DEV_ERROR;
+        } else {
+            s->next_id = id;
+            if (reused)
+                s->free_handles[lowest] = s->free_handles[--s->num_free_handles];
+            else
+                s->next_handle = value;
+            *handle = value;
+            s->counters.used += size;
+            s->counters.vm_creates++;
+        }
     }
+    if (rc == CUH_DEV_ERROR && !dev->last_error[0])
+        snprintf(dev->last_error, sizeof dev->last_error, "sim: out of host memory for a physical allocation");
     pthread_mutex_unlock(&s->lock);
     return rc;
 }
@@ -650,16 +700,27 @@ static void sim_vm_release(cuh_device_t *dev, uint64_t handle)
 {
     sim_device_t *s = sim_of(dev);
     pthread_mutex_lock(&s->lock);
-    const size_t v = (size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)handle << 9);
-    if (v && !(v & PHYS_RELEASED)) {
+    const uint64_t id = id_of(s, handle);
+    const size_t v = id ? (size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)id << 9) : 0;
+    if (v) {
+        cuh_ptrmap_remove(&s->handles, (uintptr_t)handle << 9);
+        if (s->reuse_handles && s->num_free_handles == s->cap_free_handles) {
+            size_t cap = s->cap_free_handles ? 2 * s->cap_free_handles : 16;
+            uint64_t *grown = realloc(s->free_handles, cap * sizeof *grown);
+            if (grown) {
+                s->free_handles = grown;
+                s->cap_free_handles = cap;
+            }
+        }
+        if (s->reuse_handles && s->num_free_handles < s->cap_free_handles)
+            s->free_handles[s->num_free_handles++] = handle;
         s->counters.vm_releases++;
         s->counters.vm_releases_used += v & PHYS_EVER_MAPPED;
         if (phys_maps(v)) {
             s->counters.vm_releases_mapped++;
-            phys_set(s, handle, v | PHYS_RELEASED);   /* its memory goes with its last mapping */
+            phys_set(s, id, v | PHYS_RELEASED);   /* its memory goes with its last mapping */
         } else {
-            cuh_ptrmap_remove(&s->physical, (uintptr_t)handle << 9);
-            s->counters.used -= phys_size(v);
+            phys_forget(s, id, phys_size(v));
         }
     }
     pthread_mutex_unlock(&s->lock);
@@ -670,18 +731,19 @@ static cuh_dev_status_t sim_vm_map(cuh_device_t *dev, uintptr_t va, size_t size,
     sim_device_t *s = sim_of(dev);
     cuh_dev_status_t rc = CUH_DEV_OK;
     pthread_mutex_lock(&s->lock);
-    const size_t v = (size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)handle << 9);
-    const size_t phys = v & PHYS_RELEASED ? 0 : phys_size(v);
+    const uint64_t id = id_of(s, handle);   /* none once released */
+    const size_t v = id ? (size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)id << 9) : 0;
+    const size_t phys = phys_size(v);
     const int taken = size && range_mapped(s, va, size);
-    if (phys != size || taken || cuh_ptrmap_insert(&s->mappings, va, (void *)(uintptr_t)handle)) {
+    if (phys != size || taken || cuh_ptrmap_insert(&s->mappings, va, (void *)(uintptr_t)id)) {
         snprintf(dev->last_error, sizeof dev->last_error,
                  "sim: map of handle %llu (%zu bytes, allocation has %zu%s) at 0x%llx refused%s",
-                 (unsigned long long)handle, size, phys, v & PHYS_RELEASED ? ", released" : "",
+                 (unsigned long long)handle, size, phys, id ? "" : ", none or released",
                  (unsigned long long)va, taken ? ": already mapped" : "");
         rc = CUH_DEV_ERROR;
     } else {
         /* From now on the GPU may have touched the allocation. */
-        phys_set(s, handle, (v + PHYS_MAP_ONE) | PHYS_EVER_MAPPED);
+        phys_set(s, id, (v + PHYS_MAP_ONE) | PHYS_EVER_MAPPED);
         s->counters.vm_maps++;
         s->counters.vm_mapped += size;
         if (size > s->largest_mapping)
@@ -716,20 +778,19 @@ static cuh_dev_status_t sim_vm_unmap(cuh_device_t *dev, uintptr_t va, size_t siz
     cuh_dev_status_t rc = CUH_DEV_OK;
     pthread_mutex_lock(&s->lock);
     /* A refused unmap leaves the mapping as it was (the driver's does). */
-    uint64_t handle = (uint64_t)(uintptr_t)cuh_ptrmap_get(&s->mappings, va);
-    const size_t v = handle ? (size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)handle << 9) : 0;
-    if (!handle || phys_size(v) != size) {
+    const uint64_t id = (uint64_t)(uintptr_t)cuh_ptrmap_get(&s->mappings, va);
+    const size_t v = id ? (size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)id << 9) : 0;
+    if (!id || phys_size(v) != size) {
         snprintf(dev->last_error, sizeof dev->last_error,
                  "sim: unmap of 0x%llx (%zu bytes): %s", (unsigned long long)va, size,
-                 handle ? "not the whole range one map mapped" : "nothing mapped there");
+                 id ? "not the whole range one map mapped" : "nothing mapped there");
         rc = CUH_DEV_ERROR;
     } else {
         cuh_ptrmap_remove(&s->mappings, va);
         if (phys_maps(v) == 1 && (v & PHYS_RELEASED)) {   /* released: its memory goes now */
-            cuh_ptrmap_remove(&s->physical, (uintptr_t)handle << 9);
-            s->counters.used -= size;
+            phys_forget(s, id, size);
         } else if (phys_maps(v)) {
-            phys_set(s, handle, v - PHYS_MAP_ONE);
+            phys_set(s, id, v - PHYS_MAP_ONE);
         }
         s->counters.vm_unmaps++;
         s->counters.vm_mapped -= size;
@@ -830,6 +891,9 @@ static void sim_destroy(cuh_device_t *dev)
     cuh_ptrmap_destroy(&s->reservations);
     cuh_ptrmap_destroy(&s->physical);
     cuh_ptrmap_destroy(&s->mappings);
+    cuh_ptrmap_destroy(&s->handles);
+    cuh_ptrmap_destroy(&s->values);
+    free(s->free_handles);
     for (size_t i = 0; i < s->num_streams; i++) {
         free(s->streams[i].dep);
         for (size_t m = 0; m < s->streams[i].num_marks; m++)
@@ -875,12 +939,15 @@ cuh_device_t *cuh_sim_create(const cuh_sim_params_t *params)
         return NULL;
     if (cuh_ptrmap_init(&s->segments, 64) || cuh_ptrmap_init(&s->ordinals, 64) ||
         cuh_ptrmap_init(&s->reservations, 16) || cuh_ptrmap_init(&s->physical, 1024) ||
-        cuh_ptrmap_init(&s->mappings, 1024)) {
+        cuh_ptrmap_init(&s->mappings, 1024) || cuh_ptrmap_init(&s->handles, 1024) ||
+        cuh_ptrmap_init(&s->values, 1024)) {
         cuh_ptrmap_destroy(&s->segments);
         cuh_ptrmap_destroy(&s->ordinals);
         cuh_ptrmap_destroy(&s->reservations);
         cuh_ptrmap_destroy(&s->physical);
         cuh_ptrmap_destroy(&s->mappings);
+        cuh_ptrmap_destroy(&s->handles);
+        cuh_ptrmap_destroy(&s->values);
         free(s);
         return NULL;
     }
@@ -1044,11 +1111,31 @@ uint64_t cuh_sim_handle_at(cuh_device_t *dev, uintptr_t va, size_t *offset)
     sim_device_t *s = sim_of(dev);
     pthread_mutex_lock(&s->lock);
     uintptr_t start = 0;
-    const uint64_t handle = mapping_at(s, va, &start);
+    const uint64_t id = mapping_at(s, va, &start);
+    const uint64_t handle = id ? (uint64_t)(uintptr_t)cuh_ptrmap_get(&s->values, (uintptr_t)id << 9) : 0;
     if (handle && offset)
         *offset = va - start;
     pthread_mutex_unlock(&s->lock);
     return handle;
+}
+
+int cuh_sim_released_at(cuh_device_t *dev, uintptr_t va)
+{
+    sim_device_t *s = sim_of(dev);
+    pthread_mutex_lock(&s->lock);
+    uintptr_t start = 0;
+    const uint64_t id = mapping_at(s, va, &start);
+    const size_t v = id ? (size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)id << 9) : 0;
+    pthread_mutex_unlock(&s->lock);
+    return (v & PHYS_RELEASED) != 0;
+}
+
+void cuh_sim_reuse_handles(cuh_device_t *dev, int on)
+{
+    sim_device_t *s = sim_of(dev);
+    pthread_mutex_lock(&s->lock);
+    s->reuse_handles = on;
+    pthread_mutex_unlock(&s->lock);
 }
 
 void cuh_sim_counters(cuh_device_t *dev, cuh_sim_counters_t *out)

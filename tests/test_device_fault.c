@@ -49,6 +49,35 @@ static void test_nth_call_fails_once_and_does_nothing_beneath(void **state)
     dev->ops->destroy(dev);   /* destroys the simulated device too (ASan would see a leak) */
 }
 
+/* A stuck range: every unmap of it fails, whatever else the plan says,
+ * and nothing happens beneath; other ranges unmap; clearing lets it go. */
+static void test_a_stuck_range_refuses_every_unmap_until_cleared(void **state)
+{
+    (void)state;
+    cuh_device_t *sim, *dev = make(&sim);
+    uint64_t h = 0, g = 0;
+    uintptr_t va = 0;
+    assert_int_equal(dev->ops->vm_reserve(dev, 16 * CUH_MiB, &va), CUH_DEV_OK);
+    assert_int_equal(dev->ops->vm_create(dev, 2 * CUH_MiB, &h), CUH_DEV_OK);
+    assert_int_equal(dev->ops->vm_create(dev, 2 * CUH_MiB, &g), CUH_DEV_OK);
+    assert_int_equal(dev->ops->vm_map(dev, va, 2 * CUH_MiB, h), CUH_DEV_OK);
+    assert_int_equal(dev->ops->vm_map(dev, va + 2 * CUH_MiB, 2 * CUH_MiB, g), CUH_DEV_OK);
+    cuh_fault_unmap_stuck(dev, va);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(dev->ops->vm_unmap(dev, va, 2 * CUH_MiB), CUH_DEV_ERROR);
+        assert_non_null(strstr(dev->last_error, "vm_unmap failed: injected fault"));
+    }
+    assert_int_equal(cuh_sim_handle_at(sim, va, NULL), h);   /* nothing happened beneath */
+    assert_int_equal(cuh_fault_injected(dev, CUH_FAULT_VM_UNMAP), 3);
+    assert_int_equal(dev->ops->vm_unmap(dev, va + 2 * CUH_MiB, 2 * CUH_MiB), CUH_DEV_OK);
+    cuh_fault_clear(dev);
+    assert_int_equal(dev->ops->vm_unmap(dev, va, 2 * CUH_MiB), CUH_DEV_OK);
+    dev->ops->vm_release(dev, h);
+    dev->ops->vm_release(dev, g);
+    dev->ops->vm_unreserve(dev, va, 16 * CUH_MiB);
+    dev->ops->destroy(dev);
+}
+
 static void test_the_plan_counts_from_when_it_is_set(void **state)
 {
     (void)state;
@@ -139,6 +168,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_nth_call_fails_once_and_does_nothing_beneath),
+        cmocka_unit_test(test_a_stuck_range_refuses_every_unmap_until_cleared),
         cmocka_unit_test(test_the_plan_counts_from_when_it_is_set),
         cmocka_unit_test(test_random_plan_repeats_with_its_seed),
         cmocka_unit_test(test_sticky_error_fails_every_call_from_then_on),

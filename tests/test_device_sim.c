@@ -149,6 +149,46 @@ static void test_vm_map_takes_only_a_whole_allocation(void **state)
     d->ops->destroy(d);
 }
 
+/* With cuh_sim_reuse_handles, a released handle's value names the next
+ * allocation made (the lowest such value first), while the old allocation
+ * lives on in its mapping: the two share a value, and the device tells
+ * them apart (cuh_sim_released_at). Without, values are never reused. */
+static void test_vm_a_released_handle_value_names_a_new_allocation_once_reused(void **state)
+{
+    (void)state;
+    cuh_device_t *d = sim_new(GiB, 0);
+    uint64_t h = 0, g = 0, k = 0, n = 0;
+    uintptr_t va = 0;
+    assert_int_equal(d->ops->vm_reserve(d, 64 * MiB, &va), CUH_DEV_OK);
+    assert_int_equal(d->ops->vm_create(d, 2 * MiB, &h), CUH_DEV_OK);
+    assert_int_equal(d->ops->vm_create(d, 2 * MiB, &g), CUH_DEV_OK);
+    d->ops->vm_release(d, g);
+    assert_int_equal(d->ops->vm_create(d, 2 * MiB, &k), CUH_DEV_OK);
+    assert_true(k != g && k != h);   /* reuse off: a new value */
+    cuh_sim_reuse_handles(d, 1);
+    assert_int_equal(d->ops->vm_map(d, va, 2 * MiB, h), CUH_DEV_OK);
+    d->ops->vm_release(d, k);
+    d->ops->vm_release(d, h);   /* still mapped at va */
+    assert_true(cuh_sim_released_at(d, va));
+    assert_int_equal(d->ops->vm_create(d, 2 * MiB, &n), CUH_DEV_OK);
+    assert_true(h < k);
+    assert_int_equal(n, h);   /* the lowest released value */
+    assert_int_equal(cuh_sim_handle_at(d, va, NULL), h);
+    assert_int_equal(counters(d).used, 4 * MiB);   /* the old one and the new one */
+    /* The new allocation maps elsewhere; the old mapping is still the old allocation. */
+    assert_int_equal(d->ops->vm_map(d, va + 2 * MiB, 2 * MiB, n), CUH_DEV_OK);
+    assert_false(cuh_sim_released_at(d, va + 2 * MiB));
+    assert_true(cuh_sim_released_at(d, va));
+    assert_int_equal(d->ops->vm_unmap(d, va + 2 * MiB, 2 * MiB), CUH_DEV_OK);
+    assert_int_equal(d->ops->vm_unmap(d, va, 2 * MiB), CUH_DEV_OK);
+    assert_int_equal(counters(d).used, 2 * MiB);   /* the old one went with its mapping */
+    d->ops->vm_release(d, n);
+    assert_int_equal(d->ops->vm_map(d, va, 2 * MiB, n), CUH_DEV_ERROR);   /* released: names nothing */
+    d->ops->vm_unreserve(d, va, 64 * MiB);
+    assert_int_equal(counters(d).used, 0);
+    d->ops->destroy(d);
+}
+
 /* As with the driver: an allocation released while mapped keeps its memory
  * until its last mapping goes, and can no longer be mapped; no mapping may
  * overlap another. */
@@ -742,6 +782,7 @@ int main(void)
         cmocka_unit_test(test_size_not_multiple_of_2mib_is_error_with_message),
         cmocka_unit_test(test_vm_map_takes_only_a_whole_allocation),
         cmocka_unit_test(test_vm_release_while_mapped_frees_at_the_last_unmap),
+        cmocka_unit_test(test_vm_a_released_handle_value_names_a_new_allocation_once_reused),
         cmocka_unit_test(test_beyond_capacity_is_oom_and_counted),
         cmocka_unit_test(test_external_bytes_reduce_allocatable_and_free),
         cmocka_unit_test(test_free_of_unknown_address_or_wrong_size_is_error),

@@ -1333,6 +1333,53 @@ static void test_vmm_a_peer_grant_takes_the_kept_mappings_away(void **state)
     test_heap_free(&t);
 }
 
+/* A kept mapping that the device will not unmap as its unit goes back to
+ * the device is an orphan: the range stays out of use while the refusal
+ * lasts, and is mapped anew afterwards, even for a unit to which the
+ * driver gives the released unit's handle value again (the simulated
+ * device does, with cuh_sim_reuse_handles). Taken for that unit's own kept
+ * mapping, the range would keep the released allocation, which the mapping
+ * keeps alive, behind a block. */
+static void test_vmm_a_kept_mapping_left_by_a_released_unit_is_never_taken_for_a_new_one(void **state)
+{
+    (void)state;
+    fault_heap_t t = fault_heap_new(GiB, "vmm:1,vmm_margin:0,small_max:0");
+    cuh_sim_reuse_handles(t.sim, 1);
+    uintptr_t a = must_alloc(t.heap, 2 * MiB, 0);
+    uintptr_t b = must_alloc(t.heap, 2 * MiB, 0);
+    const uint64_t ha = cuh_sim_handle_at(t.sim, a, NULL);
+    must_free(t.heap, a, 0);
+    uintptr_t c = must_alloc(t.heap, 4 * MiB, S1);   /* a's unit moves behind c, and stays mapped at a */
+    assert_int_equal(kept_pages(t.heap), 1);
+    must_free(t.heap, c, S1);
+    cuh_sim_complete_all(t.sim);
+    /* Giving the cache back: the device keeps the mapping at a, and a's unit
+     * goes back to it all the same. */
+    cuh_fault_unmap_stuck(t.dev, a);
+    assert_int_equal(cuh_heap_release_cached(t.heap), CUHEAP_OK);
+    assert_true(cuh_fault_injected(t.dev, CUH_FAULT_VM_UNMAP) >= 1);
+    assert_int_equal(kept_pages(t.heap), 1);                 /* recorded: nothing is mapped over it */
+    assert_int_equal(cuh_sim_handle_at(t.sim, a, NULL), ha);
+    assert_true(cuh_sim_released_at(t.sim, a));
+    /* While the device refuses, a block that needs the range fails, naming the call. */
+    uintptr_t x = 0;
+    assert_int_equal(cuh_heap_malloc(t.heap, 2 * MiB, 0, &x), CUHEAP_ERR_DEVICE);
+    assert_non_null(strstr(cuheap_last_error(), "vm_unmap"));
+    heap_ok(t.heap);
+    /* Once it lets go, the range is mapped anew, with the new unit that got
+     * the released one's handle value, not taken to be that unit's already. */
+    cuh_fault_clear(t.dev);
+    x = must_alloc(t.heap, 2 * MiB, 0);
+    assert_int_equal(x, a);
+    assert_int_equal(cuh_sim_handle_at(t.sim, x, NULL), ha);   /* the value, given again */
+    assert_false(cuh_sim_released_at(t.sim, x));                /* the allocation, a new one */
+    assert_int_equal(kept_pages(t.heap), 0);
+    heap_ok(t.heap);
+    must_free(t.heap, x, 0);
+    must_free(t.heap, b, 0);
+    fault_heap_free(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1364,6 +1411,7 @@ int main(void)
         cmocka_unit_test(test_vmm_kept_mappings_agree_with_the_device_over_random_operations),
         cmocka_unit_test(test_vmm_kept_mappings_that_the_device_will_not_unmap_stay_recorded),
         cmocka_unit_test(test_vmm_a_peer_grant_takes_the_kept_mappings_away),
+        cmocka_unit_test(test_vmm_a_kept_mapping_left_by_a_released_unit_is_never_taken_for_a_new_one),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
