@@ -118,5 +118,8 @@ void cuh_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Writes "cuheap: <what>: <the calling thread's last error>" to stderr, one
  * line a second at most; the lines held back are counted in the next. */
 void cuh_log_error_rate_limited(const char *what);
+/* Writes "cuheap: <message>\n" to stderr under the same limit: for what a
+ * failing device can make the heap say at every call. */
+void cuh_log_rate_limited(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif /* CUH_COMMON_H */

@@ -280,7 +280,7 @@ static int kept_drop_unit_locked(cuh_heap_t *h, uint64_t handle)
 static void kept_drop_all_locked(cuh_heap_t *h)
 {
     if (h->kept_pages && !kept_drop_unit_locked(h, 0))
-        cuh_log("device %d: kept mappings stay mapped: %s", h->dev->ordinal, cuh_get_error());
+        cuh_log_rate_limited("device %d: kept mappings stay mapped: %s", h->dev->ordinal, cuh_get_error());
 }
 
 /* Returns unit `handle` of `pages` pages, mapped nowhere in use, to the
@@ -288,7 +288,8 @@ static void kept_drop_all_locked(cuh_heap_t *h)
 static void unit_release_locked(cuh_heap_t *h, uint64_t handle, size_t pages)
 {
     if (h->kept_pages && !kept_drop_unit_locked(h, handle))
-        cuh_log("device %d: a kept mapping of a unit given back stays mapped: %s", h->dev->ordinal, cuh_get_error());
+        cuh_log_rate_limited("device %d: a kept mapping of a unit given back stays mapped: %s", h->dev->ordinal,
+                             cuh_get_error());
     /* An old mapping of it still draining will be kept as an orphan. */
     for (const vm_drain_t *d = h->drains; d; d = d->next)
         for (size_t i = 0; i < d->num_extents; i++) {
@@ -513,7 +514,7 @@ static size_t unmap_free_units_locked(cuh_heap_t *h, uint64_t settled, cuh_page_
             if (pl && !cuh_page_plan_fit(pl, q - head, 0, &dest))
                 continue;
             if (!pl && vm_unmap_counted(h, cuh_hp_page_va(h, head), (q - head) * h->vm_page) != CUH_DEV_OK) {
-                cuh_log("device %d: %s", h->dev->ordinal, h->dev->last_error);
+                cuh_log_rate_limited("device %d: returning a free page: %s", h->dev->ordinal, h->dev->last_error);
                 continue;
             }
             const uint64_t handle = unit_leave_locked(h, head, q);

@@ -18,6 +18,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static void test_configure_rejects_unknown_keys_and_lists_valid_ones(void **state)
@@ -584,6 +585,56 @@ static void test_report_key_takes_a_path_and_none(void **state)
     assert_non_null(strstr(cuheap_last_error(), "report"));
 }
 
+
+/* What a failing device can make cuheap say at every call goes out at most
+ * a line a second, and the next line counts what was held back: after a
+ * line that flushes what this process held back before, a burst of 1,000
+ * lines and one more a second later leave one or two lines (two if the
+ * burst crossed a second) that account for all 1,001. */
+static void test_repeated_messages_come_out_a_line_a_second(void **state)
+{
+    (void)state;
+    char err_path[] = "/tmp/cuheap-rate-XXXXXX";
+    int fd = mkstemp(err_path);
+    assert_true(fd >= 0);
+    pid_t child = fork();
+    if (child == 0) {
+        dup2(fd, 2);
+        const struct timespec pause = {1, 100000000};
+        nanosleep(&pause, NULL);
+        cuh_log_rate_limited("flush");
+        for (int i = 0; i < 1000; i++)
+            cuh_log_rate_limited("device 0: returning a free page: refused (%d)", i);
+        nanosleep(&pause, NULL);
+        cuh_log_rate_limited("device 0: returning a free page: refused (last)");
+        _exit(0);
+    }
+    int status;
+    waitpid(child, &status, 0);
+    close(fd);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    char *said = slurp(err_path);
+    unlink(err_path);
+    char *line = strstr(said, "cuheap: flush");
+    assert_non_null(line);
+    line = strchr(line, '\n') + 1;
+    unsigned long lines = 0, held = 0;
+    while (*line) {
+        char *end = strchr(line, '\n');
+        assert_non_null(end);
+        *end = '\0';
+        assert_non_null(strstr(line, "cuheap: device 0: returning a free page: refused ("));
+        const char *n = strstr(line, ") (");
+        if (n)
+            held += strtoul(n + 3, NULL, 10);
+        lines++;
+        line = end + 1;
+    }
+    assert_true(lines == 1 || lines == 2);
+    assert_int_equal(lines + held, 1001);
+    assert_non_null(strstr(said, "similar messages in the last second not shown"));
+}
+
 /* A report path whose folder cannot be written is said when reports are
  * armed (the first allocation), not first at the out-of-memory. */
 static void test_unwritable_report_folder_is_said_at_once(void **state)
@@ -634,6 +685,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_report_path_writes_on_oom_on_sigusr1_and_at_exit, runtime_on_sim_setup, runtime_teardown),
         cmocka_unit_test_setup_teardown(test_report_key_takes_a_path_and_none, runtime_on_sim_setup, runtime_teardown),
         cmocka_unit_test_setup_teardown(test_unwritable_report_folder_is_said_at_once, runtime_on_sim_setup, runtime_teardown),
+        cmocka_unit_test(test_repeated_messages_come_out_a_line_a_second),
         cmocka_unit_test_setup_teardown(test_trace_records_a_job_that_cuheap_replay_replays, runtime_on_sim_setup, runtime_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
