@@ -209,10 +209,11 @@ fuzz: all
 # -Bsymbolic: the fake's own references (its cuGetProcAddress table) name its
 # own functions, as the real driver's do, never a preloaded library's.
 FAKE_CUDA := $(BUILD)/fake/libcuda.so.1
-$(FAKE_CUDA): tests/fake/fake_cuda.c tests/fake/fake_faults.c tests/fake/fake_cuda.h
+FAKE_CUDA_SRCS := tests/fake/fake_cuda.c tests/fake/fake_vm.c tests/fake/fake_faults.c
+$(FAKE_CUDA): $(FAKE_CUDA_SRCS) tests/fake/fake_cuda.h tests/fake/fake_internal.h
 	@mkdir -p $(dir $@)
 	$(CC) -shared -fPIC -std=c11 -O1 -g -Wall -Wextra -Werror -fvisibility=hidden -Wl,-Bsymbolic \
-	    -Wl,-soname,libcuda.so.1 -o $@ tests/fake/fake_cuda.c tests/fake/fake_faults.c -lpthread
+	    -Wl,-soname,libcuda.so.1 -o $@ $(FAKE_CUDA_SRCS) -lpthread
 
 FAKE_RPATH = -Wl,-rpath,$(abspath $(BUILD)/fake) -Wl,--disable-new-dtags
 $(BUILD)/tests/test_device_cuda: tests/test_device_cuda.c tests/test_util.h $(TOOL_OBJS) $(BUILD)/libcuheap.a $(FAKE_CUDA)

@@ -49,16 +49,9 @@
  *                   their _v2 functions, the per-thread flag maps the
  *                   stream-ordered allocator to its _ptsz forms, every other
  *                   exported name to itself;
- *   virtual memory  an address reservation is an inaccessible mapping; a
- *                   physical allocation is a memfd; cuMemMap maps the memfd
- *                   (whole: part of one is NOT_SUPPORTED, as on the
- *                   driver) there with no access, and cuMemSetAccess makes it
- *                   read-write (so a missing SetAccess faults, as on a GPU);
- *                   cuMemUnmap puts the inaccessible mapping back. A map
- *                   over a range still mapped, and an unmap of part of a
- *                   mapping or of nothing, are INVALID_VALUE. Data
- *                   written through one mapping of a page is read back
- *                   through any other;
+ *   virtual memory  reservations, memfds for physical allocations, and the
+ *                   mappings booked so that a map over a mapped range and a
+ *                   partial unmap are refused (fake_vm.c);
  *   pinned memory   cuMemHostAlloc and cuMemAllocHost_v2 give anonymous
  *                   host memory with its flags remembered; only DEVICEMAP
  *                   memory has a device pointer (stricter than the real
@@ -68,13 +61,13 @@
  * table, calls between its functions) name its own definitions, as in the
  * real driver, never those of a preloaded library. Everything is thread-safe.
  * Any driver call may be made to fail by a fault plan (FAKE_CUDA_FAULTS,
- * fake_faults.c).
+ * fake_faults.c). What the files share is in fake_internal.h.
  * Counters for tests: fake_cuda_counters() (virtual memory),
  * fake_cuda_calls() and the calls of each driver function, fake_cuda_count()
  * (fake_cuda.h).
  */
 #define _GNU_SOURCE
-#include "fake_cuda.h"
+#include "fake_internal.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -84,117 +77,48 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-typedef int CUdevice;
-typedef void *CUcontext;
-typedef void *CUstream;
-typedef void *CUevent;
-enum {
-    OK = 0,
-    INVALID_VALUE = 1,
-    OUT_OF_MEMORY = 2,
-    NOT_INITIALIZED = 3,
-    INVALID_DEVICE = 101,
-    INVALID_CONTEXT = 201,
-    INVALID_HANDLE = 400,
-    NOT_FOUND = 500,
-    NOT_READY = 600,
-    NOT_SUPPORTED = 801,
-    STREAM_CAPTURE_UNSUPPORTED = 900,
-    STREAM_CAPTURE_INVALIDATED = 901,
-    STREAM_CAPTURE_UNMATCHED = 902,
-    ILLEGAL_STATE = 401
-};
-
-#define API __attribute__((visibility("default")))
-#define PAGE ((size_t)2 << 20)
-#define ALLOCATION_ALIGNMENT ((size_t)4096)
-#define PITCH_ALIGNMENT ((size_t)512)
-#define IPC_HANDLE_BYTES 64
-#define STREAM_NON_BLOCKING 0x1u
-#define GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 0x2ull
-#define SYMBOL_FOUND 0
-#define SYMBOL_NOT_FOUND 1
-#define MAX_CONTEXT_DEPTH 32
-#define MAX_DEVICES 4
-
 /* One lock guards every table below (allocations, streams, events, work). */
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER;
 static size_t capacity;              /* per device */
 static size_t used[MAX_DEVICES];     /* device allocations; virtual memory pages count on device 0 */
-static int num_devices = 1;          /* FAKE_CUDA_DEVICES, 1 to MAX_DEVICES */
+int fake_num_devices = 1;
 static int no_ctx_events;            /* FAKE_CUDA_NO_CTX_EVENTS: a driver before CUDA 12.5 */
 static int initialized;
 static char primary_contexts[MAX_DEVICES];   /* their addresses are the context handles */
 static int primary_retains[MAX_DEVICES];
-static unsigned long maps, unmaps, creates, releases, set_access;
-static fake_cuda_calls_t calls;
+fake_cuda_calls_t fake_calls;
 
 /* ---- calls by function ------------------------------------------------------ *
  * Every driver entry point counts its calls under its own name (CALLED() at
- * its top), so that a test or a benchmark can say which driver calls a path
- * makes and how many (fake_cuda_count, fake_cuda_count_list). A form that
- * only forwards (the _ptsz forms, cuGetProcAddress) counts as the function it
- * forwards to. Slots are taken at a function's first call and never freed. */
+ * its top, fake_internal.h), so that a test or a benchmark can say which
+ * driver calls a path makes and how many (fake_cuda_count,
+ * fake_cuda_count_list). A form that only forwards (the _ptsz forms,
+ * cuGetProcAddress) counts as the function it forwards to. Slots are taken at
+ * a function's first call and never freed. */
 
-#define MAX_COUNTED 96
-static struct {
-    const char *name;
-    unsigned long n;
-} counted[MAX_COUNTED];
+fake_counted_t fake_counted[MAX_COUNTED];
 static int num_counted;
 static pthread_mutex_t counted_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static int count_slot(const char *name)
+int fake_count_slot(const char *name)
 {
     pthread_mutex_lock(&counted_lock);
     int i = 0;
-    while (i < num_counted && strcmp(counted[i].name, name) != 0)
+    while (i < num_counted && strcmp(fake_counted[i].name, name) != 0)
         i++;
     if (i == num_counted && num_counted < MAX_COUNTED)
-        counted[num_counted++].name = name;
+        fake_counted[num_counted++].name = name;
     pthread_mutex_unlock(&counted_lock);
     return i < MAX_COUNTED ? i : -1;
 }
-
-/* Counts the call of the function it stands in; n_ gets its number. */
-#define COUNT_CALL(n_)                                                                   \
-    do {                                                                                 \
-        static int slot_ = -2;                                                           \
-        int s_ = __atomic_load_n(&slot_, __ATOMIC_ACQUIRE);                              \
-        if (s_ == -2)                                                                    \
-            __atomic_store_n(&slot_, s_ = count_slot(__func__), __ATOMIC_RELEASE);      \
-        (n_) = s_ >= 0 ? __atomic_add_fetch(&counted[s_].n, 1, __ATOMIC_RELAXED) : 0;    \
-    } while (0)
-
-/* At the top of every driver function: counted, and failed at once when
- * the fault plan says so (fake_faults.c). */
-#define CALLED()                                                                         \
-    do {                                                                                 \
-        unsigned long n_;                                                                \
-        COUNT_CALL(n_);                                                                  \
-        int f_ = fake_fault_planned(__func__, n_);                                       \
-        if (f_)                                                                          \
-            return f_;                                                                   \
-    } while (0)
-
-/* The same for the few that never fail, as a real driver answers them even
- * after a sticky error. */
-#define CALLED_NEVER_FAILS()                                                             \
-    do {                                                                                 \
-        unsigned long n_;                                                                \
-        COUNT_CALL(n_);                                                                  \
-        (void)n_;                                                                        \
-    } while (0)
 
 API unsigned long fake_cuda_count(const char *name)
 {
     unsigned long n = 0;
     pthread_mutex_lock(&counted_lock);
     for (int i = 0; i < num_counted; i++)
-        if (!name || strcmp(counted[i].name, name) == 0)
-            n += __atomic_load_n(&counted[i].n, __ATOMIC_RELAXED);
+        if (!name || strcmp(fake_counted[i].name, name) == 0)
+            n += __atomic_load_n(&fake_counted[i].n, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&counted_lock);
     return n;
 }
@@ -204,8 +128,8 @@ API int fake_cuda_count_list(const char **names, unsigned long *counts, int max)
     pthread_mutex_lock(&counted_lock);
     int n = 0;
     for (int i = 0; i < num_counted && n < max; i++, n++) {
-        names[n] = counted[i].name;
-        counts[n] = __atomic_load_n(&counted[i].n, __ATOMIC_RELAXED);
+        names[n] = fake_counted[i].name;
+        counts[n] = __atomic_load_n(&fake_counted[i].n, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&counted_lock);
     return n;
@@ -233,11 +157,6 @@ static int current_device(void)
     return context_device(current_context());
 }
 
-API void fake_cuda_counters(unsigned long out[5]);
-API void fake_cuda_counters(unsigned long out[5])
-{
-    out[0] = maps, out[1] = unmaps, out[2] = creates, out[3] = releases, out[4] = set_access;
-}
 
 API CUresult cuGetErrorName(CUresult e, const char **s)
 {
@@ -255,32 +174,32 @@ API CUresult cuInit(unsigned flags)
 {
     CALLED();
     (void)flags;
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     if (!initialized) {
         const char *c = getenv("FAKE_CUDA_CAPACITY");
         capacity = c ? strtoull(c, NULL, 0) : (size_t)256 << 20;
         const char *n = getenv("FAKE_CUDA_DEVICES");
-        num_devices = n ? atoi(n) : 1;
-        if (num_devices < 1 || num_devices > MAX_DEVICES)
-            num_devices = 1;
+        fake_num_devices = n ? atoi(n) : 1;
+        if (fake_num_devices < 1 || fake_num_devices > MAX_DEVICES)
+            fake_num_devices = 1;
         /* Read once: a benchmark calls cuCtxRecordEvent for every cudaFree. */
         const char *v = getenv("FAKE_CUDA_NO_CTX_EVENTS");
         no_ctx_events = v && *v && strcmp(v, "0") != 0;
         initialized = 1;
     }
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     return OK;
 }
 API CUresult cuDeviceGetCount(int *n)
 {
     CALLED();
-    *n = num_devices;
+    *n = fake_num_devices;
     return initialized ? OK : NOT_INITIALIZED;
 }
 API CUresult cuDeviceGet(CUdevice *dev, int ordinal)
 {
     CALLED();
-    if (ordinal < 0 || ordinal >= num_devices)
+    if (ordinal < 0 || ordinal >= fake_num_devices)
         return INVALID_DEVICE;
     *dev = ordinal;
     return OK;
@@ -288,34 +207,34 @@ API CUresult cuDeviceGet(CUdevice *dev, int ordinal)
 API CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 {
     CALLED();
-    if (dev < 0 || dev >= num_devices)
+    if (dev < 0 || dev >= fake_num_devices)
         return INVALID_DEVICE;
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     primary_retains[dev]++;
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     *ctx = &primary_contexts[dev];
     return OK;
 }
 API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
     CALLED();
-    if (dev < 0 || dev >= num_devices)
+    if (dev < 0 || dev >= fake_num_devices)
         return INVALID_DEVICE;
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     if (primary_retains[dev] > 0)
         primary_retains[dev]--;
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     return OK;
 }
 API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned *flags, int *active)
 {
     CALLED();
-    if (dev < 0 || dev >= num_devices)
+    if (dev < 0 || dev >= fake_num_devices)
         return INVALID_DEVICE;
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     *flags = 0;
     *active = primary_retains[dev] > 0;
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     return OK;
 }
 API CUresult cuCtxGetCurrent(CUcontext *ctx)
@@ -345,9 +264,9 @@ API CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags)
         return INVALID_VALUE;
     if (context_device(peer) == current_device())
         return INVALID_DEVICE;
-    pthread_mutex_lock(&lock);
-    calls.peer_enables++;
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_lock(&fake_lock);
+    fake_calls.peer_enables++;
+    pthread_mutex_unlock(&fake_lock);
     return OK;
 }
 API CUresult cuCtxGetDevice(CUdevice *dev)
@@ -446,7 +365,7 @@ static fake_stream_t *stream_locked(CUstream handle)
     for (fake_stream_t *s = streams; s; s = s->next)
         if (s == handle && !s->destroyed)
             return s;
-    calls.unknown_streams++;
+    fake_calls.unknown_streams++;
     return NULL;
 }
 
@@ -468,7 +387,7 @@ static void run_until_locked(fake_stream_t *s, unsigned long target)
         }
         for (size_t i = 0; i < w->n; i++)
             corrupt_bytes += w->ptr[i] != w->value;
-        calls.kernels_run++;
+        fake_calls.kernels_run++;
     }
 }
 
@@ -487,11 +406,11 @@ static CUresult stream_create(CUstream *stream, unsigned flags)
     if (!s)
         return OUT_OF_MEMORY;
     s->flags = flags;
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     s->next = streams;
     streams = s;
     CUresult r = num_ctx_waits ? enqueue_wait_locked(s, ctx_waits, num_ctx_waits) : OK;
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     *stream = s;
     return r;
 }
@@ -509,11 +428,11 @@ API CUresult cuStreamCreateWithPriority(CUstream *stream, unsigned flags, int pr
 }
 API void fake_cuda_set_capturing(void *stream, int on)
 {
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     fake_stream_t *s = stream_locked(stream);
     if (s && s != &legacy_stream)
         s->capturing = on;
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
 }
 /* A device-wide call: breaks every capture underway (0 if none was). */
 static int break_captures_locked(void)
@@ -525,19 +444,19 @@ static int break_captures_locked(void)
             broke = 1;
         }
     if (broke)
-        calls.captures_broken++;
+        fake_calls.captures_broken++;
     return broke;
 }
 API CUresult cuStreamBeginCapture_v2(CUstream stream, int mode)
 {
     CALLED();
     (void)mode;
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     fake_stream_t *s = stream_locked(stream);
     CUresult r = !s ? INVALID_HANDLE : s == &legacy_stream ? STREAM_CAPTURE_UNSUPPORTED : s->capturing ? ILLEGAL_STATE : OK;
     if (r == OK)
         s->capturing = 1;
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     return r;
 }
 API CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, int mode)
@@ -547,7 +466,7 @@ API CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, int mode)
 API CUresult cuStreamEndCapture(CUstream stream, void **graph)
 {
     CALLED();
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     fake_stream_t *s = stream_locked(stream);
     CUresult r = !s ? INVALID_HANDLE : !s->capturing ? STREAM_CAPTURE_UNMATCHED
                  : s->capturing == 2 ? STREAM_CAPTURE_INVALIDATED : OK;
@@ -556,8 +475,8 @@ API CUresult cuStreamEndCapture(CUstream stream, void **graph)
     if (graph)
         *graph = r == OK ? (void *)s : NULL;
     if (r == OK)
-        calls.captures_ended++;
-    pthread_mutex_unlock(&lock);
+        fake_calls.captures_ended++;
+    pthread_mutex_unlock(&fake_lock);
     return r;
 }
 API CUresult cuStreamEndCapture_ptsz(CUstream stream, void **graph)
@@ -567,11 +486,11 @@ API CUresult cuStreamEndCapture_ptsz(CUstream stream, void **graph)
 API CUresult cuStreamIsCapturing(CUstream stream, int *status)
 {
     CALLED();
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     fake_stream_t *s = stream_locked(stream);
     if (s)
         *status = s->capturing;   /* 0 NONE, 1 ACTIVE */
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     return s ? OK : INVALID_HANDLE;
 }
 API int fake_cuda_stream_create_unseen(void **stream, unsigned int flags)
@@ -582,54 +501,54 @@ API int fake_cuda_stream_create_unseen(void **stream, unsigned int flags)
 API CUresult cuStreamDestroy_v2(CUstream stream)
 {
     CALLED();
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     fake_stream_t *s = stream_locked(stream);
     CUresult r = !s || s == &legacy_stream ? INVALID_HANDLE : OK;
     if (r == OK)
         s->destroyed = 1;
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     return r;
 }
 API CUresult cuStreamSynchronize(CUstream stream)
 {
     CALLED();
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     fake_stream_t *s = stream_locked(stream);
     if (s)
         run_until_locked(s, s->enqueued);
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     return s ? OK : INVALID_HANDLE;
 }
 API CUresult cuCtxSynchronize(void)
 {
     CALLED();
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     run_all_locked();
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     return OK;
 }
 
 API void fake_cuda_hold(int on)
 {
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     holding = on;
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
 }
 static int enqueue_locked(fake_stream_t *s, work_t w);
 
 API int fake_cuda_enqueue_check(void *stream, const void *ptr, size_t n, unsigned char expected)
 {
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     int r = enqueue_locked(stream_locked(stream), (work_t){WORK_CHECK, (unsigned char *)(uintptr_t)ptr, n, expected,
                                                            NULL, 0});
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     return r;
 }
 API int fake_cuda_enqueue_fill(void *stream, void *ptr, size_t n, unsigned char value)
 {
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     int r = enqueue_locked(stream_locked(stream), (work_t){WORK_FILL, ptr, n, value, NULL, 0});
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     return r;
 }
 
@@ -658,26 +577,26 @@ static int enqueue_locked(fake_stream_t *s, work_t w)
 }
 API void fake_cuda_complete(void *stream)
 {
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     fake_stream_t *s = (uintptr_t)stream <= 0x2 ? &legacy_stream : NULL;
     for (fake_stream_t *t = streams; t && !s; t = t->next)
         if (t == stream)   /* destroyed ones too: their work still runs */
             s = t;
     if (s)
         run_until_locked(s, s->enqueued);
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
 }
 API void fake_cuda_complete_all(void)
 {
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     run_all_locked();
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
 }
 API unsigned long fake_cuda_corrupt_bytes(void)
 {
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     unsigned long n = corrupt_bytes;
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     return n;
 }
 
@@ -719,7 +638,7 @@ API CUresult cuEventRecord(CUevent event, CUstream stream)
 {
     CALLED();
     fake_event_t *e = event;
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     fake_stream_t *s = stream_locked(stream);
     CUresult r = s ? OK : INVALID_HANDLE;
     if (s) {
@@ -730,7 +649,7 @@ API CUresult cuEventRecord(CUevent event, CUstream stream)
             if (!t->destroyed && !(t->flags & STREAM_NON_BLOCKING) && event_wait_add(e, t))
                 r = OUT_OF_MEMORY;
     }
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     return r;
 }
 /* The stream's later work waits for what the event waits for now. */
@@ -739,12 +658,12 @@ API CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned flags)
     CALLED();
     (void)flags;
     fake_event_t *e = event;
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     fake_stream_t *s = stream_locked(stream);
     CUresult r = s ? enqueue_wait_locked(s, e->waits, e->num_waits) : INVALID_HANDLE;
     if (r == OK)
-        calls.stream_waits++;
-    pthread_mutex_unlock(&lock);
+        fake_calls.stream_waits++;
+    pthread_mutex_unlock(&fake_lock);
     return r;
 }
 /* A real driver may crash in cuEventQuery when the calling thread has no
@@ -761,21 +680,21 @@ API CUresult cuEventQuery(CUevent event)
     }
     fake_event_t *e = event;
     CUresult r = OK;
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     for (size_t i = 0; i < e->num_waits; i++)
         if (e->waits[i].stream->completed < e->waits[i].target)
             r = NOT_READY;
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     return r;
 }
 API CUresult cuEventSynchronize(CUevent event)
 {
     CALLED();
     fake_event_t *e = event;
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     for (size_t i = 0; i < e->num_waits; i++)
         run_until_locked(e->waits[i].stream, e->waits[i].target);
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     return OK;
 }
 
@@ -793,7 +712,7 @@ API CUresult cuCtxRecordEvent(CUcontext ctx, CUevent event)
     CALLED();
     (void)ctx;
     fake_event_t *e = event;
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     CUresult r = ctx_call_locked();
     if (r == OK) {
         e->num_waits = 0;
@@ -804,8 +723,8 @@ API CUresult cuCtxRecordEvent(CUcontext ctx, CUevent event)
                 r = OUT_OF_MEMORY;
     }
     if (r == OK)
-        calls.ctx_records++;
-    pthread_mutex_unlock(&lock);
+        fake_calls.ctx_records++;
+    pthread_mutex_unlock(&fake_lock);
     return r;
 }
 /* Every stream's later work, and every later stream's, waits for what the
@@ -815,7 +734,7 @@ API CUresult cuCtxWaitEvent(CUcontext ctx, CUevent event)
     CALLED();
     (void)ctx;
     fake_event_t *e = event;
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     CUresult r = ctx_call_locked();
     /* Work already done is no wait at all (and costs the fake nothing). */
     int pending = 0;
@@ -843,8 +762,8 @@ API CUresult cuCtxWaitEvent(CUcontext ctx, CUevent event)
             r = enqueue_wait_locked(s, e->waits, e->num_waits);
     }
     if (r == OK)
-        calls.ctx_waits++;
-    pthread_mutex_unlock(&lock);
+        fake_calls.ctx_waits++;
+    pthread_mutex_unlock(&fake_lock);
     return r;
 }
 
@@ -860,20 +779,20 @@ typedef struct allocation_s {
 
 static allocation_t *allocations;
 
-static int take(int device, size_t size)
+int fake_take(int device, size_t size)
 {
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     int ok = size <= capacity - used[device];
     if (ok)
         used[device] += size;
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     return ok;
 }
-static void give(int device, size_t size)
+void fake_give(int device, size_t size)
 {
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     used[device] -= size;
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
 }
 
 static CUresult allocate(CUdeviceptr *p, size_t size, int managed)
@@ -883,7 +802,7 @@ static CUresult allocate(CUdeviceptr *p, size_t size, int managed)
     if (!current_context())
         return INVALID_CONTEXT;
     const int device = current_device();
-    if (!managed && !take(device, size))
+    if (!managed && !fake_take(device, size))
         return OUT_OF_MEMORY;
     /* From 2 MiB up at a 2 MiB boundary, as the driver places them. */
     const size_t alignment = size >= PAGE ? PAGE : ALLOCATION_ALIGNMENT;
@@ -893,18 +812,18 @@ static CUresult allocate(CUdeviceptr *p, size_t size, int managed)
     if (!m) {
         free(a);
         if (!managed)
-            give(device, size);
+            fake_give(device, size);
         return OUT_OF_MEMORY;
     }
     *a = (allocation_t){(uintptr_t)m, size, managed, device, NULL};
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     a->next = allocations;
     allocations = a;
     if (managed)
-        calls.managed_allocs++;
+        fake_calls.managed_allocs++;
     else
-        calls.mem_allocs++;
-    pthread_mutex_unlock(&lock);
+        fake_calls.mem_allocs++;
+    pthread_mutex_unlock(&fake_lock);
     *p = (CUdeviceptr)a->base;
     return OK;
 }
@@ -914,7 +833,7 @@ static CUresult release(CUdeviceptr p)
 {
     if (!current_context())
         return INVALID_CONTEXT;
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     run_all_locked();
     allocation_t **link = &allocations;
     while (*link && (*link)->base != (uintptr_t)p)
@@ -924,11 +843,11 @@ static CUresult release(CUdeviceptr p)
         *link = a->next;
         if (!a->managed)
             used[a->device] -= a->size;
-        calls.mem_frees++;
+        fake_calls.mem_frees++;
     } else {
-        calls.refused_frees++;
+        fake_calls.refused_frees++;
     }
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     if (!a)
         return INVALID_VALUE;
     free((void *)a->base);
@@ -967,12 +886,12 @@ static CUresult host_allocate(void **pp, size_t size, unsigned flags)
         return OUT_OF_MEMORY;
     }
     *a = (host_allocation_t){(uintptr_t)m, size, flags, NULL};
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     a->next = host_allocations;
     host_allocations = a;
-    calls.host_allocs++;
-    calls.host_bytes += size;
-    pthread_mutex_unlock(&lock);
+    fake_calls.host_allocs++;
+    fake_calls.host_bytes += size;
+    pthread_mutex_unlock(&fake_lock);
     *pp = m;
     return OK;
 }
@@ -1003,7 +922,7 @@ API CUresult cuMemFreeHost(void *p)
     CALLED();
     if (!current_context())
         return INVALID_CONTEXT;
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     run_all_locked();
     host_allocation_t **link = &host_allocations;
     while (*link && (*link)->base != (uintptr_t)p)
@@ -1011,12 +930,12 @@ API CUresult cuMemFreeHost(void *p)
     host_allocation_t *a = *link;
     if (a) {
         *link = a->next;
-        calls.host_frees++;
-        calls.host_bytes -= a->size;
+        fake_calls.host_frees++;
+        fake_calls.host_bytes -= a->size;
     } else {
-        calls.refused_frees++;
+        fake_calls.refused_frees++;
     }
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     if (!a)
         return INVALID_VALUE;
     munmap((void *)a->base, a->size);
@@ -1029,10 +948,10 @@ API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flag
     CALLED();
     if (!d || flags)
         return INVALID_VALUE;
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     host_allocation_t *a = host_find_locked(p);
     int mapped = a && (a->flags & HOST_DEVICEMAP);
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     if (!mapped)
         return INVALID_VALUE;
     *d = (CUdeviceptr)(uintptr_t)p;
@@ -1044,11 +963,11 @@ API CUresult cuMemHostGetFlags(unsigned *flags, void *p)
     CALLED();
     if (!flags)
         return INVALID_VALUE;
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     host_allocation_t *a = host_find_locked(p);
     if (a)
         *flags = a->flags;
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     return a ? OK : INVALID_VALUE;
 }
 
@@ -1075,9 +994,9 @@ API CUresult cuMemFree_v2(CUdeviceptr p)
 API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream stream)
 {
     CALLED();
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     int known = stream_locked(stream) != NULL;
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     return known ? allocate(p, size, 0) : INVALID_HANDLE;
 }
 API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, CUstream stream)
@@ -1087,9 +1006,9 @@ API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, CUstream stream)
 API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream stream)
 {
     CALLED();
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     int known = stream_locked(stream) != NULL;
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     return known ? release(p) : INVALID_HANDLE;
 }
 API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream stream)
@@ -1113,10 +1032,10 @@ API CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t width, siz
 API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 {
     CALLED();
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     *free_bytes = capacity - used[current_device()];
     *total = capacity;
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     return OK;
 }
 /* Success only for the start of a device allocation: a handle names a whole
@@ -1124,12 +1043,12 @@ API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 API CUresult cuIpcGetMemHandle(void *handle, CUdeviceptr p)
 {
     CALLED();
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     allocation_t *a = allocations;
     while (a && a->base != (uintptr_t)p)
         a = a->next;
     int ok = a && !a->managed;
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_lock);
     if (!ok || !handle)
         return INVALID_VALUE;
     memset(handle, 0, IPC_HANDLE_BYTES);
@@ -1141,9 +1060,9 @@ API CUresult cuIpcGetMemHandle(void *handle, CUdeviceptr p)
 API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
     CALLED();
-    if (dev < 0 || dev >= num_devices)
+    if (dev < 0 || dev >= fake_num_devices)
         return INVALID_DEVICE;
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_lock);
     run_all_locked();
     allocation_t *gone = NULL;
     for (allocation_t **link = &allocations; *link;) {
@@ -1157,8 +1076,8 @@ API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
         }
     }
     used[dev] = 0;
-    calls.primary_resets++;
-    pthread_mutex_unlock(&lock);
+    fake_calls.primary_resets++;
+    pthread_mutex_unlock(&fake_lock);
     while (gone) {
         allocation_t *next = gone->next;
         free((void *)gone->base);
@@ -1170,186 +1089,13 @@ API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 
 API void fake_cuda_calls(fake_cuda_calls_t *out)
 {
-    pthread_mutex_lock(&lock);
-    *out = calls;
+    pthread_mutex_lock(&fake_lock);
+    *out = fake_calls;
     out->used = 0;
     for (int d = 0; d < MAX_DEVICES; d++)
         out->used += used[d];
     out->capacity = capacity;
-    pthread_mutex_unlock(&lock);
-}
-
-/* ---- virtual memory --------------------------------------------------------- */
-
-API CUresult cuMemGetAllocationGranularity(size_t *g, const void *prop, int option)
-{
-    CALLED();
-    (void)prop, (void)option;
-    *g = PAGE;
-    return OK;
-}
-API CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long f)
-{
-    CALLED();
-    (void)align, (void)addr, (void)f;
-    void *m = mmap(NULL, size + PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (m == MAP_FAILED)
-        return OUT_OF_MEMORY;
-    *p = ((CUdeviceptr)(uintptr_t)m + PAGE - 1) & ~(CUdeviceptr)(PAGE - 1);
-    return OK;
-}
-/* The ranges cuMemMap mapped and cuMemUnmap has not unmapped yet: a map
- * over a range still mapped is refused, as the driver refuses it (cuheap
- * keeps the mappings of pages that moved, and must unmap one before it maps
- * anything there), and an unmap takes whole mappings. */
-static struct mapped_range_s {
-    CUdeviceptr va;
-    size_t size;
-} *mapped_ranges;
-static size_t num_mapped_ranges, cap_mapped_ranges;
-
-/* Books [p, p + size) as mapped; 0 if any of it already is (lock held). */
-static int mapped_add_locked(CUdeviceptr p, size_t size)
-{
-    for (size_t i = 0; i < num_mapped_ranges; i++)
-        if (p < mapped_ranges[i].va + mapped_ranges[i].size && mapped_ranges[i].va < p + size)
-            return 0;
-    if (num_mapped_ranges == cap_mapped_ranges) {
-        size_t cap = cap_mapped_ranges ? 2 * cap_mapped_ranges : 256;
-        struct mapped_range_s *grown = realloc(mapped_ranges, cap * sizeof *grown);
-        if (!grown)
-            return 0;
-        mapped_ranges = grown;
-        cap_mapped_ranges = cap;
-    }
-    mapped_ranges[num_mapped_ranges++] = (struct mapped_range_s){p, size};
-    return 1;
-}
-
-/* Forgets the mappings inside [p, p + size); 0 (nothing forgotten) if one
- * lies partly outside it or none lies inside (lock held). */
-static int mapped_remove_locked(CUdeviceptr p, size_t size)
-{
-    size_t inside = 0;
-    for (size_t i = 0; i < num_mapped_ranges; i++) {
-        const struct mapped_range_s *m = &mapped_ranges[i];
-        if (m->va < p + size && p < m->va + m->size) {
-            if (m->va < p || m->va + m->size > p + size)
-                return 0;
-            inside++;
-        }
-    }
-    if (!inside)
-        return 0;
-    size_t kept = 0;
-    for (size_t i = 0; i < num_mapped_ranges; i++)
-        if (!(mapped_ranges[i].va >= p && mapped_ranges[i].va + mapped_ranges[i].size <= p + size))
-            mapped_ranges[kept++] = mapped_ranges[i];
-    num_mapped_ranges = kept;
-    return 1;
-}
-
-API CUresult cuMemAddressFree(CUdeviceptr p, size_t size)
-{
-    CALLED();
-    /* Mappings left in the range go with it (the process's address space is
-     * the fake's device). */
-    pthread_mutex_lock(&lock);
-    size_t kept = 0;
-    for (size_t i = 0; i < num_mapped_ranges; i++)
-        if (!(mapped_ranges[i].va >= p && mapped_ranges[i].va < p + size))
-            mapped_ranges[kept++] = mapped_ranges[i];
-    num_mapped_ranges = kept;
-    pthread_mutex_unlock(&lock);
-    munmap((void *)(uintptr_t)p, size);
-    return OK;
-}
-/* A handle is the memfd + 1; its size is the file's. */
-API CUresult cuMemCreate(unsigned long long *handle, size_t size, const void *prop, unsigned long long f)
-{
-    CALLED();
-    (void)f;
-    if (size % PAGE || !prop)
-        return INVALID_VALUE;
-    /* CUmemAllocationProp: {type, requestedHandleTypes, location {type, id}, ...};
-     * the memory counts against the device the location names. */
-    int device = ((const int *)prop)[3];
-    if (device < 0 || device >= num_devices)
-        return INVALID_DEVICE;
-    if (!take(device, size))
-        return OUT_OF_MEMORY;
-    int fd = memfd_create("fake-cuda-page", MFD_CLOEXEC);
-    if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
-        give(device, size);
-        return OUT_OF_MEMORY;
-    }
-    /* The low half is the file (plus one, so no handle is 0), the high half
-     * the device its bytes count against. */
-    *handle = (unsigned long long)device << 32 | ((unsigned long long)fd + 1);
-    __atomic_fetch_add(&creates, 1, __ATOMIC_RELAXED);
-    return OK;
-}
-API CUresult cuMemRelease(unsigned long long handle)
-{
-    CALLED();
-    int fd = (int)(handle & 0xffffffffu) - 1;
-    off_t size = lseek(fd, 0, SEEK_END);
-    close(fd);
-    give((int)(handle >> 32), (size_t)size);
-    __atomic_fetch_add(&releases, 1, __ATOMIC_RELAXED);
-    return OK;
-}
-API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, unsigned long long handle, unsigned long long f)
-{
-    CALLED();
-    (void)f;
-    /* As the driver (580.159, bench/gpu/vm_offset_probe.cu): a mapping takes
-     * a whole allocation, never part of one at any offset. */
-    const off_t whole = lseek((int)(handle & 0xffffffffu) - 1, 0, SEEK_END);
-    if (whole < 0)
-        return INVALID_VALUE;
-    if (offset != 0 || size != (size_t)whole)
-        return NOT_SUPPORTED;
-    pthread_mutex_lock(&lock);
-    const int free_range = mapped_add_locked(p, size);
-    pthread_mutex_unlock(&lock);
-    if (!free_range)
-        return INVALID_VALUE;   /* already mapped */
-    void *m = mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_SHARED | MAP_FIXED, (int)(handle & 0xffffffffu) - 1,
-                   (off_t)offset);
-    if (m == MAP_FAILED) {
-        pthread_mutex_lock(&lock);
-        (void)mapped_remove_locked(p, size);
-        pthread_mutex_unlock(&lock);
-        return INVALID_VALUE;
-    }
-    __atomic_fetch_add(&maps, 1, __ATOMIC_RELAXED);
-    return OK;
-}
-API CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const void *desc, size_t count)
-{
-    CALLED();
-    /* CUmemAccessDesc: {location {type, id}, flags}, three ints. */
-    const int (*d)[3] = desc;
-    pthread_mutex_lock(&lock);
-    for (size_t i = 0; d && i < count; i++)
-        if (d[i][1] >= 0 && d[i][1] < 4)
-            calls.access_grants[d[i][1]]++;
-    pthread_mutex_unlock(&lock);
-    __atomic_fetch_add(&set_access, 1, __ATOMIC_RELAXED);
-    return mprotect((void *)(uintptr_t)p, size, PROT_READ | PROT_WRITE) == 0 ? OK : INVALID_VALUE;
-}
-API CUresult cuMemUnmap(CUdeviceptr p, size_t size)
-{
-    CALLED();
-    pthread_mutex_lock(&lock);
-    const int whole = mapped_remove_locked(p, size);
-    pthread_mutex_unlock(&lock);
-    if (!whole)
-        return INVALID_VALUE;   /* nothing mapped there, or part of a mapping */
-    void *m = mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
-    __atomic_fetch_add(&unmaps, 1, __ATOMIC_RELAXED);
-    return m == MAP_FAILED ? INVALID_VALUE : OK;
+    pthread_mutex_unlock(&fake_lock);
 }
 
 /* ---- cuGetProcAddress --------------------------------------------------------- */
