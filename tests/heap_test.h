@@ -110,4 +110,34 @@ static inline void fault_heap_free(fault_heap_t *t)
     t->dev->ops->destroy(t->dev);
 }
 
+/* The heap's reservation, from a snapshot: pages moved from free memory
+ * since it began, pages kept mapped where units moved from, and units placed
+ * again where they stayed mapped. */
+static inline void vm_totals(cuh_heap_t *heap, uint64_t *moves, uint64_t *kept, uint64_t *hits)
+{
+    cuh_heap_snapshot_t *snap = cuh_heap_snapshot(heap, 0);
+    assert_non_null(snap);
+    *moves = *kept = *hits = 0;
+    for (size_t i = 0; i < snap->num_segments; i++) {
+        *moves += snap->segments[i].page_moves;
+        *kept += snap->segments[i].kept_pages;
+        *hits += snap->segments[i].kept_hits;
+    }
+    cuh_heap_snapshot_free(snap);
+}
+
+static inline uint64_t page_moves(cuh_heap_t *heap)
+{
+    uint64_t moves, kept, hits;
+    vm_totals(heap, &moves, &kept, &hits);
+    return moves;
+}
+
+static inline uint64_t kept_pages(cuh_heap_t *heap)
+{
+    uint64_t moves, kept, hits;
+    vm_totals(heap, &moves, &kept, &hits);
+    return kept;
+}
+
 #endif /* CUH_TEST_HEAP_TEST_H */
