@@ -219,10 +219,16 @@ order = []
 real_child_run = per_tensor.run
 per_tensor.run = lambda mode, *a: order.append(mode) or {"mode": mode, "us": {"512": 1.0}}
 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-    rc = per_tensor.main(["--modes", "native,cuheap,floor-plugin", "--rounds", "3"])
-per_tensor.run = real_child_run
+    rc = per_tensor.main(["--modes", "native,cuheap,floor-plugin", "--rounds", "3", "--no-warm-up"])
 expect(order == ["native", "cuheap", "floor-plugin", "floor-plugin", "cuheap", "native", "native", "cuheap",
                 "floor-plugin"] and rc == 0, "per-tensor: every mode in every round, the order reversed every other round")
+order = []
+out = io.StringIO()
+with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+    rc = per_tensor.main(["--modes", "native,cuheap", "--rounds", "2"])
+per_tensor.run = real_child_run
+expect(order == ["native", "native", "cuheap", "cuheap", "native"] and rc == 0 and "median of 2 rounds" in out.getvalue(),
+       "per-tensor: a warm-up child of the first mode runs first and is not counted in the rounds")
 
 us = lambda x: {"512": x, "65536": x, "1048576": x, "67108864": x, "mixed": x}
 t = per_tensor.table(per_tensor.combine([{"mode": "preload", "us": us(2.5)}, {"mode": "preload=/old.so", "us": us(2.75)},

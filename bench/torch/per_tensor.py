@@ -15,7 +15,10 @@ new segments during the timed loops. The child prints one JSON line.
 
 The driver runs each mode in a process of its own, all modes in each of
 --rounds rounds (at least 2), the order reversed every other round, so that
-the machine's drift touches all modes alike, and prints a row per mode: the
+the machine's drift touches all modes alike (before the first round, one
+child of the first mode runs and is not counted: on an H100 the first child
+of a call ran slow at every size, 30-90% over its later rounds; --no-warm-up
+skips it), and prints a row per mode: the
 median of the rounds and their range. Below it, the cuheap rows over the
 floor of the same way in (bench/torch/floor.h: an allocator that only hands
 out memory taken once, so its row is what the way in costs by itself).
@@ -338,6 +341,8 @@ def arguments(argv=None):
     ap.add_argument("--build", default=os.path.join(ROOT, "build"), help="where the floor was built (BUILD/floor)")
     ap.add_argument("--out", help="write every round's results here (JSON)")
     ap.add_argument("--results", help="print the table of a results file written by --out, and run nothing")
+    ap.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+                    help="count the first child too (by default one child of the first mode runs first, not counted)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
@@ -361,6 +366,9 @@ def main(argv=None):
             results = json.load(f)
     else:
         results = []
+        if args.warm_up and args.modes:
+            warm = run(args.modes[0], args.build, args.iterations, args.repeat, args.timeout)
+            print(json.dumps(dict(warm, round="warm-up, not counted")), file=sys.stderr, flush=True)
         for r in range(args.rounds):
             for mode in args.modes if r % 2 == 0 else list(reversed(args.modes)):
                 result = run(mode, args.build, args.iterations, args.repeat, args.timeout)
