@@ -231,22 +231,28 @@ static cuh_dev_status_t f_vm_map(cuh_device_t *dev, uintptr_t va, size_t size, u
     THROUGH(CUH_FAULT_VM_MAP, fault_of(dev)->inner->ops->vm_map(fault_of(dev)->inner, va, size, handle));
 }
 
-static cuh_dev_status_t f_vm_unmap(cuh_device_t *dev, uintptr_t va, size_t size)
+/* Whether va is the stuck range (cuh_fault_unmap_stuck): then the unmap is
+ * counted as injected and last_error says so. */
+static int unmap_stuck(fault_device_t *f, uintptr_t va)
 {
-    fault_device_t *fd = fault_of(dev);
-    pthread_mutex_lock(&fd->lock);
-    const int stuck = fd->stuck_va && va == fd->stuck_va;
+    pthread_mutex_lock(&f->lock);
+    const int stuck = f->stuck_va && va == f->stuck_va;
     if (stuck) {
-        fd->calls[CUH_FAULT_VM_UNMAP]++;
-        fd->total_calls++;
-        fd->injected[CUH_FAULT_VM_UNMAP]++;
-        snprintf(fd->base.last_error, sizeof fd->base.last_error,
+        f->injected[CUH_FAULT_VM_UNMAP]++;
+        snprintf(f->base.last_error, sizeof f->base.last_error,
                  "vm_unmap failed: injected fault (the mapping at 0x%llx stays)", (unsigned long long)va);
     }
-    pthread_mutex_unlock(&fd->lock);
-    if (stuck)
-        return CUH_DEV_ERROR;
-    THROUGH(CUH_FAULT_VM_UNMAP, fault_of(dev)->inner->ops->vm_unmap(fault_of(dev)->inner, va, size));
+    pthread_mutex_unlock(&f->lock);
+    return stuck;
+}
+
+static cuh_dev_status_t f_vm_unmap(cuh_device_t *dev, uintptr_t va, size_t size)
+{
+    fault_device_t *f = fault_of(dev);
+    cuh_dev_status_t st = planned(f, CUH_FAULT_VM_UNMAP);
+    if (st == CUH_DEV_OK && unmap_stuck(f, va))
+        st = CUH_DEV_ERROR;
+    return st != CUH_DEV_OK ? st : passed(f, f->inner->ops->vm_unmap(f->inner, va, size));
 }
 
 static cuh_dev_status_t f_vm_allow_peer(cuh_device_t *dev, int peer, uintptr_t va, size_t size)

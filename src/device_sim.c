@@ -679,6 +679,9 @@ static cuh_dev_status_t sim_vm_create(cuh_device_t *dev, size_t size, uint64_t *
             cuh_ptrmap_remove(&s->physical, id << 9);
             cuh_ptrmap_remove(&s->handles, value << 9);
             rc = CUH_DEV_ERROR;
+        }
+        if (rc == CUH_DEV_ERROR) {
+            snprintf(dev->last_error, sizeof dev->last_error, "sim: out of host memory for a physical allocation");
         } else {
             s->next_id = id;
             if (reused)
@@ -690,8 +693,6 @@ static cuh_dev_status_t sim_vm_create(cuh_device_t *dev, size_t size, uint64_t *
             s->counters.vm_creates++;
         }
     }
-    if (rc == CUH_DEV_ERROR && !dev->last_error[0])
-        snprintf(dev->last_error, sizeof dev->last_error, "sim: out of host memory for a physical allocation");
     pthread_mutex_unlock(&s->lock);
     return rc;
 }

@@ -100,10 +100,7 @@ char *cuh_format_bytes(char *buf, size_t len, uint64_t bytes)
     return buf;
 }
 
-/* One line a second, for messages a failing device can repeat at every
- * call: 1 if this one may be written now, with *skipped the ones held back
- * since the last that was. */
-static int rate_limit_admits(unsigned long *skipped)
+void cuh_log_rate_limited(const char *fmt, ...)
 {
     static _Atomic long last_second = -1;
     static _Atomic unsigned long held_back;
@@ -112,28 +109,9 @@ static int rate_limit_admits(unsigned long *skipped)
     long prev = atomic_load(&last_second);
     if (now.tv_sec == prev || !atomic_compare_exchange_strong(&last_second, &prev, (long)now.tv_sec)) {
         atomic_fetch_add(&held_back, 1);
-        return 0;
+        return;
     }
-    *skipped = atomic_exchange(&held_back, 0);
-    return 1;
-}
-
-void cuh_log_error_rate_limited(const char *what)
-{
-    unsigned long skipped;
-    if (!rate_limit_admits(&skipped))
-        return;
-    if (skipped)
-        cuh_log("%s: %s (%lu similar messages in the last second not shown)", what, cuh_get_error(), skipped);
-    else
-        cuh_log("%s: %s", what, cuh_get_error());
-}
-
-void cuh_log_rate_limited(const char *fmt, ...)
-{
-    unsigned long skipped;
-    if (!rate_limit_admits(&skipped))
-        return;
+    unsigned long skipped = atomic_exchange(&held_back, 0);
     char line[CUH_ERROR_MAX + 256];
     va_list ap;
     va_start(ap, fmt);
@@ -143,4 +121,9 @@ void cuh_log_rate_limited(const char *fmt, ...)
         cuh_log("%s (%lu similar messages in the last second not shown)", line, skipped);
     else
         cuh_log("%s", line);
+}
+
+void cuh_log_error_rate_limited(const char *what)
+{
+    cuh_log_rate_limited("%s: %s", what, cuh_get_error());
 }
