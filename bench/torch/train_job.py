@@ -23,6 +23,8 @@ Jobs (random data, fixed seeds, bf16 autocast as in bench/traces):
   kv_generate  GPT-2 small generating 48 tokens greedily with a growing KV
                cache, batch 8, prompt 64-512 tokens varying each step; the
                "loss" is the mean of the last logits
+  corpus:NAME  a job of the corpus (bench/corpus/jobs.py), as its traces were
+               recorded: corpus:lora_varlen, corpus:gcn_graphs, ...
 Prints: job, mode, step times (median of the steps after 3 warm-up steps, and every
 step's in step_ms_each),
 losses (as float.hex, so runs compare bitwise), peak reserved and peak live,
@@ -370,6 +372,14 @@ JOBS = {"resnet50": make_resnet50, "gpt2": make_gpt2, "bert_varlen": make_bert_v
         "kv_generate": make_kv_generate}
 
 
+def corpus_jobs():
+    """The corpus's jobs (bench/corpus/jobs.py) as corpus:NAME: the jobs whose
+    traces cuheap-corpus replays, timed here in any mode as the jobs above."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "corpus"))
+    import jobs
+    return {"corpus:" + name: j.make for name, j in jobs.JOBS.items()}
+
+
 def job_arguments(doc, jobs):
     """--job (one of `jobs`), --steps and --seed, as every job script takes them."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
@@ -405,10 +415,11 @@ def deterministic(seed):
 
 
 def main():
-    args = job_arguments(__doc__, JOBS)
+    args = job_arguments(__doc__, {**JOBS, **corpus_jobs()})
+    make = JOBS.get(args.job) or corpus_jobs()[args.job]
     deterministic(args.seed)
     apply_limit()
-    step = JOBS[args.job](args.seed)
+    step = make(args.seed)
     losses, times = [], []
     oom = None
     for i in range(args.steps):
