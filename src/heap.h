@@ -109,6 +109,14 @@ typedef struct cuh_oom_info_s {
         size_t pages;        /* such pages */
         size_t free;         /* the free bytes in them */
     } partial_pages;
+    /* Under vmm:1, where a unit of several pages (vmm_unit) moves only whole:
+     * the whole free pages of units that blocks still partly use, which
+     * cannot move either. */
+    struct {
+        int known;           /* 0: not vmm:1, or a report written before this existed */
+        size_t units;        /* such units */
+        size_t free;         /* the bytes of their whole free pages */
+    } partial_units;
 } cuh_oom_info_t;
 
 const char *cuh_oom_cause_name(cuh_oom_cause_t cause);

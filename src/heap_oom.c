@@ -1,6 +1,7 @@
 /* heap_oom.c - out of memory: the record of the last failed request, with the
  * proof of its cause (capacity, the limit, memory used outside cuheap, memory
- * waiting for GPU work, fragmentation: stranded segments, partly used pages)
+ * waiting for GPU work, fragmentation: stranded segments, partly used pages
+ * and units)
  * and one thing that would help.
  *
  * Rule kept here (heap.h): the ladder's last step: an out-of-memory is
@@ -8,6 +9,7 @@
  */
 #include "heap_internal.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- out of memory ------------------------------------------------------------ */
@@ -117,6 +119,42 @@ static void find_partial_pages_locked(const cuh_heap_t *h, cuh_oom_info_t *o)
     }
 }
 
+/* Under vmm:1 fills o->partial_units (see cuh_oom_info_t): the pages lying
+ * wholly in free extents, counted in each unit of several pages that is not
+ * wholly free. Needs a bit a page of host memory; without it the figure is
+ * left unknown. */
+static void find_partial_units_locked(const cuh_heap_t *h, cuh_oom_info_t *o)
+{
+    const size_t page = h->vm_page, n = h->pages_high;
+    uint64_t *free_page = calloc((n + 63) / 64 + 1, sizeof *free_page);
+    if (!free_page)
+        return;
+    for (const cuh_extent_t *e = h->vm->first; e; e = e->next) {
+        if (e->state != CUH_EXTENT_FREE)
+            continue;
+        size_t p = (size_t)(e->addr - h->vm->base + page - 1) / page;
+        const size_t end = (size_t)(e->addr + e->size - h->vm->base) / page;
+        for (; p < end && p < n; p++)
+            free_page[p >> 6] |= (uint64_t)1 << (p & 63);
+    }
+    o->partial_units.known = 1;
+    for (size_t p = 0; p < n;) {
+        size_t q = p + 1;
+        if (h->page_handle[p])
+            while (q < n && h->page_handle[q] == h->page_handle[p])
+                q++;
+        size_t whole_free = 0;
+        for (size_t i = p; i < q; i++)
+            whole_free += (free_page[i >> 6] >> (i & 63)) & 1;
+        if (h->page_handle[p] && q - p > 1 && whole_free && whole_free < q - p) {
+            o->partial_units.units++;
+            o->partial_units.free += whole_free * page;
+        }
+        p = q;
+    }
+    free(free_page);
+}
+
 void cuh_hp_record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request, size_t block, size_t align,
                               grow_result_t why)
 {
@@ -166,8 +204,10 @@ void cuh_hp_record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
     o->external = o->device_total > accounted ? o->device_total - accounted : 0;
 
     find_stranded_locked(h, o, block);
-    if (h->vm)
+    if (h->vm) {
         find_partial_pages_locked(h, o);
+        find_partial_units_locked(h, o);
+    }
 
     size_t need = o->allocated + block + (align > CUH_ALIGN ? align : 0);
     size_t device_room = o->device_total - o->external;
@@ -220,13 +260,17 @@ void cuh_hp_record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
          * bundled traces, with a workspace of their live peak, reserved
          * 1.06-1.24x it against 1.04-1.11x without). */
         if (h->vm)
-            /* Pages move only when wholly free: the rest sits in pages that
-             * blocks still partly use. */
+            /* Pages move only when wholly free, units only whole: the rest
+             * sits in pages or units that blocks still partly use. */
             snprintf(o->action, sizeof o->action,
-                     "free memory lies in pages that live blocks still partly use: %sgive the job more memory "
+                     "free memory lies in %s that live blocks still partly use: %s%sgive the job more memory "
                      "(record it with trace:PATH, and cuheap-replay --min-capacity says how much it needs)",
+                     o->partial_units.units ? "pages and units of several pages" : "pages",
                      h->vm_page > CUH_SEGMENT_GRAIN ? "a smaller vmm_page in CUHEAP_CONF (2M) strands less of it, or "
-                                                    : "");
+                                                    : "",
+                     o->partial_units.units && h->unit_pages != 1
+                         ? "vmm_unit:2M in CUHEAP_CONF (a unit a page) lets every whole free page move, or "
+                         : "");
         else if (cuh_hp_vm_unavailable(h))
             snprintf(o->action, sizeof o->action,
                      "free memory is split into pieces smaller than the request, on plain segments because "
@@ -242,10 +286,13 @@ void cuh_hp_record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
     h->has_oom = 1;
     h->num_ooms++;
     cuh_hp_sample_locked(h);
-    char stranded[192] = "";
-    if (o->cause == CUH_OOM_FRAGMENTATION && o->partial_pages.pages)
-        snprintf(stranded, sizeof stranded, "; %zu of the cached bytes lie in %zu page%s that blocks partly use",
-                 o->partial_pages.free, o->partial_pages.pages, o->partial_pages.pages == 1 ? "" : "s");
+    char stranded[256] = "";
+    if (o->cause == CUH_OOM_FRAGMENTATION && (o->partial_pages.pages || o->partial_units.units))
+        snprintf(stranded, sizeof stranded,
+                 "; %zu of the cached bytes lie in %zu page%s that blocks partly use, %zu in whole free pages of %zu "
+                 "unit%s that blocks partly use",
+                 o->partial_pages.free, o->partial_pages.pages, o->partial_pages.pages == 1 ? "" : "s",
+                 o->partial_units.free, o->partial_units.units, o->partial_units.units == 1 ? "" : "s");
     else if (o->cause == CUH_OOM_FRAGMENTATION && o->stranded.segments)
         snprintf(stranded, sizeof stranded,
                  "; %zu of the cached bytes lie in %zu mostly empty segment%s, held there by %zu block%s of %zu "

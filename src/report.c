@@ -84,6 +84,11 @@ static void text_stranded(FILE *out, const cuh_oom_info_t *o)
                      "move)\n",
                 cuh_format_bytes(a, sizeof a, o->partial_pages.free), o->partial_pages.pages,
                 o->partial_pages.pages == 1 ? "" : "s");
+    if (o->partial_units.units)
+        fprintf(out, "    in partly used units: %s in whole free pages of %zu unit%s of several pages that blocks "
+                     "partly use (a unit moves only whole; vmm_unit:2M makes every unit a page)\n",
+                cuh_format_bytes(a, sizeof a, o->partial_units.free), o->partial_units.units,
+                o->partial_units.units == 1 ? "" : "s");
     if (!x->segments)
         return;
     fprintf(out, "    stranded: %s free in %zu mostly empty segment%s (at most 1/8 used), held there by %zu block%s "
@@ -473,6 +478,8 @@ static void json_one(FILE *out, const cuh_heap_snapshot_t *s)
     }
     if (o->partial_pages.known)
         fprintf(out, ",\"partial_pages\":{\"pages\":%zu,\"free\":%zu}", o->partial_pages.pages, o->partial_pages.free);
+    if (o->partial_units.known)
+        fprintf(out, ",\"partial_units\":{\"units\":%zu,\"free\":%zu}", o->partial_units.units, o->partial_units.free);
     fprintf(out, "}}");
 }
 

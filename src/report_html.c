@@ -102,6 +102,11 @@ static void oom_panel(FILE *out, const cuh_heap_snapshot_t *s)
         fprintf(out, "<p class=stranded><b>In partly used pages:</b> %s free in %zu page%s that blocks partly use "
                      "(only whole free pages move).</p>\n",
                 bytes(a, o->partial_pages.free), o->partial_pages.pages, o->partial_pages.pages == 1 ? "" : "s");
+    if (o->partial_units.units)
+        fprintf(out, "<p class=stranded><b>In partly used units:</b> %s in whole free pages of %zu unit%s of several "
+                     "pages that blocks partly use (a unit moves only whole; <code>vmm_unit:2M</code> makes every unit "
+                     "a page).</p>\n",
+                bytes(a, o->partial_units.free), o->partial_units.units, o->partial_units.units == 1 ? "" : "s");
     if (x->segments) {
         char b[32], c[32];
         fprintf(out, "<p class=stranded><b>Stranded:</b> %s free in %zu mostly empty segment%s (at most 1/8 used), "

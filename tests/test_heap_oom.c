@@ -217,6 +217,55 @@ static void test_oom_cause_fragmentation_under_large_pages_names_vmm_page(void *
     test_heap_free(&v);
 }
 
+/* Runs the sequence of the test below under `conf` on an 18 MiB device and
+ * returns the out-of-memory of its last request (cause NONE if it fit). */
+static cuh_oom_info_t units_oom(const char *conf)
+{
+    test_heap_t t = test_heap_new(18 * MiB, conf);
+    uintptr_t a = must_alloc(t.heap, 8 * MiB, 0), b = must_alloc(t.heap, 2 * MiB, 0);
+    uintptr_t c = must_alloc(t.heap, 8 * MiB, 0);
+    assert_int_equal(b, a + 8 * MiB);
+    assert_int_equal(c, b + 2 * MiB);
+    must_free(t.heap, a, 0);
+    must_free(t.heap, c, 0);
+    uintptr_t d = must_alloc(t.heap, 2 * MiB, 0), e = 0;
+    assert_int_equal(d, a);
+    cuh_oom_info_t o;
+    memset(&o, 0, sizeof o);
+    if (cuh_heap_malloc(t.heap, 10 * MiB, 0, &e) == CUHEAP_ERR_OUT_OF_MEMORY)
+        assert_true(cuh_heap_last_oom(t.heap, &o));
+    else
+        must_free(t.heap, e, 0);
+    must_free(t.heap, d, 0);
+    must_free(t.heap, b, 0);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+    return o;
+}
+
+/* A unit of several pages (vmm_unit) moves only whole: its free pages
+ * strand while a block still lies on one of them. 8, 2 and 8 MiB blocks fill
+ * an 18 MiB device (units of 4, 1 and 4 pages at vmm_unit:8M); the two 8 MiB
+ * ones are freed and a 2 MiB block takes the first unit's first page. A 10
+ * MiB request then lacks a page past the last unit, and the only free pages
+ * that could move there lie in the first unit: the record names the unit
+ * and its 6 MiB, and the advice vmm_unit:2M. With a unit a page, the same
+ * request fits. */
+static void test_oom_names_free_pages_stranded_in_partly_used_units(void **state)
+{
+    (void)state;
+    cuh_oom_info_t o = units_oom("vmm:1,vmm_unit:8M,vmm_margin:0,small_max:0");
+    assert_int_equal(o.cause, CUH_OOM_FRAGMENTATION);
+    assert_true(o.partial_units.known);
+    assert_int_equal(o.partial_units.units, 1);
+    assert_int_equal(o.partial_units.free, 6 * MiB);
+    assert_int_equal(o.partial_pages.pages, 0);
+    assert_non_null(strstr(o.action, "vmm_unit:2M"));
+    assert_non_null(strstr(cuh_get_error(), "6291456 in whole free pages of 1 unit that blocks partly use"));
+    o = units_oom("vmm:1,vmm_unit:2M,vmm_margin:0,small_max:0");
+    assert_int_equal(o.cause, CUH_OOM_NONE);
+}
+
 /* MiB freed on each of ten streams (test below), in no order. */
 static const size_t o_streams_pending[] = {8, 2, 20, 14, 4, 18, 6, 12, 10, 16};
 
@@ -292,6 +341,7 @@ int main(void)
         cmocka_unit_test(test_fragmentation_without_the_virtual_memory_asked_for_says_so),
         cmocka_unit_test(test_oom_names_memory_stranded_in_mostly_empty_segments),
         cmocka_unit_test(test_oom_cause_fragmentation_under_large_pages_names_vmm_page),
+        cmocka_unit_test(test_oom_names_free_pages_stranded_in_partly_used_units),
         cmocka_unit_test(test_oom_cause_stream_pending_with_its_proof),
         cmocka_unit_test(test_oom_record_keeps_the_streams_with_the_most_pending),
     };

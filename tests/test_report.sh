@@ -194,6 +194,15 @@ check "vmm:1: the OOM record's free bytes in partly used pages, recomputed from 
     '[ "$partial" = "fragmentation True True True" ] && grep -q "in partly used pages: .* free in [0-9]* pages that blocks partly use" $tmp/pages.txt'
 "$report_tool" --json "$tmp/pages.json" -o "$tmp/pages-again.json"
 check "cuheap-report keeps partial_pages when it writes a report again" 'cmp -s "$tmp/pages.json" "$tmp/pages-again.json"'
+python3 -c "
+import json
+r = json.load(open('$tmp/pages.json'))
+o = r['devices'][0]['oom']
+o['partial_units'] = {'units': 1, 'free': o['cached'] - o['partial_pages']['free'] + 1}
+json.dump(r, open('$tmp/units-bad.json', 'w'))"
+out=$("$report_tool" "$tmp/units-bad.json" 2>&1); rc=$?
+check "vmm:1: the OOM record has partial_units; cuheap-report refuses one whose bytes exceed the cached (rc $rc: $out)" \
+    '[ $rc -eq 1 ] && echo "$out" | grep -q "partial_units: .* free bytes in 1 units do not fit the record" && grep -q "\"partial_units\":{\"units\":" "$tmp/pages.json"'
 
 # Every report marks the segments that strand memory, as the record counts
 # them: at the OOM, the marked segments are those of the record's totals.

@@ -460,6 +460,26 @@ static void read_partial_pages(reader_t *r, const cuh_json_t *o, cuh_oom_info_t 
     path_pop(r, saved);
 }
 
+/* An out-of-memory's "partial_units" object (optional: only under vmm:1,
+ * and reports before it had none). Its whole free pages and the free bytes
+ * of partly used pages are different bytes, all of them cached. */
+static void read_partial_units(reader_t *r, const cuh_json_t *o, cuh_oom_info_t *x)
+{
+    size_t saved;
+    const cuh_json_t *p = opt_node(r, o, "partial_units", CUH_JSON_OBJECT, &saved);
+    if (p && !r->failed) {
+        x->partial_units.known = 1;
+        x->partial_units.units = get_size(r, p, "units");
+        x->partial_units.free = get_size(r, p, "free");
+        const size_t in_pages = x->partial_pages.known ? x->partial_pages.free : 0;
+        if (!r->failed && (x->partial_units.free > x->cached - cuh_min_size(in_pages, x->cached) ||
+                           (x->partial_units.free != 0) != (x->partial_units.units != 0)))
+            fail(r, p, "%zu free bytes in %zu units do not fit the record (%zu cached, %zu of them in partly used pages)",
+                 x->partial_units.free, x->partial_units.units, x->cached, in_pages);
+    }
+    path_pop(r, saved);
+}
+
 static void read_oom(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t *s)
 {
     /* Every cause the library can name, "none" included, by its own names. */
@@ -506,6 +526,7 @@ static void read_oom(reader_t *r, const cuh_json_t *d, cuh_heap_snapshot_t *s)
         path_pop(r, sub);
         read_stranded(r, o, x);
         read_partial_pages(r, o, x);
+        read_partial_units(r, o, x);
     }
     path_pop(r, saved);
 }
