@@ -73,9 +73,14 @@ static const option_t options[] = {
      "byte, so long units move memory in few calls, but a unit moves only when it lies wholly "
      "in free memory and fits where a block lacks pages (the driver maps only whole "
      "allocations, so a unit cannot be split), and one a live block still partly covers "
-     "strands the rest: the smallest device a job fits in grows. When the device or the "
-     "limit refuses, free units whose work is done go back and units of the needed length "
-     "are made instead. Rounded up to whole pages (vmm_page); between 2M and 1G."},
+     "strands the rest: the smallest device a job fits in grows. 2M (the default) makes every "
+     "unit a page: the most a nearly full device can hold, at a driver allocation per page. "
+     "auto: a unit holds up to 1/1024 of the smaller of what the heap holds and what the "
+     "device has free, at least a page, so units grow with the heap while the device has "
+     "room and come down to a page as it fills: about half the map calls, for a smallest "
+     "device up to 2% larger (docs/design.md, \"Choosing vmm\"). When the device or the limit refuses, free "
+     "units whose work is done go back and units of the needed length are made instead. "
+     "A size is rounded up to whole pages (vmm_page); between 2M and 1G."},
     {"step_plan", KIND_BOOL, offsetof(cuh_config_t, step_plan), "0",
      "With vmm:1: 1 lays out the blocks of a step that repeated the one before in a window "
      "of the reservation, as if the whole step had been known in advance, and places the "
@@ -322,9 +327,13 @@ static int set_value(const option_t *opt, const char *value, cuh_config_t *cfg, 
         cfg->limit_fraction = 0;
         return 0;
     }
+    if (strcmp(opt->name, "vmm_unit") == 0 && strcmp(value, "auto") == 0) {
+        cfg->vmm_unit = 0;
+        return 0;
+    }
     if (parse_size(value, &bytes)) {
-        snprintf(err, errlen, "%s:%s is not a size; sizes are bytes with an optional K, M, G or T (like 512M)",
-                 opt->name, value);
+        snprintf(err, errlen, "%s:%s is not a size; sizes are bytes with an optional K, M, G or T (like 512M)%s",
+                 opt->name, value, strcmp(opt->name, "vmm_unit") == 0 ? ", or auto" : "");
         return -1;
     }
     if (strcmp(opt->name, "small_max") == 0 && bytes > CUH_SMALL_MAX_LIMIT) {
@@ -469,10 +478,13 @@ void cuh_config_format(const cuh_config_t *cfg, char *buf, size_t len)
     }
     else
         snprintf(limit, sizeof limit, "none");
+    char unit[32] = "auto";
+    if (cfg->vmm_unit)
+        snprintf(unit, sizeof unit, "%zu", cfg->vmm_unit);
     int n = snprintf(buf, len, "workspace:%zu,limit:%s,small_max:%zu,segment_min:%zu,grow_fraction:%g,vmm:%zu,vmm_margin:%g,"
-                     "vmm_page:%zu,vmm_unit:%zu,step_plan:%zu,thread_cache:%zu,wait_before_grow:%zu,device_fences:%zu,reuse_across_streams:%zu,ipc_safe:%zu,ipc_callers:%s,meminfo_cached:%zu,pinned:%zu,pinned_chunk:%zu",
+                     "vmm_page:%zu,vmm_unit:%s,step_plan:%zu,thread_cache:%zu,wait_before_grow:%zu,device_fences:%zu,reuse_across_streams:%zu,ipc_safe:%zu,ipc_callers:%s,meminfo_cached:%zu,pinned:%zu,pinned_chunk:%zu",
                      cfg->workspace, limit, cfg->small_max, cfg->segment_min, cfg->grow_fraction, cfg->vmm, cfg->vmm_margin,
-                     cfg->vmm_page, cfg->vmm_unit, cfg->step_plan, cfg->thread_cache, cfg->wait_before_grow, cfg->device_fences, cfg->reuse_across_streams, cfg->ipc_safe, cfg->ipc_callers[0] ? cfg->ipc_callers : "none",
+                     cfg->vmm_page, unit, cfg->step_plan, cfg->thread_cache, cfg->wait_before_grow, cfg->device_fences, cfg->reuse_across_streams, cfg->ipc_safe, cfg->ipc_callers[0] ? cfg->ipc_callers : "none",
                      cfg->meminfo_cached, cfg->pinned, cfg->pinned_chunk);
     if (cfg->report[0] && n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, ",report:%s", cfg->report);

@@ -28,7 +28,7 @@ typedef struct cuh_config_s {
     double grow_fraction;    /* a new segment is at least this share of reserved */
     double vmm_margin;       /* vmm: new pages up to (1 + margin) x live peak, then move pages */
     size_t vmm_page;         /* vmm: bytes of physical memory per page (rounded to the device's granularity) */
-    size_t vmm_unit;         /* vmm: most bytes of one physical allocation (a unit), mapped and moved as one */
+    size_t vmm_unit;         /* vmm: most bytes of one physical allocation (a unit), mapped and moved as one; 0: auto */
     size_t reuse_across_streams; /* 1: before growing, streams' pending frees serve others, ordered on the GPU */
     size_t meminfo_cached;   /* 1: hooked cudaMemGetInfo counts ready cached bytes as free */
     size_t pinned;           /* 1: hooked cudaHostAlloc & co. are served from the pinned cache */

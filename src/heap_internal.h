@@ -354,7 +354,7 @@ struct cuh_heap_s {
      * above, with the page size) whose pages are mapped on demand;
      * page_handle[i] is the physical allocation (the unit, page_plan.h)
      * behind page i, 0 when unmapped. */
-    size_t unit_pages;           /* the most pages a new unit holds (vmm_unit) */
+    size_t unit_pages;           /* the most pages a new unit holds (vmm_unit); 0: auto (heap_pages.c) */
     uint64_t *page_handle;
     uint64_t *page_mapped;       /* bit i: page_handle[i] != 0 (ranges test 64 pages a word) */
     uint64_t *page_gen;          /* the last take-back generation that returned memory on page i */

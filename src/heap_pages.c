@@ -625,16 +625,53 @@ static int mover_recurs_locked(cuh_heap_t *h, size_t pages, int moved)
     return recurs;
 }
 
+/* The most pages a new unit may hold. A unit costs the driver the same
+ * whatever its length (docs/benchmarks.md: a 2 MiB page 35 us, 512 MiB 63),
+ * and pages of their own cost a call each wherever a block lacks them: the
+ * steps that bring a job's new largest shapes map thousands. But a unit a
+ * live block partly covers strands the rest, which no other block can use
+ * elsewhere. So with vmm_unit:auto a unit holds up to 1/UNIT_FRACTION of the
+ * smaller of what the heap holds and what the device has free: what a
+ * unit can strand stays a small share of the heap, and units come down to a
+ * page as the device fills, where stranding is what runs a job out of
+ * memory. 1024: over the tuning corpus (bench/HISTORY.md, "Units that grow
+ * with the heap") half the map calls a step, every job's peak within 0.5% of
+ * a unit a page; 512 made two jobs hold more, 2048 took off a third of the
+ * calls. Units made before the device fills still strand there: the
+ * smallest device a job fits in grew by up to 2.2%, so a unit a page stays
+ * the default. A device that cannot say what it has free gets units of a
+ * page. */
+#define UNIT_FRACTION 1024
+
+/* The pages the device has free as far as a unit's size goes: under
+ * vmm_unit:auto asked once a mapping (create_units_locked counts down what
+ * it creates), 0 if the device cannot say. */
+static size_t device_free_pages_locked(cuh_heap_t *h)
+{
+    size_t free_bytes = 0, total = 0;
+    if (h->unit_pages || h->dev->ops->mem_info(h->dev, &free_bytes, &total) != CUH_DEV_OK)
+        return 0;
+    return free_bytes / h->vm_page;
+}
+
+static size_t unit_pages_locked(const cuh_heap_t *h, size_t device_free_pages)
+{
+    if (h->unit_pages)
+        return h->unit_pages;   /* vmm_unit:SIZE */
+    return cuh_max_size(cuh_min_size(h->physical_pages, device_free_pages) / UNIT_FRACTION, 1);
+}
+
 /* Creates a unit for each run of pages the plan still lacks, of at most
- * unit_pages pages (a shorter one where the limit leaves less room, or the
- * device refuses: down to a page). 0 with *why when the limit or the device
- * refused, or on an error; what was created stays placed. */
+ * unit_pages_locked() pages (a shorter one where the limit leaves less
+ * room, or the device refuses: down to a page). 0 with *why when the limit
+ * or the device refused, or on an error; what was created stays placed. */
 static int create_units_locked(cuh_heap_t *h, cuh_page_plan_t *pl, grow_result_t *why)
 {
     const size_t page = h->vm_page;
+    size_t device_free = pl->lacking ? device_free_pages_locked(h) : 0;
     while (pl->lacking) {
         const cuh_page_run_t r = pl->runs[0];
-        size_t k = cuh_min_size(r.len, h->unit_pages);
+        size_t k = cuh_min_size(r.len, unit_pages_locked(h, device_free));
         if (h->limit) {
             size_t reserved = cuh_hp_reserved_bytes(h);
             size_t room = h->limit > reserved ? (h->limit - reserved) / page : 0;
@@ -655,6 +692,7 @@ static int create_units_locked(cuh_heap_t *h, cuh_page_plan_t *pl, grow_result_t
             return 0;
         }
         h->physical_pages += k;
+        device_free -= cuh_min_size(device_free, k);
         h->num_segment_allocs++;
         (void)cuh_page_plan_place(pl, handle, r.start, k, 0);   /* cannot fail: a run's start, room for a unit a page */
     }
@@ -967,7 +1005,7 @@ void cuh_hp_start_vm_locked(cuh_heap_t *h)
     seg->virtual_space = 1;
     h->vm = seg;
     h->vm_page = page;
-    h->unit_pages = cuh_max_size(h->cfg.vmm_unit / page, 1);
+    h->unit_pages = h->cfg.vmm_unit ? cuh_max_size(h->cfg.vmm_unit / page, 1) : 0;   /* 0: auto */
     h->num_pages = size / page;
 }
 

@@ -425,7 +425,13 @@ static void test_format_writes_every_value(void **state)
     parse_fails("vmm_page:2G", "vmm_page");
     parse_fails("vmm_page:big", "vmm_page");
     assert_int_equal(parse_ok("").vmm_unit, (size_t)2 << 20);   /* a unit a page */
+    assert_int_equal(parse_ok("vmm_unit:64M,vmm_unit:auto").vmm_unit, 0);   /* units grow with the heap */
+    c = parse_ok("vmm_unit:auto");
+    cuh_config_format(&c, buf, sizeof buf);
+    assert_contains(buf, ",vmm_unit:auto,");
     assert_int_equal(parse_ok("vmm_unit:64M").vmm_unit, (size_t)64 << 20);
+    parse_fails("vmm_unit:automatic", "vmm_unit:automatic is not a size; sizes are bytes with an optional K, M, G or T "
+                                      "(like 512M), or auto");
     assert_int_equal(parse_ok("vmm_unit:5M").vmm_unit, (size_t)6 << 20);
     parse_fails("vmm_unit:0", "vmm_unit:0 must be between 2M and 1G");
     parse_fails("vmm_unit:4G", "vmm_unit");

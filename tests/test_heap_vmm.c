@@ -303,6 +303,84 @@ static void test_vmm_units_are_created_mapped_and_moved_as_one(void **state)
     test_heap_free(&t);
 }
 
+/* The units vmm_unit:auto makes for `pages` lacking pages in one run, given
+ * what the heap holds and what the device has free (both in pages, counted
+ * on): each up to 1/1024 of the smaller, at least a page. */
+static size_t auto_units(size_t *held, size_t *device_free, size_t pages)
+{
+    size_t units = 0;
+    while (pages) {
+        size_t k = (*held < *device_free ? *held : *device_free) / 1024;
+        k = k < 1 ? 1 : k > pages ? pages : k;
+        *held += k;
+        *device_free -= k;
+        pages -= k;
+        units++;
+    }
+    return units;
+}
+
+/* vmm_unit:auto: units grow with what the heap holds and come
+ * down to a page as the device fills (heap_pages.c, unit_pages_locked). On
+ * a 64 GiB device with 8 GiB used by another process, three blocks that
+ * need new pages: the first is pages until the heap holds 2 GiB (2,560
+ * units for 3,072 pages), the second gets units of 3-10 pages (1,464 for
+ * 8,192), the third takes the device to its last 64 MiB, its units
+ * shrinking to a page as it fills. Every unit is one allocation and one
+ * map. */
+static void test_vmm_auto_units_grow_with_the_heap_and_shrink_as_the_device_fills(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(64 * GiB, "vmm:1,small_max:0,vmm_unit:auto");
+    cuh_sim_set_external(t.dev, 8 * GiB);
+    size_t free_bytes = 0, total = 0;
+    assert_int_equal(t.dev->ops->mem_info(t.dev, &free_bytes, &total), CUH_DEV_OK);
+    assert_int_equal(free_bytes, 56 * GiB);
+    size_t held = 0, device_free = free_bytes / (2 * MiB);
+    const size_t sizes[] = {6 * GiB, 16 * GiB, 56 * GiB - 22 * GiB - 64 * MiB};
+    const size_t units[] = {2560, 1464, 4504};
+    uintptr_t x[3];
+    for (int i = 0; i < 3; i++) {
+        cuh_sim_counters_t c0, c1;
+        cuh_sim_counters(t.dev, &c0);
+        x[i] = must_alloc(t.heap, sizes[i], 0);
+        cuh_sim_counters(t.dev, &c1);
+        assert_int_equal(auto_units(&held, &device_free, sizes[i] / (2 * MiB)), units[i]);
+        assert_int_equal(c1.vm_creates - c0.vm_creates, units[i]);
+        assert_int_equal(c1.vm_maps - c0.vm_maps, units[i]);
+    }
+    assert_int_equal(device_free, 32);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.num_ooms, 0);
+    for (int i = 0; i < 3; i++)
+        must_free(t.heap, x[i], 0);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+
+    /* The default, vmm_unit:2M: a unit a page, however much the heap holds. */
+    t = test_heap_new(GiB, "vmm:1,small_max:0");
+    cuh_sim_counters_t c0, c1;
+    cuh_sim_counters(t.dev, &c0);
+    uintptr_t y = must_alloc(t.heap, 512 * MiB, 0);
+    cuh_sim_counters(t.dev, &c1);
+    assert_int_equal(c1.vm_creates - c0.vm_creates, 256);
+    must_free(t.heap, y, 0);
+    test_heap_free(&t);
+
+    /* A device that cannot say what it has free gets units of a page, and
+     * the blocks still come. */
+    fault_heap_t f = fault_heap_new(64 * GiB, "vmm:1,small_max:0,vmm_unit:auto");
+    cuh_fault_random(f.dev, CUH_FAULT_MEM_INFO, 1.0, 1, CUH_DEV_ERROR);
+    cuh_sim_counters(f.sim, &c0);
+    uintptr_t z = must_alloc(f.heap, 6 * GiB, 0);
+    cuh_sim_counters(f.sim, &c1);
+    assert_int_equal(c1.vm_creates - c0.vm_creates, 3072);
+    assert_true(cuh_fault_injected(f.dev, CUH_FAULT_MEM_INFO) >= 1);
+    must_free(f.heap, z, 0);
+    fault_heap_free(&f);
+}
+
 /* A free unit longer than the run a block lacks cannot serve it (a unit maps
  * whole). When the device is full, such a unit whose work is done goes back
  * to the device and a unit of the run's length is made: the device holding
@@ -1180,6 +1258,7 @@ int main(void)
         cmocka_unit_test(test_vmm_checkerboard_then_larger_blocks_fit_in_live_plus_two_pages),
         cmocka_unit_test(test_vmm_larger_pages_move_in_fewer_calls),
         cmocka_unit_test(test_vmm_units_are_created_mapped_and_moved_as_one),
+        cmocka_unit_test(test_vmm_auto_units_grow_with_the_heap_and_shrink_as_the_device_fills),
         cmocka_unit_test(test_vmm_a_unit_too_long_for_the_gap_goes_back_when_the_device_is_full),
         cmocka_unit_test(test_vmm_moves_a_page_only_after_the_work_on_it_finished),
         cmocka_unit_test(test_bits_all_set_agrees_with_a_bit_by_bit_model),
