@@ -645,11 +645,13 @@ static int mover_recurs_locked(cuh_heap_t *h, size_t pages, int moved)
 
 /* The pages the device has free as far as a unit's size goes: under
  * vmm_unit:auto asked once a mapping (create_units_locked counts down what
- * it creates), 0 if the device cannot say. */
+ * it creates), 0 if the device cannot say. During a graph capture the
+ * device is not asked (no call beyond what the capture needs): units of a
+ * page. */
 static size_t device_free_pages_locked(cuh_heap_t *h)
 {
     size_t free_bytes = 0, total = 0;
-    if (h->unit_pages || h->dev->ops->mem_info(h->dev, &free_bytes, &total) != CUH_DEV_OK)
+    if (h->unit_pages || h->captures || h->dev->ops->mem_info(h->dev, &free_bytes, &total) != CUH_DEV_OK)
         return 0;
     return free_bytes / h->vm_page;
 }

@@ -368,6 +368,20 @@ static void test_vmm_auto_units_grow_with_the_heap_and_shrink_as_the_device_fill
     must_free(t.heap, y, 0);
     test_heap_free(&t);
 
+    /* During a graph capture the device is not asked what it has free:
+     * units of a page. */
+    t = test_heap_new(64 * GiB, "vmm:1,small_max:0,vmm_unit:auto");
+    uintptr_t w = must_alloc(t.heap, 6 * GiB, 0);
+    cuh_heap_capture_begin(t.heap, 1);
+    cuh_sim_counters(t.dev, &c0);
+    y = must_alloc(t.heap, 2 * GiB, 0);
+    cuh_sim_counters(t.dev, &c1);
+    cuh_heap_capture_end(t.heap);
+    assert_int_equal(c1.vm_creates - c0.vm_creates, 1024);
+    must_free(t.heap, y, 0);
+    must_free(t.heap, w, 0);
+    test_heap_free(&t);
+
     /* A device that cannot say what it has free gets units of a page, and
      * the blocks still come. */
     fault_heap_t f = fault_heap_new(64 * GiB, "vmm:1,small_max:0,vmm_unit:auto");
