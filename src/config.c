@@ -78,7 +78,7 @@ static const option_t options[] = {
      "auto: a unit holds up to 1/1024 of the smaller of what the heap holds and what the "
      "device has free, at least a page, so units grow with the heap while the device has "
      "room and come down to a page as it fills: about half the map calls, for a smallest "
-     "device up to 2% larger (docs/design.md, \"Choosing vmm\"). When the device or the limit refuses, free "
+     "device up to 2.2% larger (docs/design.md, \"Choosing vmm\"). When the device or the limit refuses, free "
      "units whose work is done go back and units of the needed length are made instead. "
      "A size is rounded up to whole pages (vmm_page); between 2M and 1G."},
     {"step_plan", KIND_BOOL, offsetof(cuh_config_t, step_plan), "0",
