@@ -567,6 +567,10 @@ void cuh_hp_plan_free_records(cuh_heap_t *h);
 int cuh_hp_needs_pages_locked(const cuh_heap_t *h, uintptr_t addr, size_t size);
 size_t cuh_hp_release_free_pages_locked(cuh_heap_t *h);
 size_t cuh_hp_largest_free_locked(const cuh_heap_t *h, size_t cached);
+/* Units of several pages that blocks partly use, and the bytes of their
+ * pages that lie wholly in free extents (which cannot move: a unit moves
+ * whole). 0 if out of host memory to count them. */
+int cuh_hp_partly_used_units_locked(const cuh_heap_t *h, size_t *units, size_t *free_bytes);
 uint64_t cuh_hp_gen_open_locked(cuh_heap_t *h);
 int cuh_hp_keep_until_done_locked(cuh_heap_t *h, stream_state_t *st);
 void cuh_hp_start_vm_locked(cuh_heap_t *h);

@@ -9,7 +9,6 @@
  */
 #include "heap_internal.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 /* ---- out of memory ------------------------------------------------------------ */
@@ -119,42 +118,6 @@ static void find_partial_pages_locked(const cuh_heap_t *h, cuh_oom_info_t *o)
     }
 }
 
-/* Under vmm:1 fills o->partial_units (see cuh_oom_info_t): the pages lying
- * wholly in free extents, counted in each unit of several pages that is not
- * wholly free. Needs a bit a page of host memory; without it the figure is
- * left unknown. */
-static void find_partial_units_locked(const cuh_heap_t *h, cuh_oom_info_t *o)
-{
-    const size_t page = h->vm_page, n = h->pages_high;
-    uint64_t *free_page = calloc((n + 63) / 64 + 1, sizeof *free_page);
-    if (!free_page)
-        return;
-    for (const cuh_extent_t *e = h->vm->first; e; e = e->next) {
-        if (e->state != CUH_EXTENT_FREE)
-            continue;
-        size_t p = (size_t)(e->addr - h->vm->base + page - 1) / page;
-        const size_t end = (size_t)(e->addr + e->size - h->vm->base) / page;
-        for (; p < end && p < n; p++)
-            free_page[p >> 6] |= (uint64_t)1 << (p & 63);
-    }
-    o->partial_units.known = 1;
-    for (size_t p = 0; p < n;) {
-        size_t q = p + 1;
-        if (h->page_handle[p])
-            while (q < n && h->page_handle[q] == h->page_handle[p])
-                q++;
-        size_t whole_free = 0;
-        for (size_t i = p; i < q; i++)
-            whole_free += (free_page[i >> 6] >> (i & 63)) & 1;
-        if (h->page_handle[p] && q - p > 1 && whole_free && whole_free < q - p) {
-            o->partial_units.units++;
-            o->partial_units.free += whole_free * page;
-        }
-        p = q;
-    }
-    free(free_page);
-}
-
 void cuh_hp_record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request, size_t block, size_t align,
                               grow_result_t why)
 {
@@ -206,7 +169,7 @@ void cuh_hp_record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
     find_stranded_locked(h, o, block);
     if (h->vm) {
         find_partial_pages_locked(h, o);
-        find_partial_units_locked(h, o);
+        o->partial_units.known = cuh_hp_partly_used_units_locked(h, &o->partial_units.units, &o->partial_units.free);
     }
 
     size_t need = o->allocated + block + (align > CUH_ALIGN ? align : 0);

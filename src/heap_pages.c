@@ -857,6 +857,36 @@ size_t cuh_hp_release_free_pages_locked(cuh_heap_t *h)
     return release_units_locked(h, SIZE_MAX, 1);
 }
 
+/* A bit a page: the pages lying wholly in free extents; then each unit of
+ * several pages with some of them, but not all. */
+int cuh_hp_partly_used_units_locked(const cuh_heap_t *h, size_t *units, size_t *free_bytes)
+{
+    uint64_t *free_page = calloc(h->pages_high / 64 + 1, sizeof *free_page);
+    if (!free_page)
+        return 0;
+    for (const cuh_extent_t *e = h->vm->first; e; e = e->next) {
+        if (e->state != CUH_EXTENT_FREE)
+            continue;
+        size_t p, end;
+        pages_inside_extent(h, e, &p, &end);
+        for (; p < end; p++)
+            free_page[p >> 6] |= (uint64_t)1 << (p & 63);
+    }
+    *units = *free_bytes = 0;
+    for (size_t p = 0, q; p < h->pages_high; p = q) {
+        q = h->page_handle[p] ? unit_end(h, p) : p + 1;
+        size_t whole_free = 0;
+        for (size_t i = p; i < q; i++)
+            whole_free += (free_page[i >> 6] >> (i & 63)) & 1;
+        if (q - p > 1 && whole_free && whole_free < q - p) {
+            (*units)++;
+            *free_bytes += whole_free * h->vm_page;
+        }
+    }
+    free(free_page);
+    return 1;
+}
+
 /* The largest piece of free memory a request could get at once. Under
  * virtual memory, free pages move to wherever they are needed, so all cached
  * memory (`cached`, counted as the caller counts it: the statistics count
