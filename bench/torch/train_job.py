@@ -415,8 +415,9 @@ def deterministic(seed):
 
 
 def main():
-    args = job_arguments(__doc__, {**JOBS, **corpus_jobs()})
-    make = JOBS.get(args.job) or corpus_jobs()[args.job]
+    jobs = {**JOBS, **corpus_jobs()}
+    args = job_arguments(__doc__, jobs)
+    make = jobs[args.job]
     deterministic(args.seed)
     apply_limit()
     step = make(args.seed)
