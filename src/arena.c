@@ -64,6 +64,7 @@ static void bins_insert(cuh_arena_t *a, cuh_extent_t *e)
 static void index_insert(cuh_arena_t *a, cuh_extent_t *e)
 {
     cuh_tag_books_t *b = &a->tags[e->tag];
+    a->index_changes++;
     bins_insert(a, e);
     e->tag_prev = NULL;
     e->tag_next = b->list;
@@ -85,6 +86,7 @@ static void index_insert(cuh_arena_t *a, cuh_extent_t *e)
 static void index_remove(cuh_arena_t *a, cuh_extent_t *e)
 {
     cuh_tag_books_t *b = &a->tags[e->tag];
+    a->index_changes++;
     cuh_freebins_remove(bins_of(a, e), &e->node);
     if (e->tag_prev)
         e->tag_prev->tag_next = e->tag_next;

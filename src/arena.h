@@ -98,6 +98,8 @@ typedef struct cuh_arena_s {
     size_t free_extents;            /* count */
     size_t fenced_bytes;            /* sum of every tag's fenced_bytes */
     uint64_t next_serial;
+    uint64_t index_changes;         /* changes to the free index (index_insert, index_remove): while it
+                                       stands still, a search finds what it found before */
     cuh_extent_t *spare;            /* free list of extent records */
     cuh_extent_chunk_t *chunks;
 } cuh_arena_t;

@@ -263,7 +263,9 @@ cuheap_status_t cuh_hp_large_alloc_locked(cuh_heap_t *h, stream_state_t *st, siz
             cuh_hp_record_oom_locked(h, st, size, block, CUH_ALIGN, why);
         return status;
     }
-    if (cuh_ptrmap_insert(&h->blocks, e->addr, e)) {
+    const int in_map = e == h->same_in_map;   /* handed out again as it was: in the map already */
+    h->same_in_map = NULL;
+    if (!in_map && cuh_ptrmap_insert(&h->blocks, e->addr, e)) {
         cuh_arena_release(&h->arena, e, st->tag);
         cuh_set_error("out of host memory for the block map");
         return CUHEAP_ERR_OUT_OF_MEMORY;

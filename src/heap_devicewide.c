@@ -444,25 +444,40 @@ static cuh_extent_t *same_block_locked(cuh_heap_t *h, const stream_state_t *st, 
         h->cfg.step_plan || h->chunk_call || cuh_hp_own_segment_locked(h))   /* a plan: placed by heap_plan.c */
         return NULL;
     cuh_extent_t *e = batch->entries[0].ext;
-    if (!e || e->size != size || e->addr % align || e->tag != st->tag || e->chunked || !search_would_take(h, e, st))
+    if (!e || e->size != size || e->addr % align || e->tag != st->tag || e->chunked)
         return NULL;
+    /* A search finds the same with the free index unchanged, and a block
+     * handed out again leaves it as it was: the pair's answer is found once
+     * (issue 45: the search was a fifth of a block pair's instructions). */
+    if (e == h->same_ok && h->arena.index_changes == h->same_ok_changes)
+        return e;
+    if (!search_would_take(h, e, st))
+        return NULL;
+    h->same_ok = e;
     return e;
 }
 
 /* The batch holding only block e finishes with e handed out again: as the
- * release and the take would leave it (cuh_arena_take_at), out of the block
- * map for the caller to put back. */
+ * release and the take would leave it (cuh_arena_take_at). It stays in the
+ * block map, where the caller would put it back (h->same_in_map). */
 static void hand_out_same_locked(cuh_heap_t *h, cuh_extent_t *e)
 {
     free_batch_t *batch = h->closed_batches;
     entry_unhold_locked(h, &batch->entries[0]);
     h->closed_batches = NULL;
     batch_recycle_locked(h, batch);
-    cuh_ptrmap_remove(&h->blocks, e->addr);
+    h->same_in_map = e;   /* still in the block map: cuh_hp_large_alloc_locked leaves it there */
+    const uint64_t changes = h->arena.index_changes;
     if (cuh_arena_absorbs(e->next, CUH_TAG_GLOBAL))
         cuh_arena_requeue(&h->arena, e->next);   /* the rest of the merged extent, cut anew */
     cuh_arena_fresh_take(e, CUH_EXTENT_BLOCK, e->tag);
     h->last_take_tag = CUH_TAG_GLOBAL;   /* the take was from global memory */
+    /* The answer stands for the index as it is now, unless the requeue
+     * moved the neighbour to its bin's head: a bin's scan is bounded
+     * (freebins.c), so its order may matter; the next pair asks again. */
+    h->same_ok_changes = h->arena.index_changes;
+    if (h->arena.index_changes != changes)
+        h->same_ok = NULL;
 }
 
 /* Device-wide frees (cudaFree under LD_PRELOAD) wait in batches until the

@@ -304,6 +304,13 @@ struct cuh_heap_s {
     uint64_t allocs_at_take_back; /* num_allocs at the last take-back (cuh_hp_take_back_all_locked) */
     cuh_event_t *spare_events;
     size_t num_spare_events, cap_spare_events;
+    /* The block a search would hand out again were it released (the last
+     * search_would_take that said yes), and the arena's index_changes
+     * after it was handed out: while the free index stands still, the
+     * answer stands (heap_devicewide.c, same_block_locked). */
+    const cuh_extent_t *same_ok;
+    uint64_t same_ok_changes;
+    const cuh_extent_t *same_in_map;   /* the block just handed out again, left in the block map */
 
     cuh_arena_t arena;
     cuh_ptrmap_t blocks;         /* large block address -> extent */
@@ -486,7 +493,7 @@ cuh_tcache_t *cuh_hp_tcache_mine_locked(cuh_heap_t *h);
 int cuh_hp_tcache_adopt_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t addr, cuh_stream_t stream);
 void cuh_hp_park_locked(cuh_heap_t *h, const live_block_t *b, stream_state_t *st);
 size_t cuh_hp_large_slots_empty_locked(cuh_heap_t *h, large_which_t which);
-void cuh_hp_unpark_locked(cuh_heap_t *h);
+void cuh_hp_unpark_held_locked(cuh_heap_t *h);
 void cuh_hp_unpark_all_locked(cuh_heap_t *h);
 int cuh_hp_large_slot_adopt_locked(cuh_heap_t *h, const live_block_t *b, stream_state_t *st, cuh_stream_t stream);
 cuheap_status_t cuh_hp_large_slot_take_back_locked(cuh_heap_t *h, cuh_extent_t *e);
@@ -615,6 +622,15 @@ void cuh_hp_record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
 void cuh_hp_sample_locked(cuh_heap_t *h);
 
 /* ---- inline: small, or on every malloc and free ---------------------------------- */
+
+/* Every heap operation first gives back the block parked outside the arena,
+ * the large blocks threads hold and lent chunks (heap_tcache.c): inline, so
+ * that an operation finds none in one test (issue 45). */
+static inline void cuh_hp_unpark_locked(cuh_heap_t *h)
+{
+    if (cuh_unlikely(h->parked != NULL || h->large_tcs != NULL || h->num_chunks))
+        cuh_hp_unpark_held_locked(h);
+}
 
 static inline void cuh_hp_stat_set(stat_t *s, size_t value)
 {

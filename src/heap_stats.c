@@ -251,7 +251,7 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
     cuh_lock(&h->lock);
     int rc = cuh_arena_check(&h->arena, msg, len);
     size_t allocated = 0, requested = 0, ring_objs = 0, slab_spare = 0, tcached = 0, large_owned = 0, chunked = 0;
-    size_t chunks = 0, room = 0;
+    size_t chunks = 0, room = 0, blocks = 0;
     for (cuh_segment_t *seg = h->arena.segments; !rc && seg; seg = seg->next)
         for (cuh_extent_t *e = seg->first; e; e = e->next) {
             if (cuh_unlikely(cuh_hp_plan_is_room(e))) {
@@ -266,6 +266,7 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
                 }
                 large_owned += e->owner != NULL && !e->chunked;
                 chunked += e->chunked;
+                blocks++;
                 if (cuh_ptrmap_get(&h->blocks, e->addr) != e) {
                     snprintf(msg, len, "block 0x%llx is missing from the block map", (unsigned long long)e->addr);
                     rc = -1;
@@ -505,6 +506,10 @@ int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
         flagged += tc->large_listed != 0;
     for (const cuh_tcache_t *tc = h->large_tcs; tc && listed <= flagged; tc = tc->large_next)   /* no cycle */
         listed++;
+    if (!rc && h->blocks.count != blocks) {
+        snprintf(msg, len, "the block map holds %zu blocks, the arena %zu", h->blocks.count, blocks);
+        rc = -1;
+    }
     if (!rc && (large_owned != 0 || listed != flagged)) {
         snprintf(msg, len, "blocks marked as in thread caches: %lld more than the caches hold; %zu caches listed, %zu "
                  "flagged", (long long)large_owned, listed, flagged);

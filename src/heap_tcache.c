@@ -469,9 +469,10 @@ size_t cuh_hp_large_slots_empty_locked(cuh_heap_t *h, large_which_t which)
     return gave;
 }
 
-/* Every heap operation first: the parked block goes back, and the threads'
- * large blocks by the rule above. */
-void cuh_hp_unpark_locked(cuh_heap_t *h)
+/* Every heap operation first (cuh_hp_unpark_locked, where one of them is
+ * there): the parked block goes back, and the threads' large blocks by the
+ * rule above. */
+void cuh_hp_unpark_held_locked(cuh_heap_t *h)
 {
     unpark_one_locked(h);
     if (cuh_unlikely(h->large_tcs != NULL))

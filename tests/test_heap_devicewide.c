@@ -962,6 +962,38 @@ static void test_cudafree_same_size_goes_where_the_search_would(void **state)
     }
 }
 
+/* The search's answer for a block handed out again is kept while the free
+ * index stands still (heap_devicewide.c, same_block_locked): a block taken
+ * again pair after pair still goes where the search would once memory that
+ * cudaFree gave back elsewhere becomes free. Here an equal hole lower down
+ * appears after three pairs, and the fourth request takes it, as the search
+ * does; every pair leaves the block in the block map, once (heap_ok). */
+static void test_cudafree_same_size_follows_the_search_after_many_pairs(void **state)
+{
+    (void)state;
+    const size_t B = MiB;
+    for (int vm = 0; vm <= 1; vm++) {
+        print_message("case: %s\n", vm ? "vmm:1" : "vmm:0");
+        uintptr_t small;
+        test_heap_t t = same_size_heap(vm, &small);
+        uintptr_t g0 = dw_alloc(&t, B), b = dw_alloc(&t, B), g1 = dw_alloc(&t, B), a = dw_alloc(&t, B);
+        uintptr_t g2 = dw_alloc(&t, B);
+        assert_true(g0 < b && b < g1 && g1 < a && a < g2);
+        for (int pair = 0; pair < 3; pair++) {
+            assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);
+            assert_int_equal(dw_alloc(&t, B), a);
+            heap_ok(t.heap);
+        }
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, b), CUHEAP_OK);
+        must_free(t.heap, small, S1);   /* b's batch finishes: b is free memory */
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);
+        assert_int_equal(dw_alloc(&t, B), b);
+        assert_int_equal(dw_alloc(&t, B), a);
+        heap_ok(t.heap);
+        test_heap_free(&t);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -983,6 +1015,7 @@ int main(void)
         cmocka_unit_test(test_small_take_back_keeps_the_slab_it_empties_for_the_request),
         cmocka_unit_test(test_block_allocation_leaves_an_open_batch_of_small_objects),
         cmocka_unit_test(test_cudafree_same_size_goes_where_the_search_would),
+        cmocka_unit_test(test_cudafree_same_size_follows_the_search_after_many_pairs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
