@@ -994,6 +994,49 @@ static void test_cudafree_same_size_follows_the_search_after_many_pairs(void **s
     }
 }
 
+/* The short way for a block asked for again (take_back_locked) asks its
+ * fence once: done, the block is handed out as it is; still running, the
+ * long way orders all later work after it on the GPU (one device-wide wait),
+ * without asking again and without the CPU waiting, and the request still
+ * gets the block's place. On plain segments every pair takes the short way
+ * once its answer is kept; under vmm:1 the first pair whose fence runs. */
+static void test_cudafree_same_size_asks_its_fence_once(void **state)
+{
+    (void)state;
+    const size_t B = MiB;
+    for (int vm = 0; vm <= 1; vm++) {
+        print_message("case: %s\n", vm ? "vmm:1" : "vmm:0");
+        uintptr_t small;
+        test_heap_t t = same_size_heap(vm, &small);
+        uintptr_t g0 = dw_alloc(&t, B), a = dw_alloc(&t, B), g1 = dw_alloc(&t, B);
+        (void)g0, (void)g1, (void)small;
+        cuh_sim_counters_t c0, c1;
+        for (int pair = 0; pair < 6; pair++) {
+            const int running = pair >= 3;   /* the answer is kept from the second pair on */
+            cuh_sim_hold_events(t.dev, running);
+            assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);
+            cuh_sim_counters(t.dev, &c0);
+            assert_int_equal(dw_alloc(&t, B), a);
+            cuh_sim_counters(t.dev, &c1);
+            /* Under vmm:1 a block the long way took back while its fence ran
+             * came back through the arena with its pages stamped (their old
+             * work may still run), and its next take-back asks that
+             * generation's fence too. */
+            const uint64_t queries = c1.event_queries - c0.event_queries;
+            assert_true(queries == 1 || (vm && pair > 3 && queries == 2));
+            assert_int_equal(c1.waits_all - c0.waits_all, running);
+            assert_int_equal(c1.synchronizes, c0.synchronizes);
+            assert_int_equal(c1.event_waits, c0.event_waits);
+            cuh_sim_complete_all(t.dev);
+            heap_ok(t.heap);
+        }
+        cuheap_stats_t st;
+        cuh_heap_stats(t.heap, &st);
+        assert_int_equal(st.num_cpu_waits, 0);
+        test_heap_free(&t);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1016,6 +1059,7 @@ int main(void)
         cmocka_unit_test(test_block_allocation_leaves_an_open_batch_of_small_objects),
         cmocka_unit_test(test_cudafree_same_size_goes_where_the_search_would),
         cmocka_unit_test(test_cudafree_same_size_follows_the_search_after_many_pairs),
+        cmocka_unit_test(test_cudafree_same_size_asks_its_fence_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
