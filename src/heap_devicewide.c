@@ -451,19 +451,17 @@ static cuh_extent_t *same_candidate_locked(const cuh_heap_t *h, const stream_sta
 
 /* A search finds the same with the free index unchanged, and a block handed
  * out again leaves it as it was: the pair's answer is found once (issue 45:
- * the search was a fifth of a block pair's instructions). The candidate
- * whose answer is kept, or NULL. */
-static cuh_extent_t *same_block_kept_locked(const cuh_heap_t *h, const stream_state_t *st, size_t size,
-                                            size_t align)
+ * the search was a fifth of a block pair's instructions). 1 if candidate
+ * e's answer is kept. */
+static int same_answer_kept(const cuh_heap_t *h, const cuh_extent_t *e)
 {
-    cuh_extent_t *e = same_candidate_locked(h, st, size, align);
-    return e && e == h->same_ok && h->arena.index_changes == h->same_ok_changes ? e : NULL;
+    return e == h->same_ok && h->arena.index_changes == h->same_ok_changes;
 }
 
 static cuh_extent_t *same_block_locked(cuh_heap_t *h, const stream_state_t *st, size_t size, size_t align)
 {
     cuh_extent_t *e = same_candidate_locked(h, st, size, align);
-    if (!e || e == same_block_kept_locked(h, st, size, align))
+    if (!e || same_answer_kept(h, e))
         return e;
     if (!search_would_take(h, e, st))
         return NULL;
@@ -529,8 +527,8 @@ static int take_back_locked(cuh_heap_t *h, int with_open, const stream_state_t *
     if (same) {
         free_batch_t *b = h->closed_batches;
         cuh_extent_t *e;
-        if (b && b->num_entries == 1 && b->num_events == 1 && b->event_streams[0] == ALL_STREAMS &&
-            (e = same_block_kept_locked(h, st, size, align))) {
+        if (b && b->num_events == 1 && b->event_streams[0] == ALL_STREAMS &&
+            (e = same_candidate_locked(h, st, size, align)) && same_answer_kept(h, e)) {
             if (h->dev->ops->event_query(h->dev, b->events[0]) == CUH_DEV_OK) {
                 hand_out_same_locked(h, e);
                 h->allocs_at_take_back = h->num_allocs;
