@@ -418,8 +418,8 @@ void cuh_arena_release_freed_at(cuh_arena_t *a, cuh_extent_t *ext, uint32_t tag,
 
 void cuh_arena_requeue(cuh_arena_t *a, cuh_extent_t *ext)
 {
-    if (!ext->node.prev && !ext->tag_prev)
-        return;   /* first in its bin and its tag's list already */
+    if (cuh_arena_queued_first(ext))
+        return;
     index_remove(a, ext);
     index_insert(a, ext);
 }

@@ -160,6 +160,9 @@ int cuh_arena_absorbs(const cuh_extent_t *n, uint32_t tag);
  * just made (a release, the rest of a take) goes: for a caller that skips
  * a release and a take that would have made it anew. */
 void cuh_arena_requeue(cuh_arena_t *arena, cuh_extent_t *ext);
+/* Whether free extent ext is first in its index's lists already (a
+ * requeue would change nothing). */
+static inline int cuh_arena_queued_first(const cuh_extent_t *ext) { return !ext->node.prev && !ext->tag_prev; }
 
 /* A fence was recorded for `tag`: its unfenced bytes become fenced. Returns
  * the fence's number (the epoch it covers). */

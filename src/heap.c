@@ -341,6 +341,9 @@ void cuh_heap_destroy(cuh_heap_t *h)
 {
     if (!h)
         return;
+    /* Blocks threads' slots hold go back to the batches freed below. */
+    cuh_hp_lock(h);
+    cuh_unlock(&h->lock);
     cuh_hp_tcaches_orphan(h);
     for (uint32_t i = 0; i < h->num_streams; i++) {
         stream_state_t *st = h->streams[i];
@@ -575,8 +578,26 @@ cuheap_status_t cuh_heap_malloc(cuh_heap_t *h, size_t size, cuh_stream_t stream,
     return heap_malloc(h, size, 0, stream, 0, addr);
 }
 
+/* A device-wide malloc's block from the cudaFree'd block this thread's
+ * slot holds, without the lock (heap_tcache.c, "a thread's cudaFree'd
+ * block"); 0 if none. Called only where some slot holds one. */
+static __attribute__((noinline)) uintptr_t malloc_device_wide_fast(cuh_heap_t *h, size_t size, unsigned label)
+{
+    if (size - 1 >= ((size_t)1 << 60) || atomic_load_explicit(&h->dev->lost, memory_order_relaxed))
+        return 0;
+    return cuh_hp_tcache_alloc_device_wide(h, size, label);
+}
+
+/* Whether a thread's slot holds a cudaFree'd block: the fast paths' test. */
+static inline int device_wide_slots(const cuh_heap_t *h)
+{
+    return atomic_load_explicit(&h->device_wide_slots, memory_order_relaxed) != 0;
+}
+
 cuheap_status_t cuh_heap_malloc_device_wide(cuh_heap_t *h, size_t size, uintptr_t *addr)
 {
+    if (cuh_unlikely(device_wide_slots(h)) && (*addr = malloc_device_wide_fast(h, size, 0)))
+        return CUHEAP_OK;
     return heap_malloc(h, size, MALLOC_DEVICE_WIDE, 0, 0, addr);
 }
 
@@ -593,6 +614,9 @@ cuheap_status_t cuh_heap_malloc_labelled(cuh_heap_t *h, size_t size, int device_
         cuh_set_error("label %u is over %d", label, UINT8_MAX);
         return CUHEAP_ERR_INVALID_ARGUMENT;
     }
+    if (cuh_unlikely(device_wide_slots(h)) && device_wide && !shareable &&
+        (*addr = malloc_device_wide_fast(h, size, label)))
+        return CUHEAP_OK;
     const unsigned how = device_wide ? MALLOC_DEVICE_WIDE | (shareable ? MALLOC_SHAREABLE : 0) : 0;
     return heap_malloc(h, size, how, stream, label, addr);
 }
@@ -727,13 +751,22 @@ void cuh_hp_release_block_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t
     cuh_hp_slab_object_home_locked(h, addr);
 }
 
+/* A device-wide free of the block this thread's slot handed out, back to
+ * the slot without the lock; 0 if the heap must see it. */
+static inline int free_device_wide_fast(cuh_heap_t *h, uintptr_t addr, cuh_heap_freed_t *freed)
+{
+    return cuh_hp_tcache_free_device_wide(h, addr, freed);
+}
+
 static cuheap_status_t heap_free_device_wide(cuh_heap_t *h, uintptr_t addr, cuh_heap_freed_t *freed)
 {
     if (!addr)
         return CUHEAP_OK;
     if (cuh_unlikely(atomic_load_explicit(&h->dev->lost, memory_order_relaxed)))
         return refuse_lost(h);
-    cuh_lock(&h->lock);
+    if (cuh_unlikely(device_wide_slots(h)) && free_device_wide_fast(h, addr, freed))
+        return CUHEAP_OK;
+    cuh_hp_lock(h);
     cuh_hp_unpark_locked(h);
     live_block_t b;
     cuheap_status_t status = cuh_hp_find_live_locked(h, addr, &b);
@@ -771,6 +804,11 @@ static cuheap_status_t heap_free_device_wide(cuh_heap_t *h, uintptr_t addr, cuh_
             cuh_hp_holds_poll_locked(h, 0);
     }
     cuh_hp_refresh_stats_locked(h);
+    /* After the statistics, which count it freed: a block the next
+     * cudaMalloc of its size would take again waits in this thread's slot
+     * (heap_tcache.c, "a thread's cudaFree'd block"). */
+    if (status == CUHEAP_OK && b.ext && h->cfg.thread_cache)
+        cuh_hp_device_wide_slot_adopt_locked(h, b.ext);
     cuh_unlock(&h->lock);
     return status;
 }
@@ -845,7 +883,7 @@ cuheap_status_t cuh_heap_free_labelled(cuh_heap_t *h, uintptr_t addr, int device
 
 void cuh_heap_set_limit(cuh_heap_t *h, size_t limit)
 {
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     cuh_hp_unpark_all_locked(h);
     h->limit = limit;
     if (limit && cuh_hp_reserved_bytes(h) > limit && !h->captures) {
@@ -861,7 +899,7 @@ size_t cuh_heap_device_total(cuh_heap_t *h) { return h->device_total; }
 
 int cuh_heap_segment_of(cuh_heap_t *h, uintptr_t addr, uintptr_t *base, size_t *size)
 {
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     cuh_segment_t *seg = cuh_arena_segment_of(&h->arena, addr);
     if (seg) {
         *base = seg->base;
@@ -873,7 +911,7 @@ int cuh_heap_segment_of(cuh_heap_t *h, uintptr_t addr, uintptr_t *base, size_t *
 
 int cuh_heap_in_virtual_memory(cuh_heap_t *h, uintptr_t addr)
 {
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     cuh_segment_t *seg = cuh_arena_segment_of(&h->arena, addr);
     int in = seg && seg->virtual_space;
     cuh_unlock(&h->lock);
@@ -882,7 +920,7 @@ int cuh_heap_in_virtual_memory(cuh_heap_t *h, uintptr_t addr)
 
 void cuh_heap_poll(cuh_heap_t *h)
 {
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     cuh_hp_poll_all_locked(h, 0);
     if (h->drains)
         cuh_hp_drains_poll_locked(h, 0);
@@ -904,7 +942,7 @@ void cuh_heap_poll(cuh_heap_t *h)
 
 int cuh_heap_owns(cuh_heap_t *h, uintptr_t addr)
 {
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     int owns = cuh_arena_segment_of(&h->arena, addr) != NULL;
     cuh_unlock(&h->lock);
     return owns;
@@ -913,7 +951,7 @@ int cuh_heap_owns(cuh_heap_t *h, uintptr_t addr)
 size_t cuh_heap_block_size(cuh_heap_t *h, uintptr_t addr)
 {
     size_t size = 0;
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     cuh_extent_t *e = cuh_ptrmap_get(&h->blocks, addr);
     cuh_slab_t *s;
     /* In a thread's chunk, its cache keeps the block's request. */
@@ -949,7 +987,7 @@ size_t cuh_heap_block_size(cuh_heap_t *h, uintptr_t addr)
  * waiting for the frees before it) would invalidate the capture. */
 cuheap_status_t cuh_heap_release_cached(cuh_heap_t *h)
 {
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     cuh_hp_unpark_all_locked(h);
     if (!h->captures)
         cuh_hp_plan_drop_locked(h);   /* a step plan's room is cached memory too (heap_plan.c) */

@@ -247,6 +247,10 @@ void cuh_heap_assume_contention(cuh_heap_t *heap, unsigned ops);
  * counts as having found it held, so a thread gets a chunk at its 8th
  * (heap_chunks.c) while contention is assumed. */
 void cuh_heap_assume_waits(cuh_heap_t *heap, int on);
+/* For tests: how many threads' slots hold a cudaFree'd block now
+ * (heap_tcache.c, "a thread's cudaFree'd block"), without the heap's lock,
+ * which would give them back. */
+unsigned cuh_heap_device_wide_slots(cuh_heap_t *heap);
 /* For tests and benchmarks: how many chunks threads hold now (heap_chunks.c),
  * their bytes in *bytes and how many were ever lent in *lent (either may be
  * NULL). Gives nothing back. */

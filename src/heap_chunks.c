@@ -335,7 +335,7 @@ int cuh_hp_chunks_check_locked(cuh_heap_t *h, const cuh_tcache_t *tc, int64_t *a
 
 void cuh_heap_assume_waits(cuh_heap_t *h, int on)
 {
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     h->assume_waits = on;
     cuh_unlock(&h->lock);
 }
@@ -343,7 +343,7 @@ void cuh_heap_assume_waits(cuh_heap_t *h, int on)
 size_t cuh_heap_chunks(cuh_heap_t *h, size_t *bytes, uint64_t *lent)
 {
     size_t n = 0, total = 0;
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     for (cuh_tcache_t *tc = h->tcaches; tc; tc = tc->heap_next) {
         cuh_spin_lock(&tc->lock);
         for (unsigned k = 0; k < tc->num_chunks; k++)

@@ -77,8 +77,11 @@ static void batch_finish_locked(cuh_heap_t *h, free_batch_t *batch, uint64_t gen
  * too. */
 static void batch_recycle_locked(cuh_heap_t *h, free_batch_t *batch)
 {
-    for (size_t i = 0; i < batch->num_events; i++)
+    for (size_t i = 0; i < batch->num_events; i++) {
+        if (cuh_unlikely(batch->events[i] == h->asked_event))
+            h->asked_event = NULL;
         cuh_hp_event_put_locked(h, batch->events[i]);
+    }
     /* Kept for the next batch with its arrays: with PyTorch's cache off every
      * cudaFree opens and closes one, and four host allocations and frees a
      * cudaFree were a cost per tensor (issue 45). */
@@ -529,7 +532,8 @@ static int take_back_locked(cuh_heap_t *h, int with_open, const stream_state_t *
         cuh_extent_t *e;
         if (b && b->num_events == 1 && b->event_streams[0] == ALL_STREAMS &&
             (e = same_candidate_locked(h, st, size, align)) && same_answer_kept(h, e)) {
-            if (h->dev->ops->event_query(h->dev, b->events[0]) == CUH_DEV_OK) {
+            /* A thread's slot found it running just now (heap_tcache.c). */
+            if (b->events[0] != h->asked_event && h->dev->ops->event_query(h->dev, b->events[0]) == CUH_DEV_OK) {
                 hand_out_same_locked(h, e);
                 h->allocs_at_take_back = h->num_allocs;
                 *same = e;
@@ -621,6 +625,57 @@ static int take_back_locked(cuh_heap_t *h, int with_open, const stream_state_t *
     if (same)
         *same = e;
     return h->held_bytes < held_before;
+}
+
+/* A thread's slot (heap_tcache.c, "a thread's cudaFree'd block") may keep
+ * block e, just freed, and the one closed batch holding it, if the next
+ * cudaMalloc of its size would take it by the short way above and change
+ * nothing else: no other batch, the batch fenced over the device, e's
+ * answer kept and its free neighbour above, if any, first in its bin
+ * already (cut anew, it stays there), and nothing the next allocation or
+ * free would poll. cuh_hp_same_batch_take_locked then takes the batch out
+ * of the heap's books, with e still a block. */
+int cuh_hp_same_batch_adoptable_locked(const cuh_heap_t *h, const cuh_extent_t *e)
+{
+    const free_batch_t *batch = h->closed_batches;
+    return batch && batch->num_entries == 1 && batch->num_events == 1 && batch->event_streams[0] == ALL_STREAMS &&
+           h->cfg.wait_before_grow && !h->captures && !h->num_holds && !cuh_hp_fences_per_stream_locked(h) &&
+           same_candidate_locked(h, &h->device_wide, e->size, CUH_ALIGN) == e && same_answer_kept(h, e) &&
+           !(cuh_arena_absorbs(e->next, CUH_TAG_GLOBAL) && !cuh_arena_queued_first(e->next));
+}
+
+free_batch_t *cuh_hp_same_batch_take_locked(cuh_heap_t *h)
+{
+    free_batch_t *batch = h->closed_batches;
+    entry_unhold_locked(h, &batch->entries[0]);
+    h->closed_batches = NULL;
+    return batch;
+}
+
+/* The slot's block goes back held in its batch, the newest closed one, as
+ * its last free would have left it; `requested` is its last request, and
+ * `asked` says a take found the batch's fence running. */
+void cuh_hp_same_batch_return_locked(cuh_heap_t *h, free_batch_t *batch, size_t requested, int asked)
+{
+    batch_entry_t *x = &batch->entries[0];
+    x->requested = requested;
+    x->ext->held = 1;
+    h->held_bytes += x->size;
+    h->held_requested += requested;
+    batch->next = NULL;
+    free_batch_t **tail = &h->closed_batches;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = batch;
+    if (asked)
+        h->asked_event = batch->events[0];
+}
+
+/* The slot's block was handed out: its batch finishes as the short way
+ * would have finished it. */
+void cuh_hp_same_batch_recycle_locked(cuh_heap_t *h, free_batch_t *batch)
+{
+    batch_recycle_locked(h, batch);
 }
 
 int cuh_hp_take_back_all_locked(cuh_heap_t *h)

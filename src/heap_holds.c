@@ -130,7 +130,7 @@ int cuh_hp_maybe_hold_locked(cuh_heap_t *h, uintptr_t addr, size_t size, size_t 
 
 cuheap_status_t cuh_heap_record_stream(cuh_heap_t *h, uintptr_t addr, cuh_stream_t stream)
 {
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     live_block_t b;
     cuheap_status_t status = cuh_hp_find_live_locked(h, addr, &b);
     if (status == CUHEAP_OK) {
@@ -171,7 +171,7 @@ out:
 
 void cuh_heap_capture_begin(cuh_heap_t *h, uint64_t pool)
 {
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     cuh_hp_unpark_all_locked(h);
     h->captures++;
     h->capture_pool = pool ? pool : 1;
@@ -183,7 +183,7 @@ static void release_pool_locked(cuh_heap_t *h, uint64_t pool, int *synced);
 
 void cuh_heap_capture_end(cuh_heap_t *h)
 {
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     if (h->captures)
         h->captures--;
     if (!h->captures && h->num_pools_to_release) {
@@ -240,7 +240,7 @@ static void release_pool_locked(cuh_heap_t *h, uint64_t pool, int *synced)
  * ordinary, when the last capture ends. */
 void cuh_heap_release_pool(cuh_heap_t *h, uint64_t pool)
 {
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     cuh_hp_unpark_all_locked(h);
     if (!pool)
         pool = 1;

@@ -311,6 +311,12 @@ struct cuh_heap_s {
     const cuh_extent_t *same_ok;
     uint64_t same_ok_changes;
     const cuh_extent_t *same_in_map;   /* the block just handed out again, left in the block map */
+    /* Threads' slots that hold a cudaFree'd block (heap_tcache.c, "a
+     * thread's cudaFree'd block"; read without the lock by the fast paths,
+     * which need it nonzero), and the fence of one such block a take found
+     * running, in the batch it went back to: not asked again. */
+    _Atomic uint32_t device_wide_slots;
+    cuh_event_t asked_event;
 
     cuh_arena_t arena;
     cuh_ptrmap_t blocks;         /* large block address -> extent */
@@ -496,6 +502,8 @@ size_t cuh_hp_large_slots_empty_locked(cuh_heap_t *h, large_which_t which);
 void cuh_hp_unpark_held_locked(cuh_heap_t *h);
 void cuh_hp_unpark_all_locked(cuh_heap_t *h);
 int cuh_hp_large_slot_adopt_locked(cuh_heap_t *h, const live_block_t *b, stream_state_t *st, cuh_stream_t stream);
+void cuh_hp_device_wide_slot_adopt_locked(cuh_heap_t *h, cuh_extent_t *e);
+void cuh_hp_device_wide_slots_empty_locked(cuh_heap_t *h);
 cuheap_status_t cuh_hp_large_slot_take_back_locked(cuh_heap_t *h, cuh_extent_t *e);
 cuh_extent_t *cuh_hp_take_parked_locked(cuh_heap_t *h, stream_state_t *st, size_t size);
 
@@ -583,6 +591,10 @@ int cuh_hp_keep_until_done_locked(cuh_heap_t *h, stream_state_t *st);
 void cuh_hp_start_vm_locked(cuh_heap_t *h);
 
 /* heap_devicewide.c: device-wide frees and take-backs */
+int cuh_hp_same_batch_adoptable_locked(const cuh_heap_t *h, const cuh_extent_t *e);
+free_batch_t *cuh_hp_same_batch_take_locked(cuh_heap_t *h);
+void cuh_hp_same_batch_return_locked(cuh_heap_t *h, free_batch_t *batch, size_t requested, int asked);
+void cuh_hp_same_batch_recycle_locked(cuh_heap_t *h, free_batch_t *batch);
 int cuh_hp_take_back_all_locked(cuh_heap_t *h);
 int cuh_hp_take_back_for_block_locked(cuh_heap_t *h, const stream_state_t *st, size_t size, size_t align,
                                       cuh_extent_t **same);
@@ -747,18 +759,32 @@ static inline int cuh_hp_fences_per_stream_locked(const cuh_heap_t *h)
     return cuh_hp_other_streams_locked(h) && !(h->device_fences && !h->captures);
 }
 
-/* The heap's lock, for an allocation or a free: notes whether it was held,
- * and returns 1 if it was. */
+/* The heap's lock, for any operation: a cudaFree'd block a thread's slot
+ * holds goes back first, whoever contends (heap_tcache.c, "a thread's
+ * cudaFree'd block"). */
+static inline void cuh_hp_lock(cuh_heap_t *h)
+{
+    cuh_lock(&h->lock);
+    if (cuh_unlikely(atomic_load_explicit(&h->device_wide_slots, memory_order_relaxed)))
+        cuh_hp_device_wide_slots_empty_locked(h);
+}
+
+/* The same for an allocation or a free: notes whether it was held, and
+ * returns 1 if it was. */
 static inline int cuh_hp_heap_lock(cuh_heap_t *h)
 {
+    int waited = 0;
     if (cuh_likely(cuh_trylock(&h->lock))) {
         if (cuh_unlikely(h->contended))
             h->contended--;
-        return 0;
+    } else {
+        cuh_lock(&h->lock);
+        h->contended = CONTENDED_HOLD;
+        waited = 1;
     }
-    cuh_lock(&h->lock);
-    h->contended = CONTENDED_HOLD;
-    return 1;
+    if (cuh_unlikely(atomic_load_explicit(&h->device_wide_slots, memory_order_relaxed)))
+        cuh_hp_device_wide_slots_empty_locked(h);
+    return waited;
 }
 
 
@@ -831,6 +857,64 @@ static inline int cuh_hp_tcache_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t
             done = 1;
         }
         tc->num_frees += (uint64_t)done;
+    }
+    cuh_spin_unlock(&tc->lock);
+    return done;
+}
+
+/* Fast path of a device-wide malloc labelled `label` (0: none;
+ * heap_tcache.c, "a thread's cudaFree'd block"): the block this thread's
+ * slot holds, if it has the request's size and its fence is done. 0 if
+ * not; a fence found running is marked asked, and the heap's take-back
+ * does not ask again. */
+static inline uintptr_t cuh_hp_tcache_alloc_device_wide(cuh_heap_t *h, size_t size, unsigned label)
+{
+    cuh_tcache_t *tc = cuh_hp_my_tcache(h);
+    if (!tc)
+        return 0;
+    uintptr_t addr = 0;
+    cuh_spin_lock(&tc->lock);
+    cuh_tc_large_t *l = &tc->large;
+    if (l->state == CUH_TC_CACHED && l->stream == CUH_TC_DEVICE_WIDE && l->size == cuh_align_up(size, CUH_ALIGN) &&
+        size <= l->counted && size > h->cfg.small_max && l->ops < l->budget && !l->asked && !tc->dead &&
+        cuh_hp_tcache_open(h)) {
+        if (h->dev->ops->event_query(h->dev, l->event) == CUH_DEV_OK) {
+            l->state = CUH_TC_LIVE;
+            l->requested = size;
+            l->label = (uint8_t)label;
+            l->ops++;
+            tc->allocated_adjust += (int64_t)l->size;
+            tc->requested_adjust += (int64_t)size;
+            addr = l->addr;
+        } else {
+            l->asked = 1;
+        }
+    }
+    cuh_spin_unlock(&tc->lock);
+    return addr;
+}
+
+/* Fast path of a device-wide free: the block this thread's slot handed out
+ * goes back to it behind a device-wide fence recorded now. 0 if the heap
+ * must see the free (not the slot's block, or the fence failed: the heap
+ * tries again and judges). */
+static inline int cuh_hp_tcache_free_device_wide(cuh_heap_t *h, uintptr_t addr, cuh_heap_freed_t *freed)
+{
+    cuh_tcache_t *tc = cuh_hp_my_tcache(h);
+    if (!tc)
+        return 0;
+    int done = 0;
+    cuh_spin_lock(&tc->lock);
+    cuh_tc_large_t *l = &tc->large;
+    if (l->state == CUH_TC_LIVE && l->addr == addr && l->stream == CUH_TC_DEVICE_WIDE && l->ops < l->budget &&
+        !tc->dead && cuh_hp_tcache_open(h) && h->dev->ops->event_record_all(h->dev, l->event) == CUH_DEV_OK) {
+        l->state = CUH_TC_CACHED;
+        l->ops++;
+        tc->allocated_adjust -= (int64_t)l->size;
+        tc->requested_adjust -= (int64_t)l->requested;
+        if (freed)
+            *freed = (cuh_heap_freed_t){.requested = l->requested, .label = l->label};
+        done = 1;
     }
     cuh_spin_unlock(&tc->lock);
     return done;

@@ -271,7 +271,7 @@ void cuh_hp_record_oom_locked(cuh_heap_t *h, stream_state_t *st, size_t request,
 
 int cuh_heap_last_oom(cuh_heap_t *h, cuh_oom_info_t *out)
 {
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     int has = h->has_oom;
     if (has)
         *out = h->last_oom;

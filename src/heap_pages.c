@@ -1043,7 +1043,7 @@ void cuh_hp_start_vm_locked(cuh_heap_t *h)
 
 cuheap_status_t cuh_heap_allow_peer(cuh_heap_t *h, int peer)
 {
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     cuheap_status_t status = CUHEAP_OK;
     if (h->cfg.vmm) {   /* the reservation may come later: the device remembers the peer */
         const cuh_device_ops_t *ops = h->dev->ops;

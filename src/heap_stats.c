@@ -39,7 +39,7 @@ __attribute__((noinline)) void cuh_hp_sample_locked(cuh_heap_t *h)
 
 void cuh_heap_mark_step(cuh_heap_t *h)
 {
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     cuh_hp_plan_program_marks_locked(h);
     cuh_hp_mark_step_locked(h);
     cuh_unlock(&h->lock);
@@ -91,7 +91,7 @@ static void cuh_heap_stats_locked(cuh_heap_t *h, cuheap_stats_t *out);
 
 void cuh_heap_stats(cuh_heap_t *h, cuheap_stats_t *out)
 {
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     cuh_hp_unpark_all_locked(h);   /* so that the largest free extent is what a search would see */
     cuh_heap_stats_locked(h, out);
     cuh_unlock(&h->lock);
@@ -149,7 +149,7 @@ static void cuh_heap_stats_locked(cuh_heap_t *h, cuheap_stats_t *out)
 
 void cuh_heap_reset_peaks(cuh_heap_t *h)
 {
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     h->requested.peak = h->requested.current;
     h->allocated.peak = h->allocated.current;
     h->reserved.peak = h->reserved.current;
@@ -231,7 +231,7 @@ static int check_events_locked(const cuh_heap_t *h, char *msg, size_t len)
 
 void cuh_heap_live_by_label(cuh_heap_t *h, uint64_t by_label[256])
 {
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     for (cuh_segment_t *seg = h->arena.segments; seg; seg = seg->next)
         for (const cuh_extent_t *e = seg->first; e; e = e->next) {
             if (e->state == CUH_EXTENT_BLOCK && e->label) {
@@ -248,7 +248,7 @@ void cuh_heap_live_by_label(cuh_heap_t *h, uint64_t by_label[256])
 
 int cuh_heap_check(cuh_heap_t *h, char *msg, size_t len)
 {
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     int rc = cuh_arena_check(&h->arena, msg, len);
     size_t allocated = 0, requested = 0, ring_objs = 0, slab_spare = 0, tcached = 0, large_owned = 0, chunked = 0;
     size_t chunks = 0, room = 0, blocks = 0;
@@ -581,7 +581,7 @@ cuh_heap_snapshot_t *cuh_heap_snapshot(cuh_heap_t *h, int ask_device)
     /* At exit (ask_device 0) another thread may be inside the heap, or may
      * have died holding its lock: wait a little, then report without it. */
     if (ask_device) {
-        cuh_lock(&h->lock);
+        cuh_hp_lock(h);
     } else {
         int tries = 0;
         while (!cuh_trylock(&h->lock)) {

@@ -438,7 +438,7 @@ static void fence_record_locked(cuh_heap_t *h, cuh_heap_fence_t *f, size_t cap)
 
 cuh_heap_fence_t *cuh_heap_fence(cuh_heap_t *h)
 {
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     size_t cap = (size_t)cuh_hp_covered_streams_locked(h);
     cuh_heap_fence_t *f = calloc(1, sizeof *f + cap * sizeof f->events[0]);
     if (!f) {
@@ -461,7 +461,7 @@ int cuh_heap_fence_passed(cuh_heap_t *h, cuh_heap_fence_t *f, int wait)
 {
     if (!f)
         return 1;
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     int passed = 0;
     /* Made during a capture: work issued before the free was issued before
      * now too, so events recorded now cover it (with more streams known
@@ -479,7 +479,7 @@ void cuh_heap_fence_free(cuh_heap_t *h, cuh_heap_fence_t *f)
 {
     if (!f)
         return;
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     while (f->num_events)
         cuh_hp_event_put_locked(h, f->events[--f->num_events]);
     if (f->prev)
@@ -512,7 +512,7 @@ int cuh_hp_events_done_locked(cuh_heap_t *h, cuh_event_t *events, size_t *num_ev
 
 cuheap_status_t cuh_heap_register_stream(cuh_heap_t *h, cuh_stream_t stream)
 {
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     cuheap_status_t status = CUHEAP_OK;
     if (!cuh_hp_stream_get_locked(h, stream)) {
         cuh_set_error("out of host memory for stream records");
@@ -524,7 +524,7 @@ cuheap_status_t cuh_heap_register_stream(cuh_heap_t *h, cuh_stream_t stream)
 
 void cuh_heap_retire_stream(cuh_heap_t *h, cuh_stream_t stream)
 {
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     cuh_hp_unpark_all_locked(h);
     for (uint32_t i = 0; i < h->num_streams; i++) {
         stream_state_t *st = h->streams[i];

@@ -185,7 +185,7 @@ static void tcache_thread_exit(void *unused)
         next = tc->thread_next;
         if (!tc->dead) {
             cuh_heap_t *h = (cuh_heap_t *)(uintptr_t)tc->heap;
-            cuh_lock(&h->lock);
+            cuh_hp_lock(h);
             cuh_hp_unpark_locked(h);
             tcache_detach_locked(h, tc);
             cuh_unlock(&h->lock);
@@ -399,6 +399,8 @@ static void large_slot_uncount_locked(cuh_heap_t *h, cuh_tcache_t *tc)
     ((cuh_extent_t *)l->ext)->owner = NULL;
 }
 
+static int device_wide_slot_empty_locked(cuh_heap_t *h, cuh_tcache_t *tc);
+
 /* Empties tc's slot (tc's lock held; tc stays listed): a held block goes to
  * the arena as its free would have (private to its stream from the fence
  * that covers the free, or global if that fence completed), a handed-out one
@@ -408,7 +410,9 @@ static int large_slot_empty_locked(cuh_heap_t *h, cuh_tcache_t *tc)
     cuh_tc_large_t *l = &tc->large;
     cuh_extent_t *e = l->ext;
     int gave = 0;
-    if (l->state == CUH_TC_CACHED) {
+    if (l->state && l->stream == CUH_TC_DEVICE_WIDE) {
+        gave = device_wide_slot_empty_locked(h, tc);
+    } else if (l->state == CUH_TC_CACHED) {
         stream_state_t *st = l->stream_state;
         tc->large_misses += tc->large_misses < UINT32_MAX;   /* given back unused */
         large_slot_uncount_locked(h, tc);
@@ -532,6 +536,125 @@ int cuh_hp_large_slot_adopt_locked(cuh_heap_t *h, const live_block_t *b, stream_
     return 1;
 }
 
+/* ---- a thread's cudaFree'd block ------------------------------------------------- *
+ * Under LD_PRELOAD with PyTorch's cache off, a program cudaFrees a block and
+ * asks for its size again, a pair per tensor; through the heap's lock each
+ * pair closes a batch and takes it back by the short way
+ * (heap_devicewide.c, take_back_locked), 900 instructions above the least
+ * that keeps cudaFree's promise (issue 45). So when a free leaves the one
+ * closed batch holding only its block, and the next cudaMalloc of its size
+ * would take that block by the short way and change nothing else
+ * (cuh_hp_same_batch_adoptable_locked), the block and its batch's device-wide
+ * fence wait in the freeing thread's slot instead (tcache.h,
+ * cuh_tc_large_t, stream CUH_TC_DEVICE_WIDE). The thread's next cudaMalloc
+ * of that size takes it without the heap's lock once a query finds the
+ * fence done, and its cudaFree puts it back behind a new device-wide fence,
+ * also without the lock: the same device calls as the short way's.
+ *
+ * Every operation that takes the heap's lock first empties every such slot,
+ * whoever contends (cuh_hp_lock): a held block goes back to the closed
+ * batches with its fence, as its free would have left it, a handed-out one
+ * becomes an ordinary live block, and the takes and frees the slot served
+ * are added to the heap's counts as the heap would have made them. So every
+ * operation sees the heap as it would have been, and a replay gives the
+ * same results; and every fence a slot recorded is older than any batch
+ * closed after it, which the take-backs rely on (the newest device-wide
+ * event stands for the older). A slot serves at most the operations left
+ * before the timeline's next sample (heap_stats.c), which the heap takes. */
+
+/* Empties tc's slot holding a cudaFree'd block (tc's lock held; tc stays
+ * listed). 1 if a held block went back. */
+static int device_wide_slot_empty_locked(cuh_heap_t *h, cuh_tcache_t *tc)
+{
+    cuh_tc_large_t *l = &tc->large;
+    cuh_extent_t *e = l->ext;
+    const uint64_t takes = (l->ops + 1) / 2, frees = l->ops / 2;   /* a take first: it came in held */
+    h->num_allocs += takes;
+    h->num_cache_hits += takes;
+    h->num_frees += frees;
+    h->ops_since_sample += l->ops;
+    if (takes)
+        h->allocs_at_take_back = h->num_allocs - 1;
+    if (frees)
+        h->allocs_at_close = h->num_allocs - (l->state == CUH_TC_LIVE);
+    atomic_fetch_sub_explicit(&h->device_wide_slots, 1, memory_order_relaxed);
+    if (l->state == CUH_TC_LIVE) {
+        h->requested.current -= l->counted - l->requested;
+        tc->requested_adjust -= (int64_t)l->requested - (int64_t)l->counted;
+        e->requested = l->requested;
+        e->label = l->label;
+        e->owner = NULL;
+        cuh_hp_same_batch_recycle_locked(h, l->batch);
+        memset(l, 0, sizeof *l);
+        return 0;
+    }
+    const size_t last = l->ops ? l->requested : l->counted;   /* the request of its last take */
+    large_slot_uncount_locked(h, tc);
+    e->requested = last;
+    cuh_hp_same_batch_return_locked(h, l->batch, last, l->asked);
+    memset(l, 0, sizeof *l);
+    return 1;
+}
+
+void cuh_hp_device_wide_slots_empty_locked(cuh_heap_t *h)
+{
+    for (cuh_tcache_t **link = &h->large_tcs; *link;) {
+        cuh_tcache_t *tc = *link;
+        cuh_spin_lock(&tc->lock);
+        const int dw = tc->large.state && tc->large.stream == CUH_TC_DEVICE_WIDE;
+        if (dw)
+            device_wide_slot_empty_locked(h, tc);
+        cuh_spin_unlock(&tc->lock);
+        if (dw)
+            large_unlink(link);
+        else
+            link = &tc->large_next;
+    }
+}
+
+/* At the end of a device-wide free of block e, after the statistics: e and
+ * its fence go to this thread's slot if the rule above allows. */
+void cuh_hp_device_wide_slot_adopt_locked(cuh_heap_t *h, cuh_extent_t *e)
+{
+    /* Operations before the timeline's next sample: the last is the heap's. */
+    const uint64_t budget = h->sample_every > h->ops_since_sample ? h->sample_every - h->ops_since_sample - 1 : 0;
+    cuh_tcache_t *tc;
+    /* An empty slot: one that holds a block keeps it while threads contend. */
+    if (!cuh_hp_same_batch_adoptable_locked(h, e) || !budget || !(tc = cuh_hp_tcache_mine_locked(h)) ||
+        tc->large.state)
+        return;
+    free_batch_t *batch = cuh_hp_same_batch_take_locked(h);
+    cuh_spin_lock(&tc->lock);
+    tc->large = (cuh_tc_large_t){.addr = e->addr,
+                                 .stream = CUH_TC_DEVICE_WIDE,
+                                 .size = e->size,
+                                 .counted = e->requested,
+                                 .ext = e,
+                                 .stream_state = &h->device_wide,
+                                 .batch = batch,
+                                 .event = batch->events[0],
+                                 .budget = budget < UINT32_MAX ? (uint32_t)budget : UINT32_MAX,
+                                 .state = CUH_TC_CACHED};
+    tc->allocated_adjust -= (int64_t)e->size;
+    tc->requested_adjust -= (int64_t)e->requested;
+    cuh_spin_unlock(&tc->lock);
+    e->owner = tc;
+    /* Counted again as it was before the free: no new peak. */
+    h->allocated.current += e->size;
+    h->requested.current += e->requested;
+    if (!tc->large_listed) {
+        tc->large_next = h->large_tcs;
+        h->large_tcs = tc;
+        tc->large_listed = 1;
+    }
+    atomic_fetch_add_explicit(&h->device_wide_slots, 1, memory_order_relaxed);
+}
+
+unsigned cuh_heap_device_wide_slots(cuh_heap_t *h)
+{
+    return atomic_load_explicit(&h->device_wide_slots, memory_order_relaxed);
+}
+
 /* A held block of `block` bytes freed on st, taken for a request of `size`
  * bytes under the heap's lock (another thread's, or this one's when the
  * request is larger than its books allow); NULL if none. */
@@ -602,7 +725,7 @@ cuh_extent_t *cuh_hp_take_parked_locked(cuh_heap_t *h, stream_state_t *st, size_
 
 void cuh_heap_assume_contention(cuh_heap_t *h, unsigned ops)
 {
-    cuh_lock(&h->lock);
+    cuh_hp_lock(h);
     h->contended = ops;
     cuh_unlock(&h->lock);
 }

@@ -59,8 +59,20 @@ typedef struct cuh_tc_large_s {
     void *ext;                /* the heap's record of the block */
     void *stream_state;       /* the heap's record of `stream` */
     uint64_t epoch;           /* CACHED: the fence that covers its free (CUH_TC_EPOCH_UNKNOWN: freed here) */
+    /* A cudaFree'd block (stream CUH_TC_DEVICE_WIDE; heap_tcache.c, "a
+     * thread's cudaFree'd block"): */
+    void *batch;              /* the batch its free closed, kept for its return (heap_devicewide.c) */
+    void *event;              /* that batch's device-wide fence, recorded again at each free here */
+    uint32_t ops;             /* its takes and frees here since the heap's lock last saw it */
+    uint32_t budget;          /* how many it may have before an operation the heap must see */
+    uint8_t asked;            /* CACHED: a take found its fence running */
+    uint8_t label;            /* LIVE: the label of its take (0: none) */
     uint8_t state;            /* 0 (none), CUH_TC_LIVE or CUH_TC_CACHED */
 } cuh_tc_large_t;
+
+/* The stream of a cudaFree'd block in a thread's slot: every stream (no
+ * stream handle has this value). */
+#define CUH_TC_DEVICE_WIDE UINTPTR_MAX
 
 /* Most chunks a thread holds at once (heap_chunks.c, "a thread's chunks"). */
 #define CUH_TC_CHUNKS 8

@@ -694,6 +694,301 @@ static void test_a_threads_large_block_stays_out_of_a_capture(void **state)
     test_heap_free(&t);
 }
 
+/* ---- a thread's cudaFree'd block ------------------------------------------- */
+
+/* The script the twins below run: cudaMalloc and cudaFree pairs of one
+ * block's size at random (some asking a little more than the block was
+ * counted with, some labelled), now and then a pair of another size, with
+ * the GPU keeping up and then running behind; every address handed out and
+ * every free's answer go to out[]. Long enough to pass several of the
+ * timeline's samples. */
+static size_t dw_script(test_heap_t *t, uint64_t *out)
+{
+    const size_t B = 5 * MiB - 400;
+    size_t n = 0;
+    uint64_t seed = 4242;
+    uintptr_t keep = 0;
+    assert_int_equal(cuh_heap_malloc_device_wide(t->heap, 3 * MiB, &keep), CUHEAP_OK);
+    for (int i = 0; i < 400; i++) {
+        if (i % 40 == 0)
+            cuh_sim_hold_events(t->dev, (i / 40) % 2);   /* the GPU runs behind, then catches up */
+        if (i % 97 == 0)
+            cuh_sim_complete_all(t->dev);
+        const uint64_t r = test_rand(&seed);
+        const size_t size = r % 13 == 5 ? 2 * MiB : r % 9 == 3 ? B + 300 : B - (size_t)(r >> 8) % 3 * 100;
+        const unsigned label = (r >> 16) % 5 == 0 ? 3 : 0;
+        uintptr_t a = 0;
+        assert_int_equal(cuh_heap_malloc_labelled(t->heap, size, 1, 0, 0, label, &a), CUHEAP_OK);
+        cuh_heap_freed_t freed;
+        assert_int_equal(cuh_heap_free_labelled(t->heap, a, 1, 0, &freed), CUHEAP_OK);
+        out[n++] = a;
+        out[n++] = freed.requested << 8 | freed.label;
+    }
+    cuh_sim_hold_events(t->dev, 0);
+    cuh_sim_complete_all(t->dev);
+    assert_int_equal(cuh_heap_free_device_wide(t->heap, keep), CUHEAP_OK);
+    return n;
+}
+
+/* A thread's slot changes nothing the heap says (heap_tcache.c, "a thread's
+ * cudaFree'd block"): the script above on a heap without thread caches and
+ * on one with them gives the same addresses, free answers, statistics,
+ * peaks, device calls and timeline, on plain segments and under vmm:1. */
+static void test_a_threads_cudafree_block_changes_nothing_the_heap_says(void **state)
+{
+    (void)state;
+    for (int vm = 0; vm < 2; vm++) {
+        print_message("case: %s\n", vm ? "vmm:1" : "vmm:0");
+        uint64_t out[2][1000];
+        size_t n[2];
+        cuheap_stats_t st[2];
+        cuh_sim_counters_t c[2];
+        cuh_heap_snapshot_t *snap[2];
+        for (int slot = 0; slot < 2; slot++) {
+            char conf[64];
+            snprintf(conf, sizeof conf, "vmm:%d,thread_cache:%s", vm, slot ? "4M" : "0");
+            test_heap_t t = test_heap_new(GiB, conf);
+            n[slot] = dw_script(&t, out[slot]);
+            cuh_heap_stats(t.heap, &st[slot]);
+            cuh_sim_counters(t.dev, &c[slot]);
+            snap[slot] = cuh_heap_snapshot(t.heap, 0);
+            assert_non_null(snap[slot]);
+            heap_ok(t.heap);
+            test_heap_free(&t);
+        }
+        assert_int_equal(n[0], n[1]);
+        for (size_t i = 0; i < n[0]; i++)
+            if (out[0][i] != out[1][i])
+                fail_msg("item %zu of the script: 0x%" PRIx64 " without a slot, 0x%" PRIx64 " with", i, out[0][i],
+                         out[1][i]);
+        assert_int_equal(st[0].num_allocs, st[1].num_allocs);
+        assert_int_equal(st[0].num_frees, st[1].num_frees);
+        assert_int_equal(st[0].num_cache_hits, st[1].num_cache_hits);
+        assert_int_equal(st[0].num_cpu_waits, st[1].num_cpu_waits);
+        const struct {
+            const cuheap_stat_t *a, *b;
+        } figures[] = {{&st[0].requested, &st[1].requested}, {&st[0].allocated, &st[1].allocated},
+                       {&st[0].reserved, &st[1].reserved}, {&st[0].cached, &st[1].cached},
+                       {&st[0].pending, &st[1].pending}};
+        for (size_t k = 0; k < sizeof figures / sizeof figures[0]; k++) {
+            assert_int_equal(figures[k].a->current, figures[k].b->current);
+            assert_int_equal(figures[k].a->peak, figures[k].b->peak);
+        }
+        assert_int_equal(c[0].event_queries, c[1].event_queries);
+        assert_int_equal(c[0].events_recorded, c[1].events_recorded);
+        assert_int_equal(c[0].events_recorded_all, c[1].events_recorded_all);
+        assert_int_equal(c[0].waits_all, c[1].waits_all);
+        assert_int_equal(c[0].stream_waits, c[1].stream_waits);
+        assert_int_equal(c[0].event_waits, c[1].event_waits);
+        assert_int_equal(c[0].synchronizes, c[1].synchronizes);
+        assert_int_equal(snap[0]->num_samples, snap[1]->num_samples);
+        for (size_t i = 0; i < snap[0]->num_samples; i++) {
+            const cuh_sample_t *a = &snap[0]->timeline[i], *b = &snap[1]->timeline[i];
+            if (a->live != b->live || a->reserved != b->reserved || a->cached != b->cached)
+                fail_msg("timeline sample %zu differs: live %" PRIu64 " without a slot, %" PRIu64 " with", i, a->live,
+                         b->live);
+        }
+        cuh_heap_snapshot_free(snap[0]);
+        cuh_heap_snapshot_free(snap[1]);
+    }
+}
+
+/* The slot serves the pair without the heap's lock: a cudaMalloc of the
+ * freed block's size takes it from there (the lock would have emptied the
+ * slot), and every other call gives it back first. */
+static void test_a_threads_cudafree_block_is_taken_without_the_lock(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    uintptr_t keep = 0, a = 0, b = 0;
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 3 * MiB, &keep), CUHEAP_OK);
+    for (int pair = 0; pair < 3; pair++) {   /* the first pair finds the search's answer */
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 5 * MiB, &b), CUHEAP_OK);
+        assert_true(pair == 0 || b == a);
+        a = b;
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);
+    }
+    assert_int_equal(cuh_heap_device_wide_slots(t.heap), 1);
+    for (int pair = 0; pair < 20; pair++) {
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 5 * MiB, &b), CUHEAP_OK);
+        assert_int_equal(b, a);
+        assert_int_equal(cuh_heap_device_wide_slots(t.heap), 1);   /* handed out from the slot */
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);
+        assert_int_equal(cuh_heap_device_wide_slots(t.heap), 1);
+    }
+    /* Freed twice: the heap sees it, with the block back in its batch. */
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_ERR_DOUBLE_FREE);
+    assert_int_equal(cuh_heap_device_wide_slots(t.heap), 0);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(s.num_allocs, 24);
+    assert_int_equal(s.num_frees, 23);
+    assert_int_equal(s.requested.current, 3 * MiB);
+    heap_ok(t.heap);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, keep), CUHEAP_OK);
+    test_heap_free(&t);
+    /* A heap destroyed while a slot holds a block frees it and its fence
+     * with the rest (and the sanitized run finds no leak). */
+    t = test_heap_new(GiB, NULL);
+    for (int pair = 0; pair < 4; pair++) {
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 5 * MiB, &a), CUHEAP_OK);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);
+    }
+    assert_int_equal(cuh_heap_device_wide_slots(t.heap), 1);
+    cuh_heap_destroy(t.heap);
+    cuh_sim_counters_t c;
+    cuh_sim_counters(t.dev, &c);
+    assert_int_equal(c.used, 0);
+    assert_int_equal(c.live_events, 0);
+    t.dev->ops->destroy(t.dev);
+}
+
+/* Threads that cudaMalloc and cudaFree blocks as they go, two through their
+ * slots and one whose sizes seldom repeat (its pairs go through the heap),
+ * while kernels on three streams read every block until its free: a block
+ * is handed out again only once every stream has finished the work issued
+ * before its free, or waits for it on the GPU (cudaFree's promise),
+ * whatever order the slots' fences and the heap's batches were recorded
+ * in. */
+enum { DW_THREADS = 3, DW_PAIRS = 3000, DW_FREED_MAX = 64 };
+static const cuh_stream_t dw_streams[3] = {0, S1, S2};
+
+typedef struct {
+    pthread_mutex_t lock;
+    test_heap_t *t;
+    struct {
+        uintptr_t addr;
+        size_t len;
+        uint64_t work[3];
+    } freed[DW_FREED_MAX];   /* the last frees, not handed out since */
+    size_t num_freed;
+    int failed;
+} dw_world_t;
+
+typedef struct {
+    dw_world_t *w;
+    int id;
+} dw_job_t;
+
+/* Block [a, a+len) just handed out: every free it overlaps had its work
+ * done or ordered before every stream's work from now on (w's lock held). */
+static void dw_check_locked(dw_world_t *w, uintptr_t a, size_t len)
+{
+    for (size_t i = 0; i < w->num_freed;) {
+        if (!heap_model_overlap(a, len, w->freed[i].addr, w->freed[i].len)) {
+            i++;
+            continue;
+        }
+        for (int k = 0; k < 3; k++)
+            for (int u = 0; u < 3; u++)
+                if (!cuh_sim_work_done(w->t->dev, dw_streams[k], w->freed[i].work[k]) &&
+                    !cuh_sim_stream_waits_for(w->t->dev, dw_streams[u], dw_streams[k], w->freed[i].work[k]))
+                    w->failed = 1;
+        w->freed[i] = w->freed[--w->num_freed];
+    }
+}
+
+static void *dw_pairs_job(void *arg)
+{
+    dw_job_t *j = arg;
+    dw_world_t *w = j->w;
+    uint64_t seed = 77 + (uint64_t)j->id;
+    for (int p = 0; p < DW_PAIRS; p++) {
+        const size_t size = j->id < 2 ? (size_t)(3 + 2 * j->id) * MiB : (1 + test_rand(&seed) % 8) * MiB;
+        uintptr_t a = 0;
+        if (cuh_heap_malloc_device_wide(w->t->heap, size, &a) != CUHEAP_OK)
+            w->failed = 1;
+        pthread_mutex_lock(&w->lock);
+        dw_check_locked(w, a, size);
+        if (w->num_freed == DW_FREED_MAX)
+            memmove(w->freed, w->freed + 1, --w->num_freed * sizeof w->freed[0]);
+        w->freed[w->num_freed].addr = a;
+        w->freed[w->num_freed].len = size;
+        for (int k = 0; k < 3; k++)   /* a kernel on each stream reads it until its free */
+            w->freed[w->num_freed].work[k] = cuh_sim_enqueue_work(w->t->dev, dw_streams[k]);
+        w->num_freed++;
+        if (p % 37 == j->id)
+            cuh_sim_complete_stream(w->t->dev, dw_streams[p % 3]);
+        pthread_mutex_unlock(&w->lock);
+        if (cuh_heap_free_device_wide(w->t->heap, a) != CUHEAP_OK)
+            w->failed = 1;
+    }
+    return NULL;
+}
+
+static void test_a_threads_cudafree_block_keeps_cudafrees_promise_across_threads(void **state)
+{
+    (void)state;
+    for (int vm = 0; vm < 2; vm++) {
+        test_heap_t t = test_heap_new(GiB, vm ? "vmm:1" : NULL);
+        assert_int_equal(cuh_heap_register_stream(t.heap, S1), CUHEAP_OK);
+        assert_int_equal(cuh_heap_register_stream(t.heap, S2), CUHEAP_OK);
+        cuh_sim_hold_events(t.dev, 1);
+        dw_world_t w = {.t = &t};
+        pthread_mutex_init(&w.lock, NULL);
+        pthread_t th[DW_THREADS];
+        dw_job_t jobs[DW_THREADS];
+        for (int i = 0; i < DW_THREADS; i++) {
+            jobs[i] = (dw_job_t){&w, i};
+            assert_int_equal(pthread_create(&th[i], NULL, dw_pairs_job, &jobs[i]), 0);
+        }
+        for (int i = 0; i < DW_THREADS; i++)
+            assert_int_equal(pthread_join(th[i], NULL), 0);
+        assert_false(w.failed);
+        pthread_mutex_destroy(&w.lock);
+        cuh_sim_hold_events(t.dev, 0);
+        cuh_sim_complete_all(t.dev);
+        cuheap_stats_t s;
+        cuh_heap_stats(t.heap, &s);
+        assert_int_equal(s.num_allocs, DW_THREADS * DW_PAIRS);
+        assert_int_equal(s.num_frees, DW_THREADS * DW_PAIRS);
+        assert_int_equal(s.allocated.current, 0);
+        heap_ok(t.heap);
+        test_heap_free(&t);
+    }
+}
+
+/* Every operation gives the slots' blocks back before anything else, while
+ * threads contend too: a fence a slot recorded is older than any batch
+ * closed after it, and a take-back waits for the newest fence, which must
+ * cover the work before every free it returns. Here a block's fence runs in
+ * its slot while another cudaFree'd block's batch closes behind it. */
+static void test_a_threads_cudafree_block_goes_back_before_batches_close(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    assert_int_equal(cuh_heap_register_stream(t.heap, S1), CUHEAP_OK);
+    assert_int_equal(cuh_heap_register_stream(t.heap, S2), CUHEAP_OK);
+    uintptr_t a = 0, b = 0, c = 0;
+    for (int pair = 0; pair < 3; pair++) {
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 5 * MiB, &a), CUHEAP_OK);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);
+    }
+    cuh_heap_assume_contention(t.heap, 100);
+    cuh_sim_hold_events(t.dev, 1);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 5 * MiB, &a), CUHEAP_OK);
+    cuh_sim_enqueue_work(t.dev, S1);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);   /* its fence runs, in the slot */
+    assert_int_equal(cuh_heap_device_wide_slots(t.heap), 1);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 3 * MiB, &b), CUHEAP_OK);
+    const uint64_t reads_b = cuh_sim_enqueue_work(t.dev, S2);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, b), CUHEAP_OK);
+    cuheap_stats_t s;
+    cuh_heap_stats(t.heap, &s);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 3 * MiB, &c), CUHEAP_OK);
+    if (heap_model_overlap(c, 3 * MiB, b, 3 * MiB)) {
+        const cuh_stream_t users[3] = {0, S1, S2};
+        for (int u = 0; u < 3; u++)
+            assert_true(cuh_sim_stream_waits_for(t.dev, users[u], S2, reads_b));
+    }
+    assert_false(cuh_sim_work_done(t.dev, S2, reads_b));
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, c), CUHEAP_OK);
+    cuh_sim_hold_events(t.dev, 0);
+    cuh_sim_complete_all(t.dev);
+    heap_ok(t.heap);
+    test_heap_free(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -718,6 +1013,10 @@ int main(void)
         cmocka_unit_test(test_a_threads_large_block_keeps_the_books_exact),
         cmocka_unit_test(test_a_threads_large_block_survives_its_thread),
         cmocka_unit_test(test_a_threads_large_block_stays_out_of_a_capture),
+        cmocka_unit_test(test_a_threads_cudafree_block_changes_nothing_the_heap_says),
+        cmocka_unit_test(test_a_threads_cudafree_block_is_taken_without_the_lock),
+        cmocka_unit_test(test_a_threads_cudafree_block_keeps_cudafrees_promise_across_threads),
+        cmocka_unit_test(test_a_threads_cudafree_block_goes_back_before_batches_close),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
