@@ -253,6 +253,7 @@ struct cuh_heap_s {
      * apart from what the lock's holders write. */
     uint64_t id;                 /* unique among the process's heaps, ever */
     _Atomic int tcache_closed;   /* a graph capture is underway: fast paths stay shut */
+    _Atomic uint32_t device_wide_slots;   /* threads' slots holding a cudaFree'd block (heap_tcache.c) */
     cuh_tcache_t *tcaches;       /* every thread's cache of this heap (under the lock) */
     size_t device_total;
     size_t limit;
@@ -311,11 +312,9 @@ struct cuh_heap_s {
     const cuh_extent_t *same_ok;
     uint64_t same_ok_changes;
     const cuh_extent_t *same_in_map;   /* the block just handed out again, left in the block map */
-    /* Threads' slots that hold a cudaFree'd block (heap_tcache.c, "a
-     * thread's cudaFree'd block"; read without the lock by the fast paths,
-     * which need it nonzero), and the fence of one such block a take found
-     * running, in the batch it went back to: not asked again. */
-    _Atomic uint32_t device_wide_slots;
+    /* The fence of a cudaFree'd block a thread's slot found running, in the
+     * batch it went back to: not asked again (heap_tcache.c, "a thread's
+     * cudaFree'd block"). */
     cuh_event_t asked_event;
 
     cuh_arena_t arena;
@@ -875,16 +874,16 @@ static inline uintptr_t cuh_hp_tcache_alloc_device_wide(cuh_heap_t *h, size_t si
     uintptr_t addr = 0;
     cuh_spin_lock(&tc->lock);
     cuh_tc_large_t *l = &tc->large;
-    if (l->state == CUH_TC_CACHED && l->stream == CUH_TC_DEVICE_WIDE && l->size == cuh_align_up(size, CUH_ALIGN) &&
-        size <= l->counted && size > h->cfg.small_max && l->ops < l->budget && !l->asked && !tc->dead &&
-        cuh_hp_tcache_open(h)) {
+    /* [lowest, counted]: the block's size rounded, a block's request, none
+     * above the one the heap counts. No capture test: a capture's start
+     * empties the slots, and none fills one while it runs. */
+    if (l->state == CUH_TC_CACHED && l->stream == CUH_TC_DEVICE_WIDE && size - l->lowest <= l->counted - l->lowest &&
+        l->ops < l->budget && !l->asked) {
         if (h->dev->ops->event_query(h->dev, l->event) == CUH_DEV_OK) {
             l->state = CUH_TC_LIVE;
             l->requested = size;
             l->label = (uint8_t)label;
             l->ops++;
-            tc->allocated_adjust += (int64_t)l->size;
-            tc->requested_adjust += (int64_t)size;
             addr = l->addr;
         } else {
             l->asked = 1;
@@ -907,11 +906,9 @@ static inline int cuh_hp_tcache_free_device_wide(cuh_heap_t *h, uintptr_t addr, 
     cuh_spin_lock(&tc->lock);
     cuh_tc_large_t *l = &tc->large;
     if (l->state == CUH_TC_LIVE && l->addr == addr && l->stream == CUH_TC_DEVICE_WIDE && l->ops < l->budget &&
-        !tc->dead && cuh_hp_tcache_open(h) && h->dev->ops->event_record_all(h->dev, l->event) == CUH_DEV_OK) {
+        h->dev->ops->event_record_all(h->dev, l->event) == CUH_DEV_OK) {
         l->state = CUH_TC_CACHED;
         l->ops++;
-        tc->allocated_adjust -= (int64_t)l->size;
-        tc->requested_adjust -= (int64_t)l->requested;
         if (freed)
             *freed = (cuh_heap_freed_t){.requested = l->requested, .label = l->label};
         done = 1;

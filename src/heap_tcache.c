@@ -568,28 +568,31 @@ static int device_wide_slot_empty_locked(cuh_heap_t *h, cuh_tcache_t *tc)
 {
     cuh_tc_large_t *l = &tc->large;
     cuh_extent_t *e = l->ext;
-    const uint64_t takes = (l->ops + 1) / 2, frees = l->ops / 2;   /* a take first: it came in held */
+    const uint64_t ops = l->ops, takes = (ops + 1) / 2, frees = ops / 2;   /* a take first: it came in held */
     h->num_allocs += takes;
     h->num_cache_hits += takes;
     h->num_frees += frees;
-    h->ops_since_sample += l->ops;
+    h->ops_since_sample += ops;
     if (takes)
         h->allocs_at_take_back = h->num_allocs - 1;
     if (frees)
         h->allocs_at_close = h->num_allocs - (l->state == CUH_TC_LIVE);
     atomic_fetch_sub_explicit(&h->device_wide_slots, 1, memory_order_relaxed);
+    /* The fast paths keep no books: the cache's are as adoption left them. */
+    tc->allocated_adjust += (int64_t)l->size;
+    tc->requested_adjust += (int64_t)l->counted;
+    e->owner = NULL;
     if (l->state == CUH_TC_LIVE) {
         h->requested.current -= l->counted - l->requested;
-        tc->requested_adjust -= (int64_t)l->requested - (int64_t)l->counted;
         e->requested = l->requested;
         e->label = l->label;
-        e->owner = NULL;
         cuh_hp_same_batch_recycle_locked(h, l->batch);
         memset(l, 0, sizeof *l);
         return 0;
     }
     const size_t last = l->ops ? l->requested : l->counted;   /* the request of its last take */
-    large_slot_uncount_locked(h, tc);
+    h->allocated.current -= l->size;
+    h->requested.current -= l->counted;
     e->requested = last;
     cuh_hp_same_batch_return_locked(h, l->batch, last, l->asked);
     memset(l, 0, sizeof *l);
@@ -617,7 +620,8 @@ void cuh_hp_device_wide_slots_empty_locked(cuh_heap_t *h)
 void cuh_hp_device_wide_slot_adopt_locked(cuh_heap_t *h, cuh_extent_t *e)
 {
     /* Operations before the timeline's next sample: the last is the heap's. */
-    const uint64_t budget = h->sample_every > h->ops_since_sample ? h->sample_every - h->ops_since_sample - 1 : 0;
+    uint64_t budget = h->sample_every > h->ops_since_sample ? h->sample_every - h->ops_since_sample - 1 : 0;
+    budget = budget < UINT16_MAX ? budget : UINT16_MAX;
     cuh_tcache_t *tc;
     /* An empty slot: one that holds a block keeps it while threads contend. */
     if (!cuh_hp_same_batch_adoptable_locked(h, e) || !budget || !(tc = cuh_hp_tcache_mine_locked(h)) ||
@@ -633,7 +637,8 @@ void cuh_hp_device_wide_slot_adopt_locked(cuh_heap_t *h, cuh_extent_t *e)
                                  .stream_state = &h->device_wide,
                                  .batch = batch,
                                  .event = batch->events[0],
-                                 .budget = budget < UINT32_MAX ? (uint32_t)budget : UINT32_MAX,
+                                 .lowest = cuh_max_size(h->cfg.small_max + 1, e->size - CUH_ALIGN + 1),
+                                 .budget = (uint16_t)budget,
                                  .state = CUH_TC_CACHED};
     tc->allocated_adjust -= (int64_t)e->size;
     tc->requested_adjust -= (int64_t)e->requested;

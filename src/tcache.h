@@ -51,24 +51,27 @@ typedef struct cuh_tc_bin_s {
  * of its size on its stream, and comes back here when that request frees it
  * on that stream, both without the heap's lock. */
 typedef struct cuh_tc_large_s {
+    /* What the fast paths read, in one cache line (tcache.h's users place
+     * it on a line of its own): a Python program's interpreter empties the
+     * CPU's caches between two tensors (issue 45). */
+    uint8_t state;            /* 0 (none), CUH_TC_LIVE or CUH_TC_CACHED */
+    uint8_t asked;            /* a cudaFree'd block, CACHED: a take found its fence running */
+    uint8_t label;            /* a cudaFree'd block, LIVE: the label of its take (0: none) */
+    uint16_t ops;             /* a cudaFree'd block: its takes and frees here since the heap's lock saw it */
+    uint16_t budget;          /* a cudaFree'd block: how many it may have before an operation the heap must see */
     uintptr_t addr;           /* 0: none */
     uintptr_t stream;         /* CACHED: freed on it; LIVE: allocated on it */
     size_t size;              /* the block's bytes */
     size_t counted;           /* the request the heap counts it with: the one it had when the cache took it */
     size_t requested;         /* LIVE: the program's request (never above counted) */
+    void *event;              /* a cudaFree'd block: its batch's device-wide fence, recorded at each free here */
+    size_t lowest;            /* a cudaFree'd block: the least request it may serve (the heap's smallest block) */
     void *ext;                /* the heap's record of the block */
     void *stream_state;       /* the heap's record of `stream` */
     uint64_t epoch;           /* CACHED: the fence that covers its free (CUH_TC_EPOCH_UNKNOWN: freed here) */
-    /* A cudaFree'd block (stream CUH_TC_DEVICE_WIDE; heap_tcache.c, "a
-     * thread's cudaFree'd block"): */
-    void *batch;              /* the batch its free closed, kept for its return (heap_devicewide.c) */
-    void *event;              /* that batch's device-wide fence, recorded again at each free here */
-    uint32_t ops;             /* its takes and frees here since the heap's lock last saw it */
-    uint32_t budget;          /* how many it may have before an operation the heap must see */
-    uint8_t asked;            /* CACHED: a take found its fence running */
-    uint8_t label;            /* LIVE: the label of its take (0: none) */
-    uint8_t state;            /* 0 (none), CUH_TC_LIVE or CUH_TC_CACHED */
+    void *batch;              /* a cudaFree'd block: the batch its free closed, kept for its return */
 } cuh_tc_large_t;
+_Static_assert(offsetof(cuh_tc_large_t, ext) <= 64, "what a large block's fast paths read fits one cache line");
 
 /* The stream of a cudaFree'd block in a thread's slot: every stream (no
  * stream handle has this value). */
@@ -90,6 +93,7 @@ typedef struct cuh_tcache_s {
     const void *heap;
     uint64_t heap_id;        /* the heap's, which no later heap at the same address has */
     int dead;                /* the heap is gone: the thread frees the cache */
+    _Alignas(64) cuh_tc_large_t large;
     cuh_tc_entry_t *slots;   /* open addressing, linear probing */
     size_t mask;
     unsigned shift;          /* 64 - log2(slots) */
@@ -100,7 +104,6 @@ typedef struct cuh_tcache_s {
     int64_t allocated_adjust;    /* minus the bytes cached */
     int64_t requested_adjust;    /* LIVE: requested - size; CACHED: -size */
     uint64_t num_allocs, num_frees;   /* served here, without the heap */
-    cuh_tc_large_t large;
     struct cuh_tcache_s *large_next;  /* the heap's list of caches holding a large block (heap's lock) */
     int large_listed;
     uint32_t large_misses;   /* held blocks given back unused since one was taken again */
