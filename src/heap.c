@@ -751,20 +751,13 @@ void cuh_hp_release_block_locked(cuh_heap_t *h, const live_block_t *b, uintptr_t
     cuh_hp_slab_object_home_locked(h, addr);
 }
 
-/* A device-wide free of the block this thread's slot handed out, back to
- * the slot without the lock; 0 if the heap must see it. */
-static inline int free_device_wide_fast(cuh_heap_t *h, uintptr_t addr, cuh_heap_freed_t *freed)
-{
-    return cuh_hp_tcache_free_device_wide(h, addr, freed);
-}
-
 static cuheap_status_t heap_free_device_wide(cuh_heap_t *h, uintptr_t addr, cuh_heap_freed_t *freed)
 {
     if (!addr)
         return CUHEAP_OK;
     if (cuh_unlikely(atomic_load_explicit(&h->dev->lost, memory_order_relaxed)))
         return refuse_lost(h);
-    if (cuh_unlikely(device_wide_slots(h)) && free_device_wide_fast(h, addr, freed))
+    if (cuh_unlikely(device_wide_slots(h)) && cuh_hp_tcache_free_device_wide(h, addr, freed))
         return CUHEAP_OK;
     cuh_hp_lock(h);
     cuh_hp_unpark_locked(h);

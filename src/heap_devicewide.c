@@ -461,6 +461,20 @@ static int same_answer_kept(const cuh_heap_t *h, const cuh_extent_t *e)
     return e == h->same_ok && h->arena.index_changes == h->same_ok_changes;
 }
 
+/* The short way's block (take_back_locked): the candidate, its answer
+ * kept, in the one closed batch fenced by one device-wide event; NULL if
+ * the short way does not apply. */
+static cuh_extent_t *short_way_block_locked(const cuh_heap_t *h, const stream_state_t *st, size_t size,
+                                            size_t align)
+{
+    const free_batch_t *b = h->closed_batches;
+    cuh_extent_t *e;
+    if (!b || b->num_events != 1 || b->event_streams[0] != ALL_STREAMS ||
+        !(e = same_candidate_locked(h, st, size, align)) || !same_answer_kept(h, e))
+        return NULL;
+    return e;
+}
+
 static cuh_extent_t *same_block_locked(cuh_heap_t *h, const stream_state_t *st, size_t size, size_t align)
 {
     cuh_extent_t *e = same_candidate_locked(h, st, size, align);
@@ -529,9 +543,8 @@ static int take_back_locked(cuh_heap_t *h, int with_open, const stream_state_t *
     const cuh_event_t *asked = NULL;
     if (same) {
         free_batch_t *b = h->closed_batches;
-        cuh_extent_t *e;
-        if (b && b->num_events == 1 && b->event_streams[0] == ALL_STREAMS &&
-            (e = same_candidate_locked(h, st, size, align)) && same_answer_kept(h, e)) {
+        cuh_extent_t *e = short_way_block_locked(h, st, size, align);
+        if (e) {
             /* A thread's slot found it running just now (heap_tcache.c). */
             if (b->events[0] != h->asked_event && h->dev->ops->event_query(h->dev, b->events[0]) == CUH_DEV_OK) {
                 hand_out_same_locked(h, e);
@@ -637,10 +650,8 @@ static int take_back_locked(cuh_heap_t *h, int with_open, const stream_state_t *
  * of the heap's books, with e still a block. */
 int cuh_hp_same_batch_adoptable_locked(const cuh_heap_t *h, const cuh_extent_t *e)
 {
-    const free_batch_t *batch = h->closed_batches;
-    return batch && batch->num_entries == 1 && batch->num_events == 1 && batch->event_streams[0] == ALL_STREAMS &&
-           h->cfg.wait_before_grow && !h->captures && !h->num_holds && !cuh_hp_fences_per_stream_locked(h) &&
-           same_candidate_locked(h, &h->device_wide, e->size, CUH_ALIGN) == e && same_answer_kept(h, e) &&
+    return short_way_block_locked(h, &h->device_wide, e->size, CUH_ALIGN) == e && h->cfg.wait_before_grow &&
+           !h->captures && !h->num_holds && !cuh_hp_fences_per_stream_locked(h) &&
            !(cuh_arena_absorbs(e->next, CUH_TAG_GLOBAL) && !cuh_arena_queued_first(e->next));
 }
 

@@ -758,14 +758,20 @@ static inline int cuh_hp_fences_per_stream_locked(const cuh_heap_t *h)
     return cuh_hp_other_streams_locked(h) && !(h->device_fences && !h->captures);
 }
 
-/* The heap's lock, for any operation: a cudaFree'd block a thread's slot
- * holds goes back first, whoever contends (heap_tcache.c, "a thread's
- * cudaFree'd block"). */
+/* Every operation, once it holds the heap's lock: a cudaFree'd block a
+ * thread's slot holds goes back first, whoever contends (heap_tcache.c, "a
+ * thread's cudaFree'd block"). */
+static inline void cuh_hp_slots_back_locked(cuh_heap_t *h)
+{
+    if (cuh_unlikely(atomic_load_explicit(&h->device_wide_slots, memory_order_relaxed)))
+        cuh_hp_device_wide_slots_empty_locked(h);
+}
+
+/* The heap's lock, for any operation. */
 static inline void cuh_hp_lock(cuh_heap_t *h)
 {
     cuh_lock(&h->lock);
-    if (cuh_unlikely(atomic_load_explicit(&h->device_wide_slots, memory_order_relaxed)))
-        cuh_hp_device_wide_slots_empty_locked(h);
+    cuh_hp_slots_back_locked(h);
 }
 
 /* The same for an allocation or a free: notes whether it was held, and
@@ -781,8 +787,7 @@ static inline int cuh_hp_heap_lock(cuh_heap_t *h)
         h->contended = CONTENDED_HOLD;
         waited = 1;
     }
-    if (cuh_unlikely(atomic_load_explicit(&h->device_wide_slots, memory_order_relaxed)))
-        cuh_hp_device_wide_slots_empty_locked(h);
+    cuh_hp_slots_back_locked(h);
     return waited;
 }
 

@@ -579,20 +579,19 @@ static int device_wide_slot_empty_locked(cuh_heap_t *h, cuh_tcache_t *tc)
         h->allocs_at_close = h->num_allocs - (l->state == CUH_TC_LIVE);
     atomic_fetch_sub_explicit(&h->device_wide_slots, 1, memory_order_relaxed);
     /* The fast paths keep no books: the cache's are as adoption left them. */
-    tc->allocated_adjust += (int64_t)l->size;
-    tc->requested_adjust += (int64_t)l->counted;
-    e->owner = NULL;
     if (l->state == CUH_TC_LIVE) {
+        tc->allocated_adjust += (int64_t)l->size;
+        tc->requested_adjust += (int64_t)l->counted;
         h->requested.current -= l->counted - l->requested;
         e->requested = l->requested;
         e->label = l->label;
+        e->owner = NULL;
         cuh_hp_same_batch_recycle_locked(h, l->batch);
         memset(l, 0, sizeof *l);
         return 0;
     }
     const size_t last = l->ops ? l->requested : l->counted;   /* the request of its last take */
-    h->allocated.current -= l->size;
-    h->requested.current -= l->counted;
+    large_slot_uncount_locked(h, tc);
     e->requested = last;
     cuh_hp_same_batch_return_locked(h, l->batch, last, l->asked);
     memset(l, 0, sizeof *l);
