@@ -19,6 +19,7 @@
 #include <limits.h>
 #include <link.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -662,8 +663,14 @@ static cuh_dev_status_t cuda_synchronize(cuh_device_t *dev)
  * the capturing streams: an entry whose stream no longer captures (an end
  * the hooks missed) is dropped when a fence looks, by asking the driver. A
  * begin is registered before it is called and counted until it returns, and
- * a fence holds the registry's lock from its look to its call, so no capture
- * can begin in between. */
+ * no capture may begin between a fence's look and its call. While the
+ * registry is empty (`any` 0) a fence takes no lock: it counts itself in
+ * `calling`, then looks at `any`; a begin sets `any`, then waits until
+ * `calling` is 0. Both in sequentially consistent order, so either the fence
+ * sees the begin (and takes the lock's way) or the begin sees the fence and
+ * waits for its call to return (a cudaFree's fence is one driver call, so
+ * the lock's trip, the most a block's pair paid for here, is gone: issue 45).
+ * Otherwise a fence holds the registry's lock from its look to its call. */
 
 #define CAPTURES_MAX 64
 static struct {
@@ -673,7 +680,15 @@ static struct {
     int beginning;          /* begins called and not yet returned */
     uintptr_t stream[CAPTURES_MAX];
     int per_thread[CAPTURES_MAX];   /* the per-thread default stream: only its own thread can ask */
+    _Atomic int any;        /* count, overflow or beginning nonzero; written under the lock */
+    _Atomic int calling;    /* fences between their look at `any` and their call's return, lock-free */
 } g_captures = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Publishes whether the registry holds anything (the lock held). */
+static void captures_publish_locked(void)
+{
+    atomic_store(&g_captures.any, g_captures.count != 0 || g_captures.overflow || g_captures.beginning);
+}
 
 /* The driver's answer for `stream` (the calling thread's per-thread default
  * stream for CU_STREAM_PER_THREAD): 1 capturing (or invalidated but not ended), 0 not, -1
@@ -692,6 +707,7 @@ static void capture_drop_locked(int i)
     g_captures.count--;
     g_captures.stream[i] = g_captures.stream[g_captures.count];
     g_captures.per_thread[i] = g_captures.per_thread[g_captures.count];
+    captures_publish_locked();
 }
 
 void cuh_cuda_capture_beginning(const void *stream)
@@ -705,13 +721,19 @@ void cuh_cuda_capture_beginning(const void *stream)
         g_captures.per_thread[g_captures.count] = s == CU_STREAM_PER_THREAD;
         g_captures.stream[g_captures.count++] = s;
     }
+    captures_publish_locked();
     pthread_mutex_unlock(&g_captures.lock);
+    /* A fence that looked before `any` was set may be calling: the capture
+     * begins once its call has returned. */
+    while (atomic_load(&g_captures.calling) != 0)
+        sched_yield();
 }
 
 void cuh_cuda_capture_begin_returned(const void *stream, int began)
 {
     pthread_mutex_lock(&g_captures.lock);
     g_captures.beginning--;
+    captures_publish_locked();
     pthread_mutex_unlock(&g_captures.lock);
     if (!began)
         cuh_cuda_capture_ended(stream);
@@ -759,16 +781,30 @@ static cuh_dev_status_t cuda_fence_all(cuh_device_t *dev, CUresult (*call)(CUcon
         snprintf(dev->last_error, sizeof dev->last_error, "the CUDA driver has no %s (before CUDA 12.5)", name);
         return CUH_DEV_UNSUPPORTED;
     }
-    pthread_mutex_lock(&g_captures.lock);
-    if (captures_underway_locked()) {
-        pthread_mutex_unlock(&g_captures.lock);
-        snprintf(dev->last_error, sizeof dev->last_error, "%s: a CUDA graph capture is underway", name);
-        return CUH_DEV_CAPTURING;
-    }
     /* The context is an argument: the driver ignores the current one, so
      * none is made current (a cuCtxGetCurrent saved per cudaFree's fence). */
-    CUresult r = call(d->ctx, (CUevent)(void *)event);
-    pthread_mutex_unlock(&g_captures.lock);
+    CUresult r;
+    int called = 0;
+    /* The first look keeps fences that would take the lock's way anyway out
+     * of `calling`, which a beginning capture waits to see at 0. */
+    if (cuh_likely(atomic_load_explicit(&g_captures.any, memory_order_relaxed) == 0)) {
+        atomic_fetch_add(&g_captures.calling, 1);
+        if (cuh_likely(atomic_load(&g_captures.any) == 0)) {
+            r = call(d->ctx, (CUevent)(void *)event);
+            called = 1;
+        }
+        atomic_fetch_sub_explicit(&g_captures.calling, 1, memory_order_release);
+    }
+    if (!called) {
+        pthread_mutex_lock(&g_captures.lock);
+        if (captures_underway_locked()) {
+            pthread_mutex_unlock(&g_captures.lock);
+            snprintf(dev->last_error, sizeof dev->last_error, "%s: a CUDA graph capture is underway", name);
+            return CUH_DEV_CAPTURING;
+        }
+        r = call(d->ctx, (CUevent)(void *)event);
+        pthread_mutex_unlock(&g_captures.lock);
+    }
     if (r == CUDA_SUCCESS)
         return CUH_DEV_OK;
     cuda_dev_error(dev, r, "%s", name);

@@ -112,6 +112,9 @@ for runtime in shared static; do
     preload $p-capfence $p capture-fences
     expect_pass $p-capfence capture-fences \
         "$r: no device-wide fence while a capture is underway (the capture ends whole), one a take-back before and after"
+    preload $p-capwait $p capture-waits-for-fence
+    expect_pass $p-capwait capture-waits-for-fence \
+        "$r: a capture that begins during a device-wide fence's call waits for it to return (the capture ends whole)"
     preload $p-unseencap $p unseen-capture
     expect_pass $p-unseencap unseen-capture \
         "$r: a capture begun behind the hooks: the one device-wide fence that broke it is the last"

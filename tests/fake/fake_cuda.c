@@ -70,6 +70,7 @@
 #include "fake_internal.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -707,9 +708,42 @@ static CUresult ctx_call_locked(void)
     return break_captures_locked() ? STREAM_CAPTURE_UNSUPPORTED : OK;
 }
 /* The event waits for all the work queued so far on every stream. */
+/* ---- device-wide calls held at their start (fake_cuda_pause_ctx_events) ---- */
+static pthread_mutex_t pause_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pause_cond = PTHREAD_COND_INITIALIZER;
+static int ctx_events_paused;            /* fake_cuda_pause_ctx_events's switch */
+static unsigned long ctx_events_waiting; /* calls waiting for it now */
+static _Atomic int ctx_events_pausable;  /* ever switched on: the one load a call pays otherwise */
+
+static void ctx_event_pause_point(void)
+{
+    if (!atomic_load_explicit(&ctx_events_pausable, memory_order_acquire))
+        return;
+    pthread_mutex_lock(&pause_lock);
+    ctx_events_waiting++;
+    pthread_cond_broadcast(&pause_cond);
+    while (ctx_events_paused)
+        pthread_cond_wait(&pause_cond, &pause_lock);
+    ctx_events_waiting--;
+    pthread_mutex_unlock(&pause_lock);
+}
+API unsigned long fake_cuda_pause_ctx_events(int on)
+{
+    atomic_store(&ctx_events_pausable, 1);
+    pthread_mutex_lock(&pause_lock);
+    if (on >= 0) {
+        ctx_events_paused = on;
+        pthread_cond_broadcast(&pause_cond);
+    }
+    unsigned long waiting = ctx_events_waiting;
+    pthread_mutex_unlock(&pause_lock);
+    return waiting;
+}
+
 API CUresult cuCtxRecordEvent(CUcontext ctx, CUevent event)
 {
     CALLED();
+    ctx_event_pause_point();
     (void)ctx;
     fake_event_t *e = event;
     pthread_mutex_lock(&fake_lock);
@@ -732,6 +766,7 @@ API CUresult cuCtxRecordEvent(CUcontext ctx, CUevent event)
 API CUresult cuCtxWaitEvent(CUcontext ctx, CUevent event)
 {
     CALLED();
+    ctx_event_pause_point();
     (void)ctx;
     fake_event_t *e = event;
     pthread_mutex_lock(&fake_lock);
@@ -1139,6 +1174,7 @@ static const struct {
     SAME(fake_cuda_hold), SAME(fake_cuda_enqueue_check), SAME(fake_cuda_enqueue_fill), SAME(cuStreamWaitEvent),
     SAME(fake_cuda_complete), SAME(fake_cuda_complete_all), SAME(fake_cuda_corrupt_bytes),
     SAME(fake_cuda_alloc_foreign), SAME(fake_cuda_stream_create_unseen), SAME(fake_cuda_set_capturing),
+    SAME(fake_cuda_pause_ctx_events),
     SAME(cuStreamIsCapturing),
     SAME(cuGetErrorName), SAME(cuGetErrorString), SAME(cuInit), SAME(cuDeviceGetCount), SAME(cuDeviceGet),
     SAME(cuDevicePrimaryCtxRetain), SAME(cuDevicePrimaryCtxRelease_v2), SAME(cuDevicePrimaryCtxGetState),

@@ -48,6 +48,7 @@ typedef unsigned long (*fake_cuda_corrupt_bytes_fn)(void);
 typedef int (*fake_cuda_alloc_foreign_fn)(unsigned long long *dptr, size_t size);
 typedef int (*fake_cuda_stream_create_unseen_fn)(void **stream, unsigned int flags);
 typedef void (*fake_cuda_set_capturing_fn)(void *stream, int on);
+typedef unsigned long (*fake_cuda_pause_ctx_events_fn)(int on);
 typedef unsigned long (*fake_cuda_count_fn)(const char *name);
 typedef int (*fake_cuda_count_list_fn)(const char **names, unsigned long *counts, int max);
 
@@ -71,6 +72,10 @@ typedef int (*fake_cuda_count_list_fn)(const char **names, unsigned long *counts
  * cuCtxWaitEvent) while a stream is capturing breaks the capture, as on a
  * GPU: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and the capture's end returns
  * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED. */
+/* fake_cuda_pause_ctx_events(on): while on (1), cuCtxRecordEvent and
+ * cuCtxWaitEvent wait at their start, before they look at any stream, until
+ * it is off (0); -1 changes nothing. Returns the calls waiting now. For
+ * tests of what may happen while a device-wide call is underway. */
 /* fake_cuda_stream_create_unseen(stream, flags): a stream as cuStreamCreate
  * makes it, under a name no hook catches (a stream cuheap never hears of). */
 /* fake_cuda_count(name): the calls of the driver function `name` so far

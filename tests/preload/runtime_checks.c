@@ -16,6 +16,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -233,6 +234,56 @@ static void check_capture_fences(void)
     expect(cudaFree(b) == cudaSuccess, "cudaFree failed");
     fake.complete_all();
     fake.hold(0);
+    expect(cudaStreamDestroy(s) == cudaSuccess, "cudaStreamDestroy failed");
+}
+
+/* A capture that begins while a device-wide fence's call is underway: the
+ * call would break it, so the begin waits until that call has returned,
+ * however the fence reached it (no lock is held on its way: issue 45). The
+ * fake driver holds the fence's call at its start. */
+static atomic_int capture_begun;
+
+static void *free_on_a_thread(void *block)
+{
+    return (void *)(intptr_t)cudaFree(block);
+}
+
+static void *begin_capture_on_a_thread(void *stream)
+{
+    intptr_t rc = cudaStreamBeginCapture(stream, 2 /* relaxed */);
+    atomic_store(&capture_begun, 1);
+    return (void *)rc;
+}
+
+static void check_capture_waits_for_fence(void)
+{
+    start_runtime();
+    cudaStream_t s = NULL;
+    expect(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "stream creation failed");
+    void *a = NULL;
+    expect(cudaMalloc(&a, 4 * MiB) == cudaSuccess && a, "cudaMalloc failed");
+    fake_cuda_calls_t c0 = fake_calls(&fake);
+    fake.pause_ctx_events(1);
+    pthread_t freeing, beginning;
+    expect(pthread_create(&freeing, NULL, free_on_a_thread, a) == 0, "pthread_create failed");
+    for (int i = 0; i < 10000 && fake.pause_ctx_events(-1) == 0; i++)
+        usleep(1000);
+    expect(fake.pause_ctx_events(-1) == 1, "cudaFree made no device-wide call");
+    expect(pthread_create(&beginning, NULL, begin_capture_on_a_thread, s) == 0, "pthread_create failed");
+    usleep(200000);
+    expect(!atomic_load(&capture_begun), "a capture began while a device-wide fence's call was underway");
+    fake.pause_ctx_events(0);
+    void *free_rc = NULL, *begin_rc = NULL;
+    pthread_join(freeing, &free_rc);
+    pthread_join(beginning, &begin_rc);
+    expect((intptr_t)free_rc == cudaSuccess, "cudaFree returned %ld", (long)(intptr_t)free_rc);
+    expect((intptr_t)begin_rc == cudaSuccess, "cudaStreamBeginCapture returned %ld", (long)(intptr_t)begin_rc);
+    void *graph = NULL;
+    int rc = cudaStreamEndCapture(s, &graph);
+    fake_cuda_calls_t c1 = fake_calls(&fake);
+    expect(rc == cudaSuccess && graph, "the capture was broken: cudaStreamEndCapture returned %d", rc);
+    expect(c1.captures_broken == c0.captures_broken, "the fence broke the capture");
+    expect(c1.ctx_records > c0.ctx_records, "no device-wide event for the cudaFree");
     expect(cudaStreamDestroy(s) == cudaSuccess, "cudaStreamDestroy failed");
 }
 
@@ -1060,6 +1111,8 @@ int main(int argc, char **argv)
         check_capture_fences();
     else if (!strcmp(mode, "unseen-capture"))
         check_unseen_capture();
+    else if (!strcmp(mode, "capture-waits-for-fence"))
+        check_capture_waits_for_fence();
     else if (!strcmp(mode, "ipc-safe"))
         check_ipc_safe();
     else if (!strcmp(mode, "ipc-callers"))
@@ -1098,7 +1151,7 @@ int main(int argc, char **argv)
         check_pinned_off();
     else {
         fprintf(stderr, "usage: %s threads|entry-point|pass-through|double-free|zero-and-alignment|"
-                        "out-of-memory|fork|ipc|ipc-safe|ipc-callers|capture|capture-fences|unseen-capture|new-stream-after-reuse|free-ordering|free-ordering-unseen-stream|stream-destroy|async-reuse|async-reuse-off|"
+                        "out-of-memory|fork|ipc|ipc-safe|ipc-callers|capture|capture-fences|capture-waits-for-fence|unseen-capture|new-stream-after-reuse|free-ordering|free-ordering-unseen-stream|stream-destroy|async-reuse|async-reuse-off|"
                         "meminfo|meminfo-right-after-free|meminfo-uncached|device-reset|pinned|pinned-double-free|"
                         "pinned-ordering|pinned-off|steps-planned\n", argv[0]);
         return 2;

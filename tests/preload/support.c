@@ -73,6 +73,7 @@ void fake_helpers_load(fake_helpers_t *out, void *(*lookup)(const char *name))
     LOAD(alloc_foreign, "fake_cuda_alloc_foreign");
     LOAD(stream_create_unseen, "fake_cuda_stream_create_unseen");
     LOAD(set_capturing, "fake_cuda_set_capturing");
+    LOAD(pause_ctx_events, "fake_cuda_pause_ctx_events");
 }
 
 fake_cuda_calls_t fake_calls(const fake_helpers_t *fake)

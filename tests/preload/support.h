@@ -37,6 +37,7 @@ typedef struct fake_helpers_s {
     fake_cuda_alloc_foreign_fn alloc_foreign;
     fake_cuda_stream_create_unseen_fn stream_create_unseen;
     fake_cuda_set_capturing_fn set_capturing;
+    fake_cuda_pause_ctx_events_fn pause_ctx_events;
 } fake_helpers_t;
 /* Exits with a failure when a helper is missing. */
 void fake_helpers_load(fake_helpers_t *out, void *(*lookup)(const char *name));
