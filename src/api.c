@@ -533,10 +533,10 @@ static cuheap_status_t pinned_chunk_alloc(void *ctx, int device, unsigned flags,
     case CUH_DEV_OK:
         return CUHEAP_OK;
     case CUH_DEV_OOM:
-        cuh_set_error("%s", dev->last_error);
+        cuh_set_error("%s", cuh_dev_error_text(dev));
         return CUHEAP_ERR_OUT_OF_MEMORY;
     default:
-        cuh_set_error("%s", dev->last_error);
+        cuh_set_error("%s", cuh_dev_error_text(dev));
         return CUHEAP_ERR_DEVICE;
     }
 }

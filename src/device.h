@@ -26,7 +26,7 @@ typedef enum cuh_dev_status_e {
     CUH_DEV_OK = 0,
     CUH_DEV_NOT_READY = 1,   /* event_query: the work has not finished yet */
     CUH_DEV_OOM = 2,         /* mem_alloc: the device has no memory for it */
-    CUH_DEV_ERROR = 3,       /* anything else; device->last_error explains */
+    CUH_DEV_ERROR = 3,       /* anything else; cuh_dev_error_text explains */
     CUH_DEV_UNSUPPORTED = 4, /* the device (its driver) has no such call: never ask again */
     CUH_DEV_CAPTURING = 5    /* a CUDA graph capture is underway, which the call would break: not now */
 } cuh_dev_status_t;
@@ -102,12 +102,20 @@ struct cuh_device_s {
     const cuh_device_ops_t *ops;
     const char *kind;          /* "cuda" or "sim" */
     int ordinal;               /* CUDA device number */
-    char last_error[256];      /* explains the last CUH_DEV_ERROR */
     /* Nonzero once a call met a sticky error (the driver's code; CUDA's
      * illegal address, failed launch, lost context): every call from then
      * on fails the same way, and the heap refuses new work. */
     _Atomic int lost;
 };
+
+/* The text that explains the calling thread's last CUH_DEV_ERROR (or
+ * UNSUPPORTED, CAPTURING), whichever device answered it; `dev` names the
+ * device the caller asked, for the reader. Each thread has its own (log.c):
+ * a device's calls come from threads outside the heap's lock too (a thread's
+ * slot records and queries its fence), and two failing at once must not
+ * write one buffer. Read it right after the call that failed. */
+#define CUH_DEV_ERROR_LEN 256
+char *cuh_dev_error_text(const cuh_device_t *dev);
 
 /* ---- simulated device (device_sim.c) ---------------------------------- */
 

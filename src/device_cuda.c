@@ -401,7 +401,7 @@ int cuh_cuda_sticky(int code)
     }
 }
 
-/* Writes "<what> on device N failed: <CUDA error>" into dev->last_error. */
+/* Writes "<what> on device N failed: <CUDA error>" into cuh_dev_error_text(dev). */
 static void cuda_dev_error(cuh_device_t *dev, CUresult r, const char *what, ...)
     __attribute__((format(printf, 3, 4)));
 static void cuda_dev_error(cuh_device_t *dev, CUresult r, const char *what, ...)
@@ -412,7 +412,7 @@ static void cuda_dev_error(cuh_device_t *dev, CUresult r, const char *what, ...)
         atomic_store_explicit(&dev->lost, (int)r, memory_order_relaxed);
     va_list ap;
     va_start(ap, what);
-    cuda_vformat_error(dev->last_error, sizeof dev->last_error, r, dev->ordinal, what, ap);
+    cuda_vformat_error(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, r, dev->ordinal, what, ap);
     va_end(ap);
 }
 
@@ -443,7 +443,7 @@ static void cuda_ctx_leave(int pushed)
 }
 
 /* Enters the context or returns CUH_DEV_ERROR from the calling op, naming
- * the op in last_error. Used at the top of every op. */
+ * the op in its error text. Used at the top of every op. */
 #define CUDA_ENTER(d, pushed, opname)                                          \
     do {                                                                       \
         CUresult enter_r_ = cuda_ctx_enter((d), &(pushed));                    \
@@ -456,7 +456,7 @@ static void cuda_ctx_leave(int pushed)
     } while (0)
 
 /* The whole body of an op that is one driver call: `call` in the device's
- * context, its failure named `opname` in last_error. */
+ * context, its failure named `opname` in its error text. */
 #define CUDA_CALL(dev, opname, call)                                           \
     do {                                                                       \
         int pushed_;                                                           \
@@ -491,7 +491,7 @@ static cuh_dev_status_t cuda_mem_alloc(cuh_device_t *dev, size_t size, uintptr_t
          * promises 512, so refuse rather than hand out a misaligned segment. */
         (void)g_cu.cuMemFree_v2(p);
         cuda_ctx_leave(pushed);
-        snprintf(dev->last_error, sizeof dev->last_error,
+        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN,
                  "cuMemAlloc_v2(%zu bytes) on device %d returned 0x%llx, "
                  "not aligned to 512 bytes", size, dev->ordinal, p);
         return CUH_DEV_ERROR;
@@ -770,7 +770,7 @@ static int captures_underway_locked(void)
 }
 
 /* One of the two device-wide calls: OK, UNSUPPORTED (no such call in this
- * driver), CAPTURING, or ERROR (last_error says why; for a capture the hooks
+ * driver), CAPTURING, or ERROR (the error text says why; for a capture the hooks
  * never saw, which the driver has now broken, it says so: the heap prints it
  * and fences stream by stream from then on, breaking no other). */
 static cuh_dev_status_t cuda_fence_all(cuh_device_t *dev, CUresult (*call)(CUcontext, CUevent), const char *name,
@@ -778,7 +778,7 @@ static cuh_dev_status_t cuda_fence_all(cuh_device_t *dev, CUresult (*call)(CUcon
 {
     cuh_cuda_device_t *d = cuda_dev(dev);
     if (!call) {
-        snprintf(dev->last_error, sizeof dev->last_error, "the CUDA driver has no %s (before CUDA 12.5)", name);
+        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "the CUDA driver has no %s (before CUDA 12.5)", name);
         return CUH_DEV_UNSUPPORTED;
     }
     /* The context is an argument: the driver ignores the current one, so
@@ -799,7 +799,7 @@ static cuh_dev_status_t cuda_fence_all(cuh_device_t *dev, CUresult (*call)(CUcon
         pthread_mutex_lock(&g_captures.lock);
         if (captures_underway_locked()) {
             pthread_mutex_unlock(&g_captures.lock);
-            snprintf(dev->last_error, sizeof dev->last_error, "%s: a CUDA graph capture is underway", name);
+            snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "%s: a CUDA graph capture is underway", name);
             return CUH_DEV_CAPTURING;
         }
         r = call(d->ctx, (CUevent)(void *)event);
@@ -811,8 +811,8 @@ static cuh_dev_status_t cuda_fence_all(cuh_device_t *dev, CUresult (*call)(CUcon
     if (r == CUDA_ERROR_NOT_SUPPORTED)
         return CUH_DEV_UNSUPPORTED;
     if (r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) {
-        size_t len = strlen(dev->last_error);
-        snprintf(dev->last_error + len, sizeof dev->last_error - len,
+        size_t len = strlen(cuh_dev_error_text(dev));
+        snprintf(cuh_dev_error_text(dev) + len, CUH_DEV_ERROR_LEN - len,
                  ": a CUDA graph capture that cuheap did not see was underway, and the driver has "
                  "invalidated it; cuheap fences stream by stream from now on");
     }
@@ -944,7 +944,7 @@ static cuh_dev_status_t cuda_vm_allow_peer(cuh_device_t *dev, int peer, uintptr_
 {
     cuh_cuda_device_t *d = cuda_dev(dev);
     if (peer < 0 || peer >= 64 || peer == dev->ordinal) {
-        snprintf(dev->last_error, sizeof dev->last_error, "device %d: peer %d out of range", dev->ordinal, peer);
+        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "device %d: peer %d out of range", dev->ordinal, peer);
         return CUH_DEV_ERROR;
     }
     d->peers |= 1ull << peer;
@@ -1001,7 +1001,7 @@ static cuh_dev_status_t cuda_host_alloc(cuh_device_t *dev, size_t size, unsigned
     cuh_cuda_device_t *d = cuda_dev(dev);
     int pushed;
     if (!g_cu.cuMemHostAlloc || !g_cu.cuMemFreeHost) {
-        snprintf(dev->last_error, sizeof dev->last_error, "the CUDA driver has no cuMemHostAlloc/cuMemFreeHost");
+        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "the CUDA driver has no cuMemHostAlloc/cuMemFreeHost");
         return CUH_DEV_ERROR;
     }
     CUDA_ENTER(d, pushed, "cuMemHostAlloc");
@@ -1129,7 +1129,6 @@ cuh_device_t *cuh_cuda_open(int ordinal, char *errbuf, size_t errlen)
     d->base.ops = &cuda_ops;
     d->base.kind = "cuda";
     d->base.ordinal = ordinal;
-    d->base.last_error[0] = '\0';
     return &d->base;
 }
 

@@ -86,7 +86,7 @@ static uint64_t next_random(uint64_t *s)
 }
 
 /* Counts a call of `kind`; CUH_DEV_OK to let it through, else the status a
- * planned failure returns, with last_error saying so. */
+ * planned failure returns, with its error text saying so. */
 static cuh_dev_status_t planned(fault_device_t *f, cuh_fault_call_t kind)
 {
     pthread_mutex_lock(&f->lock);
@@ -98,18 +98,18 @@ static cuh_dev_status_t planned(fault_device_t *f, cuh_fault_call_t kind)
         f->sticky = 1;
         atomic_store_explicit(&f->base.lost, CUH_FAULT_STICKY_CODE, memory_order_relaxed);
         st = f->sticky_status;
-        snprintf(f->base.last_error, sizeof f->base.last_error,
+        snprintf(cuh_dev_error_text(&f->base), CUH_DEV_ERROR_LEN,
                  "%s failed: injected sticky error (the context is lost since call %llu)", call_names[kind],
                  (unsigned long long)f->sticky_from);
     } else if (r->nth && n == r->nth) {
         r->nth = 0;
         st = r->status;
-        snprintf(f->base.last_error, sizeof f->base.last_error, "%s failed: injected fault (call %llu of its kind)",
+        snprintf(cuh_dev_error_text(&f->base), CUH_DEV_ERROR_LEN, "%s failed: injected fault (call %llu of its kind)",
                  call_names[kind], (unsigned long long)n);
     } else if (r->probability > 0 &&
                (double)(next_random(&r->rng) >> 11) * 0x1.0p-53 < r->probability) {
         st = r->status;
-        snprintf(f->base.last_error, sizeof f->base.last_error,
+        snprintf(cuh_dev_error_text(&f->base), CUH_DEV_ERROR_LEN,
                  "%s failed: injected fault (call %llu of its kind, at random)", call_names[kind],
                  (unsigned long long)n);
     }
@@ -119,11 +119,11 @@ static cuh_dev_status_t planned(fault_device_t *f, cuh_fault_call_t kind)
     return st;
 }
 
-/* The inner device's answer, its message carried up. */
+/* The inner device's answer (its message is the calling thread's error
+ * text already: cuh_dev_error_text). */
 static cuh_dev_status_t passed(fault_device_t *f, cuh_dev_status_t st)
 {
-    if (st == CUH_DEV_ERROR || st == CUH_DEV_UNSUPPORTED || st == CUH_DEV_CAPTURING)
-        memcpy(f->base.last_error, f->inner->last_error, sizeof f->base.last_error);
+    (void)f;
     return st;
 }
 
@@ -232,14 +232,14 @@ static cuh_dev_status_t f_vm_map(cuh_device_t *dev, uintptr_t va, size_t size, u
 }
 
 /* Whether va is the stuck range (cuh_fault_unmap_stuck): then the unmap is
- * counted as injected and last_error says so. */
+ * counted as injected and its error text says so. */
 static int unmap_stuck(fault_device_t *f, uintptr_t va)
 {
     pthread_mutex_lock(&f->lock);
     const int stuck = f->stuck_va && va == f->stuck_va;
     if (stuck) {
         f->injected[CUH_FAULT_VM_UNMAP]++;
-        snprintf(f->base.last_error, sizeof f->base.last_error,
+        snprintf(cuh_dev_error_text(&f->base), CUH_DEV_ERROR_LEN,
                  "vm_unmap failed: injected fault (the mapping at 0x%llx stays)", (unsigned long long)va);
     }
     pthread_mutex_unlock(&f->lock);

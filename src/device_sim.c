@@ -274,7 +274,7 @@ static cuh_dev_status_t sim_mem_alloc(cuh_device_t *dev, size_t size, uintptr_t 
     cuh_dev_status_t rc = CUH_DEV_OK;
     pthread_mutex_lock(&s->lock);
     if (size == 0 || size % CUH_SEGMENT_GRAIN) {
-        snprintf(dev->last_error, sizeof dev->last_error, "sim: segment of %zu bytes is not a multiple of 2 MiB", size);
+        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "sim: segment of %zu bytes is not a multiple of 2 MiB", size);
         rc = CUH_DEV_ERROR;
     } else if (size > s->capacity - s->counters.used - s->external) {   /* used + external <= capacity */
         s->counters.mem_refusals++;
@@ -282,14 +282,14 @@ static cuh_dev_status_t sim_mem_alloc(cuh_device_t *dev, size_t size, uintptr_t 
     } else {
         uintptr_t a = 0;
         if (!take_addresses(s, size, &a)) {
-            snprintf(dev->last_error, sizeof dev->last_error,
+            snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN,
                      "sim: device %d has used up its %llu TiB of simulated address space", dev->ordinal,
                      (unsigned long long)(SIM_SPACE >> 40));
             rc = CUH_DEV_ERROR;
         } else if (cuh_ptrmap_insert(&s->segments, a, (void *)size) ||
                    cuh_ptrmap_insert(&s->ordinals, a, (void *)(uintptr_t)++s->next_ordinal)) {
             cuh_ptrmap_remove(&s->segments, a);
-            snprintf(dev->last_error, sizeof dev->last_error, "sim: out of host memory");
+            snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "sim: out of host memory");
             rc = CUH_DEV_ERROR;
         } else {
             s->counters.used += size;
@@ -308,7 +308,7 @@ static cuh_dev_status_t sim_mem_free(cuh_device_t *dev, uintptr_t addr, size_t s
     pthread_mutex_lock(&s->lock);
     size_t held = (size_t)cuh_ptrmap_get(&s->segments, addr);
     if (!held || held != size) {
-        snprintf(dev->last_error, sizeof dev->last_error,
+        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN,
                  "sim: free of 0x%llx (%zu bytes) which is not a live segment (held: %zu bytes)",
                  (unsigned long long)addr, size, held);
         rc = CUH_DEV_ERROR;
@@ -338,7 +338,7 @@ static cuh_dev_status_t sim_event_create(cuh_device_t *dev, cuh_event_t *event)
     sim_device_t *s = sim_of(dev);
     cuh_event_t e = calloc(1, sizeof *e);
     if (!e) {
-        snprintf(dev->last_error, sizeof dev->last_error, "sim: out of host memory");
+        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "sim: out of host memory");
         return CUH_DEV_ERROR;
     }
     e->magic = EVENT_MAGIC;
@@ -369,11 +369,11 @@ static cuh_dev_status_t sim_event_record(cuh_device_t *dev, cuh_event_t event, c
     pthread_mutex_lock(&s->lock);
     sim_stream_t *st = stream_state(s, stream);
     if (!st || event->magic != EVENT_MAGIC) {
-        snprintf(dev->last_error, sizeof dev->last_error, "sim: bad event or out of memory");
+        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "sim: bad event or out of memory");
         rc = CUH_DEV_ERROR;
     } else {
         if (!note_record(st)) {
-            snprintf(dev->last_error, sizeof dev->last_error, "sim: out of host memory");
+            snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "sim: out of host memory");
             pthread_mutex_unlock(&s->lock);
             return CUH_DEV_ERROR;
         }
@@ -392,7 +392,7 @@ static cuh_dev_status_t sim_event_record(cuh_device_t *dev, cuh_event_t event, c
             memset(event->clock, 0, event->num_clock * sizeof *event->clock);
         if (!clock_merge(&event->clock, &event->num_clock, st->dep, st->num_dep) ||
             !clock_raise(&event->clock, &event->num_clock, self, st->recorded)) {
-            snprintf(dev->last_error, sizeof dev->last_error, "sim: out of host memory");
+            snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "sim: out of host memory");
             rc = CUH_DEV_ERROR;
         }
     }
@@ -449,7 +449,7 @@ static cuh_dev_status_t sim_stream_wait(cuh_device_t *dev, cuh_stream_t stream, 
     if (ok && event->recorded)
         ok = stream_waits_on(st, event->clock, event->num_clock);
     if (!ok) {
-        snprintf(dev->last_error, sizeof dev->last_error, "sim: bad event or out of memory");
+        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "sim: bad event or out of memory");
         rc = CUH_DEV_ERROR;
     }
     pthread_mutex_unlock(&s->lock);
@@ -460,15 +460,15 @@ static cuh_dev_status_t sim_stream_wait(cuh_device_t *dev, cuh_stream_t stream, 
 static cuh_dev_status_t sim_fences_usable(sim_device_t *s, cuh_device_t *dev, cuh_event_t event)
 {
     if (s->no_device_fences) {
-        snprintf(dev->last_error, sizeof dev->last_error, "sim: no device-wide fences (as a driver before CUDA 12.5)");
+        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "sim: no device-wide fences (as a driver before CUDA 12.5)");
         return CUH_DEV_UNSUPPORTED;
     }
     if (s->capturing) {
-        snprintf(dev->last_error, sizeof dev->last_error, "sim: a graph capture is underway");
+        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "sim: a graph capture is underway");
         return CUH_DEV_CAPTURING;
     }
     if (!event || event->magic != EVENT_MAGIC) {
-        snprintf(dev->last_error, sizeof dev->last_error, "sim: bad event");
+        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "sim: bad event");
         return CUH_DEV_ERROR;
     }
     return CUH_DEV_OK;
@@ -498,7 +498,7 @@ static cuh_dev_status_t sim_event_record_all(cuh_device_t *dev, cuh_event_t even
             }
         }
         if (!ok) {
-            snprintf(dev->last_error, sizeof dev->last_error, "sim: out of host memory");
+            snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "sim: out of host memory");
             rc = CUH_DEV_ERROR;
         } else {
             event->recorded = 1;
@@ -525,7 +525,7 @@ static cuh_dev_status_t sim_wait_all(cuh_device_t *dev, cuh_event_t event)
         for (size_t i = 0; ok && i < s->num_streams; i++)
             ok = stream_waits_on(&s->streams[i], event->clock, event->num_clock);
         if (!ok) {
-            snprintf(dev->last_error, sizeof dev->last_error, "sim: out of host memory");
+            snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "sim: out of host memory");
             rc = CUH_DEV_ERROR;
         }
     }
@@ -631,7 +631,7 @@ static cuh_dev_status_t sim_vm_reserve(cuh_device_t *dev, size_t size, uintptr_t
     uintptr_t a = 0;
     if (!size || size % SIM_VM_PAGE || !take_addresses(s, size, &a) ||
         cuh_ptrmap_insert(&s->reservations, a, (void *)size)) {
-        snprintf(dev->last_error, sizeof dev->last_error, "sim: cannot reserve %zu bytes of address space", size);
+        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "sim: cannot reserve %zu bytes of address space", size);
         rc = CUH_DEV_ERROR;
     } else {
         *va = a;
@@ -655,7 +655,7 @@ static cuh_dev_status_t sim_vm_create(cuh_device_t *dev, size_t size, uint64_t *
     cuh_dev_status_t rc = CUH_DEV_OK;
     pthread_mutex_lock(&s->lock);
     if (!size || size % SIM_VM_PAGE) {
-        snprintf(dev->last_error, sizeof dev->last_error, "sim: physical allocation of %zu bytes is not whole pages", size);
+        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "sim: physical allocation of %zu bytes is not whole pages", size);
         rc = CUH_DEV_ERROR;
     } else if (size > s->capacity - s->counters.used - s->external) {
         s->counters.mem_refusals++;
@@ -681,7 +681,7 @@ static cuh_dev_status_t sim_vm_create(cuh_device_t *dev, size_t size, uint64_t *
             rc = CUH_DEV_ERROR;
         }
         if (rc == CUH_DEV_ERROR) {
-            snprintf(dev->last_error, sizeof dev->last_error, "sim: out of host memory for a physical allocation");
+            snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "sim: out of host memory for a physical allocation");
         } else {
             s->next_id = id;
             if (reused)
@@ -737,7 +737,7 @@ static cuh_dev_status_t sim_vm_map(cuh_device_t *dev, uintptr_t va, size_t size,
     const size_t phys = phys_size(v);
     const int taken = size && range_mapped(s, va, size);
     if (phys != size || taken || cuh_ptrmap_insert(&s->mappings, va, (void *)(uintptr_t)id)) {
-        snprintf(dev->last_error, sizeof dev->last_error,
+        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN,
                  "sim: map of handle %llu (%zu bytes, allocation has %zu%s) at 0x%llx refused%s",
                  (unsigned long long)handle, size, phys, id ? "" : ", none or released",
                  (unsigned long long)va, taken ? ": already mapped" : "");
@@ -762,7 +762,7 @@ static cuh_dev_status_t sim_vm_allow_peer(cuh_device_t *dev, int peer, uintptr_t
     cuh_dev_status_t rc = CUH_DEV_OK;
     pthread_mutex_lock(&s->lock);
     if (peer < 0 || peer >= 64 || peer == dev->ordinal || (size && !cuh_ptrmap_get(&s->mappings, va))) {
-        snprintf(dev->last_error, sizeof dev->last_error, "sim: peer %d for [0x%llx, +%zu) refused", peer,
+        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "sim: peer %d for [0x%llx, +%zu) refused", peer,
                  (unsigned long long)va, size);
         rc = CUH_DEV_ERROR;
     } else {
@@ -782,7 +782,7 @@ static cuh_dev_status_t sim_vm_unmap(cuh_device_t *dev, uintptr_t va, size_t siz
     const uint64_t id = (uint64_t)(uintptr_t)cuh_ptrmap_get(&s->mappings, va);
     const size_t v = id ? (size_t)cuh_ptrmap_get(&s->physical, (uintptr_t)id << 9) : 0;
     if (!id || phys_size(v) != size) {
-        snprintf(dev->last_error, sizeof dev->last_error,
+        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN,
                  "sim: unmap of 0x%llx (%zu bytes): %s", (unsigned long long)va, size,
                  id ? "not the whole range one map mapped" : "nothing mapped there");
         rc = CUH_DEV_ERROR;
@@ -808,11 +808,11 @@ static cuh_dev_status_t sim_host_alloc(cuh_device_t *dev, size_t size, unsigned 
     cuh_dev_status_t rc = CUH_DEV_OK;
     pthread_mutex_lock(&s->lock);
     if (size == 0 || (flags & ~7u)) {
-        snprintf(dev->last_error, sizeof dev->last_error, "sim: host_alloc(%zu bytes, flags 0x%x) refused", size,
+        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "sim: host_alloc(%zu bytes, flags 0x%x) refused", size,
                  flags);
         rc = CUH_DEV_ERROR;
     } else if (s->host_capacity && size > s->host_capacity - s->counters.host_bytes) {
-        snprintf(dev->last_error, sizeof dev->last_error, "sim: host_alloc(%zu bytes): %zu of %zu bytes locked",
+        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "sim: host_alloc(%zu bytes): %zu of %zu bytes locked",
                  size, s->counters.host_bytes, s->host_capacity);
         rc = CUH_DEV_OOM;
     } else if (s->num_host_chunks == s->cap_host_chunks) {
@@ -828,7 +828,7 @@ static cuh_dev_status_t sim_host_alloc(cuh_device_t *dev, size_t size, unsigned 
     void *p = MAP_FAILED;
     if (rc == CUH_DEV_OK && (p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)) ==
                                 MAP_FAILED) {
-        snprintf(dev->last_error, sizeof dev->last_error, "sim: host_alloc(%zu bytes): mmap failed", size);
+        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "sim: host_alloc(%zu bytes): mmap failed", size);
         rc = CUH_DEV_OOM;
     }
     if (rc == CUH_DEV_OK) {

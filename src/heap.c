@@ -286,7 +286,7 @@ cuh_heap_t *cuh_heap_create(cuh_device_t *dev, const cuh_config_t *cfg, char *er
 {
     size_t free_bytes = 0, total = 0;
     if (dev->ops->mem_info(dev, &free_bytes, &total) != CUH_DEV_OK) {
-        snprintf(err, errlen, "device %d: reading its memory size failed: %s", dev->ordinal, dev->last_error);
+        snprintf(err, errlen, "device %d: reading its memory size failed: %s", dev->ordinal, cuh_dev_error_text(dev));
         return NULL;
     }
     size_t limit = cuh_config_limit(cfg, total);
@@ -466,7 +466,7 @@ static cuheap_status_t refuse_lost(cuh_heap_t *h)
     int code = atomic_load_explicit(&h->dev->lost, memory_order_relaxed);
     cuh_note_lost(code);
     cuh_set_error("device %d is lost (error %d, a sticky error: %s): cuheap refuses new work; reports can still be "
-                  "written", h->dev->ordinal, code, h->dev->last_error[0] ? h->dev->last_error : "no message");
+                  "written", h->dev->ordinal, code, cuh_dev_error_text(h->dev)[0] ? cuh_dev_error_text(h->dev) : "no message");
     return CUHEAP_ERR_DEVICE;
 }
 

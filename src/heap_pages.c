@@ -229,7 +229,7 @@ static int kept_drop_locked(cuh_heap_t *h, size_t p)
 {
     const size_t q = kept_end(h, p);
     if (vm_unmap_counted(h, cuh_hp_page_va(h, p), (q - p) * h->vm_page) != CUH_DEV_OK) {
-        cuh_set_error("device %d: %s", h->dev->ordinal, h->dev->last_error);
+        cuh_set_error("device %d: %s", h->dev->ordinal, cuh_dev_error_text(h->dev));
         return 0;
     }
     kept_forget_locked(h, p, q);
@@ -514,7 +514,7 @@ static size_t unmap_free_units_locked(cuh_heap_t *h, uint64_t settled, cuh_page_
             if (pl && !cuh_page_plan_fit(pl, q - head, 0, &dest))
                 continue;
             if (!pl && vm_unmap_counted(h, cuh_hp_page_va(h, head), (q - head) * h->vm_page) != CUH_DEV_OK) {
-                cuh_log_rate_limited("device %d: returning a free page: %s", h->dev->ordinal, h->dev->last_error);
+                cuh_log_rate_limited("device %d: returning a free page: %s", h->dev->ordinal, cuh_dev_error_text(h->dev));
                 continue;
             }
             const uint64_t handle = unit_leave_locked(h, head, q);
@@ -690,7 +690,7 @@ static int create_units_locked(cuh_heap_t *h, cuh_page_plan_t *pl, grow_result_t
         if (rc != CUH_DEV_OK) {
             *why = rc == CUH_DEV_OOM ? GROW_DEVICE : GROW_ERROR;
             if (rc != CUH_DEV_OOM)
-                cuh_set_error("device %d: %s", h->dev->ordinal, h->dev->last_error);
+                cuh_set_error("device %d: %s", h->dev->ordinal, cuh_dev_error_text(h->dev));
             return 0;
         }
         h->physical_pages += k;
@@ -716,7 +716,7 @@ static int map_unit_locked(cuh_heap_t *h, const cuh_unit_place_t *u)
         return 0;
     h->num_map_calls++;
     if (h->dev->ops->vm_map(h->dev, cuh_hp_page_va(h, d), u->pages * h->vm_page, u->handle) != CUH_DEV_OK) {
-        cuh_set_error("device %d: %s", h->dev->ordinal, h->dev->last_error);
+        cuh_set_error("device %d: %s", h->dev->ordinal, cuh_dev_error_text(h->dev));
         return 0;
     }
     return 1;
@@ -1002,7 +1002,7 @@ void cuh_hp_start_vm_locked(cuh_heap_t *h)
     uintptr_t va = 0;
     if (h->dev->ops->vm_reserve(h->dev, size, &va) != CUH_DEV_OK) {
         cuh_log("device %d: reserving address space for vmm:1 failed (%s); using plain segments", h->dev->ordinal,
-                h->dev->last_error);
+                cuh_dev_error_text(h->dev));
         return;
     }
     h->page_handle = calloc(size / page, sizeof *h->page_handle);
@@ -1063,7 +1063,7 @@ cuheap_status_t cuh_heap_allow_peer(cuh_heap_t *h, int peer)
             p = end;
         }
         if (!ok) {
-            cuh_set_error("device %d: peer access for device %d: %s", h->dev->ordinal, peer, h->dev->last_error);
+            cuh_set_error("device %d: peer access for device %d: %s", h->dev->ordinal, peer, cuh_dev_error_text(h->dev));
             status = CUHEAP_ERR_DEVICE;
         }
     }

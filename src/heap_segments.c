@@ -148,7 +148,7 @@ grow_result_t cuh_hp_grow_locked(cuh_heap_t *h, size_t size, size_t align)
         return GROW_DEVICE;
     if (rc != CUH_DEV_OK) {
         cuh_set_error("device %d: allocating a segment of %zu bytes failed: %s", h->dev->ordinal, seg,
-                      h->dev->last_error);
+                      cuh_dev_error_text(h->dev));
         return GROW_ERROR;
     }
     if (!cuh_arena_add_segment(&h->arena, base, seg, CUH_REGION_GENERAL)) {
@@ -168,7 +168,7 @@ static int return_segment_locked(cuh_heap_t *h, cuh_segment_t *s)
 {
     if (h->dev->ops->mem_free(h->dev, s->base, s->size) != CUH_DEV_OK) {
         cuh_log("device %d: returning a segment of %zu bytes failed, kept: %s", h->dev->ordinal, s->size,
-                h->dev->last_error);
+                cuh_dev_error_text(h->dev));
         return 0;
     }
     cuh_arena_remove_segment(&h->arena, s);

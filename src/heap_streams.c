@@ -34,7 +34,7 @@ cuh_dev_status_t cuh_hp_cpu_wait_event(cuh_heap_t *h, cuh_event_t e)
     h->num_cpu_waits++;
     if (h->dev->ops->event_wait(h->dev, e) == CUH_DEV_OK)
         return CUH_DEV_OK;
-    cuh_log("device %d: %s; waiting for the whole device instead", h->dev->ordinal, h->dev->last_error);
+    cuh_log("device %d: %s; waiting for the whole device instead", h->dev->ordinal, cuh_dev_error_text(h->dev));
     return cuh_hp_cpu_wait_device(h);
 }
 
@@ -88,7 +88,7 @@ void cuh_hp_device_fences_refused_locked(cuh_heap_t *h, cuh_dev_status_t rc)
     if (rc == CUH_DEV_CAPTURING)
         return;
     if (rc != CUH_DEV_UNSUPPORTED)
-        cuh_log("device-wide fences turned off: %s", h->dev->last_error);
+        cuh_log("device-wide fences turned off: %s", cuh_dev_error_text(h->dev));
     h->device_fences = 0;
 }
 

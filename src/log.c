@@ -1,8 +1,9 @@
-/* log.c - messages: the per-thread last-error string behind cuheap_last_error,
- * stderr logging with the "cuheap:" prefix, byte formatting for humans, and
+/* log.c - messages: the per-thread last-error string behind cuheap_last_error
+ * and the one behind a device's failed call (cuh_dev_error_text), stderr logging with the "cuheap:" prefix, byte formatting for humans, and
  * the escaping of bytes a terminal would act on in what a message quotes.
  */
 #include "common.h"
+#include "device.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -12,6 +13,13 @@
 #include <string.h>
 
 static _Thread_local char cuh_error_text[CUH_ERROR_MAX];
+static _Thread_local char cuh_device_error_text[CUH_DEV_ERROR_LEN];
+
+char *cuh_dev_error_text(const cuh_device_t *dev)
+{
+    (void)dev;
+    return cuh_device_error_text;
+}
 
 void cuh_set_error(const char *fmt, ...)
 {

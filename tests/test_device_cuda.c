@@ -402,7 +402,7 @@ static void test_a_failed_synchronize_loses_the_device(void **state)
     snprintf(plan, sizeof plan, "cuCtxSynchronize@%lu=999", driver_calls("cuCtxSynchronize") + 1);   /* unknown */
     assert_int_equal(faults(plan), 0);
     assert_int_equal(dev->ops->synchronize(dev), CUH_DEV_ERROR);
-    assert_non_null(strstr(dev->last_error, "cuCtxSynchronize"));
+    assert_non_null(strstr(cuh_dev_error_text(dev), "cuCtxSynchronize"));
     assert_int_equal(dev->lost, 999);
     assert_int_equal(faults(""), 0);
     dev->ops->destroy(dev);

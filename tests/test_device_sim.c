@@ -17,6 +17,7 @@
  */
 #include "test_util.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -102,17 +103,51 @@ static void test_alloc_gives_distinct_aligned_non_overlapping_segments(void **st
     d->ops->destroy(d);
 }
 
+/* A failed call's message is the calling thread's: another thread's failure
+ * meanwhile (a thread's slot calls the device outside the heap's lock) does
+ * not overwrite it, and each thread reads its own. */
+static pthread_barrier_t error_barrier;
+
+static void *fail_in_between(void *arg)
+{
+    cuh_device_t *d = arg;
+    pthread_barrier_wait(&error_barrier);   /* the main thread has failed */
+    uintptr_t a = 0;
+    int failed = d->ops->mem_alloc(d, 3 * MiB, &a) == CUH_DEV_ERROR;
+    pthread_barrier_wait(&error_barrier);
+    return failed && strstr(cuh_dev_error_text(d), "segment of 3145728 bytes") ? d : NULL;
+}
+
+static void test_a_failed_calls_message_is_its_threads(void **state)
+{
+    (void)state;
+    cuh_device_t *d = sim_new(GiB, 0);
+    pthread_t t;
+    assert_int_equal(pthread_barrier_init(&error_barrier, NULL, 2), 0);
+    assert_int_equal(pthread_create(&t, NULL, fail_in_between, d), 0);
+    uintptr_t a = 0;
+    assert_int_equal(d->ops->mem_alloc(d, 1, &a), CUH_DEV_ERROR);
+    pthread_barrier_wait(&error_barrier);
+    pthread_barrier_wait(&error_barrier);   /* the other thread's call has failed too */
+    void *theirs = NULL;
+    assert_int_equal(pthread_join(t, &theirs), 0);
+    assert_non_null(strstr(cuh_dev_error_text(d), "segment of 1 bytes"));
+    assert_ptr_equal(theirs, d);
+    pthread_barrier_destroy(&error_barrier);
+    d->ops->destroy(d);
+}
+
 static void test_size_not_multiple_of_2mib_is_error_with_message(void **state)
 {
     (void)state;
     cuh_device_t *d = sim_new(GiB, 0);
     const size_t bad[] = {0, 1, 512, SEG - 1, SEG + 1, SEG + 512, 3 * MiB};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        d->last_error[0] = '\0';
+        cuh_dev_error_text(d)[0] = '\0';
         uintptr_t a = 0xdead;
         assert_int_equal(d->ops->mem_alloc(d, bad[i], &a), CUH_DEV_ERROR);
-        assert_true(strlen(d->last_error) > 0);
-        assert_non_null(strstr(d->last_error, "2 MiB"));
+        assert_true(strlen(cuh_dev_error_text(d)) > 0);
+        assert_non_null(strstr(cuh_dev_error_text(d), "2 MiB"));
         assert_int_equal(a, 0xdead);   /* untouched */
     }
     cuh_sim_counters_t c = counters(d);
@@ -293,10 +328,10 @@ static void test_free_of_unknown_address_or_wrong_size_is_error(void **state)
     } bad[] = {{a, 2 * MiB}, {a, 6 * MiB}, {a + SEG, 2 * MiB}, {a + 512, 4 * MiB}, {0x1000, 4 * MiB},
                {a - SEG, 4 * MiB}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        d->last_error[0] = '\0';
+        cuh_dev_error_text(d)[0] = '\0';
         assert_int_equal(d->ops->mem_free(d, bad[i].addr, bad[i].size), CUH_DEV_ERROR);
-        assert_true(strlen(d->last_error) > 0);
-        assert_non_null(strstr(d->last_error, "not a live segment"));
+        assert_true(strlen(cuh_dev_error_text(d)) > 0);
+        assert_non_null(strstr(cuh_dev_error_text(d), "not a live segment"));
     }
     cuh_sim_counters_t c = counters(d);
     assert_int_equal(c.used, 4 * MiB);   /* the bad frees changed nothing */
@@ -768,7 +803,7 @@ static void test_device_address_slices_never_overlap_and_run_out_loudly(void **s
         ok++;
     }
     assert_int_equal(rc, CUH_DEV_ERROR);
-    assert_non_null(strstr(d0->last_error, "address space"));
+    assert_non_null(strstr(cuh_dev_error_text(d0), "address space"));
     assert_true(ok >= 3);
     assert_null(cuh_sim_create(&(cuh_sim_params_t){.capacity = GiB, .ordinal = 100000}));
     d0->ops->destroy(d0);
@@ -780,6 +815,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_alloc_gives_distinct_aligned_non_overlapping_segments),
         cmocka_unit_test(test_size_not_multiple_of_2mib_is_error_with_message),
+        cmocka_unit_test(test_a_failed_calls_message_is_its_threads),
         cmocka_unit_test(test_vm_map_takes_only_a_whole_allocation),
         cmocka_unit_test(test_vm_release_while_mapped_frees_at_the_last_unmap),
         cmocka_unit_test(test_vm_a_released_handle_value_names_a_new_allocation_once_reused),

@@ -103,7 +103,7 @@ mutant event-wait-error-swallowed src/heap_streams.c \
 # A segment the driver would not take back stays in the books.
 mutant refused-segment-free-dropped src/heap_segments.c \
 '        cuh_log("device %d: returning a segment of %zu bytes failed, kept: %s", h->dev->ordinal, s->size,
-                h->dev->last_error);
+                cuh_dev_error_text(h->dev));
         return 0;' \
 '        cuh_arena_remove_segment(&h->arena, s);
         return 1;'

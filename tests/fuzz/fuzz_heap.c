@@ -623,7 +623,7 @@ static void one_run(const uint8_t *data, size_t size)
         capture_check(r);
         if (injected(r) != faults_before)
             SAY(r, "  (%llu device calls failed on purpose, the last: %s)\n",
-                (unsigned long long)(injected(r) - faults_before), r->dev->last_error);
+                (unsigned long long)(injected(r) - faults_before), cuh_dev_error_text(r->dev));
         if (lost(r) && !r->lost_seen) {
             /* A lost context runs no more work: what was queued never
              * touches memory again. */
