@@ -273,6 +273,14 @@ void *cuh_cuda_runtime_function(const char *name);
  * CUHEAP_CURRENT_DEVICE). */
 enum { CUH_CTX_ERROR = -1, CUH_CTX_NONE = 0, CUH_CTX_PRIMARY = 1, CUH_CTX_OTHER = 2 };
 int cuh_cuda_current_context(int *device);
+/* For one hooked allocation: `device`'s primary context, which the call
+ * found current on its thread (cuh_cuda_current_context answered PRIMARY),
+ * is taken to be current by the device's calls until the call ends it with
+ * -1, instead of asking the driver again (a cuCtxGetCurrent saved in each
+ * cudaMalloc that queries a fence: issue 45). True meanwhile: nothing in
+ * the call changes the thread's context but cuheap's own pushes, each
+ * popped before its device call returns. Per thread. */
+void cuh_cuda_assume_current(int device);
 /* The ordinal of a CUdevice handle, or -1. */
 int cuh_cuda_device_ordinal(int cudev);
 /* The device ordinal of any context (made current for a moment), or -1. */

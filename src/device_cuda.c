@@ -421,11 +421,23 @@ static void cuda_dev_error(cuh_device_t *dev, CUresult r, const char *what, ...)
  * when the calling thread already has it current (the common case: the CUDA
  * runtime made it so), a push otherwise - and cuda_ctx_leave() undoes exactly
  * what enter did, so the caller's own context is current again afterwards. */
+/* The primary context a hooked allocation found current on its thread
+ * (cuh_cuda_assume_current), for the length of that call. */
+static _Thread_local CUcontext assumed_current;
+
+void cuh_cuda_assume_current(int device)
+{
+    assumed_current = device >= 0 && device < CUH_CUDA_MAX_DEVICES ? g_cu.primary[device] : NULL;
+}
+
 static CUresult cuda_ctx_enter(cuh_cuda_device_t *d, int *pushed)
 {
+    *pushed = 0;
+    CUcontext assumed = assumed_current;
+    if (assumed && assumed == d->ctx)
+        return CUDA_SUCCESS;   /* found current by this thread's call underway: not asked again */
     CUcontext cur = NULL;
     CUresult r = g_cu.cuCtxGetCurrent(&cur);
-    *pushed = 0;
     if (r == CUDA_SUCCESS && cur == d->ctx)
         return CUDA_SUCCESS;
     r = g_cu.cuCtxPushCurrent_v2(d->ctx);

@@ -62,9 +62,17 @@ cuh_hook_stream_t cuh_hook_stream(const void *stream, int per_thread_default)
 
 int cuh_hook_device(int runtime_api)
 {
+    int current;
+    return cuh_hook_device_current(runtime_api, &current);
+}
+
+int cuh_hook_device_current(int runtime_api, int *current)
+{
     int device;
+    *current = 0;
     switch (cuh_cuda_current_context(&device)) {
     case CUH_CTX_PRIMARY:
+        *current = 1;
         return device;
     case CUH_CTX_NONE:
         /* The runtime would make device 0's primary context current; the
@@ -190,6 +198,12 @@ static caller_info_t caller_info(const void *caller)
 int cuh_hook_malloc(const char *fn, void **ptr, size_t size, int device, cuh_hook_stream_t stream,
                     const void *caller)
 {
+    return cuh_hook_malloc_current(fn, ptr, size, device, 0, stream, caller);
+}
+
+int cuh_hook_malloc_current(const char *fn, void **ptr, size_t size, int device, int current,
+                            cuh_hook_stream_t stream, const void *caller)
+{
     interposing();
     const unsigned long mark = begin_call();
     caller_info_t who = caller_info(caller);
@@ -198,8 +212,12 @@ int cuh_hook_malloc(const char *fn, void **ptr, size_t size, int device, cuh_hoo
      * a stream-ordered one (a thread's cache may serve it) is recorded by
      * address (callers.h). */
     const unsigned label = stream.device_wide && who.library >= 0 ? cuh_callers_label(who.library) : 0;
+    if (current)
+        cuh_cuda_assume_current(device);
     cuheap_status_t status =
         cuh_runtime_malloc(fn, ptr, size, device, stream.device_wide, shareable, stream.stream, label);
+    if (current)
+        cuh_cuda_assume_current(-1);
     if (status == CUHEAP_OK && *ptr) {
         if (label)
             cuh_callers_count_alloc(who.library, size);

@@ -59,6 +59,9 @@ int cuh_hook_keep_captured_free(const char *fn, void *ptr);
  * primary context is not usable there), or, for the driver API, a thread
  * with no context at all (CUDA's error is the answer). */
 int cuh_hook_device(int runtime_api);
+/* The same, and *current 1 when the device's primary context is the one
+ * current on the thread (0: none is, and the runtime would make it so). */
+int cuh_hook_device_current(int runtime_api, int *current);
 
 /* Serves an allocation on `device`; returns the CUDA code. Out of memory
  * prints cuheap's explanation; size 0 gives NULL and success. `caller` is
@@ -68,6 +71,11 @@ int cuh_hook_device(int runtime_api);
  * share it through an IPC handle. */
 int cuh_hook_malloc(const char *fn, void **ptr, size_t size, int device, cuh_hook_stream_t stream,
                     const void *caller);
+/* The same where cuh_hook_device_current found the device's primary context
+ * current (`current`): the device's calls in it then take it to be, and do
+ * not ask again (cuh_cuda_assume_current). */
+int cuh_hook_malloc_current(const char *fn, void **ptr, size_t size, int device, int current,
+                            cuh_hook_stream_t stream, const void *caller);
 
 /* cudaMallocPitch and cuMemAllocPitch_v2 once their arguments are valid:
  * rows of `width` bytes rounded up to 512 (every block's alignment), the

@@ -46,13 +46,14 @@ typedef int CUdevice;
 static CUresult serve_malloc(const char *name, CUdeviceptr *dptr, size_t size, cuh_hook_stream_t stream,
                              const void *caller)
 {
-    int device = dptr ? cuh_hook_device(0) : -1;
+    int current = 0;
+    int device = dptr ? cuh_hook_device_current(0, &current) : -1;
     if (device < 0)
         return -1;
     if (size == 0)
         return CUH_CUDA_INVALID_VALUE;   /* as the driver */
     void *p = NULL;
-    CUresult code = cuh_hook_malloc(name, &p, size, device, stream, caller);
+    CUresult code = cuh_hook_malloc_current(name, &p, size, device, current, stream, caller);
     *dptr = (CUdeviceptr)(uintptr_t)p;
     return code;
 }

@@ -29,8 +29,9 @@ typedef void *cudaStream_t;
 static cudaError_t serve_malloc(const char *fn, void **ptr, size_t size, cuh_hook_stream_t stream,
                                 const void *caller)
 {
-    int device = ptr ? cuh_hook_device(1) : -1;
-    return device >= 0 ? cuh_hook_malloc(fn, ptr, size, device, stream, caller) : -1;
+    int current = 0;
+    int device = ptr ? cuh_hook_device_current(1, &current) : -1;
+    return device >= 0 ? cuh_hook_malloc_current(fn, ptr, size, device, current, stream, caller) : -1;
 }
 
 CUH_HOOK cudaError_t cudaMalloc(void **ptr, size_t size);

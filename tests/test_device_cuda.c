@@ -231,6 +231,42 @@ static void test_a_fence_query_from_a_thread_without_a_context_runs_in_the_devic
     assert_int_equal(c.release(0), 0);
 }
 
+/* A hooked cudaMalloc that found the device's primary context current has
+ * the device's calls take it to be (cuh_cuda_assume_current): its fence's
+ * query asks no cuCtxGetCurrent. Once the call ends that, a query asks
+ * again, and from a thread with none current runs in the device's context
+ * (the fake driver stops the process on a query with no context). */
+static void test_an_assumed_current_context_is_not_asked_for_and_ends_with_the_call(void **state)
+{
+    (void)state;
+    const ctx_calls_t c = ctx_calls();
+    void *ctx = NULL;
+    assert_int_equal(c.init(0), 0);
+    assert_int_equal(c.retain(&ctx, 0), 0);
+    assert_int_equal(c.set_current(ctx), 0);
+    void *p, *q, *r;
+    assert_int_equal(cuheap_malloc_device_wide(&p, MiB, 0), CUHEAP_OK);
+    assert_int_equal(cuheap_free_device_wide(p, 0), CUHEAP_OK);
+    const unsigned long gets = driver_calls("cuCtxGetCurrent"), queries = driver_calls("cuEventQuery");
+    cuh_cuda_assume_current(0);
+    assert_int_equal(cuheap_malloc_device_wide(&q, MiB, 0), CUHEAP_OK);
+    cuh_cuda_assume_current(-1);
+    assert_ptr_equal(q, p);   /* the freed block, its fence queried */
+    assert_true(driver_calls("cuEventQuery") > queries);
+    assert_int_equal(driver_calls("cuCtxGetCurrent"), gets);
+    assert_int_equal(cuheap_free_device_wide(q, 0), CUHEAP_OK);
+    assert_int_equal(c.set_current(NULL), 0);
+    const unsigned long pushes = driver_calls("cuCtxPushCurrent_v2");
+    assert_int_equal(cuheap_malloc_device_wide(&r, MiB, 0), CUHEAP_OK);
+    assert_ptr_equal(r, p);
+    assert_true(driver_calls("cuCtxPushCurrent_v2") > pushes);
+    void *now = (void *)1;
+    assert_int_equal(c.get_current(&now), 0);
+    assert_null(now);
+    assert_int_equal(cuheap_free_device_wide(r, 0), CUHEAP_OK);
+    assert_int_equal(c.release(0), 0);
+}
+
 static void test_vmm_moves_pages_and_every_block_keeps_its_data(void **state)
 {
     (void)state;
@@ -419,6 +455,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_current_device_costs_one_driver_call_once_its_context_is_known, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_a_fence_query_from_a_thread_without_a_context_runs_in_the_devices, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_an_assumed_current_context_is_not_asked_for_and_ends_with_the_call, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_fake_driver_maps_only_whole_allocations_as_the_driver_does, setup, teardown),
         cmocka_unit_test_setup_teardown(test_vmm_moves_pages_and_every_block_keeps_its_data, setup, teardown),

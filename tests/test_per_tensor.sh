@@ -91,6 +91,21 @@ else
         "$(cat "$TMP/why" "$TMP/preload.out")"
 fi
 
+# Blocks: the fenced floor's three, a cuCtxGetCurrent (the hook's), the
+# fence and its query; the query runs in the context the hook found current
+# without asking again (cuh_cuda_assume_current).
+blocks=ok
+for s in "1 MiB" "64 MiB"; do
+    x=$(calls preload "$s")
+    awk -v x="$x" -v g="$(calls_of preload "$s" cuCtxGetCurrent)" 'BEGIN { exit !(x != "" && x <= 3.0 && g <= 1.0) }' ||
+        blocks="$s: $(grep "^  $s " "$TMP/preload.out")"
+done
+if [ "$blocks" = ok ]; then
+    ok "LD_PRELOAD: blocks make 3 driver calls a pair, one cuCtxGetCurrent (the fence's query does not ask again)"
+else
+    not_ok "LD_PRELOAD: blocks make 3 driver calls a pair, one cuCtxGetCurrent (the fence's query does not ask again)" "$blocks"
+fi
+
 per floor-plugin -- plugin "$floor/libfloor_plugin.so"
 check "the floor's plugin: no driver call per tensor" '[ "$rc" -eq 0 ] && all_sizes floor-plugin "x == 0"'
 per floor-preload LD_PRELOAD="$floor/libfloor_preload.so" -- runtime
