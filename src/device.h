@@ -97,6 +97,20 @@ typedef struct cuh_device_ops_s {
     void (*host_free)(cuh_device_t *dev, void *ptr, size_t size);
 } cuh_device_ops_t;
 
+/* The text that explains the calling thread's last CUH_DEV_ERROR (or
+ * UNSUPPORTED, CAPTURING), whichever device answered it; `dev` names the
+ * device the caller asked, for the reader. Each thread has its own (log.c):
+ * a device's calls come from threads outside the heap's lock too (a thread's
+ * slot records and queries its fence), and two failing at once must not
+ * write one buffer. Read it right after the call that failed. A call that
+ * loses the device (`lost`) keeps its text for every thread first:
+ * cuh_dev_keep_lost_text, then `lost` set; cuh_dev_lost_text reads it ("" if
+ * none was kept). */
+#define CUH_DEV_ERROR_LEN 256
+char *cuh_dev_error_text(const cuh_device_t *dev);
+void cuh_dev_keep_lost_text(cuh_device_t *dev);
+const char *cuh_dev_lost_text(const cuh_device_t *dev);
+
 /* Every implementation embeds this as its first member. */
 struct cuh_device_s {
     const cuh_device_ops_t *ops;
@@ -106,16 +120,12 @@ struct cuh_device_s {
      * illegal address, failed launch, lost context): every call from then
      * on fails the same way, and the heap refuses new work. */
     _Atomic int lost;
+    /* The error text of the call that lost the device, kept for every
+     * thread's refusal after it (cuh_dev_keep_lost_text, cuh_dev_lost_text):
+     * the error text itself is the failing thread's. */
+    _Atomic int lost_told;     /* 0; 1 while lost_error is written; 2 once it is */
+    char lost_error[CUH_DEV_ERROR_LEN];
 };
-
-/* The text that explains the calling thread's last CUH_DEV_ERROR (or
- * UNSUPPORTED, CAPTURING), whichever device answered it; `dev` names the
- * device the caller asked, for the reader. Each thread has its own (log.c):
- * a device's calls come from threads outside the heap's lock too (a thread's
- * slot records and queries its fence), and two failing at once must not
- * write one buffer. Read it right after the call that failed. */
-#define CUH_DEV_ERROR_LEN 256
-char *cuh_dev_error_text(const cuh_device_t *dev);
 
 /* ---- simulated device (device_sim.c) ---------------------------------- */
 

@@ -408,12 +408,14 @@ static void cuda_dev_error(cuh_device_t *dev, CUresult r, const char *what, ...)
 {
     last_failure.code = (int)r;
     last_failure.seq = cuh_failure_tick();
-    if (cuh_cuda_sticky((int)r))
-        atomic_store_explicit(&dev->lost, (int)r, memory_order_relaxed);
     va_list ap;
     va_start(ap, what);
     cuda_vformat_error(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, r, dev->ordinal, what, ap);
     va_end(ap);
+    if (cuh_cuda_sticky((int)r)) {
+        cuh_dev_keep_lost_text(dev);
+        atomic_store_explicit(&dev->lost, (int)r, memory_order_relaxed);
+    }
 }
 
 /* The one helper every operation goes through to run with the device's
@@ -661,6 +663,7 @@ static cuh_dev_status_t cuda_synchronize(cuh_device_t *dev)
     if (r == CUDA_SUCCESS)
         return CUH_DEV_OK;
     cuda_dev_error(dev, r, "cuCtxSynchronize");
+    cuh_dev_keep_lost_text(dev);
     int none = 0;
     atomic_compare_exchange_strong(&dev->lost, &none, (int)r);
     return CUH_DEV_ERROR;

@@ -96,11 +96,12 @@ static cuh_dev_status_t planned(fault_device_t *f, cuh_fault_call_t kind)
     cuh_dev_status_t st = CUH_DEV_OK;
     if (f->sticky || (f->sticky_from && total >= f->sticky_from)) {
         f->sticky = 1;
-        atomic_store_explicit(&f->base.lost, CUH_FAULT_STICKY_CODE, memory_order_relaxed);
         st = f->sticky_status;
         snprintf(cuh_dev_error_text(&f->base), CUH_DEV_ERROR_LEN,
                  "%s failed: injected sticky error (the context is lost since call %llu)", call_names[kind],
                  (unsigned long long)f->sticky_from);
+        cuh_dev_keep_lost_text(&f->base);
+        atomic_store_explicit(&f->base.lost, CUH_FAULT_STICKY_CODE, memory_order_relaxed);
     } else if (r->nth && n == r->nth) {
         r->nth = 0;
         st = r->status;
@@ -196,6 +197,7 @@ static cuh_dev_status_t f_synchronize(cuh_device_t *dev)
     cuh_dev_status_t st = planned(f, CUH_FAULT_SYNCHRONIZE);
     if (st == CUH_DEV_OK)
         return passed(f, f->inner->ops->synchronize(f->inner));
+    cuh_dev_keep_lost_text(&f->base);
     int none = 0;
     atomic_compare_exchange_strong(&f->base.lost, &none, CUH_FAULT_STICKY_CODE);
     return st;
@@ -367,6 +369,7 @@ void cuh_fault_clear(cuh_device_t *dev)
     f->sticky_from = 0;
     f->sticky = 0;
     atomic_store_explicit(&f->base.lost, 0, memory_order_relaxed);
+    atomic_store_explicit(&f->base.lost_told, 0, memory_order_relaxed);
     pthread_mutex_unlock(&f->lock);
 }
 

@@ -274,7 +274,8 @@ static cuh_dev_status_t sim_mem_alloc(cuh_device_t *dev, size_t size, uintptr_t 
     cuh_dev_status_t rc = CUH_DEV_OK;
     pthread_mutex_lock(&s->lock);
     if (size == 0 || size % CUH_SEGMENT_GRAIN) {
-        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "sim: segment of %zu bytes is not a multiple of 2 MiB", size);
+        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "sim: segment of %zu bytes is not a multiple of 2 MiB",
+                 size);
         rc = CUH_DEV_ERROR;
     } else if (size > s->capacity - s->counters.used - s->external) {   /* used + external <= capacity */
         s->counters.mem_refusals++;
@@ -460,7 +461,8 @@ static cuh_dev_status_t sim_stream_wait(cuh_device_t *dev, cuh_stream_t stream, 
 static cuh_dev_status_t sim_fences_usable(sim_device_t *s, cuh_device_t *dev, cuh_event_t event)
 {
     if (s->no_device_fences) {
-        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "sim: no device-wide fences (as a driver before CUDA 12.5)");
+        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN,
+                 "sim: no device-wide fences (as a driver before CUDA 12.5)");
         return CUH_DEV_UNSUPPORTED;
     }
     if (s->capturing) {
@@ -655,7 +657,8 @@ static cuh_dev_status_t sim_vm_create(cuh_device_t *dev, size_t size, uint64_t *
     cuh_dev_status_t rc = CUH_DEV_OK;
     pthread_mutex_lock(&s->lock);
     if (!size || size % SIM_VM_PAGE) {
-        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN, "sim: physical allocation of %zu bytes is not whole pages", size);
+        snprintf(cuh_dev_error_text(dev), CUH_DEV_ERROR_LEN,
+                 "sim: physical allocation of %zu bytes is not whole pages", size);
         rc = CUH_DEV_ERROR;
     } else if (size > s->capacity - s->counters.used - s->external) {
         s->counters.mem_refusals++;

@@ -466,7 +466,8 @@ static cuheap_status_t refuse_lost(cuh_heap_t *h)
     int code = atomic_load_explicit(&h->dev->lost, memory_order_relaxed);
     cuh_note_lost(code);
     cuh_set_error("device %d is lost (error %d, a sticky error: %s): cuheap refuses new work; reports can still be "
-                  "written", h->dev->ordinal, code, cuh_dev_error_text(h->dev)[0] ? cuh_dev_error_text(h->dev) : "no message");
+                  "written", h->dev->ordinal, code,
+                  cuh_dev_lost_text(h->dev)[0] ? cuh_dev_lost_text(h->dev) : "no message");
     return CUHEAP_ERR_DEVICE;
 }
 

@@ -514,7 +514,8 @@ static size_t unmap_free_units_locked(cuh_heap_t *h, uint64_t settled, cuh_page_
             if (pl && !cuh_page_plan_fit(pl, q - head, 0, &dest))
                 continue;
             if (!pl && vm_unmap_counted(h, cuh_hp_page_va(h, head), (q - head) * h->vm_page) != CUH_DEV_OK) {
-                cuh_log_rate_limited("device %d: returning a free page: %s", h->dev->ordinal, cuh_dev_error_text(h->dev));
+                cuh_log_rate_limited("device %d: returning a free page: %s", h->dev->ordinal,
+                                     cuh_dev_error_text(h->dev));
                 continue;
             }
             const uint64_t handle = unit_leave_locked(h, head, q);
@@ -1063,7 +1064,8 @@ cuheap_status_t cuh_heap_allow_peer(cuh_heap_t *h, int peer)
             p = end;
         }
         if (!ok) {
-            cuh_set_error("device %d: peer access for device %d: %s", h->dev->ordinal, peer, cuh_dev_error_text(h->dev));
+            cuh_set_error("device %d: peer access for device %d: %s", h->dev->ordinal, peer,
+                          cuh_dev_error_text(h->dev));
             status = CUHEAP_ERR_DEVICE;
         }
     }

@@ -1,6 +1,7 @@
 /* log.c - messages: the per-thread last-error string behind cuheap_last_error
- * and the one behind a device's failed call (cuh_dev_error_text), stderr logging with the "cuheap:" prefix, byte formatting for humans, and
- * the escaping of bytes a terminal would act on in what a message quotes.
+ * and the one behind a device's failed call (cuh_dev_error_text), stderr
+ * logging with the "cuheap:" prefix, byte formatting for humans, and the
+ * escaping of bytes a terminal would act on in what a message quotes.
  */
 #include "common.h"
 #include "device.h"
@@ -19,6 +20,20 @@ char *cuh_dev_error_text(const cuh_device_t *dev)
 {
     (void)dev;
     return cuh_device_error_text;
+}
+
+void cuh_dev_keep_lost_text(cuh_device_t *dev)
+{
+    int none = 0;
+    if (!atomic_compare_exchange_strong(&dev->lost_told, &none, 1))
+        return;   /* the first call to lose the device told why */
+    memcpy(dev->lost_error, cuh_device_error_text, sizeof dev->lost_error);
+    atomic_store_explicit(&dev->lost_told, 2, memory_order_release);
+}
+
+const char *cuh_dev_lost_text(const cuh_device_t *dev)
+{
+    return atomic_load_explicit(&dev->lost_told, memory_order_acquire) == 2 ? dev->lost_error : "";
 }
 
 void cuh_set_error(const char *fmt, ...)

@@ -524,6 +524,35 @@ static void test_a_lost_device_refuses_new_work_and_reports_still_render(void **
     }
 }
 
+/* The call that lost the device is named to every thread, not only to the
+ * one whose call met it (each thread has its own device error text). */
+static void *refused_on_another_thread(void *arg)
+{
+    cuh_heap_t *h = arg;
+    uintptr_t x;
+    int named = cuh_heap_malloc(h, 4 * KiB, 0, &x) == CUHEAP_ERR_DEVICE &&
+                strstr(cuheap_last_error(), "device 0 is lost (error 700") &&
+                strstr(cuheap_last_error(), "injected sticky error (the context is lost since call");
+    return named ? h : NULL;
+}
+
+static void test_the_call_that_lost_the_device_is_named_to_every_thread(void **state)
+{
+    (void)state;
+    fault_heap_t t = fault_heap_new(GiB, "vmm:0");
+    uintptr_t x;
+    cuh_fault_sticky(t.dev, 1, CUH_DEV_ERROR);
+    assert_int_equal(cuh_heap_malloc(t.heap, 512 * MiB, 0, &x), CUHEAP_ERR_DEVICE);
+    assert_non_null(strstr(cuheap_last_error(), "injected sticky error"));
+    pthread_t other;
+    void *named = NULL;
+    assert_int_equal(pthread_create(&other, NULL, refused_on_another_thread, t.heap), 0);
+    assert_int_equal(pthread_join(other, &named), 0);
+    assert_ptr_equal(named, t.heap);
+    cuh_fault_clear(t.dev);
+    fault_heap_free(&t);
+}
+
 /* ---- labels ------------------------------------------------------------------ */
 
 /* A block's label comes back at its free, with the bytes it was asked for,
@@ -653,6 +682,7 @@ int main(void)
         cmocka_unit_test(test_random_operations_on_three_streams_keep_the_books),
         cmocka_unit_test(test_concurrent_threads_never_share_memory),
         cmocka_unit_test(test_a_lost_device_refuses_new_work_and_reports_still_render),
+        cmocka_unit_test(test_the_call_that_lost_the_device_is_named_to_every_thread),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
