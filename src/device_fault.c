@@ -120,19 +120,13 @@ static cuh_dev_status_t planned(fault_device_t *f, cuh_fault_call_t kind)
     return st;
 }
 
-/* The inner device's answer (its message is the calling thread's error
- * text already: cuh_dev_error_text). */
-static cuh_dev_status_t passed(fault_device_t *f, cuh_dev_status_t st)
-{
-    (void)f;
-    return st;
-}
-
+/* A call of `kind` planned to fail, or the inner device's answer (whose
+ * message is the calling thread's error text already). */
 #define THROUGH(kind, call)                                      \
     do {                                                         \
         fault_device_t *f = fault_of(dev);                       \
         cuh_dev_status_t st_ = planned(f, kind);                 \
-        return st_ != CUH_DEV_OK ? st_ : passed(f, (call));      \
+        return st_ != CUH_DEV_OK ? st_ : (call);                 \
     } while (0)
 
 static cuh_dev_status_t f_mem_alloc(cuh_device_t *dev, size_t size, uintptr_t *addr)
@@ -196,7 +190,7 @@ static cuh_dev_status_t f_synchronize(cuh_device_t *dev)
     fault_device_t *f = fault_of(dev);
     cuh_dev_status_t st = planned(f, CUH_FAULT_SYNCHRONIZE);
     if (st == CUH_DEV_OK)
-        return passed(f, f->inner->ops->synchronize(f->inner));
+        return f->inner->ops->synchronize(f->inner);   /* its message is this thread's already */
     cuh_dev_keep_lost_text(&f->base);
     int none = 0;
     atomic_compare_exchange_strong(&f->base.lost, &none, CUH_FAULT_STICKY_CODE);
@@ -254,7 +248,7 @@ static cuh_dev_status_t f_vm_unmap(cuh_device_t *dev, uintptr_t va, size_t size)
     cuh_dev_status_t st = planned(f, CUH_FAULT_VM_UNMAP);
     if (st == CUH_DEV_OK && unmap_stuck(f, va))
         st = CUH_DEV_ERROR;
-    return st != CUH_DEV_OK ? st : passed(f, f->inner->ops->vm_unmap(f->inner, va, size));
+    return st != CUH_DEV_OK ? st : f->inner->ops->vm_unmap(f->inner, va, size);
 }
 
 static cuh_dev_status_t f_vm_allow_peer(cuh_device_t *dev, int peer, uintptr_t va, size_t size)
