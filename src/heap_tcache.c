@@ -495,6 +495,25 @@ void cuh_hp_unpark_all_locked(cuh_heap_t *h)
         cuh_hp_chunks_dissolve_all_locked(h);
 }
 
+/* Block ext (size bytes, requested asked for) has just been set in tc's
+ * slot, tc's spin lock held, which this releases: the cache counts it as
+ * cached, the slot owns it, and the heap counts it again as it was before
+ * the free (no new peak); tc is listed among the caches that hold a block. */
+static void slot_filled_locked(cuh_heap_t *h, cuh_tcache_t *tc, cuh_extent_t *ext, size_t size, size_t requested)
+{
+    tc->allocated_adjust -= (int64_t)size;
+    tc->requested_adjust -= (int64_t)requested;
+    cuh_spin_unlock(&tc->lock);
+    ext->owner = tc;
+    h->allocated.current += size;
+    h->requested.current += requested;
+    if (!tc->large_listed) {
+        tc->large_next = h->large_tcs;
+        h->large_tcs = tc;
+        tc->large_listed = 1;
+    }
+}
+
 /* A large block the program freed on st through the heap (the free is
  * counted) goes to the freeing thread's cache; 0 if there is none. What
  * cuh_hp_park_locked does for a segment the free leaves idle happens here too. */
@@ -519,18 +538,7 @@ int cuh_hp_large_slot_adopt_locked(cuh_heap_t *h, const live_block_t *b, stream_
                                  .stream_state = st,
                                  .epoch = h->arena.tags[st->tag].fences_recorded,
                                  .state = CUH_TC_CACHED};
-    tc->allocated_adjust -= (int64_t)b->size;
-    tc->requested_adjust -= (int64_t)b->requested;
-    cuh_spin_unlock(&tc->lock);
-    b->ext->owner = tc;
-    /* Counted again as it was before the free: no new peak. */
-    h->allocated.current += b->size;
-    h->requested.current += b->requested;
-    if (!tc->large_listed) {
-        tc->large_next = h->large_tcs;
-        h->large_tcs = tc;
-        tc->large_listed = 1;
-    }
+    slot_filled_locked(h, tc, b->ext, b->size, b->requested);
     const cuh_segment_t *seg = b->ext->segment;
     cuh_hp_fence_if_left_idle_locked(h, st, seg, seg->used_bytes - b->size);
     return 1;
@@ -639,18 +647,7 @@ void cuh_hp_device_wide_slot_adopt_locked(cuh_heap_t *h, cuh_extent_t *e)
                                  .lowest = cuh_max_size(h->cfg.small_max + 1, e->size - CUH_ALIGN + 1),
                                  .budget = (uint16_t)budget,
                                  .state = CUH_TC_CACHED};
-    tc->allocated_adjust -= (int64_t)e->size;
-    tc->requested_adjust -= (int64_t)e->requested;
-    cuh_spin_unlock(&tc->lock);
-    e->owner = tc;
-    /* Counted again as it was before the free: no new peak. */
-    h->allocated.current += e->size;
-    h->requested.current += e->requested;
-    if (!tc->large_listed) {
-        tc->large_next = h->large_tcs;
-        h->large_tcs = tc;
-        tc->large_listed = 1;
-    }
+    slot_filled_locked(h, tc, e, e->size, e->requested);
     atomic_fetch_add_explicit(&h->device_wide_slots, 1, memory_order_relaxed);
 }
 
