@@ -208,6 +208,23 @@ static void test_current_device_costs_one_driver_call_once_its_context_is_known(
  * pushed for it and popped after. A real driver may crash in cuEventQuery
  * with no current context (the GPU check's shared-runtime stress did, when
  * the query ran without one); the fake driver stops the process there. */
+/* Block p, freed device-wide, asked for again by a thread with no current
+ * context: its fence is queried in the device's context, pushed and popped. */
+static void freed_block_again_without_a_context(const ctx_calls_t *c, void *p)
+{
+    assert_int_equal(c->set_current(NULL), 0);
+    const unsigned long queries = driver_calls("cuEventQuery"), pushes = driver_calls("cuCtxPushCurrent_v2");
+    void *q;
+    assert_int_equal(cuheap_malloc_device_wide(&q, MiB, 0), CUHEAP_OK);
+    assert_ptr_equal(q, p);   /* the freed block, its fence queried */
+    assert_true(driver_calls("cuEventQuery") > queries);
+    assert_true(driver_calls("cuCtxPushCurrent_v2") > pushes);
+    void *now = (void *)1;
+    assert_int_equal(c->get_current(&now), 0);
+    assert_null(now);   /* popped: the thread's own (none) is current again */
+    assert_int_equal(cuheap_free_device_wide(q, 0), CUHEAP_OK);
+}
+
 static void test_a_fence_query_from_a_thread_without_a_context_runs_in_the_devices(void **state)
 {
     (void)state;
@@ -216,18 +233,10 @@ static void test_a_fence_query_from_a_thread_without_a_context_runs_in_the_devic
     assert_int_equal(c.init(0), 0);
     assert_int_equal(c.retain(&ctx, 0), 0);
     assert_int_equal(c.set_current(NULL), 0);
-    void *p, *q;
+    void *p;
     assert_int_equal(cuheap_malloc_device_wide(&p, MiB, 0), CUHEAP_OK);
     assert_int_equal(cuheap_free_device_wide(p, 0), CUHEAP_OK);
-    const unsigned long queries = driver_calls("cuEventQuery"), pushes = driver_calls("cuCtxPushCurrent_v2");
-    assert_int_equal(cuheap_malloc_device_wide(&q, MiB, 0), CUHEAP_OK);
-    assert_ptr_equal(q, p);   /* the freed block, its fence queried */
-    assert_true(driver_calls("cuEventQuery") > queries);
-    assert_true(driver_calls("cuCtxPushCurrent_v2") > pushes);
-    void *now = (void *)1;
-    assert_int_equal(c.get_current(&now), 0);
-    assert_null(now);   /* popped: the thread's own (none) is current again */
-    assert_int_equal(cuheap_free_device_wide(q, 0), CUHEAP_OK);
+    freed_block_again_without_a_context(&c, p);
     assert_int_equal(c.release(0), 0);
 }
 
@@ -244,7 +253,7 @@ static void test_an_assumed_current_context_is_not_asked_for_and_ends_with_the_c
     assert_int_equal(c.init(0), 0);
     assert_int_equal(c.retain(&ctx, 0), 0);
     assert_int_equal(c.set_current(ctx), 0);
-    void *p, *q, *r;
+    void *p, *q;
     assert_int_equal(cuheap_malloc_device_wide(&p, MiB, 0), CUHEAP_OK);
     assert_int_equal(cuheap_free_device_wide(p, 0), CUHEAP_OK);
     const unsigned long gets = driver_calls("cuCtxGetCurrent"), queries = driver_calls("cuEventQuery");
@@ -255,15 +264,7 @@ static void test_an_assumed_current_context_is_not_asked_for_and_ends_with_the_c
     assert_true(driver_calls("cuEventQuery") > queries);
     assert_int_equal(driver_calls("cuCtxGetCurrent"), gets);
     assert_int_equal(cuheap_free_device_wide(q, 0), CUHEAP_OK);
-    assert_int_equal(c.set_current(NULL), 0);
-    const unsigned long pushes = driver_calls("cuCtxPushCurrent_v2");
-    assert_int_equal(cuheap_malloc_device_wide(&r, MiB, 0), CUHEAP_OK);
-    assert_ptr_equal(r, p);
-    assert_true(driver_calls("cuCtxPushCurrent_v2") > pushes);
-    void *now = (void *)1;
-    assert_int_equal(c.get_current(&now), 0);
-    assert_null(now);
-    assert_int_equal(cuheap_free_device_wide(r, 0), CUHEAP_OK);
+    freed_block_again_without_a_context(&c, p);
     assert_int_equal(c.release(0), 0);
 }
 
