@@ -251,6 +251,10 @@ void cuh_heap_assume_waits(cuh_heap_t *heap, int on);
  * (heap_tcache.c, "a thread's cudaFree'd block"), without the heap's lock,
  * which would give them back. */
 unsigned cuh_heap_device_wide_slots(cuh_heap_t *heap);
+/* For tests: how many of the timeline's samples such a slot took, serving
+ * the operation that takes one without giving its block back: at a
+ * cudaFree's free (*frees) and at a cudaMalloc's take (*takes). */
+void cuh_heap_device_wide_slot_samples(cuh_heap_t *heap, uint64_t *frees, uint64_t *takes);
 /* For tests and benchmarks: how many chunks threads hold now (heap_chunks.c),
  * their bytes in *bytes and how many were ever lent in *lent (either may be
  * NULL). Gives nothing back. */

@@ -283,6 +283,7 @@ struct cuh_heap_s {
     stat_t requested, allocated, reserved, cached, pending;
     uint64_t num_allocs, num_frees, num_cache_hits;
     uint64_t sample_every, ops_since_sample;   /* see "timeline" below */
+    uint64_t slot_samples[2];    /* samples a thread's slot took at a free [0] and a take [1] (heap_tcache.c), for tests */
     size_t last_sampled_reserved;
     /* The label of the block last counted live and its address: a labelled
      * malloc (cuh_heap_malloc_labelled) writes its label there. */
@@ -502,6 +503,10 @@ void cuh_hp_unpark_held_locked(cuh_heap_t *h);
 void cuh_hp_unpark_all_locked(cuh_heap_t *h);
 int cuh_hp_large_slot_adopt_locked(cuh_heap_t *h, const live_block_t *b, stream_state_t *st, cuh_stream_t stream);
 void cuh_hp_device_wide_slot_adopt_locked(cuh_heap_t *h, cuh_extent_t *e);
+/* A slot's take and free of the operation that takes the timeline's sample,
+ * under the heap's lock (heap_tcache.c); 0 if the heap must serve it. */
+uintptr_t cuh_hp_device_wide_slot_sample_take(cuh_heap_t *h, cuh_tcache_t *tc, size_t size, unsigned label);
+int cuh_hp_device_wide_slot_sample_free(cuh_heap_t *h, cuh_tcache_t *tc, uintptr_t addr, cuh_heap_freed_t *freed);
 void cuh_hp_device_wide_slots_empty_locked(cuh_heap_t *h);
 cuheap_status_t cuh_hp_large_slot_take_back_locked(cuh_heap_t *h, cuh_extent_t *e);
 cuh_extent_t *cuh_hp_take_parked_locked(cuh_heap_t *h, stream_state_t *st, size_t size);
@@ -883,7 +888,11 @@ static inline uintptr_t cuh_hp_tcache_alloc_device_wide(cuh_heap_t *h, size_t si
      * above the one the heap counts. No capture test: a capture's start
      * empties the slots, and none fills one while it runs. */
     if (l->state == CUH_TC_CACHED && l->stream == CUH_TC_DEVICE_WIDE && size - l->lowest <= l->counted - l->lowest &&
-        l->ops < l->budget && !l->asked) {
+        !l->asked) {
+        if (cuh_unlikely(l->ops >= l->budget)) {   /* this one takes the timeline's sample */
+            cuh_spin_unlock(&tc->lock);
+            return cuh_hp_device_wide_slot_sample_take(h, tc, size, label);
+        }
         if (h->dev->ops->event_query(h->dev, l->event) == CUH_DEV_OK) {
             l->state = CUH_TC_LIVE;
             l->requested = size;
@@ -910,13 +919,18 @@ static inline int cuh_hp_tcache_free_device_wide(cuh_heap_t *h, uintptr_t addr, 
     int done = 0;
     cuh_spin_lock(&tc->lock);
     cuh_tc_large_t *l = &tc->large;
-    if (l->state == CUH_TC_LIVE && l->addr == addr && l->stream == CUH_TC_DEVICE_WIDE && l->ops < l->budget &&
-        h->dev->ops->event_record_all(h->dev, l->event) == CUH_DEV_OK) {
-        l->state = CUH_TC_CACHED;
-        l->ops++;
-        if (freed)
-            *freed = (cuh_heap_freed_t){.requested = l->requested, .label = l->label};
-        done = 1;
+    if (l->state == CUH_TC_LIVE && l->addr == addr && l->stream == CUH_TC_DEVICE_WIDE) {
+        if (cuh_unlikely(l->ops >= l->budget)) {   /* this one takes the timeline's sample */
+            cuh_spin_unlock(&tc->lock);
+            return cuh_hp_device_wide_slot_sample_free(h, tc, addr, freed);
+        }
+        if (h->dev->ops->event_record_all(h->dev, l->event) == CUH_DEV_OK) {
+            l->state = CUH_TC_CACHED;
+            l->ops++;
+            if (freed)
+                *freed = (cuh_heap_freed_t){.requested = l->requested, .label = l->label};
+            done = 1;
+        }
     }
     cuh_spin_unlock(&tc->lock);
     return done;

@@ -568,15 +568,22 @@ int cuh_hp_large_slot_adopt_locked(cuh_heap_t *h, const live_block_t *b, stream_
  * same results; and every fence a slot recorded is older than any batch
  * closed after it, which the take-backs rely on (the newest device-wide
  * event stands for the older). A slot serves at most the operations left
- * before the timeline's next sample (heap_stats.c), which the heap takes. */
+ * before the timeline's next sample (heap_stats.c, its budget); the
+ * operation that takes the sample is served by the slot too when the slot
+ * is the heap's only one and the lock is free (cuh_hp_device_wide_slot_
+ * sample_take and _free): the slot's operations are counted, the sample is
+ * taken from the books as they would stand had the heap served them, and
+ * the slot goes on with a new budget. Through the heap, that operation
+ * cost a block's pair about 100 instructions on average while the timeline
+ * samples every 64 operations (issue 45). */
 
-/* Empties tc's slot holding a cudaFree'd block (tc's lock held; tc stays
- * listed). 1 if a held block went back. */
-static int device_wide_slot_empty_locked(cuh_heap_t *h, cuh_tcache_t *tc)
+/* The takes and frees a slot holding a cudaFree'd block served since the
+ * heap last counted them, added to the heap's counts as the heap would have
+ * made them. They alternate, so the slot's state says which came last. */
+static void device_wide_slot_count_locked(cuh_heap_t *h, cuh_tc_large_t *l)
 {
-    cuh_tc_large_t *l = &tc->large;
-    cuh_extent_t *e = l->ext;
-    const uint64_t ops = l->ops, takes = (ops + 1) / 2, frees = ops / 2;   /* a take first: it came in held */
+    const uint64_t ops = l->ops, odd = ops & 1;
+    const uint64_t takes = ops / 2 + (odd && l->state == CUH_TC_LIVE), frees = ops / 2 + (odd && l->state == CUH_TC_CACHED);
     h->num_allocs += takes;
     h->num_cache_hits += takes;
     h->num_frees += frees;
@@ -585,6 +592,24 @@ static int device_wide_slot_empty_locked(cuh_heap_t *h, cuh_tcache_t *tc)
         h->allocs_at_take_back = h->num_allocs - 1;
     if (frees)
         h->allocs_at_close = h->num_allocs - (l->state == CUH_TC_LIVE);
+    l->ops = 0;
+}
+
+/* Operations a slot may serve before the one that takes the timeline's
+ * next sample. */
+static uint16_t device_wide_slot_budget_locked(const cuh_heap_t *h)
+{
+    uint64_t budget = h->sample_every > h->ops_since_sample ? h->sample_every - h->ops_since_sample - 1 : 0;
+    return (uint16_t)(budget < UINT16_MAX ? budget : UINT16_MAX);
+}
+
+/* Empties tc's slot holding a cudaFree'd block (tc's lock held; tc stays
+ * listed). 1 if a held block went back. */
+static int device_wide_slot_empty_locked(cuh_heap_t *h, cuh_tcache_t *tc)
+{
+    cuh_tc_large_t *l = &tc->large;
+    cuh_extent_t *e = l->ext;
+    device_wide_slot_count_locked(h, l);
     atomic_fetch_sub_explicit(&h->device_wide_slots, 1, memory_order_relaxed);
     /* The fast paths keep no books: the cache's are as adoption left them. */
     if (l->state == CUH_TC_LIVE) {
@@ -598,7 +623,7 @@ static int device_wide_slot_empty_locked(cuh_heap_t *h, cuh_tcache_t *tc)
         memset(l, 0, sizeof *l);
         return 0;
     }
-    const size_t last = l->ops ? l->requested : l->counted;   /* the request of its last take */
+    const size_t last = l->requested;   /* the request of its last take */
     large_slot_uncount_locked(h, tc);
     e->requested = last;
     cuh_hp_same_batch_return_locked(h, l->batch, last, l->asked);
@@ -626,9 +651,7 @@ void cuh_hp_device_wide_slots_empty_locked(cuh_heap_t *h)
  * its fence go to this thread's slot if the rule above allows. */
 void cuh_hp_device_wide_slot_adopt_locked(cuh_heap_t *h, cuh_extent_t *e)
 {
-    /* Operations before the timeline's next sample: the last is the heap's. */
-    uint64_t budget = h->sample_every > h->ops_since_sample ? h->sample_every - h->ops_since_sample - 1 : 0;
-    budget = budget < UINT16_MAX ? budget : UINT16_MAX;
+    const uint16_t budget = device_wide_slot_budget_locked(h);
     cuh_tcache_t *tc;
     /* An empty slot: one that holds a block keeps it while threads contend. */
     if (!cuh_hp_same_batch_adoptable_locked(h, e) || !budget || !(tc = cuh_hp_tcache_mine_locked(h)) ||
@@ -640,12 +663,13 @@ void cuh_hp_device_wide_slot_adopt_locked(cuh_heap_t *h, cuh_extent_t *e)
                                  .stream = CUH_TC_DEVICE_WIDE,
                                  .size = e->size,
                                  .counted = e->requested,
+                                 .requested = e->requested,   /* its last take's, as far as the heap knows */
                                  .ext = e,
                                  .stream_state = &h->device_wide,
                                  .batch = batch,
                                  .event = batch->events[0],
                                  .lowest = cuh_max_size(h->cfg.small_max + 1, e->size - CUH_ALIGN + 1),
-                                 .budget = (uint16_t)budget,
+                                 .budget = budget,
                                  .state = CUH_TC_CACHED};
     slot_filled_locked(h, tc, e, e->size, e->requested);
     atomic_fetch_add_explicit(&h->device_wide_slots, 1, memory_order_relaxed);
@@ -654,6 +678,97 @@ void cuh_hp_device_wide_slot_adopt_locked(cuh_heap_t *h, cuh_extent_t *e)
 unsigned cuh_heap_device_wide_slots(cuh_heap_t *h)
 {
     return atomic_load_explicit(&h->device_wide_slots, memory_order_relaxed);
+}
+
+void cuh_heap_device_wide_slot_samples(cuh_heap_t *h, uint64_t *frees, uint64_t *takes)
+{
+    cuh_lock(&h->lock);   /* not cuh_hp_lock, which would empty the slots */
+    *frees = h->slot_samples[0];
+    *takes = h->slot_samples[1];
+    cuh_unlock(&h->lock);
+}
+
+/* tc's slot has just served the operation that takes the timeline's sample
+ * (the heap's lock and tc's held): its operations are counted, and the
+ * statistics are refreshed and the sample taken from the heap's books as
+ * they would stand had the heap served them all (a block held in the slot
+ * is free and held in its batch; a block handed out counts its request),
+ * which the slot's books then replace again. */
+static void device_wide_slot_sample_locked(cuh_heap_t *h, cuh_tc_large_t *l)
+{
+    device_wide_slot_count_locked(h, l);
+    h->ops_since_sample--;   /* the refresh counts the operation just served, as the heap's own would */
+    const size_t allocated = h->allocated.current, requested = h->requested.current, held = h->held_bytes;
+    if (l->state == CUH_TC_LIVE) {
+        h->requested.current -= l->counted - l->requested;
+    } else {
+        h->allocated.current -= l->size;
+        h->requested.current -= l->counted;
+        h->held_bytes += l->size;
+    }
+    cuh_hp_refresh_stats_locked(h);
+    h->allocated.current = allocated;
+    h->requested.current = requested;
+    h->held_bytes = held;
+    l->budget = device_wide_slot_budget_locked(h);
+    h->slot_samples[l->state == CUH_TC_LIVE]++;
+}
+
+/* Whether tc's slot may serve the operation that takes the timeline's
+ * sample: it is the heap's only slot, in `state`, with its budget spent
+ * (the heap's lock and tc's held). */
+static int device_wide_slot_samples_locked(const cuh_heap_t *h, const cuh_tc_large_t *l, uint8_t state)
+{
+    return atomic_load_explicit(&h->device_wide_slots, memory_order_relaxed) == 1 && l->state == state &&
+           l->stream == CUH_TC_DEVICE_WIDE && l->ops >= l->budget;
+}
+
+uintptr_t cuh_hp_device_wide_slot_sample_take(cuh_heap_t *h, cuh_tcache_t *tc, size_t size, unsigned label)
+{
+    if (!cuh_trylock(&h->lock))
+        return 0;   /* threads contend: the heap serves it, and counts that */
+    uintptr_t addr = 0;
+    cuh_spin_lock(&tc->lock);
+    cuh_tc_large_t *l = &tc->large;
+    if (device_wide_slot_samples_locked(h, l, CUH_TC_CACHED) && size - l->lowest <= l->counted - l->lowest &&
+        !l->asked) {
+        if (h->dev->ops->event_query(h->dev, l->event) == CUH_DEV_OK) {
+            if (h->contended)
+                h->contended--;   /* as the heap's own allocation, which found the lock free */
+            l->state = CUH_TC_LIVE;
+            l->requested = size;
+            l->label = (uint8_t)label;
+            l->ops++;
+            addr = l->addr;
+            device_wide_slot_sample_locked(h, l);
+        } else {
+            l->asked = 1;
+        }
+    }
+    cuh_spin_unlock(&tc->lock);
+    cuh_unlock(&h->lock);
+    return addr;
+}
+
+int cuh_hp_device_wide_slot_sample_free(cuh_heap_t *h, cuh_tcache_t *tc, uintptr_t addr, cuh_heap_freed_t *freed)
+{
+    if (!cuh_trylock(&h->lock))
+        return 0;
+    int done = 0;
+    cuh_spin_lock(&tc->lock);
+    cuh_tc_large_t *l = &tc->large;
+    if (device_wide_slot_samples_locked(h, l, CUH_TC_LIVE) && l->addr == addr &&
+        h->dev->ops->event_record_all(h->dev, l->event) == CUH_DEV_OK) {
+        l->state = CUH_TC_CACHED;
+        l->ops++;
+        if (freed)
+            *freed = (cuh_heap_freed_t){.requested = l->requested, .label = l->label};
+        device_wide_slot_sample_locked(h, l);
+        done = 1;
+    }
+    cuh_spin_unlock(&tc->lock);
+    cuh_unlock(&h->lock);
+    return done;
 }
 
 /* A held block of `block` bytes freed on st, taken for a request of `size`

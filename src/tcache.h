@@ -58,7 +58,7 @@ typedef struct cuh_tc_large_s {
     uint8_t asked;            /* a cudaFree'd block, CACHED: a take found its fence running */
     uint8_t label;            /* a cudaFree'd block, LIVE: the label of its take (0: none) */
     uint16_t ops;             /* a cudaFree'd block: its takes and frees here since the heap's lock saw it */
-    uint16_t budget;          /* a cudaFree'd block: how many it may have before an operation the heap must see */
+    uint16_t budget;          /* a cudaFree'd block: how many it may have before the one that takes a timeline sample */
     uintptr_t addr;           /* 0: none */
     uintptr_t stream;         /* CACHED: freed on it; LIVE: allocated on it */
     size_t size;              /* the block's bytes */

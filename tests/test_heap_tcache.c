@@ -726,6 +726,25 @@ static size_t dw_script(test_heap_t *t, uint64_t *out)
     }
     cuh_sim_hold_events(t->dev, 0);
     cuh_sim_complete_all(t->dev);
+    /* Runs of one size longer than the timeline's interval, so that a slot
+     * serves the operations that take its samples, each run after one
+     * operation of another size, which moves the samples from the runs'
+     * frees to their takes and back. */
+    uintptr_t odd = 0;
+    for (int run = 0; run < 4; run++) {
+        if (run % 2)
+            assert_int_equal(cuh_heap_free_device_wide(t->heap, odd), CUHEAP_OK);
+        else
+            assert_int_equal(cuh_heap_malloc_device_wide(t->heap, 2 * MiB, &odd), CUHEAP_OK);
+        for (int i = 0; i < 100; i++) {
+            uintptr_t a = 0;
+            assert_int_equal(cuh_heap_malloc_device_wide(t->heap, B - (size_t)(i % 3 == 1) * 100, &a), CUHEAP_OK);
+            cuh_heap_freed_t freed;
+            assert_int_equal(cuh_heap_free_labelled(t->heap, a, 1, 0, &freed), CUHEAP_OK);
+            out[n++] = a;
+            out[n++] = freed.requested << 8 | freed.label;
+        }
+    }
     assert_int_equal(cuh_heap_free_device_wide(t->heap, keep), CUHEAP_OK);
     return n;
 }
@@ -739,7 +758,7 @@ static void test_a_threads_cudafree_block_changes_nothing_the_heap_says(void **s
     (void)state;
     for (int vm = 0; vm < 2; vm++) {
         print_message("case: %s\n", vm ? "vmm:1" : "vmm:0");
-        uint64_t out[2][1000];
+        uint64_t out[2][1700];
         size_t n[2];
         cuheap_stats_t st[2];
         cuh_sim_counters_t c[2];
@@ -749,6 +768,10 @@ static void test_a_threads_cudafree_block_changes_nothing_the_heap_says(void **s
             snprintf(conf, sizeof conf, "vmm:%d,thread_cache:%s", vm, slot ? "4M" : "0");
             test_heap_t t = test_heap_new(GiB, conf);
             n[slot] = dw_script(&t, out[slot]);
+            uint64_t at_free, at_take;   /* samples the slot took: the runs above must give some of each */
+            cuh_heap_device_wide_slot_samples(t.heap, &at_free, &at_take);
+            if (slot ? !at_free || !at_take : at_free || at_take)
+                fail_msg("%s: %" PRIu64 " samples at a free, %" PRIu64 " at a take", conf, at_free, at_take);
             cuh_heap_stats(t.heap, &st[slot]);
             cuh_sim_counters(t.dev, &c[slot]);
             snap[slot] = cuh_heap_snapshot(t.heap, 0);
@@ -791,6 +814,45 @@ static void test_a_threads_cudafree_block_changes_nothing_the_heap_says(void **s
         cuh_heap_snapshot_free(snap[0]);
         cuh_heap_snapshot_free(snap[1]);
     }
+}
+
+/* A free that takes the timeline's sample through the slot leaves the
+ * heap's figures as the heap's own free would: what the pair's first free
+ * left there, through the heap (a stats read gives the slot's block back
+ * without refreshing them). */
+static void test_a_threads_cudafree_block_samples_as_the_heap_would(void **state)
+{
+    (void)state;
+    test_heap_t t = test_heap_new(GiB, NULL);
+    uintptr_t keep = 0, odd = 0, a = 0;
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 3 * MiB, &keep), CUHEAP_OK);
+    assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 2 * MiB, &odd), CUHEAP_OK);
+    cuheap_stats_t first, now;
+    uint64_t at_free = 0, at_take = 0;
+    /* The samples fall on the pairs' takes or on their frees, as the count
+     * of operations has it: if on a take, one more operation moves them. */
+    for (int attempt = 0; attempt < 2 && !at_free; attempt++) {
+        if (attempt)
+            assert_int_equal(cuh_heap_free_device_wide(t.heap, odd), CUHEAP_OK);
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 5 * MiB, &a), CUHEAP_OK);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);
+        cuh_heap_stats(t.heap, &first);
+        const uint64_t takes_before = at_take;
+        for (int pair = 0; pair < 200 && !at_free && at_take == takes_before; pair++) {
+            assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 5 * MiB, &a), CUHEAP_OK);
+            assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);
+            cuh_heap_device_wide_slot_samples(t.heap, &at_free, &at_take);
+        }
+    }
+    assert_true(at_free > 0);
+    cuh_heap_stats(t.heap, &now);
+    assert_int_equal(now.pending.current, first.pending.current);
+    assert_int_equal(now.requested.current, first.requested.current);
+    assert_int_equal(now.allocated.current, first.allocated.current);
+    assert_int_equal(now.cached.current, first.cached.current);
+    heap_ok(t.heap);
+    assert_int_equal(cuh_heap_free_device_wide(t.heap, keep), CUHEAP_OK);
+    test_heap_free(&t);
 }
 
 /* The slot serves the pair without the heap's lock: a cudaMalloc of the
@@ -1014,6 +1076,7 @@ int main(void)
         cmocka_unit_test(test_a_threads_large_block_survives_its_thread),
         cmocka_unit_test(test_a_threads_large_block_stays_out_of_a_capture),
         cmocka_unit_test(test_a_threads_cudafree_block_changes_nothing_the_heap_says),
+        cmocka_unit_test(test_a_threads_cudafree_block_samples_as_the_heap_would),
         cmocka_unit_test(test_a_threads_cudafree_block_is_taken_without_the_lock),
         cmocka_unit_test(test_a_threads_cudafree_block_keeps_cudafrees_promise_across_threads),
         cmocka_unit_test(test_a_threads_cudafree_block_goes_back_before_batches_close),
