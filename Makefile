@@ -31,6 +31,17 @@ ifeq ($(origin LTO),undefined)
 LTO := $(shell printf 'int main(void) { return 0; }\n' | \
          $(CC) -flto=auto -x c - -o /dev/null >/dev/null 2>&1 && echo -flto=auto)
 endif
+# Thread-locals through TLS descriptors where the target has the choice
+# (x86-64): a block's pair under LD_PRELOAD reads four, and the default model
+# of a shared library calls __tls_get_addr for each (about 15 instructions);
+# a descriptor of a library loaded at start-up returns its offset at once. A
+# library dlopen'ed later (the PyTorch plugin) keeps working as before: the
+# initial-exec model would have asked glibc for static room for all 5 KB of
+# the library's thread-locals there, which it need not have.
+ifeq ($(origin TLS_DIALECT),undefined)
+TLS_DIALECT := $(shell printf '_Thread_local int x; int main(void) { return x; }\n' | \
+                 $(CC) -mtls-dialect=gnu2 -fPIC -x c - -o /dev/null >/dev/null 2>&1 && echo -mtls-dialect=gnu2)
+endif
 WARN    := -Wall -Wextra -Wshadow -Wconversion -Wstrict-prototypes -Wmissing-prototypes -Werror
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE $(WARN) -fPIC -fvisibility=hidden -Iinclude -Isrc -pthread
 SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
@@ -97,11 +108,11 @@ $(PINNED_OBJS): CFLAGS_BASE += -isystem $(JEMALLOC)/include
 
 $(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) include/cuheap.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) $(OPT) -c $< -o $@
+	$(CC) $(CFLAGS_BASE) $(OPT) $(TLS_DIALECT) -c $< -o $@
 
 $(BUILD)/lto/obj/%.o: src/%.c $(wildcard src/*.h) include/cuheap.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_BASE) $(OPT) $(LTO) -c $< -o $@
+	$(CC) $(CFLAGS_BASE) $(OPT) $(TLS_DIALECT) $(LTO) -c $< -o $@
 
 $(BUILD)/san/obj/%.o: src/%.c $(wildcard src/*.h) include/cuheap.h
 	@mkdir -p $(dir $@)
@@ -112,7 +123,7 @@ $(BUILD)/tsan/obj/%.o: src/%.c $(wildcard src/*.h) include/cuheap.h
 	$(CC) $(CFLAGS_BASE) -O1 -g $(TSAN) -c $< -o $@
 
 $(BUILD)/libcuheap.so: $(SO_OBJS) src/exports.map $(JE_LIB)
-	$(CC) $(OPT) $(LTO) -shared -Wl,--version-script=src/exports.map -Wl,--exclude-libs,ALL -Wl,-z,defs \
+	$(CC) $(OPT) $(TLS_DIALECT) $(LTO) -shared -Wl,--version-script=src/exports.map -Wl,--exclude-libs,ALL -Wl,-z,defs \
 	    -Wl,-z,nodelete -pthread -o $@ $(SO_OBJS) $(JE_LIB) -ldl
 
 # The static library carries jemalloc's objects too: linking it needs nothing else.
