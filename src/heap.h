@@ -255,6 +255,9 @@ unsigned cuh_heap_device_wide_slots(cuh_heap_t *heap);
  * the operation that takes one without giving its block back: at a
  * cudaFree's free (*frees) and at a cudaMalloc's take (*takes). */
 void cuh_heap_device_wide_slot_samples(cuh_heap_t *heap, uint64_t *frees, uint64_t *takes);
+/* For tests: the timeline samples every `every` operations from now on (at
+ * least 1), as it would once it had doubled its interval that often. */
+void cuh_heap_set_sample_interval(cuh_heap_t *heap, uint64_t every);
 /* For tests and benchmarks: how many chunks threads hold now (heap_chunks.c),
  * their bytes in *bytes and how many were ever lent in *lent (either may be
  * NULL). Gives nothing back. */

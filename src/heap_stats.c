@@ -28,6 +28,13 @@ __attribute__((noinline)) void cuh_hp_sample_locked(cuh_heap_t *h)
     h->last_sampled_reserved = h->reserved.current;
 }
 
+void cuh_heap_set_sample_interval(cuh_heap_t *h, uint64_t every)
+{
+    cuh_hp_lock(h);
+    h->sample_every = every ? every : 1;
+    cuh_unlock(&h->lock);
+}
+
 /* ---- steps ------------------------------------------------------------------
  * A program that marks its steps (cuheap_mark_step; cuheap's PyTorch package
  * marks every optimizer step) sees in its reports what each of the last steps

@@ -596,11 +596,13 @@ static void device_wide_slot_count_locked(cuh_heap_t *h, cuh_tc_large_t *l)
 }
 
 /* Operations a slot may serve before the one that takes the timeline's
- * next sample. */
+ * next sample; at most one fewer than its 16-bit count holds, since the
+ * slot counts that one too (a longer interval is served in parts, each
+ * counted under the lock). */
 static uint16_t device_wide_slot_budget_locked(const cuh_heap_t *h)
 {
     uint64_t budget = h->sample_every > h->ops_since_sample ? h->sample_every - h->ops_since_sample - 1 : 0;
-    return (uint16_t)(budget < UINT16_MAX ? budget : UINT16_MAX);
+    return (uint16_t)(budget < UINT16_MAX - 1 ? budget : UINT16_MAX - 1);
 }
 
 /* Empties tc's slot holding a cudaFree'd block (tc's lock held; tc stays

@@ -855,6 +855,46 @@ static void test_a_threads_cudafree_block_samples_as_the_heap_would(void **state
     test_heap_free(&t);
 }
 
+/* A slot's budget is 16 bits: where the timeline's interval is longer, the
+ * slot counts its operations under the lock when the budget runs out and
+ * goes on, and the sample still comes at the operation where the heap's own
+ * would (the twin without thread caches says which). */
+static void test_a_threads_cudafree_block_samples_past_its_budget(void **state)
+{
+    (void)state;
+    enum { EVERY = 70000, PAIRS = 36000 };
+    cuh_heap_snapshot_t *snap[2];
+    for (int slot = 0; slot < 2; slot++) {
+        test_heap_t t = test_heap_new(GiB, slot ? NULL : "thread_cache:0");
+        uintptr_t keep = 0, a = 0;
+        assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 3 * MiB, &keep), CUHEAP_OK);
+        cuh_heap_set_sample_interval(t.heap, EVERY);
+        for (int pair = 0; pair < PAIRS; pair++) {
+            /* one request in three smaller: the sample's live bytes say which pair took it */
+            assert_int_equal(cuh_heap_malloc_device_wide(t.heap, 5 * MiB - (size_t)(pair % 3) * 128, &a), CUHEAP_OK);
+            assert_int_equal(cuh_heap_free_device_wide(t.heap, a), CUHEAP_OK);
+        }
+        uint64_t at_free, at_take;
+        cuh_heap_device_wide_slot_samples(t.heap, &at_free, &at_take);
+        if (slot)
+            assert_true(at_free + at_take >= 2);   /* the budget ran out, then the sample */
+        snap[slot] = cuh_heap_snapshot(t.heap, 0);
+        assert_non_null(snap[slot]);
+        heap_ok(t.heap);
+        assert_int_equal(cuh_heap_free_device_wide(t.heap, keep), CUHEAP_OK);
+        test_heap_free(&t);
+    }
+    assert_int_equal(snap[0]->num_samples, snap[1]->num_samples);
+    for (size_t i = 0; i < snap[0]->num_samples; i++) {
+        const cuh_sample_t *a = &snap[0]->timeline[i], *b = &snap[1]->timeline[i];
+        if (a->live != b->live || a->reserved != b->reserved || a->cached != b->cached)
+            fail_msg("timeline sample %zu differs: live %" PRIu64 " without a slot, %" PRIu64 " with", i, a->live,
+                     b->live);
+    }
+    cuh_heap_snapshot_free(snap[0]);
+    cuh_heap_snapshot_free(snap[1]);
+}
+
 /* The slot serves the pair without the heap's lock: a cudaMalloc of the
  * freed block's size takes it from there (the lock would have emptied the
  * slot), and every other call gives it back first. */
@@ -1077,6 +1117,7 @@ int main(void)
         cmocka_unit_test(test_a_threads_large_block_stays_out_of_a_capture),
         cmocka_unit_test(test_a_threads_cudafree_block_changes_nothing_the_heap_says),
         cmocka_unit_test(test_a_threads_cudafree_block_samples_as_the_heap_would),
+        cmocka_unit_test(test_a_threads_cudafree_block_samples_past_its_budget),
         cmocka_unit_test(test_a_threads_cudafree_block_is_taken_without_the_lock),
         cmocka_unit_test(test_a_threads_cudafree_block_keeps_cudafrees_promise_across_threads),
         cmocka_unit_test(test_a_threads_cudafree_block_goes_back_before_batches_close),
