@@ -574,7 +574,7 @@ int cuh_hp_large_slot_adopt_locked(cuh_heap_t *h, const live_block_t *b, stream_
  * sample_take and _free): the slot's operations are counted, the sample is
  * taken from the books as they would stand had the heap served them, and
  * the slot goes on with a new budget. Through the heap, that operation
- * cost a block's pair about 100 instructions on average while the timeline
+ * cost a block's pair about 35 instructions on average while the timeline
  * samples every 64 operations (issue 45). */
 
 /* The takes and frees a slot holding a cudaFree'd block served since the
