@@ -871,11 +871,48 @@ static inline int cuh_hp_tcache_free(cuh_heap_t *h, uintptr_t addr, cuh_stream_t
     return done;
 }
 
-/* Fast path of a device-wide malloc labelled `label` (0: none;
- * heap_tcache.c, "a thread's cudaFree'd block"): the block this thread's
- * slot holds, if it has the request's size and its fence is done. 0 if
- * not; a fence found running is marked asked, and the heap's take-back
- * does not ask again. */
+/* A thread's slot holding a cudaFree'd block (heap_tcache.c, "a thread's
+ * cudaFree'd block"), its tc's lock held. It may serve a request of `size`
+ * bytes: [lowest, counted], the block's size rounded, a block's request,
+ * none above the one the heap counts; not once a take found its fence
+ * running. No capture test: a capture's start empties the slots, and none
+ * fills one while it runs. */
+static inline int cuh_hp_slot_serves(const cuh_tc_large_t *l, size_t size)
+{
+    return l->state == CUH_TC_CACHED && l->stream == CUH_TC_DEVICE_WIDE && size - l->lowest <= l->counted - l->lowest &&
+           !l->asked;
+}
+
+/* It handed block `addr` out. */
+static inline int cuh_hp_slot_handed_out(const cuh_tc_large_t *l, uintptr_t addr)
+{
+    return l->state == CUH_TC_LIVE && l->addr == addr && l->stream == CUH_TC_DEVICE_WIDE;
+}
+
+/* Its block handed out for a request of `size` labelled `label`, its fence
+ * found done. */
+static inline uintptr_t cuh_hp_slot_take(cuh_tc_large_t *l, size_t size, unsigned label)
+{
+    l->state = CUH_TC_LIVE;
+    l->requested = size;
+    l->label = (uint8_t)label;
+    l->ops++;
+    return l->addr;
+}
+
+/* Its block back, its fence recorded. */
+static inline void cuh_hp_slot_give(cuh_tc_large_t *l, cuh_heap_freed_t *freed)
+{
+    l->state = CUH_TC_CACHED;
+    l->ops++;
+    if (freed)
+        *freed = (cuh_heap_freed_t){.requested = l->requested, .label = l->label};
+}
+
+/* Fast path of a device-wide malloc labelled `label` (0: none): the block
+ * this thread's slot holds, if it has the request's size and its fence is
+ * done. 0 if not; a fence found running is marked asked, and the heap's
+ * take-back does not ask again. */
 static inline uintptr_t cuh_hp_tcache_alloc_device_wide(cuh_heap_t *h, size_t size, unsigned label)
 {
     cuh_tcache_t *tc = cuh_hp_my_tcache(h);
@@ -884,24 +921,15 @@ static inline uintptr_t cuh_hp_tcache_alloc_device_wide(cuh_heap_t *h, size_t si
     uintptr_t addr = 0;
     cuh_spin_lock(&tc->lock);
     cuh_tc_large_t *l = &tc->large;
-    /* [lowest, counted]: the block's size rounded, a block's request, none
-     * above the one the heap counts. No capture test: a capture's start
-     * empties the slots, and none fills one while it runs. */
-    if (l->state == CUH_TC_CACHED && l->stream == CUH_TC_DEVICE_WIDE && size - l->lowest <= l->counted - l->lowest &&
-        !l->asked) {
+    if (cuh_hp_slot_serves(l, size)) {
         if (cuh_unlikely(l->ops >= l->budget)) {   /* this one takes the timeline's sample */
             cuh_spin_unlock(&tc->lock);
             return cuh_hp_device_wide_slot_sample_take(h, tc, size, label);
         }
-        if (h->dev->ops->event_query(h->dev, l->event) == CUH_DEV_OK) {
-            l->state = CUH_TC_LIVE;
-            l->requested = size;
-            l->label = (uint8_t)label;
-            l->ops++;
-            addr = l->addr;
-        } else {
+        if (h->dev->ops->event_query(h->dev, l->event) == CUH_DEV_OK)
+            addr = cuh_hp_slot_take(l, size, label);
+        else
             l->asked = 1;
-        }
     }
     cuh_spin_unlock(&tc->lock);
     return addr;
@@ -919,16 +947,13 @@ static inline int cuh_hp_tcache_free_device_wide(cuh_heap_t *h, uintptr_t addr, 
     int done = 0;
     cuh_spin_lock(&tc->lock);
     cuh_tc_large_t *l = &tc->large;
-    if (l->state == CUH_TC_LIVE && l->addr == addr && l->stream == CUH_TC_DEVICE_WIDE) {
+    if (cuh_hp_slot_handed_out(l, addr)) {
         if (cuh_unlikely(l->ops >= l->budget)) {   /* this one takes the timeline's sample */
             cuh_spin_unlock(&tc->lock);
             return cuh_hp_device_wide_slot_sample_free(h, tc, addr, freed);
         }
         if (h->dev->ops->event_record_all(h->dev, l->event) == CUH_DEV_OK) {
-            l->state = CUH_TC_CACHED;
-            l->ops++;
-            if (freed)
-                *freed = (cuh_heap_freed_t){.requested = l->requested, .label = l->label};
+            cuh_hp_slot_give(l, freed);
             done = 1;
         }
     }

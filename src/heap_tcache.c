@@ -716,13 +716,12 @@ static void device_wide_slot_sample_locked(cuh_heap_t *h, cuh_tc_large_t *l)
     h->slot_samples[l->state == CUH_TC_LIVE]++;
 }
 
-/* Whether tc's slot may serve the operation that takes the timeline's
- * sample: it is the heap's only slot, in `state`, with its budget spent
- * (the heap's lock and tc's held). */
-static int device_wide_slot_samples_locked(const cuh_heap_t *h, const cuh_tc_large_t *l, uint8_t state)
+/* Whether a slot may serve the operation that takes the timeline's sample:
+ * it is the heap's only slot and its budget is spent (the heap's lock and
+ * its tc's held). */
+static int device_wide_slot_samples_locked(const cuh_heap_t *h, const cuh_tc_large_t *l)
 {
-    return atomic_load_explicit(&h->device_wide_slots, memory_order_relaxed) == 1 && l->state == state &&
-           l->stream == CUH_TC_DEVICE_WIDE && l->ops >= l->budget;
+    return atomic_load_explicit(&h->device_wide_slots, memory_order_relaxed) == 1 && l->ops >= l->budget;
 }
 
 uintptr_t cuh_hp_device_wide_slot_sample_take(cuh_heap_t *h, cuh_tcache_t *tc, size_t size, unsigned label)
@@ -732,16 +731,11 @@ uintptr_t cuh_hp_device_wide_slot_sample_take(cuh_heap_t *h, cuh_tcache_t *tc, s
     uintptr_t addr = 0;
     cuh_spin_lock(&tc->lock);
     cuh_tc_large_t *l = &tc->large;
-    if (device_wide_slot_samples_locked(h, l, CUH_TC_CACHED) && size - l->lowest <= l->counted - l->lowest &&
-        !l->asked) {
+    if (cuh_hp_slot_serves(l, size) && device_wide_slot_samples_locked(h, l)) {
         if (h->dev->ops->event_query(h->dev, l->event) == CUH_DEV_OK) {
             if (h->contended)
                 h->contended--;   /* as the heap's own allocation, which found the lock free */
-            l->state = CUH_TC_LIVE;
-            l->requested = size;
-            l->label = (uint8_t)label;
-            l->ops++;
-            addr = l->addr;
+            addr = cuh_hp_slot_take(l, size, label);
             device_wide_slot_sample_locked(h, l);
         } else {
             l->asked = 1;
@@ -759,12 +753,9 @@ int cuh_hp_device_wide_slot_sample_free(cuh_heap_t *h, cuh_tcache_t *tc, uintptr
     int done = 0;
     cuh_spin_lock(&tc->lock);
     cuh_tc_large_t *l = &tc->large;
-    if (device_wide_slot_samples_locked(h, l, CUH_TC_LIVE) && l->addr == addr &&
+    if (cuh_hp_slot_handed_out(l, addr) && device_wide_slot_samples_locked(h, l) &&
         h->dev->ops->event_record_all(h->dev, l->event) == CUH_DEV_OK) {
-        l->state = CUH_TC_CACHED;
-        l->ops++;
-        if (freed)
-            *freed = (cuh_heap_freed_t){.requested = l->requested, .label = l->label};
+        cuh_hp_slot_give(l, freed);
         device_wide_slot_sample_locked(h, l);
         done = 1;
     }
