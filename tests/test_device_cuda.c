@@ -175,6 +175,16 @@ static ctx_calls_t ctx_calls(void)
     return c;
 }
 
+/* Device 0's primary context retained, and made current on this thread or
+ * none left current (as a thread the CUDA runtime has not set up). */
+static void retain_primary(const ctx_calls_t *c, int current)
+{
+    void *ctx = NULL;
+    assert_int_equal(c->init(0), 0);
+    assert_int_equal(c->retain(&ctx, 0), 0);
+    assert_int_equal(c->set_current(current ? ctx : NULL), 0);
+}
+
 /* The C API with CUHEAP_CURRENT_DEVICE asks for the thread's current context
  * on every call; once its primary context is known, nothing more: the
  * context's device is not asked for again (issue 45: a driver call per
@@ -183,11 +193,7 @@ static void test_current_device_costs_one_driver_call_once_its_context_is_known(
 {
     (void)state;
     const ctx_calls_t c = ctx_calls();
-    void *ctx = NULL;
-    /* As the CUDA runtime leaves a thread: device 0's primary context current. */
-    assert_int_equal(c.init(0), 0);
-    assert_int_equal(c.retain(&ctx, 0), 0);
-    assert_int_equal(c.set_current(ctx), 0);
+    retain_primary(&c, 1);   /* as the CUDA runtime leaves a thread */
     void *p;
     assert_int_equal(cuheap_malloc(&p, 4096, CUHEAP_CURRENT_DEVICE, NULL), CUHEAP_OK);
     assert_int_equal(cuheap_free(p, CUHEAP_CURRENT_DEVICE, NULL), CUHEAP_OK);
@@ -202,12 +208,6 @@ static void test_current_device_costs_one_driver_call_once_its_context_is_known(
     assert_int_equal(c.release(0), 0);
 }
 
-/* A thread with no current context (a hooked cudaMalloc from a thread the
- * CUDA runtime has not yet set up) frees a block and asks for its size
- * again: the query of the block's fence runs inside the device's context,
- * pushed for it and popped after. A real driver may crash in cuEventQuery
- * with no current context (the GPU check's shared-runtime stress did, when
- * the query ran without one); the fake driver stops the process there. */
 /* Block p, freed device-wide, asked for again by a thread with no current
  * context: its fence is queried in the device's context, pushed and popped. */
 static void freed_block_again_without_a_context(const ctx_calls_t *c, void *p)
@@ -225,14 +225,17 @@ static void freed_block_again_without_a_context(const ctx_calls_t *c, void *p)
     assert_int_equal(cuheap_free_device_wide(q, 0), CUHEAP_OK);
 }
 
+/* A thread with no current context (a hooked cudaMalloc from a thread the
+ * CUDA runtime has not yet set up) frees a block and asks for its size
+ * again: the query of the block's fence runs inside the device's context,
+ * pushed for it and popped after. A real driver may crash in cuEventQuery
+ * with no current context (the GPU check's shared-runtime stress did, when
+ * the query ran without one); the fake driver stops the process there. */
 static void test_a_fence_query_from_a_thread_without_a_context_runs_in_the_devices(void **state)
 {
     (void)state;
     const ctx_calls_t c = ctx_calls();
-    void *ctx = NULL;
-    assert_int_equal(c.init(0), 0);
-    assert_int_equal(c.retain(&ctx, 0), 0);
-    assert_int_equal(c.set_current(NULL), 0);
+    retain_primary(&c, 0);
     void *p;
     assert_int_equal(cuheap_malloc_device_wide(&p, MiB, 0), CUHEAP_OK);
     assert_int_equal(cuheap_free_device_wide(p, 0), CUHEAP_OK);
@@ -249,10 +252,7 @@ static void test_an_assumed_current_context_is_not_asked_for_and_ends_with_the_c
 {
     (void)state;
     const ctx_calls_t c = ctx_calls();
-    void *ctx = NULL;
-    assert_int_equal(c.init(0), 0);
-    assert_int_equal(c.retain(&ctx, 0), 0);
-    assert_int_equal(c.set_current(ctx), 0);
+    retain_primary(&c, 1);
     void *p, *q;
     assert_int_equal(cuheap_malloc_device_wide(&p, MiB, 0), CUHEAP_OK);
     assert_int_equal(cuheap_free_device_wide(p, 0), CUHEAP_OK);

@@ -749,6 +749,21 @@ static size_t dw_script(test_heap_t *t, uint64_t *out)
     return n;
 }
 
+/* The twins' timelines (snap[0] without thread caches, snap[1] with) agree
+ * sample for sample; both snapshots are freed. */
+static void twins_sampled_alike(cuh_heap_snapshot_t *snap[2])
+{
+    assert_int_equal(snap[0]->num_samples, snap[1]->num_samples);
+    for (size_t i = 0; i < snap[0]->num_samples; i++) {
+        const cuh_sample_t *a = &snap[0]->timeline[i], *b = &snap[1]->timeline[i];
+        if (a->live != b->live || a->reserved != b->reserved || a->cached != b->cached)
+            fail_msg("timeline sample %zu differs: live %" PRIu64 " without a slot, %" PRIu64 " with", i, a->live,
+                     b->live);
+    }
+    cuh_heap_snapshot_free(snap[0]);
+    cuh_heap_snapshot_free(snap[1]);
+}
+
 /* A thread's slot changes nothing the heap says (heap_tcache.c, "a thread's
  * cudaFree'd block"): the script above on a heap without thread caches and
  * on one with them gives the same addresses, free answers, statistics,
@@ -804,15 +819,7 @@ static void test_a_threads_cudafree_block_changes_nothing_the_heap_says(void **s
         assert_int_equal(c[0].stream_waits, c[1].stream_waits);
         assert_int_equal(c[0].event_waits, c[1].event_waits);
         assert_int_equal(c[0].synchronizes, c[1].synchronizes);
-        assert_int_equal(snap[0]->num_samples, snap[1]->num_samples);
-        for (size_t i = 0; i < snap[0]->num_samples; i++) {
-            const cuh_sample_t *a = &snap[0]->timeline[i], *b = &snap[1]->timeline[i];
-            if (a->live != b->live || a->reserved != b->reserved || a->cached != b->cached)
-                fail_msg("timeline sample %zu differs: live %" PRIu64 " without a slot, %" PRIu64 " with", i, a->live,
-                         b->live);
-        }
-        cuh_heap_snapshot_free(snap[0]);
-        cuh_heap_snapshot_free(snap[1]);
+        twins_sampled_alike(snap);
     }
 }
 
@@ -884,15 +891,7 @@ static void test_a_threads_cudafree_block_samples_past_its_budget(void **state)
         assert_int_equal(cuh_heap_free_device_wide(t.heap, keep), CUHEAP_OK);
         test_heap_free(&t);
     }
-    assert_int_equal(snap[0]->num_samples, snap[1]->num_samples);
-    for (size_t i = 0; i < snap[0]->num_samples; i++) {
-        const cuh_sample_t *a = &snap[0]->timeline[i], *b = &snap[1]->timeline[i];
-        if (a->live != b->live || a->reserved != b->reserved || a->cached != b->cached)
-            fail_msg("timeline sample %zu differs: live %" PRIu64 " without a slot, %" PRIu64 " with", i, a->live,
-                     b->live);
-    }
-    cuh_heap_snapshot_free(snap[0]);
-    cuh_heap_snapshot_free(snap[1]);
+    twins_sampled_alike(snap);
 }
 
 /* The slot serves the pair without the heap's lock: a cudaMalloc of the
